@@ -1,0 +1,229 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+type config struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	help        bool
+	imagesDir   string
+	progressFD  int
+	shardFDs    string
+	extFileFDs  string
+	to          string
+	from        string
+	codecSpec   string
+	workers     int
+	chunkSize   string
+	memoryLimit string
+	spillDir    string
+	segmentSize string
+	jsonOut     bool
+	noProgress  bool
+
+	// parsed by finish
+	opts     streamer.Options
+	shards   []int
+	extFiles []extFile
+	segSize  int64
+	progress io.Writer
+}
+
+type extFile struct {
+	name string
+	fd   int
+}
+
+func newConfig(stdin io.Reader, stdout, stderr io.Writer) *config {
+	return &config{stdin: stdin, stdout: stdout, stderr: stderr}
+}
+
+// envName is the environment variable that sets a flag's default.
+func envName(flagName string) string {
+	return "GPUCR_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func (c *config) flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("gpucr-stream", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	str := func(p *string, name, def, usage string) {
+		if v, ok := os.LookupEnv(envName(name)); ok {
+			def = v
+		}
+		fs.StringVar(p, name, def, usage)
+	}
+	num := func(p *int, name string, def int, usage string) {
+		if v, ok := os.LookupEnv(envName(name)); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				def = n
+			}
+		}
+		fs.IntVar(p, name, def, usage)
+	}
+	boolean := func(p *bool, name string, usage string) {
+		def := false
+		if v, ok := os.LookupEnv(envName(name)); ok {
+			def, _ = strconv.ParseBool(v)
+		}
+		fs.BoolVar(p, name, def, usage)
+	}
+	fs.BoolVar(&c.help, "help", false, "show this help")
+	fs.BoolVar(&c.help, "h", false, "show this help")
+	str(&c.imagesDir, "images-dir", "", "CRIU images directory (-D) holding the streamer sockets")
+	num(&c.progressFD, "progress-fd", 2, "descriptor for progress lines (socket-init, checkpoint-start, statistics JSON)")
+	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
+	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
+	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory)")
+	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, or a stream file")
+	str(&c.codecSpec, "codec", "lz4", "chunk codec: auto, none, lz4, zstd[:LEVEL], shuffle")
+	num(&c.workers, "workers", 0, "encoder/decoder goroutines (0: one per core)")
+	str(&c.chunkSize, "chunk-size", "4MiB", "largest chunk of a file")
+	str(&c.memoryLimit, "memory-limit", "1GiB", "memory for chunks in flight and, on serve from a stream, for held images before spilling")
+	str(&c.spillDir, "spill-dir", "", "where serve spills held images beyond --memory-limit (default: $TMPDIR)")
+	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
+	boolean(&c.jsonOut, "json", "machine-readable output and results")
+	boolean(&c.noProgress, "no-progress", "never draw progress bars")
+	return fs
+}
+
+func (c *config) finish() error {
+	spec, err := codec.ParseSpec(c.codecSpec)
+	if err != nil {
+		return usagef("--codec: %v", err)
+	}
+	chunk, err := parseSize(c.chunkSize)
+	if err != nil || chunk < 4096 || chunk > codec.MaxChunk {
+		return usagef("--chunk-size %q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20)
+	}
+	mem, err := parseSize(c.memoryLimit)
+	if err != nil || mem <= 0 {
+		return usagef("--memory-limit %q: want a size such as 512MiB", c.memoryLimit)
+	}
+	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {
+		return usagef("--segment-size %q: want a size of at least 1MiB", c.segmentSize)
+	}
+	if c.workers < 0 {
+		return usagef("--workers must not be negative")
+	}
+	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec}
+	if c.shardFDs != "" {
+		for _, f := range strings.Split(c.shardFDs, ",") {
+			fd, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || fd < 0 {
+				return usagef("--shard-fds: %q is not a descriptor number", f)
+			}
+			c.shards = append(c.shards, fd)
+		}
+	}
+	if c.extFileFDs != "" {
+		for _, item := range strings.Split(c.extFileFDs, ",") {
+			name, fdStr, ok := strings.Cut(item, ":")
+			fd, err := strconv.Atoi(fdStr)
+			if !ok || name == "" || strings.ContainsAny(name, "/\x00") || err != nil || fd < 0 {
+				return usagef("--ext-file-fds: %q is not NAME:FD", item)
+			}
+			c.extFiles = append(c.extFiles, extFile{name, fd})
+		}
+	}
+	switch c.progressFD {
+	case 1:
+		c.progress = c.stdout
+	case 2:
+		c.progress = c.stderr
+	default:
+		if c.progressFD < 0 {
+			return usagef("--progress-fd must not be negative")
+		}
+		c.progress = os.NewFile(uintptr(c.progressFD), fmt.Sprintf("progress fd %d", c.progressFD))
+	}
+	return nil
+}
+
+func (c *config) needImagesDir(cmd string) error {
+	if c.imagesDir == "" {
+		return usagef("%s needs --images-dir DIR (the directory given to criu with -D)", cmd)
+	}
+	st, err := os.Stat(c.imagesDir)
+	if err != nil || !st.IsDir() {
+		return usagef("--images-dir %s: not a directory", c.imagesDir)
+	}
+	return nil
+}
+
+// parseSize reads "4MiB", "256M", "1G", "65536".
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, `gpucr-stream: checkpoint image streamer for CRIU and GPU processes
+
+Usage:
+  gpucr-stream [flags] COMMAND [flags] [args]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nFlags (each also read from the environment variable shown):\n")
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "h" {
+			names = append(names, f.Name)
+		}
+	})
+	sort.Strings(names)
+	for _, n := range names {
+		f := fs.Lookup(n)
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		env := "$" + envName(n)
+		if n == "help" {
+			env = ""
+		}
+		fmt.Fprintf(w, "  --%-14s %s%s %s\n", n, f.Usage, def, env)
+	}
+	fmt.Fprintf(w, `
+Examples:
+  gpucr-stream --images-dir /tmp/ckpt capture > ckpt.stream &
+  criu dump --stream -D /tmp/ckpt -t PID
+
+  gpucr-stream --images-dir /tmp/ckpt capture | ssh host gpucr-stream --images-dir /tmp/ckpt serve
+
+  gpucr-stream --images-dir /tmp/ckpt capture --to /var/lib/ckpt/job1
+  gpucr-stream --images-dir /tmp/ckpt serve --from /var/lib/ckpt/job1
+
+Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data, 4 not found, 5 newer format, 130 interrupted.
+`)
+}

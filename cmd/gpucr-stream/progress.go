@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"sync"
+	"time"
+
+	pb "github.com/cheggaaa/pb/v3"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// bar draws a progress bar on a terminal stderr from live counters; on
+// anything else it does nothing, so logs and pipes stay clean.
+type bar struct {
+	pb   *pb.ProgressBar
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+func startProgress(cfg *config, what string, c *streamer.Counters, total int64) *bar {
+	b := &bar{}
+	errFile, ok := cfg.stderr.(*os.File)
+	if c == nil || cfg.noProgress || cfg.jsonOut || !ok || !isTerminal(errFile) {
+		return b
+	}
+	tmpl := `{{string . "what"}} {{counters . }} {{speed . }} {{string . "ratio"}}`
+	if total > 0 {
+		tmpl = `{{string . "what"}} {{bar . }} {{percent . }} {{speed . }}`
+	}
+	b.pb = pb.New64(total).SetTemplateString(tmpl).Set(pb.Bytes, true).SetWriter(errFile).Set("what", what)
+	b.pb.Start()
+	b.stop = make(chan struct{})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-b.stop:
+				return
+			case <-t.C:
+				b.pb.SetCurrent(c.RawBytes.Load())
+			}
+		}
+	}()
+	return b
+}
+
+func (b *bar) finish() {
+	if b.pb == nil {
+		return
+	}
+	close(b.stop)
+	b.wg.Wait()
+	b.pb.Finish()
+}

@@ -1,0 +1,123 @@
+package codec
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
+)
+
+// Encoder encodes chunks according to a Spec. It is safe for concurrent use
+// by many goroutines: zstd goes through one shared klauspost encoder per
+// level (EncodeAll), lz4 through pooled compressors (each holds a 128 KiB
+// hash table, too big to build per chunk).
+type Encoder struct {
+	spec Spec
+	zenc *zstd.Encoder // nil for "none" and "lz4"
+}
+
+// NewEncoder returns an Encoder for s.
+func NewEncoder(s Spec) (*Encoder, error) {
+	e := &Encoder{spec: s}
+	switch s.kind {
+	case specNone, specLZ4:
+	case specAuto, specZstd, specShuffle:
+		z, err := zstdEncoder(s.encoderLevel())
+		if err != nil {
+			return nil, err
+		}
+		e.zenc = z
+	default:
+		return nil, fmt.Errorf("codec: invalid spec %v", s)
+	}
+	return e, nil
+}
+
+// Spec returns the spec the Encoder was made with.
+func (e *Encoder) Spec() Spec { return e.spec }
+
+// MaxEncodedLen is the largest MaxEncodedLen(id, rawLen) over the ids this
+// Encoder may produce: with cap(dst) at least this, Encode does not allocate
+// its output.
+func (e *Encoder) MaxEncodedLen(rawLen int) int {
+	switch e.spec.kind {
+	case specNone:
+		return 0 // Encode never writes into dst
+	case specLZ4:
+		return MaxEncodedLen(LZ4, rawLen)
+	case specZstd, specShuffle:
+		return MaxEncodedLen(Zstd, rawLen)
+	}
+	return MaxEncodedLen(ID(255), rawLen)
+}
+
+// Encode encodes raw, appending the stored bytes to dst[:0] when it
+// compresses. Rules: an all-zero chunk gives (Zero, empty); if the encoded
+// form is not smaller than raw, it gives (None, raw), returning raw itself,
+// no copy; otherwise (id, encoded). dst must not overlap raw. The only error
+// is a chunk larger than MaxChunk, which no decoder would accept.
+func (e *Encoder) Encode(dst, raw []byte) (id ID, stored []byte, err error) {
+	if len(raw) > MaxChunk {
+		return None, nil, fmt.Errorf("%w: chunk of %d bytes > %d", ErrTooLarge, len(raw), MaxChunk)
+	}
+	if IsZero(raw) {
+		return Zero, dst[:0], nil
+	}
+	switch e.spec.kind {
+	case specNone:
+		id = None
+	case specLZ4:
+		id = LZ4
+	case specZstd:
+		id = Zstd
+	case specShuffle:
+		id = shuffleID(histogram(raw))
+	default:
+		id = chooseAuto(raw)
+	}
+	id, stored = e.encodeAs(id, dst, raw)
+	return id, stored, nil
+}
+
+// encodeAs encodes raw (not all-zero) with id, falling back to (None, raw)
+// when that is not smaller.
+func (e *Encoder) encodeAs(id ID, dst, raw []byte) (ID, []byte) {
+	var out []byte
+	switch id {
+	case LZ4:
+		out = lz4Encode(dst, raw)
+	case Zstd:
+		out = e.zenc.EncodeAll(raw, dst[:0])
+	case Shuffle2Zstd, Shuffle4Zstd:
+		buf := getBuf(len(raw))
+		shuffle(*buf, raw, elemSize(id))
+		out = e.zenc.EncodeAll(*buf, dst[:0])
+		putBuf(buf)
+	}
+	if out == nil || len(out) >= len(raw) {
+		return None, raw
+	}
+	return id, out
+}
+
+// lz4Compressors are reused because a Compressor's hash table is 128 KiB.
+var lz4Compressors = sync.Pool{New: func() any { return new(lz4.Compressor) }}
+
+// lz4Encode compresses raw into dst's storage, or returns nil when the result
+// would not be smaller than raw.
+func lz4Encode(dst, raw []byte) []byte {
+	out := dst[:cap(dst)]
+	if len(out) < len(raw) {
+		// Room for any result smaller than raw: a larger one is useless.
+		out = make([]byte, len(raw))
+	}
+	c := lz4Compressors.Get().(*lz4.Compressor)
+	n, err := c.CompressBlock(raw, out)
+	lz4Compressors.Put(c)
+	// n == 0 or an error: it did not fit in len(raw) bytes (incompressible).
+	if err != nil || n == 0 || n >= len(raw) {
+		return nil
+	}
+	return out[:n]
+}

@@ -1,0 +1,202 @@
+package manifest
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Archive layout in a store (a local directory or an object prefix). The
+// manifest is written last and is the commit point: without it the
+// checkpoint does not exist.
+const (
+	ManifestName  = "manifest.json"
+	SegmentPrefix = "segments/"
+)
+
+// SegmentName is the object name of segment i.
+func SegmentName(i int) string { return fmt.Sprintf("%s%08d.gcs", SegmentPrefix, i) }
+
+// Manifest describes one complete checkpoint: what files it holds, where
+// every chunk lives, and how it was made.
+type Manifest struct {
+	Format      int               `json:"format"`
+	ID          string            `json:"id"`
+	Created     time.Time         `json:"created"`
+	Tool        string            `json:"tool"`
+	CRIUVersion string            `json:"criu_version,omitempty"`
+	Host        string            `json:"host,omitempty"`
+	Codec       string            `json:"codec"`
+	ChunkSize   int               `json:"chunk_size"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	GPUs        []GPU             `json:"gpus,omitempty"`
+	Stats       Stats             `json:"stats"`
+	Segments    []Segment         `json:"segments,omitempty"`
+	Files       []File            `json:"files"`
+}
+
+// GPU records a device whose memory is in the checkpoint.
+type GPU struct {
+	UUID   string `json:"uuid"`
+	Name   string `json:"name,omitempty"`
+	Driver string `json:"driver,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+}
+
+// Stats sums the checkpoint.
+type Stats struct {
+	RawBytes    int64                 `json:"raw_bytes"`
+	StoredBytes int64                 `json:"stored_bytes"`
+	Chunks      int64                 `json:"chunks"`
+	ByCodec     map[string]CodecStats `json:"by_codec,omitempty"`
+}
+
+// CodecStats sums the chunks one codec stored.
+type CodecStats struct {
+	Chunks      int64 `json:"chunks"`
+	RawBytes    int64 `json:"raw_bytes"`
+	StoredBytes int64 `json:"stored_bytes"`
+}
+
+// Add counts one chunk.
+func (s *Stats) Add(codecName string, raw, stored int64) {
+	s.RawBytes += raw
+	s.StoredBytes += stored
+	s.Chunks++
+	if s.ByCodec == nil {
+		s.ByCodec = map[string]CodecStats{}
+	}
+	c := s.ByCodec[codecName]
+	c.Chunks++
+	c.RawBytes += raw
+	c.StoredBytes += stored
+	s.ByCodec[codecName] = c
+}
+
+// Ratio is raw over stored bytes (1 when empty).
+func (s Stats) Ratio() float64 {
+	if s.StoredBytes == 0 {
+		return 1
+	}
+	return float64(s.RawBytes) / float64(s.StoredBytes)
+}
+
+// Segment is one data object.
+type Segment struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// File is one image file and the index of its chunks, in offset order.
+type File struct {
+	Name     string  `json:"name"`
+	Size     int64   `json:"size"`
+	Digest   Hash    `json:"digest"`
+	External bool    `json:"external,omitempty"`
+	Chunks   []Chunk `json:"chunks"`
+}
+
+// Chunk locates one DATA frame: segment index and the offset of its header.
+type Chunk struct {
+	Offset   int64  `json:"off"`
+	RawLen   uint32 `json:"raw"`
+	Stored   uint32 `json:"stored"`
+	Codec    uint8  `json:"codec"`
+	Checksum uint32 `json:"crc"`
+	Hash     Hash   `json:"hash"`
+	Segment  int    `json:"seg"`
+	Pos      int64  `json:"pos"`
+}
+
+// Hash is a 32-byte digest written as hex in JSON.
+type Hash [32]byte
+
+func (h Hash) String() string { return hex.EncodeToString(h[:]) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (h Hash) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (h *Hash) UnmarshalText(b []byte) error {
+	if hex.DecodedLen(len(b)) != len(h) {
+		return fmt.Errorf("hash: want %d hex digits, got %d", 2*len(h), len(b))
+	}
+	_, err := hex.Decode(h[:], b)
+	return err
+}
+
+// Marshal encodes the manifest as indented JSON.
+func (m *Manifest) Marshal() ([]byte, error) { return json.MarshalIndent(m, "", " ") }
+
+// Parse decodes a manifest and checks that it is self-consistent, so that
+// nothing downstream indexes out of range on a damaged document.
+func Parse(b []byte) (*Manifest, error) {
+	var probe struct {
+		Format int `json:"format"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, ErrCorrupt)
+	}
+	if probe.Format == 0 || probe.Format > Version {
+		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, probe.Format, Version)
+	}
+	m := &Manifest{}
+	if err := json.Unmarshal(b, m); err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+	}
+	return m, nil
+}
+
+// Validate checks chunk ranges and segment references.
+func (m *Manifest) Validate() error {
+	seen := map[string]bool{}
+	for _, f := range m.Files {
+		if f.Name == "" || len(f.Name) > MaxNameLen {
+			return errors.New("manifest: file with an empty or over-long name")
+		}
+		if seen[f.Name] {
+			return fmt.Errorf("manifest: file %s listed twice", f.Name)
+		}
+		seen[f.Name] = true
+		var next int64
+		for i, c := range f.Chunks {
+			switch {
+			case c.Offset != next:
+				return fmt.Errorf("manifest: file %s chunk %d at offset %d, want %d", f.Name, i, c.Offset, next)
+			case c.RawLen == 0 || c.RawLen > MaxPayload || c.Stored > MaxPayload:
+				return fmt.Errorf("manifest: file %s chunk %d has impossible length", f.Name, i)
+			case m.Segments != nil && (c.Segment < 0 || c.Segment >= len(m.Segments)):
+				return fmt.Errorf("manifest: file %s chunk %d names segment %d of %d", f.Name, i, c.Segment, len(m.Segments))
+			case c.Pos < 0 || (m.Segments != nil && c.Pos+FrameSize+int64(c.Stored) > m.Segments[c.Segment].Size):
+				return fmt.Errorf("manifest: file %s chunk %d lies outside its segment", f.Name, i)
+			}
+			next += int64(c.RawLen)
+		}
+		if next != f.Size {
+			return fmt.Errorf("manifest: file %s has %d bytes in chunks, size says %d", f.Name, next, f.Size)
+		}
+	}
+	return nil
+}
+
+// Lookup returns the file with that name.
+func (m *Manifest) Lookup(name string) (*File, bool) {
+	for i := range m.Files {
+		if m.Files[i].Name == name {
+			return &m.Files[i], true
+		}
+	}
+	return nil, false
+}
+
+// SortFiles orders files by name, for stable listings.
+func (m *Manifest) SortFiles() {
+	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+}

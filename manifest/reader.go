@@ -1,0 +1,131 @@
+package manifest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame is one decoded frame; Pos is the offset of its header in the stream.
+type Frame struct {
+	FrameHeader
+	Payload []byte
+	Pos     int64
+}
+
+// Reader decodes a stream frame by frame, checking structure as it goes.
+// Payload checksums of DATA frames need the codec and are checked by the
+// caller after decoding; every other check happens here.
+type Reader struct {
+	r      io.Reader
+	name   string // for errors: "stdin", "shard 2", a segment name
+	pos    int64
+	header Header
+	ended  bool
+	names  map[uint32]string
+	hdr    [FrameSize]byte
+}
+
+// NewReader reads and checks the stream header.
+func NewReader(r io.Reader, name string) (*Reader, error) {
+	rd := &Reader{r: r, name: name, names: map[uint32]string{}}
+	b := make([]byte, HeaderSize)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream", name)
+		}
+		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, unexpected(err))
+	}
+	h, err := UnmarshalHeader(b)
+	if err != nil {
+		if !errors.Is(err, ErrNewerVersion) {
+			err = fmt.Errorf("%w: %w", err, ErrCorrupt)
+		}
+		return nil, fmt.Errorf("%s at offset 0: %w", name, err)
+	}
+	rd.header, rd.pos = h, HeaderSize
+	return rd, nil
+}
+
+// Header is the stream's header.
+func (r *Reader) Header() Header { return r.header }
+
+// Pos is the offset of the next frame.
+func (r *Reader) Pos() int64 { return r.pos }
+
+// FileName returns the name a FILE frame bound to id.
+func (r *Reader) FileName(id uint32) string { return r.names[id] }
+
+// Errorf wraps err with where in the stream it happened.
+func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
+	where := fmt.Sprintf("%s at offset %d", r.name, pos)
+	if n, ok := r.names[id]; ok {
+		where += fmt.Sprintf(" (file %s)", n)
+	}
+	return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrCorrupt)
+}
+
+// Next returns the next frame. alloc provides the payload buffer (nil means
+// make). After the END frame and its tail it returns io.EOF; a stream that
+// stops anywhere else is an error naming the offset.
+func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
+	if r.ended {
+		return Frame{}, io.EOF
+	}
+	pos := r.pos
+	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Frame{}, fmt.Errorf("%s: stream truncated at offset %d: no END frame: %w", r.name, pos, ErrCorrupt)
+		}
+		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, unexpected(err))
+	}
+	fh, err := UnmarshalFrameHeader(r.hdr[:])
+	if err != nil {
+		return Frame{}, r.Errorf(pos, fh.FileID, "%v", err)
+	}
+	if fh.Type == FrameData || fh.Type == FrameFileEnd {
+		if _, ok := r.names[fh.FileID]; !ok {
+			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that was never opened", fh.Type, fh.FileID)
+		}
+	}
+	var payload []byte
+	if fh.StoredLen > 0 {
+		if alloc != nil && fh.Type == FrameData {
+			payload = alloc(int(fh.StoredLen))[:fh.StoredLen]
+		} else {
+			payload = make([]byte, fh.StoredLen)
+		}
+		if _, err := io.ReadFull(r.r, payload); err != nil {
+			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame payload of %d bytes truncated: %v", fh.Type, fh.StoredLen, unexpected(err))
+		}
+	}
+	if fh.Type != FrameData {
+		if got := PayloadChecksum(payload); got != fh.Checksum {
+			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
+		}
+	}
+	r.pos += FrameSize + int64(fh.StoredLen)
+	switch fh.Type {
+	case FrameFile:
+		r.names[fh.FileID] = string(payload)
+	case FrameEnd:
+		var tail [TailSize]byte
+		if _, err := io.ReadFull(r.r, tail[:]); err != nil {
+			return Frame{}, fmt.Errorf("%s: stream truncated after END frame at offset %d: %v: %w", r.name, pos, unexpected(err), ErrCorrupt)
+		}
+		off, err := UnmarshalTail(tail[:])
+		if err != nil || off != uint64(pos) {
+			return Frame{}, fmt.Errorf("%s: bad stream tail at offset %d: %w", r.name, r.pos, ErrCorrupt)
+		}
+		r.pos += TailSize
+		r.ended = true
+	}
+	return Frame{FrameHeader: fh, Payload: payload, Pos: pos}, nil
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}

@@ -1,0 +1,92 @@
+package sinks
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+)
+
+// Kind says what shape a location has.
+type Kind int
+
+const (
+	// Stdio is the process's standard input or output (or --shard-fds).
+	Stdio Kind = iota
+	// Archive is a local archive directory: segments plus a manifest.
+	Archive
+	// StreamFile is a plain file holding one stream (what capture > FILE wrote).
+	StreamFile
+	// S3 is an object-store prefix.
+	S3
+	// TCP is a peer.
+	TCP
+)
+
+// Location is a parsed DEST or SRC argument.
+type Location struct {
+	Kind Kind
+	// Path for Archive and StreamFile; bucket/prefix for S3; host:port for TCP.
+	Path string
+	Raw  string
+}
+
+// ParseLocation understands "-", a path, file:///path, s3://bucket/prefix
+// and tcp://host:port. A path naming an existing regular file is a stream
+// file; anything else local is an archive directory.
+func ParseLocation(s string) (Location, error) {
+	switch {
+	case s == "" || s == "-":
+		return Location{Kind: Stdio, Raw: "-"}, nil
+	case strings.HasPrefix(s, "s3://"), strings.HasPrefix(s, "tcp://"):
+		u, err := url.Parse(s)
+		if err != nil {
+			return Location{}, fmt.Errorf("location %s: %w", Redact(s), err)
+		}
+		if u.Host == "" {
+			return Location{}, fmt.Errorf("location %s: missing host or bucket", Redact(s))
+		}
+		if u.Scheme == "s3" {
+			return Location{Kind: S3, Path: u.Host + u.Path, Raw: s}, nil
+		}
+		return Location{Kind: TCP, Path: u.Host, Raw: s}, nil
+	case strings.HasPrefix(s, "file://"):
+		u, err := url.Parse(s)
+		if err != nil || u.Path == "" {
+			return Location{}, fmt.Errorf("location %s: want file:///absolute/path", Redact(s))
+		}
+		return local(u.Path, s), nil
+	case strings.Contains(s, "://"):
+		return Location{}, fmt.Errorf("location %s: unknown scheme (want -, a path, file://, s3:// or tcp://)", Redact(s))
+	}
+	return local(s, s), nil
+}
+
+func local(p, raw string) Location {
+	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+		return Location{Kind: StreamFile, Path: p, Raw: raw}
+	}
+	return Location{Kind: Archive, Path: p, Raw: raw}
+}
+
+func (l Location) String() string { return Redact(l.Raw) }
+
+// Redact removes credentials from a URL before it is printed.
+func Redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return s
+	}
+	if u.User != nil {
+		u.User = url.User("REDACTED")
+	}
+	q := u.Query()
+	for k := range q {
+		lk := strings.ToLower(k)
+		if strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "signature") || strings.Contains(lk, "credential") || strings.Contains(lk, "key") {
+			q.Set(k, "REDACTED")
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -1,0 +1,467 @@
+package streamer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// Options tune the pipeline. Zero values pick the defaults.
+type Options struct {
+	// ChunkSize is the largest raw chunk; files smaller than it stay whole.
+	ChunkSize int
+	// Workers is the number of encoder (or decoder) goroutines.
+	Workers int
+	// MemoryLimit bounds the chunk buffers in flight (raw and encoded).
+	MemoryLimit int64
+	// Codec chooses the chunk encoding.
+	Codec codec.Spec
+	// VerifyHashes makes readers also check every chunk's BLAKE3 content
+	// hash (verify does; restore relies on the CRC-32C alone for speed).
+	VerifyHashes bool
+}
+
+const (
+	DefaultChunkSize   = 4 << 20
+	DefaultMemoryLimit = 256 << 20
+	// smallRead is the first read of every file: CRIU sends hundreds of
+	// small images that stay open until the end, and they must not each pin
+	// a full chunk of the budget.
+	smallRead = 64 << 10
+)
+
+func (o Options) withDefaults() Options {
+	if o.ChunkSize <= 0 {
+		o.ChunkSize = DefaultChunkSize
+	}
+	if o.ChunkSize > codec.MaxChunk {
+		o.ChunkSize = codec.MaxChunk
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	if o.MemoryLimit <= 0 {
+		o.MemoryLimit = DefaultMemoryLimit
+	}
+	return o
+}
+
+// chunkTokens is how many chunks may be in flight: at least enough to keep
+// every worker busy while the writer holds one.
+func (o Options) chunkTokens(perChunk int) int {
+	n := int(o.MemoryLimit / int64(perChunk))
+	if min := 2*o.Workers + 2; n < min {
+		n = min
+	}
+	return n
+}
+
+// Counters are live totals, readable while the pipeline runs.
+type Counters struct {
+	Files       atomic.Int64
+	RawBytes    atomic.Int64
+	StoredBytes atomic.Int64
+}
+
+// Capture is a running capture pipeline: producers call WriteFile
+// concurrently, one call per file; Close commits.
+type Capture struct {
+	opts    Options
+	enc     *codec.Encoder
+	out     Output
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	jobs    chan *item
+	encoded chan *item
+	tokens  chan struct{}
+	rawPool sync.Pool
+	encPool sync.Pool
+
+	mu     sync.Mutex
+	seq    uint64
+	nextID uint32
+
+	workers    sync.WaitGroup
+	writerDone chan struct{}
+	started    time.Time
+	Counters   Counters
+
+	// owned by the writer goroutine until writerDone closes
+	man       manifest.Manifest
+	files     map[uint32]*fileState
+	committed map[string]manifest.File
+}
+
+type item struct {
+	seq    uint64
+	kind   manifest.FrameType
+	fileID uint32
+	name   string
+	flags  uint16
+	off    int64
+	raw    []byte
+	rawBuf *[]byte // pooled backing of raw, or nil
+	token  bool
+	encBuf *[]byte
+	stored []byte
+	codec  codec.ID
+	crc    uint32
+	hash   [32]byte
+	size   int64
+	chunks uint32
+}
+
+type fileState struct {
+	file   manifest.File
+	hashes []byte
+}
+
+// NewCapture starts the workers and the ordered writer. The pipeline stops
+// at the first error; ctx cancels it.
+func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error) {
+	opts = opts.withDefaults()
+	enc, err := codec.NewEncoder(opts.Codec)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	encMax := enc.MaxEncodedLen(opts.ChunkSize)
+	c := &Capture{
+		opts:       opts,
+		enc:        enc,
+		out:        out,
+		ctx:        ctx,
+		cancel:     cancel,
+		jobs:       make(chan *item, opts.Workers*2),
+		encoded:    make(chan *item, opts.Workers*2),
+		tokens:     make(chan struct{}, opts.chunkTokens(opts.ChunkSize+encMax)),
+		writerDone: make(chan struct{}),
+		started:    time.Now(),
+		files:      map[uint32]*fileState{},
+		committed:  map[string]manifest.File{},
+	}
+	c.rawPool.New = func() any { b := make([]byte, opts.ChunkSize); return &b }
+	c.encPool.New = func() any { b := make([]byte, encMax); return &b }
+	c.workers.Add(opts.Workers)
+	for range opts.Workers {
+		go c.encodeLoop()
+	}
+	go c.writeLoop()
+	return c, nil
+}
+
+// Err is the cause that stopped the pipeline, or nil.
+func (c *Capture) Err() error {
+	if c.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(c.ctx)
+}
+
+// Done is closed when the pipeline has stopped with an error or was canceled.
+func (c *Capture) Done() <-chan struct{} { return c.ctx.Done() }
+
+func (c *Capture) fail(err error) { c.cancel(err) }
+
+func (c *Capture) submit(it *item) error {
+	c.mu.Lock()
+	it.seq = c.seq
+	c.seq++
+	c.mu.Unlock()
+	select {
+	case c.jobs <- it:
+		return nil
+	case <-c.ctx.Done():
+		c.release(it)
+		return context.Cause(c.ctx)
+	}
+}
+
+func (c *Capture) acquire() error {
+	select {
+	case c.tokens <- struct{}{}:
+		return nil
+	case <-c.ctx.Done():
+		return context.Cause(c.ctx)
+	}
+}
+
+func (c *Capture) release(it *item) {
+	if it.rawBuf != nil {
+		c.rawPool.Put(it.rawBuf)
+		it.rawBuf = nil
+	}
+	if it.encBuf != nil {
+		c.encPool.Put(it.encBuf)
+		it.encBuf = nil
+	}
+	if it.token {
+		<-c.tokens
+		it.token = false
+	}
+	it.raw, it.stored = nil, nil
+}
+
+// WriteFile reads one file to its end and feeds it to the pipeline. Files
+// may be written concurrently; a name written again replaces the earlier
+// file. It returns the number of bytes read.
+func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, error) {
+	if name == "" || len(name) > manifest.MaxNameLen {
+		return 0, fmt.Errorf("capture: invalid file name %q", name)
+	}
+	c.mu.Lock()
+	id := c.nextID
+	c.nextID++
+	c.mu.Unlock()
+	var flags uint16
+	if external {
+		flags = manifest.FileFlagExternal
+	}
+	if err := c.submit(&item{kind: manifest.FrameFile, fileID: id, name: name, flags: flags}); err != nil {
+		return 0, err
+	}
+	var off int64
+	var chunks uint32
+	first := true
+	for {
+		it := &item{kind: manifest.FrameData, fileID: id, off: off}
+		var buf []byte
+		if first {
+			buf = make([]byte, smallRead)
+		} else {
+			if err := c.acquire(); err != nil {
+				return off, err
+			}
+			it.token = true
+			it.rawBuf = c.rawPool.Get().(*[]byte)
+			buf = *it.rawBuf
+		}
+		n, err := io.ReadFull(r, buf)
+		if first && n == smallRead && err == nil {
+			// Not small after all: move what we have into a budgeted chunk.
+			if err := c.acquire(); err != nil {
+				return off, err
+			}
+			it.token = true
+			it.rawBuf = c.rawPool.Get().(*[]byte)
+			big := *it.rawBuf
+			copy(big, buf)
+			var m int
+			m, err = io.ReadFull(r, big[smallRead:])
+			n, buf = smallRead+m, big
+		}
+		first = false
+		eof := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+		if err != nil && !eof {
+			c.release(it)
+			return off, fmt.Errorf("read %s at offset %d: %w", name, off+int64(n), err)
+		}
+		if n > 0 {
+			it.raw = buf[:n]
+			if err := c.submit(it); err != nil {
+				return off, err
+			}
+			off += int64(n)
+			chunks++
+			c.Counters.RawBytes.Add(int64(n))
+		} else {
+			c.release(it)
+		}
+		if eof {
+			break
+		}
+	}
+	if err := c.submit(&item{kind: manifest.FrameFileEnd, fileID: id, name: name, size: off, chunks: chunks}); err != nil {
+		return off, err
+	}
+	return off, nil
+}
+
+func (c *Capture) encodeLoop() {
+	defer c.workers.Done()
+	for it := range c.jobs {
+		if it.kind == manifest.FrameData && c.ctx.Err() == nil {
+			if err := c.encode(it); err != nil {
+				c.fail(err)
+			}
+		}
+		select {
+		case c.encoded <- it:
+		case <-c.ctx.Done():
+			c.release(it)
+		}
+	}
+}
+
+func (c *Capture) encode(it *item) error {
+	if codec.IsZero(it.raw) {
+		it.codec, it.stored = codec.Zero, nil
+		it.crc, it.hash = zeroSums(len(it.raw))
+		return nil
+	}
+	it.crc = codec.Checksum(it.raw)
+	it.hash = codec.ContentHash(it.raw)
+	it.encBuf = c.encPool.Get().(*[]byte)
+	id, stored, err := c.enc.Encode((*it.encBuf)[:0], it.raw)
+	if err != nil {
+		return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+	}
+	it.codec, it.stored = id, stored
+	return nil
+}
+
+// writeLoop puts items back in submission order and writes them.
+func (c *Capture) writeLoop() {
+	defer close(c.writerDone)
+	pending := map[uint64]*item{}
+	var next uint64
+	for it := range c.encoded {
+		pending[it.seq] = it
+		for {
+			it, ok := pending[next]
+			if !ok {
+				break
+			}
+			delete(pending, next)
+			next++
+			if c.ctx.Err() == nil {
+				if err := c.write(it); err != nil {
+					c.fail(err)
+				}
+			}
+			c.release(it)
+		}
+	}
+	for _, it := range pending {
+		c.release(it)
+	}
+}
+
+func (c *Capture) write(it *item) error {
+	ctx := c.ctx
+	switch it.kind {
+	case manifest.FrameFile:
+		fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: it.fileID, Flags: it.flags, RawLen: uint32(len(it.name))}
+		if _, err := c.out.WriteFrame(ctx, &fh, []byte(it.name)); err != nil {
+			return fmt.Errorf("write %s: %w", it.name, err)
+		}
+		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}}
+	case manifest.FrameData:
+		fs := c.files[it.fileID]
+		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
+			RawLen: uint32(len(it.raw)), Checksum: it.crc, Hash: it.hash}
+		loc, err := c.out.WriteFrame(ctx, &fh, it.stored)
+		if err != nil {
+			return fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)
+		}
+		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
+			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
+		fs.hashes = append(fs.hashes, it.hash[:]...)
+		c.man.Stats.Add(it.codec.String(), int64(len(it.raw)), int64(len(it.stored)))
+		c.Counters.StoredBytes.Add(int64(len(it.stored)))
+	case manifest.FrameFileEnd:
+		fs := c.files[it.fileID]
+		delete(c.files, it.fileID)
+		fs.file.Size = it.size
+		fs.file.Digest = FileDigest(fs.hashes, it.size)
+		fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: it.fileID, Offset: uint64(it.size), RawLen: it.chunks, Hash: fs.file.Digest}
+		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
+			return fmt.Errorf("finish %s: %w", fs.file.Name, err)
+		}
+		c.committed[fs.file.Name] = fs.file
+		c.Counters.Files.Add(1)
+	}
+	return nil
+}
+
+// Close waits for every written file to pass through the pipeline, then
+// commits the output with the manifest built from what was written. Call it
+// after every WriteFile has returned. On any earlier error it aborts the
+// output and returns that error.
+func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.Manifest, error) {
+	close(c.jobs)
+	c.workers.Wait()
+	close(c.encoded)
+	<-c.writerDone
+	if err := c.Err(); err != nil {
+		_ = c.out.Abort(ctx)
+		return nil, err
+	}
+	defer c.cancel(nil)
+	if len(c.files) > 0 {
+		_ = c.out.Abort(ctx)
+		return nil, errors.New("capture: files still open at close")
+	}
+	m := meta
+	m.Format = manifest.Version
+	m.ChunkSize = c.opts.ChunkSize
+	m.Codec = c.opts.Codec.String()
+	m.Stats = c.man.Stats
+	if m.Created.IsZero() {
+		m.Created = time.Now().UTC()
+	}
+	if m.Host == "" {
+		m.Host, _ = os.Hostname()
+	}
+	m.Files = make([]manifest.File, 0, len(c.committed))
+	for _, f := range c.committed {
+		m.Files = append(m.Files, f)
+	}
+	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+	// Stats count every chunk written, also of files later replaced; recount
+	// so that the manifest describes what it indexes.
+	m.Stats = manifest.Stats{}
+	for _, f := range m.Files {
+		for _, ch := range f.Chunks {
+			m.Stats.Add(codec.ID(ch.Codec).String(), int64(ch.RawLen), int64(ch.Stored))
+		}
+	}
+	if err := c.out.Commit(ctx, &m); err != nil {
+		_ = c.out.Abort(ctx)
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return &m, nil
+}
+
+// Abort stops the pipeline with err and discards the output.
+func (c *Capture) Abort(err error) { c.fail(err) }
+
+// FileDigest identifies a whole file from its chunk hashes, so that it can
+// be computed in parallel and checked without rehashing the data.
+func FileDigest(chunkHashes []byte, size int64) [32]byte {
+	b := make([]byte, len(chunkHashes)+8)
+	copy(b, chunkHashes)
+	binary.LittleEndian.PutUint64(b[len(chunkHashes):], uint64(size))
+	return codec.ContentHash(b)
+}
+
+var zeroSumCache sync.Map // int -> [2]any{crc, hash}
+
+type sums struct {
+	crc  uint32
+	hash [32]byte
+}
+
+// zeroSums returns the checksum and hash of n zero bytes; zero chunks are
+// common (touched but unused memory) and all have the same few lengths.
+func zeroSums(n int) (uint32, [32]byte) {
+	if v, ok := zeroSumCache.Load(n); ok {
+		s := v.(sums)
+		return s.crc, s.hash
+	}
+	z := make([]byte, n)
+	s := sums{codec.Checksum(z), codec.ContentHash(z)}
+	zeroSumCache.Store(n, s)
+	return s.crc, s.hash
+}

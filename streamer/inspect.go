@@ -1,0 +1,93 @@
+package streamer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// ScanStream describes a stream from its frame headers alone, without
+// decoding payloads: what inspect shows for stdin or a stream file. A
+// finished single-shard stream carries its manifest in the END frame; that
+// one is returned when present, since it also has the metadata.
+func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
+	rd, err := manifest.NewReader(r, name)
+	if err != nil {
+		return nil, err
+	}
+	m := &manifest.Manifest{Format: manifest.Version}
+	files := map[uint32]*manifest.File{}
+	byName := map[string]manifest.File{}
+	for {
+		fr, err := rd.Next(nil)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch fr.Type {
+		case manifest.FrameFile:
+			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
+		case manifest.FrameData:
+			f := files[fr.FileID]
+			f.Chunks = append(f.Chunks, manifest.Chunk{Offset: int64(fr.Offset), RawLen: fr.RawLen, Stored: fr.StoredLen, Codec: fr.Codec, Checksum: fr.Checksum, Hash: fr.Hash, Pos: fr.Pos})
+		case manifest.FrameFileEnd:
+			f := files[fr.FileID]
+			f.Size, f.Digest = int64(fr.Offset), fr.Hash
+			byName[f.Name] = *f
+		case manifest.FrameEnd:
+			if len(fr.Payload) > 0 {
+				if full, err := manifest.Parse(fr.Payload); err == nil {
+					return full, nil
+				}
+			}
+		}
+	}
+	for _, f := range byName {
+		for _, c := range f.Chunks {
+			m.Stats.Add(codec.ID(c.Codec).String(), int64(c.RawLen), int64(c.Stored))
+		}
+		m.Files = append(m.Files, f)
+	}
+	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+	return m, nil
+}
+
+// VerifyReport sums a verification.
+type VerifyReport struct {
+	Files  int   `json:"files"`
+	Chunks int   `json:"chunks"`
+	Bytes  int64 `json:"bytes"`
+}
+
+// VerifyArchive decodes every chunk of every file and checks its CRC-32C,
+// its BLAKE3 content hash, and every file digest. Open the source with
+// VerifyHashes set.
+func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) {
+	var rep VerifyReport
+	if !a.opts.VerifyHashes {
+		return rep, fmt.Errorf("verify: archive source opened without VerifyHashes")
+	}
+	for _, f := range a.man.Files {
+		hashes := make([]byte, 0, 32*len(f.Chunks))
+		for _, c := range f.Chunks {
+			hashes = append(hashes, c.Hash[:]...)
+		}
+		if FileDigest(hashes, f.Size) != f.Digest {
+			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, manifest.ErrCorrupt)
+		}
+		n, err := a.Copy(ctx, f.Name, io.Discard)
+		if err != nil {
+			return rep, err
+		}
+		rep.Files++
+		rep.Chunks += len(f.Chunks)
+		rep.Bytes += n
+	}
+	return rep, nil
+}

@@ -1,0 +1,527 @@
+package streamer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// StreamSource decodes a live stream (stdin, shards, a socket) and holds
+// each file until it is asked for: in memory up to the budget, then spilled
+// to a temporary file. A file is served only once all its chunks arrived,
+// passed their checksums, and matched the digest in its FILE-END frame, so
+// nothing unverified ever reaches the consumer. With ExtractDir set it
+// writes every file into that directory instead.
+type StreamSource struct {
+	opts       Options
+	extractDir string
+	spillDir   string
+	discard    bool
+
+	mu       sync.Mutex
+	changed  chan struct{} // closed and replaced on every change
+	pending  map[uint32]*streamFile
+	doneIDs  map[uint32]bool
+	complete map[string]*streamFile
+	ended    bool
+	err      error
+	memUsed  int64
+	spill    *os.File
+	spillEnd int64
+	cleanup  []string
+
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	Counters
+}
+
+type streamFile struct {
+	id       uint32
+	name     string
+	external bool
+	size     int64 // -1 until FILE-END
+	expect   uint32
+	digest   [32]byte
+	chunks   []chunkRec
+	fd       *os.File // extract mode: the file being written
+	tmpPath  string
+}
+
+type chunkRec struct {
+	off  int64
+	n    int64
+	hash [32]byte
+	zero bool
+	mem  []byte
+	fd   *os.File // where a spilled or extracted chunk lives
+	foff int64
+}
+
+// StreamOptions configures a StreamSource.
+type StreamOptions struct {
+	Options
+	// ExtractDir, when set, receives every file as it completes.
+	ExtractDir string
+	// SpillDir holds spilled chunks; empty means os.TempDir().
+	SpillDir string
+	// Discard checks everything but keeps no data (verify, inspect).
+	Discard bool
+}
+
+// NewStreamSource starts decoding the shards (one reader each) in the
+// background. names label the shards in errors.
+func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so StreamOptions) *StreamSource {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &StreamSource{
+		opts:       so.Options.withDefaults(),
+		extractDir: so.ExtractDir,
+		spillDir:   so.SpillDir,
+		discard:    so.Discard,
+		changed:    make(chan struct{}),
+		pending:    map[uint32]*streamFile{},
+		doneIDs:    map[uint32]bool{},
+		complete:   map[string]*streamFile{},
+		cancel:     cancel,
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		err := s.run(ctx, shards, names)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err == nil && len(s.pending) > 0 {
+			for _, f := range s.pending {
+				err = fmt.Errorf("stream ended but file %s is incomplete (%d chunks received)", f.name, len(f.chunks))
+				break
+			}
+		}
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		s.ended = true
+		s.notifyLocked()
+	}()
+	return s
+}
+
+func (s *StreamSource) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *StreamSource) failLocked(err error) {
+	if s.err == nil {
+		s.err = err
+		s.notifyLocked()
+	}
+}
+
+type decodeJob struct {
+	rd    *manifest.Reader
+	frame manifest.Frame
+}
+
+// run reads all shards concurrently and decodes DATA frames on workers.
+func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []string) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	jobs := make(chan decodeJob, s.opts.Workers)
+	var workers sync.WaitGroup
+	for range s.opts.Workers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for j := range jobs {
+				if ctx.Err() != nil {
+					continue
+				}
+				if err := s.decode(j); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+	var readers sync.WaitGroup
+	var idMu sync.Mutex
+	var streamID uint64
+	for i, r := range shards {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			rd, err := manifest.NewReader(r, names[i])
+			if err != nil {
+				cancel(err)
+				return
+			}
+			h := rd.Header()
+			idMu.Lock()
+			if streamID == 0 {
+				streamID = h.StreamID
+			}
+			same := streamID == h.StreamID
+			idMu.Unlock()
+			if !same {
+				cancel(fmt.Errorf("%s: shard belongs to another stream", names[i]))
+				return
+			}
+			if int(h.ShardCount) != len(shards) {
+				cancel(fmt.Errorf("%s: stream has %d shards, %d given", names[i], h.ShardCount, len(shards)))
+				return
+			}
+			if err := s.readShard(ctx, rd, jobs); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	readers.Wait()
+	close(jobs)
+	workers.Wait()
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
+}
+
+func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs chan<- decodeJob) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		fr, err := rd.Next(nil)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		switch fr.Type {
+		case manifest.FrameFile:
+			if err := s.openFile(rd, fr); err != nil {
+				return err
+			}
+		case manifest.FrameData:
+			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
+				return rd.Errorf(fr.Pos, fr.FileID, "DATA frame with raw length %d", fr.RawLen)
+			}
+			select {
+			case jobs <- decodeJob{rd, fr}:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		case manifest.FrameFileEnd:
+			if err := s.endFile(rd, fr); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func validName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\x00")
+}
+
+func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
+	name := string(fr.Payload)
+	if !validName(name) {
+		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %q", name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.doneIDs[fr.FileID] {
+		return nil // announced again by a shard that lags behind
+	}
+	if f, ok := s.pending[fr.FileID]; ok {
+		if f.name != name {
+			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, name)
+		}
+		return nil // the same announcement on another shard or segment
+	}
+	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
+	if s.extractDir != "" {
+		f.tmpPath = filepath.Join(s.extractDir, "."+name+".partial")
+		fd, err := os.OpenFile(f.tmpPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fmt.Errorf("extract %s: %w", name, err)
+		}
+		f.fd = fd
+		s.cleanup = append(s.cleanup, f.tmpPath)
+	}
+	s.pending[fr.FileID] = f
+	return nil
+}
+
+func (s *StreamSource) endFile(rd *manifest.Reader, fr manifest.Frame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.pending[fr.FileID]
+	if !ok {
+		return nil // completed already through another shard's FILE-END
+	}
+	if f.size >= 0 {
+		if f.size != int64(fr.Offset) || f.expect != fr.RawLen || f.digest != fr.Hash {
+			return rd.Errorf(fr.Pos, fr.FileID, "FILE-END disagrees with another shard's")
+		}
+		return nil
+	}
+	f.size, f.expect, f.digest = int64(fr.Offset), fr.RawLen, fr.Hash
+	return s.maybeCompleteLocked(f, rd.Errorf(fr.Pos, fr.FileID, "file check failed"))
+}
+
+// maybeCompleteLocked publishes f once all its chunks are in and they tile
+// the file and match its digest.
+func (s *StreamSource) maybeCompleteLocked(f *streamFile, where error) error {
+	if f.size < 0 || uint32(len(f.chunks)) < f.expect {
+		return nil
+	}
+	sort.Slice(f.chunks, func(i, j int) bool { return f.chunks[i].off < f.chunks[j].off })
+	var next int64
+	hashes := make([]byte, 0, 32*len(f.chunks))
+	for _, c := range f.chunks {
+		if c.off != next {
+			return fmt.Errorf("%v: %s: chunk at offset %d, expected %d", where, f.name, c.off, next)
+		}
+		next += c.n
+		hashes = append(hashes, c.hash[:]...)
+	}
+	if next != f.size || uint32(len(f.chunks)) != f.expect {
+		return fmt.Errorf("%v: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where, f.name, next, len(f.chunks), f.size, f.expect)
+	}
+	if FileDigest(hashes, f.size) != f.digest {
+		return fmt.Errorf("%v: %s: file digest mismatch", where, f.name)
+	}
+	if f.fd != nil {
+		// A trailing zero chunk is never written: set the length explicitly.
+		if err := f.fd.Truncate(f.size); err != nil {
+			return fmt.Errorf("extract %s: %w", f.name, err)
+		}
+		final := filepath.Join(s.extractDir, f.name)
+		if err := os.Rename(f.tmpPath, final); err != nil {
+			return fmt.Errorf("extract %s: %w", f.name, err)
+		}
+		f.tmpPath = ""
+	}
+	delete(s.pending, f.id)
+	s.doneIDs[f.id] = true
+	if old, ok := s.complete[f.name]; ok {
+		s.releaseLocked(old)
+	}
+	s.complete[f.name] = f
+	s.Counters.Files.Add(1)
+	s.notifyLocked()
+	return nil
+}
+
+func (s *StreamSource) releaseLocked(f *streamFile) {
+	for _, c := range f.chunks {
+		s.memUsed -= int64(len(c.mem))
+	}
+	if f.fd != nil && s.extractDir == "" {
+		f.fd.Close()
+	}
+}
+
+// decode checks one DATA frame and stores its bytes.
+func (s *StreamSource) decode(j decodeJob) error {
+	fr := j.frame
+	raw := fr.Payload
+	zero := codec.ID(fr.Codec) == codec.Zero
+	if zero {
+		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
+		}
+		raw = nil
+	} else {
+		if codec.ID(fr.Codec) != codec.None {
+			raw = make([]byte, fr.RawLen)
+		}
+		if err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload); err != nil {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+		}
+		if s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: content hash mismatch", fr.Offset)
+		}
+	}
+	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), hash: fr.Hash, zero: zero}
+	s.Counters.RawBytes.Add(int64(fr.RawLen))
+	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
+
+	s.mu.Lock()
+	f, ok := s.pending[fr.FileID]
+	if !ok {
+		s.mu.Unlock()
+		return j.rd.Errorf(fr.Pos, fr.FileID, "DATA frame after its file was complete")
+	}
+	if !zero && !s.discard {
+		switch {
+		case f.fd != nil:
+			rec.fd, rec.foff = f.fd, rec.off
+		case s.memUsed+int64(len(raw)) <= s.opts.MemoryLimit:
+			rec.mem = raw
+			s.memUsed += int64(len(raw))
+		default:
+			if s.spill == nil {
+				sp, err := os.CreateTemp(s.spillDir, "gpucr-spill-*")
+				if err != nil {
+					s.mu.Unlock()
+					return fmt.Errorf("spill to disk: %w", err)
+				}
+				os.Remove(sp.Name()) // unlinked: gone when closed, even after a crash
+				s.spill = sp
+			}
+			rec.fd, rec.foff = s.spill, s.spillEnd
+			s.spillEnd += int64(len(raw))
+		}
+	}
+	s.mu.Unlock()
+	if rec.fd != nil {
+		if _, err := rec.fd.WriteAt(raw, rec.foff); err != nil {
+			return fmt.Errorf("store %s at offset %d: %w", f.name, rec.off, err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f.chunks = append(f.chunks, rec)
+	return s.maybeCompleteLocked(f, j.rd.Errorf(fr.Pos, fr.FileID, "file check failed"))
+}
+
+func (s *StreamSource) wait(ctx context.Context, ready func() bool) error {
+	for {
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return err
+		}
+		if ready() {
+			s.mu.Unlock()
+			return nil
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Wait blocks until the whole stream has been read and checked.
+func (s *StreamSource) Wait(ctx context.Context) error {
+	return s.wait(ctx, func() bool { return s.ended })
+}
+
+// Err returns the error that stopped the stream, if any.
+func (s *StreamSource) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (f *streamFile) entry() manifest.File {
+	return manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external}
+}
+
+// Stat implements Source.
+func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, error) {
+	var f *streamFile
+	err := s.wait(ctx, func() bool {
+		f = s.complete[name]
+		return f != nil || s.ended
+	})
+	if err != nil {
+		return manifest.File{}, err
+	}
+	if f == nil {
+		return manifest.File{}, fmt.Errorf("%s: %w", name, ErrNotExist)
+	}
+	return f.entry(), nil
+}
+
+// Files implements Source.
+func (s *StreamSource) Files(ctx context.Context) ([]manifest.File, error) {
+	if err := s.Wait(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]manifest.File, 0, len(s.complete))
+	for _, f := range s.complete {
+		out = append(out, f.entry())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Copy implements Source.
+func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	if _, err := s.Stat(ctx, name); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	f := s.complete[name]
+	chunks := f.chunks
+	s.mu.Unlock()
+	var written int64
+	if s.discard {
+		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
+	}
+	var buf []byte
+	for _, c := range chunks {
+		if err := ctx.Err(); err != nil {
+			return written, err
+		}
+		var err error
+		switch {
+		case c.zero:
+			err = writeZeros(w, c.n)
+		case c.mem != nil:
+			_, err = w.Write(c.mem)
+		default:
+			if int64(cap(buf)) < c.n {
+				buf = make([]byte, c.n)
+			}
+			if _, err = c.fd.ReadAt(buf[:c.n], c.foff); err == nil {
+				_, err = w.Write(buf[:c.n])
+			}
+		}
+		if err != nil {
+			return written, fmt.Errorf("copy %s at offset %d: %w", name, c.off, err)
+		}
+		written += c.n
+	}
+	return written, nil
+}
+
+// Close stops decoding and removes temporary files.
+func (s *StreamSource) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.complete {
+		if f.fd != nil {
+			f.fd.Close()
+		}
+	}
+	for _, f := range s.pending {
+		if f.fd != nil {
+			f.fd.Close()
+		}
+	}
+	if s.spill != nil {
+		s.spill.Close()
+	}
+	for _, p := range s.cleanup {
+		os.Remove(p) // already renamed for complete files
+	}
+	return nil
+}
