@@ -169,6 +169,7 @@ func UnmarshalFrameHeader(b []byte) (FrameHeader, error) {
 		return f, fmt.Errorf("frame header: %d bytes, want %d", len(b), FrameSize)
 	}
 	if got, want := crc(b[:60]), binary.LittleEndian.Uint32(b[60:]); got != want {
+		f.FileID = NoFile // nothing in a damaged header can be trusted
 		return f, fmt.Errorf("frame header checksum mismatch (stored %08x, computed %08x)", want, got)
 	}
 	f.Type = FrameType(b[0])

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Frame is one decoded frame; Pos is the offset of its header in the stream.
@@ -32,7 +33,7 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	b := make([]byte, HeaderSize)
 	if _, err := io.ReadFull(r, b); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream", name)
+			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream: %w", name, ErrCorrupt)
 		}
 		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, unexpected(err))
 	}
@@ -56,13 +57,17 @@ func (r *Reader) Pos() int64 { return r.pos }
 // FileName returns the name a FILE frame bound to id.
 func (r *Reader) FileName(id uint32) string { return r.names[id] }
 
-// Errorf wraps err with where in the stream it happened.
+// NoFile is the file id to pass to Errorf for frames that belong to none.
+const NoFile = ^uint32(0)
+
+// Errorf reports corrupt input with where in the stream it was found.
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
 	if n, ok := r.names[id]; ok {
 		where += fmt.Sprintf(" (file %s)", n)
 	}
-	return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrCorrupt)
+	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+ErrCorrupt.Error())
+	return fmt.Errorf("%s: %s: %w", where, msg, ErrCorrupt)
 }
 
 // Next returns the next frame. alloc provides the payload buffer (nil means
@@ -83,6 +88,10 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	if err != nil {
 		return Frame{}, r.Errorf(pos, fh.FileID, "%v", err)
 	}
+	id := fh.FileID
+	if fh.Type == FrameEnd {
+		id = NoFile
+	}
 	if fh.Type == FrameData || fh.Type == FrameFileEnd {
 		if _, ok := r.names[fh.FileID]; !ok {
 			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that was never opened", fh.Type, fh.FileID)
@@ -96,12 +105,12 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 			payload = make([]byte, fh.StoredLen)
 		}
 		if _, err := io.ReadFull(r.r, payload); err != nil {
-			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame payload of %d bytes truncated: %v", fh.Type, fh.StoredLen, unexpected(err))
+			return Frame{}, r.Errorf(pos, id, "%s frame payload of %d bytes truncated: %v", fh.Type, fh.StoredLen, unexpected(err))
 		}
 	}
 	if fh.Type != FrameData {
 		if got := PayloadChecksum(payload); got != fh.Checksum {
-			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
+			return Frame{}, r.Errorf(pos, id, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
 		}
 	}
 	r.pos += FrameSize + int64(fh.StoredLen)

@@ -25,6 +25,7 @@ type StreamSource struct {
 	extractDir string
 	spillDir   string
 	discard    bool
+	early      bool
 
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced on every change
@@ -74,6 +75,12 @@ type StreamOptions struct {
 	SpillDir string
 	// Discard checks everything but keeps no data (verify, inspect).
 	Discard bool
+	// ServeEarly serves each file as soon as it is complete and checked.
+	// Off, nothing is served until the whole stream has been read and checked
+	// (END frame included): CRIU's dump sends inventory.img last and restore
+	// asks for it first, so waiting costs nothing there and means a stream
+	// damaged anywhere never starts a restore.
+	ServeEarly bool
 }
 
 // NewStreamSource starts decoding the shards (one reader each) in the
@@ -85,6 +92,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		extractDir: so.ExtractDir,
 		spillDir:   so.SpillDir,
 		discard:    so.Discard,
+		early:      so.ServeEarly,
 		changed:    make(chan struct{}),
 		pending:    map[uint32]*streamFile{},
 		doneIDs:    map[uint32]bool{},
@@ -435,7 +443,7 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 	var f *streamFile
 	err := s.wait(ctx, func() bool {
 		f = s.complete[name]
-		return f != nil || s.ended
+		return (f != nil && s.early) || s.ended
 	})
 	if err != nil {
 		return manifest.File{}, err

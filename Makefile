@@ -1,0 +1,46 @@
+# gpucr-stream: `make demo` runs a checkpoint and restore through a local
+# archive; `make test` runs everything CI runs. Both install what they need.
+GO        ?= go
+BIN       := bin/gpucr-stream
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+FUZZTIME  ?= 10s
+CRIU_PREFIX ?= /opt/gpucr-criu
+
+.PHONY: build deps test unit e2e fuzz lint demo bench clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
+
+# deps installs the real components the tests and the demo use.
+deps:
+	bash scripts/install-deps.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
+
+# The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
+e2e: build
+	PATH=$(CRIU_PREFIX)/bin:$$PATH $(GO) test -count=1 -timeout 40m ./e2e/...
+
+# A short run of every fuzz target.
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+test: deps lint unit fuzz e2e
+
+demo: deps build
+	bash scripts/demo.sh
+
+bench: deps build
+	bash scripts/bench.sh
+
+clean:
+	rm -rf bin

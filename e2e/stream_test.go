@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestStreamStdoutToStdin: criu dump --stream through capture to stdout,
+// then serve of that stream from stdin into criu restore --stream.
+func TestStreamStdoutToStdin(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tg, before := startedTarget(ctx, t, dir, 256)
+
+	streamPath := filepath.Join(dir, "ckpt.stream")
+	out, err := os.Create(streamPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := mkdir(t, filepath.Join(dir, "a"))
+	capture := startGCS(ctx, t, gcsOpts{stdout: out}, "--images-dir", a, "capture")
+	dumpThrough(ctx, t, tg, a, capture)
+	out.Close()
+	lines := capture.lines()
+	checkStatsLine(t, lines)
+
+	in, err := os.Open(streamPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	b := mkdir(t, filepath.Join(dir, "b"))
+	serve := startGCS(ctx, t, gcsOpts{stdin: in}, "--images-dir", b, "serve")
+	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
+		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
+	}
+	provenRestore(ctx, t, tg, before)
+}
+
+// checkStatsLine checks the criu-image-streamer compatible progress lines.
+func checkStatsLine(t *testing.T, lines []string) {
+	t.Helper()
+	// socket-init was consumed by dumpThrough.
+	if len(lines) < 2 || lines[0] != "checkpoint-start" {
+		t.Fatalf("progress lines after socket-init %q: want checkpoint-start, statistics", lines)
+	}
+	var st struct {
+		Shards []struct {
+			Size int64 `json:"size"`
+		} `json:"shards"`
+		RawBytes int64 `json:"raw_bytes"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &st); err != nil || len(st.Shards) == 0 || st.Shards[0].Size == 0 || st.RawBytes == 0 {
+		t.Fatalf("statistics line %q: %v", lines[len(lines)-1], err)
+	}
+}
+
+// TestArchiveEveryCodec: capture --to a local archive and serve --from it,
+// once per codec; inspect and verify must agree with what was written.
+func TestArchiveEveryCodec(t *testing.T) {
+	CRIU(t)
+	for _, codec := range []string{"none", "lz4", "zstd", "zstd:9", "shuffle", "auto"} {
+		t.Run(strings.ReplaceAll(codec, ":", "-"), func(t *testing.T) {
+			ctx := testCtx(t)
+			dir := ShortTempDir(t)
+			tg, before := startedTarget(ctx, t, dir, 96)
+			archive := filepath.Join(dir, "archive")
+			a := mkdir(t, filepath.Join(dir, "a"))
+			capture := startGCS(ctx, t, gcsOpts{}, "--images-dir", a, "capture", "--to", archive, "--codec", codec, "--segment-size", "32MiB")
+			dumpThrough(ctx, t, tg, a, capture)
+
+			bin := BuildBinary(t, "./cmd/gpucr-stream")
+			out, err := exec.CommandContext(ctx, bin, "inspect", "--json", archive).CombinedOutput()
+			if err != nil {
+				t.Fatalf("inspect: %v: %s", err, out)
+			}
+			var ins struct {
+				Codec    string `json:"codec"`
+				Segments int    `json:"segments"`
+				Files    []fileEntry `json:"files"`
+			}
+			if err := json.Unmarshal(out, &ins); err != nil {
+				t.Fatalf("inspect --json: %v: %s", err, out)
+			}
+			if ins.Codec != codec && !(codec == "zstd" && ins.Codec == "zstd:1") {
+				t.Errorf("inspect says codec %q, captured with %q", ins.Codec, codec)
+			}
+			if ins.Segments < 2 {
+				t.Errorf("want several 32 MiB segments for a 96 MiB target, got %d", ins.Segments)
+			}
+			if !hasFile(ins.Files, "inventory.img") {
+				t.Errorf("inspect lists no inventory.img: %s", out)
+			}
+			if out, err := exec.CommandContext(ctx, bin, "verify", archive).CombinedOutput(); err != nil {
+				t.Fatalf("verify: %v: %s", err, out)
+			}
+
+			b := mkdir(t, filepath.Join(dir, "b"))
+			serve := startGCS(ctx, t, gcsOpts{}, "--images-dir", b, "serve", "--from", "file://"+archive)
+			if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
+				t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
+			}
+			provenRestore(ctx, t, tg, before)
+		})
+	}
+}
+
+type fileEntry struct {
+	Name string `json:"name"`
+}
+
+func hasFile(files []fileEntry, name string) bool {
+	for _, f := range files {
+		if f.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// TestThreeShards spreads the stream over three pipes (--shard-fds) and
+// gathers it back from three.
+func TestThreeShards(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tg, before := startedTarget(ctx, t, dir, 128)
+
+	var outs, ins []*os.File
+	for i := range 3 {
+		// Real pipes, each drained into a file, as a user's script would.
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(dir, "shard"+string(rune('0'+i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cat := exec.CommandContext(ctx, "cat")
+		cat.Stdin, cat.Stdout = r, f
+		if err := cat.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		t.Cleanup(func() { cat.Wait(); f.Close() })
+		outs = append(outs, w)
+		defer func() { cat.Wait() }()
+	}
+	a := mkdir(t, filepath.Join(dir, "a"))
+	capture := startGCS(ctx, t, gcsOpts{extra: outs}, "--images-dir", a, "--shard-fds", "4,5,6", "capture")
+	for _, w := range outs {
+		w.Close() // the capture holds its own copies
+	}
+	dumpThrough(ctx, t, tg, a, capture)
+
+	for i := range 3 {
+		f, err := os.Open(filepath.Join(dir, "shard"+string(rune('0'+i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		st, _ := f.Stat()
+		if st.Size() < 10<<20 {
+			t.Errorf("shard %d holds only %d bytes: data not spread", i, st.Size())
+		}
+		ins = append(ins, f)
+	}
+	b := mkdir(t, filepath.Join(dir, "b"))
+	serve := startGCS(ctx, t, gcsOpts{extra: ins}, "--images-dir", b, "--shard-fds", "4,5,6", "serve")
+	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
+		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
+	}
+	provenRestore(ctx, t, tg, before)
+}
+
+// TestShellPipe runs the form users type:
+// gpucr-stream --images-dir A capture | gpucr-stream --images-dir B serve
+func TestShellPipe(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tg, before := startedTarget(ctx, t, dir, 128)
+	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	a := mkdir(t, filepath.Join(dir, "a"))
+	b := mkdir(t, filepath.Join(dir, "b"))
+	sh := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c",
+		bin+" --images-dir "+a+" capture | "+bin+" --images-dir "+b+" serve")
+	var stderr strings.Builder
+	sh.Stderr = &stderr
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Process.Kill()
+	waitForFile(ctx, t, filepath.Join(a, "streamer-capture.sock"))
+	if err := RunCRIU(ctx, t, "dump", "--stream", "-D", a, "-t", strconv.Itoa(tg.PID()), "-o", "dump.log", "-v4"); err != nil {
+		t.Fatalf("criu dump: %v; pipeline: %s", err, stderr.String())
+	}
+	if err := tg.WaitGone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitForFile(ctx, t, filepath.Join(b, "streamer-serve.sock"))
+	if err := RunCRIU(ctx, t, "restore", "--stream", "-D", b, "--restore-detached", "-o", "restore.log", "-v4"); err != nil {
+		t.Fatalf("criu restore: %v; pipeline: %s", err, stderr.String())
+	}
+	if err := sh.Wait(); err != nil {
+		t.Fatalf("pipeline: %v: %s", err, stderr.String())
+	}
+	provenRestore(ctx, t, tg, before)
+}
