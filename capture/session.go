@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -35,6 +36,20 @@ type session struct {
 	pipes map[*os.File]struct{}
 	err   error
 	fail  context.CancelCauseFunc
+	// onIdle runs after each pipe finishes.
+	onIdle func()
+}
+
+func (s *session) open() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pipes)
+}
+
+func (s *session) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // countingReader tracks the socket offset for error messages.
@@ -55,10 +70,16 @@ func accept(ctx context.Context, path string, hooks Hooks) (*net.UnixConn, error
 	if err != nil {
 		return nil, err
 	}
-	defer l.Close()
 	if hooks.Listening != nil {
 		hooks.Listening()
 	}
+	return acceptOn(ctx, l, path, hooks)
+}
+
+// acceptOn takes one connection and closes the listener: one CRIU run per
+// socket.
+func acceptOn(ctx context.Context, l *net.UnixListener, path string, hooks Hooks) (*net.UnixConn, error) {
+	defer l.Close()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	conn, err := l.AcceptUnix()
@@ -115,6 +136,9 @@ func (s *session) run(p *os.File, move func(*os.File) error) {
 		if err != nil {
 			s.abort(err)
 		}
+		if s.onIdle != nil {
+			s.onIdle()
+		}
 	}()
 }
 
@@ -135,43 +159,77 @@ type DumpResult struct {
 	Complete bool
 }
 
-// Intake listens on DIR/streamer-capture.sock for one `criu dump --stream`
-// and writes every image it sends into c. It returns when CRIU has closed
-// the socket and every pipe is drained, or at the first error (after
-// closing CRIU's pipes so that the dump fails instead of hanging).
-func Intake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (DumpResult, error) {
-	var res DumpResult
-	conn, err := accept(ctx, filepath.Join(dir, CaptureSocket), hooks)
+// IntakeSession takes the images of one `criu dump --stream` into a
+// streamer.Capture. It listens on DIR/streamer-capture.sock from the moment
+// StartIntake returns.
+type IntakeSession struct {
+	c         *streamer.Capture
+	files     atomic.Int64
+	bytes     atomic.Int64
+	inventory atomic.Bool // inventory.img requested: CRIU opens it last
+
+	mu      sync.Mutex
+	sess    *session
+	changed chan struct{} // closed and replaced when pipes finish
+	done    chan struct{}
+	err     error
+}
+
+// StartIntake listens and serves one CRIU connection in the background.
+func StartIntake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (*IntakeSession, error) {
+	path := filepath.Join(dir, CaptureSocket)
+	l, err := listen(path)
 	if err != nil {
-		return res, err
+		return nil, err
+	}
+	if hooks.Listening != nil {
+		hooks.Listening()
+	}
+	in := &IntakeSession{c: c, changed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(in.done)
+		err := in.run(ctx, l, path, hooks)
+		in.mu.Lock()
+		in.err = err
+		in.mu.Unlock()
+	}()
+	return in, nil
+}
+
+func (in *IntakeSession) run(ctx context.Context, l *net.UnixListener, path string, hooks Hooks) error {
+	conn, err := acceptOn(ctx, l, path, hooks)
+	if err != nil {
+		return err
 	}
 	s, sctx := newSession(ctx, conn)
+	s.onIdle = in.notify
+	in.mu.Lock()
+	in.sess = s
+	in.mu.Unlock()
 	// A pipeline failure (storage down, disk full) must reach CRIU now, not
 	// when it next writes.
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		select {
-		case <-c.Done():
-			s.abort(fmt.Errorf("capture pipeline: %w", c.Err()))
+		case <-in.c.Done():
+			// Done also closes after a normal commit; only an error aborts.
+			if err := in.c.Err(); err != nil {
+				s.abort(fmt.Errorf("capture pipeline: %w", err))
+			}
 		case <-sctx.Done():
 		}
 	}()
-	var files atomic.Int64
-	var bytes atomic.Int64
-	var sawInventory atomic.Bool
 	rd := countingReader{conn, &s.pos}
 	for {
-		pos := s.pos.Load()
-		name, err := ReadRequest(rd, pos)
+		name, err := ReadRequest(rd, s.pos.Load())
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			if sctx.Err() != nil {
-				break
+			if sctx.Err() == nil {
+				s.abort(err)
 			}
-			s.abort(err)
 			break
 		}
 		p, err := RecvPipe(conn, name)
@@ -183,26 +241,100 @@ func Intake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (
 		}
 		streamer.GrowPipe(p.Fd())
 		s.run(p, func(p *os.File) error {
-			n, err := c.WriteFile(name, p, false)
+			n, err := in.c.WriteFile(name, p, false)
 			if err != nil {
 				return fmt.Errorf("image %s: %w", name, err)
 			}
-			files.Add(1)
-			bytes.Add(n)
-			if name == "inventory.img" {
-				sawInventory.Store(true)
-			}
+			in.files.Add(1)
+			in.bytes.Add(n)
 			return nil
 		})
+		if name == "inventory.img" {
+			in.inventory.Store(true)
+		}
 	}
 	err = s.finish()
 	<-watched
 	conn.Close()
-	res = DumpResult{Files: int(files.Load()), Bytes: bytes.Load(), Complete: sawInventory.Load()}
 	if err != nil {
-		return res, fmt.Errorf("dump intake: %w", err)
+		return fmt.Errorf("dump intake: %w", err)
 	}
-	return res, nil
+	return nil
+}
+
+func (in *IntakeSession) notify() {
+	in.mu.Lock()
+	close(in.changed)
+	in.changed = make(chan struct{})
+	in.mu.Unlock()
+}
+
+func (in *IntakeSession) result() DumpResult {
+	return DumpResult{Files: int(in.files.Load()), Bytes: in.bytes.Load(), Complete: in.inventory.Load()}
+}
+
+// Drained waits until CRIU has sent inventory.img (its last image) and every
+// pipe it opened has been read to its end, while CRIU may still hold the
+// socket: the moment of CRIU's post-dump action, when the checkpoint must be
+// committed before the process is killed.
+func (in *IntakeSession) Drained(ctx context.Context) (DumpResult, error) {
+	for {
+		in.mu.Lock()
+		ch, sess := in.changed, in.sess
+		in.mu.Unlock()
+		select {
+		case <-in.done:
+			return in.Wait(ctx)
+		default:
+		}
+		if sess != nil && in.inventory.Load() && sess.open() == 0 {
+			if err := sess.failed(); err != nil {
+				return in.result(), fmt.Errorf("dump intake: %w", err)
+			}
+			return in.result(), nil
+		}
+		select {
+		case <-ch:
+		case <-in.done:
+		case <-ctx.Done():
+			return in.result(), context.Cause(ctx)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Wait waits until CRIU has closed the socket and every pipe is drained.
+func (in *IntakeSession) Wait(ctx context.Context) (DumpResult, error) {
+	select {
+	case <-in.done:
+	case <-ctx.Done():
+		return in.result(), context.Cause(ctx)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.result(), in.err
+}
+
+// Abort makes CRIU's dump fail now: its pipes and socket are closed.
+func (in *IntakeSession) Abort(err error) {
+	in.mu.Lock()
+	s := in.sess
+	in.mu.Unlock()
+	if s != nil {
+		s.abort(err)
+	}
+}
+
+// Intake listens on DIR/streamer-capture.sock for one `criu dump --stream`
+// and writes every image it sends into c. It returns when CRIU has closed
+// the socket and every pipe is drained, or at the first error (after
+// closing CRIU's pipes so that the dump fails instead of hanging).
+func Intake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (DumpResult, error) {
+	in, err := StartIntake(ctx, dir, c, hooks)
+	if err != nil {
+		return DumpResult{}, err
+	}
+	return in.Wait(ctx)
 }
 
 // ServeResult says what one restore asked for.

@@ -35,7 +35,7 @@ const (
 	None         ID = 0 // stored raw
 	Zero         ID = 1 // all-zero chunk, empty payload
 	LZ4          ID = 2 // pierrec/lz4/v4 block format (CompressBlock / UncompressBlock), no frame
-	Zstd         ID = 3 // klauspost zstd, one frame via EncodeAll
+	Zstd         ID = 3 // one zstd frame: klauspost EncodeAll, or literal-only (litframe.go)
 	Shuffle2Zstd ID = 4 // byte-plane shuffle with 2-byte elements (bf16/fp16), then zstd
 	Shuffle4Zstd ID = 5 // byte-plane shuffle with 4-byte elements (fp32), then zstd
 )
@@ -74,6 +74,8 @@ var (
 	ErrCorrupt = errors.New("codec: corrupt chunk")
 	// ErrTooLarge: rawLen exceeds MaxChunk.
 	ErrTooLarge = errors.New("codec: chunk larger than MaxChunk")
+	// ErrChecksum: the decoded bytes do not match the stored checksum.
+	ErrChecksum = errors.New("codec: checksum mismatch")
 )
 
 // Decode decodes src (encoded with id) into dst, which must have
@@ -121,6 +123,19 @@ func Decode(id ID, dst, src []byte) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %v", ErrUnknownCodec, id)
+}
+
+// DecodeChecked is Decode followed by the check that Checksum(dst) equals
+// sum, the CRC-32C stored with the chunk. Some corruptions still decode to
+// the right length; only the checksum catches those.
+func DecodeChecked(id ID, dst, src []byte, sum uint32) error {
+	if err := Decode(id, dst, src); err != nil {
+		return err
+	}
+	if got := Checksum(dst); got != sum {
+		return fmt.Errorf("%w: %v chunk of %d bytes has CRC-32C %08x, want %08x", ErrChecksum, id, len(dst), got, sum)
+	}
+	return nil
 }
 
 // elemSize is the shuffle element size of a shuffle codec.

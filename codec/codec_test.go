@@ -199,11 +199,18 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// allPlans are all ways the encoders can write a chunk.
+var allPlans = []plan{
+	{id: LZ4}, {id: Zstd}, {id: Zstd, lit: true},
+	{id: Shuffle2Zstd}, {id: Shuffle2Zstd, lit: true},
+	{id: Shuffle4Zstd}, {id: Shuffle4Zstd, lit: true},
+}
+
 // TestEveryCodec forces each codec on each kind of data, whatever auto would
 // pick, so every decoder is exercised on every shape of input.
 func TestEveryCodec(t *testing.T) {
 	e := mustEncoder(t, "auto")
-	for _, id := range []ID{LZ4, Zstd, Shuffle2Zstd, Shuffle4Zstd} {
+	for _, p := range allPlans {
 		for _, d := range dataKinds {
 			for _, n := range testSizes {
 				if n > 1<<20 && testing.Short() {
@@ -213,9 +220,9 @@ func TestEveryCodec(t *testing.T) {
 				if IsZero(raw) {
 					raw = append(raw, 1) // encodeAs expects a non-zero chunk
 				}
-				got, stored := e.encodeAs(id, nil, raw)
-				if got != id && got != None {
-					t.Fatalf("encodeAs(%v) gave %v", id, got)
+				got, stored := e.encodeAs(p, nil, raw)
+				if got != p.id && got != None {
+					t.Fatalf("encodeAs(%v) gave %v", p, got)
 				}
 				checkEncoded(t, raw, got, stored)
 			}
@@ -251,23 +258,41 @@ func TestDstReuse(t *testing.T) {
 	}
 }
 
+// skewedData: independent bytes of 6-bit entropy, no repeats worth an LZ
+// match: only entropy coding gains.
+func skewedData(n int, seed uint64) []byte {
+	r := newRand(seed)
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.IntN(64)) + 'A'
+	}
+	return b
+}
+
 func TestAutoChoice(t *testing.T) {
 	e := mustEncoder(t, "auto")
+	kinds := append([]dataKind{{"skewed", skewedData}}, dataKinds...)
 	for _, tc := range []struct {
 		data string
-		want ID
+		want plan
 	}{
-		{"bf16", Shuffle2Zstd}, {"fp32", Shuffle4Zstd}, {"random", None},
-		{"text", Zstd}, {"pages", Zstd}, {"zeros", Zero},
+		{"bf16", plan{Shuffle2Zstd, true}}, {"fp32", plan{Shuffle4Zstd, true}},
+		{"random", plan{id: None}}, {"text", plan{id: Zstd}}, {"pages", plan{id: Zstd}},
+		{"skewed", plan{Zstd, true}}, {"zeros", plan{id: Zero}},
 	} {
-		for _, d := range dataKinds {
+		for _, d := range kinds {
 			if d.name != tc.data {
 				continue
 			}
 			raw := d.gen(4<<20, 5)
+			if tc.want.id != Zero {
+				if p := planAuto(raw); p != tc.want {
+					t.Errorf("auto plan for %s: %+v, want %+v", tc.data, p, tc.want)
+				}
+			}
 			id, _, err := e.Encode(nil, raw)
-			if err != nil || id != tc.want {
-				t.Errorf("auto on %s: %v, %v; want %v", tc.data, id, err, tc.want)
+			if err != nil || id != tc.want.id {
+				t.Errorf("auto on %s: %v, %v; want %v", tc.data, id, err, tc.want.id)
 			}
 		}
 	}
@@ -295,15 +320,20 @@ func TestShuffleRatio(t *testing.T) {
 func TestDecodeErrors(t *testing.T) {
 	raw := textData(100<<10, 2)
 	e := mustEncoder(t, "auto")
-	encoded := map[ID][]byte{None: raw, Zero: nil}
-	for _, id := range []ID{LZ4, Zstd, Shuffle2Zstd, Shuffle4Zstd} {
-		got, stored := e.encodeAs(id, nil, raw)
-		if got != id {
-			t.Fatalf("%v did not compress text", id)
-		}
-		encoded[id] = stored
+	type enc struct {
+		id  ID
+		src []byte
 	}
-	for id, src := range encoded {
+	encoded := []enc{{None, raw}, {Zero, nil}}
+	for _, p := range allPlans {
+		got, stored := e.encodeAs(p, nil, raw)
+		if got != p.id {
+			t.Fatalf("%v did not compress text", p)
+		}
+		encoded = append(encoded, enc{got, stored})
+	}
+	for _, c := range encoded {
+		id, src := c.id, c.src
 		n := len(raw)
 		if id == Zero {
 			n = 1000
@@ -350,7 +380,7 @@ func TestDecodeErrors(t *testing.T) {
 		t.Errorf("encode > MaxChunk: %v", err)
 	}
 	// A zstd frame that declares more than rawLen is refused before decoding.
-	big, stored := e.encodeAs(Zstd, nil, textData(1<<20, 3))
+	big, stored := e.encodeAs(plan{id: Zstd}, nil, textData(1<<20, 3))
 	if big != Zstd {
 		t.Fatal("text did not compress")
 	}
@@ -382,6 +412,27 @@ func TestConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestDecodeChecked(t *testing.T) {
+	raw := textData(10000, 1)
+	id, stored, err := mustEncoder(t, "lz4").Encode(nil, raw)
+	if err != nil || id != LZ4 {
+		t.Fatal(id, err)
+	}
+	dst := make([]byte, len(raw))
+	if err := DecodeChecked(id, dst, stored, Checksum(raw)); err != nil {
+		t.Fatal(err)
+	}
+	if err := DecodeChecked(id, dst, stored, Checksum(raw)^1); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("wrong checksum: %v", err)
+	}
+	// A flipped literal byte decodes to the right length; the CRC catches it.
+	bad := bytes.Clone(stored)
+	bad[len(bad)-1] ^= 1
+	if err := DecodeChecked(id, dst, bad, Checksum(raw)); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("corrupt literal: %v", err)
+	}
 }
 
 func TestChecksums(t *testing.T) {

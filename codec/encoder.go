@@ -11,7 +11,9 @@ import (
 // Encoder encodes chunks according to a Spec. It is safe for concurrent use
 // by many goroutines: zstd goes through one shared klauspost encoder per
 // level (EncodeAll), lz4 through pooled compressors (each holds a 128 KiB
-// hash table, too big to build per chunk).
+// hash table, too big to build per chunk). At most GOMAXPROCS EncodeAll
+// calls per level run at once; more callers wait their turn, which is what a
+// CPU-bound pool wants anyway.
 type Encoder struct {
 	spec Spec
 	zenc *zstd.Encoder // nil for "none" and "lz4"
@@ -64,41 +66,58 @@ func (e *Encoder) Encode(dst, raw []byte) (id ID, stored []byte, err error) {
 	if IsZero(raw) {
 		return Zero, dst[:0], nil
 	}
+	var p plan
 	switch e.spec.kind {
 	case specNone:
-		id = None
+		p = plan{id: None}
 	case specLZ4:
-		id = LZ4
+		p = plan{id: LZ4}
 	case specZstd:
-		id = Zstd
+		p = plan{id: Zstd}
 	case specShuffle:
-		id = shuffleID(histogram(raw))
+		p = planShuffle(raw)
 	default:
-		id = chooseAuto(raw)
+		p = planAuto(raw)
 	}
-	id, stored = e.encodeAs(id, dst, raw)
+	id, stored = e.encodeAs(p, dst, raw)
 	return id, stored, nil
 }
 
-// encodeAs encodes raw (not all-zero) with id, falling back to (None, raw)
+// plan is how to encode one chunk: the codec, and for the zstd-based ones
+// whether to write a literal-only frame (litFrame) instead of running
+// klauspost's full encoder.
+type plan struct {
+	id  ID
+	lit bool
+}
+
+// encodeAs encodes raw (not all-zero) as p says, falling back to (None, raw)
 // when that is not smaller.
-func (e *Encoder) encodeAs(id ID, dst, raw []byte) (ID, []byte) {
+func (e *Encoder) encodeAs(p plan, dst, raw []byte) (ID, []byte) {
 	var out []byte
-	switch id {
+	switch p.id {
 	case LZ4:
 		out = lz4Encode(dst, raw)
 	case Zstd:
-		out = e.zenc.EncodeAll(raw, dst[:0])
+		if p.lit {
+			out = litFrame(dst[:0], raw)
+		} else {
+			out = e.zenc.EncodeAll(raw, dst[:0])
+		}
 	case Shuffle2Zstd, Shuffle4Zstd:
 		buf := getBuf(len(raw))
-		shuffle(*buf, raw, elemSize(id))
-		out = e.zenc.EncodeAll(*buf, dst[:0])
+		shuffle(*buf, raw, elemSize(p.id))
+		if p.lit {
+			out = litFrame(dst[:0], *buf)
+		} else {
+			out = e.zenc.EncodeAll(*buf, dst[:0])
+		}
 		putBuf(buf)
 	}
 	if out == nil || len(out) >= len(raw) {
 		return None, raw
 	}
-	return id, out
+	return p.id, out
 }
 
 // lz4Compressors are reused because a Compressor's hash table is 128 KiB.

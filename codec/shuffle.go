@@ -84,19 +84,22 @@ func spread(x uint32) uint64 {
 // interleave returns the bytes of a and b alternating: a0 b0 a1 b1 ...
 func interleave(a, b uint32) uint64 { return spread(a) | spread(b)<<8 }
 
+// The kernels below walk their slices by reslicing, with the lengths in the
+// loop condition, so that the compiler drops all bounds checks in the loop.
+
 func shuffle2(dst, src []byte) {
 	n := len(src) / 2
 	p0, p1 := dst[:n], dst[n:2*n]
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		s := src[2*i : 2*i+16]
-		a := binary.LittleEndian.Uint64(s)
-		b := binary.LittleEndian.Uint64(s[8:])
-		binary.LittleEndian.PutUint64(p0[i:i+8], evens(a)|evens(b)<<32)
-		binary.LittleEndian.PutUint64(p1[i:i+8], evens(a>>8)|evens(b>>8)<<32)
+	s := src[:2*n]
+	for len(s) >= 16 && len(p0) >= 8 && len(p1) >= 8 {
+		a := binary.LittleEndian.Uint64(s[0:8])
+		b := binary.LittleEndian.Uint64(s[8:16])
+		binary.LittleEndian.PutUint64(p0[:8], evens(a)|evens(b)<<32)
+		binary.LittleEndian.PutUint64(p1[:8], evens(a>>8)|evens(b>>8)<<32)
+		s, p0, p1 = s[16:], p0[8:], p1[8:]
 	}
-	for ; i < n; i++ {
-		p0[i], p1[i] = src[2*i], src[2*i+1]
+	for i := range p0 {
+		p0[i], p1[i] = s[2*i], s[2*i+1]
 	}
 	copy(dst[2*n:], src[2*n:])
 }
@@ -104,16 +107,16 @@ func shuffle2(dst, src []byte) {
 func unshuffle2(dst, src []byte) {
 	n := len(dst) / 2
 	p0, p1 := src[:n], src[n:2*n]
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		x := binary.LittleEndian.Uint64(p0[i : i+8])
-		y := binary.LittleEndian.Uint64(p1[i : i+8])
-		d := dst[2*i : 2*i+16]
-		binary.LittleEndian.PutUint64(d, interleave(uint32(x), uint32(y)))
-		binary.LittleEndian.PutUint64(d[8:], interleave(uint32(x>>32), uint32(y>>32)))
+	d := dst[:2*n]
+	for len(d) >= 16 && len(p0) >= 8 && len(p1) >= 8 {
+		x := binary.LittleEndian.Uint64(p0[:8])
+		y := binary.LittleEndian.Uint64(p1[:8])
+		binary.LittleEndian.PutUint64(d[0:8], interleave(uint32(x), uint32(y)))
+		binary.LittleEndian.PutUint64(d[8:16], interleave(uint32(x>>32), uint32(y>>32)))
+		d, p0, p1 = d[16:], p0[8:], p1[8:]
 	}
-	for ; i < n; i++ {
-		dst[2*i], dst[2*i+1] = p0[i], p1[i]
+	for i := range p0 {
+		d[2*i], d[2*i+1] = p0[i], p1[i]
 	}
 	copy(dst[2*n:], src[2*n:])
 }
@@ -123,25 +126,25 @@ func unshuffle2(dst, src []byte) {
 func shuffle4(dst, src []byte) {
 	n := len(src) / 4
 	p0, p1, p2, p3 := dst[:n], dst[n:2*n], dst[2*n:3*n], dst[3*n:4*n]
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		s := src[4*i : 4*i+32]
-		a := binary.LittleEndian.Uint64(s)
-		b := binary.LittleEndian.Uint64(s[8:])
-		c := binary.LittleEndian.Uint64(s[16:])
-		d := binary.LittleEndian.Uint64(s[24:])
+	s := src[:4*n]
+	for len(s) >= 32 && len(p0) >= 8 && len(p1) >= 8 && len(p2) >= 8 && len(p3) >= 8 {
+		a := binary.LittleEndian.Uint64(s[0:8])
+		b := binary.LittleEndian.Uint64(s[8:16])
+		c := binary.LittleEndian.Uint64(s[16:24])
+		d := binary.LittleEndian.Uint64(s[24:32])
 		// Bytes 0,2 (e) and 1,3 (o) of elements 0-3 and 4-7.
 		e03 := evens(a) | evens(b)<<32
 		o03 := evens(a>>8) | evens(b>>8)<<32
 		e47 := evens(c) | evens(d)<<32
 		o47 := evens(c>>8) | evens(d>>8)<<32
-		binary.LittleEndian.PutUint64(p0[i:i+8], evens(e03)|evens(e47)<<32)
-		binary.LittleEndian.PutUint64(p1[i:i+8], evens(o03)|evens(o47)<<32)
-		binary.LittleEndian.PutUint64(p2[i:i+8], evens(e03>>8)|evens(e47>>8)<<32)
-		binary.LittleEndian.PutUint64(p3[i:i+8], evens(o03>>8)|evens(o47>>8)<<32)
+		binary.LittleEndian.PutUint64(p0[:8], evens(e03)|evens(e47)<<32)
+		binary.LittleEndian.PutUint64(p1[:8], evens(o03)|evens(o47)<<32)
+		binary.LittleEndian.PutUint64(p2[:8], evens(e03>>8)|evens(e47>>8)<<32)
+		binary.LittleEndian.PutUint64(p3[:8], evens(o03>>8)|evens(o47>>8)<<32)
+		s, p0, p1, p2, p3 = s[32:], p0[8:], p1[8:], p2[8:], p3[8:]
 	}
-	for ; i < n; i++ {
-		p0[i], p1[i], p2[i], p3[i] = src[4*i], src[4*i+1], src[4*i+2], src[4*i+3]
+	for i := range p0 {
+		p0[i], p1[i], p2[i], p3[i] = s[4*i], s[4*i+1], s[4*i+2], s[4*i+3]
 	}
 	copy(dst[4*n:], src[4*n:])
 }
@@ -149,25 +152,25 @@ func shuffle4(dst, src []byte) {
 func unshuffle4(dst, src []byte) {
 	n := len(dst) / 4
 	p0, p1, p2, p3 := src[:n], src[n:2*n], src[2*n:3*n], src[3*n:4*n]
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		w0 := binary.LittleEndian.Uint64(p0[i : i+8])
-		w1 := binary.LittleEndian.Uint64(p1[i : i+8])
-		w2 := binary.LittleEndian.Uint64(p2[i : i+8])
-		w3 := binary.LittleEndian.Uint64(p3[i : i+8])
+	d := dst[:4*n]
+	for len(d) >= 32 && len(p0) >= 8 && len(p1) >= 8 && len(p2) >= 8 && len(p3) >= 8 {
+		w0 := binary.LittleEndian.Uint64(p0[:8])
+		w1 := binary.LittleEndian.Uint64(p1[:8])
+		w2 := binary.LittleEndian.Uint64(p2[:8])
+		w3 := binary.LittleEndian.Uint64(p3[:8])
 		// Bytes 0,2 (e) and 1,3 (o) of elements 0-3 and 4-7.
 		e03 := interleave(uint32(w0), uint32(w2))
 		e47 := interleave(uint32(w0>>32), uint32(w2>>32))
 		o03 := interleave(uint32(w1), uint32(w3))
 		o47 := interleave(uint32(w1>>32), uint32(w3>>32))
-		d := dst[4*i : 4*i+32]
-		binary.LittleEndian.PutUint64(d, interleave(uint32(e03), uint32(o03)))
-		binary.LittleEndian.PutUint64(d[8:], interleave(uint32(e03>>32), uint32(o03>>32)))
-		binary.LittleEndian.PutUint64(d[16:], interleave(uint32(e47), uint32(o47)))
-		binary.LittleEndian.PutUint64(d[24:], interleave(uint32(e47>>32), uint32(o47>>32)))
+		binary.LittleEndian.PutUint64(d[0:8], interleave(uint32(e03), uint32(o03)))
+		binary.LittleEndian.PutUint64(d[8:16], interleave(uint32(e03>>32), uint32(o03>>32)))
+		binary.LittleEndian.PutUint64(d[16:24], interleave(uint32(e47), uint32(o47)))
+		binary.LittleEndian.PutUint64(d[24:32], interleave(uint32(e47>>32), uint32(o47>>32)))
+		d, p0, p1, p2, p3 = d[32:], p0[8:], p1[8:], p2[8:], p3[8:]
 	}
-	for ; i < n; i++ {
-		dst[4*i], dst[4*i+1], dst[4*i+2], dst[4*i+3] = p0[i], p1[i], p2[i], p3[i]
+	for i := range p0 {
+		d[4*i], d[4*i+1], d[4*i+2], d[4*i+3] = p0[i], p1[i], p2[i], p3[i]
 	}
 	copy(dst[4*n:], src[4*n:])
 }

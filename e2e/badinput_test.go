@@ -238,4 +238,3 @@ func lastLine(s string) string {
 	}
 	return s
 }
-

@@ -81,8 +81,8 @@ func TestArchiveEveryCodec(t *testing.T) {
 				t.Fatalf("inspect: %v: %s", err, out)
 			}
 			var ins struct {
-				Codec    string `json:"codec"`
-				Segments int    `json:"segments"`
+				Codec    string      `json:"codec"`
+				Segments int         `json:"segments"`
 				Files    []fileEntry `json:"files"`
 			}
 			if err := json.Unmarshal(out, &ins); err != nil {

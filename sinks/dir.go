@@ -47,6 +47,9 @@ type dirWriter struct {
 
 // Create implements streamer.Store.
 func (d *Dir) Create(ctx context.Context, name string) (streamer.ObjectWriter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	p, err := d.path(name)
 	if err != nil {
 		return nil, err
@@ -129,6 +132,9 @@ func (s sectionReader) Close() error { return s.f.Close() }
 
 // Open implements streamer.Store.
 func (d *Dir) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	p, err := d.path(name)
 	if err != nil {
 		return nil, err
@@ -157,6 +163,9 @@ func wrapNotExist(err error) error {
 
 // Stat implements streamer.Store.
 func (d *Dir) Stat(ctx context.Context, name string) (streamer.ObjectInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return streamer.ObjectInfo{}, err
+	}
 	p, err := d.path(name)
 	if err != nil {
 		return streamer.ObjectInfo{}, err
@@ -174,6 +183,9 @@ func (d *Dir) Stat(ctx context.Context, name string) (streamer.ObjectInfo, error
 // List implements streamer.Store. Temporary files of unfinished writes are
 // not objects and are not listed.
 func (d *Dir) List(ctx context.Context, prefix string) ([]streamer.ObjectInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	var out []streamer.ObjectInfo
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {

@@ -100,7 +100,12 @@ type Capture struct {
 	// owned by the writer goroutine until writerDone closes
 	man       manifest.Manifest
 	files     map[uint32]*fileState
-	committed map[string]manifest.File
+	committed map[string]committedFile
+}
+
+type committedFile struct {
+	manifest.File
+	id uint32
 }
 
 type item struct {
@@ -149,7 +154,7 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
-		committed:  map[string]manifest.File{},
+		committed:  map[string]committedFile{},
 	}
 	c.rawPool.New = func() any { b := make([]byte, opts.ChunkSize); return &b }
 	c.encPool.New = func() any { b := make([]byte, encMax); return &b }
@@ -161,15 +166,23 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 	return c, nil
 }
 
-// Err is the cause that stopped the pipeline, or nil.
+// errClosed is the cause recorded when Close finishes normally.
+var errClosed = errors.New("capture closed")
+
+// Err is the cause that stopped the pipeline, or nil (also after a
+// successful Close).
 func (c *Capture) Err() error {
 	if c.ctx.Err() == nil {
 		return nil
 	}
-	return context.Cause(c.ctx)
+	if err := context.Cause(c.ctx); !errors.Is(err, errClosed) {
+		return err
+	}
+	return nil
 }
 
-// Done is closed when the pipeline has stopped with an error or was canceled.
+// Done is closed when the pipeline has stopped: with an error, canceled,
+// or closed.
 func (c *Capture) Done() <-chan struct{} { return c.ctx.Done() }
 
 func (c *Capture) fail(err error) { c.cancel(err) }
@@ -237,8 +250,9 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 	for {
 		it := &item{kind: manifest.FrameData, fileID: id, off: off}
 		var buf []byte
+		small := min(smallRead, c.opts.ChunkSize)
 		if first {
-			buf = make([]byte, smallRead)
+			buf = make([]byte, small)
 		} else {
 			if err := c.acquire(); err != nil {
 				return off, err
@@ -248,7 +262,7 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 			buf = *it.rawBuf
 		}
 		n, err := io.ReadFull(r, buf)
-		if first && n == smallRead && err == nil {
+		if first && n == small && small < c.opts.ChunkSize && err == nil {
 			// Not small after all: move what we have into a budgeted chunk.
 			if err := c.acquire(); err != nil {
 				return off, err
@@ -258,8 +272,8 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 			big := *it.rawBuf
 			copy(big, buf)
 			var m int
-			m, err = io.ReadFull(r, big[smallRead:])
-			n, buf = smallRead+m, big
+			m, err = io.ReadFull(r, big[small:])
+			n, buf = small+m, big
 		}
 		first = false
 		eof := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
@@ -379,7 +393,10 @@ func (c *Capture) write(it *item) error {
 		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
 			return fmt.Errorf("finish %s: %w", fs.file.Name, err)
 		}
-		c.committed[fs.file.Name] = fs.file
+		// A name written twice: the later open wins, whichever ends last.
+		if old, ok := c.committed[fs.file.Name]; !ok || old.id < it.fileID {
+			c.committed[fs.file.Name] = committedFile{File: fs.file, id: it.fileID}
+		}
 		c.Counters.Files.Add(1)
 	}
 	return nil
@@ -398,7 +415,7 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 		_ = c.out.Abort(ctx)
 		return nil, err
 	}
-	defer c.cancel(nil)
+	defer c.cancel(errClosed)
 	if len(c.files) > 0 {
 		_ = c.out.Abort(ctx)
 		return nil, errors.New("capture: files still open at close")
@@ -416,7 +433,7 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	}
 	m.Files = make([]manifest.File, 0, len(c.committed))
 	for _, f := range c.committed {
-		m.Files = append(m.Files, f)
+		m.Files = append(m.Files, f.File)
 	}
 	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
 	// Stats count every chunk written, also of files later replaced; recount

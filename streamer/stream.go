@@ -254,7 +254,7 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
 	if s.extractDir != "" {
-		f.tmpPath = filepath.Join(s.extractDir, "."+name+".partial")
+		f.tmpPath = filepath.Join(s.extractDir, fmt.Sprintf(".%s.partial-%d", name, fr.FileID))
 		fd, err := os.OpenFile(f.tmpPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
 			return fmt.Errorf("extract %s: %w", name, err)
@@ -294,16 +294,31 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where error) error {
 	hashes := make([]byte, 0, 32*len(f.chunks))
 	for _, c := range f.chunks {
 		if c.off != next {
-			return fmt.Errorf("%v: %s: chunk at offset %d, expected %d", where, f.name, c.off, next)
+			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where, f.name, c.off, next)
 		}
 		next += c.n
 		hashes = append(hashes, c.hash[:]...)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
-		return fmt.Errorf("%v: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where, f.name, next, len(f.chunks), f.size, f.expect)
+		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where, f.name, next, len(f.chunks), f.size, f.expect)
 	}
 	if FileDigest(hashes, f.size) != f.digest {
-		return fmt.Errorf("%v: %s: file digest mismatch", where, f.name)
+		return fmt.Errorf("%w: %s: file digest mismatch", where, f.name)
+	}
+	delete(s.pending, f.id)
+	s.doneIDs[f.id] = true
+	s.Counters.Files.Add(1)
+	defer s.notifyLocked()
+	// A name written twice: the later open (higher id) wins, whichever
+	// completes last.
+	old, hasOld := s.complete[f.name]
+	if hasOld && old.id > f.id {
+		s.releaseLocked(f)
+		if f.fd != nil {
+			f.fd.Close()
+			os.Remove(f.tmpPath)
+		}
+		return nil
 	}
 	if f.fd != nil {
 		// A trailing zero chunk is never written: set the length explicitly.
@@ -316,14 +331,10 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where error) error {
 		}
 		f.tmpPath = ""
 	}
-	delete(s.pending, f.id)
-	s.doneIDs[f.id] = true
-	if old, ok := s.complete[f.name]; ok {
+	if hasOld {
 		s.releaseLocked(old)
 	}
 	s.complete[f.name] = f
-	s.Counters.Files.Add(1)
-	s.notifyLocked()
 	return nil
 }
 
@@ -342,6 +353,9 @@ func (s *StreamSource) decode(j decodeJob) error {
 	raw := fr.Payload
 	zero := codec.ID(fr.Codec) == codec.Zero
 	if zero {
+		if fr.StoredLen != 0 {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
+		}
 		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
 			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}

@@ -33,6 +33,12 @@ type config struct {
 	jsonOut     bool
 	noProgress  bool
 
+	// checkpoint and restore
+	pid          int
+	criu         string
+	leaveRunning bool
+	workDir      string
+
 	// parsed by finish
 	opts     streamer.Options
 	shards   []int
@@ -95,6 +101,10 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
+	num(&c.pid, "pid", 0, "checkpoint: the process (tree root) to checkpoint")
+	str(&c.criu, "criu", "", "checkpoint/restore: the criu binary (default: criu on PATH, then /opt/gpucr-criu/bin/criu)")
+	boolean(&c.leaveRunning, "leave-running", "checkpoint: keep the process running afterwards")
+	str(&c.workDir, "work-dir", "", "checkpoint/restore: directory for CRIU's images dir, sockets and logs (default: a new temporary dir)")
 	return fs
 }
 

@@ -83,6 +83,8 @@ func commands() []command {
 		{"capture", "take images from `criu dump --stream -D DIR` and write them to --to (default: stdout)", runCapture},
 		{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", runServe},
 		{"extract", "write the image files from --from (default: stdin) into --images-dir", runExtract},
+		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", runCheckpoint},
+		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
 		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},
 		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", runVerify},
 		{"version", "print the version", func(ctx context.Context, cfg *config, args []string) error {

@@ -1,0 +1,327 @@
+package capture
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// FindCRIU returns the criu binary to run: the given path, else criu on
+// PATH, else the prefix scripts/install-criu.sh installs.
+func FindCRIU(path string) (string, error) {
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			return "", fmt.Errorf("criu %s: %w", path, err)
+		}
+		return path, nil
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		return p, nil
+	}
+	const prefix = "/opt/gpucr-criu/bin/criu"
+	if _, err := os.Stat(prefix); err == nil {
+		return prefix, nil
+	}
+	return "", errors.New("criu not found: install CRIU >= 4.0 (scripts/install-criu.sh) or pass --criu PATH")
+}
+
+// CRIUVersion asks criu for its version ("4.1.1"), or "".
+func CRIUVersion(ctx context.Context, criu string) string {
+	out, err := exec.CommandContext(ctx, criu, "--version").Output()
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// actionScript is run by criu for every action. On post-dump (images
+// closed, process not yet killed) it asks the streamer to commit through a
+// FIFO pair and fails unless the answer is "ok": CRIU then resumes the
+// process instead of killing it, so a failed upload never loses it.
+const actionScript = `#!/bin/sh
+[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
+echo post-dump > "%[1]s/commit.req" || exit 1
+read -r answer < "%[1]s/commit.res" || exit 1
+[ "$answer" = ok ] || { echo "gpucr-stream: checkpoint not committed: $answer" >&2; exit 1; }
+`
+
+// committer answers the action script.
+type committer struct {
+	dir      string
+	req, res *os.File
+}
+
+func newCommitter(dir string) (*committer, error) {
+	c := &committer{dir: dir}
+	for _, n := range []string{"commit.req", "commit.res"} {
+		if err := syscall.Mkfifo(filepath.Join(dir, n), 0o600); err != nil {
+			return nil, fmt.Errorf("action fifo: %w", err)
+		}
+	}
+	// O_RDWR never blocks on open, and keeps the FIFOs alive whoever comes
+	// first; Go polls FIFOs, so closing them wakes a blocked read.
+	var err error
+	if c.req, err = os.OpenFile(filepath.Join(dir, "commit.req"), os.O_RDWR, 0); err != nil {
+		return nil, err
+	}
+	if c.res, err = os.OpenFile(filepath.Join(dir, "commit.res"), os.O_RDWR, 0); err != nil {
+		c.req.Close()
+		return nil, err
+	}
+	script := filepath.Join(dir, "action.sh")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(actionScript, dir)), 0o700); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *committer) script() string { return filepath.Join(c.dir, "action.sh") }
+
+func (c *committer) close() {
+	c.req.Close()
+	c.res.Close()
+}
+
+// wait blocks until the script asks; false if it never does.
+func (c *committer) wait() bool {
+	line, err := bufio.NewReader(c.req).ReadString('\n')
+	return err == nil && strings.TrimSpace(line) == "post-dump"
+}
+
+func (c *committer) answer(err error) {
+	msg := "ok"
+	if err != nil {
+		msg = strings.ReplaceAll(err.Error(), "\n", " ")
+	}
+	fmt.Fprintln(c.res, msg)
+}
+
+// DumpOptions configure one `criu dump --stream` run.
+type DumpOptions struct {
+	CRIU string // binary; see FindCRIU
+	PID  int
+	// WorkDir holds the images dir (sockets, logs); it must be short, as
+	// the socket path is limited to 108 bytes. Empty: a new temporary dir.
+	WorkDir      string
+	LeaveRunning bool
+	ExtraArgs    []string
+	Hooks        Hooks
+	// BeforeKill runs from CRIU's post-dump action, after every image has
+	// been drained into the capture and before CRIU kills (or resumes) the
+	// process. It commits the checkpoint; its error makes CRIU fail and
+	// resume the process.
+	BeforeKill func(ctx context.Context, res DumpResult) error
+}
+
+// DumpReport times the phases of a dump.
+type DumpReport struct {
+	DumpResult
+	CRIU     time.Duration // criu dump, start to exit
+	Commit   time.Duration // BeforeKill
+	ImageDir string
+	LogPath  string
+}
+
+// Dump runs `criu dump --stream` against an in-process intake feeding c,
+// with the post-dump action wired to BeforeKill. It returns after CRIU
+// exits; CRIU's exit code decides success.
+func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, error) {
+	var rep DumpReport
+	dir := o.WorkDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "gcs-")
+		if err != nil {
+			return rep, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	images := filepath.Join(dir, "img")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return rep, err
+	}
+	rep.ImageDir, rep.LogPath = images, filepath.Join(images, "dump.log")
+	cm, err := newCommitter(dir)
+	if err != nil {
+		return rep, err
+	}
+	defer cm.close()
+	in, err := StartIntake(ctx, images, c, o.Hooks)
+	if err != nil {
+		return rep, err
+	}
+	// Answer the post-dump action.
+	var commitErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if !cm.wait() {
+			return
+		}
+		start := time.Now()
+		res, err := in.Drained(ctx)
+		if err == nil && o.BeforeKill != nil {
+			err = o.BeforeKill(ctx, res)
+		}
+		rep.Commit = time.Since(start)
+		commitErr = err
+		cm.answer(err)
+	}()
+	args := []string{"dump", "--stream", "-D", images, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
+		"--action-script", cm.script()}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	args = append(args, o.ExtraArgs...)
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, o.CRIU, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	criuErr := cmd.Run()
+	rep.CRIU = time.Since(start)
+	if criuErr != nil {
+		// CRIU failed: make sure the intake does not wait for it.
+		in.Abort(fmt.Errorf("criu dump failed: %w", criuErr))
+	}
+	res, inErr := in.Wait(ctx)
+	cm.close() // wakes the answering goroutine if CRIU never asked
+	wg.Wait()
+	rep.DumpResult = res
+	switch {
+	case commitErr != nil:
+		return rep, fmt.Errorf("commit checkpoint (criu resumed the process): %w", commitErr)
+	case criuErr != nil:
+		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
+	case inErr != nil:
+		return rep, inErr
+	case !res.Complete:
+		return rep, errors.New("criu dump ended without sending inventory.img")
+	}
+	return rep, nil
+}
+
+// RestoreOptions configure one `criu restore --stream` run.
+type RestoreOptions struct {
+	CRIU      string
+	WorkDir   string
+	ExtraArgs []string
+	Hooks     Hooks
+}
+
+// RestoreReport times a restore and names the restored process.
+type RestoreReport struct {
+	ServeResult
+	PID     int
+	CRIU    time.Duration
+	LogPath string
+}
+
+// Restore runs `criu restore --stream --restore-detached` fed by an
+// in-process serve of src and returns the restored root PID. If serving
+// failed while CRIU nevertheless finished, the restored tree is killed:
+// it cannot be trusted.
+func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (RestoreReport, error) {
+	var rep RestoreReport
+	dir := o.WorkDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "gcs-")
+		if err != nil {
+			return rep, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	images := filepath.Join(dir, "img")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return rep, err
+	}
+	rep.LogPath = filepath.Join(images, "restore.log")
+	pidfile := filepath.Join(dir, "restored.pid")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	listening := make(chan struct{})
+	hooks := o.Hooks
+	userListening := hooks.Listening
+	hooks.Listening = func() {
+		if userListening != nil {
+			userListening()
+		}
+		close(listening)
+	}
+	var serveErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rep.ServeResult, serveErr = Serve(ctx, images, src, hooks)
+	}()
+	select {
+	case <-listening:
+	case <-ctx.Done():
+	}
+	args := []string{"restore", "--stream", "-D", images, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
+	args = append(args, o.ExtraArgs...)
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, o.CRIU, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	criuErr := cmd.Run()
+	rep.CRIU = time.Since(start)
+	if criuErr != nil {
+		cancel() // stop serving: CRIU is gone
+	}
+	wg.Wait()
+	if b, err := os.ReadFile(pidfile); err == nil {
+		rep.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	switch {
+	case serveErr != nil && criuErr == nil:
+		if rep.PID > 0 {
+			syscall.Kill(rep.PID, syscall.SIGKILL)
+		}
+		return rep, fmt.Errorf("serving failed, restored process %d killed: %w", rep.PID, serveErr)
+	case criuErr != nil && serveErr != nil && !errors.Is(serveErr, context.Canceled):
+		return rep, fmt.Errorf("criu restore: %w; serve: %w", criuErr, serveErr)
+	case criuErr != nil:
+		return rep, fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
+	}
+	return rep, nil
+}
+
+// criuLogTail picks CRIU's error lines, which say why it failed.
+func criuLogTail(logPath, output string) string {
+	b, _ := os.ReadFile(logPath)
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 5 {
+		errs = errs[len(errs)-5:]
+	}
+	msg := strings.Join(errs, "; ")
+	if msg == "" {
+		msg = strings.TrimSpace(output)
+	}
+	return fmt.Sprintf("log %s: %s", logPath, msg)
+}

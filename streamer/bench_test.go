@@ -1,0 +1,205 @@
+package streamer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// Benchmark sizes, in MiB, from the environment so that a quick run
+// (-benchtime 1x, small sizes) and a real measurement use the same code:
+//
+//	GPUCR_BENCH_MIB         bytes per Capture iteration (default 1024)
+//	GPUCR_BENCH_SOURCE_MIB  checkpoint size for the source benchmarks (default 256)
+//	GPUCR_BENCH_CODECS      space-separated codecs, e.g. "lz4 zstd" (default all)
+func benchMiB(env string, def int) int64 {
+	if v, err := strconv.Atoi(os.Getenv(env)); err == nil && v > 0 {
+		return int64(v) << 20
+	}
+	return int64(def) << 20
+}
+
+func benchCodecs() []string {
+	if v := os.Getenv("GPUCR_BENCH_CODECS"); v != "" {
+		return strings.Fields(v)
+	}
+	return []string{"none", "lz4", "zstd", "zstd:3", "auto", "shuffle"}
+}
+
+// benchTemplate is 64 MiB of model-like content (bf16 and fp32 tensors,
+// zero regions, pages, text, noise) that the benchmark readers repeat.
+var benchTemplate = sync.OnceValue(func() []byte { return mixedData(64<<20, 99) })
+
+// repeatReader reads n bytes of the template, starting at off.
+type repeatReader struct {
+	tmpl []byte
+	off  int64
+	n    int64
+}
+
+func (r *repeatReader) Read(p []byte) (int, error) {
+	if r.n <= 0 {
+		return 0, io.EOF
+	}
+	i := r.off % int64(len(r.tmpl))
+	k := copy(p[:min(int64(len(p)), r.n)], r.tmpl[i:])
+	r.off += int64(k)
+	r.n -= int64(k)
+	return k, nil
+}
+
+// benchFiles splits total into a checkpoint's shape: one large pages
+// image (the process memory, VRAM included), a second large one, and many
+// small images; returns name -> (offset into the template, size).
+func benchFiles(total int64) map[string][2]int64 {
+	files := map[string][2]int64{}
+	const small = 48
+	smallSize := int64(16 << 10)
+	rest := total - small*smallSize
+	if rest < 2 {
+		rest, smallSize = total, 0
+	}
+	files["pages-1.img"] = [2]int64{0, rest * 7 / 8}
+	files["pages-2.img"] = [2]int64{rest * 7 / 8, rest - rest*7/8}
+	for i := range small {
+		if smallSize > 0 {
+			files[fmt.Sprintf("core-%d.img", i)] = [2]int64{int64(i) * 7919 * 4096, smallSize}
+		}
+	}
+	return files
+}
+
+// captureBench writes the benchmark checkpoint through a new capture.
+func captureBench(tb testing.TB, out Output, opts Options, total int64) *manifest.Manifest {
+	ctx := context.Background()
+	c, err := NewCapture(ctx, out, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := benchTemplate()
+	var wg, barrier sync.WaitGroup
+	errs := make(chan error, 64)
+	files := benchFiles(total)
+	// Every FILE frame first: see gateReaderRace.
+	barrier.Add(len(files))
+	for name, f := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &barrierReader{r: &repeatReader{tmpl: tmpl, off: f[0], n: f[1]}, wg: &barrier}
+			if _, err := c.WriteFile(name, r, false); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
+	}
+	m, err := c.Close(ctx, manifest.Manifest{Tool: "bench"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return m
+}
+
+func BenchmarkCapture(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_MIB", 1024)
+	benchTemplate()
+	for _, spec := range benchCodecs() {
+		b.Run(spec, func(b *testing.B) {
+			opts := Options{Codec: mustSpec(b, spec)}
+			b.SetBytes(total)
+			b.ResetTimer()
+			var m *manifest.Manifest
+			for range b.N {
+				out, err := NewStreamOutput([]io.Writer{io.Discard})
+				if err != nil {
+					b.Fatal(err)
+				}
+				m = captureBench(b, out, opts, total)
+			}
+			b.StopTimer()
+			b.ReportMetric(m.Stats.Ratio(), "ratio")
+		})
+	}
+}
+
+func BenchmarkStreamSource(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	for _, spec := range benchCodecs() {
+		b.Run(spec, func(b *testing.B) {
+			var buf bytes.Buffer
+			out, _ := NewStreamOutput([]io.Writer{&buf})
+			m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+			ctx := context.Background()
+			b.SetBytes(total)
+			b.ResetTimer()
+			for range b.N {
+				// Served early and copied as files complete, the way a
+				// restore reads a stream; held in memory (no spill).
+				src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+					StreamOptions{Options: Options{MemoryLimit: 2 * total}, ServeEarly: true})
+				var wg sync.WaitGroup
+				for _, f := range m.Files {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if n, err := src.Copy(ctx, f.Name, io.Discard); err != nil || n != f.Size {
+							b.Errorf("Copy(%s) = %d, %v", f.Name, n, err)
+						}
+					}()
+				}
+				wg.Wait()
+				if err := src.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				src.Close()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(buf.Len())/float64(total), "stored/raw")
+		})
+	}
+}
+
+func BenchmarkArchiveSource(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	for _, spec := range benchCodecs() {
+		b.Run(spec, func(b *testing.B) {
+			ctx := context.Background()
+			store := newMemStore("bench")
+			out, err := NewArchiveOutput(ctx, store, 64<<20)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+			b.SetBytes(total)
+			b.ResetTimer()
+			for range b.N {
+				a, err := OpenArchive(ctx, store, Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				// The large images one after the other, as CRIU restores
+				// them; each Copy fetches and decodes its chunks in parallel.
+				for _, f := range m.Files {
+					if n, err := a.Copy(ctx, f.Name, io.Discard); err != nil || n != f.Size {
+						b.Fatalf("Copy(%s) = %d, %v", f.Name, n, err)
+					}
+				}
+				a.Close()
+			}
+			b.StopTimer()
+			b.ReportMetric(m.Stats.Ratio(), "ratio")
+		})
+	}
+}

@@ -1,0 +1,632 @@
+package streamer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// testOutput is an Output that counts frames, can hold every WriteFrame
+// until released, and can fail.
+type testOutput struct {
+	release chan struct{} // WriteFrame waits for this to be closed (nil: no wait)
+
+	mu         sync.Mutex
+	frames     int
+	dataFrames int
+	dataBytes  int64
+	failAt     int // fail the failAt-th frame (1-based); 0: never
+	failErr    error
+	commitErr  error
+	committed  int
+	aborted    int
+	commitMan  *manifest.Manifest
+	// storedMismatch counts DATA frames whose header's StoredLen is not
+	// the payload's length when they reach the output.
+	storedMismatch int
+	entered        atomic.Int64 // WriteFrame calls begun
+}
+
+func (o *testOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+	o.entered.Add(1)
+	if o.release != nil {
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return Location{}, context.Cause(ctx)
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.frames++
+	if o.failAt > 0 && o.frames >= o.failAt {
+		return Location{}, o.failErr
+	}
+	if fh.Type == manifest.FrameData {
+		o.dataFrames++
+		o.dataBytes += int64(fh.RawLen)
+		if len(payload) != int(fh.StoredLen) {
+			o.storedMismatch++
+		}
+	}
+	return Location{Pos: int64(o.frames)}, nil
+}
+
+func (o *testOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.committed++
+	o.commitMan = m
+	return o.commitErr
+}
+
+func (o *testOutput) Abort(ctx context.Context) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.aborted++
+	return nil
+}
+
+func (o *testOutput) counts() (frames, data, committed, aborted int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.frames, o.dataFrames, o.committed, o.aborted
+}
+
+// patternReader produces n non-zero, mildly compressible bytes lazily and
+// counts what has been read.
+type patternReader struct {
+	n    int64 // < 0: endless
+	read atomic.Int64
+}
+
+func (p *patternReader) Read(b []byte) (int, error) {
+	off := p.read.Load()
+	if p.n >= 0 {
+		if off >= p.n {
+			return 0, io.EOF
+		}
+		b = b[:min(int64(len(b)), p.n-off)]
+	}
+	for i := range b {
+		x := off + int64(i)
+		b[i] = byte(x>>3) ^ byte(x*7) | 1
+	}
+	p.read.Add(int64(len(b)))
+	return len(b), nil
+}
+
+// waitStable waits until v stops changing for a while and returns it.
+func waitStable(v func() int64) int64 {
+	last, since := v(), time.Now()
+	for time.Since(since) < 300*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+		if cur := v(); cur != last {
+			last, since = cur, time.Now()
+		}
+	}
+	return last
+}
+
+// A blocked output makes WriteFile block: the pipeline holds at most its
+// memory budget of chunks, it does not buffer the file.
+func TestCaptureBackpressure(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		workers int
+		chunk   int
+		limit   int64
+		codec   string
+	}{
+		{"1 worker, 4 chunks", 1, 256 << 10, 4 * 256 << 10, "none"},
+		{"2 workers, lz4", 2, 256 << 10, 6 * 256 << 10, "lz4"},
+		{"budget under the minimum", 2, 128 << 10, 1, "zstd"},
+		{"larger budget", 1, 128 << 10, 16 * 128 << 10, "none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := countGoroutines()
+			ctx := context.Background()
+			out := &testOutput{release: make(chan struct{})}
+			c, err := NewCapture(ctx, out, Options{ChunkSize: tc.chunk, Workers: tc.workers, MemoryLimit: tc.limit, Codec: mustSpec(t, tc.codec)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tokens := cap(c.tokens)
+			if want := max(int(tc.limit/int64(tc.chunk+c.enc.MaxEncodedLen(tc.chunk))), 2*tc.workers+2); tokens != want {
+				t.Fatalf("%d chunk tokens, want %d", tokens, want)
+			}
+			const size = 64 << 20
+			r := &patternReader{n: size}
+			done := make(chan error, 1)
+			go func() {
+				n, err := c.WriteFile("pages-1.img", r, false)
+				if err == nil && n != size {
+					err = fmt.Errorf("WriteFile = %d bytes", n)
+				}
+				done <- err
+			}()
+			read := waitStable(func() int64 { return r.read.Load() })
+			select {
+			case err := <-done:
+				t.Fatalf("WriteFile returned (%v) while the output was blocked", err)
+			default:
+			}
+			// Every byte read sits in a chunk that holds a token until it is
+			// written; nothing has been written.
+			if bound := int64(tokens) * int64(tc.chunk); read > bound || read == 0 {
+				t.Fatalf("read %d bytes with the output blocked; the budget allows %d (%d chunks)", read, bound, tokens)
+			}
+			if taken := len(c.tokens); taken == 0 || taken > tokens {
+				t.Errorf("%d of %d tokens taken while blocked", taken, tokens)
+			}
+			if got := out.entered.Load(); got != 1 {
+				t.Errorf("%d WriteFrame calls entered while the first blocks", got)
+			}
+			close(out.release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			m, err := c.Close(ctx, manifest.Manifest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			frames, data, committed, aborted := out.counts()
+			wantData := (size + tc.chunk - 1) / tc.chunk
+			if data != wantData || frames != wantData+2 || committed != 1 || aborted != 0 {
+				t.Fatalf("frames %d (data %d), committed %d, aborted %d; want %d data frames", frames, data, committed, aborted, wantData)
+			}
+			if len(m.Files) != 1 || m.Files[0].Size != size || len(m.Files[0].Chunks) != wantData {
+				t.Fatalf("manifest %+v", m.Files)
+			}
+			if len(c.tokens) != 0 {
+				t.Fatalf("%d tokens still taken after Close", len(c.tokens))
+			}
+			waitGoroutines(t, base)
+		})
+	}
+}
+
+// Many producers against a blocked output: the pipeline holds a bounded
+// number of items, so most WriteFile calls wait.
+func TestCaptureBackpressureManyFiles(t *testing.T) {
+	ctx := context.Background()
+	out := &testOutput{release: make(chan struct{})}
+	const workers = 1
+	c, err := NewCapture(ctx, out, Options{ChunkSize: 256 << 10, Workers: workers, Codec: mustSpec(t, "lz4")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const files = 40
+	var returned atomic.Int64
+	var wg sync.WaitGroup
+	for i := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.WriteFile(fmt.Sprintf("core-%d.img", i), bytes.NewReader(smallData(10_000, uint64(i))), false); err != nil {
+				t.Error(err)
+			}
+			returned.Add(1)
+		}()
+	}
+	n := waitStable(func() int64 { return returned.Load() })
+	// jobs and encoded queues (2 per worker each), the workers and the
+	// writer hold the items: three per small file.
+	if max := int64((5*workers+1)/3 + 1); n > max {
+		t.Fatalf("%d of %d WriteFile calls returned with the output blocked; at most %d fit in the pipeline", n, files, max)
+	}
+	close(out.release)
+	wg.Wait()
+	m, err := c.Close(ctx, manifest.Manifest{})
+	if err != nil || len(m.Files) != files {
+		t.Fatalf("Close: %d files, %v", len(m.Files), err)
+	}
+}
+
+// A StreamOutput into a pipe nobody reads blocks the capture the same way.
+func TestCaptureBackpressurePipe(t *testing.T) {
+	ctx := context.Background()
+	pr, pw := io.Pipe()
+	out, _ := NewStreamOutput([]io.Writer{pw})
+	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 1, MemoryLimit: 1, Codec: mustSpec(t, "none")})
+	r := &patternReader{n: 32 << 20}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.WriteFile("pages-1.img", r, false)
+		done <- err
+	}()
+	read := waitStable(func() int64 { return r.read.Load() })
+	// Tokens, plus what manifest.Writer buffers (256 KiB) and what the
+	// pipe has taken in a write that is still blocked.
+	if bound := int64(cap(c.tokens))*(128<<10) + 256<<10 + 128<<10 + 64<<10; read > bound {
+		t.Fatalf("read %d bytes into a blocked pipe; budget %d", read, bound)
+	}
+	// Drain the pipe; everything completes.
+	go io.Copy(io.Discard, pr)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+}
+
+var errBoom = errors.New("boom: output failed")
+
+// An output that fails stops the pipeline: WriteFile and Close return its
+// error and the output is aborted, never committed.
+func TestCaptureOutputFails(t *testing.T) {
+	for _, failAt := range []int{1, 2, 5, 40} {
+		t.Run(fmt.Sprint("frame ", failAt), func(t *testing.T) {
+			base := countGoroutines()
+			ctx := context.Background()
+			lateAccepted := false
+			out := &testOutput{failAt: failAt, failErr: errBoom}
+			c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: mustSpec(t, "lz4")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 3)
+			for i := range errs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, errs[i] = c.WriteFile(fmt.Sprintf("pages-%d.img", i), &patternReader{n: 64 << 20}, false)
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if !errors.Is(err, errBoom) {
+					t.Errorf("WriteFile %d = %v, want %v", i, err, errBoom)
+				}
+			}
+			select {
+			case <-c.Done():
+			default:
+				t.Error("Done not closed after the failure")
+			}
+			if !errors.Is(c.Err(), errBoom) {
+				t.Errorf("Err() = %v", c.Err())
+			}
+			// A WriteFile after the failure fails at once (a few tries: the
+			// bug below makes it a coin toss per submit).
+			for range 20 {
+				if _, err := c.WriteFile("late.img", strings.NewReader("x"), false); !errors.Is(err, errBoom) {
+					lateAccepted = true
+				}
+			}
+			m, err := c.Close(ctx, manifest.Manifest{})
+			if !errors.Is(err, errBoom) || m != nil {
+				t.Fatalf("Close = %v, %v; want %v", m, err, errBoom)
+			}
+			_, _, committed, aborted := out.counts()
+			if committed != 0 || aborted != 1 {
+				t.Fatalf("committed %d, aborted %d", committed, aborted)
+			}
+			if len(c.tokens) != 0 {
+				t.Fatalf("%d tokens leaked", len(c.tokens))
+			}
+			waitGoroutines(t, base)
+			if lateAccepted {
+				knownBug(t, "Capture.submit/acquire (capture.go) select between a free queue slot and ctx.Done(), so after the pipeline failed a WriteFile may still succeed (random choice) and its data is silently dropped; check c.ctx.Err() before the select")
+				t.Errorf("WriteFile after the pipeline failed returned nil")
+			}
+		})
+	}
+}
+
+func TestCaptureCommitFails(t *testing.T) {
+	ctx := context.Background()
+	out := &testOutput{commitErr: errBoom}
+	c, _ := NewCapture(ctx, out, Options{Workers: 1})
+	if _, err := c.WriteFile("a.img", strings.NewReader("abc"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); !errors.Is(err, errBoom) {
+		t.Fatalf("Close = %v", err)
+	}
+	if _, _, committed, aborted := out.counts(); committed != 1 || aborted != 1 {
+		t.Fatalf("committed %d, aborted %d", committed, aborted)
+	}
+}
+
+// An archive whose store fails leaves no checkpoint behind.
+func TestCaptureArchiveStoreFails(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		setup func(s *memStore)
+	}{
+		{"segment write", func(s *memStore) {
+			s.failWrite = func(name string, written int64) error {
+				if strings.HasPrefix(name, manifest.SegmentPrefix) && written > 512<<10 {
+					return errBoom
+				}
+				return nil
+			}
+		}},
+		{"segment commit", func(s *memStore) {
+			s.failCommit = func(name string) error {
+				if name == manifest.SegmentName(1) {
+					return errBoom
+				}
+				return nil
+			}
+		}},
+		{"manifest commit", func(s *memStore) {
+			s.failCommit = func(name string) error {
+				if name == manifest.ManifestName {
+					return errBoom
+				}
+				return nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := countGoroutines()
+			store := newMemStore(tc.name)
+			tc.setup(store)
+			out, err := NewArchiveOutput(ctx, store, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "none")})
+			_, werr := c.WriteFile("pages-1.img", &patternReader{n: 8 << 20}, false)
+			_, cerr := c.Close(ctx, manifest.Manifest{})
+			if !errors.Is(cerr, errBoom) {
+				t.Fatalf("Close = %v (WriteFile: %v)", cerr, werr)
+			}
+			if werr != nil && !errors.Is(werr, errBoom) {
+				t.Fatalf("WriteFile = %v", werr)
+			}
+			if names := store.names(); len(names) != 0 {
+				t.Fatalf("store keeps %v after a failed capture", names)
+			}
+			if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, ErrNotExist) {
+				t.Fatalf("OpenArchive after a failed capture = %v", err)
+			}
+			waitGoroutines(t, base)
+		})
+	}
+}
+
+// A producer whose read fails: WriteFile reports it with the file's name;
+// the capture cannot commit a file it never finished.
+func TestCaptureReadFails(t *testing.T) {
+	ctx := context.Background()
+	var buf bytes.Buffer
+	out, _ := NewStreamOutput([]io.Writer{&buf})
+	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2})
+	readErr := errors.New("pipe broke")
+	r := io.MultiReader(io.LimitReader(&patternReader{n: -1}, 300_000), iotestErrReader{readErr})
+	n, err := c.WriteFile("pages-1.img", r, false)
+	if !errors.Is(err, readErr) || !strings.Contains(err.Error(), "pages-1.img") {
+		t.Fatalf("WriteFile = %d, %v", n, err)
+	}
+	if _, err := c.WriteFile("ok.img", strings.NewReader("fine"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err == nil {
+		t.Fatal("Close committed a capture with an unfinished file")
+	}
+	// The stream has no END: no reader accepts it.
+	if _, err := ScanStream(bytes.NewReader(buf.Bytes()), "aborted"); err == nil {
+		t.Fatal("aborted stream scans cleanly")
+	}
+}
+
+type iotestErrReader struct{ err error }
+
+func (e iotestErrReader) Read([]byte) (int, error) { return 0, e.err }
+
+// Abort stops a capture from outside; Close reports the cause.
+func TestCaptureAbort(t *testing.T) {
+	ctx := context.Background()
+	out := &testOutput{}
+	c, _ := NewCapture(ctx, out, Options{Workers: 2})
+	cause := errors.New("criu failed")
+	c.Abort(cause)
+	if _, err := c.WriteFile("a.img", strings.NewReader("abc"), false); !errors.Is(err, cause) {
+		t.Fatalf("WriteFile after Abort = %v", err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); !errors.Is(err, cause) {
+		t.Fatalf("Close = %v", err)
+	}
+	if _, _, committed, aborted := out.counts(); committed != 0 || aborted != 1 {
+		t.Fatalf("committed %d, aborted %d", committed, aborted)
+	}
+}
+
+// Canceling the context stops producers, workers and the writer, and
+// leaves no goroutine behind.
+func TestCaptureCancel(t *testing.T) {
+	for _, blocked := range []bool{true, false} {
+		t.Run(fmt.Sprint("output blocked=", blocked), func(t *testing.T) {
+			base := countGoroutines()
+			ctx, cancel := context.WithCancel(context.Background())
+			out := &testOutput{}
+			if blocked {
+				out.release = make(chan struct{}) // never released
+			}
+			c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: mustSpec(t, "zstd")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for i := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := c.WriteFile(fmt.Sprintf("pages-%d.img", i), &patternReader{n: -1}, false)
+					errs <- err
+				}()
+			}
+			time.Sleep(100 * time.Millisecond)
+			cancel()
+			finished := make(chan struct{})
+			go func() { wg.Wait(); close(finished) }()
+			select {
+			case <-finished:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("WriteFile did not return after cancel:\n%s", goroutineDump())
+			}
+			close(errs)
+			for err := range errs {
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("WriteFile after cancel = %v", err)
+				}
+			}
+			if _, err := c.Close(context.Background(), manifest.Manifest{}); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Close = %v", err)
+			}
+			if _, _, committed, aborted := out.counts(); committed != 0 || aborted != 1 {
+				t.Fatalf("committed %d, aborted %d", committed, aborted)
+			}
+			if len(c.tokens) != 0 {
+				t.Fatalf("%d tokens leaked", len(c.tokens))
+			}
+			waitGoroutines(t, base)
+		})
+	}
+}
+
+// Sources stop on cancel too.
+func TestSourcesCancel(t *testing.T) {
+	ctx := context.Background()
+	ac := newArchiveCorpus(t, "zstd")
+	base := countGoroutines()
+	a, err := OpenArchive(ctx, slowStore{ac.store}, Options{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := a.Copy(cctx, "pages-1.img", io.Discard); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ArchiveSource.Copy after cancel = %v", err)
+	}
+	waitGoroutines(t, base)
+
+	// A StreamSource over a finished stream stops when its context ends.
+	sc := newStreamCorpus(t, "lz4")
+	base = countGoroutines()
+	cctx, cancel = context.WithCancel(ctx)
+	src := NewStreamSource(cctx, []io.Reader{&slowReader{b: sc.b}}, []string{"slow"}, StreamOptions{Options: Options{Workers: 2}})
+	cancel()
+	if err := src.Wait(ctx); err == nil {
+		t.Fatal("Wait after cancel succeeded")
+	}
+	src.Close()
+	waitGoroutines(t, base)
+}
+
+// A StreamSource whose shard blocks (a pipe that stays open) must still
+// stop on cancel and on Close.
+func TestStreamSourceCancelBlockedShard(t *testing.T) {
+	base := countGoroutines()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"stdin"}, StreamOptions{Options: Options{Workers: 2}})
+	cancel()
+	closed := make(chan struct{})
+	go func() { src.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		pw.CloseWithError(errors.New("test gives up")) // unblock it for cleanup
+		<-closed
+		knownBug(t, "StreamSource cannot be stopped while a shard's Read blocks: run() waits for every reader goroutine, which ignore ctx (stream.go run/readShard); Close hangs until the producer closes the pipe")
+		t.Fatal("Close did not return after cancel while the shard blocks")
+	}
+	waitGoroutines(t, base)
+}
+
+// slowReader returns a few bytes per Read, with a pause.
+type slowReader struct{ b []byte }
+
+func (s *slowReader) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(time.Millisecond)
+	n := copy(p[:min(len(p), 1000)], s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// A chunk size below the first small read must work (or be refused).
+func TestCaptureSmallChunkSize(t *testing.T) {
+	ctx := context.Background()
+	for _, cs := range []int{4 << 10, smallRead / 2, smallRead - 1} {
+		t.Run(fmt.Sprint(cs), func(t *testing.T) {
+			var buf bytes.Buffer
+			out, _ := NewStreamOutput([]io.Writer{&buf})
+			c, err := NewCapture(ctx, out, Options{ChunkSize: cs, Workers: 1, Codec: mustSpec(t, "lz4")})
+			if err != nil {
+				return // refused: fine
+			}
+			data := smallData(3*smallRead+5, 0)
+			var werr error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						werr = fmt.Errorf("panic: %v", r)
+					}
+				}()
+				_, werr = c.WriteFile("pages-1.img", bytes.NewReader(data), false)
+			}()
+			if werr != nil && strings.HasPrefix(werr.Error(), "panic") {
+				c.Abort(werr)
+				t.Fatal(werr)
+			}
+			m, err := c.Close(ctx, manifest.Manifest{})
+			if err != nil || werr != nil {
+				t.Fatal(werr, err)
+			}
+			for _, ch := range m.Files[0].Chunks {
+				if int(ch.RawLen) > cs {
+					t.Errorf("chunk of %d bytes with ChunkSize %d", ch.RawLen, cs)
+				}
+			}
+		})
+	}
+}
+
+// Counters follow the work.
+func TestCaptureCounters(t *testing.T) {
+	ctx := context.Background()
+	out := &testOutput{}
+	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "zstd")})
+	data := mixedData(1<<20, 4)
+	for i := range 3 {
+		if _, err := c.WriteFile(fmt.Sprintf("f%d", i), bytes.NewReader(data), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := c.Close(ctx, manifest.Manifest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.storedMismatch > 0 {
+		knownBug(t, "Capture.write (capture.go) hands DATA frame headers to Output.WriteFrame without StoredLen and copies fh.StoredLen into the manifest chunk afterwards, relying on the Output (manifest.Writer) to fill it in; any other Output yields Stored: 0 in every chunk")
+		t.Fatalf("%d DATA frames reached the output with StoredLen unset; manifest stored bytes %d", out.storedMismatch, m.Stats.StoredBytes)
+	}
+	if c.Counters.Files.Load() != 3 || c.Counters.RawBytes.Load() != 3<<20 || c.Counters.StoredBytes.Load() != m.Stats.StoredBytes {
+		t.Fatalf("counters files %d raw %d stored %d; manifest stored %d", c.Counters.Files.Load(), c.Counters.RawBytes.Load(), c.Counters.StoredBytes.Load(), m.Stats.StoredBytes)
+	}
+	if m.Stats.RawBytes != 3<<20 || m.Stats.StoredBytes >= m.Stats.RawBytes {
+		t.Fatalf("stats %+v", m.Stats)
+	}
+}
