@@ -22,7 +22,7 @@ import (
 	"strconv"
 
 	"github.com/pierrec/lz4/v4"
-	"github.com/zeebo/blake3"
+	"lukechampine.com/blake3"
 )
 
 // ID identifies a chunk encoding in the archive format. IDs are permanent:
@@ -177,7 +177,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // little next to any codec.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// ContentHash is the BLAKE3-256 of raw bytes (zeebo/blake3): the chunk
+// ContentHash is the BLAKE3-256 of raw bytes (lukechampine.com/blake3, AVX-512 where present): the chunk
 // identity for future delta checkpoints. It hashes raw bytes, never stored
 // ones, so that identity does not depend on the codec chosen.
 func ContentHash(b []byte) [32]byte { return blake3.Sum256(b) }

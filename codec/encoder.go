@@ -72,6 +72,11 @@ func (e *Encoder) Encode(dst, raw []byte) (id ID, stored []byte, err error) {
 		p = plan{id: None}
 	case specLZ4:
 		p = plan{id: LZ4}
+		// LZ4 only finds repeats; where a few samples show none (noise,
+		// float weights) the whole chunk would be compressed for nothing.
+		if len(raw) >= 4*lz4SkipMin && lz4SampleRatio(raw) < lz4SkipRatio {
+			p = plan{id: None}
+		}
 	case specZstd:
 		p = plan{id: Zstd}
 	case specShuffle:
@@ -82,6 +87,13 @@ func (e *Encoder) Encode(dst, raw []byte) (id ID, stored []byte, err error) {
 	id, stored = e.encodeAs(p, dst, raw)
 	return id, stored, nil
 }
+
+const (
+	// lz4SkipMin: below 4 samples of this, sampling costs as much as trying.
+	lz4SkipMin = 64 << 10
+	// lz4SkipRatio: samples that shrink by less than this are stored raw.
+	lz4SkipRatio = 1.03
+)
 
 // plan is how to encode one chunk: the codec, and for the zstd-based ones
 // whether to write a literal-only frame (litFrame) instead of running
@@ -96,6 +108,8 @@ type plan struct {
 func (e *Encoder) encodeAs(p plan, dst, raw []byte) (ID, []byte) {
 	var out []byte
 	switch p.id {
+	case None:
+		return None, raw
 	case LZ4:
 		out = lz4Encode(dst, raw)
 	case Zstd:

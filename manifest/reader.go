@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 )
 
 // Frame is one decoded frame; Pos is the offset of its header in the stream.
@@ -23,6 +24,9 @@ type Reader struct {
 	pos    int64
 	header Header
 	ended  bool
+	// names is read by the decode workers (for messages) while Next adds
+	// to it.
+	mu     sync.RWMutex
 	names  map[uint32]string
 	hdr    [FrameSize]byte
 }
@@ -55,7 +59,11 @@ func (r *Reader) Header() Header { return r.header }
 func (r *Reader) Pos() int64 { return r.pos }
 
 // FileName returns the name a FILE frame bound to id.
-func (r *Reader) FileName(id uint32) string { return r.names[id] }
+func (r *Reader) FileName(id uint32) string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.names[id]
+}
 
 // NoFile is the file id to pass to Errorf for frames that belong to none.
 const NoFile = ^uint32(0)
@@ -63,7 +71,7 @@ const NoFile = ^uint32(0)
 // Errorf reports corrupt input with where in the stream it was found.
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
-	if n, ok := r.names[id]; ok {
+	if n := r.FileName(id); n != "" {
 		where += fmt.Sprintf(" (file %s)", n)
 	}
 	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+ErrCorrupt.Error())
@@ -93,7 +101,7 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 		id = NoFile
 	}
 	if fh.Type == FrameData || fh.Type == FrameFileEnd {
-		if _, ok := r.names[fh.FileID]; !ok {
+		if r.FileName(fh.FileID) == "" {
 			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that was never opened", fh.Type, fh.FileID)
 		}
 	}
@@ -116,7 +124,9 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	r.pos += FrameSize + int64(fh.StoredLen)
 	switch fh.Type {
 	case FrameFile:
+		r.mu.Lock()
 		r.names[fh.FileID] = string(payload)
+		r.mu.Unlock()
 	case FrameEnd:
 		var tail [TailSize]byte
 		if _, err := io.ReadFull(r.r, tail[:]); err != nil {

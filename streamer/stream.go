@@ -280,12 +280,12 @@ func (s *StreamSource) endFile(rd *manifest.Reader, fr manifest.Frame) error {
 		return nil
 	}
 	f.size, f.expect, f.digest = int64(fr.Offset), fr.RawLen, fr.Hash
-	return s.maybeCompleteLocked(f, rd.Errorf(fr.Pos, fr.FileID, "file check failed"))
+	return s.maybeCompleteLocked(f, func() error { return rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
 }
 
 // maybeCompleteLocked publishes f once all its chunks are in and they tile
 // the file and match its digest.
-func (s *StreamSource) maybeCompleteLocked(f *streamFile, where error) error {
+func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) error {
 	if f.size < 0 || uint32(len(f.chunks)) < f.expect {
 		return nil
 	}
@@ -294,16 +294,16 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where error) error {
 	hashes := make([]byte, 0, 32*len(f.chunks))
 	for _, c := range f.chunks {
 		if c.off != next {
-			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where, f.name, c.off, next)
+			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), f.name, c.off, next)
 		}
 		next += c.n
 		hashes = append(hashes, c.hash[:]...)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
-		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where, f.name, next, len(f.chunks), f.size, f.expect)
+		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), f.name, next, len(f.chunks), f.size, f.expect)
 	}
 	if FileDigest(hashes, f.size) != f.digest {
-		return fmt.Errorf("%w: %s: file digest mismatch", where, f.name)
+		return fmt.Errorf("%w: %s: file digest mismatch", where(), f.name)
 	}
 	delete(s.pending, f.id)
 	s.doneIDs[f.id] = true
@@ -411,7 +411,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f.chunks = append(f.chunks, rec)
-	return s.maybeCompleteLocked(f, j.rd.Errorf(fr.Pos, fr.FileID, "file check failed"))
+	return s.maybeCompleteLocked(f, func() error { return j.rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
 }
 
 func (s *StreamSource) wait(ctx context.Context, ready func() bool) error {

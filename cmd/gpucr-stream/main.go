@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -58,6 +59,18 @@ func exitCode(err error, interrupted bool) int {
 }
 
 func main() {
+	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis.
+	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
+		if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
+			code := realMain()
+			pprof.StopCPUProfile()
+			os.Exit(code)
+		}
+	}
+	os.Exit(realMain())
+}
+
+func realMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	interrupted := ctx.Err() != nil
@@ -69,7 +82,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "Run 'gpucr-stream --help' for usage.")
 		}
 	}
-	os.Exit(exitCode(err, interrupted))
+	return exitCode(err, interrupted)
 }
 
 type command struct {
