@@ -45,6 +45,9 @@ func ReadRequest(r io.Reader, pos int64) (string, error) {
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // a length with no body is a cut, not a clean close
+		}
 		return "", fmt.Errorf("criu request at socket offset %d: body of %d bytes: %w", pos, n, err)
 	}
 	var req imgstreamer.ImgStreamerRequestEntry
