@@ -26,9 +26,9 @@ type Reader struct {
 	ended  bool
 	// names is read by the decode workers (for messages) while Next adds
 	// to it.
-	mu     sync.RWMutex
-	names  map[uint32]string
-	hdr    [FrameSize]byte
+	mu    sync.RWMutex
+	names map[uint32]string
+	hdr   [FrameSize]byte
 }
 
 // NewReader reads and checks the stream header.
