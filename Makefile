@@ -21,7 +21,7 @@ lint:
 	$(GO) vet ./...
 
 unit:
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
+	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 # The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
 e2e: build

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{"4MiB", 4 << 20, false}, {"256M", 256 << 20, false}, {"1G", 1 << 30, false}, {"1GiB", 1 << 30, false},
+		{"65536", 65536, false}, {"64KiB", 64 << 10, false}, {"10B", 10, false},
+		{"", 0, true}, {"-1M", 0, true}, {"lots", 0, true}, {"1.5G", 0, true},
+	}
+	for _, tc := range tests {
+		got, err := parseSize(tc.in)
+		if (err != nil) != tc.bad || (!tc.bad && got != tc.want) {
+			t.Errorf("parseSize(%q) = %d, %v", tc.in, got, err)
+		}
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	tests := []struct {
+		err  error
+		want int
+	}{
+		{nil, exitOK},
+		{errors.New("disk full"), exitFailure},
+		{usagef("bad flag"), exitUsage},
+		{fmt.Errorf("serve: %w", manifest.ErrCorrupt), exitCorrupt},
+		{fmt.Errorf("x: %w", manifest.ErrNewerVersion), exitVersion},
+		{fmt.Errorf("x: %w", streamer.ErrNotExist), exitNotFound},
+		{context.Canceled, exitInterrupted},
+	}
+	for _, tc := range tests {
+		if got := exitCode(tc.err, false); got != tc.want {
+			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// Flags work before and after the command, as criu-image-streamer users
+// write them, and bad ones are usage errors.
+func TestRunArgs(t *testing.T) {
+	tests := []struct {
+		args    []string
+		code    int
+		stdout  string
+		errText string
+	}{
+		{[]string{"version"}, exitOK, "gpucr-stream", ""},
+		{[]string{"--help"}, exitOK, "$GPUCR_CODEC", ""},
+		{[]string{}, exitUsage, "Usage", "no command"},
+		{[]string{"frobnicate"}, exitUsage, "", "unknown command"},
+		{[]string{"--codec", "brotli", "version"}, exitUsage, "", "--codec"},
+		{[]string{"capture"}, exitUsage, "", "needs --images-dir"},
+		{[]string{"--images-dir", "/nonexistent-dir", "serve"}, exitUsage, "", "not a directory"},
+		{[]string{"capture", "--images-dir", "/nonexistent-dir"}, exitUsage, "", "not a directory"},
+		{[]string{"--chunk-size", "1", "version"}, exitUsage, "", "--chunk-size"},
+		{[]string{"--ext-file-fds", "nocolon", "version"}, exitUsage, "", "NAME:FD"},
+		{[]string{"checkpoint"}, exitUsage, "", "--pid"},
+		{[]string{"inspect", "/nonexistent/archive"}, exitNotFound, "", "no complete checkpoint"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), tc.args, strings.NewReader(""), &out, &errOut)
+			if got := exitCode(err, false); got != tc.code {
+				t.Fatalf("exit %d (%v), want %d", got, err, tc.code)
+			}
+			if !strings.Contains(out.String(), tc.stdout) {
+				t.Errorf("stdout lacks %q: %s", tc.stdout, out.String())
+			}
+			if tc.errText != "" && (err == nil || !strings.Contains(err.Error(), tc.errText)) {
+				t.Errorf("error %v lacks %q", err, tc.errText)
+			}
+		})
+	}
+}
+
+// Every flag's help line names its environment variable.
+func TestHelpNamesEnv(t *testing.T) {
+	cfg := newConfig(nil, nil, nil)
+	var out bytes.Buffer
+	fs := cfg.flagSet()
+	printHelp(&out, fs)
+	for _, name := range []string{"codec", "images-dir", "to", "from", "memory-limit", "workers"} {
+		if !strings.Contains(out.String(), "$"+envName(name)) {
+			t.Errorf("help does not name $%s", envName(name))
+		}
+	}
+}
