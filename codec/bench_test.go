@@ -3,6 +3,7 @@ package codec
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"testing"
 )
 
@@ -165,6 +166,73 @@ func BenchmarkChoose(b *testing.B) {
 				p = planAuto(raw)
 			}
 			b.ReportMetric(float64(p.id), "id")
+		})
+	}
+}
+
+// BenchmarkImage encodes and decodes a real image file chunk by chunk on one
+// goroutine (per-core throughput): GPUCR_BENCH_IMAGE=path/to/pages-1.img.
+// scripts/bench.sh points it at the pages of a freshly dumped target.
+func BenchmarkImage(b *testing.B) {
+	path := os.Getenv("GPUCR_BENCH_IMAGE")
+	if path == "" {
+		b.Skip("GPUCR_BENCH_IMAGE not set")
+	}
+	img, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const chunk = 4 << 20
+	for _, spec := range []string{"none", "lz4", "zstd", "zstd:3", "shuffle", "auto"} {
+		s, err := ParseSpec(spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		enc, err := NewEncoder(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := make([]byte, enc.MaxEncodedLen(chunk))
+		raw := make([]byte, chunk)
+		b.Run("encode/"+spec, func(b *testing.B) {
+			b.SetBytes(int64(len(img)))
+			var stored int
+			for range b.N {
+				stored = 0
+				for off := 0; off < len(img); off += chunk {
+					_, out, err := enc.Encode(dst, img[off:min(off+chunk, len(img))])
+					if err != nil {
+						b.Fatal(err)
+					}
+					stored += len(out)
+				}
+			}
+			b.ReportMetric(float64(len(img))/float64(max(stored, 1)), "ratio")
+		})
+		b.Run("decode/"+spec, func(b *testing.B) {
+			type enc1 struct {
+				id  ID
+				out []byte
+				n   int
+			}
+			var chunks []enc1
+			for off := 0; off < len(img); off += chunk {
+				in := img[off:min(off+chunk, len(img))]
+				id, out, _ := enc.Encode(make([]byte, enc.MaxEncodedLen(len(in))), in)
+				chunks = append(chunks, enc1{id, append([]byte(nil), out...), len(in)})
+			}
+			b.SetBytes(int64(len(img)))
+			b.ResetTimer()
+			for range b.N {
+				for _, c := range chunks {
+					if c.id == Zero {
+						continue
+					}
+					if err := Decode(c.id, raw[:c.n], c.out); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 		})
 	}
 }

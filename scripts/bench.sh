@@ -152,3 +152,20 @@ for v in $VARIANTS; do
 done
 echo
 echo "medians of $ROUNDS; ratios against plain criu dump -D / restore -D on $SHM; restore counts from the start of serve (or decompression) to the end of criu restore"
+
+# Per-core codec throughput on the target's own memory: the pages image of
+# one more fresh target, encoded chunk by chunk on one goroutine.
+if [ "${BENCH_CODECS:-1}" = 1 ]; then
+	start_target
+	img=$WORK/codec-img
+	mkdir -p "$img"
+	"$CRIU" dump -D "$img" -t "$PID" -o dump.log
+	wait_gone
+	pages=$(ls -S "$img"/pages-*.img | head -1)
+	echo
+	echo "per-core codec throughput on $(basename "$pages") ($(( $(stat -c %s "$pages") >> 20 )) MiB of the target's memory):"
+	GPUCR_BENCH_IMAGE=$pages go test -run '^$' -bench '^BenchmarkImage$' -benchtime 3x -cpu 1 ./codec/ |
+		awk '/^BenchmarkImage/ {name=$1; sub(/^BenchmarkImage\//, "", name); sub(/-1$/, "", name); mbs=""; ratio="";
+			for (i=1;i<=NF;i++) { if ($i=="MB/s") mbs=$(i-1); if ($i=="ratio") ratio=$(i-1) }
+			printf "  %-16s %9s MB/s %s\n", name, mbs, (ratio=="" ? "" : "ratio " ratio) }'
+fi
