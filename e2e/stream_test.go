@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,43 +127,65 @@ func hasFile(files []fileEntry, name string) bool {
 }
 
 // TestThreeShards spreads the stream over three pipes (--shard-fds) and
-// gathers it back from three.
+// gathers it back from three, carrying an extra file (--ext-file-fds, as
+// for a root filesystem tarball) alongside CRIU's images.
 func TestThreeShards(t *testing.T) {
 	CRIU(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
 	tg, before := startedTarget(ctx, t, dir, 128)
 
+	extData := make([]byte, 3<<20+17)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := range extData {
+		extData[i] = byte(rng.UintN(256))
+	}
+	extIn := filepath.Join(dir, "rootfs.tar")
+	if err := os.WriteFile(extIn, extData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ext, err := os.Open(extIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ext.Close()
+
 	var outs, ins []*os.File
+	var cats []*exec.Cmd
 	for i := range 3 {
 		// Real pipes, each drained into a file, as a user's script would.
 		r, w, err := os.Pipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := os.Create(filepath.Join(dir, "shard"+string(rune('0'+i))))
+		f, err := os.Create(filepath.Join(dir, "shard"+strconv.Itoa(i)))
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer f.Close()
 		cat := exec.CommandContext(ctx, "cat")
 		cat.Stdin, cat.Stdout = r, f
 		if err := cat.Start(); err != nil {
 			t.Fatal(err)
 		}
 		r.Close()
-		t.Cleanup(func() { cat.Wait(); f.Close() })
+		cats = append(cats, cat)
 		outs = append(outs, w)
-		defer func() { cat.Wait() }()
 	}
 	a := mkdir(t, filepath.Join(dir, "a"))
-	capture := startGCS(ctx, t, gcsOpts{extra: outs}, "--images-dir", a, "--shard-fds", "4,5,6", "capture")
+	capture := startGCS(ctx, t, gcsOpts{extra: append(outs, ext)}, "--images-dir", a, "--shard-fds", "4,5,6", "--ext-file-fds", "rootfs.tar:7", "capture")
 	for _, w := range outs {
 		w.Close() // the capture holds its own copies
 	}
 	dumpThrough(ctx, t, tg, a, capture)
+	for _, c := range cats {
+		if err := c.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	for i := range 3 {
-		f, err := os.Open(filepath.Join(dir, "shard"+string(rune('0'+i))))
+		f, err := os.Open(filepath.Join(dir, "shard"+strconv.Itoa(i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,12 +196,21 @@ func TestThreeShards(t *testing.T) {
 		}
 		ins = append(ins, f)
 	}
+	extOut, err := os.Create(filepath.Join(dir, "rootfs.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extOut.Close()
 	b := mkdir(t, filepath.Join(dir, "b"))
-	serve := startGCS(ctx, t, gcsOpts{extra: ins}, "--images-dir", b, "--shard-fds", "4,5,6", "serve")
+	serve := startGCS(ctx, t, gcsOpts{extra: append(ins, extOut)}, "--images-dir", b, "--shard-fds", "4,5,6", "--ext-file-fds", "rootfs.tar:7", "serve")
 	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
 		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
 	}
 	provenRestore(ctx, t, tg, before)
+	got, err := os.ReadFile(extOut.Name())
+	if err != nil || !bytes.Equal(got, extData) {
+		t.Fatalf("ext file came back with %d bytes (want %d identical): %v", len(got), len(extData), err)
+	}
 }
 
 // TestShellPipe runs the form users type:
