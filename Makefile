@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 10s
 CRIU_PREFIX ?= /opt/gpucr-criu
 
-.PHONY: build deps test unit e2e fuzz lint demo bench clean
+.PHONY: build deps test unit e2e fuzz lint demo bench bench-migrate clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
@@ -41,6 +41,10 @@ demo: deps build
 
 bench: deps build
 	bash scripts/bench.sh
+
+# Live migration downtime between two network namespaces (docs/BENCHMARKS.md, Migration).
+bench-migrate: deps
+	bash scripts/bench-migrate.sh
 
 clean:
 	rm -rf bin

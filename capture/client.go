@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 )
 
 // Client is the producer side of the capture socket: it sends image files
@@ -14,6 +15,9 @@ import (
 // images directory, external dumpers) and tests use it.
 type Client struct {
 	conn *net.UnixConn
+	// mu keeps each request and its descriptor together on the socket, so
+	// that several files may be pushed or pulled at once.
+	mu sync.Mutex
 }
 
 // Dial connects to the capture socket in dir.
@@ -27,6 +31,7 @@ func Dial(ctx context.Context, dir string) (*Client, error) {
 }
 
 // Push sends one file: the request, then a pipe whose write end gets r.
+// Several pushes may run at once on one client (one pipe each).
 func (c *Client) Push(ctx context.Context, name string, r io.Reader) error {
 	req, err := EncodeRequest(name)
 	if err != nil {
@@ -37,11 +42,14 @@ func (c *Client) Push(ctx context.Context, name string, r io.Reader) error {
 		return err
 	}
 	defer pw.Close()
+	c.mu.Lock()
 	if _, err := c.conn.Write(req); err != nil {
+		c.mu.Unlock()
 		pr.Close()
 		return fmt.Errorf("push %s: request: %w", name, err)
 	}
 	err = SendPipe(c.conn, pr)
+	c.mu.Unlock()
 	pr.Close()
 	if err != nil {
 		return fmt.Errorf("push %s: send pipe: %w", name, err)
@@ -87,5 +95,17 @@ func (c *Client) PushDir(ctx context.Context, dir string) (int, error) {
 	return len(names), nil
 }
 
-// Close ends the session, as CRIU closing its socket does.
+// Close ends the session, as CRIU closing its socket does. For a producer
+// it says "done": call it only after every Push has returned nil.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// Abort ends a producer's session so that the dump fails: the connection
+// is reset in the middle of a request, which the intake takes as an error
+// (a clean Close between requests means "done").
+func (c *Client) Abort() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Half a request length: the intake reads a truncated request.
+	_, _ = c.conn.Write([]byte{1, 0})
+	return c.conn.Close()
+}

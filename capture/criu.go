@@ -129,6 +129,9 @@ type DumpOptions struct {
 	// process. It commits the checkpoint; its error makes CRIU fail and
 	// resume the process.
 	BeforeKill func(ctx context.Context, res DumpResult) error
+	// Producers is the number of producer connections (VRAM dumpers) the
+	// image waits for before it is complete; see IntakeOptions.
+	Producers int
 }
 
 // DumpReport times the phases of a dump.
@@ -164,7 +167,7 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 		return rep, err
 	}
 	defer cm.close()
-	in, err := StartIntake(ctx, images, c, o.Hooks)
+	in, err := StartIntakeWith(ctx, images, c, IntakeOptions{Hooks: o.Hooks, Producers: o.Producers})
 	if err != nil {
 		return rep, err
 	}
@@ -198,6 +201,9 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 	cmd.Stdout, cmd.Stderr = &out, &out
 	criuErr := cmd.Run()
 	rep.CRIU = time.Since(start)
+	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
+	// CRIU's broken pipe, is what the user must hear.
+	pipeErr := c.Err()
 	if criuErr != nil {
 		// CRIU failed: make sure the intake does not wait for it.
 		in.Abort(fmt.Errorf("criu dump failed: %w", criuErr))
@@ -209,6 +215,8 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 	switch {
 	case commitErr != nil:
 		return rep, fmt.Errorf("commit checkpoint (criu resumed the process): %w", commitErr)
+	case criuErr != nil && pipeErr != nil:
+		return rep, fmt.Errorf("capture failed, so criu dump failed (criu resumed the process): %w (criu dump: %v)", pipeErr, criuErr)
 	case criuErr != nil:
 		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
 	case inErr != nil:
@@ -225,6 +233,9 @@ type RestoreOptions struct {
 	WorkDir   string
 	ExtraArgs []string
 	Hooks     Hooks
+	// Producers is the number of producer connections (VRAM restorers)
+	// serving waits for; see ServeOptions.
+	Producers int
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -272,7 +283,7 @@ func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (Restor
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		rep.ServeResult, serveErr = Serve(ctx, images, src, hooks)
+		rep.ServeResult, serveErr = ServeWith(ctx, images, src, ServeOptions{Hooks: hooks, Producers: o.Producers})
 	}()
 	select {
 	case <-listening:

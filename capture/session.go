@@ -25,19 +25,40 @@ type Hooks struct {
 	Connected func()
 }
 
-// session is one CRIU connection and the pipes it opened. Every pipe is
-// moved by its own goroutine, since CRIU keeps many open at once and
-// writes or reads them in an order of its own.
+// connKind says who is on a connection of a streamer socket.
+type connKind int
+
+const (
+	connUnknown  connKind = iota // accepted; its first request not read yet
+	connCRIU                     // criu dump/restore (or a client speaking as CRIU)
+	connProducer                 // an external producer: its first request was a hello
+)
+
+// session is everything on one streamer socket: CRIU's connection, the
+// producers' connections, and the pipes they opened. Every pipe is moved by
+// its own goroutine, since CRIU keeps many open at once and writes or reads
+// them in an order of its own, and producers push or pull several files at
+// once. A failure anywhere fails the whole session: every connection and
+// pipe is closed, so that CRIU and each producer see EPIPE or EOF at once
+// and give up (CRIU then resumes the dumped process).
 type session struct {
-	conn  *net.UnixConn
-	pos   atomic.Int64 // bytes of requests read, for error offsets
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	pipes map[*os.File]struct{}
-	err   error
-	fail  context.CancelCauseFunc
-	// onIdle runs after each pipe finishes.
-	onIdle func()
+	handlers sync.WaitGroup // connection handlers
+	wg       sync.WaitGroup // pipes
+	mu       sync.Mutex
+	pipes    map[*os.File]struct{}
+	conns    map[*net.UnixConn]connKind
+	err      error
+	fail     context.CancelCauseFunc
+
+	want          int  // producers to wait for before the session may end
+	criuSeen      bool // a connection identified as CRIU
+	criuClosed    bool // a CRIU connection has closed
+	producersSeen int
+	producersDone int // producer connections closed cleanly
+	sealed        bool
+	ended         chan struct{} // closed once the session may end: no more connections
+	endedOnce     sync.Once
+	changed       chan struct{} // closed and replaced on every change
 }
 
 func (s *session) open() int {
@@ -64,46 +85,19 @@ func (c countingReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// accept waits for CRIU on the socket at path; ctx aborts the wait.
-func accept(ctx context.Context, path string, hooks Hooks) (*net.UnixConn, error) {
-	l, err := listen(path)
-	if err != nil {
-		return nil, err
-	}
-	if hooks.Listening != nil {
-		hooks.Listening()
-	}
-	return acceptOn(ctx, l, path, hooks)
-}
-
-// acceptOn takes one connection and closes the listener: one CRIU run per
-// socket.
-func acceptOn(ctx context.Context, l *net.UnixListener, path string, hooks Hooks) (*net.UnixConn, error) {
-	defer l.Close()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	conn, err := l.AcceptUnix()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("waiting for criu on %s: %w", path, context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("accept on %s: %w", path, err)
-	}
-	if hooks.Connected != nil {
-		hooks.Connected()
-	}
-	return conn, nil
-}
-
-func newSession(ctx context.Context, conn *net.UnixConn) (*session, context.Context) {
+func newSession(ctx context.Context, wantProducers int) (*session, context.Context) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	s := &session{conn: conn, pipes: map[*os.File]struct{}{}, fail: cancel}
-	// On failure close everything CRIU holds the other end of, so that it
-	// sees EPIPE or EOF at once and gives up (resuming the dumped process).
+	s := &session{pipes: map[*os.File]struct{}{}, conns: map[*net.UnixConn]connKind{}, fail: cancel,
+		want: wantProducers, ended: make(chan struct{}), changed: make(chan struct{})}
+	// On failure close everything CRIU and the producers hold the other end
+	// of, so that they see EPIPE or EOF at once and give up (CRIU resumes
+	// the dumped process).
 	context.AfterFunc(ctx, func() {
-		conn.Close()
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		for c := range s.conns {
+			c.Close()
+		}
 		for p := range s.pipes {
 			p.Close()
 		}
@@ -120,6 +114,120 @@ func (s *session) abort(err error) {
 	s.fail(err)
 }
 
+// notifyLocked wakes whoever waits on a change (Drained).
+func (s *session) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// checkEndedLocked ends the session once CRIU has come and gone, every
+// connection has closed and the producers it waits for have all finished.
+func (s *session) checkEndedLocked() {
+	if s.criuClosed && len(s.conns) == 0 && s.producersDone >= s.want {
+		s.endedOnce.Do(func() { close(s.ended) })
+	}
+}
+
+// add registers a new connection; false when the session takes no more
+// (it has ended, or the image was sealed complete at CRIU's post-dump).
+func (s *session) add(c *net.UnixConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.ended:
+		return false
+	default:
+	}
+	if s.sealed || s.err != nil {
+		return false
+	}
+	s.conns[c] = connUnknown
+	s.notifyLocked()
+	return true
+}
+
+func (s *session) identify(c *net.UnixConn, k connKind) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conns[c] = k
+	switch k {
+	case connCRIU:
+		s.criuSeen = true
+	case connProducer:
+		s.producersSeen++
+	}
+	s.notifyLocked()
+}
+
+// closed records the end of a connection; clean means it ended between
+// requests (EOF), as a finished CRIU or producer does.
+func (s *session) closed(c *net.UnixConn, k connKind, clean bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+	switch k {
+	case connCRIU:
+		s.criuClosed = true
+	case connProducer:
+		if clean {
+			s.producersDone++
+		}
+	}
+	s.checkEndedLocked()
+	s.notifyLocked()
+}
+
+// producersOpen counts producer connections still open, and connections
+// not yet identified (they may be producers).
+func (s *session) producersOpen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, k := range s.conns {
+		if k != connCRIU {
+			n++
+		}
+	}
+	return n
+}
+
+// acceptLoop takes connections until the listener closes (the session
+// ended, failed or ctx was cancelled) and runs handle for each on its own
+// goroutine.
+func (s *session) acceptLoop(ctx context.Context, l *net.UnixListener, handle func(*net.UnixConn)) {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	go func() {
+		select {
+		case <-s.ended:
+			l.Close()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			select {
+			case <-s.ended:
+			default:
+				if ctx.Err() == nil {
+					s.abort(fmt.Errorf("accept: %w", err))
+				}
+			}
+			return
+		}
+		if !s.add(conn) {
+			conn.Close() // too late: the image is complete
+			continue
+		}
+		s.handlers.Add(1)
+		go func() {
+			defer s.handlers.Done()
+			handle(conn)
+		}()
+	}
+}
+
 // run moves one pipe on its own goroutine.
 func (s *session) run(p *os.File, move func(*os.File) error) {
 	s.mu.Lock()
@@ -131,24 +239,73 @@ func (s *session) run(p *os.File, move func(*os.File) error) {
 		err := move(p)
 		s.mu.Lock()
 		delete(s.pipes, p)
+		s.notifyLocked()
 		s.mu.Unlock()
 		p.Close()
 		if err != nil {
 			s.abort(err)
 		}
-		if s.onIdle != nil {
-			s.onIdle()
-		}
 	}()
 }
 
-// finish waits for every pipe and returns the first error.
+// finish waits for every connection handler and every pipe and returns the
+// first error.
 func (s *session) finish() error {
+	s.handlers.Wait()
 	s.wg.Wait()
 	s.fail(nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
+}
+
+// readConn reads the requests of one connection and hands each to file,
+// after sorting out who is on it: a connection whose first request is a
+// producer hello (ProducerHello) is a producer's, any other CRIU's. It
+// records the connection's end in the session.
+func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(), file func(kind connKind, name string) error) connKind {
+	var pos atomic.Int64
+	rd := countingReader{conn, &pos}
+	kind := connUnknown
+	clean := false
+	for {
+		name, err := ReadRequest(rd, pos.Load())
+		if err == io.EOF {
+			clean = true
+			break
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				s.abort(err)
+			}
+			break
+		}
+		if producer, ok := ParseProducerHello(name); ok {
+			if kind != connUnknown {
+				s.abort(fmt.Errorf("producer hello %q at socket offset %d: not the first request of its connection", producer, pos.Load()))
+				break
+			}
+			kind = connProducer
+			s.identify(conn, kind)
+			continue
+		}
+		if kind == connUnknown {
+			kind = connCRIU
+			s.identify(conn, kind)
+			if onCRIU != nil {
+				onCRIU()
+			}
+		}
+		if err := file(kind, name); err != nil {
+			if ctx.Err() == nil {
+				s.abort(err)
+			}
+			break
+		}
+	}
+	s.closed(conn, kind, clean)
+	conn.Close()
+	return kind
 }
 
 // DumpResult says what one dump delivered.
@@ -157,38 +314,70 @@ type DumpResult struct {
 	Bytes int64
 	// Complete is true when CRIU sent inventory.img, which it writes last.
 	Complete bool
+	// Producers is the number of producer connections that pushed files;
+	// ProducerFiles and ProducerBytes count what they pushed (also in
+	// Files and Bytes).
+	Producers     int
+	ProducerFiles int
+	ProducerBytes int64
 }
 
-// IntakeSession takes the images of one `criu dump --stream` into a
-// streamer.Capture. It listens on DIR/streamer-capture.sock from the moment
-// StartIntake returns.
+// IntakeOptions configure an intake.
+type IntakeOptions struct {
+	Hooks Hooks
+	// Producers is the number of producer connections the image waits for:
+	// it is not complete (Drained and Wait do not return) until that many
+	// have connected and closed cleanly. Producers that connect in time are
+	// waited for in any case.
+	Producers int
+}
+
+// IntakeSession takes the images of one `criu dump --stream`, and the files
+// of any producers connected beside it, into a streamer.Capture. It listens
+// on DIR/streamer-capture.sock from the moment StartIntake returns.
+//
+// Completion rule: the image is complete when CRIU has sent inventory.img,
+// every producer connection (at least IntakeOptions.Producers of them) has
+// closed cleanly (between requests), and every pipe of every connection
+// has been read to its end. Producers must connect before that moment
+// (in practice: before CRIU's dump ends); a connection that comes later is
+// closed unread.
 type IntakeSession struct {
 	c         *streamer.Capture
 	files     atomic.Int64
 	bytes     atomic.Int64
-	inventory atomic.Bool // inventory.img requested: CRIU opens it last
+	pfiles    atomic.Int64
+	pbytes    atomic.Int64
+	inventory atomic.Bool // inventory.img requested by CRIU: it opens it last
 
-	mu      sync.Mutex
-	sess    *session
-	changed chan struct{} // closed and replaced when pipes finish
-	done    chan struct{}
-	err     error
+	mu   sync.Mutex
+	sess *session
+	done chan struct{}
+	err  error
 }
 
-// StartIntake listens and serves one CRIU connection in the background.
+// StartIntake listens and serves CRIU's connection (and producers') in the
+// background.
 func StartIntake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (*IntakeSession, error) {
+	return StartIntakeWith(ctx, dir, c, IntakeOptions{Hooks: hooks})
+}
+
+// StartIntakeWith is StartIntake with options.
+func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (*IntakeSession, error) {
 	path := filepath.Join(dir, CaptureSocket)
 	l, err := listen(path)
 	if err != nil {
 		return nil, err
 	}
-	if hooks.Listening != nil {
-		hooks.Listening()
+	if o.Hooks.Listening != nil {
+		o.Hooks.Listening()
 	}
-	in := &IntakeSession{c: c, changed: make(chan struct{}), done: make(chan struct{})}
+	in := &IntakeSession{c: c, done: make(chan struct{})}
+	s, sctx := newSession(ctx, o.Producers)
+	in.sess = s
 	go func() {
 		defer close(in.done)
-		err := in.run(ctx, l, path, hooks)
+		err := in.run(ctx, sctx, s, l, path, o.Hooks)
 		in.mu.Lock()
 		in.err = err
 		in.mu.Unlock()
@@ -196,16 +385,7 @@ func StartIntake(ctx context.Context, dir string, c *streamer.Capture, hooks Hoo
 	return in, nil
 }
 
-func (in *IntakeSession) run(ctx context.Context, l *net.UnixListener, path string, hooks Hooks) error {
-	conn, err := acceptOn(ctx, l, path, hooks)
-	if err != nil {
-		return err
-	}
-	s, sctx := newSession(ctx, conn)
-	s.onIdle = in.notify
-	in.mu.Lock()
-	in.sess = s
-	in.mu.Unlock()
+func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *net.UnixListener, path string, hooks Hooks) error {
 	// A pipeline failure (storage down, disk full) must reach CRIU now, not
 	// when it next writes.
 	watched := make(chan struct{})
@@ -220,77 +400,114 @@ func (in *IntakeSession) run(ctx context.Context, l *net.UnixListener, path stri
 		case <-sctx.Done():
 		}
 	}()
-	rd := countingReader{conn, &s.pos}
-	for {
-		name, err := ReadRequest(rd, s.pos.Load())
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if sctx.Err() == nil {
-				s.abort(err)
-			}
-			break
+	s.acceptLoop(sctx, l, func(conn *net.UnixConn) { in.handle(sctx, s, conn, hooks) })
+	err := s.finish()
+	<-watched
+	if err != nil {
+		return fmt.Errorf("dump intake: %w", err)
+	}
+	return s.endErr(ctx, path)
+}
+
+// endErr is the error of a session that stopped without an error of its
+// own: nil if it ended by the rules, else why it was cut short.
+func (s *session) endErr(ctx context.Context, path string) error {
+	select {
+	case <-s.ended:
+		return nil
+	default:
+	}
+	if ctx.Err() == nil {
+		return nil
+	}
+	s.mu.Lock()
+	seen := s.criuSeen
+	s.mu.Unlock()
+	if !seen {
+		return fmt.Errorf("waiting for criu on %s: %w", path, context.Cause(ctx))
+	}
+	return fmt.Errorf("on %s: %w", path, context.Cause(ctx))
+}
+
+func (in *IntakeSession) handle(ctx context.Context, s *session, conn *net.UnixConn, hooks Hooks) {
+	kind := s.readConn(ctx, conn, hooks.Connected, func(kind connKind, name string) error {
+		if kind == connProducer && name == "inventory.img" {
+			return errors.New("a producer sent inventory.img: that name is CRIU's (it marks the end of the dump)")
 		}
 		p, err := RecvPipe(conn, name)
 		if err != nil {
-			if sctx.Err() == nil {
-				s.abort(err)
-			}
-			break
+			return err
 		}
 		streamer.GrowPipe(p.Fd())
+		external := kind == connProducer
 		s.run(p, func(p *os.File) error {
-			n, err := in.c.WriteFile(name, p, false)
+			n, err := in.c.WriteFile(name, p, external)
 			if err != nil {
+				if external {
+					return fmt.Errorf("producer file %s: %w", name, err)
+				}
 				return fmt.Errorf("image %s: %w", name, err)
 			}
 			in.files.Add(1)
 			in.bytes.Add(n)
+			if external {
+				in.pfiles.Add(1)
+				in.pbytes.Add(n)
+			}
 			return nil
 		})
-		if name == "inventory.img" {
+		if kind == connCRIU && name == "inventory.img" {
 			in.inventory.Store(true)
 		}
+		return nil
+	})
+	if kind == connCRIU && !in.inventory.Load() && s.producersOpen() > 0 {
+		// CRIU gave up: do not keep waiting for producers of a dump that
+		// failed.
+		s.abort(errors.New("criu disconnected without sending inventory.img (the dump failed); producers cut off"))
 	}
-	err = s.finish()
-	<-watched
-	conn.Close()
-	if err != nil {
-		return fmt.Errorf("dump intake: %w", err)
-	}
-	return nil
-}
-
-func (in *IntakeSession) notify() {
-	in.mu.Lock()
-	close(in.changed)
-	in.changed = make(chan struct{})
-	in.mu.Unlock()
 }
 
 func (in *IntakeSession) result() DumpResult {
-	return DumpResult{Files: int(in.files.Load()), Bytes: in.bytes.Load(), Complete: in.inventory.Load()}
+	in.sess.mu.Lock()
+	producers := in.sess.producersSeen
+	in.sess.mu.Unlock()
+	return DumpResult{Files: int(in.files.Load()), Bytes: in.bytes.Load(), Complete: in.inventory.Load(),
+		Producers: producers, ProducerFiles: int(in.pfiles.Load()), ProducerBytes: in.pbytes.Load()}
 }
 
-// Drained waits until CRIU has sent inventory.img (its last image) and every
-// pipe it opened has been read to its end, while CRIU may still hold the
-// socket: the moment of CRIU's post-dump action, when the checkpoint must be
-// committed before the process is killed.
+// Drained waits until the image is complete by the completion rule (CRIU
+// has sent inventory.img, its last image; every producer has closed
+// cleanly; every pipe has been read to its end) while CRIU may still hold
+// the socket: the moment of CRIU's post-dump action, when the checkpoint
+// must be committed before the process is killed. From then on no producer
+// is taken: the image is sealed.
 func (in *IntakeSession) Drained(ctx context.Context) (DumpResult, error) {
+	s := in.sess
 	for {
-		in.mu.Lock()
-		ch, sess := in.changed, in.sess
-		in.mu.Unlock()
 		select {
 		case <-in.done:
 			return in.Wait(ctx)
 		default:
 		}
-		if sess != nil && in.inventory.Load() && sess.open() == 0 {
-			if err := sess.failed(); err != nil {
-				return in.result(), fmt.Errorf("dump intake: %w", err)
+		s.mu.Lock()
+		ch := s.changed
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return in.result(), fmt.Errorf("dump intake: %w", err)
+		}
+		ready := in.inventory.Load() && len(s.pipes) == 0 && s.producersDone >= s.want
+		for _, k := range s.conns {
+			if k != connCRIU {
+				ready = false // a producer still pushing, or a connection not yet known
 			}
+		}
+		if ready {
+			s.sealed = true
+		}
+		s.mu.Unlock()
+		if ready {
 			return in.result(), nil
 		}
 		select {
@@ -303,7 +520,8 @@ func (in *IntakeSession) Drained(ctx context.Context) (DumpResult, error) {
 	}
 }
 
-// Wait waits until CRIU has closed the socket and every pipe is drained.
+// Wait waits until CRIU and every producer have closed their connections
+// and every pipe is drained.
 func (in *IntakeSession) Wait(ctx context.Context) (DumpResult, error) {
 	select {
 	case <-in.done:
@@ -315,22 +533,24 @@ func (in *IntakeSession) Wait(ctx context.Context) (DumpResult, error) {
 	return in.result(), in.err
 }
 
-// Abort makes CRIU's dump fail now: its pipes and socket are closed.
+// Abort makes CRIU's dump fail now: its pipes and socket, and every
+// producer's, are closed.
 func (in *IntakeSession) Abort(err error) {
-	in.mu.Lock()
-	s := in.sess
-	in.mu.Unlock()
-	if s != nil {
-		s.abort(err)
-	}
+	in.sess.abort(err)
 }
 
 // Intake listens on DIR/streamer-capture.sock for one `criu dump --stream`
-// and writes every image it sends into c. It returns when CRIU has closed
-// the socket and every pipe is drained, or at the first error (after
-// closing CRIU's pipes so that the dump fails instead of hanging).
+// (and any producers beside it) and writes every image it sends into c. It
+// returns when CRIU and the producers have closed the socket and every pipe
+// is drained, or at the first error (after closing CRIU's pipes so that the
+// dump fails instead of hanging).
 func Intake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (DumpResult, error) {
-	in, err := StartIntake(ctx, dir, c, hooks)
+	return IntakeWith(ctx, dir, c, IntakeOptions{Hooks: hooks})
+}
+
+// IntakeWith is Intake with options.
+func IntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (DumpResult, error) {
+	in, err := StartIntakeWith(ctx, dir, c, o)
 	if err != nil {
 		return DumpResult{}, err
 	}
@@ -342,71 +562,83 @@ type ServeResult struct {
 	Requests int
 	Served   int
 	Bytes    int64
+	// Producers is the number of producer connections that pulled files.
+	Producers int
+}
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	Hooks Hooks
+	// Producers is the number of producer connections serving waits for:
+	// it does not end until that many have connected and closed cleanly.
+	Producers int
 }
 
 // Serve listens on DIR/streamer-serve.sock for one `criu restore --stream`
 // and answers its requests from src: absent images get exists=false, the
 // others are copied into the pipe CRIU sends, each on its own goroutine.
-// A file asked for twice is served twice.
+// A file asked for twice is served twice. Producers (a hello first, see
+// ProducerHello) may connect beside CRIU and pull files the same way; the
+// serve ends once CRIU and every producer have closed their connections
+// and every pipe is written.
 func Serve(ctx context.Context, dir string, src streamer.Source, hooks Hooks) (ServeResult, error) {
+	return ServeWith(ctx, dir, src, ServeOptions{Hooks: hooks})
+}
+
+// ServeWith is Serve with options.
+func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOptions) (ServeResult, error) {
 	var res ServeResult
-	conn, err := accept(ctx, filepath.Join(dir, ServeSocket), hooks)
+	path := filepath.Join(dir, ServeSocket)
+	l, err := listen(path)
 	if err != nil {
 		return res, err
 	}
-	s, sctx := newSession(ctx, conn)
-	var served atomic.Int64
+	if o.Hooks.Listening != nil {
+		o.Hooks.Listening()
+	}
+	s, sctx := newSession(ctx, o.Producers)
+	var requests, served atomic.Int64
 	var bytes atomic.Int64
-	rd := countingReader{conn, &s.pos}
-	for {
-		name, err := ReadRequest(rd, s.pos.Load())
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if sctx.Err() == nil {
-				s.abort(err)
+	s.acceptLoop(sctx, l, func(conn *net.UnixConn) {
+		s.readConn(sctx, conn, o.Hooks.Connected, func(kind connKind, name string) error {
+			requests.Add(1)
+			_, err := src.Stat(sctx, name)
+			exists := err == nil
+			if err != nil && !errors.Is(err, streamer.ErrNotExist) {
+				return fmt.Errorf("image %s: %w", name, err)
 			}
-			break
-		}
-		res.Requests++
-		_, err = src.Stat(sctx, name)
-		exists := err == nil
-		if err != nil && !errors.Is(err, streamer.ErrNotExist) {
-			s.abort(fmt.Errorf("image %s: %w", name, err))
-			break
-		}
-		if err := WriteReply(conn, exists); err != nil {
-			if sctx.Err() == nil {
-				s.abort(fmt.Errorf("reply for %s: %w", name, err))
+			if err := WriteReply(conn, exists); err != nil {
+				return fmt.Errorf("reply for %s: %w", name, err)
 			}
-			break
-		}
-		if !exists {
-			continue
-		}
-		p, err := RecvPipe(conn, name)
-		if err != nil {
-			if sctx.Err() == nil {
-				s.abort(err)
+			if !exists {
+				return nil
 			}
-			break
-		}
-		streamer.GrowPipe(p.Fd())
-		s.run(p, func(p *os.File) error {
-			n, err := src.Copy(sctx, name, p)
+			p, err := RecvPipe(conn, name)
 			if err != nil {
-				return fmt.Errorf("serve %s: %w", name, err)
+				return err
 			}
-			served.Add(1)
-			bytes.Add(n)
+			streamer.GrowPipe(p.Fd())
+			s.run(p, func(p *os.File) error {
+				n, err := src.Copy(sctx, name, p)
+				if err != nil {
+					return fmt.Errorf("serve %s: %w", name, err)
+				}
+				served.Add(1)
+				bytes.Add(n)
+				return nil
+			})
 			return nil
 		})
-	}
+	})
 	err = s.finish()
-	conn.Close()
-	res.Served, res.Bytes = int(served.Load()), bytes.Load()
+	res.Requests, res.Served, res.Bytes = int(requests.Load()), int(served.Load()), bytes.Load()
+	s.mu.Lock()
+	res.Producers = s.producersSeen
+	s.mu.Unlock()
 	if err != nil {
+		return res, fmt.Errorf("restore serving: %w", err)
+	}
+	if err := s.endErr(ctx, path); err != nil {
 		return res, fmt.Errorf("restore serving: %w", err)
 	}
 	return res, nil

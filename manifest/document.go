@@ -1,11 +1,13 @@
 package manifest
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -36,6 +38,8 @@ type Manifest struct {
 	Stats       Stats             `json:"stats"`
 	Segments    []Segment         `json:"segments,omitempty"`
 	Files       []File            `json:"files"`
+	// Checksum seals the document; it must stay the last field.
+	Checksum string `json:"checksum"`
 }
 
 // GPU records a device whose memory is in the checkpoint.
@@ -129,8 +133,48 @@ func (h *Hash) UnmarshalText(b []byte) error {
 	return err
 }
 
-// Marshal encodes the manifest as indented JSON.
-func (m *Manifest) Marshal() ([]byte, error) { return json.MarshalIndent(m, "", " ") }
+// ValidName accepts file names that are one path component: what CRIU and
+// GPU dumpers name images, and safe to create in a directory.
+func ValidName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= MaxNameLen && !strings.ContainsAny(name, "/\x00")
+}
+
+// checksumKey ends the document: the CRC-32C of every byte before its value
+// follows it, so that a flipped byte anywhere in the manifest (a file name,
+// an offset) is caught while the file stays plain JSON.
+const checksumKey = `"checksum": "`
+
+// Marshal encodes the manifest as indented JSON, sealed with its checksum.
+func (m *Manifest) Marshal() ([]byte, error) {
+	c := *m
+	c.Checksum = ""
+	b, err := json.MarshalIndent(&c, "", " ")
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndex(b, []byte(checksumKey))
+	if i < 0 {
+		return nil, errors.New("manifest: checksum field missing")
+	}
+	i += len(checksumKey)
+	sum := fmt.Sprintf("%08x", crc(b[:i]))
+	return append(append(append([]byte{}, b[:i]...), sum...), b[i:]...), nil
+}
+
+func checkSum(b []byte) error {
+	i := bytes.LastIndex(b, []byte(checksumKey))
+	if i < 0 {
+		return errors.New("manifest: no checksum")
+	}
+	i += len(checksumKey)
+	if len(b) < i+8 {
+		return errors.New("manifest: truncated checksum")
+	}
+	if want := fmt.Sprintf("%08x", crc(b[:i])); string(b[i:i+8]) != want {
+		return fmt.Errorf("manifest: checksum mismatch (stored %s, computed %s)", b[i:i+8], want)
+	}
+	return nil
+}
 
 // Parse decodes a manifest and checks that it is self-consistent, so that
 // nothing downstream indexes out of range on a damaged document.
@@ -141,12 +185,18 @@ func Parse(b []byte) (*Manifest, error) {
 	if err := json.Unmarshal(b, &probe); err != nil {
 		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, ErrCorrupt)
 	}
-	if probe.Format == 0 || probe.Format > Version {
+	if probe.Format < 1 {
+		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, ErrCorrupt)
+	}
+	if probe.Format > Version {
 		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, probe.Format, Version)
+	}
+	if err := checkSum(b); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
 	}
 	m := &Manifest{}
 	if err := json.Unmarshal(b, m); err != nil {
-		return nil, fmt.Errorf("manifest: %w", err)
+		return nil, fmt.Errorf("manifest: %v: %w", err, ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
@@ -174,7 +224,7 @@ func (m *Manifest) Validate() error {
 				return fmt.Errorf("manifest: file %s chunk %d has impossible length", f.Name, i)
 			case m.Segments != nil && (c.Segment < 0 || c.Segment >= len(m.Segments)):
 				return fmt.Errorf("manifest: file %s chunk %d names segment %d of %d", f.Name, i, c.Segment, len(m.Segments))
-			case c.Pos < 0 || (m.Segments != nil && c.Pos+FrameSize+int64(c.Stored) > m.Segments[c.Segment].Size):
+			case c.Pos < 0 || (m.Segments != nil && c.Pos > m.Segments[c.Segment].Size-FrameSize-int64(c.Stored)):
 				return fmt.Errorf("manifest: file %s chunk %d lies outside its segment", f.Name, i)
 			}
 			next += int64(c.RawLen)

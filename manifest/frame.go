@@ -76,11 +76,19 @@ func UnmarshalHeader(b []byte) (Header, error) {
 		return Header{}, fmt.Errorf("%w: got %q", ErrNotStream, printable(b[0:8]))
 	}
 	h := Header{Version: binary.LittleEndian.Uint16(b[8:])}
-	if h.Version == 0 || h.Version > Version {
+	if h.Version == 0 {
+		return h, fmt.Errorf("stream header: version 0 does not exist: %w", ErrCorrupt)
+	}
+	if h.Version > Version {
+		// A newer version may lay out its header differently, so its
+		// checksum can't be checked here; say so rather than guess.
+		if crc(b[:28]) != binary.LittleEndian.Uint32(b[28:]) {
+			return h, fmt.Errorf("%w: stream says version %d (this build reads up to %d; upgrade gpucr-stream), or its header is damaged: the version 1 header checksum does not match", ErrNewerVersion, h.Version, Version)
+		}
 		return h, fmt.Errorf("%w: stream is version %d, this build reads up to %d; upgrade gpucr-stream", ErrNewerVersion, h.Version, Version)
 	}
 	if n := binary.LittleEndian.Uint16(b[10:]); n != HeaderSize {
-		return h, fmt.Errorf("stream header: length %d, want %d", n, HeaderSize)
+		return h, fmt.Errorf("stream header: length %d, want %d: %w", n, HeaderSize, ErrCorrupt)
 	}
 	if got, want := crc(b[:28]), binary.LittleEndian.Uint32(b[28:]); got != want {
 		return h, fmt.Errorf("stream header: checksum mismatch (stored %08x, computed %08x)", want, got)

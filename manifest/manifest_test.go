@@ -3,7 +3,6 @@ package manifest
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -721,11 +720,18 @@ func TestManifestRoundTrip(t *testing.T) {
 	}
 }
 
+// seal appends a valid checksum to a hand-written document, so that Parse
+// gets past the checksum to the check under test.
+func seal(b []byte) []byte {
+	b = append(bytes.TrimSuffix(b, []byte("}")), []byte(`, `+checksumKey)...)
+	return append(b, []byte(fmt.Sprintf("%08x\"}", crc(b)))...)
+}
+
 func TestParseErrors(t *testing.T) {
 	mutate := func(f func(m *Manifest)) []byte {
 		m := goodManifest()
 		f(m)
-		b, err := json.Marshal(m)
+		b, err := m.Marshal()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -739,15 +745,22 @@ func TestParseErrors(t *testing.T) {
 		want []string
 	}{
 		{"not JSON", []byte("{"), nil, []string{"not valid JSON"}},
+		{"unsealed", []byte(`{"format":1,"files":[]}`), nil, []string{"no checksum"}},
+		{"flipped byte in a name", func() []byte {
+			b, _ := goodManifest().Marshal()
+			i := bytes.Index(b, []byte("pages-1.img"))
+			b[i] = 'q'
+			return b
+		}(), nil, []string{"checksum mismatch"}},
 		{"empty", nil, nil, []string{"not valid JSON"}},
 		{"array", []byte("[]"), nil, []string{"not valid JSON"}},
 		{"no format", []byte(`{"files":[]}`), nil, []string{"format 0"}},
 		{"newer format", []byte(`{"format":2,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 2", "up to 1"}},
 		{"newer format, unknown shape", []byte(`{"format":99,"files":"a string now"}`), ErrNewerVersion, []string{"format 99"}},
 		{"format not a number", []byte(`{"format":"1"}`), nil, []string{"not valid JSON"}},
-		{"wrong field type", []byte(`{"format":1,"files":[{"name":1}]}`), nil, []string{"manifest:"}},
-		{"bad hash", []byte(`{"format":1,"files":[{"name":"a","digest":"zz"}]}`), nil, []string{"hash", "64 hex digits"}},
-		{"bad hash hex", []byte(`{"format":1,"files":[{"name":"a","digest":"` + strings.Repeat("g", 64) + `"}]}`), nil, []string{"invalid byte"}},
+		{"wrong field type", seal([]byte(`{"format":1,"files":[{"name":1}]}`)), nil, []string{"manifest:"}},
+		{"bad hash", seal([]byte(`{"format":1,"files":[{"name":"a","digest":"zz"}]}`)), nil, []string{"hash", "64 hex digits"}},
+		{"bad hash hex", seal([]byte(`{"format":1,"files":[{"name":"a","digest":"` + strings.Repeat("g", 64) + `"}]}`)), nil, []string{"invalid byte"}},
 		{"gap", mutate(func(m *Manifest) { pages(m).Chunks[1].Offset = 1001 }), nil, []string{"pages-1.img chunk 1 at offset 1001, want 1000"}},
 		{"overlap", mutate(func(m *Manifest) { pages(m).Chunks[2].Offset = 1500 }), nil, []string{"pages-1.img chunk 2 at offset 1500, want 2000"}},
 		{"first chunk not at 0", mutate(func(m *Manifest) { m.Files[2].Chunks[0].Offset = 1 }), nil, []string{"ext chunk 0 at offset 1, want 0"}},

@@ -113,7 +113,7 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 			payload = make([]byte, fh.StoredLen)
 		}
 		if _, err := io.ReadFull(r.r, payload); err != nil {
-			return Frame{}, r.Errorf(pos, id, "%s frame payload of %d bytes truncated: %v", fh.Type, fh.StoredLen, unexpected(err))
+			return Frame{}, fmt.Errorf("%w: %w", r.Errorf(pos, id, "%s frame payload of %d bytes truncated", fh.Type, fh.StoredLen), unexpected(err))
 		}
 	}
 	if fh.Type != FrameData {

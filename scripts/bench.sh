@@ -169,3 +169,11 @@ if [ "${BENCH_CODECS:-1}" = 1 ]; then
 			for (i=1;i<=NF;i++) { if ($i=="MB/s") mbs=$(i-1); if ($i=="ratio") ratio=$(i-1) }
 			printf "  %-16s %9s MB/s %s\n", name, mbs, (ratio=="" ? "" : "ratio " ratio) }'
 fi
+
+# S3: checkpoint into and restore from MinIO on loopback, against one plain
+# PutObject and a local archive (scripts/bench-s3.sh; BENCH_S3=0 skips it).
+if [ "${BENCH_S3:-1}" = 1 ]; then
+	echo
+	echo "S3 (scripts/bench-s3.sh):"
+	BENCH_MB=$MB BENCH_ROUNDS=$ROUNDS GCS=$GCS CRIU=$CRIU bash scripts/bench-s3.sh
+fi

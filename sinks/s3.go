@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -45,6 +46,10 @@ const (
 
 	retryBase = 250 * time.Millisecond
 	retryCap  = 8 * time.Second
+
+	// commitCleanupTimeout bounds the abort of an upload whose commit
+	// failed.
+	commitCleanupTimeout = 2 * time.Second
 )
 
 // Errors NewS3 wraps, so that callers can choose exit codes and hints.
@@ -158,6 +163,7 @@ type S3Store struct {
 	maxRetries int
 	md5        bool
 	bufs       sync.Pool // *[]byte of cap partSize
+	uploaded   atomic.Int64
 }
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
@@ -411,6 +417,10 @@ func (s *S3Store) String() string {
 	}
 	return "s3://" + s.bucket + "/" + strings.TrimSuffix(s.root, "/")
 }
+
+// Uploaded returns the bytes the server has acknowledged so far, over all
+// objects (parts and small objects), for progress displays.
+func (s *S3Store) Uploaded() int64 { return s.uploaded.Load() }
 
 // Endpoint is the scheme://host the store talks to.
 func (s *S3Store) Endpoint() string { return s.endpoint }
@@ -701,6 +711,7 @@ func (w *s3Writer) uploadPart(num int, data []byte) {
 		w.fail(fmt.Errorf("upload part %d (%d bytes) of %s: %w", num, len(data), w.s.url(w.name), err))
 		return
 	}
+	w.s.uploaded.Add(int64(len(data)))
 	w.mu.Lock()
 	w.parts = append(w.parts, uploadedPart{
 		CompletePart: minio.CompletePart{PartNumber: num, ETag: part.ETag, ChecksumCRC32C: crc},
@@ -724,8 +735,11 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 		w.buf = nil
 		defer w.cancel(errFinished) // release the upload context
 		if err != nil {
-			// Clean up even when ctx is what failed.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			// Clean up even when ctx is what failed, but briefly: against
+			// a server that is down the abort cannot succeed, and the
+			// caller should hear of the failure now. An upload left
+			// behind is invisible; gc (RemoveIncomplete) removes it.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitCleanupTimeout)
 			_ = w.abort(actx)
 			cancel()
 			err = fmt.Errorf("commit %s: %w", w.s.url(w.name), err)
@@ -799,6 +813,7 @@ func (w *s3Writer) putSmall(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("put: %w", err)
 	}
+	w.s.uploaded.Add(int64(len(data)))
 	return w.checkSize(ctx)
 }
 

@@ -40,8 +40,23 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", store, manifest.ManifestName, err)
 	}
+	if len(m.Segments) == 0 && anyChunks(m) {
+		// Validate checks segment references only when segments are listed.
+		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", store, manifest.ManifestName, manifest.ErrCorrupt)
+	}
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
 		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", store, manifest.ManifestName, m.ChunkSize)
+	}
+	// An archive's chunks live in its segments: a manifest without them
+	// (Validate checks segment references only when "segments" is there)
+	// describes no archive.
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
+				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
+					store, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), manifest.ErrCorrupt)
+			}
+		}
 	}
 	return m, nil
 }
@@ -49,13 +64,27 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 // ArchiveSource serves files from an archive through its index, fetching
 // and decoding each file's chunks in parallel with a bounded read-ahead, so
 // memory stays bounded whatever the archive's size.
+//
+// Memory: every chunk fetched and not yet written holds a token. Tokens come
+// from one budget shared by every file being copied (MemoryLimit divided by
+// the buffers of one chunk), plus one token of each file's own, so that a
+// file CRIU waits for always makes progress while another file's read-ahead
+// holds the budget (CRIU reads pagemap and pages, and several processes'
+// pages, at the same time). Each file reads ahead at most a window of
+// chunks, fetched by Fetchers goroutines: a store's latency is hidden by
+// reading ahead, not by holding more of the image.
 type ArchiveSource struct {
-	store  Store
-	man    *manifest.Manifest
-	byName map[string]*manifest.File
-	opts   Options
-	window int
-	pool   sync.Pool
+	store    Store
+	man      *manifest.Manifest
+	byName   map[string]*manifest.File
+	opts     Options
+	window   int
+	parallel int
+	tokens   chan struct{} // the shared budget
+	pool     sync.Pool
+	// Counters count the bytes written out (RawBytes) and the payload
+	// bytes read from the store (StoredBytes), for progress displays.
+	Counters Counters
 }
 
 // OpenArchive reads the manifest of a committed archive.
@@ -69,10 +98,12 @@ func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
-	// Per-file read-ahead; CRIU reads a few files at once (pagemap and pages),
-	// so the budget is shared by a handful of copies.
-	a.window = int(opts.MemoryLimit / int64(2*m.ChunkSize) / 4)
-	a.window = max(2, min(a.window, 4*opts.Workers))
+	perChunk := int64(2*m.ChunkSize + manifest.FrameSize) // frame and decoded chunk
+	budget := int(max(2, opts.MemoryLimit/perChunk))
+	a.tokens = make(chan struct{}, budget)
+	a.parallel = max(opts.Workers, opts.Fetchers)
+	a.window = max(2, min(budget, 4*a.parallel))
+	a.parallel = min(a.parallel, a.window)
 	size := m.ChunkSize + manifest.FrameSize
 	a.pool.New = func() any { b := make([]byte, size); return &b }
 	return a, nil
@@ -102,33 +133,153 @@ type fetched struct {
 	bufs []*[]byte
 }
 
-// Copy implements Source.
+func (a *ArchiveSource) drop(v fetched) {
+	for _, b := range v.bufs {
+		a.pool.Put(b)
+	}
+}
+
+// Copy implements Source. Chunks are fetched in parallel, at most a window
+// ahead of the one being written, each holding a token (see ArchiveSource),
+// and written in order.
 func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
 	f, ok := a.byName[name]
 	if !ok {
 		return 0, fmt.Errorf("%s: %w", name, ErrNotExist)
 	}
-	var written int64
-	err := ordered(ctx, len(f.Chunks), a.opts.Workers, a.window,
-		func(ctx context.Context, i int) (fetched, error) { return a.fetch(ctx, f, i) },
-		func(i int, v fetched) error {
-			var err error
-			if v.raw == nil {
-				err = writeZeros(w, v.zero)
-			} else {
-				_, err = w.Write(v.raw)
+	n := len(f.Chunks)
+	if n == 0 {
+		return 0, nil
+	}
+	window := min(a.window, n)
+	parallel := max(1, min(a.parallel, window))
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	type result struct {
+		v   fetched
+		err error
+	}
+	// Chunk i uses ring slot i % window: it is issued only once chunk
+	// i-window has been written, which freed the slot.
+	slots := make([]chan result, window)
+	shared := make([]bool, window) // the chunk's token is from a.tokens
+	for i := range slots {
+		slots[i] = make(chan result, 1)
+	}
+	credits := make(chan struct{}, window)
+	own := make(chan struct{}, 1) // this file's own token
+	release := func(i int) {
+		if shared[i%window] {
+			<-a.tokens
+		} else {
+			<-own
+		}
+		<-credits
+	}
+	next := make(chan int)
+	issued := 0 // chunks handed to the fetchers; read after wg.Wait
+	var wg sync.WaitGroup
+	wg.Add(1 + parallel)
+	producerDone := make(chan struct{})
+	go func() {
+		defer wg.Done()
+		defer close(producerDone)
+		defer close(next)
+		for i := range n {
+			select {
+			case credits <- struct{}{}:
+			case <-ctx.Done():
+				return
 			}
+			// Prefer the file's own token, keeping the budget for others.
+			select {
+			case own <- struct{}{}:
+				shared[i%window] = false
+			default:
+				select {
+				case own <- struct{}{}:
+					shared[i%window] = false
+				case a.tokens <- struct{}{}:
+					shared[i%window] = true
+				case <-ctx.Done():
+					<-credits
+					return
+				}
+			}
+			select {
+			case next <- i:
+				issued = i + 1
+			case <-ctx.Done():
+				release(i)
+				return
+			}
+		}
+	}()
+	// Slow start: one fetch first, and each finished fetch lets two more
+	// fetchers go, so that the first chunk (the one CRIU waits for) does
+	// not share the store's bandwidth with the whole read-ahead.
+	ramp := make(chan struct{}, parallel)
+	for k := range parallel {
+		go func() {
+			defer wg.Done()
+			if k > 0 {
+				select {
+				case <-ramp:
+				case <-producerDone:
+				case <-ctx.Done():
+					return
+				}
+			}
+			for i := range next {
+				v, err := a.fetch(ctx, f, i)
+				slots[i%window] <- result{v, err}
+				for range 2 {
+					select {
+					case ramp <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	var written int64
+	var err error
+	emitted := 0
+	for i := 0; i < n && err == nil; i++ {
+		select {
+		case r := <-slots[i%window]:
+			emitted = i + 1
+			if r.err != nil {
+				release(i)
+				err = r.err
+				break
+			}
+			if r.v.raw == nil {
+				err = writeZeros(w, r.v.zero)
+			} else {
+				_, err = w.Write(r.v.raw)
+			}
+			a.drop(r.v)
+			release(i)
 			if err != nil {
-				return fmt.Errorf("write %s at offset %d: %w", name, f.Chunks[i].Offset, err)
+				err = fmt.Errorf("write %s at offset %d: %w", name, f.Chunks[i].Offset, err)
+				break
 			}
 			written += int64(f.Chunks[i].RawLen)
-			return nil
-		},
-		func(v fetched) {
-			for _, b := range v.bufs {
-				a.pool.Put(b)
-			}
-		})
+			a.Counters.RawBytes.Add(int64(f.Chunks[i].RawLen))
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		}
+	}
+	cancel(err)
+	wg.Wait()
+	// Chunks fetched after the failure still hold buffers and tokens.
+	for i := emitted; i < issued; i++ {
+		if r := <-slots[i%window]; r.err == nil {
+			a.drop(r.v)
+		}
+		release(i)
+	}
 	return written, err
 }
 
@@ -197,5 +348,15 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		return fail(where("content hash mismatch: %w", manifest.ErrCorrupt))
 	}
 	v.raw = raw
+	a.Counters.StoredBytes.Add(int64(c.Stored))
 	return v, nil
+}
+
+func anyChunks(m *manifest.Manifest) bool {
+	for _, f := range m.Files {
+		if len(f.Chunks) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -85,17 +85,13 @@ func captureBench(tb testing.TB, out Output, opts Options, total int64) *manifes
 		tb.Fatal(err)
 	}
 	tmpl := benchTemplate()
-	var wg, barrier sync.WaitGroup
+	var wg sync.WaitGroup
 	errs := make(chan error, 64)
-	files := benchFiles(total)
-	// Every FILE frame first: see gateReaderRace.
-	barrier.Add(len(files))
-	for name, f := range files {
+	for name, f := range benchFiles(total) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := &barrierReader{r: &repeatReader{tmpl: tmpl, off: f[0], n: f[1]}, wg: &barrier}
-			if _, err := c.WriteFile(name, r, false); err != nil {
+			if _, err := c.WriteFile(name, &repeatReader{tmpl: tmpl, off: f[0], n: f[1]}, false); err != nil {
 				errs <- err
 			}
 		}()

@@ -30,6 +30,10 @@ type Options struct {
 	// VerifyHashes makes readers also check every chunk's BLAKE3 content
 	// hash (verify does; restore relies on the CRC-32C alone for speed).
 	VerifyHashes bool
+	// Fetchers is the number of chunk reads an archive source keeps in
+	// flight per file (default: Workers). Object stores want more than
+	// there are cores, since each read mostly waits on the network.
+	Fetchers int
 }
 
 const (
@@ -188,6 +192,12 @@ func (c *Capture) Done() <-chan struct{} { return c.ctx.Done() }
 func (c *Capture) fail(err error) { c.cancel(err) }
 
 func (c *Capture) submit(it *item) error {
+	// select picks at random among ready cases: check for a stop first, or
+	// a failed pipeline could still accept (and then drop) data.
+	if c.ctx.Err() != nil {
+		c.release(it)
+		return context.Cause(c.ctx)
+	}
 	c.mu.Lock()
 	it.seq = c.seq
 	c.seq++
@@ -202,6 +212,9 @@ func (c *Capture) submit(it *item) error {
 }
 
 func (c *Capture) acquire() error {
+	if c.ctx.Err() != nil {
+		return context.Cause(c.ctx)
+	}
 	select {
 	case c.tokens <- struct{}{}:
 		return nil
@@ -230,8 +243,8 @@ func (c *Capture) release(it *item) {
 // may be written concurrently; a name written again replaces the earlier
 // file. It returns the number of bytes read.
 func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, error) {
-	if name == "" || len(name) > manifest.MaxNameLen {
-		return 0, fmt.Errorf("capture: invalid file name %q", name)
+	if !manifest.ValidName(name) {
+		return 0, fmt.Errorf("capture: invalid file name %q (one path component, no NUL, at most %d bytes)", name, manifest.MaxNameLen)
 	}
 	c.mu.Lock()
 	id := c.nextID
@@ -374,7 +387,7 @@ func (c *Capture) write(it *item) error {
 	case manifest.FrameData:
 		fs := c.files[it.fileID]
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
-			RawLen: uint32(len(it.raw)), Checksum: it.crc, Hash: it.hash}
+			RawLen: uint32(len(it.raw)), StoredLen: uint32(len(it.stored)), Checksum: it.crc, Hash: it.hash}
 		loc, err := c.out.WriteFrame(ctx, &fh, it.stored)
 		if err != nil {
 			return fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)

@@ -299,9 +299,9 @@ func TestCaptureOutputFails(t *testing.T) {
 			if !errors.Is(c.Err(), errBoom) {
 				t.Errorf("Err() = %v", c.Err())
 			}
-			// A WriteFile after the failure fails at once (a few tries: the
+			// A WriteFile after the failure fails at once (many tries: the
 			// bug below makes it a coin toss per submit).
-			for range 20 {
+			for range 100 {
 				if _, err := c.WriteFile("late.img", strings.NewReader("x"), false); !errors.Is(err, errBoom) {
 					lateAccepted = true
 				}
@@ -437,14 +437,26 @@ func TestCaptureAbort(t *testing.T) {
 	c, _ := NewCapture(ctx, out, Options{Workers: 2})
 	cause := errors.New("criu failed")
 	c.Abort(cause)
-	if _, err := c.WriteFile("a.img", strings.NewReader("abc"), false); !errors.Is(err, cause) {
-		t.Fatalf("WriteFile after Abort = %v", err)
+	lateAccepted := false
+	for range 100 {
+		if _, err := c.WriteFile("a.img", strings.NewReader("abc"), false); err == nil {
+			lateAccepted = true // see the known bug below
+		} else if !errors.Is(err, cause) {
+			t.Fatalf("WriteFile after Abort = %v", err)
+		}
 	}
 	if _, err := c.Close(ctx, manifest.Manifest{}); !errors.Is(err, cause) {
 		t.Fatalf("Close = %v", err)
 	}
 	if _, _, committed, aborted := out.counts(); committed != 0 || aborted != 1 {
 		t.Fatalf("committed %d, aborted %d", committed, aborted)
+	}
+	if frames, _, _, _ := out.counts(); frames != 0 {
+		t.Fatalf("%d frames written after Abort", frames)
+	}
+	if lateAccepted {
+		knownBug(t, "Capture.submit/acquire (capture.go) select between a free queue slot and ctx.Done(), so after Abort a WriteFile may still succeed (random choice) and its data is silently dropped; check c.ctx.Err() before the select")
+		t.Errorf("WriteFile after Abort returned nil")
 	}
 }
 

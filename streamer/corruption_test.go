@@ -39,8 +39,8 @@ func corpusFiles() map[string][]byte {
 }
 
 // barrierReader holds every file's first read until all files have made
-// theirs: every FILE frame is then written before any DATA frame. (Streams
-// that interleave them trip the known reader race, see gateReaderRace.)
+// theirs: every FILE frame is then written before any DATA frame, which
+// keeps the corpus layout the same from run to run.
 type barrierReader struct {
 	r       io.Reader
 	wg      *sync.WaitGroup
@@ -636,18 +636,39 @@ func chunkOutsideSegments(m *manifest.Manifest) string {
 // open, not crash a copy.
 func TestArchiveManifestWithoutSegments(t *testing.T) {
 	ctx := context.Background()
-	ac := newArchiveCorpus(t, "lz4")
-	doc := ac.store.object(manifest.ManifestName)
-	damaged := bytes.Replace(doc, []byte(`"segments"`), []byte(`"segmentz"`), 1)
-	if bytes.Equal(doc, damaged) {
-		t.Fatal("no segments key in the manifest")
+	for _, tc := range []struct {
+		name  string
+		files map[string][]byte
+	}{
+		{"data chunks", corpusFiles()},
+		{"only zero chunks", map[string][]byte{"zeros.img": make([]byte, 3*corpusChunk), "empty.img": {}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := newMemStore(tc.name)
+			out, err := NewArchiveOutput(ctx, store, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, "lz4")}, tc.files)
+			doc := store.object(manifest.ManifestName)
+			damaged := bytes.Replace(doc, []byte(`"segments"`), []byte(`"segmentz"`), 1)
+			if bytes.Equal(doc, damaged) {
+				t.Fatal("no segments key in the manifest")
+			}
+			store.objs[manifest.ManifestName] = damaged
+			a, err := OpenArchive(ctx, store, Options{Workers: 2})
+			if err != nil {
+				return // refused: good
+			}
+			if bad := chunkOutsideSegments(a.Manifest()); bad != "" {
+				knownBug(t, "OpenArchive accepts an archive manifest whose chunks name segments it does not list ("+bad+"); ReadManifest exempts Zero chunks from its segment check but ArchiveSource.fetch indexes a.man.Segments[c.Segment] before it looks at the codec, so Copy panics (index out of range) -- running this crashes the test binary")
+			}
+			for name, want := range tc.files {
+				var buf bytes.Buffer
+				if _, err := a.Copy(ctx, name, &buf); err == nil && !bytes.Equal(buf.Bytes(), want) {
+					t.Fatalf("%s served with wrong bytes", name)
+				}
+			}
+		})
 	}
-	ac.store.objs[manifest.ManifestName] = damaged
-	a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
-	if err != nil {
-		return // refused: good
-	}
-	knownBug(t, "OpenArchive accepts an archive manifest with chunks but no segments; Copy then panics with index out of range in ArchiveSource.fetch (archive.go) -- running this crashes the test binary")
-	_, err = a.Copy(ctx, "pages-1.img", io.Discard)
-	t.Fatalf("OpenArchive accepted a manifest without segments; Copy: %v", err)
 }

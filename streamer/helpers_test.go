@@ -72,12 +72,12 @@ func (s *memStore) Create(ctx context.Context, name string) (ObjectWriter, error
 }
 
 func (w *memWriter) Write(p []byte) (int, error) {
-	if w.done {
+	w.s.mu.Lock()
+	fw, done := w.s.failWrite, w.done
+	w.s.mu.Unlock()
+	if done {
 		return 0, fmt.Errorf("write to finished object %s", w.name)
 	}
-	w.s.mu.Lock()
-	fw := w.s.failWrite
-	w.s.mu.Unlock()
 	if fw != nil {
 		if err := fw(w.name, int64(w.buf.Len())); err != nil {
 			return 0, err
@@ -87,11 +87,11 @@ func (w *memWriter) Write(p []byte) (int, error) {
 }
 
 func (w *memWriter) Commit(ctx context.Context) error {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
 	if w.done {
 		return fmt.Errorf("commit of finished object %s", w.name)
 	}
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
 	if w.s.failCommit != nil {
 		if err := w.s.failCommit(w.name); err != nil {
 			return err
@@ -465,15 +465,6 @@ func mustSpec(t testing.TB, s string) codec.Spec {
 		t.Fatal(err)
 	}
 	return sp
-}
-
-// gateReaderRace skips tests whose streams open a file while DATA frames
-// of others are still being decoded: that trips a known data race in
-// StreamSource, which the race detector reports and which, without it, can
-// kill the test binary ("concurrent map read and map write").
-func gateReaderRace(t testing.TB) {
-	t.Helper()
-	knownBug(t, "data race: StreamSource.decode (stream.go) calls Reader.Errorf, which reads Reader.names, on decode workers while the shard's reader goroutine writes Reader.names in Next on FILE frames (manifest/reader.go)")
 }
 
 func countGoroutines() int { return runtime.NumGoroutine() }

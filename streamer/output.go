@@ -2,9 +2,12 @@ package streamer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"sync"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -116,17 +119,48 @@ func (o *StreamOutput) Abort(ctx context.Context) error {
 // does not matter and small enough for parallel transfers.
 const DefaultSegmentSize = 256 << 20
 
+// DefaultCommitting is how many finished segments an ArchiveOutput lets
+// commit in the background while the next one fills. Two let one segment's
+// last parts and its completion overlap the next segment's first parts,
+// which is all the pipeline needs to never wait on a commit; more only
+// hold more memory (an S3 segment in commit holds up to Parallel parts).
+const DefaultCommitting = 2
+
 // ArchiveOutput writes an archive into a Store: segment objects as data
 // arrives, then the manifest last as the commit point.
+//
+// A full segment is committed in the background (Commit of an object store
+// waits for its last parts and the server's answer), at most Committing at
+// once: when that many are in flight the writer waits, so memory stays
+// bounded and a slow store slows the pipeline instead of piling up data.
+// The first failed commit fails every later WriteFrame and Commit; the
+// manifest is written only after every segment committed; Abort stops the
+// commits in flight and deletes every segment.
 type ArchiveOutput struct {
 	store       Store
 	segmentSize int64
 	cur         ObjectWriter
 	curWriter   *manifest.Writer
+	curCount    *countingWriter
 	segments    []manifest.Segment
 	streamID    uint64
 	// open files, re-announced at the start of every new segment
 	open map[uint32]openFile
+
+	// background commits
+	committing int
+	slots      chan struct{}
+	bg         context.Context // canceled by Abort
+	bgCancel   context.CancelCauseFunc
+	wg         sync.WaitGroup
+	segDone    map[int]chan struct{} // closed when a background commit ends
+	failed     chan struct{}         // closed with the first commit failure
+	orphans    []ObjectWriter        // segments not committed, for Abort to discard
+	mu         sync.Mutex
+	commitErr  error
+	committed  int // segments committed so far
+	abortOnce  sync.Once
+	abortErr   error
 }
 
 type openFile struct {
@@ -134,15 +168,61 @@ type openFile struct {
 	name []byte
 }
 
+// countingWriter counts the bytes the object writer accepted, so that a
+// segment's size is checked before it is committed.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
 // NewArchiveOutput refuses to overwrite a committed archive.
 func NewArchiveOutput(ctx context.Context, store Store, segmentSize int64) (*ArchiveOutput, error) {
 	if _, err := store.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", store)
+	} else if !errors.Is(err, ErrNotExist) {
+		// Not knowing is not "absent": a store we cannot reach must not be
+		// written blindly, and says why now rather than mid-dump.
+		return nil, fmt.Errorf("%s: %w", store, err)
 	}
 	if segmentSize <= 0 {
 		segmentSize = DefaultSegmentSize
 	}
-	return &ArchiveOutput{store: store, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{}}, nil
+	bg, cancel := context.WithCancelCause(context.Background())
+	return &ArchiveOutput{store: store, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
+		committing: DefaultCommitting, bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
+}
+
+// SetCommitting sets how many segments may commit in the background at
+// once (before the first frame is written); 0 commits each segment before
+// the next frame is written.
+func (a *ArchiveOutput) SetCommitting(n int) { a.committing = max(0, n) }
+
+// Committed returns how many segments have been committed so far.
+func (a *ArchiveOutput) Committed() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.committed
+}
+
+func (a *ArchiveOutput) failure() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.commitErr
+}
+
+func (a *ArchiveOutput) setFailure(err error) {
+	a.mu.Lock()
+	if a.commitErr == nil {
+		a.commitErr = err
+		close(a.failed)
+	}
+	a.mu.Unlock()
 }
 
 func (a *ArchiveOutput) openSegment(ctx context.Context) error {
@@ -152,12 +232,13 @@ func (a *ArchiveOutput) openSegment(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create segment %s: %w", name, err)
 	}
-	mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID})
+	cw := &countingWriter{w: w}
+	mw, err := manifest.NewWriter(cw, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID})
 	if err != nil {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("segment %s: %w", name, err)
 	}
-	a.cur, a.curWriter = w, mw
+	a.cur, a.curWriter, a.curCount = w, mw, cw
 	a.segments = append(a.segments, manifest.Segment{Name: name})
 	for _, f := range a.open {
 		fh := f.fh
@@ -168,7 +249,9 @@ func (a *ArchiveOutput) openSegment(ctx context.Context) error {
 	return nil
 }
 
-func (a *ArchiveOutput) closeSegment(ctx context.Context) error {
+// closeSegment finishes the current segment and commits it: in the
+// background when wait is false, else before it returns.
+func (a *ArchiveOutput) closeSegment(ctx context.Context, wait bool) error {
 	if a.cur == nil {
 		return nil
 	}
@@ -177,18 +260,78 @@ func (a *ArchiveOutput) closeSegment(ctx context.Context) error {
 		return fmt.Errorf("finish segment %s: %w", seg.Name, err)
 	}
 	seg.Size = a.curWriter.Pos()
-	if err := a.cur.Commit(ctx); err != nil {
-		return fmt.Errorf("commit segment %s: %w", seg.Name, err)
-	}
+	w, name := a.cur, seg.Name
 	a.cur, a.curWriter = nil, nil
+	if got := a.curCount.n; got != seg.Size {
+		a.orphans = append(a.orphans, w)
+		return fmt.Errorf("segment %s: %d bytes written, the object took %d; not committing", name, seg.Size, got)
+	}
+	// A failed commit is cleaned up after the failure is reported: by
+	// Abort, or after setFailure in the background, never while the
+	// pipeline (and CRIU, and the frozen process) waits.
+	commit := func(ctx context.Context) error {
+		if err := w.Commit(ctx); err != nil {
+			return fmt.Errorf("commit segment %s: %w", name, err)
+		}
+		a.mu.Lock()
+		a.committed++
+		a.mu.Unlock()
+		return nil
+	}
+	if wait || a.committing == 0 {
+		err := commit(ctx)
+		if err != nil {
+			a.orphans = append(a.orphans, w)
+		}
+		return err
+	}
+	if a.slots == nil {
+		a.slots = make(chan struct{}, a.committing)
+	}
+	select {
+	case a.slots <- struct{}{}:
+	case <-ctx.Done():
+		a.orphans = append(a.orphans, w)
+		return fmt.Errorf("commit segment %s: %w", name, context.Cause(ctx))
+	case <-a.bg.Done():
+		a.orphans = append(a.orphans, w)
+		return fmt.Errorf("commit segment %s: %w", name, context.Cause(a.bg))
+	case <-a.failed:
+		// An earlier segment failed: stop now, not when its slot frees.
+		a.orphans = append(a.orphans, w)
+		return a.failure()
+	}
+	// The commit ends with ctx (the pipeline failed) or with Abort.
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(a.bg, func() { cancel(context.Cause(a.bg)) })
+	done := make(chan struct{})
+	if a.segDone == nil {
+		a.segDone = map[int]chan struct{}{}
+	}
+	a.segDone[len(a.segments)-1] = done
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer close(done)
+		defer func() { <-a.slots }()
+		defer stop()
+		defer cancel(nil)
+		if err := commit(cctx); err != nil {
+			a.setFailure(err)
+			abortBriefly(cctx, w)
+		}
+	}()
 	return nil
 }
 
 // WriteFrame implements Output. FILE frames are repeated in each segment
 // that carries the file's data, so every segment decodes on its own.
 func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+	if err := a.failure(); err != nil {
+		return Location{}, err
+	}
 	if a.cur != nil && a.curWriter.Pos() >= a.segmentSize {
-		if err := a.closeSegment(ctx); err != nil {
+		if err := a.closeSegment(ctx, false); err != nil {
 			return Location{}, err
 		}
 	}
@@ -210,10 +353,21 @@ func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader
 	return Location{Segment: len(a.segments) - 1, Pos: pos}, nil
 }
 
-// Commit closes the last segment, then writes the manifest.
+// Commit closes the last segment, waits until every segment is committed,
+// then writes the manifest.
 func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
-	if err := a.closeSegment(ctx); err != nil {
+	if err := a.failure(); err != nil {
 		return err
+	}
+	if err := a.closeSegment(ctx, true); err != nil {
+		return err
+	}
+	a.wg.Wait()
+	if err := a.failure(); err != nil {
+		return err
+	}
+	if n := a.Committed(); n != len(a.segments) {
+		return fmt.Errorf("refusing to commit: %d of %d segments committed", n, len(a.segments))
 	}
 	m.Segments = a.segments
 	if err := m.Validate(); err != nil {
@@ -238,18 +392,84 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	return nil
 }
 
-// Abort removes the segments written so far; with no manifest they were
-// never a checkpoint, so this is cleanup, not a correctness step.
+// abortBriefly discards an object whose commit failed or never started,
+// also when ctx has ended, within AbortTimeout.
+func abortBriefly(ctx context.Context, w ObjectWriter) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AbortTimeout)
+	defer cancel()
+	_ = w.Abort(actx)
+}
+
+// errAborted is the cause given to commits in flight when Abort stops them.
+var errAborted = errors.New("archive aborted")
+
+// AbortTimeout bounds Abort's cleanup. Against a store that is down every
+// request spends its retries; what cannot be removed in that time is left
+// for `gpucr-stream gc` (without a manifest it is no checkpoint anyway).
+var AbortTimeout = 10 * time.Second
+
+// Abort stops the commits in flight and removes the segments written so
+// far; with no manifest they were never a checkpoint, so this is cleanup,
+// not a correctness step. Everything is removed in parallel, within
+// AbortTimeout; a second Abort returns the first one's result.
 func (a *ArchiveOutput) Abort(ctx context.Context) error {
-	if a.cur != nil {
-		_ = a.cur.Abort(ctx)
-		a.cur = nil
-	}
+	a.abortOnce.Do(func() { a.abortErr = a.abort(ctx) })
+	return a.abortErr
+}
+
+func (a *ArchiveOutput) abort(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, AbortTimeout)
+	defer cancel()
+	a.bgCancel(errAborted)
+	var mu sync.Mutex
 	var first error
-	for _, s := range a.segments {
-		if err := a.store.Delete(ctx, s.Name); err != nil && first == nil {
+	record := func(err error) {
+		mu.Lock()
+		if first == nil {
 			first = err
 		}
+		mu.Unlock()
 	}
+	var wg sync.WaitGroup
+	if a.cur != nil {
+		a.orphans = append(a.orphans, a.cur)
+		a.cur = nil
+	}
+	for _, w := range a.orphans {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Abort(ctx); err != nil {
+				record(err)
+			}
+		}()
+	}
+	a.orphans = nil
+	sem := make(chan struct{}, 8)
+	for i, s := range a.segments {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A commit that is finishing may still make its segment
+			// visible: let it end first.
+			if done := a.segDone[i]; done != nil {
+				select {
+				case <-done:
+				case <-ctx.Done():
+				}
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				record(fmt.Errorf("delete %s: %w", s.Name, ctx.Err()))
+				return
+			}
+			defer func() { <-sem }()
+			if err := a.store.Delete(ctx, s.Name); err != nil {
+				record(err)
+			}
+		}()
+	}
+	wg.Wait()
 	return first
 }

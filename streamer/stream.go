@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -157,6 +156,16 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			}
 		}()
 	}
+	// A shard blocked in Read would hold up the end of the run: closing
+	// what can be closed wakes it (the CLI hands in pollable files).
+	stop := context.AfterFunc(ctx, func() {
+		for _, r := range shards {
+			if c, ok := r.(io.Closer); ok {
+				c.Close()
+			}
+		}
+	})
+	defer stop()
 	var readers sync.WaitGroup
 	var idMu sync.Mutex
 	var streamID uint64
@@ -232,13 +241,9 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 	}
 }
 
-func validName(name string) bool {
-	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\x00")
-}
-
 func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	name := string(fr.Payload)
-	if !validName(name) {
+	if !manifest.ValidName(name) {
 		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %q", name)
 	}
 	s.mu.Lock()
@@ -313,11 +318,10 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	// completes last.
 	old, hasOld := s.complete[f.name]
 	if hasOld && old.id > f.id {
-		s.releaseLocked(f)
 		if f.fd != nil {
-			f.fd.Close()
 			os.Remove(f.tmpPath)
 		}
+		s.releaseLocked(f)
 		return nil
 	}
 	if f.fd != nil {
@@ -342,8 +346,9 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	for _, c := range f.chunks {
 		s.memUsed -= int64(len(c.mem))
 	}
-	if f.fd != nil && s.extractDir == "" {
+	if f.fd != nil {
 		f.fd.Close()
+		f.fd = nil
 	}
 }
 

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // phase is one timed step of a checkpoint or restore.
@@ -29,6 +32,10 @@ type checkpointResult struct {
 	Phases      []phase `json:"phases"`
 	TotalSecs   float64 `json:"total_seconds"`
 	LeftRunning bool    `json:"left_running"`
+	// CUDA processes suspended for the dump, and their GPUs.
+	CUDAPIDs  []int          `json:"cuda_pids,omitempty"`
+	GPUs      []manifest.GPU `json:"gpus,omitempty"`
+	Producers int            `json:"producers,omitempty"`
 }
 
 func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
@@ -43,6 +50,16 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	lockTimeout, err := cfg.lockTimeoutDur()
+	if err != nil {
+		return err
+	}
+	// The CUDA processes of the tree: their GPU state is moved into host
+	// memory (lock, checkpoint) before CRIU dumps them.
+	cc, err := findCUDA(cfg, o.pid)
+	if err != nil {
+		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
+	}
 	start := time.Now()
 	out, _, err := openOutput(ctx, cfg)
 	if err != nil {
@@ -53,11 +70,28 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 		_ = out.Abort(ctx)
 		return err
 	}
+	bar := startProgress(cfg, "checkpoint", &c.Counters, 0)
+	defer bar.finish()
 	meta := manifest.Manifest{Tool: "gpucr-stream " + version, CRIUVersion: capture.CRIUVersion(ctx, criu)}
+	var phases []phase
+	if cc != nil {
+		// Ask nvidia-smi while the processes still hold the GPU.
+		cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+		meta.GPUs = cc.manifestGPUs()
+		cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
+		phases = append(phases, timingPhases(cc.sus.Timings)...)
+		if err != nil {
+			// Suspend has undone its steps: the process runs on.
+			c.Abort(err)
+			_, _ = c.Close(ctx, manifest.Manifest{})
+			return fmt.Errorf("checkpoint %d: %w", o.pid, err)
+		}
+	}
 	var m *manifest.Manifest
 	var closed bool
 	rep, err := capture.Dump(ctx, capture.DumpOptions{
 		CRIU: criu, PID: o.pid, WorkDir: o.workDir, LeaveRunning: o.leaveRunning,
+		ExtraArgs: strings.Fields(o.criuOpts), Producers: o.producers,
 		BeforeKill: func(ctx context.Context, res capture.DumpResult) error {
 			// The commit point: the manifest is durable before CRIU kills the
 			// process; if this fails, CRIU resumes it.
@@ -67,17 +101,35 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 			return err
 		},
 	}, c)
+	bar.finish()
 	if !closed {
 		c.Abort(errors.New("checkpoint did not complete"))
 		_, _ = c.Close(ctx, manifest.Manifest{})
 	}
 	if err != nil {
+		if cc != nil {
+			// CRIU resumed the process (or never stopped it); its GPU state
+			// must come back too.
+			err = errGPUUndone(err, cc.pids, cc.sus.Resume(nil))
+		}
 		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
+	}
+	phases = append(phases, phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, phase{"commit", rep.Commit.Seconds()})
+	if cc != nil && o.leaveRunning {
+		before := cc.sus.Timings
+		rerr := cc.sus.Resume(nil)
+		t := cc.sus.Timings
+		phases = append(phases, timingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})...)
+		if rerr != nil {
+			return fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.pid, sinks.Redact(cfg.to), rerr)
+		}
 	}
 	res := checkpointResult{PID: o.pid, Destination: sinks.Redact(cfg.to), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.leaveRunning,
-		Phases:    []phase{{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, {"commit", rep.Commit.Seconds()}},
-		TotalSecs: time.Since(start).Seconds()}
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), GPUs: m.GPUs, Producers: rep.Producers}
+	if cc != nil {
+		res.CUDAPIDs = cc.pids
+	}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}
@@ -88,6 +140,7 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	}
 	printPhases(cfg.stdout, "checkpoint", res.Phases, res.TotalSecs)
 	fmt.Fprintf(cfg.stdout, "  %d files, %s raw, %s stored (%.2fx) in %s\n", res.Files, humanBytes(res.RawBytes), humanBytes(res.StoredBytes), res.Ratio, res.Destination)
+	printGPUs(cfg.stdout, res.CUDAPIDs, res.GPUs)
 	return nil
 }
 
@@ -98,6 +151,9 @@ type restoreResult struct {
 	Bytes     int64   `json:"bytes"`
 	Phases    []phase `json:"phases"`
 	TotalSecs float64 `json:"total_seconds"`
+	// CUDA processes brought back onto the GPU.
+	CUDAPIDs  []int `json:"cuda_pids,omitempty"`
+	Producers int   `json:"producers,omitempty"`
 }
 
 func runRestore(ctx context.Context, cfg *config, args []string) error {
@@ -116,12 +172,36 @@ func runRestore(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	defer src.Close()
-	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.workDir}, src)
+	counters, total := sourceCounters(src)
+	bar := startProgress(cfg, "restore", counters, total)
+	defer bar.finish()
+	if err := checkCUDAMode(cfg.cuda); err != nil {
+		return err
+	}
+	var recorded []manifest.GPU
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		recorded = a.Manifest().GPUs
+	}
+	pairs, err := gpuMapFor(cfg.gpuMap, recorded)
+	if err != nil {
+		return err
+	}
+	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.workDir,
+		ExtraArgs: strings.Fields(o.criuOpts), Producers: o.producers}, src)
+	bar.finish()
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", sinks.Redact(from), err)
 	}
+	phases := []phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}
+	// The restored CUDA processes are still checkpointed: their device
+	// memory is in host memory. Put it back on the GPU and let them run.
+	cudaPIDs, t, err := cudaRestore(cfg, rep.PID, pairs)
+	phases = append(phases, timingPhases(t)...)
+	if err != nil {
+		return fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", sinks.Redact(from), rep.PID, err)
+	}
 	res := restoreResult{PID: rep.PID, Source: sinks.Redact(from), Files: rep.Served, Bytes: rep.Bytes,
-		Phases: []phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}, TotalSecs: time.Since(start).Seconds()}
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}
@@ -135,4 +215,19 @@ func printPhases(w interface{ Write([]byte) (int, error) }, what string, ps []ph
 	for _, p := range ps {
 		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
 	}
+}
+
+// printGPUs names the CUDA processes and GPUs of a checkpoint.
+func printGPUs(w io.Writer, pids []int, gpus []manifest.GPU) {
+	if len(pids) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  CUDA processes %v", pids)
+	for _, g := range gpus {
+		fmt.Fprintf(w, "; %s %s", g.UUID, g.Name)
+		if g.Bytes > 0 {
+			fmt.Fprintf(w, " (%s of device memory)", humanBytes(g.Bytes))
+		}
+	}
+	fmt.Fprintln(w)
 }

@@ -39,6 +39,34 @@ type config struct {
 	leaveRunning bool
 	workDir      string
 
+	// GPU checkpoint and VRAM producers (gpu.go, vram.go)
+	cuda        string
+	gpuMap      string
+	lockTimeout string
+	producers   int
+	criuOpts    string
+
+	// S3 and archive management (s3.go, ls.go)
+	s3Endpoint  string
+	s3Region    string
+	s3PathStyle string
+	s3PartSize  string
+	s3Parallel  int
+	olderThan   string
+	dryRun      bool
+	uploaded    func() int64 // bytes acknowledged by the store, for the progress bar
+
+	// live migration over TCP (migrate.go, sinks/tcp*.go)
+	streams    int
+	tokenFile  string
+	tlsCert    string
+	tlsKey     string
+	tlsCA      string
+	listen     string
+	restoreArg bool
+	netTimeout string
+	keepDir    string
+
 	// parsed by finish
 	opts     streamer.Options
 	shards   []int
@@ -91,8 +119,8 @@ func (c *config) flagSet() *flag.FlagSet {
 	num(&c.progressFD, "progress-fd", 2, "descriptor for progress lines (socket-init, checkpoint-start, statistics JSON)")
 	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
 	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
-	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory)")
-	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, or a stream file")
+	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory), s3://BUCKET/PREFIX/NAME")
+	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
 	str(&c.codecSpec, "codec", "lz4", "chunk codec: auto, none, lz4, zstd[:LEVEL], shuffle")
 	num(&c.workers, "workers", 0, "encoder/decoder goroutines (0: one per core)")
 	str(&c.chunkSize, "chunk-size", "4MiB", "largest chunk of a file")
@@ -105,6 +133,30 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.criu, "criu", "", "checkpoint/restore: the criu binary (default: criu on PATH, then /opt/gpucr-criu/bin/criu)")
 	boolean(&c.leaveRunning, "leave-running", "checkpoint: keep the process running afterwards")
 	str(&c.workDir, "work-dir", "", "checkpoint/restore: directory for CRIU's images dir, sockets and logs (default: a new temporary dir)")
+	// GPU checkpoint and VRAM producers (gpu.go, vram.go)
+	str(&c.cuda, "cuda", "auto", "checkpoint/restore: CUDA processes of the tree: auto (suspend/resume those found), on (require them), off (plain CRIU)")
+	str(&c.gpuMap, "gpu-map", "", "restore: move GPU state from OLD to NEW GPU: OLD_UUID=NEW_UUID[,...] (OLD may be 'all' for one GPU)")
+	str(&c.lockTimeout, "lock-timeout", "10s", "checkpoint: how long the CUDA lock may wait for GPU work in flight (0: the driver's default)")
+	num(&c.producers, "producers", 0, "checkpoint/restore: VRAM producers the image waits for before it is complete (see vram push/pull)")
+	str(&c.criuOpts, "criu-opts", "", "checkpoint/restore: extra criu arguments, space-separated (e.g. --tcp-established)")
+	// S3 and archive management (s3.go, ls.go)
+	str(&c.s3Endpoint, "s3-endpoint", "", "S3 endpoint, http(s)://host[:port] (default: $AWS_ENDPOINT_URL, else AWS S3); credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
+	str(&c.s3Region, "s3-region", "", "S3 region (default: $AWS_REGION, else asked from the server)")
+	str(&c.s3PathStyle, "s3-path-style", "auto", "S3 bucket addressing: auto, path or virtual")
+	str(&c.s3PartSize, "s3-part-size", "16MiB", "S3 multipart part size, 5MiB..5GiB")
+	num(&c.s3Parallel, "s3-parallel", 4, "S3 parts uploaded at once per object (ranged reads: twice as many per file)")
+	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
+	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
+	// live migration over TCP (migrate.go, sinks/tcp*.go)
+	num(&c.streams, "streams", 2, "tcp://: parallel connections carrying the stream's shards (1..64)")
+	str(&c.tokenFile, "token-file", "", "tcp://: file holding the shared secret both sides prove (make one with: gpucr-stream token > FILE)")
+	str(&c.tlsCert, "tls-cert", "", "tcp://: this side's certificate (PEM), instead of or besides --token-file")
+	str(&c.tlsKey, "tls-key", "", "tcp://: the key of --tls-cert (PEM)")
+	str(&c.tlsCA, "tls-ca", "", "tcp://: CA certificate (PEM) that must have signed the peer's certificate")
+	str(&c.listen, "listen", "", "receive: HOST:PORT to accept one checkpoint on")
+	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
+	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
+	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default $TMPDIR; none: keep no copy)")
 	return fs
 }
 

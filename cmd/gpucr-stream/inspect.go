@@ -45,6 +45,8 @@ func readManifest(ctx context.Context, cfg *config, from string) (*manifest.Mani
 		return streamer.ScanStream(f, loc.Path)
 	case sinks.Archive:
 		return streamer.ReadManifest(ctx, sinks.NewDir(loc.Path))
+	case sinks.S3:
+		return readS3Manifest(ctx, cfg, loc)
 	}
 	return nil, usagef("%s: not supported yet", loc)
 }

@@ -98,8 +98,16 @@ func commands() []command {
 		{"extract", "write the image files from --from (default: stdin) into --images-dir", runExtract},
 		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", runCheckpoint},
 		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
+		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", runGPU},
+		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", runVRAM},
+		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there", runMigrate},
+		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", runReceive},
+		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", runToken},
 		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},
 		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", runVerify},
+		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", runLs},
+		{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", runRm},
+		{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", runGc},
 		{"version", "print the version", func(ctx context.Context, cfg *config, args []string) error {
 			fmt.Fprintln(cfg.stdout, "gpucr-stream", version)
 			return nil
@@ -127,6 +135,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err := fs.Parse(rest[1:]); err != nil {
 		return usagef("%v", err)
 	}
+	// Flags may also come between and after the command's arguments
+	// (`gpu state --pid N`, `inspect SRC --json`).
+	var pos []string
+	for more := fs.Args(); len(more) > 0; more = fs.Args() {
+		pos = append(pos, more[0])
+		if err := fs.Parse(more[1:]); err != nil {
+			return usagef("%v", err)
+		}
+	}
 	if cfg.help {
 		printHelp(stdout, fs)
 		return nil
@@ -136,7 +153,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			if err := cfg.finish(); err != nil {
 				return err
 			}
-			return c.run(ctx, cfg, fs.Args())
+			return c.run(ctx, cfg, pos)
 		}
 	}
 	return usagef("unknown command %q", name)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -14,9 +15,10 @@ import (
 // bar draws a progress bar on a terminal stderr from live counters; on
 // anything else it does nothing, so logs and pipes stay clean.
 type bar struct {
-	pb   *pb.ProgressBar
-	stop chan struct{}
-	wg   sync.WaitGroup
+	pb     *pb.ProgressBar
+	update func()
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func isTerminal(f *os.File) bool {
@@ -30,12 +32,25 @@ func startProgress(cfg *config, what string, c *streamer.Counters, total int64) 
 	if c == nil || cfg.noProgress || cfg.jsonOut || !ok || !isTerminal(errFile) {
 		return b
 	}
-	tmpl := `{{string . "what"}} {{counters . }} {{speed . }} {{string . "ratio"}}`
+	tmpl := `{{string . "what"}} {{counters . }} {{speed . }} {{string . "ratio"}}{{string . "extra"}}`
 	if total > 0 {
-		tmpl = `{{string . "what"}} {{bar . }} {{percent . }} {{speed . }}`
+		tmpl = `{{string . "what"}} {{bar . }} {{percent . }} {{speed . }}{{string . "extra"}}`
 	}
+	uploaded := cfg.uploaded
 	b.pb = pb.New64(total).SetTemplateString(tmpl).Set(pb.Bytes, true).SetWriter(errFile).Set("what", what)
 	b.pb.Start()
+	b.update = func() {
+		raw := c.RawBytes.Load()
+		b.pb.SetCurrent(raw)
+		if st := c.StoredBytes.Load(); st > 0 && total == 0 {
+			b.pb.Set("ratio", fmt.Sprintf("%.2fx", float64(raw)/float64(st)))
+		}
+		if uploaded != nil {
+			// Bytes the object store acknowledged: they trail the
+			// captured bytes by the parts in flight.
+			b.pb.Set("extra", " uploaded "+humanBytes(uploaded()))
+		}
+	}
 	b.stop = make(chan struct{})
 	b.wg.Add(1)
 	go func() {
@@ -47,18 +62,21 @@ func startProgress(cfg *config, what string, c *streamer.Counters, total int64) 
 			case <-b.stop:
 				return
 			case <-t.C:
-				b.pb.SetCurrent(c.RawBytes.Load())
+				b.update()
 			}
 		}
 	}()
 	return b
 }
 
+// finish stops the bar; it may be called more than once.
 func (b *bar) finish() {
 	if b.pb == nil {
 		return
 	}
 	close(b.stop)
 	b.wg.Wait()
+	b.update() // the final totals
 	b.pb.Finish()
+	b.pb = nil
 }

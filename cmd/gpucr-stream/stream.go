@@ -83,6 +83,10 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 		return out, nil, nil
 	case sinks.StreamFile:
 		return nil, nil, usagef("--to %s: a file is already there; capture writes archive directories (or use stdout: capture > FILE)", loc)
+	case sinks.S3:
+		return openS3Output(ctx, cfg, loc)
+	case sinks.TCP:
+		return openTCPOutput(ctx, cfg, loc)
 	}
 	return nil, nil, usagef("--to %s: this destination is not supported yet", loc)
 }
@@ -178,7 +182,10 @@ func openSource(ctx context.Context, cfg *config, from string, so streamer.Strea
 			rs[i] = f
 		}
 		if len(cfg.shards) == 0 {
-			rs[0], names[0] = cfg.stdin, "stdin"
+			if _, ok := cfg.stdin.(*os.File); !ok {
+				rs[0] = cfg.stdin // tests hand in readers
+			}
+			names[0] = "stdin"
 		}
 		return streamer.NewStreamSource(ctx, rs, names, so), nil
 	case sinks.StreamFile:
@@ -195,6 +202,12 @@ func openSource(ctx context.Context, cfg *config, from string, so streamer.Strea
 		opts := cfg.opts
 		opts.VerifyHashes = so.VerifyHashes || so.Discard
 		return streamer.OpenArchive(ctx, sinks.NewDir(loc.Path), opts)
+	case sinks.S3:
+		opts := cfg.opts
+		opts.VerifyHashes = so.VerifyHashes || so.Discard
+		return openS3Source(ctx, cfg, loc, opts)
+	case sinks.TCP:
+		return openTCPSource(ctx, cfg, loc, so)
 	}
 	return nil, usagef("source %s: not supported yet", loc)
 }
@@ -272,8 +285,8 @@ func runServe(ctx context.Context, cfg *config, args []string) error {
 				cancel(err)
 			}
 		}()
-	} else if a, ok := src.(*streamer.ArchiveSource); ok {
-		total = a.Manifest().Stats.RawBytes
+	} else {
+		counters, total = sourceCounters(src)
 	}
 	bar := startProgress(cfg, "restore", counters, total)
 	var extErr error

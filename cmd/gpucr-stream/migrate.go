@@ -1,0 +1,509 @@
+package main
+
+// Live migration: migrate (sender), receive (receiver), token, and the
+// tcp:// cases of --to and --from. The transport is sinks/tcp*.go.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+func (c *config) tcpAuth() (sinks.TCPAuth, error) {
+	a, err := sinks.LoadTCPAuth(c.tokenFile, c.tlsCert, c.tlsKey, c.tlsCA)
+	if err != nil {
+		return a, usagef("%v", err)
+	}
+	for _, f := range []string{c.tokenFile, c.tlsKey} {
+		if st, err := os.Stat(f); f != "" && err == nil && st.Mode().Perm()&0o077 != 0 {
+			c.logLine(fmt.Sprintf("warning: %s is readable by other users; it holds a secret (chmod 600 %s)", f, f))
+		}
+	}
+	return a, nil
+}
+
+func (c *config) tcpTimeout() (time.Duration, error) {
+	d, err := time.ParseDuration(c.netTimeout)
+	if err != nil || d < time.Second {
+		return 0, usagef("--net-timeout %q: want a duration of at least 1s, such as 20s", c.netTimeout)
+	}
+	return d, nil
+}
+
+func (c *config) tcpStreams() (int, error) {
+	if c.streams < 1 || c.streams > sinks.MaxTCPStreams {
+		return 0, usagef("--streams %d: want 1..%d", c.streams, sinks.MaxTCPStreams)
+	}
+	return c.streams, nil
+}
+
+// logLine writes one diagnostic line to stderr.
+func (c *config) logLine(msg string) {
+	fmt.Fprintf(c.stderr, "gpucr-stream: %s\n", msg)
+}
+
+func (c *config) dialOptions(autoCommit bool) (sinks.TCPSendOptions, error) {
+	var o sinks.TCPSendOptions
+	var err error
+	if o.Auth, err = c.tcpAuth(); err != nil {
+		return o, err
+	}
+	if o.Timeout, err = c.tcpTimeout(); err != nil {
+		return o, err
+	}
+	if o.Streams, err = c.tcpStreams(); err != nil {
+		return o, err
+	}
+	o.AutoCommit = autoCommit
+	return o, nil
+}
+
+// openTCPOutput is --to tcp://HOST:PORT for capture and checkpoint: they
+// cannot tell when the source process is gone, so the receiver is told to
+// go ahead as soon as it has acknowledged the stream (migrate does better).
+func openTCPOutput(ctx context.Context, cfg *config, loc sinks.Location) (streamer.Output, func() []int64, error) {
+	o, err := cfg.dialOptions(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := sinks.DialTCP(ctx, loc.Path, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, out.Sizes, nil
+}
+
+// openTCPSource is --from tcp://HOST:PORT: listen there for one sender.
+func openTCPSource(ctx context.Context, cfg *config, loc sinks.Location, so streamer.StreamOptions) (streamer.Source, error) {
+	auth, err := cfg.tcpAuth()
+	if err != nil {
+		return nil, err
+	}
+	timeout, err := cfg.tcpTimeout()
+	if err != nil {
+		return nil, err
+	}
+	l, err := sinks.ListenTCP(ctx, loc.Path, sinks.TCPListenOptions{Auth: auth, Timeout: timeout, PIDSpace: pidSpace(), Log: cfg.logLine})
+	if err != nil {
+		return nil, err
+	}
+	cfg.logLine("listening on " + l.Addr().String())
+	return sinks.NewTCPSource(ctx, l, so), nil
+}
+
+func runToken(ctx context.Context, cfg *config, args []string) error {
+	if len(args) > 0 {
+		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
+	}
+	fmt.Fprintln(cfg.stdout, sinks.NewToken())
+	return nil
+}
+
+type receiveResult struct {
+	PID         int     `json:"pid,omitempty"`
+	Listen      string  `json:"listen"`
+	Peer        string  `json:"peer,omitempty"`
+	Session     string  `json:"session,omitempty"`
+	Streams     int     `json:"streams,omitempty"`
+	Files       int     `json:"files"`
+	RawBytes    int64   `json:"raw_bytes"`
+	StreamBytes int64   `json:"stream_bytes"`
+	WireBytes   int64   `json:"wire_bytes"`
+	Phases      []phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
+	LeftRunning bool    `json:"source_left_running,omitempty"`
+}
+
+func runReceive(ctx context.Context, cfg *config, args []string) error {
+	if len(args) > 0 {
+		return usagef("receive takes no arguments (got %q)", args)
+	}
+	if cfg.listen == "" {
+		return usagef("receive needs --listen HOST:PORT")
+	}
+	auth, err := cfg.tcpAuth()
+	if err != nil {
+		return err
+	}
+	timeout, err := cfg.tcpTimeout()
+	if err != nil {
+		return err
+	}
+	var criu string
+	if cfg.restoreArg {
+		if criu, err = capture.FindCRIU(cfg.criu); err != nil {
+			return err
+		}
+	} else if err := cfg.needImagesDir("receive (without --restore)"); err != nil {
+		return err
+	}
+	start := time.Now()
+	l, err := sinks.ListenTCP(ctx, cfg.listen, sinks.TCPListenOptions{Auth: auth, Timeout: timeout, Reports: true, Restores: cfg.restoreArg,
+		PIDSpace: pidSpace(), Log: cfg.logLine})
+	if err != nil {
+		return err
+	}
+	src := sinks.NewTCPSource(ctx, l, streamer.StreamOptions{Options: cfg.opts, SpillDir: cfg.spillDir})
+	defer src.Close()
+	cfg.logLine("receive: listening on " + l.Addr().String())
+	res := receiveResult{Listen: l.Addr().String()}
+	fill := func() {
+		if s := src.Session(); s != nil {
+			res.Peer, res.Session, res.Streams = s.Peer, s.ID, s.Streams()
+			res.StreamBytes, res.WireBytes = s.StreamBytes(), s.WireBytes()
+			if c := src.Counters(); c != nil {
+				res.Files, res.RawBytes = int(c.Files.Load()), c.RawBytes.Load()
+			}
+			res.Phases = []phase{{"wait for the sender", src.Accepted.Sub(start).Seconds()}}
+			if !src.Verified.IsZero() {
+				res.Phases = append(res.Phases, phase{"receive + verify", src.Verified.Sub(src.Accepted).Seconds()})
+			}
+			if !src.Committed.IsZero() {
+				res.Phases = append(res.Phases, phase{"sender commits (source gone)", src.Committed.Sub(src.Verified).Seconds()})
+			}
+		}
+	}
+	if cfg.restoreArg {
+		cfg.progressLine("socket-init")
+		ci, err := src.WaitCommitted(ctx)
+		if err != nil {
+			return fmt.Errorf("receive: %w", err)
+		}
+		res.LeftRunning = ci.LeftRunning
+		rstart := time.Now()
+		rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: cfg.workDir, ExtraArgs: strings.Fields(cfg.criuOpts)}, src)
+		report := sinks.Report{PID: rep.PID, Served: rep.Served, RestoreSecs: time.Since(rstart).Seconds()}
+		if err != nil {
+			report.PID = 0
+			report.Error = err.Error()
+		}
+		if rerr := src.Report(report); rerr != nil {
+			cfg.logLine(fmt.Sprintf("receive: could not report to the sender: %v", rerr))
+		}
+		if err != nil {
+			return fmt.Errorf("receive: restore: %w", err)
+		}
+		fill()
+		res.PID = rep.PID
+		res.Phases = append(res.Phases, phase{"criu restore", report.RestoreSecs})
+	} else {
+		// Serve an external `criu restore --stream`; a transfer that breaks
+		// must end the wait for it too.
+		sctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		go func() {
+			select {
+			case <-src.Done():
+				if _, err := src.WaitCommitted(sctx); err != nil {
+					cancel(err)
+				}
+			case <-sctx.Done():
+			}
+		}()
+		sres, err := capture.Serve(sctx, cfg.imagesDir, src, capture.Hooks{Listening: func() { cfg.progressLine("socket-init") }})
+		if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+		report := sinks.Report{Served: sres.Served}
+		if err != nil {
+			report.Error = err.Error()
+		}
+		if src.Session() != nil {
+			if rerr := src.Report(report); rerr != nil {
+				cfg.logLine(fmt.Sprintf("receive: could not report to the sender: %v", rerr))
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("receive: %w", err)
+		}
+		fill()
+		cfg.statsLine(statsLine{Shards: []shardStats{{Size: res.StreamBytes, TransferMillis: time.Since(start).Milliseconds()}},
+			Files: sres.Served, RawBytes: sres.Bytes, StoredBytes: res.StreamBytes, DurationMS: time.Since(start).Milliseconds(), Source: "tcp://" + res.Listen})
+	}
+	res.TotalSecs = time.Since(start).Seconds()
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stdout).Encode(res)
+	}
+	w := cfg.stderr
+	fmt.Fprintf(w, "received %d files, %s raw, %s on the wire, from %s over %d stream(s)\n", res.Files, humanBytes(res.RawBytes), humanBytes(res.WireBytes), res.Peer, res.Streams)
+	for _, p := range res.Phases {
+		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
+	}
+	if res.PID > 0 {
+		fmt.Fprintln(cfg.stdout, res.PID)
+	}
+	return nil
+}
+
+type migrateResult struct {
+	PID          int     `json:"pid"`
+	RestoredPID  int     `json:"restored_pid,omitempty"`
+	Destination  string  `json:"destination"`
+	Session      string  `json:"session"`
+	Streams      int     `json:"streams"`
+	Files        int     `json:"files"`
+	RawBytes     int64   `json:"raw_bytes"`
+	StoredBytes  int64   `json:"stored_bytes"`
+	StreamBytes  int64   `json:"stream_bytes"`
+	WireBytes    int64   `json:"wire_bytes"`
+	WireRatio    float64 `json:"wire_ratio"`
+	DowntimeSecs float64 `json:"downtime_seconds"`
+	// DowntimeTo says where the downtime ends: "restored" (the receiver
+	// reported the restored PID) or "dumped" (the receiver does not restore).
+	DowntimeTo  string  `json:"downtime_to"`
+	Phases      []phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
+	LeftRunning bool    `json:"left_running"`
+	KeptImage   string  `json:"kept_image,omitempty"`
+}
+
+func runMigrate(ctx context.Context, cfg *config, args []string) error {
+	if len(args) > 0 {
+		return usagef("migrate: unexpected arguments %q", args)
+	}
+	if cfg.pid <= 0 {
+		return usagef("migrate needs --pid PID")
+	}
+	loc, err := sinks.ParseLocation(cfg.to)
+	if err != nil || loc.Kind != sinks.TCP {
+		return usagef("migrate needs --to tcp://HOST:PORT (a receiver started with gpucr-stream receive)")
+	}
+	o, err := cfg.dialOptions(false)
+	if err != nil {
+		return err
+	}
+	criu, err := capture.FindCRIU(cfg.criu)
+	if err != nil {
+		return err
+	}
+	tree, err := processTree(cfg.pid)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	out, err := sinks.DialTCP(ctx, loc.Path, o)
+	if err != nil {
+		return fmt.Errorf("migrate %d: %w (the process was not touched)", cfg.pid, err)
+	}
+	defer out.Close()
+	info := out.Receiver()
+	res := migrateResult{PID: cfg.pid, Destination: sinks.Redact(cfg.to), Session: out.Session(), Streams: o.Streams, LeftRunning: cfg.leaveRunning}
+
+	// Unless the process is left running, a copy of the image stays here
+	// until the receiver confirms the restore: whatever happens there after
+	// the source is killed, the process is not lost.
+	var output streamer.Output = out
+	var keep *os.File
+	if !cfg.leaveRunning && cfg.keepDir != "none" {
+		dir := cfg.keepDir
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		keep, err = os.CreateTemp(dir, fmt.Sprintf("gpucr-migrate-%d-%s-*.stream", cfg.pid, out.Session()))
+		if err != nil {
+			out.Cancel("sender could not create its local copy")
+			return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", cfg.pid, err)
+		}
+		defer keep.Close()
+		keepOut, err := streamer.NewStreamOutput([]io.Writer{keep})
+		if err != nil {
+			os.Remove(keep.Name())
+			return err
+		}
+		output = streamer.TeeOutput{Primary: out, Copy: keepOut}
+	}
+	dropKeep := func() {
+		if keep != nil {
+			keep.Close()
+			os.Remove(keep.Name())
+			keep = nil
+		}
+	}
+
+	c, err := streamer.NewCapture(ctx, output, cfg.opts)
+	if err != nil {
+		out.Cancel("sender failed to start")
+		dropKeep()
+		return err
+	}
+	out.OnFailure(func(err error) { c.Abort(err) })
+	bar := startProgress(cfg, "migrate", &c.Counters, 0)
+	meta := manifest.Manifest{Tool: "gpucr-stream " + version, CRIUVersion: capture.CRIUVersion(ctx, criu)}
+	var m *manifest.Manifest
+	var closed bool
+	dumpStart := time.Now()
+	rep, err := capture.Dump(ctx, capture.DumpOptions{
+		CRIU: criu, PID: cfg.pid, WorkDir: cfg.workDir, LeaveRunning: cfg.leaveRunning, ExtraArgs: strings.Fields(cfg.criuOpts),
+		BeforeKill: func(ctx context.Context, _ capture.DumpResult) error {
+			// The commit point: the receiver holds the whole image, verified,
+			// before CRIU kills the process; if not, CRIU resumes it.
+			closed = true
+			var err error
+			m, err = c.Close(ctx, meta)
+			return err
+		},
+	}, c)
+	dumped := time.Now()
+	bar.finish()
+	if !closed {
+		c.Abort(errors.New("checkpoint did not complete"))
+		_, _ = c.Close(ctx, manifest.Manifest{})
+	}
+	if err != nil {
+		out.Cancel("criu dump failed on the sender; the process keeps running there")
+		dropKeep()
+		return fmt.Errorf("migrate %d: %w; the process was not migrated and keeps running here", cfg.pid, err)
+	}
+	if keep != nil {
+		res.KeptImage = keep.Name()
+		keep.Close()
+	}
+	res.Files, res.RawBytes, res.StoredBytes = len(m.Files), m.Stats.RawBytes, m.Stats.StoredBytes
+	for _, n := range out.Sizes() {
+		res.StreamBytes += n
+	}
+	res.Phases = []phase{
+		{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
+		{"receiver verifies (commit)", rep.Commit.Seconds()},
+	}
+	lost := func(err error) error {
+		res.WireBytes = out.WireBytes()
+		switch {
+		case cfg.leaveRunning:
+			return fmt.Errorf("migrate %d: %w; the source process is still running here (--leave-running)", cfg.pid, err)
+		case res.KeptImage != "":
+			return fmt.Errorf("migrate %d: %w; the source process is gone, its image is kept at %s: restore it with `gpucr-stream restore --from %s`", cfg.pid, err, res.KeptImage, res.KeptImage)
+		}
+		return fmt.Errorf("migrate %d: %w; the source process is gone and no copy was kept (--keep-dir none)", cfg.pid, err)
+	}
+	if !cfg.leaveRunning {
+		// Only now may the receiver start the process: CRIU has killed the
+		// source, and where the receiver restores into this PID space (one
+		// host, network namespaces) its PIDs must also be free, i.e. reaped.
+		gone := time.Now()
+		reaped := out.Acked().PIDSpace != "" && out.Acked().PIDSpace == pidSpace()
+		if err := waitGone(ctx, tree, reaped, o.Timeout); err != nil {
+			cfg.logLine(fmt.Sprintf("migrate: %v; telling the receiver to restore anyway", err))
+		}
+		res.Phases = append(res.Phases, phase{"source process gone", time.Since(gone).Seconds()})
+	}
+	if err := out.Confirm(ctx, sinks.CommitInfo{LeftRunning: cfg.leaveRunning}); err != nil {
+		return lost(err)
+	}
+	if info.Restores {
+		committed := time.Now()
+		r, err := out.WaitReport(ctx)
+		if err != nil {
+			return lost(fmt.Errorf("%w (the receiver may have restored it: check there before using the copy)", err))
+		}
+		if r.Error != "" {
+			return lost(fmt.Errorf("restore on the receiver failed: %s", r.Error))
+		}
+		res.RestoredPID = r.PID
+		res.DowntimeSecs, res.DowntimeTo = time.Since(dumpStart).Seconds(), "restored"
+		res.Phases = append(res.Phases, phase{"restore on the receiver", time.Since(committed).Seconds()})
+		dropKeep()
+		res.KeptImage = ""
+	} else {
+		// The receiver serves an external criu restore and cannot confirm
+		// it; the copy stays (remove it once the process runs there).
+		res.DowntimeSecs, res.DowntimeTo = dumped.Sub(dumpStart).Seconds(), "dumped"
+	}
+	res.WireBytes = out.WireBytes()
+	if res.WireBytes > 0 {
+		res.WireRatio = float64(res.RawBytes) / float64(res.WireBytes)
+	}
+	res.TotalSecs = time.Since(start).Seconds()
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stdout).Encode(res)
+	}
+	w := cfg.stdout
+	if res.RestoredPID > 0 {
+		fmt.Fprintf(w, "migrated process %d to %s: restored there as %d, downtime %.2fs\n", res.PID, res.Destination, res.RestoredPID, res.DowntimeSecs)
+	} else {
+		fmt.Fprintf(w, "migrated process %d to %s (served there to criu restore), dump took %.2fs\n", res.PID, res.Destination, res.DowntimeSecs)
+	}
+	for _, p := range res.Phases {
+		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
+	}
+	fmt.Fprintf(w, "  %d files, %s raw, %s on the wire (%.2fx) over %d stream(s)\n", res.Files, humanBytes(res.RawBytes), humanBytes(res.WireBytes), res.WireRatio, res.Streams)
+	if res.KeptImage != "" {
+		fmt.Fprintf(w, "  image kept at %s until you remove it\n", res.KeptImage)
+	}
+	return nil
+}
+
+// processTree lists pid and its descendants.
+func processTree(pid int) ([]int, error) {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", tree[i]))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			for _, s := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(s); err == nil {
+					tree = append(tree, c)
+				}
+			}
+		}
+	}
+	return tree, nil
+}
+
+// waitGone waits until every process of pids is dead (reaped: gone
+// from /proc, where a zombie still holds its PID).
+func waitGone(ctx context.Context, pids []int, reaped bool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []string
+		for _, p := range pids {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			if err != nil {
+				continue
+			}
+			if !reaped {
+				s := string(b)
+				if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X') {
+					continue
+				}
+			}
+			left = append(left, strconv.Itoa(p))
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			what := "alive"
+			if reaped {
+				what = "present (not reaped by their parent yet)"
+			}
+			return fmt.Errorf("process(es) %s still %s %v after the dump", strings.Join(left, ","), what, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// pidSpace names this PID namespace on this boot.
+func pidSpace() string {
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return strings.TrimSpace(string(boot)) + "/" + ns
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// s3Config turns the --s3-* flags and an s3://BUCKET/PREFIX location into
+// the store's configuration. Credentials are not flags: they come from the
+// environment or the shared credentials file (sinks.NewS3), so that they
+// never show in a process listing.
+func s3Config(cfg *config, loc sinks.Location) (sinks.S3Config, error) {
+	bucket, prefix, _ := strings.Cut(loc.Path, "/")
+	if bucket == "" {
+		return sinks.S3Config{}, usagef("%s: no bucket (want s3://BUCKET/PREFIX)", loc)
+	}
+	style, err := sinks.ParsePathStyle(cfg.s3PathStyle)
+	if err != nil {
+		return sinks.S3Config{}, usagef("--s3-path-style: %v", err)
+	}
+	part, err := parseSize(cfg.s3PartSize)
+	if err != nil || part < 5<<20 || part > 5<<30 {
+		return sinks.S3Config{}, usagef("--s3-part-size %q: want a size from 5MiB to 5GiB", cfg.s3PartSize)
+	}
+	if cfg.s3Parallel < 1 || cfg.s3Parallel > 256 {
+		return sinks.S3Config{}, usagef("--s3-parallel %d: want 1..256", cfg.s3Parallel)
+	}
+	return sinks.S3Config{
+		Endpoint:  cfg.s3Endpoint,
+		Bucket:    bucket,
+		Prefix:    strings.Trim(prefix, "/"),
+		Region:    cfg.s3Region,
+		PathStyle: style,
+		PartSize:  part,
+		Parallel:  cfg.s3Parallel,
+	}, nil
+}
+
+// openS3 connects to the bucket of an s3:// location. NewS3 checks the
+// credentials and the bucket at once, so that a mistake is reported before
+// any work starts: a missing bucket is "not found" (exit 4), missing or
+// refused credentials a failure with a message that says which (exit 1).
+func openS3(ctx context.Context, cfg *config, loc sinks.Location) (*sinks.S3Store, error) {
+	sc, err := s3Config(cfg, loc)
+	if err != nil {
+		return nil, err
+	}
+	store, err := sinks.NewS3(ctx, sc)
+	if err != nil {
+		switch {
+		case errors.Is(err, sinks.ErrNoSuchBucket):
+			return nil, notFound{err}
+		case errors.Is(err, sinks.ErrNoCredentials), errors.Is(err, sinks.ErrBadCredentials):
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s: %w", loc, err)
+	}
+	return store, nil
+}
+
+// openS3Output is openOutput for s3://BUCKET/PREFIX/NAME: an archive whose
+// segments upload while CRIU still dumps, manifest last.
+func openS3Output(ctx context.Context, cfg *config, loc sinks.Location) (streamer.Output, func() []int64, error) {
+	store, err := openS3(ctx, cfg, loc)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := streamer.NewArchiveOutput(ctx, store, cfg.segSize)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	cfg.uploaded = store.Uploaded
+	return out, nil, nil
+}
+
+// openS3Source is openSource for s3://BUCKET/PREFIX/NAME: chunks are read
+// with ranged GETs in CRIU's order, a bounded window ahead; nothing is
+// staged on disk.
+func openS3Source(ctx context.Context, cfg *config, loc sinks.Location, opts streamer.Options) (*streamer.ArchiveSource, error) {
+	store, err := openS3(ctx, cfg, loc)
+	if err != nil {
+		return nil, err
+	}
+	// Each read mostly waits on the network: keep more in flight than
+	// there are cores.
+	opts.Fetchers = max(opts.Fetchers, 2*cfg.s3Parallel)
+	src, err := streamer.OpenArchive(ctx, store, opts)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	return src, nil
+}
+
+// readS3Manifest is readManifest for an s3:// location.
+func readS3Manifest(ctx context.Context, cfg *config, loc sinks.Location) (*manifest.Manifest, error) {
+	store, err := openS3(ctx, cfg, loc)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return streamer.ReadManifest(ctx, store)
+}
+
+// sourceCounters are the live totals of a source, for a progress bar, and
+// the bytes it will serve when known.
+func sourceCounters(src streamer.Source) (*streamer.Counters, int64) {
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		return &a.Counters, a.Manifest().Stats.RawBytes
+	}
+	if s := streamOf(src); s != nil {
+		return &s.Counters, 0
+	}
+	return nil, 0
+}
+
+// notFound marks an error as "not found" (exit 4) without changing its
+// message.
+type notFound struct{ err error }
+
+func (e notFound) Error() string   { return e.err.Error() }
+func (e notFound) Unwrap() []error { return []error{e.err, streamer.ErrNotExist} }

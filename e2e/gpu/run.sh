@@ -1,0 +1,400 @@
+#!/bin/bash
+# GPU end-to-end test and benchmark: run it on a machine with an NVIDIA GPU
+# (driver >= 570), PyTorch and root, from the repository root:
+#
+#   make build && e2e/gpu/run.sh
+#
+# It starts e2e/gpu/torch_target.py (a PyTorch process holding GIB_RANDOM GiB
+# of float32 random tensors and GIB_WEIGHTS GiB of bf16 model-like weights,
+# all checksummed), then, for every round in ROUNDS, with a fresh target:
+#
+#   baseline   gpucr-stream gpu suspend (CUDA lock + checkpoint),
+#              criu dump -D to local disk; criu restore -D,
+#              gpucr-stream gpu resume (CUDA restore + unlock)
+#   auto, lz4, none, zstd, ...
+#              gpucr-stream checkpoint --codec CODEC into a local archive,
+#              gpucr-stream restore from it
+#   leave      gpucr-stream checkpoint --leave-running (codec auto): the
+#              target must run on, unchanged
+#
+# After every restore the target proves itself: every tensor checksum
+# matches and it keeps computing the same product. Results go to
+# $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
+# printed are a summary table.
+#
+# Knobs (environment): GIB_RANDOM (4), GIB_WEIGHTS (6), ROUNDS
+# ("auto baseline lz4 leave"), DEADLINE (seconds after which no new round
+# starts, 420), WORK (scratch dir on local disk, short path), GCS (the
+# gpucr-stream binary, bin/gpucr-stream), CRIU (criu binary; else criu on
+# PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
+# DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
+# script), SIDE (8192), GPU_MAP_ROUND (round whose restore remaps the GPU
+# onto itself with --gpu-map, lz4; empty: none).
+set -u -o pipefail
+export PYTHONUNBUFFERED=1
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+GCS=${GCS:-$ROOT/bin/gpucr-stream}
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+GIB_RANDOM=${GIB_RANDOM:-4}
+GIB_WEIGHTS=${GIB_WEIGHTS:-6}
+SIDE=${SIDE:-8192}
+ROUNDS=${ROUNDS:-auto baseline lz4 leave}
+DEADLINE=${DEADLINE:-420}
+GPU_MAP_ROUND=${GPU_MAP_ROUND-lz4}
+T_START=$(date +%s.%N)
+
+pick_work() {
+	for d in /var/tmp /tmp "$ROOT/.cache"; do
+		mkdir -p "$d" 2>/dev/null || continue
+		avail=$(df --output=avail -B1G "$d" 2>/dev/null | tail -1 | tr -d ' ')
+		if [ "${avail:-0}" -ge 40 ] || [ "$DEVICE" = cpu ]; then
+			echo "$d/gg"
+			return
+		fi
+	done
+	echo /tmp/gg
+}
+WORK=${WORK:-$(pick_work)}
+OUTDIR=${OUT:-$WORK/out}
+rm -rf "$WORK"
+mkdir -p "$WORK" "$OUTDIR" "$WORK/logs"
+RUNLOG=$OUTDIR/run.log
+RESULTS=$OUTDIR/results.jsonl
+: >"$RESULTS"
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+log() { echo "[$(since "$T_START")s] $*" | tee -a "$RUNLOG"; }
+die() {
+	log "FATAL: $*"
+	finish 1
+}
+
+if [ -z "${CRIU:-}" ]; then
+	for c in "$(command -v criu 2>/dev/null)" "$ROOT/.cache/criu/bin/criu" /opt/gpucr-criu/bin/criu; do
+		if [ -n "$c" ] && [ -x "$c" ]; then
+			CRIU=$c
+			break
+		fi
+	done
+fi
+
+finish() {
+	local rc=$1
+	# Whatever is still running of ours goes.
+	for p in $(cat "$WORK"/t-*/ready 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	(cd "$WORK/logs" && tar czf "$OUTDIR/logs.tar.gz" . 2>/dev/null)
+	summary
+	log "done (exit $rc) after $(since "$T_START")s"
+	exit "$rc"
+}
+
+summary() {
+	[ -s "$RESULTS" ] || return 0
+	python3 - "$RESULTS" <<'EOF' | tee -a "$RUNLOG"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print()
+print("%-9s %-4s %8s %8s %8s %8s %8s | %8s %8s %8s %8s | %9s %9s %6s" % (
+    "round", "ok", "lock", "gpu-ckpt", "dump", "commit", "CKPT", "criu-rst", "gpu-rst", "unlock", "RESTORE", "raw GiB", "stored", "ratio"))
+for r in rows:
+    p = r.get("phases", {})
+    g = lambda k: p.get(k, 0.0)
+    print("%-9s %-4s %8.2f %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %6.2f" % (
+        r["round"], "yes" if r.get("ok") else "NO", g("lock"), g("gpu_checkpoint"), g("dump"), g("commit"),
+        r.get("checkpoint_total", 0), g("criu_restore"), g("gpu_restore"), g("unlock"), r.get("restore_total", 0),
+        r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
+        (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
+    if r.get("note"):
+        print("          note: " + r["note"])
+EOF
+}
+trap 'log "interrupted"; finish 130' INT TERM
+
+log "gpucr-stream GPU e2e: rounds [$ROUNDS], $GIB_RANDOM GiB random fp32 + $GIB_WEIGHTS GiB bf16 weights on $DEVICE, work $WORK"
+[ -x "$GCS" ] || die "no gpucr-stream binary at $GCS (make build)"
+[ -n "${CRIU:-}" ] || die "no criu (set CRIU, or put the prefix from scripts/install-criu.sh in .cache/criu)"
+{
+	uname -a
+	"$GCS" version
+	"$CRIU" --version
+	"$CRIU" check 2>&1 | tail -3
+	nproc
+	free -g | head -2
+	df -h "$WORK" | tail -1
+	if [ "$DEVICE" = cuda ]; then
+		nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,memory.used --format=csv,noheader
+		"$GCS" gpu info
+	fi
+	"$PY" -c 'import torch; print("torch", torch.__version__)'
+} 2>&1 | tee -a "$RUNLOG"
+
+# start_target ROUND: a fresh target in its own session; sets TPID, TDIR.
+start_target() {
+	TDIR=$WORK/t-$1
+	rm -rf "$TDIR"
+	mkdir -p "$TDIR"
+	local t0
+	t0=$(now)
+	setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
+		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" \
+		</dev/null >>"$TDIR/target.out" 2>&1 &
+	local waited=0
+	while [ ! -s "$TDIR/ready" ]; do
+		sleep 0.2
+		waited=$((waited + 1))
+		if [ $waited -gt 1500 ] || ! kill -0 $! 2>/dev/null && [ ! -s "$TDIR/ready" ]; then
+			tail -20 "$TDIR/target.out" | tee -a "$RUNLOG"
+			return 1
+		fi
+	done
+	TPID=$(cat "$TDIR/ready")
+	log "target $TPID ready in $(since "$t0")s: $(tail -1 "$TDIR/target.out")"
+	if [ "$DEVICE" = cuda ]; then
+		nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
+	fi
+}
+
+# prove LABEL: ask the target for a proof; sets COUNTER; fails if the proof
+# is bad.
+prove() {
+	local label=$1 t0
+	t0=$(now)
+	rm -f "$TDIR/proof.json"
+	kill -USR1 "$TPID" 2>/dev/null || {
+		log "prove $label: target $TPID is gone"
+		return 1
+	}
+	local waited=0
+	while [ ! -s "$TDIR/proof.json" ]; do
+		sleep 0.1
+		waited=$((waited + 1))
+		if [ $waited -gt 1800 ]; then
+			log "prove $label: no proof after 180s"
+			return 1
+		fi
+	done
+	cp "$TDIR/proof.json" "$WORK/logs/proof-$ROUND-$label.json"
+	local verdict
+	verdict=$(python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+ok = p["checksums_ok"] and p["matmul_ok"] and not p["error"]
+print("%s %d %s" % ("ok" if ok else "BAD", p["counter"], json.dumps({k: p[k] for k in ("tensors", "tensor_bytes", "mismatched", "error", "verify_seconds")})))
+' "$TDIR/proof.json")
+	COUNTER=$(echo "$verdict" | awk '{print $2}')
+	log "proof $label ($(since "$t0")s): $verdict"
+	[ "${verdict%% *}" = ok ]
+}
+
+# wait_gone PID: until the pid has left /proc (criu restore needs it free).
+wait_gone() {
+	local i=0
+	while [ -e "/proc/$1" ]; do
+		wait "$1" 2>/dev/null
+		sleep 0.05
+		i=$((i + 1))
+		[ $i -gt 1200 ] && return 1
+	done
+	return 0
+}
+
+crit_errors() { grep -h "Error" "$@" 2>/dev/null | grep -v RLIMIT_NOFILE | tail -8 | tee -a "$RUNLOG"; }
+
+# result JSON fields, assembled per round
+emit() { echo "$1" >>"$RESULTS"; }
+
+round_baseline() {
+	local img=$WORK/img t0 tl tc td tr tg note=""
+	rm -rf "$img"
+	mkdir -p "$img"
+	local lock=0 ckpt=0 grst=0 unl=0
+	if [ "$DEVICE" = cuda ]; then
+		"$GCS" gpu suspend --pid "$TPID" --json >"$WORK/logs/baseline-suspend.json" 2>&1 || {
+			cat "$WORK/logs/baseline-suspend.json" | tee -a "$RUNLOG"
+			return 1
+		}
+		lock=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["seconds"] for p in d.get("phases",[]) if p["name"]=="gpu lock"))' "$WORK/logs/baseline-suspend.json")
+		ckpt=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["seconds"] for p in d.get("phases",[]) if p["name"]=="gpu checkpoint"))' "$WORK/logs/baseline-suspend.json")
+	fi
+	t0=$(now)
+	if ! "$CRIU" dump -D "$img" -t "$TPID" -o dump.log -v4 $CRIU_OPTS >"$WORK/logs/baseline-criu-dump.out" 2>&1; then
+		cp "$img/dump.log" "$WORK/logs/baseline-dump.log" 2>/dev/null
+		log "baseline: criu dump failed"
+		crit_errors "$img/dump.log"
+		[ "$DEVICE" = cuda ] && "$GCS" gpu resume --pid "$TPID" 2>&1 | tee -a "$RUNLOG"
+		return 1
+	fi
+	td=$(since "$t0")
+	t0=$(now)
+	sync
+	local tsync
+	tsync=$(since "$t0")
+	local raw
+	raw=$(du -sb "$img" | awk '{print $1}')
+	cp "$img/dump.log" "$WORK/logs/baseline-dump.log"
+	wait_gone "$TPID" || log "baseline: pid $TPID still there"
+	t0=$(now)
+	if ! "$CRIU" restore -D "$img" --restore-detached -o restore.log -v4 $CRIU_OPTS >"$WORK/logs/baseline-criu-restore.out" 2>&1; then
+		cp "$img/restore.log" "$WORK/logs/baseline-restore.log" 2>/dev/null
+		log "baseline: criu restore failed"
+		crit_errors "$img/restore.log"
+		return 1
+	fi
+	tr=$(since "$t0")
+	cp "$img/restore.log" "$WORK/logs/baseline-restore.log"
+	if [ "$DEVICE" = cuda ]; then
+		"$GCS" gpu resume --pid "$TPID" --json >"$WORK/logs/baseline-resume.json" 2>&1 || {
+			cat "$WORK/logs/baseline-resume.json" | tee -a "$RUNLOG"
+			return 1
+		}
+		grst=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["seconds"] for p in d.get("phases",[]) if p["name"]=="gpu restore"))' "$WORK/logs/baseline-resume.json")
+		unl=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["seconds"] for p in d.get("phases",[]) if p["name"]=="gpu unlock"))' "$WORK/logs/baseline-resume.json")
+	fi
+	local ok=false
+	local before=$COUNTER
+	if prove after && [ "$COUNTER" -gt "$before" ]; then
+		sleep 1
+		local c1=$COUNTER
+		prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+	fi
+	rm -rf "$img"
+	emit "$(python3 -c '
+import json, sys
+a = sys.argv
+lock, ckpt, dump, sync, rst, grst, unl, raw = map(float, a[2:10])
+print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(raw), "stored_bytes": int(raw),
+  "phases": {"lock": lock, "gpu_checkpoint": ckpt, "dump": dump, "sync": sync, "criu_restore": rst, "gpu_restore": grst, "unlock": unl},
+  "checkpoint_total": lock + ckpt + dump, "restore_total": rst + grst + unl,
+  "note": "criu dump -D to local disk (no fsync; a sync after it took %.2fs)" % sync}))
+' "$ok" "$lock" "$ckpt" "$td" "$tsync" "$tr" "$grst" "$unl" "$raw")"
+	$ok
+}
+
+# round_gcs CODEC [leave]: checkpoint into an archive, restore from it.
+round_gcs() {
+	local codec=$1 leave=${2:-} ar=$WORK/ar-$ROUND t0 tck trs
+	rm -rf "$ar" "$WORK/w" "$WORK/w2"
+	mkdir -p "$WORK/w" "$WORK/w2"
+	local extra=()
+	[ -n "$leave" ] && extra+=(--leave-running)
+	[ -n "$CRIU_OPTS" ] && extra+=(--criu-opts "$CRIU_OPTS")
+	t0=$(now)
+	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
+		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
+		log "$ROUND: checkpoint failed: $(tail -c 3000 "$WORK/logs/$ROUND-checkpoint.err")"
+		cp "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log" 2>/dev/null
+		crit_errors "$WORK/w/img/dump.log"
+		# The undo must have left the target running with its memory intact.
+		prove after-failed-checkpoint
+		return 1
+	fi
+	tck=$(since "$t0")
+	cp "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log" 2>/dev/null
+	log "$ROUND: checkpoint in ${tck}s: $(cat "$WORK/logs/$ROUND-checkpoint.json")"
+	"$GCS" inspect "$ar" >"$WORK/logs/$ROUND-inspect.txt" 2>&1
+	head -30 "$WORK/logs/$ROUND-inspect.txt" | tee -a "$RUNLOG"
+	local stored
+	stored=$(du -sb "$ar" | awk '{print $1}')
+	local ok=false note="" restore_json="{}" trs=0
+	if [ -n "$leave" ]; then
+		# The process must have run on, its GPU state back.
+		local before=$COUNTER
+		if prove after-leave-running && [ "$COUNTER" -gt "$before" ]; then
+			sleep 1
+			local c1=$COUNTER
+			prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+		fi
+		note="--leave-running: no restore; the target ran on"
+	else
+		wait_gone "$TPID" || log "$ROUND: pid $TPID still there"
+		local rextra=()
+		if [ "$ROUND" = "$GPU_MAP_ROUND" ] && [ "$DEVICE" = cuda ]; then
+			local uuid
+			uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+			rextra+=(--gpu-map "all=$uuid")
+			note="restored with --gpu-map all=$uuid (onto the same GPU)"
+		fi
+		[ -n "$CRIU_OPTS" ] && rextra+=(--criu-opts "$CRIU_OPTS")
+		t0=$(now)
+		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
+			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
+			log "$ROUND: restore failed: $(tail -c 3000 "$WORK/logs/$ROUND-restore.err")"
+			cp "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log" 2>/dev/null
+			crit_errors "$WORK/w2/img/restore.log"
+			if [ -e "/proc/$TPID" ] && [ "$DEVICE" = cuda ]; then
+				log "$ROUND: restored process $TPID is there; resuming its GPU state without --gpu-map"
+				"$GCS" gpu resume --pid "$TPID" 2>&1 | tee -a "$RUNLOG"
+				note="$note; RESTORE FAILED, resumed by gpu resume: $(tail -c 300 "$WORK/logs/$ROUND-restore.err" | tr '\n"' '  ')"
+			else
+				return 1
+			fi
+		fi
+		trs=$(since "$t0")
+		cp "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log" 2>/dev/null
+		log "$ROUND: restore in ${trs}s: $(cat "$WORK/logs/$ROUND-restore.json")"
+		restore_json=$(cat "$WORK/logs/$ROUND-restore.json")
+		[ -n "$restore_json" ] || restore_json="{}"
+		local before=$COUNTER
+		if prove after && [ "$COUNTER" -gt "$before" ]; then
+			sleep 1
+			local c1=$COUNTER
+			prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+		fi
+	fi
+	emit "$(python3 -c '
+import json, sys
+rnd, codec, ok, stored, note = sys.argv[1:6]
+ck = json.load(open(sys.argv[6]))
+rs = json.loads(sys.argv[7])
+ph = {p["name"]: p["seconds"] for p in ck.get("phases", [])}
+rp = {p["name"]: p["seconds"] for p in rs.get("phases", [])}
+phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0),
+  "dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0),
+  "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
+  "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0)}
+print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
+  "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
+  "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
+  "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "note": note}))
+' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json")"
+	rm -rf "$ar"
+	$ok
+}
+
+CRIU_OPTS=${CRIU_OPTS:-}
+FAILED=0
+for ROUND in $ROUNDS; do
+	elapsed=$(since "$T_START")
+	if awk -v e="$elapsed" -v d="$DEADLINE" 'BEGIN { exit !(e > d) }'; then
+		log "deadline ${DEADLINE}s passed: skipping round $ROUND and the rest"
+		break
+	fi
+	base=${ROUND%%-*} # auto-2 runs the auto round again
+	log "=== round $ROUND"
+	start_target "$ROUND" || {
+		log "round $ROUND: target did not start"
+		FAILED=$((FAILED + 1))
+		continue
+	}
+	COUNTER=0
+	prove before || {
+		FAILED=$((FAILED + 1))
+		continue
+	}
+	case $base in
+	baseline) round_baseline ;;
+	leave) round_gcs auto leave ;;
+	*) round_gcs "$base" ;;
+	esac
+	rc=$?
+	[ $rc -ne 0 ] && FAILED=$((FAILED + 1))
+	log "round $ROUND: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
+	kill -9 "$TPID" 2>/dev/null
+	wait_gone "$TPID"
+	rm -rf "$WORK/img" "$WORK"/ar-*
+done
+log "failed rounds: $FAILED"
+finish $([ $FAILED -eq 0 ] && echo 0 || echo 1)

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# bench-s3.sh -- gpucr-stream with S3 (a MinIO server on loopback, started
+# here with random credentials), measured in one run:
+#
+#   put       criu dump -D to tmpfs, then ONE plain minio-go PutObject of the
+#             image bytes (e2e/cmd/s3bench put): the baseline
+#   push      the same image files pushed through `capture --to s3://`
+#             (as criu dump --stream sends them): same bytes, compressed
+#   gcs-s3    criu dump --stream into `capture --to s3://`, then
+#             `serve --from s3://` into criu restore --stream
+#   gcs-local the same through a local archive on tmpfs
+#
+# and for each archive the time until a reader that asks as criu restore
+# does (inventory first, pages last) gets the first byte of pages. Then the
+# peak RSS of capture and serve for synthetic images of BENCH_S3_SIZES GiB
+# (default "1 4"), pushed and read without CRIU.
+#
+# A fresh target for every measurement, variants interleaved round by
+# round, medians at the end. Run as root. Tunables: BENCH_MB (target size,
+# default 1024), BENCH_ROUNDS (default 3), BENCH_S3_SIZES, BENCH_S3_DATA
+# (MinIO's data dir parent, default /var/tmp: a disk), BENCH_OUT (also
+# write the result table there, markdown).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+	echo "bench-s3: run as root (CRIU needs it)" >&2
+	exit 1
+fi
+CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
+MINIO=${MINIO:-$(bash scripts/install-minio.sh)}
+GCS=${GCS:-bin/gpucr-stream}
+case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
+MB=${BENCH_MB:-1024}
+ROUNDS=${BENCH_ROUNDS:-3}
+SIZES=${BENCH_S3_SIZES:-"1 4"}
+SHM=${BENCH_DIR:-/dev/shm}
+WORK=$(mktemp -d "$SHM/gcs-bench-s3-XXXX")
+DATA=$(mktemp -d "${BENCH_S3_DATA:-/var/tmp}/gcs-bench-minio-XXXX")
+TARGET_BIN=$WORK/target
+S3BENCH=$WORK/s3bench
+go build -o "$TARGET_BIN" ./e2e/target
+go build -o "$S3BENCH" ./e2e/cmd/s3bench
+[ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
+MINIO_PID=
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+	[ -n "$MINIO_PID" ] && kill -9 "$MINIO_PID" 2>/dev/null || true
+	rm -rf "$WORK" "$DATA"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+elapsed() { echo "$(now) - $1" | bc -l; }
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; } # variant metric value
+json() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1"; }        # file key -> number
+peak_kb() { sed -n 's/^\tMaximum resident set size (kbytes): //p' "$1"; }
+
+# MinIO on loopback, a free port, random credentials.
+free_port() {
+	local p
+	while :; do
+		p=$((20000 + RANDOM % 40000))
+		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+	done
+}
+PORT=$(free_port)
+export AWS_ACCESS_KEY_ID=bench-$RANDOM$RANDOM AWS_SECRET_ACCESS_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT
+for k in AWS_SESSION_TOKEN AWS_PROFILE AWS_REGION AWS_DEFAULT_REGION AWS_ENDPOINT_URL_S3; do unset "$k"; done
+MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY MINIO_BROWSER=off MINIO_UPDATE=off \
+	"$MINIO" server "$DATA" --address "127.0.0.1:$PORT" --console-address "127.0.0.1:$(free_port)" --quiet >"$WORK/minio.log" 2>&1 &
+MINIO_PID=$!
+for _ in $(seq 600); do curl -fs "$AWS_ENDPOINT_URL/minio/health/live" >/dev/null 2>&1 && break; sleep 0.1; done
+"$S3BENCH" mb bench
+S3=s3://bench
+
+start_target() { # [MB] -> PID, CHILD, RUN
+	RUN=$(mktemp -d "$WORK/run-XXXX")
+	(cd "$RUN" && setsid "$TARGET_BIN" --dir "$RUN" --mb "${1:-$MB}" </dev/null >"$RUN/out.log" 2>&1 &)
+	for _ in $(seq 1200); do [ -s "$RUN/ready" ] && break; sleep 0.05; done
+	PID=$(cat "$RUN/ready")
+	CHILD=$(cat /proc/"$PID"/task/*/children | tr ' ' '\n' | grep -m1 . || true)
+	PIDS+=("$PID" "$CHILD")
+}
+wait_gone() { while [ -e "/proc/$PID" ] || { [ -n "$CHILD" ] && [ -e "/proc/$CHILD" ]; }; do sleep 0.02; done; }
+check_restored() {
+	rm -f "$RUN/proof.json"
+	kill -USR1 "$PID"
+	for _ in $(seq 200); do [ -s "$RUN/proof.json" ] && break; sleep 0.05; done
+	local a e
+	a=$(sed -n 's/.*"checksum_actual": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
+	e=$(sed -n 's/.*"checksum_expected": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
+	[ -n "$a" ] && [ "$a" = "$e" ] || { echo "bench-s3: restored target's memory is wrong in $RUN" >&2; exit 1; }
+	kill -9 "$PID" "$CHILD" 2>/dev/null || true
+	wait_gone
+}
+wait_line() {
+	for _ in $(seq 2000); do grep -qx "$2" "$1" 2>/dev/null && return 0; sleep 0.005; done
+	echo "bench-s3: no '$2' in $1" >&2
+	exit 1
+}
+names_of() { "$GCS" inspect "$1" | awk 'p {print $NF} /^ *SIZE/ {p=1}' >"$2"; }
+
+# read_ttfb VARIANT SRC: time to the first byte of pages, serving SRC to a
+# reader that asks as criu restore does.
+read_ttfb() {
+	local v=$1 src=$2 d
+	d=$(mktemp -d "$WORK/r-XXXX")
+	names_of "$src" "$d/names"
+	"$S3BENCH" read -images-dir "$d" -files "$d/names" -- "$GCS" --images-dir "$d" --progress-fd 9 serve --from "$src" >"$d/read.json"
+	record "$v" ttfb "$(json "$d/read.json" first_page_byte_s)"
+	record "$v" ttfb_req "$(json "$d/read.json" first_page_byte_after_request_s)"
+	record "$v" read_s "$(json "$d/read.json" seconds)"
+	rm -rf "$d"
+}
+
+run_variant() { # variant round
+	local v=$1 r=$2 d t0 cap srv
+	d=$(mktemp -d "$WORK/v-XXXX")
+	mkdir -p "$d/a" "$d/b"
+	case $v in
+	put+push)
+		start_target
+		mkdir -p "$d/img"
+		t0=$(now)
+		"$CRIU" dump -D "$d/img" -t "$PID" -o dump.log
+		record put criu_dump "$(elapsed "$t0")"
+		wait_gone
+		"$S3BENCH" put -bucket bench -key "r$r/put" "$d"/img/*.img >"$d/put.json"
+		record put seconds "$(json "$d/put.json" seconds)"
+		record put bytes "$(json "$d/put.json" bytes)"
+		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/r$r/push" 3>"$d/cap.progress" &
+		cap=$!
+		wait_line "$d/cap.progress" socket-init
+		t0=$(now)
+		"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null
+		wait $cap
+		record push seconds "$(elapsed "$t0")"
+		record push bytes "$(json "$d/cap.progress" raw_bytes)"
+		record push stored "$(json "$d/cap.progress" stored_bytes)"
+		record push capture_rss_kb "$(peak_kb "$d/cap.time")"
+		;;
+	gcs-s3 | gcs-local)
+		local dest=$S3/r$r/gcs
+		[ "$v" = gcs-local ] && dest=$d/archive
+		start_target
+		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$dest" 3>"$d/cap.progress" &
+		cap=$!
+		wait_line "$d/cap.progress" socket-init
+		t0=$(now)
+		"$CRIU" dump --stream -D "$d/a" -t "$PID" -o dump.log
+		wait $cap
+		record "$v" seconds "$(elapsed "$t0")"
+		record "$v" bytes "$(json "$d/cap.progress" raw_bytes)"
+		record "$v" stored "$(json "$d/cap.progress" stored_bytes)"
+		record "$v" capture_rss_kb "$(peak_kb "$d/cap.time")"
+		wait_gone
+		t0=$(now)
+		/usr/bin/time -v -o "$d/srv.time" "$GCS" --images-dir "$d/b" --progress-fd 3 serve --from "$dest" 3>"$d/srv.progress" &
+		srv=$!
+		wait_line "$d/srv.progress" socket-init
+		"$CRIU" restore --stream -D "$d/b" --restore-detached -o restore.log
+		wait $srv
+		record "$v" restore "$(elapsed "$t0")"
+		record "$v" serve_rss_kb "$(peak_kb "$d/srv.time")"
+		check_restored
+		read_ttfb "$v" "$dest"
+		;;
+	esac
+	rm -rf "$d"
+}
+
+echo "bench-s3: target ${MB} MiB, ${ROUNDS} rounds; MinIO on 127.0.0.1:$PORT, data in $DATA; $(nproc) cores; $(uname -r)" >&2
+for r in $(seq "$ROUNDS"); do
+	for v in put+push gcs-s3 gcs-local; do
+		echo "bench-s3: round $r $v" >&2
+		run_variant "$v" "$r"
+	done
+done
+
+# Peak RSS against image size: synthetic images (the small files of a real
+# dump, one pages file of N GiB), pushed into capture --to s3:// and read
+# back through serve --from s3://, no CRIU involved.
+start_target 64
+base=$WORK/base
+mkdir -p "$base"
+"$CRIU" dump -D "$base" -t "$PID" -o dump.log
+wait_gone
+for g in $SIZES; do
+	echo "bench-s3: synthetic ${g} GiB" >&2
+	d=$(mktemp -d "$WORK/big-XXXX")
+	mkdir -p "$d/a"
+	"$S3BENCH" synth -dir "$d/img" -size "${g}GiB" -from "$base"
+	/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/big-$g" 3>"$d/cap.progress" &
+	cap=$!
+	wait_line "$d/cap.progress" socket-init
+	t0=$(now)
+	"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null
+	wait $cap
+	record "big-$g" push_s "$(elapsed "$t0")"
+	record "big-$g" capture_rss_kb "$(peak_kb "$d/cap.time")"
+	rm -rf "$d/img"
+	names_of "$S3/big-$g" "$d/names"
+	mkdir -p "$d/b"
+	/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
+		"$GCS" --images-dir "$d/b" --progress-fd 9 serve --from "$S3/big-$g" >"$d/read.json"
+	record "big-$g" read_s "$(json "$d/read.json" seconds)"
+	record "big-$g" ttfb "$(json "$d/read.json" first_page_byte_s)"
+	# time -v measures s3bench with its child, the serve: the larger of the two.
+	record "big-$g" serve_rss_kb "$(peak_kb "$d/srv.time")"
+	rm -rf "$d"
+done
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print ""; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+get() { awk -F'\t' -v v="$1" -v m="$2" '$1==v && $2==m {print $3}' "$RESULTS" | median; }
+mibs() { echo "$1 / $2 / 1048576" | bc -l; }
+
+report() {
+	local put_bps push_bps s3_bps
+	put_bps=$(mibs "$(get put bytes)" "$(get put seconds)")
+	push_bps=$(mibs "$(get push bytes)" "$(get push seconds)")
+	s3_bps=$(mibs "$(get gcs-s3 bytes)" "$(get gcs-s3 seconds)")
+	echo "Target ${MB} MiB, $(nproc) cores, MinIO on loopback (data on $(df --output=fstype "$DATA" | tail -1)), medians of ${ROUNDS}, a fresh target for every measurement."
+	echo
+	echo "| what | seconds | MiB/s (raw) | vs one PutObject | stored MiB | capture RSS | serve RSS |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+	printf '| one minio-go PutObject of the criu -D image (%d MiB) | %.2f | %.0f | 1.00x | %.0f | | |\n' \
+		"$(($(get put bytes | cut -d. -f1) >> 20))" "$(get put seconds)" "$put_bps" "$(echo "$(get put bytes)/1048576" | bc -l)"
+	printf '| same files through capture --to s3:// (lz4) | %.2f | %.0f | %.2fx | %.0f | %d MiB | |\n' \
+		"$(get push seconds)" "$push_bps" "$(echo "$push_bps/$put_bps" | bc -l)" "$(echo "$(get push stored)/1048576" | bc -l)" "$(($(get push capture_rss_kb | cut -d. -f1) / 1024))"
+	printf '| criu dump --stream into capture --to s3:// | %.2f | %.0f | %.2fx | %.0f | %d MiB | |\n' \
+		"$(get gcs-s3 seconds)" "$s3_bps" "$(echo "$s3_bps/$put_bps" | bc -l)" "$(echo "$(get gcs-s3 stored)/1048576" | bc -l)" "$(($(get gcs-s3 capture_rss_kb | cut -d. -f1) / 1024))"
+	printf '| criu dump --stream into capture --to DIR (tmpfs) | %.2f | %.0f | %.2fx | %.0f | %d MiB | |\n' \
+		"$(get gcs-local seconds)" "$(mibs "$(get gcs-local bytes)" "$(get gcs-local seconds)")" \
+		"$(echo "$(mibs "$(get gcs-local bytes)" "$(get gcs-local seconds)")/$put_bps" | bc -l)" "$(echo "$(get gcs-local stored)/1048576" | bc -l)" "$(($(get gcs-local capture_rss_kb | cut -d. -f1) / 1024))"
+	echo
+	echo "(criu dump -D to tmpfs before the PutObject took $(printf %.2f "$(get put criu_dump)") s, not counted above.)"
+	echo
+	echo "| restore | serve + criu restore s | ratio | first byte of pages (from serve start) | (from the request) | whole image read, no CRIU | serve RSS |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+	printf '| serve --from DIR (tmpfs) | %.2f | 1.00x | %.0f ms | %.1f ms | %.2f s | %d MiB |\n' \
+		"$(get gcs-local restore)" "$(echo "$(get gcs-local ttfb)*1000" | bc -l)" "$(echo "$(get gcs-local ttfb_req)*1000" | bc -l)" "$(get gcs-local read_s)" "$(($(get gcs-local serve_rss_kb | cut -d. -f1) / 1024))"
+	printf '| serve --from s3:// | %.2f | %.2fx | %.0f ms | %.1f ms | %.2f s | %d MiB |\n' \
+		"$(get gcs-s3 restore)" "$(echo "$(get gcs-s3 restore)/$(get gcs-local restore)" | bc -l)" "$(echo "$(get gcs-s3 ttfb)*1000" | bc -l)" "$(echo "$(get gcs-s3 ttfb_req)*1000" | bc -l)" "$(get gcs-s3 read_s)" "$(($(get gcs-s3 serve_rss_kb | cut -d. -f1) / 1024))"
+	echo
+	echo "| synthetic image | push into capture --to s3:// | capture peak RSS | read back through serve --from s3:// | first byte of pages | serve peak RSS |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+	for g in $SIZES; do
+		printf '| %s GiB | %.2f s | %d MiB | %.2f s | %.0f ms | %d MiB |\n' "$g" "$(get "big-$g" push_s)" "$(($(get "big-$g" capture_rss_kb | cut -d. -f1) / 1024))" \
+			"$(get "big-$g" read_s)" "$(echo "$(get "big-$g" ttfb)*1000" | bc -l)" "$(($(get "big-$g" serve_rss_kb | cut -d. -f1) / 1024))"
+	done
+}
+echo >&2
+report | tee ${BENCH_OUT:+"$BENCH_OUT"}
