@@ -66,8 +66,8 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 		for i, f := range files {
 			ws[i] = f
 		}
-		if len(cfg.shards) == 0 {
-			ws[0] = cfg.stdout
+		if _, ok := cfg.stdout.(*os.File); !ok && len(cfg.shards) == 0 {
+			ws[0] = cfg.stdout // tests hand in writers
 		}
 		out, err := streamer.NewStreamOutput(ws)
 		if err != nil {
