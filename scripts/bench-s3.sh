@@ -45,9 +45,21 @@ RESULTS=$WORK/results.tsv
 : >"$RESULTS"
 MINIO_PID=
 PIDS=()
+# kill_ours kills the given pids that still run one of our binaries (a pid
+# recorded long ago may belong to someone else by now).
+kill_ours() {
+	local p exe
+	for p in "$@"; do
+		exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
+		case ${exe% (deleted)} in
+		"$TARGET_BIN" | "$GCS" | "$S3BENCH" | "$MINIO" | /usr/bin/time) kill -9 "$p" 2>/dev/null || true ;;
+		esac
+	done
+}
 cleanup() {
-	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-	[ -n "$MINIO_PID" ] && kill -9 "$MINIO_PID" 2>/dev/null || true
+	local p
+	for p in "${PIDS[@]}"; do kill_ours $(pgrep -P "$p" 2>/dev/null) "$p"; done
+	[ -n "$MINIO_PID" ] && kill_ours "$MINIO_PID"
 	rm -rf "$WORK" "$DATA"
 }
 trap cleanup EXIT
@@ -134,6 +146,7 @@ run_variant() { # variant round
 		record put bytes "$(json "$d/put.json" bytes)"
 		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/r$r/push" 3>"$d/cap.progress" &
 		cap=$!
+		PIDS+=("$cap")
 		wait_line "$d/cap.progress" socket-init
 		t0=$(now)
 		"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null
@@ -149,6 +162,7 @@ run_variant() { # variant round
 		start_target
 		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$dest" 3>"$d/cap.progress" &
 		cap=$!
+		PIDS+=("$cap")
 		wait_line "$d/cap.progress" socket-init
 		t0=$(now)
 		"$CRIU" dump --stream -D "$d/a" -t "$PID" -o dump.log
@@ -161,6 +175,7 @@ run_variant() { # variant round
 		t0=$(now)
 		/usr/bin/time -v -o "$d/srv.time" "$GCS" --images-dir "$d/b" --progress-fd 3 serve --from "$dest" 3>"$d/srv.progress" &
 		srv=$!
+		PIDS+=("$srv")
 		wait_line "$d/srv.progress" socket-init
 		"$CRIU" restore --stream -D "$d/b" --restore-detached -o restore.log
 		wait $srv
@@ -196,6 +211,7 @@ for g in $SIZES; do
 	"$S3BENCH" synth -dir "$d/img" -size "${g}GiB" -from "$base"
 	/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/big-$g" 3>"$d/cap.progress" &
 	cap=$!
+	PIDS+=("$cap")
 	wait_line "$d/cap.progress" socket-init
 	t0=$(now)
 	"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null

@@ -102,7 +102,10 @@ func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource
 	budget := int(max(2, opts.MemoryLimit/perChunk))
 	a.tokens = make(chan struct{}, budget)
 	a.parallel = max(opts.Workers, opts.Fetchers)
-	a.window = max(2, min(budget, 4*a.parallel))
+	// Enough read-ahead to keep every fetcher busy while CRIU drains the
+	// pipe, and no more: the read-ahead hides the store's latency, a
+	// deeper one would only hold memory.
+	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
 	a.parallel = min(a.parallel, a.window)
 	size := m.ChunkSize + manifest.FrameSize
 	a.pool.New = func() any { b := make([]byte, size); return &b }

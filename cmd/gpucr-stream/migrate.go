@@ -85,7 +85,11 @@ func openTCPOutput(ctx context.Context, cfg *config, loc sinks.Location) (stream
 	return out, out.Sizes, nil
 }
 
-// openTCPSource is --from tcp://HOST:PORT: listen there for one sender.
+// openTCPSource is --from tcp://HOST:PORT (serve, restore, extract):
+// listen there for one sender and return once its checkpoint is complete,
+// verified and committed, so that a transfer that breaks fails the command
+// before anything is served (serve prints socket-init only then; receive
+// is the form that listens on CRIU's socket from the start).
 func openTCPSource(ctx context.Context, cfg *config, loc sinks.Location, so streamer.StreamOptions) (streamer.Source, error) {
 	auth, err := cfg.tcpAuth()
 	if err != nil {
@@ -100,7 +104,12 @@ func openTCPSource(ctx context.Context, cfg *config, loc sinks.Location, so stre
 		return nil, err
 	}
 	cfg.logLine("listening on " + l.Addr().String())
-	return sinks.NewTCPSource(ctx, l, so), nil
+	src := sinks.NewTCPSource(ctx, l, so)
+	if _, err := src.WaitCommitted(ctx); err != nil {
+		src.Close()
+		return nil, err
+	}
+	return src, nil
 }
 
 func runToken(ctx context.Context, cfg *config, args []string) error {

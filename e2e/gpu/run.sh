@@ -138,7 +138,11 @@ start_target() {
 	mkdir -p "$TDIR"
 	local t0
 	t0=$(now)
-	setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
+	# oneDNN must not use AMX on the CPU side: CRIU 4.1 does not restore a
+	# process's AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM), and the
+	# restored process dies of SIGILL at its next AMX instruction.
+	ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 \
+		setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
 		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" \
 		</dev/null >>"$TDIR/target.out" 2>&1 &
 	local waited=0
