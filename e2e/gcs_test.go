@@ -202,6 +202,8 @@ func waitForFile(ctx context.Context, t testing.TB, p string) {
 	t.Helper()
 	for {
 		if _, err := os.Stat(p); err == nil {
+			// A socket file appears at bind, a moment before listen.
+			time.Sleep(50 * time.Millisecond)
 			return
 		}
 		select {

@@ -130,15 +130,16 @@ func TestCaptureExtractTCP(t *testing.T) {
 		captured <- run(ctx, []string{"capture", "--images-dir", a, "--to", "tcp://" + addr, "--token-file", tok, "--streams", "3", "--progress-fd", "1"},
 			strings.NewReader(""), io.Discard, &errOut)
 	}()
+	// The socket file appears at bind, a moment before listen: retry.
+	var c *capture.Client
 	for {
-		if _, err := os.Stat(filepath.Join(a, capture.CaptureSocket)); err == nil {
+		if c, err = capture.Dial(ctx, a); err == nil {
 			break
 		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(10 * time.Millisecond)
-	}
-	c, err := capture.Dial(ctx, a)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if n, err := c.PushDir(ctx, src); err != nil || n != len(files) {
 		t.Fatalf("push: %d %v", n, err)
