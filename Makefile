@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 10s
 CRIU_PREFIX ?= /opt/gpucr-criu
 
-.PHONY: build deps test unit e2e fuzz lint demo bench bench-migrate clean
+.PHONY: build deps test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
@@ -29,15 +29,18 @@ e2e: build
 
 # A short run of every fuzz target.
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
-	  done; done
+	bash scripts/fuzz.sh $(FUZZTIME)
 
 test: deps lint unit fuzz e2e
 
 demo: deps build
 	bash scripts/demo.sh
+
+# On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0
+# (docs/BENCHMARKS.md#gpu): checkpoint and restore a PyTorch process with
+# 10 GiB of checksummed tensors, against plain cuCheckpoint + criu -D.
+gpu-e2e: build
+	bash e2e/gpu/run.sh
 
 bench: deps build
 	bash scripts/bench.sh

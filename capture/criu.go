@@ -217,6 +217,9 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 		return rep, fmt.Errorf("commit checkpoint (criu resumed the process): %w", commitErr)
 	case criuErr != nil && pipeErr != nil:
 		return rep, fmt.Errorf("capture failed, so criu dump failed (criu resumed the process): %w (criu dump: %v)", pipeErr, criuErr)
+	case criuErr != nil && inErr != nil && !strings.Contains(inErr.Error(), "criu dump failed"):
+		// The intake failed first (a producer, the pipeline) and cut CRIU off.
+		return rep, fmt.Errorf("%w; so criu dump failed too: %v", inErr, criuErr)
 	case criuErr != nil:
 		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
 	case inErr != nil:

@@ -22,9 +22,11 @@ import (
 // length-prefixed img_streamer_request_entry per file, then a pipe passed
 // with SCM_RIGHTS) with one addition: the first request of a producer's
 // connection is a hello, a request whose file name is ProducerHelloPrefix
-// followed by the producer's name. It carries no pipe and gets no reply.
-// CRIU never names an image with a leading dot, so the two cannot be
-// confused, and a connection without a hello is CRIU's.
+// followed by the producer's name. It carries no pipe; the streamer answers
+// it with a reply {exists: true} once it has taken the producer on, or
+// closes the connection if it takes no more producers (the image is
+// already complete). CRIU never names an image with a leading dot, so the
+// two cannot be confused, and a connection without a hello is CRIU's.
 //
 // On the capture socket a producer may push several files at once (one
 // pipe each), and closes its connection when done; the image is complete
@@ -105,6 +107,13 @@ func dialHello(ctx context.Context, path, name string) (*Client, error) {
 	if _, err := conn.Write(req); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("hello on %s: %w", path, err)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	ok, err := ReadReply(conn)
+	stop()
+	if err != nil || !ok {
+		conn.Close()
+		return nil, fmt.Errorf("%s refused producer %q (the image is complete or the streamer is not gpucr-stream): %v", path, name, err)
 	}
 	return &Client{conn: conn}, nil
 }

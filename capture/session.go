@@ -268,6 +268,15 @@ func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(
 	rd := countingReader{conn, &pos}
 	kind := connUnknown
 	clean := false
+	who := ""
+	fail := func(err error) {
+		if ctx.Err() == nil {
+			if who != "" {
+				err = fmt.Errorf("producer %q: %w", who, err)
+			}
+			s.abort(err)
+		}
+	}
 	for {
 		name, err := ReadRequest(rd, pos.Load())
 		if err == io.EOF {
@@ -275,9 +284,7 @@ func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(
 			break
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				s.abort(err)
-			}
+			fail(err)
 			break
 		}
 		if producer, ok := ParseProducerHello(name); ok {
@@ -285,8 +292,15 @@ func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(
 				s.abort(fmt.Errorf("producer hello %q at socket offset %d: not the first request of its connection", producer, pos.Load()))
 				break
 			}
-			kind = connProducer
+			kind, who = connProducer, producer
 			s.identify(conn, kind)
+			// The producer waits for this before its first request.
+			if err := WriteReply(conn, true); err != nil {
+				if ctx.Err() == nil {
+					s.abort(fmt.Errorf("producer %q: hello reply: %w", producer, err))
+				}
+				break
+			}
 			continue
 		}
 		if kind == connUnknown {
@@ -297,9 +311,7 @@ func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(
 			}
 		}
 		if err := file(kind, name); err != nil {
-			if ctx.Err() == nil {
-				s.abort(err)
-			}
+			fail(err)
 			break
 		}
 	}

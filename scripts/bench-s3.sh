@@ -13,7 +13,8 @@
 # and for each archive the time until a reader that asks as criu restore
 # does (inventory first, pages last) gets the first byte of pages. Then the
 # peak RSS of capture and serve for synthetic images of BENCH_S3_SIZES GiB
-# (default "1 4"), pushed and read without CRIU.
+# (default "1 4 8"), pushed and read without CRIU, with the default
+# --memory-limit (or each of BENCH_S3_LIMITS, e.g. "default 256MiB").
 #
 # A fresh target for every measurement, variants interleaved round by
 # round, medians at the end. Run as root. Tunables: BENCH_MB (target size,
@@ -32,7 +33,8 @@ GCS=${GCS:-bin/gpucr-stream}
 case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
 MB=${BENCH_MB:-1024}
 ROUNDS=${BENCH_ROUNDS:-3}
-SIZES=${BENCH_S3_SIZES:-"1 4"}
+SIZES=${BENCH_S3_SIZES:-"1 4 8"}
+LIMITS=${BENCH_S3_LIMITS:-default} # --memory-limit of the synthetic runs
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-s3-XXXX")
 DATA=$(mktemp -d "${BENCH_S3_DATA:-/var/tmp}/gcs-bench-minio-XXXX")
@@ -206,28 +208,33 @@ mkdir -p "$base"
 wait_gone
 for g in $SIZES; do
 	echo "bench-s3: synthetic ${g} GiB" >&2
-	d=$(mktemp -d "$WORK/big-XXXX")
-	mkdir -p "$d/a"
-	"$S3BENCH" synth -dir "$d/img" -size "${g}GiB" -from "$base"
-	/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/big-$g" 3>"$d/cap.progress" &
-	cap=$!
-	PIDS+=("$cap")
-	wait_line "$d/cap.progress" socket-init
-	t0=$(now)
-	"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null
-	wait $cap
-	record "big-$g" push_s "$(elapsed "$t0")"
-	record "big-$g" capture_rss_kb "$(peak_kb "$d/cap.time")"
-	rm -rf "$d/img"
-	names_of "$S3/big-$g" "$d/names"
-	mkdir -p "$d/b"
-	/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
-		"$GCS" --images-dir "$d/b" --progress-fd 9 serve --from "$S3/big-$g" >"$d/read.json"
-	record "big-$g" read_s "$(json "$d/read.json" seconds)"
-	record "big-$g" ttfb "$(json "$d/read.json" first_page_byte_s)"
-	# time -v measures s3bench with its child, the serve: the larger of the two.
-	record "big-$g" serve_rss_kb "$(peak_kb "$d/srv.time")"
-	rm -rf "$d"
+	img=$WORK/synth-$g
+	"$S3BENCH" synth -dir "$img" -size "${g}GiB" -from "$base"
+	for lim in $LIMITS; do
+		k=big-$g-$lim
+		d=$(mktemp -d "$WORK/big-XXXX")
+		mkdir -p "$d/a" "$d/b"
+		mem=()
+		[ "$lim" = default ] || mem=(--memory-limit "$lim")
+		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 "${mem[@]}" capture --to "$S3/$k" 3>"$d/cap.progress" &
+		cap=$!
+		PIDS+=("$cap")
+		wait_line "$d/cap.progress" socket-init
+		t0=$(now)
+		"$S3BENCH" push -images-dir "$d/a" "$img" >/dev/null
+		wait $cap
+		record "$k" push_s "$(elapsed "$t0")"
+		record "$k" capture_rss_kb "$(peak_kb "$d/cap.time")"
+		names_of "$S3/$k" "$d/names"
+		/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
+			"$GCS" --images-dir "$d/b" --progress-fd 9 "${mem[@]}" serve --from "$S3/$k" >"$d/read.json"
+		record "$k" read_s "$(json "$d/read.json" seconds)"
+		record "$k" ttfb "$(json "$d/read.json" first_page_byte_s)"
+		# time -v measures s3bench with its child, the serve: the larger of the two.
+		record "$k" serve_rss_kb "$(peak_kb "$d/srv.time")"
+		rm -rf "$d"
+	done
+	rm -rf "$img"
 done
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print ""; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
@@ -262,11 +269,20 @@ report() {
 	printf '| serve --from s3:// | %.2f | %.2fx | %.0f ms | %.1f ms | %.2f s | %d MiB |\n' \
 		"$(get gcs-s3 restore)" "$(echo "$(get gcs-s3 restore)/$(get gcs-local restore)" | bc -l)" "$(echo "$(get gcs-s3 ttfb)*1000" | bc -l)" "$(echo "$(get gcs-s3 ttfb_req)*1000" | bc -l)" "$(get gcs-s3 read_s)" "$(($(get gcs-s3 serve_rss_kb | cut -d. -f1) / 1024))"
 	echo
-	echo "| synthetic image | push into capture --to s3:// | capture peak RSS | read back through serve --from s3:// | first byte of pages | serve peak RSS |"
-	echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-	for g in $SIZES; do
-		printf '| %s GiB | %.2f s | %d MiB | %.2f s | %.0f ms | %d MiB |\n' "$g" "$(get "big-$g" push_s)" "$(($(get "big-$g" capture_rss_kb | cut -d. -f1) / 1024))" \
-			"$(get "big-$g" read_s)" "$(echo "$(get "big-$g" ttfb)*1000" | bc -l)" "$(($(get "big-$g" serve_rss_kb | cut -d. -f1) / 1024))"
+	echo "| synthetic image | --memory-limit | push into capture --to s3:// | capture peak RSS | read back through serve --from s3:// | first byte of pages | serve peak RSS |"
+	echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+	for lim in $LIMITS; do
+		for g in $SIZES; do
+			local k=big-$g-$lim
+			printf '| %s GiB | %s | %.2f s | %d MiB | %.2f s | %.0f ms | %d MiB |\n' "$g" "$lim" "$(get "$k" push_s)" "$(($(get "$k" capture_rss_kb | cut -d. -f1) / 1024))" \
+				"$(get "$k" read_s)" "$(echo "$(get "$k" ttfb)*1000" | bc -l)" "$(($(get "$k" serve_rss_kb | cut -d. -f1) / 1024))"
+		done
+	done
+	echo
+	echo "Every run (seconds, in round order):"
+	echo
+	for vm in "put seconds" "push seconds" "gcs-s3 seconds" "gcs-local seconds" "gcs-s3 restore" "gcs-local restore" "gcs-s3 ttfb_req" "gcs-local ttfb_req"; do
+		printf -- '- %s %s: %s\n' $vm "$(awk -F'\t' -v v="${vm% *}" -v m="${vm#* }" '$1==v && $2==m {printf "%.3f ", $3}' "$RESULTS")"
 	done
 }
 echo >&2

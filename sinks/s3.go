@@ -139,6 +139,12 @@ type S3Config struct {
 	// Parallel is the number of parts in flight per object (default 4). A
 	// writer holds at most (Parallel+1)*PartSize bytes.
 	Parallel int
+	// MaxInflight is the number of parts in flight over all objects of
+	// the store (default Parallel), so that objects written one after the
+	// other, the last parts of one overlapping the first of the next, hold
+	// no more than one would: at most (MaxInflight + open writers) *
+	// PartSize bytes in all.
+	MaxInflight int
 	// MaxRetries is how often a request that failed in a way worth
 	// retrying (network errors, 5xx, throttling) is retried, with
 	// exponential backoff (default 6, about 12 s in all; negative: never).
@@ -164,6 +170,7 @@ type S3Store struct {
 	md5        bool
 	bufs       sync.Pool // *[]byte of cap partSize
 	uploaded   atomic.Int64
+	inflight   chan struct{} // parts in flight over all writers
 }
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
@@ -211,6 +218,11 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3Store, error) {
 	if s.parallel <= 0 {
 		s.parallel = DefaultS3Parallel
 	}
+	maxInflight := cfg.MaxInflight
+	if maxInflight <= 0 {
+		maxInflight = s.parallel
+	}
+	s.inflight = make(chan struct{}, maxInflight)
 	switch {
 	case s.maxRetries == 0:
 		s.maxRetries = DefaultS3MaxRetries
@@ -421,6 +433,9 @@ func (s *S3Store) String() string {
 // Uploaded returns the bytes the server has acknowledged so far, over all
 // objects (parts and small objects), for progress displays.
 func (s *S3Store) Uploaded() int64 { return s.uploaded.Load() }
+
+// PartSize is the multipart part size the store uploads with.
+func (s *S3Store) PartSize() int64 { return s.partSize }
 
 // Endpoint is the scheme://host the store talks to.
 func (s *S3Store) Endpoint() string { return s.endpoint }
@@ -634,8 +649,15 @@ func (w *s3Writer) Write(b []byte) (int, error) {
 		k := min(len(b), ps-len(w.buf))
 		if len(w.buf)+k > cap(w.buf) {
 			// Grow the first buffer gradually: most objects of an archive
-			// other than segments (the manifest) are small.
-			nb := make([]byte, len(w.buf), min(ps, max(2*cap(w.buf), len(w.buf)+k, 64<<10)))
+			// other than segments (the manifest) are small. Past 1 MiB it
+			// is a segment: take a whole part from the pool rather than
+			// leave a trail of doubled buffers for the GC.
+			var nb []byte
+			if c := max(2*cap(w.buf), len(w.buf)+k, 64<<10); c < 1<<20 && c < ps {
+				nb = make([]byte, len(w.buf), c)
+			} else {
+				nb = w.s.getBuf()[:len(w.buf)]
+			}
 			copy(nb, w.buf)
 			w.buf = nb
 		}
@@ -678,6 +700,17 @@ func (w *s3Writer) sendPart() error {
 		}
 		return fmt.Errorf("upload %s: %w", w.s.url(w.name), context.Cause(w.ctx))
 	}
+	// And a slot of the store's: segments that finish committing in the
+	// background share it with the one being written.
+	select {
+	case w.s.inflight <- struct{}{}:
+	case <-w.ctx.Done():
+		<-w.sem
+		if err := w.failure(); err != nil {
+			return err
+		}
+		return fmt.Errorf("upload %s: %w", w.s.url(w.name), context.Cause(w.ctx))
+	}
 	w.nparts++
 	data := w.buf
 	if len(data) == int(w.s.partSize) {
@@ -692,7 +725,7 @@ func (w *s3Writer) sendPart() error {
 
 func (w *s3Writer) uploadPart(num int, data []byte) {
 	defer w.wg.Done()
-	defer func() { <-w.sem }()
+	defer func() { <-w.sem; <-w.s.inflight }()
 	defer w.s.putBuf(data)
 	crc, md5sum := checksums(data, w.s.md5)
 	var part minio.ObjectPart

@@ -76,8 +76,10 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	var phases []phase
 	if cc != nil {
 		// Ask nvidia-smi while the processes still hold the GPU.
+		q := time.Now()
 		cc.gpus, _ = vram.GPUs(ctx, cc.pids)
 		meta.GPUs = cc.manifestGPUs()
+		phases = append(phases, phase{"gpu query (nvidia-smi)", time.Since(q).Seconds()})
 		cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
 		phases = append(phases, timingPhases(cc.sus.Timings)...)
 		if err != nil {

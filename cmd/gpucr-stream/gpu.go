@@ -11,9 +11,12 @@ import (
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
-// openDriver is the CUDA driver the commands use; tests replace it with a
-// fake.
-var openDriver = vram.Open
+// openDriver is the CUDA driver the commands use, and findCUDAProcs how
+// they find CUDA processes; tests replace them with fakes.
+var (
+	openDriver    = vram.Open
+	findCUDAProcs = vram.FindCUDA
+)
 
 // lockTimeout parses --lock-timeout.
 func (c *config) lockTimeoutDur() (time.Duration, error) {
@@ -52,7 +55,7 @@ func findCUDA(cfg *config, root int) (*cudaCheckpoint, error) {
 	if cfg.cuda == "off" {
 		return nil, nil
 	}
-	found, _, err := vram.FindCUDA(root)
+	found, _, err := findCUDAProcs(root)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +124,7 @@ func cudaRestore(cfg *config, root int, pairs []vram.GPUPair) ([]int, vram.Timin
 	if cfg.cuda == "off" {
 		return nil, t, nil
 	}
-	found, _, err := vram.FindCUDA(root)
+	found, _, err := findCUDAProcs(root)
 	if err != nil {
 		return nil, t, err
 	}
@@ -243,7 +246,7 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 	case "unlock":
 		err = drv.Unlock(pid)
 	case "suspend", "resume":
-		found, _, ferr := vram.FindCUDA(pid)
+		found, _, ferr := findCUDAProcs(pid)
 		if ferr != nil {
 			return ferr
 		}

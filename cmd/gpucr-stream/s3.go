@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -77,7 +79,23 @@ func openS3Output(ctx context.Context, cfg *config, loc sinks.Location) (streame
 		return nil, nil, err
 	}
 	cfg.uploaded = store.Uploaded
+	// Parts in flight, the part being filled of the segment being written
+	// and of those committing in the background (sinks.S3Config.MaxInflight).
+	capMemoryTo(cfg, int64(cfg.s3Parallel+1+streamer.DefaultCommitting)*store.PartSize())
 	return out, nil, nil
+}
+
+// capMemoryTo makes --memory-limit, plus what the store holds beside the
+// pipeline, the Go runtime's soft memory limit, so that the garbage
+// collector keeps the process within its budgets however long the image
+// (its default lets the heap grow to twice what is live). GOMEMLIMIT, when
+// set, wins.
+func capMemoryTo(cfg *config, store int64) {
+	if _, ok := os.LookupEnv("GOMEMLIMIT"); ok {
+		return
+	}
+	const runtimeAndBuffers = 128 << 20 // stacks, pipes' buffers, clients
+	debug.SetMemoryLimit(cfg.opts.MemoryLimit + store + runtimeAndBuffers)
 }
 
 // openS3Source is openSource for s3://BUCKET/PREFIX/NAME: chunks are read
@@ -96,6 +114,7 @@ func openS3Source(ctx context.Context, cfg *config, loc sinks.Location, opts str
 		store.Close()
 		return nil, err
 	}
+	capMemoryTo(cfg, 0)
 	return src, nil
 }
 

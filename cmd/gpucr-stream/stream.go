@@ -122,10 +122,10 @@ func runCapture(ctx context.Context, cfg *config, args []string) error {
 			}
 		}()
 	}
-	res, err := capture.Intake(ctx, cfg.imagesDir, c, capture.Hooks{
+	res, err := capture.IntakeWith(ctx, cfg.imagesDir, c, capture.IntakeOptions{Hooks: capture.Hooks{
 		Listening: func() { cfg.progressLine("socket-init") },
 		Connected: func() { cfg.progressLine("checkpoint-start") },
-	})
+	}, Producers: cfg.producers})
 	ext.Wait()
 	close(extErrs)
 	if err == nil {
@@ -296,9 +296,9 @@ func runServe(ctx context.Context, cfg *config, args []string) error {
 		defer ext.Done()
 		extErr = writeExtFiles(ctx, cfg, src)
 	}()
-	res, err := capture.Serve(ctx, cfg.imagesDir, src, capture.Hooks{
+	res, err := capture.ServeWith(ctx, cfg.imagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
 		Listening: func() { cfg.progressLine("socket-init") },
-	})
+	}, Producers: cfg.producers})
 	if err == nil && stream != nil {
 		// CRIU is done; the rest of the stream must still check out.
 		err = stream.Wait(ctx)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
@@ -28,8 +29,8 @@ func runVRAM(ctx context.Context, cfg *config, args []string) error {
 	if action != "push" && action != "pull" {
 		return usagef("vram: unknown action %q: want push or pull", action)
 	}
-	if err := cfg.needImagesDir("vram " + action); err != nil {
-		return err
+	if cfg.imagesDir == "" {
+		return usagef("vram %s needs --images-dir DIR (the images dir of the capture or serve)", action)
 	}
 	stdio := 0
 	for i := 0; i < len(pairs); i += 2 {
@@ -45,12 +46,31 @@ func runVRAM(ctx context.Context, cfg *config, args []string) error {
 	}
 	producer := fmt.Sprintf("gpucr-stream-vram-%d", os.Getpid())
 	start := time.Now()
+	// The socket appears when the capture (or serve) starts listening: a
+	// producer started beside it waits for it, up to 30 s.
 	var cl *capture.Client
 	var err error
-	if action == "push" {
-		cl, err = capture.DialProducer(ctx, cfg.imagesDir, producer)
-	} else {
-		cl, err = capture.DialPull(ctx, cfg.imagesDir, producer)
+	sock := capture.CaptureSocket
+	if action == "pull" {
+		sock = capture.ServeSocket
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, serr := os.Stat(filepath.Join(cfg.imagesDir, sock)); serr == nil {
+			if action == "push" {
+				cl, err = capture.DialProducer(ctx, cfg.imagesDir, producer)
+			} else {
+				cl, err = capture.DialPull(ctx, cfg.imagesDir, producer)
+			}
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				break
+			}
+		} else {
+			err = fmt.Errorf("no %s in %s: is a capture or checkpoint (serve or restore for pull) running there?", sock, cfg.imagesDir)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
 		return err

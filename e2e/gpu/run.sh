@@ -85,6 +85,7 @@ finish() {
 	local rc=$1
 	# Whatever is still running of ours goes.
 	for p in $(cat "$WORK"/t-*/ready 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	for t in "$WORK"/t-*; do [ -d "$t" ] && tail -n 200 "$t/target.out" >"$WORK/logs/$(basename "$t")-target.out" 2>/dev/null; done
 	(cd "$WORK/logs" && tar czf "$OUTDIR/logs.tar.gz" . 2>/dev/null)
 	summary
 	log "done (exit $rc) after $(since "$T_START")s"
@@ -109,6 +110,17 @@ for r in rows:
         (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
     if r.get("note"):
         print("          note: " + r["note"])
+    if r.get("pull_pages_seconds"):
+        print("          pages read + decoded into a pipe to /dev/null (no CRIU): %.2fs" % r["pull_pages_seconds"])
+import statistics
+def med(kind, key):
+    v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
+    return (statistics.median(v), len(v)) if v else (0, 0)
+print()
+for kind in ("baseline", "auto", "lz4"):
+    (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
+    if n:
+        print("median of %d %-8s: checkpoint %6.2fs  restore %6.2fs" % (n, kind, c, rs))
 EOF
 }
 trap 'log "interrupted"; finish 130' INT TERM
@@ -158,6 +170,7 @@ start_target() {
 	log "target $TPID ready in $(since "$t0")s: $(tail -1 "$TDIR/target.out")"
 	if [ "$DEVICE" = cuda ]; then
 		nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
+		log "cuda state of $TPID: $("$GCS" gpu state --pid "$TPID" 2>&1)"
 	fi
 }
 
@@ -205,6 +218,19 @@ wait_gone() {
 	return 0
 }
 
+# keep_log SRC DST: CRIU's -v4 logs of a 10 GB process are large; keep
+# every error line and the tail.
+keep_log() {
+	[ -f "$1" ] || return 0
+	{
+		grep -n "Error\|Warn" "$1" | tail -200
+		echo "--- pages"
+		grep -n "pages-\|pagemap\|nr_restored\|Restore finished\|Dumping finished\|Forking\|Opening image" "$1" | grep -v " Read \| pages$" | head -100
+		echo "--- tail"
+		tail -n 1500 "$1"
+	} >"$2" 2>/dev/null
+}
+
 crit_errors() { grep -h "Error" "$@" 2>/dev/null | grep -v RLIMIT_NOFILE | tail -8 | tee -a "$RUNLOG"; }
 
 # result JSON fields, assembled per round
@@ -225,8 +251,9 @@ round_baseline() {
 	fi
 	t0=$(now)
 	if ! "$CRIU" dump -D "$img" -t "$TPID" -o dump.log -v4 $CRIU_OPTS >"$WORK/logs/baseline-criu-dump.out" 2>&1; then
-		cp "$img/dump.log" "$WORK/logs/baseline-dump.log" 2>/dev/null
+		keep_log "$img/dump.log" "$WORK/logs/baseline-dump.log"
 		log "baseline: criu dump failed"
+		DUMP_FAILED=1
 		crit_errors "$img/dump.log"
 		[ "$DEVICE" = cuda ] && "$GCS" gpu resume --pid "$TPID" 2>&1 | tee -a "$RUNLOG"
 		return 1
@@ -238,17 +265,17 @@ round_baseline() {
 	tsync=$(since "$t0")
 	local raw
 	raw=$(du -sb "$img" | awk '{print $1}')
-	cp "$img/dump.log" "$WORK/logs/baseline-dump.log"
+	keep_log "$img/dump.log" "$WORK/logs/baseline-dump.log"
 	wait_gone "$TPID" || log "baseline: pid $TPID still there"
 	t0=$(now)
 	if ! "$CRIU" restore -D "$img" --restore-detached -o restore.log -v4 $CRIU_OPTS >"$WORK/logs/baseline-criu-restore.out" 2>&1; then
-		cp "$img/restore.log" "$WORK/logs/baseline-restore.log" 2>/dev/null
+		keep_log "$img/restore.log" "$WORK/logs/baseline-restore.log"
 		log "baseline: criu restore failed"
 		crit_errors "$img/restore.log"
 		return 1
 	fi
 	tr=$(since "$t0")
-	cp "$img/restore.log" "$WORK/logs/baseline-restore.log"
+	keep_log "$img/restore.log" "$WORK/logs/baseline-restore.log"
 	if [ "$DEVICE" = cuda ]; then
 		"$GCS" gpu resume --pid "$TPID" --json >"$WORK/logs/baseline-resume.json" 2>&1 || {
 			cat "$WORK/logs/baseline-resume.json" | tee -a "$RUNLOG"
@@ -289,17 +316,46 @@ round_gcs() {
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
 		log "$ROUND: checkpoint failed: $(tail -c 3000 "$WORK/logs/$ROUND-checkpoint.err")"
-		cp "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log" 2>/dev/null
+		DUMP_FAILED=1
+		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
 		crit_errors "$WORK/w/img/dump.log"
 		# The undo must have left the target running with its memory intact.
 		prove after-failed-checkpoint
 		return 1
 	fi
 	tck=$(since "$t0")
-	cp "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log" 2>/dev/null
+	keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
 	log "$ROUND: checkpoint in ${tck}s: $(cat "$WORK/logs/$ROUND-checkpoint.json")"
 	"$GCS" inspect "$ar" >"$WORK/logs/$ROUND-inspect.txt" 2>&1
-	head -30 "$WORK/logs/$ROUND-inspect.txt" | tee -a "$RUNLOG"
+	head -12 "$WORK/logs/$ROUND-inspect.txt" | tee -a "$RUNLOG"
+	local tpull=0
+	if [ -z "$leave" ] && [ "${PULL_BENCH:-1}" = 1 ]; then
+		# How fast the archive is read and decoded into a pipe whose reader
+		# is quick (vram pull to /dev/null), next to criu restore reading
+		# the same file: which side bounds the restore.
+		local pb=$WORK/pb
+		rm -rf "$pb"
+		mkdir -p "$pb"
+		"$GCS" --images-dir "$pb" serve --from "$ar" >/dev/null 2>"$WORK/logs/$ROUND-pullbench-serve.err" &
+		local sp=$!
+		local i=0
+		while [ ! -S "$pb/streamer-serve.sock" ] && [ $i -lt 100 ]; do
+			sleep 0.05
+			i=$((i + 1))
+		done
+		local big
+		big=$(awk '$NF ~ /^pages-.*\.img$/ { print $1, $NF }' "$WORK/logs/$ROUND-inspect.txt" | sort -n | tail -1 | awk '{print $2}')
+		t0=$(now)
+		if "$GCS" vram pull --images-dir "$pb" "${big:-pages-1.img}" - >/dev/null 2>"$WORK/logs/$ROUND-pullbench.err"; then
+			tpull=$(since "$t0")
+			log "$ROUND: read + decode of ${big:-pages-1.img} into a pipe (vram pull > /dev/null): ${tpull}s"
+		else
+			log "$ROUND: pull bench failed: $(cat "$WORK/logs/$ROUND-pullbench.err")"
+		fi
+		kill "$sp" 2>/dev/null
+		wait "$sp" 2>/dev/null
+		rm -rf "$pb"
+	fi
 	local stored
 	stored=$(du -sb "$ar" | awk '{print $1}')
 	local ok=false note="" restore_json="{}" trs=0
@@ -326,7 +382,7 @@ round_gcs() {
 		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
 			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
 			log "$ROUND: restore failed: $(tail -c 3000 "$WORK/logs/$ROUND-restore.err")"
-			cp "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log" 2>/dev/null
+			keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
 			crit_errors "$WORK/w2/img/restore.log"
 			if [ -e "/proc/$TPID" ] && [ "$DEVICE" = cuda ]; then
 				log "$ROUND: restored process $TPID is there; resuming its GPU state without --gpu-map"
@@ -337,7 +393,7 @@ round_gcs() {
 			fi
 		fi
 		trs=$(since "$t0")
-		cp "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log" 2>/dev/null
+		keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
 		log "$ROUND: restore in ${trs}s: $(cat "$WORK/logs/$ROUND-restore.json")"
 		restore_json=$(cat "$WORK/logs/$ROUND-restore.json")
 		[ -n "$restore_json" ] || restore_json="{}"
@@ -350,7 +406,7 @@ round_gcs() {
 	fi
 	emit "$(python3 -c '
 import json, sys
-rnd, codec, ok, stored, note = sys.argv[1:6]
+rnd, codec, ok, stored, note, tpull = sys.argv[1:6] + sys.argv[8:9]
 ck = json.load(open(sys.argv[6]))
 rs = json.loads(sys.argv[7])
 ph = {p["name"]: p["seconds"] for p in ck.get("phases", [])}
@@ -362,15 +418,24 @@ phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoin
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
-  "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "note": note}))
-' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json")"
+  "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "note": note, "pull_pages_seconds": float(tpull),
+  "gpu_query": ph.get("gpu query (nvidia-smi)", 0)}))
+' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull")"
 	rm -rf "$ar"
 	$ok
 }
 
 CRIU_OPTS=${CRIU_OPTS:-}
+# If CRIU refuses the first dump, the rounds are tried again once with these
+# options (what a process with external sockets, locks or unlinked files
+# needs).
+CRIU_RETRY_OPTS=${CRIU_RETRY_OPTS---ext-unix-sk --file-locks --link-remap}
 FAILED=0
-for ROUND in $ROUNDS; do
+RETRIED=0
+set -- $ROUNDS
+while [ $# -gt 0 ]; do
+	ROUND=$1
+	shift
 	elapsed=$(since "$T_START")
 	if awk -v e="$elapsed" -v d="$DEADLINE" 'BEGIN { exit !(e > d) }'; then
 		log "deadline ${DEADLINE}s passed: skipping round $ROUND and the rest"
@@ -388,12 +453,22 @@ for ROUND in $ROUNDS; do
 		FAILED=$((FAILED + 1))
 		continue
 	}
+	DUMP_FAILED=0
 	case $base in
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	*) round_gcs "$base" ;;
 	esac
 	rc=$?
+	if [ $rc -ne 0 ] && [ $DUMP_FAILED = 1 ] && [ $RETRIED = 0 ] && [ -n "$CRIU_RETRY_OPTS" ] && [ -z "$CRIU_OPTS" ]; then
+		RETRIED=1
+		CRIU_OPTS=$CRIU_RETRY_OPTS
+		log "round $ROUND: criu dump failed; trying again with criu options $CRIU_OPTS"
+		kill -9 "$TPID" 2>/dev/null
+		wait_gone "$TPID"
+		set -- "$ROUND" "$@"
+		continue
+	fi
 	[ $rc -ne 0 ] && FAILED=$((FAILED + 1))
 	log "round $ROUND: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
 	kill -9 "$TPID" 2>/dev/null
