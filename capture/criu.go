@@ -143,24 +143,34 @@ type DumpReport struct {
 	LogPath  string
 }
 
+// workDirs returns the work dir (a new temporary one, removed by cleanup,
+// when none is given; kept short for the socket path) and its images dir.
+func workDirs(workDir string) (dir, images string, cleanup func(), err error) {
+	dir, cleanup = workDir, func() {}
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "gcs-"); err != nil {
+			return "", "", nil, err
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+	}
+	images = filepath.Join(dir, "img")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		cleanup()
+		return "", "", nil, err
+	}
+	return dir, images, cleanup, nil
+}
+
 // Dump runs `criu dump --stream` against an in-process intake feeding c,
 // with the post-dump action wired to BeforeKill. It returns after CRIU
 // exits; CRIU's exit code decides success.
 func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, error) {
 	var rep DumpReport
-	dir := o.WorkDir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "gcs-")
-		if err != nil {
-			return rep, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	images := filepath.Join(dir, "img")
-	if err := os.MkdirAll(images, 0o700); err != nil {
+	dir, images, cleanup, err := workDirs(o.WorkDir)
+	if err != nil {
 		return rep, err
 	}
+	defer cleanup()
 	rep.ImageDir, rep.LogPath = images, filepath.Join(images, "dump.log")
 	cm, err := newCommitter(dir)
 	if err != nil {
@@ -255,19 +265,11 @@ type RestoreReport struct {
 // it cannot be trusted.
 func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (RestoreReport, error) {
 	var rep RestoreReport
-	dir := o.WorkDir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "gcs-")
-		if err != nil {
-			return rep, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	images := filepath.Join(dir, "img")
-	if err := os.MkdirAll(images, 0o700); err != nil {
+	dir, images, cleanup, err := workDirs(o.WorkDir)
+	if err != nil {
 		return rep, err
 	}
+	defer cleanup()
 	rep.LogPath = filepath.Join(images, "restore.log")
 	pidfile := filepath.Join(dir, "restored.pid")
 	ctx, cancel := context.WithCancel(ctx)
