@@ -61,13 +61,8 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
 	}
 	start := time.Now()
-	out, _, err := openOutput(ctx, cfg)
+	c, _, err := startCapture(ctx, cfg)
 	if err != nil {
-		return err
-	}
-	c, err := streamer.NewCapture(ctx, out, cfg.opts)
-	if err != nil {
-		_ = out.Abort(ctx)
 		return err
 	}
 	bar := startProgress(cfg, "checkpoint", &c.Counters, 0)

@@ -91,6 +91,20 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 	return nil, nil, usagef("--to %s: this destination is not supported yet", loc)
 }
 
+// startCapture opens --to and starts the pipeline writing into it; sizes
+// reports per-shard bytes for stream destinations (nil for archives).
+func startCapture(ctx context.Context, cfg *config) (c *streamer.Capture, sizes func() []int64, err error) {
+	out, sizes, err := openOutput(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c, err = streamer.NewCapture(ctx, out, cfg.opts); err != nil {
+		_ = out.Abort(ctx)
+		return nil, nil, err
+	}
+	return c, sizes, nil
+}
+
 func runCapture(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("capture takes no arguments (got %q); use --to DEST", args)
@@ -99,13 +113,8 @@ func runCapture(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	start := time.Now()
-	out, sizes, err := openOutput(ctx, cfg)
+	c, sizes, err := startCapture(ctx, cfg)
 	if err != nil {
-		return err
-	}
-	c, err := streamer.NewCapture(ctx, out, cfg.opts)
-	if err != nil {
-		_ = out.Abort(ctx)
 		return err
 	}
 	bar := startProgress(cfg, "capture", &c.Counters, 0)
