@@ -81,7 +81,8 @@ type ArchiveSource struct {
 	window   int
 	parallel int
 	tokens   chan struct{} // the shared budget
-	pool     sync.Pool
+	pages    pagePool      // decoded chunks
+	payloads sync.Pool     // compressed payloads
 	// Counters count the bytes written out (RawBytes) and the payload
 	// bytes read from the store (StoredBytes), for progress displays.
 	Counters Counters
@@ -107,8 +108,8 @@ func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource
 	// deeper one would only hold memory.
 	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
 	a.parallel = min(a.parallel, a.window)
-	size := m.ChunkSize + manifest.FrameSize
-	a.pool.New = func() any { b := make([]byte, size); return &b }
+	a.pages = pagePool{size: m.ChunkSize, keep: budget + 2}
+	a.payloads.New = func() any { b := make([]byte, m.ChunkSize); return &b }
 	return a, nil
 }
 
@@ -127,18 +128,27 @@ func (a *ArchiveSource) Stat(ctx context.Context, name string) (manifest.File, e
 // Files implements Source.
 func (a *ArchiveSource) Files(ctx context.Context) ([]manifest.File, error) { return a.man.Files, nil }
 
-// Close implements Source.
-func (a *ArchiveSource) Close() error { return nil }
+// Close implements Source; it must not be called while a Copy runs.
+func (a *ArchiveSource) Close() error {
+	a.pages.close()
+	return nil
+}
 
+// fetched is one chunk ready to write: raw lies in page (or is zero bytes
+// long for a zero chunk); payload is the stored form it was decoded from.
 type fetched struct {
-	raw  []byte
-	zero int64
-	bufs []*[]byte
+	raw     []byte
+	zero    int64
+	page    *pageBuf
+	payload *[]byte
 }
 
 func (a *ArchiveSource) drop(v fetched) {
-	for _, b := range v.bufs {
-		a.pool.Put(b)
+	if v.payload != nil {
+		a.payloads.Put(v.payload)
+	}
+	if v.page != nil {
+		a.pages.put(v.page)
 	}
 }
 
@@ -245,6 +255,7 @@ func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int
 			}
 		}()
 	}
+	out := newChunkWriter(w)
 	var written int64
 	var err error
 	emitted := 0
@@ -257,10 +268,14 @@ func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int
 				err = r.err
 				break
 			}
-			if r.v.raw == nil {
-				err = writeZeros(w, r.v.zero)
+			if r.v.page == nil {
+				err = out.zeros(r.v.zero)
+			} else if spliced, werr := out.write(r.v.raw); spliced {
+				// The pipe holds the pages: they must never be reused.
+				r.v.page.free()
+				r.v.page, err = nil, werr
 			} else {
-				_, err = w.Write(r.v.raw)
+				err = werr
 			}
 			a.drop(r.v)
 			release(i)
@@ -286,8 +301,8 @@ func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int
 	return written, err
 }
 
-func (a *ArchiveSource) getBuf(n int) *[]byte {
-	b := a.pool.Get().(*[]byte)
+func (a *ArchiveSource) payloadBuf(n int) *[]byte {
+	b := a.payloads.Get().(*[]byte)
 	if cap(*b) < n {
 		nb := make([]byte, n)
 		return &nb
@@ -309,19 +324,34 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		}
 		return fetched{zero: int64(c.RawLen)}, nil
 	}
-	frame := a.getBuf(manifest.FrameSize + int(c.Stored))
-	v := fetched{bufs: []*[]byte{frame}}
+	page, err := a.pages.get(int(c.RawLen))
+	if err != nil {
+		return fetched{}, where("%w", err)
+	}
+	v := fetched{page: page}
 	fail := func(err error) (fetched, error) {
-		for _, b := range v.bufs {
-			a.pool.Put(b)
-		}
+		a.drop(v)
 		return fetched{}, err
 	}
-	r, err := a.store.Open(ctx, seg, c.Pos, int64(len(*frame)))
+	// A raw chunk is read straight into its page buffer, which is then
+	// written out (or spliced) as it is.
+	raw := page.b[:c.RawLen]
+	payload := raw
+	if codec.ID(c.Codec) != codec.None {
+		v.payload = a.payloadBuf(int(c.Stored))
+		payload = *v.payload
+	} else if c.Stored != c.RawLen {
+		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, manifest.ErrCorrupt))
+	}
+	r, err := a.store.Open(ctx, seg, c.Pos, manifest.FrameSize+int64(c.Stored))
 	if err != nil {
 		return fail(where("%w", err))
 	}
-	_, err = io.ReadFull(r, *frame)
+	var hdr [manifest.FrameSize]byte
+	_, err = io.ReadFull(r, hdr[:])
+	if err == nil {
+		_, err = io.ReadFull(r, payload)
+	}
 	r.Close()
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
@@ -329,20 +359,13 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		}
 		return fail(where("read frame: %w", err))
 	}
-	fh, err := manifest.UnmarshalFrameHeader(*frame)
+	fh, err := manifest.UnmarshalFrameHeader(hdr[:])
 	if err != nil {
 		return fail(where("%w: %w", err, manifest.ErrCorrupt))
 	}
 	if fh.Type != manifest.FrameData || fh.Offset != uint64(c.Offset) || fh.RawLen != c.RawLen ||
 		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum {
 		return fail(where("frame does not match the index: %w", manifest.ErrCorrupt))
-	}
-	payload := (*frame)[manifest.FrameSize:]
-	raw := payload
-	if codec.ID(c.Codec) != codec.None {
-		rb := a.getBuf(int(c.RawLen))
-		v.bufs = append(v.bufs, rb)
-		raw = *rb
 	}
 	if err := decodeChunk(raw, c.Codec, c.Checksum, payload); err != nil {
 		return fail(where("%w", err))

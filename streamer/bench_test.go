@@ -199,3 +199,57 @@ func BenchmarkArchiveSource(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkArchiveSourcePipe serves the archive into a pipe read by
+// another goroutine, as CRIU reads it: by write(2), and by vmsplice(2).
+func BenchmarkArchiveSourcePipe(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	for _, spec := range benchCodecs() {
+		ctx := context.Background()
+		store := newMemStore("bench")
+		out, err := NewArchiveOutput(ctx, store, 64<<20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+		for _, mode := range []string{"write", "vmsplice"} {
+			b.Run(spec+"/"+mode, func(b *testing.B) {
+				defer func(v bool) { noSplice = v }(noSplice)
+				noSplice = mode == "write"
+				b.SetBytes(total)
+				for range b.N {
+					a, err := OpenArchive(ctx, store, Options{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, f := range m.Files {
+						if err := copyToPipeReader(ctx, a, f); err != nil {
+							b.Fatalf("Copy(%s): %v", f.Name, err)
+						}
+					}
+					a.Close()
+				}
+			})
+		}
+	}
+}
+
+func copyToPipeReader(ctx context.Context, a *ArchiveSource, f manifest.File) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	GrowPipe(w.Fd())
+	read := make(chan int64, 1)
+	go func() {
+		n, _ := io.CopyBuffer(struct{ io.Writer }{io.Discard}, struct{ io.Reader }{r}, make([]byte, 1<<20))
+		r.Close()
+		read <- n
+	}()
+	n, err := a.Copy(ctx, f.Name, w)
+	w.Close()
+	if got := <-read; err == nil && (n != f.Size || got != f.Size) {
+		err = fmt.Errorf("%d bytes copied, %d read, want %d", n, got, f.Size)
+	}
+	return err
+}

@@ -1,0 +1,192 @@
+package streamer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Serving into CRIU's pipe is the serial step of a restore: write(2) copies
+// every byte into pipe pages that CRIU then copies again. vmsplice(2) puts
+// references to our own pages into the pipe instead, which doubles what one
+// pipe carries. The price is that a page handed to a pipe may be read at any
+// later time (by CRIU, or by whatever the reader splices it on to), so a
+// spliced buffer is never written again: it is unmapped, and the pipe's
+// references keep its pages alive until they are read. Such buffers are
+// therefore mmap'd outside Go's heap, which would reuse them.
+
+// hugePage aligns page buffers so that the kernel can back them with
+// transparent huge pages: mapping, filling and unmapping 4 MiB costs a
+// tenth of what it does in 4 KiB pages.
+const hugePage = 2 << 20
+
+// pageBuf is a buffer of whole pages of its own mapping.
+type pageBuf struct {
+	mapping []byte // what munmap takes
+	b       []byte // the usable, huge-page aligned part
+}
+
+func newPageBuf(size int) (*pageBuf, error) {
+	n := (size + hugePage - 1) &^ (hugePage - 1)
+	m, err := unix.Mmap(-1, 0, n+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("map a %d-byte buffer: %w", n, err)
+	}
+	off := 0
+	if a := addr(m) % hugePage; a != 0 {
+		off = int(hugePage - a)
+	}
+	b := m[off : off+n]
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // a hint; without it, small pages
+	return &pageBuf{mapping: m, b: b}, nil
+}
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func (p *pageBuf) free() { _ = unix.Munmap(p.mapping) }
+
+// pagePool keeps page buffers that were written out by copying, for reuse;
+// a spliced buffer is freed instead (see above).
+type pagePool struct {
+	size int // the buffers' length
+	keep int // at most this many are kept free
+	mu   sync.Mutex
+	free []*pageBuf
+}
+
+func (p *pagePool) get(n int) (*pageBuf, error) {
+	if n <= p.size {
+		p.mu.Lock()
+		if k := len(p.free); k > 0 {
+			b := p.free[k-1]
+			p.free = p.free[:k-1]
+			p.mu.Unlock()
+			return b, nil
+		}
+		p.mu.Unlock()
+	}
+	return newPageBuf(max(n, p.size))
+}
+
+func (p *pagePool) put(b *pageBuf) {
+	p.mu.Lock()
+	if len(b.b) == p.size && len(p.free) < p.keep {
+		p.free = append(p.free, b)
+		b = nil
+	}
+	p.mu.Unlock()
+	if b != nil {
+		b.free()
+	}
+}
+
+// close frees the kept buffers.
+func (p *pagePool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, b := range p.free {
+		b.free()
+	}
+	p.free = nil
+}
+
+// zeroPages is a read-only mapping never written: the kernel backs it with
+// the shared zero page, so splicing it hands out zeros without copying any.
+var zeroPages = sync.OnceValues(func() ([]byte, error) {
+	return unix.Mmap(-1, 0, 4<<20, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+})
+
+// chunkWriter writes decoded chunks to w: by vmsplice when w is a pipe,
+// by Write otherwise.
+type chunkWriter struct {
+	w    io.Writer
+	pipe syscall.RawConn // nil unless w is a pipe
+}
+
+// noSplice turns splicing off, to measure what it saves
+// (GPUCR_NO_SPLICE=1).
+var noSplice = os.Getenv("GPUCR_NO_SPLICE") == "1"
+
+func newChunkWriter(w io.Writer) chunkWriter {
+	f, ok := w.(*os.File)
+	if !ok || noSplice {
+		return chunkWriter{w: w}
+	}
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		return chunkWriter{w: w}
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return chunkWriter{w: w}
+	}
+	return chunkWriter{w: w, pipe: rc}
+}
+
+// write writes b, which lies in a pageBuf. It reports whether the pipe
+// took references to b's pages, in which case b must never be written
+// again.
+func (cw chunkWriter) write(b []byte) (spliced bool, err error) {
+	if cw.pipe == nil {
+		_, err := cw.w.Write(b)
+		return false, err
+	}
+	n, err := cw.vmsplice(b)
+	return n > 0, err
+}
+
+// zeros writes n zero bytes.
+func (cw chunkWriter) zeros(n int64) error {
+	z, err := zeroPages()
+	if cw.pipe == nil || err != nil {
+		return writeZeros(cw.w, n)
+	}
+	for n > 0 {
+		k := min(n, int64(len(z)))
+		if _, err := cw.vmsplice(z[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+// vmsplice hands all of b to the pipe, waiting for room as a write does.
+func (cw chunkWriter) vmsplice(b []byte) (int, error) {
+	done := 0
+	var serr error
+	err := cw.pipe.Write(func(fd uintptr) bool {
+		for done < len(b) {
+			iov := []unix.Iovec{{Base: &b[done]}}
+			iov[0].SetLen(len(b) - done)
+			n, err := unix.Vmsplice(int(fd), iov, 0)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false // a non-blocking pipe: wait until writable
+			case err != nil:
+				serr = err
+				return true
+			}
+			done += n
+		}
+		return true
+	})
+	if serr != nil {
+		err = serr
+	}
+	if err != nil {
+		if errors.Is(err, unix.EPIPE) {
+			err = fmt.Errorf("%w (the reader closed the pipe)", err)
+		}
+		return done, fmt.Errorf("vmsplice: %w", err)
+	}
+	return done, nil
+}

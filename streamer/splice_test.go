@@ -1,0 +1,120 @@
+package streamer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Archives served into real pipes go by vmsplice: the reader must see
+// exactly the files, also when it reads slowly and the pipe is small (so
+// that the pipe holds our pages while later chunks are decoded).
+func TestArchiveCopyIntoPipe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, spec := range []string{"none", "lz4", "auto"} {
+		t.Run(spec, func(t *testing.T) {
+			ac := newArchiveCorpus(t, spec)
+			a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			for name, want := range ac.files {
+				for _, nonblock := range []bool{false, true} {
+					got, err := copyThroughPipe(ctx, a, name, nonblock, -1)
+					if err != nil {
+						t.Fatalf("%s (nonblock %v): %v", name, nonblock, err)
+					}
+					if !bytes.Equal(got, want) {
+						t.Fatalf("%s (nonblock %v): %d bytes read, want %d; equal=%v", name, nonblock, len(got), len(want), bytes.Equal(got, want))
+					}
+				}
+			}
+		})
+	}
+}
+
+// A reader that goes away leaves Copy with an error, not a hang, and
+// nothing leaked.
+func TestArchiveCopyIntoClosedPipe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ac := newArchiveCorpus(t, "none")
+	a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	base := countGoroutines()
+	if _, err := copyThroughPipe(ctx, a, "pages-1.img", false, 1000); !errors.Is(err, unix.EPIPE) {
+		t.Fatalf("Copy into a pipe whose reader left = %v, want EPIPE", err)
+	}
+	if len(a.tokens) != 0 {
+		t.Fatalf("%d tokens leaked", len(a.tokens))
+	}
+	waitGoroutines(t, base)
+}
+
+// copyThroughPipe copies name into a 64 KiB pipe read slowly; with limit
+// >= 0 the reader stops after that many bytes and closes its end.
+func copyThroughPipe(ctx context.Context, a *ArchiveSource, name string, nonblock bool, limit int) ([]byte, error) {
+	r, w, err := os.Pipe() // os.Pipe's ends are non-blocking and pollable
+	if err != nil {
+		return nil, err
+	}
+	if _, err := unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 64<<10); err != nil {
+		return nil, err
+	}
+	if nonblock {
+		// Fd switched the file to blocking mode; a File made from a
+		// non-blocking descriptor is pollable again.
+		fd, err := unix.Dup(int(w.Fd()))
+		if err != nil {
+			return nil, err
+		}
+		w.Close()
+		if err := unix.SetNonblock(fd, true); err != nil {
+			return nil, err
+		}
+		w = os.NewFile(uintptr(fd), "pipe")
+	}
+	if newChunkWriter(w).pipe == nil {
+		return nil, errors.New("a pipe is not written by vmsplice")
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var got bytes.Buffer
+		buf := make([]byte, 4096)
+		for limit < 0 || got.Len() < limit {
+			n, err := r.Read(buf)
+			got.Write(buf[:n])
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				done <- result{nil, err}
+				return
+			}
+		}
+		r.Close()
+		done <- result{got.Bytes(), nil}
+	}()
+	_, err = a.Copy(ctx, name, w)
+	w.Close()
+	res := <-done
+	if err != nil {
+		return nil, err
+	}
+	return res.b, res.err
+}
