@@ -32,8 +32,10 @@ type pageBuf struct {
 	b       []byte // the usable, huge-page aligned part
 }
 
+func roundHuge(n int) int { return (n + hugePage - 1) &^ (hugePage - 1) }
+
 func newPageBuf(size int) (*pageBuf, error) {
-	n := (size + hugePage - 1) &^ (hugePage - 1)
+	n := roundHuge(size)
 	m, err := unix.Mmap(-1, 0, n+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, fmt.Errorf("map a %d-byte buffer: %w", n, err)
@@ -76,7 +78,7 @@ func (p *pagePool) get(n int) (*pageBuf, error) {
 
 func (p *pagePool) put(b *pageBuf) {
 	p.mu.Lock()
-	if len(b.b) == p.size && len(p.free) < p.keep {
+	if len(b.b) == roundHuge(p.size) && len(p.free) < p.keep {
 		p.free = append(p.free, b)
 		b = nil
 	}
