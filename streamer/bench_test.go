@@ -167,17 +167,22 @@ func BenchmarkStreamSource(b *testing.B) {
 	}
 }
 
+// benchArchive captures total bytes of benchmark data into an archive.
+func benchArchive(b *testing.B, spec string, total int64) (*memStore, *manifest.Manifest) {
+	store := newMemStore("bench")
+	out, err := NewArchiveOutput(context.Background(), store, 64<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return store, captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+}
+
 func BenchmarkArchiveSource(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range benchCodecs() {
 		b.Run(spec, func(b *testing.B) {
 			ctx := context.Background()
-			store := newMemStore("bench")
-			out, err := NewArchiveOutput(ctx, store, 64<<20)
-			if err != nil {
-				b.Fatal(err)
-			}
-			m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+			store, m := benchArchive(b, spec, total)
 			b.SetBytes(total)
 			b.ResetTimer()
 			for range b.N {
@@ -206,12 +211,7 @@ func BenchmarkArchiveSourcePipe(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range benchCodecs() {
 		ctx := context.Background()
-		store := newMemStore("bench")
-		out, err := NewArchiveOutput(ctx, store, 64<<20)
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+		store, m := benchArchive(b, spec, total)
 		for _, mode := range []string{"write", "vmsplice"} {
 			b.Run(spec+"/"+mode, func(b *testing.B) {
 				defer func(v bool) { noSplice = v }(noSplice)

@@ -48,9 +48,14 @@ func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) err
 var zeros = make([]byte, 1<<20)
 
 func writeZeros(w io.Writer, n int64) error {
+	return zeroRuns(zeros, n, func(b []byte) error { _, err := w.Write(b); return err })
+}
+
+// zeroRuns hands n zero bytes to write in pieces of z, which is all zeros.
+func zeroRuns(z []byte, n int64, write func([]byte) error) error {
 	for n > 0 {
-		k := min(n, int64(len(zeros)))
-		if _, err := w.Write(zeros[:k]); err != nil {
+		k := min(n, int64(len(z)))
+		if err := write(z[:k]); err != nil {
 			return err
 		}
 		n -= k

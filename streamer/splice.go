@@ -149,14 +149,7 @@ func (cw chunkWriter) zeros(n int64) error {
 	if cw.pipe == nil || err != nil {
 		return writeZeros(cw.w, n)
 	}
-	for n > 0 {
-		k := min(n, int64(len(z)))
-		if _, err := cw.vmsplice(z[:k]); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
+	return zeroRuns(z, n, func(b []byte) error { _, err := cw.vmsplice(b); return err })
 }
 
 // vmsplice hands all of b to the pipe, waiting for room as a write does.
