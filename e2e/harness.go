@@ -149,7 +149,8 @@ var builds struct {
 
 // BuildBinary builds a main package of this module (e.g. "./e2e/target",
 // "./cmd/gpucr-stream") with CGO_ENABLED=0, once per test process, and
-// returns the binary's path.
+// returns the binary's path. With GPUCR_PREBUILT=DIR it returns DIR/NAME
+// instead, NAME being pkg with slashes as dashes (e2e-target, cmd-gpucr-stream).
 func BuildBinary(t testing.TB, pkg string) string {
 	t.Helper()
 	root := ModuleRoot(t)
@@ -170,6 +171,15 @@ func BuildBinary(t testing.TB, pkg string) string {
 	}
 	r.once.Do(func() {
 		name := strings.ReplaceAll(strings.Trim(pkg, "./"), "/", "-")
+		// A machine without a Go toolchain (the GPU machine) runs a test
+		// binary built elsewhere against binaries built with it.
+		if pre := os.Getenv("GPUCR_PREBUILT"); pre != "" {
+			r.path = filepath.Join(pre, name)
+			if !fileExists(r.path) {
+				r.err = fmt.Errorf("build %s: GPUCR_PREBUILT=%s has no %s", pkg, pre, name)
+			}
+			return
+		}
 		out := filepath.Join(dir, name)
 		cmd := exec.Command(goTool(), "build", "-o", out, pkg)
 		cmd.Dir = root

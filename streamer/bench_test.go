@@ -234,7 +234,36 @@ func BenchmarkArchiveSourcePipe(b *testing.B) {
 	}
 }
 
-func copyToPipeReader(ctx context.Context, a *ArchiveSource, f manifest.File) error {
+// BenchmarkStreamSourcePipe decodes a stream (as receive does) and serves
+// it into a pipe read by another goroutine: by write(2), and by vmsplice(2).
+func BenchmarkStreamSourcePipe(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	for _, spec := range benchCodecs() {
+		ctx := context.Background()
+		var buf bytes.Buffer
+		out, _ := NewStreamOutput([]io.Writer{&buf})
+		m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
+		for _, mode := range []string{"write", "vmsplice"} {
+			b.Run(spec+"/"+mode, func(b *testing.B) {
+				defer func(v bool) { noSplice = v }(noSplice)
+				noSplice = mode == "write"
+				b.SetBytes(total)
+				for range b.N {
+					src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+						StreamOptions{Options: Options{MemoryLimit: 2 * total}})
+					for _, f := range m.Files {
+						if err := copyToPipeReader(ctx, src, f); err != nil {
+							b.Fatalf("Copy(%s): %v", f.Name, err)
+						}
+					}
+					src.Close()
+				}
+			})
+		}
+	}
+}
+
+func copyToPipeReader(ctx context.Context, a Source, f manifest.File) error {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err

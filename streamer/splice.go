@@ -26,6 +26,10 @@ import (
 // tenth of what it does in 4 KiB pages.
 const hugePage = 2 << 20
 
+// minSpliceChunk: smaller chunks (the small image files, the tails of
+// pages files) are not worth a mapping of their own and are written.
+const minSpliceChunk = 1 << 20
+
 // pageBuf is a buffer of whole pages of its own mapping.
 type pageBuf struct {
 	mapping []byte // what munmap takes

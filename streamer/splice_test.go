@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"testing"
@@ -41,6 +42,64 @@ func TestArchiveCopyIntoPipe(t *testing.T) {
 	}
 }
 
+// Streams (serve, receive) keep decoded chunks in page buffers and splice
+// them too: the bytes must be exact whether a chunk stays in memory or is
+// spilled to disk past the memory limit, and a file may be copied twice.
+func TestStreamCopyIntoPipe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const chunk = minSpliceChunk
+	pages := make([]byte, 5*chunk+1000)
+	r := newRand(7)
+	fillText(pages[:chunk], r)
+	fillRandom(pages[chunk:2*chunk], r) // stored raw
+	// chunk 2 stays zero
+	fillBF16(pages[3*chunk:], r)
+	files := map[string][]byte{"inventory.img": smallData(3000, 0), "pages-1.img": pages, "core-1.img": smallData(5000, 3)}
+	for _, tc := range []struct {
+		spec  string
+		limit int64 // memory limit of the source: below the image, chunks spill
+	}{{"none", 1 << 30}, {"lz4", 1 << 30}, {"auto", 1 << 30}, {"auto", 2 * chunk}} {
+		t.Run(fmt.Sprintf("%s-limit%d", tc.spec, tc.limit), func(t *testing.T) {
+			var buf bytes.Buffer
+			out, err := NewStreamOutput([]io.Writer{&buf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2, Codec: mustSpec(t, tc.spec)}, files)
+			src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: Options{Workers: 2, MemoryLimit: tc.limit}})
+			defer src.Close()
+			if err := src.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var paged, spilled int
+			for _, c := range src.complete["pages-1.img"].chunks {
+				if c.page != nil {
+					paged++
+				}
+				if c.fd != nil {
+					spilled++
+				}
+			}
+			// 4 whole non-zero chunks, and a tail too small for a mapping.
+			if paged+spilled != 4 || (tc.limit < int64(len(pages)) && spilled == 0) {
+				t.Fatalf("pages-1.img: %d chunks in page buffers, %d spilled", paged, spilled)
+			}
+			for name, want := range files {
+				for _, nonblock := range []bool{false, true, false} {
+					got, err := copyThroughPipe(ctx, src, name, nonblock, -1)
+					if err != nil {
+						t.Fatalf("%s (nonblock %v): %v", name, nonblock, err)
+					}
+					if !bytes.Equal(got, want) {
+						t.Fatalf("%s (nonblock %v): %d bytes read, want %d, not equal", name, nonblock, len(got), len(want))
+					}
+				}
+			}
+		})
+	}
+}
+
 // A reader that goes away leaves Copy with an error, not a hang, and
 // nothing leaked.
 func TestArchiveCopyIntoClosedPipe(t *testing.T) {
@@ -64,7 +123,7 @@ func TestArchiveCopyIntoClosedPipe(t *testing.T) {
 
 // copyThroughPipe copies name into a 64 KiB pipe read slowly; with limit
 // >= 0 the reader stops after that many bytes and closes its end.
-func copyThroughPipe(ctx context.Context, a *ArchiveSource, name string, nonblock bool, limit int) ([]byte, error) {
+func copyThroughPipe(ctx context.Context, a Source, name string, nonblock bool, limit int) ([]byte, error) {
 	r, w, err := os.Pipe() // os.Pipe's ends are non-blocking and pollable
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package streamer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -37,6 +38,10 @@ type StreamSource struct {
 	spill    *os.File
 	spillEnd int64
 	cleanup  []string
+	// retired holds the page buffers of files replaced by a later copy:
+	// a Copy may still be handing them to a pipe, so they are unmapped
+	// only by Close.
+	retired []*pageBuf
 
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -61,6 +66,7 @@ type chunkRec struct {
 	hash [32]byte
 	zero bool
 	mem  []byte
+	page *pageBuf // mem's mapping, when mem may be spliced
 	fd   *os.File // where a spilled or extracted chunk lives
 	foff int64
 }
@@ -345,6 +351,9 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 func (s *StreamSource) releaseLocked(f *streamFile) {
 	for _, c := range f.chunks {
 		s.memUsed -= int64(len(c.mem))
+		if c.page != nil {
+			s.retired = append(s.retired, c.page)
+		}
 	}
 	if f.fd != nil {
 		f.fd.Close()
@@ -365,15 +374,29 @@ func (s *StreamSource) decode(j decodeJob) error {
 			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
 		raw = nil
-	} else {
-		if codec.ID(fr.Codec) != codec.None {
+	}
+	// Large chunks that may stay in memory are decoded into page buffers,
+	// which Copy can splice into CRIU's pipe (splice.go).
+	var page *pageBuf
+	if !zero {
+		if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
+			var err error
+			if page, err = newPageBuf(int(fr.RawLen)); err != nil {
+				return fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
+			}
+			raw = page.b[:fr.RawLen]
+		} else if codec.ID(fr.Codec) != codec.None {
 			raw = make([]byte, fr.RawLen)
 		}
-		if err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload); err != nil {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+		err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
+		if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+			err = errors.New("content hash mismatch")
 		}
-		if s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: content hash mismatch", fr.Offset)
+		if err != nil {
+			if page != nil {
+				page.free()
+			}
+			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
 		}
 	}
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), hash: fr.Hash, zero: zero}
@@ -391,13 +414,17 @@ func (s *StreamSource) decode(j decodeJob) error {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
 		case s.memUsed+int64(len(raw)) <= s.opts.MemoryLimit:
-			rec.mem = raw
+			rec.mem, rec.page = raw, page
+			page = nil
 			s.memUsed += int64(len(raw))
 		default:
 			if s.spill == nil {
 				sp, err := os.CreateTemp(s.spillDir, "gpucr-spill-*")
 				if err != nil {
 					s.mu.Unlock()
+					if page != nil {
+						page.free()
+					}
 					return fmt.Errorf("spill to disk: %w", err)
 				}
 				os.Remove(sp.Name()) // unlinked: gone when closed, even after a crash
@@ -409,7 +436,11 @@ func (s *StreamSource) decode(j decodeJob) error {
 	}
 	s.mu.Unlock()
 	if rec.fd != nil {
-		if _, err := rec.fd.WriteAt(raw, rec.foff); err != nil {
+		_, err := rec.fd.WriteAt(raw, rec.foff)
+		if page != nil {
+			page.free() // spilled: the bytes live in the file now
+		}
+		if err != nil {
 			return fmt.Errorf("store %s at offset %d: %w", f.name, rec.off, err)
 		}
 	}
@@ -502,6 +533,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
 	}
 	var buf []byte
+	cw := newChunkWriter(w)
 	for _, c := range chunks {
 		if err := ctx.Err(); err != nil {
 			return written, err
@@ -509,7 +541,11 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		var err error
 		switch {
 		case c.zero:
-			err = writeZeros(w, c.n)
+			err = cw.zeros(c.n)
+		case c.page != nil:
+			// Never written after decoding, so it may be spliced; the
+			// mapping lasts until Close, the pipe's references beyond.
+			_, err = cw.write(c.mem)
 		case c.mem != nil:
 			_, err = w.Write(c.mem)
 		default:
@@ -535,15 +571,15 @@ func (s *StreamSource) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, f := range s.complete {
-		if f.fd != nil {
-			f.fd.Close()
-		}
+		s.releaseLocked(f)
 	}
 	for _, f := range s.pending {
-		if f.fd != nil {
-			f.fd.Close()
-		}
+		s.releaseLocked(f)
 	}
+	for _, p := range s.retired {
+		p.free()
+	}
+	s.retired = nil
 	if s.spill != nil {
 		s.spill.Close()
 	}
