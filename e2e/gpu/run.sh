@@ -16,9 +16,19 @@
 #              gpucr-stream restore from it
 #   leave      gpucr-stream checkpoint --leave-running (codec auto): the
 #              target must run on, unchanged
+#   tree, tree-2, ...
+#              the auto round on a process tree: the target starts
+#              TREE_CHILDREN CUDA children of TREE_CHILD_MIB MiB each (same
+#              session); the checkpoint must have suspended 1 + TREE_CHILDREN
+#              CUDA processes, and every child proves itself too
+#   migrate    live migration on this host over loopback: gpucr-stream
+#              receive --restore on 127.0.0.1:PORT, gpucr-stream migrate
+#              --to tcp://127.0.0.1:PORT; the process comes back with its PID
+#              (same PID namespace); the downtime is what counts
 #
-# After every restore the target proves itself: every tensor checksum
-# matches and it keeps computing the same product. Results go to
+# A round name with a suffix (auto-2, tree-2) runs that round again. After
+# every restore the target proves itself: every tensor checksum matches
+# and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
 # printed are a summary table.
 #
@@ -29,7 +39,8 @@
 # PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
 # script), SIDE (8192), GPU_MAP_ROUND (round whose restore remaps the GPU
-# onto itself with --gpu-map, lz4; empty: none).
+# onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
+# the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -43,6 +54,10 @@ SIDE=${SIDE:-8192}
 ROUNDS=${ROUNDS:-auto baseline lz4 leave}
 DEADLINE=${DEADLINE:-420}
 GPU_MAP_ROUND=${GPU_MAP_ROUND-lz4}
+TREE_CHILDREN=${TREE_CHILDREN:-2}
+TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
+TCHILDREN=0
+RECV_PID=
 T_START=$(date +%s.%N)
 
 pick_work() {
@@ -72,6 +87,56 @@ die() {
 	finish 1
 }
 
+# proc_ids PID: "PPID PGID SID" of a process, from /proc/PID/stat.
+proc_ids() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	s=${s##*) }
+	# shellcheck disable=SC2086 # split on purpose: state ppid pgrp session ...
+	set -- $s
+	echo "$2 $3 $4"
+}
+read -r _ MY_PGID MY_SID <<<"$(proc_ids $$)"
+
+# is_target PID: the pid runs torch_target.py (a pid that was reused, or a
+# zombie, is not ours to kill).
+is_target() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "torch_target\.py"; }
+
+# tree_pids: the target (TPID) and the children listed in TDIR.
+tree_pids() {
+	local f
+	echo "$TPID"
+	for f in "$TDIR"/ready-child-*; do [ -s "$f" ] && cat "$f"; done
+}
+
+# kill_tree PID DIR [nowait]: SIGKILL a target and its children: its process
+# group (kill -- -PGID: setsid made the target the leader of its session and
+# group, the children share both, and CRIU restores both), its session
+# (pkill -s, should the group not be the target's own any more), and every
+# child listed in DIR; only processes running torch_target.py, never our
+# own group or session. Then waits until they are gone, unless nowait.
+kill_tree() {
+	local pid=$1 dir=${2:-} nowait=${3:-} ids ppid pgid sid kids=() c f
+	for f in "$dir"/ready-child-*; do [ -s "$f" ] && kids+=("$(cat "$f")"); done
+	if is_target "$pid" && ids=$(proc_ids "$pid"); then
+		read -r ppid pgid sid <<<"$ids"
+		if [ "$pgid" != "$pid" ] || [ "$sid" != "$pid" ]; then
+			log "kill: target $pid (parent $ppid) is in process group $pgid, session $sid: not its own; killing both"
+		fi
+		[ "$pgid" -gt 1 ] && [ "$pgid" != "$MY_PGID" ] && kill -9 -- "-$pgid" 2>/dev/null
+		[ "$sid" -gt 1 ] && [ "$sid" != "$MY_SID" ] && pkill -9 -s "$sid" 2>/dev/null
+		kill -9 "$pid" 2>/dev/null
+	fi
+	for c in "${kids[@]}"; do
+		is_target "$c" && kill -9 "$c" 2>/dev/null
+	done
+	[ -n "$nowait" ] && return 0
+	wait_gone "$pid" || log "kill: pid $pid still there"
+	# The children only need to be dead (their GPU memory free); a zombie
+	# waits for init.
+	for c in "${kids[@]}"; do wait_dead "$c" || log "kill: child $c still alive"; done
+}
+
 if [ -z "${CRIU:-}" ]; then
 	for c in "$(command -v criu 2>/dev/null)" "$ROOT/.cache/criu/bin/criu" /opt/gpucr-criu/bin/criu; do
 		if [ -n "$c" ] && [ -x "$c" ]; then
@@ -82,9 +147,13 @@ if [ -z "${CRIU:-}" ]; then
 fi
 
 finish() {
-	local rc=$1
+	local rc=$1 t
 	# Whatever is still running of ours goes.
-	for p in $(cat "$WORK"/t-*/ready 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	[ -n "$RECV_PID" ] && kill -9 "$RECV_PID" 2>/dev/null
+	for t in "$WORK"/t-*; do
+		[ -s "$t/ready" ] && kill_tree "$(cat "$t/ready")" "$t" nowait
+	done
+	for t in "$WORK"/t-*/child-*.out; do [ -f "$t" ] && tail -n 100 "$t" >"$WORK/logs/$(basename "$(dirname "$t")")-$(basename "$t")" 2>/dev/null; done
 	for t in "$WORK"/t-*; do [ -d "$t" ] && tail -n 200 "$t/target.out" >"$WORK/logs/$(basename "$t")-target.out" 2>/dev/null; done
 	(cd "$WORK/logs" && tar czf "$OUTDIR/logs.tar.gz" . 2>/dev/null)
 	summary
@@ -117,9 +186,11 @@ def med(kind, key):
     v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
     return (statistics.median(v), len(v)) if v else (0, 0)
 print()
-for kind in ("baseline", "auto", "lz4"):
+for kind in ("baseline", "auto", "lz4", "tree", "migrate"):
     (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
-    if n:
+    if n and kind == "migrate":
+        print("median of %d %-8s: downtime   %6.2fs (checkpoint to restored, GPU included)" % (n, kind, c))
+    elif n:
         print("median of %d %-8s: checkpoint %6.2fs  restore %6.2fs" % (n, kind, c, rs))
 EOF
 }
@@ -143,35 +214,68 @@ log "gpucr-stream GPU e2e: rounds [$ROUNDS], $GIB_RANDOM GiB random fp32 + $GIB_
 	"$PY" -c 'import torch; print("torch", torch.__version__)'
 } 2>&1 | tee -a "$RUNLOG"
 
-# start_target ROUND: a fresh target in its own session; sets TPID, TDIR.
+# start_target ROUND [CHILDREN]: a fresh target in its own session (with
+# CHILDREN CUDA children in it); sets TPID, TDIR, TCHILDREN, TPGID, TSID.
 start_target() {
 	TDIR=$WORK/t-$1
+	TCHILDREN=${2:-0}
 	rm -rf "$TDIR"
 	mkdir -p "$TDIR"
-	local t0
+	local t0 kids=()
+	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	t0=$(now)
 	# oneDNN must not use AMX on the CPU side: CRIU 4.1 does not restore a
 	# process's AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM), and the
 	# restored process dies of SIGILL at its next AMX instruction.
 	ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 \
 		setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
-		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" \
+		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}" \
 		</dev/null >>"$TDIR/target.out" 2>&1 &
+	TPID=$!
 	local waited=0
 	while [ ! -s "$TDIR/ready" ]; do
 		sleep 0.2
 		waited=$((waited + 1))
-		if [ $waited -gt 1500 ] || ! kill -0 $! 2>/dev/null && [ ! -s "$TDIR/ready" ]; then
+		if [ $waited -gt 1500 ] || ! kill -0 "$TPID" 2>/dev/null && [ ! -s "$TDIR/ready" ]; then
 			tail -20 "$TDIR/target.out" | tee -a "$RUNLOG"
+			kill_tree "$TPID" "$TDIR"
 			return 1
 		fi
 	done
 	TPID=$(cat "$TDIR/ready")
-	log "target $TPID ready in $(since "$t0")s: $(tail -1 "$TDIR/target.out")"
+	read -r _ TPGID TSID <<<"$(proc_ids "$TPID")"
+	log "target $TPID (process group $TPGID, session $TSID) ready in $(since "$t0")s: $(tail -1 "$TDIR/target.out")"
+	if [ "$TCHILDREN" -gt 0 ]; then
+		check_tree "start" || log "start: the tree is not one session and group led by the target"
+	fi
 	if [ "$DEVICE" = cuda ]; then
 		nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
-		log "cuda state of $TPID: $("$GCS" gpu state --pid "$TPID" 2>&1)"
+		local p
+		for p in $(tree_pids); do
+			log "cuda state of $p: $("$GCS" gpu state --pid "$p" 2>&1)"
+		done
 	fi
+}
+
+# check_tree LABEL: log the target tree (pid/parent/group/session) and
+# check that it is whole and the one that was started: the target leads
+# the same process group and session (CRIU restores both), every child is
+# the target's child in them.
+check_tree() {
+	local label=$1 p ids ppid pgid sid line="" bad=""
+	for p in $(tree_pids); do
+		if ! ids=$(proc_ids "$p"); then
+			line+=" $p:gone"
+			bad+=" $p gone;"
+			continue
+		fi
+		read -r ppid pgid sid <<<"$ids"
+		line+=" $p/$ppid/$pgid/$sid"
+		[ "$pgid" = "$TPGID" ] && [ "$sid" = "$TSID" ] || bad+=" $p in group $pgid, session $sid (not $TPGID, $TSID);"
+		[ "$p" = "$TPID" ] || [ "$ppid" = "$TPID" ] || bad+=" $p has parent $ppid (not $TPID);"
+	done
+	log "$label: tree pid/parent/group/session:$line${bad:+; WRONG:$bad}"
+	[ -z "$bad" ]
 }
 
 # prove LABEL: ask the target for a proof; sets COUNTER; fails if the proof
@@ -198,9 +302,19 @@ prove() {
 	verdict=$(python3 -c '
 import json, sys
 p = json.load(open(sys.argv[1]))
+want = int(sys.argv[2])
 ok = p["checksums_ok"] and p["matmul_ok"] and not p["error"]
-print("%s %d %s" % ("ok" if ok else "BAD", p["counter"], json.dumps({k: p[k] for k in ("tensors", "tensor_bytes", "mismatched", "error", "verify_seconds")})))
-' "$TDIR/proof.json")
+d = {k: p[k] for k in ("tensors", "tensor_bytes", "mismatched", "error", "verify_seconds")}
+kids = p.get("children", [])
+if want or kids:
+    # pid:counter:ok of every child
+    d["children"] = " ".join("%d:%d:%s" % (c["pid"], c["counter"], "ok" if c["ok"] else "BAD") for c in kids)
+    if len(kids) != want or not all(c["ok"] for c in kids):
+        ok = False
+        if len(kids) != want:
+            d["error"] = (d["error"] + "; " if d["error"] else "") + "%d children in the proof, want %d" % (len(kids), want)
+print("%s %d %s" % ("ok" if ok else "BAD", p["counter"], json.dumps(d)))
+' "$TDIR/proof.json" "$TCHILDREN")
 	COUNTER=$(echo "$verdict" | awk '{print $2}')
 	log "proof $label ($(since "$t0")s): $verdict"
 	[ "${verdict%% *}" = ok ]
@@ -216,6 +330,34 @@ wait_gone() {
 		[ $i -gt 1200 ] && return 1
 	done
 	return 0
+}
+
+# wait_dead PID: until the pid is dead (gone, or a zombie), at most 10s.
+wait_dead() {
+	local i=0 s
+	while s=$(cat "/proc/$1/stat" 2>/dev/null); do
+		s=${s##*) }
+		case ${s:0:1} in Z | X) return 0 ;; esac
+		sleep 0.05
+		i=$((i + 1))
+		[ $i -gt 200 ] && return 1
+	done
+	return 0
+}
+
+# wait_tree_gone LABEL: until the dumped tree has left /proc (criu restore
+# needs all its pids free); says which pids are still there.
+wait_tree_gone() {
+	local p
+	for p in $(tree_pids); do
+		wait_gone "$p" || log "$1: pid $p still there$([ "$p" != "$TPID" ] && echo " (a child: reparented to init when the target died; not reaped yet)")"
+	done
+}
+
+# cuda_count JSON: how many CUDA processes a checkpoint or migrate result
+# lists (cuda_pids).
+cuda_count() {
+	python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1])).get("cuda_pids") or []))' "$1" 2>/dev/null || echo 0
 }
 
 # keep_log SRC DST: CRIU's -v4 logs of a 10 GB process are large; keep
@@ -328,6 +470,14 @@ round_gcs() {
 	log "$ROUND: checkpoint in ${tck}s: $(cat "$WORK/logs/$ROUND-checkpoint.json")"
 	"$GCS" inspect "$ar" >"$WORK/logs/$ROUND-inspect.txt" 2>&1
 	head -12 "$WORK/logs/$ROUND-inspect.txt" | tee -a "$RUNLOG"
+	# Every CUDA process of the tree must have been checkpointed.
+	local ncuda want=$((1 + TCHILDREN)) cuda_ok=true
+	ncuda=$(cuda_count "$WORK/logs/$ROUND-checkpoint.json")
+	log "$ROUND: cuda_pids: $ncuda CUDA process(es) checkpointed, want $want (the target and $TCHILDREN children)"
+	if [ "$DEVICE" = cuda ] && [ "$ncuda" != "$want" ]; then
+		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
+		cuda_ok=false
+	fi
 	local tpull=0
 	if [ -z "$leave" ] && [ "${PULL_BENCH:-1}" = 1 ]; then
 		# How fast the archive is read and decoded into a pipe whose reader
@@ -369,7 +519,7 @@ round_gcs() {
 		fi
 		note="--leave-running: no restore; the target ran on"
 	else
-		wait_gone "$TPID" || log "$ROUND: pid $TPID still there"
+		wait_tree_gone "$ROUND"
 		local rextra=()
 		if [ "$ROUND" = "$GPU_MAP_ROUND" ] && [ "$DEVICE" = cuda ]; then
 			local uuid
@@ -397,6 +547,7 @@ round_gcs() {
 		log "$ROUND: restore in ${trs}s: $(cat "$WORK/logs/$ROUND-restore.json")"
 		restore_json=$(cat "$WORK/logs/$ROUND-restore.json")
 		[ -n "$restore_json" ] || restore_json="{}"
+		check_tree "$ROUND: after restore"
 		local before=$COUNTER
 		if prove after && [ "$COUNTER" -gt "$before" ]; then
 			sleep 1
@@ -404,9 +555,14 @@ round_gcs() {
 			prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
 		fi
 	fi
+	if ! $cuda_ok; then
+		ok=false
+		note="${note:+$note; }cuda_pids has $ncuda entries, want $want"
+	fi
 	emit "$(python3 -c '
 import json, sys
 rnd, codec, ok, stored, note, tpull = sys.argv[1:6] + sys.argv[8:9]
+ncuda, children = int(sys.argv[9]), int(sys.argv[10])
 ck = json.load(open(sys.argv[6]))
 rs = json.loads(sys.argv[7])
 ph = {p["name"]: p["seconds"] for p in ck.get("phases", [])}
@@ -418,10 +574,148 @@ phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoin
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
-  "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "note": note, "pull_pages_seconds": float(tpull),
-  "gpu_query": ph.get("gpu query (nvidia-smi)", 0)}))
-' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull")"
+  "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
+  "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0)}))
+' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN")"
 	rm -rf "$ar"
+	$ok
+}
+
+# free_port: a TCP port on 127.0.0.1 that nothing listens on now.
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# stop_receiver SECONDS: wait that long for the receiver (RECV_PID) to
+# finish, then kill it; sets RECV_RC.
+stop_receiver() {
+	local i=0
+	RECV_RC=0
+	[ -n "$RECV_PID" ] || return 0
+	while kill -0 "$RECV_PID" 2>/dev/null && [ $i -lt $(($1 * 10)) ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	if kill -0 "$RECV_PID" 2>/dev/null; then
+		log "$ROUND: receiver $RECV_PID still running after ${1}s: killing it"
+		kill "$RECV_PID" 2>/dev/null
+		sleep 1
+		kill -9 "$RECV_PID" 2>/dev/null
+	fi
+	wait "$RECV_PID"
+	RECV_RC=$?
+	RECV_PID=
+}
+
+# round_migrate: live migration on this host over loopback. A receiver
+# (receive --restore) listens on 127.0.0.1; migrate --pid sends the target
+# to it; the receiver restores it with the same PID (one PID namespace).
+# Downtime: from the start of the dump (GPU lock first) to the receiver's
+# report that the process runs (GPU restored and unlocked).
+round_migrate() {
+	local tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=$WORK/keep port t0 tm mrc=0 rrc
+	local mj=$WORK/logs/$ROUND-migrate.json me=$WORK/logs/$ROUND-migrate.err
+	local rj=$WORK/logs/$ROUND-receive.json re=$WORK/logs/$ROUND-receive.err
+	rm -rf "$w" "$w2" "$keep" "$tok"
+	mkdir -p "$w" "$w2" "$keep"
+	if ! (umask 077 && "$GCS" token >"$tok") || ! chmod 600 "$tok"; then
+		log "$ROUND: gpucr-stream token failed"
+		return 1
+	fi
+	port=$(free_port) || {
+		log "$ROUND: no free port"
+		return 1
+	}
+	local copts=()
+	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
+	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
+		"${copts[@]}" >"$rj" 2>"$re" &
+	RECV_PID=$!
+	local i=0
+	until grep -q "receive: listening on" "$re" 2>/dev/null; do
+		if ! kill -0 "$RECV_PID" 2>/dev/null || [ $i -gt 300 ]; then
+			log "$ROUND: the receiver did not start listening: $(tail -c 2000 "$re")"
+			stop_receiver 0
+			return 1
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+	log "$ROUND: receiver $RECV_PID: $(grep -m1 "receive: listening on" "$re")"
+	t0=$(now)
+	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
+		--keep-dir "$keep" --json "${copts[@]}" >"$mj" 2>"$me" || mrc=$?
+	tm=$(since "$t0")
+	# Once migrate has its report, the receiver is about done; after a
+	# failed migrate it may still wait for a sender.
+	stop_receiver "$([ $mrc -eq 0 ] && echo 120 || echo 15)"
+	rrc=$RECV_RC
+	keep_log "$w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
+	keep_log "$w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
+	log "$ROUND: migrate (exit $mrc) in ${tm}s: $(cat "$mj")"
+	log "$ROUND: receive (exit $rrc): $(cat "$rj")"
+	if [ $mrc -ne 0 ] || [ $rrc -ne 0 ]; then
+		log "$ROUND: migrate stderr: $(tail -c 3000 "$me")"
+		log "$ROUND: receive stderr: $(tail -c 3000 "$re")"
+		crit_errors "$w/img/dump.log" "$w2/img/restore.log"
+	fi
+	if [ $mrc -ne 0 ]; then
+		if grep -q "keeps running here" "$me"; then
+			# criu dump failed: the target must run on, its GPU state back.
+			DUMP_FAILED=1
+			prove after-failed-migrate
+		fi
+		log "$ROUND: kept image: $(find "$keep" -type f -printf "%p (%s bytes) " 2>&1)"
+		return 1
+	fi
+	local rpid ncuda want=$((1 + TCHILDREN)) ok=false note=""
+	rpid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("restored_pid") or 0)' "$mj" 2>/dev/null || echo 0)
+	ncuda=$(cuda_count "$mj")
+	log "$ROUND: restored as pid $rpid (was $TPID); cuda_pids: $ncuda CUDA process(es) migrated, want $want"
+	if [ "$rpid" != "$TPID" ]; then
+		note="restored as pid $rpid, not $TPID"
+		# Whatever runs now is what gets proved and killed.
+		[ "$rpid" -gt 0 ] && TPID=$rpid
+	fi
+	if [ "$DEVICE" = cuda ] && [ "$ncuda" != "$want" ]; then
+		note="${note:+$note; }cuda_pids has $ncuda entries, want $want"
+	fi
+	check_tree "$ROUND: after migrate"
+	local before=$COUNTER
+	if prove after && [ "$COUNTER" -gt "$before" ]; then
+		sleep 1
+		local c1=$COUNTER
+		prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+	fi
+	[ -n "$note" ] && ok=false
+	emit "$(python3 -c '
+import json, sys
+rnd, ok, note, tm, ncuda, children = sys.argv[1], sys.argv[2] == "true", sys.argv[3], float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
+def load(path):
+    try:
+        with open(path) as f:
+            return json.loads(f.read().strip() or "{}")
+    except (OSError, ValueError):
+        return {}
+m, r = load(sys.argv[4]), load(sys.argv[5])
+mp = {p["name"]: p["seconds"] for p in m.get("phases") or []}
+rp = {p["name"]: p["seconds"] for p in r.get("phases") or []}
+phases = {}
+for key, src, name in (("lock", mp, "gpu lock"), ("gpu_checkpoint", mp, "gpu checkpoint"),
+                       ("dump", mp, "criu dump + transfer"), ("commit", mp, "receiver verifies (commit)"),
+                       ("criu_restore", rp, "criu restore"), ("gpu_restore", rp, "gpu restore"), ("unlock", rp, "gpu unlock")):
+    if name in src:
+        phases[key] = src[name]
+raw, wire, down = m.get("raw_bytes", 0), m.get("wire_bytes", 0), m.get("downtime_seconds", 0)
+n = "downtime %.2fs, wire/raw %.3f" % (down, wire / raw if raw else 0)
+print(json.dumps({"round": rnd, "ok": ok, "raw_bytes": raw, "stored_bytes": wire, "stream_bytes": m.get("stream_bytes", 0),
+  "phases": phases, "checkpoint_total": down, "restore_total": 0, "downtime_seconds": down, "downtime_to": m.get("downtime_to"),
+  "migrate_seconds": tm, "migrate_total": m.get("total_seconds", 0), "receive_total": r.get("total_seconds", 0),
+  "migrate_phases": mp, "receive_phases": rp, "streams": m.get("streams"), "restored_pid": m.get("restored_pid"),
+  "gpus": m.get("gpus"), "cuda_pids": m.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
+  "note": n + ("; " + note if note else "")}))
+' "$ROUND" "$ok" "$note" "$mj" "$rj" "$tm" "$ncuda" "$TCHILDREN")"
+	rm -rf "$keep" "$tok"
 	$ok
 }
 
@@ -442,8 +736,10 @@ while [ $# -gt 0 ]; do
 		break
 	fi
 	base=${ROUND%%-*} # auto-2 runs the auto round again
+	nkids=0
+	[ "$base" = tree ] && nkids=$TREE_CHILDREN
 	log "=== round $ROUND"
-	start_target "$ROUND" || {
+	start_target "$ROUND" "$nkids" || {
 		log "round $ROUND: target did not start"
 		FAILED=$((FAILED + 1))
 		continue
@@ -451,12 +747,15 @@ while [ $# -gt 0 ]; do
 	COUNTER=0
 	prove before || {
 		FAILED=$((FAILED + 1))
+		kill_tree "$TPID" "$TDIR"
 		continue
 	}
 	DUMP_FAILED=0
 	case $base in
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
+	tree) round_gcs auto ;;
+	migrate) round_migrate ;;
 	*) round_gcs "$base" ;;
 	esac
 	rc=$?
@@ -464,16 +763,14 @@ while [ $# -gt 0 ]; do
 		RETRIED=1
 		CRIU_OPTS=$CRIU_RETRY_OPTS
 		log "round $ROUND: criu dump failed; trying again with criu options $CRIU_OPTS"
-		kill -9 "$TPID" 2>/dev/null
-		wait_gone "$TPID"
+		kill_tree "$TPID" "$TDIR"
 		set -- "$ROUND" "$@"
 		continue
 	fi
 	[ $rc -ne 0 ] && FAILED=$((FAILED + 1))
 	log "round $ROUND: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
-	kill -9 "$TPID" 2>/dev/null
-	wait_gone "$TPID"
-	rm -rf "$WORK/img" "$WORK"/ar-*
+	kill_tree "$TPID" "$TDIR"
+	rm -rf "$WORK/img" "$WORK"/ar-* "$WORK/keep"
 done
 log "failed rounds: $FAILED"
 finish $([ $FAILED -eq 0 ] && echo 0 || echo 1)

@@ -15,19 +15,37 @@ bit patterns, one position-weighted, computed on the device) and a reference
 product x @ W0. Then it loops: every --period seconds it computes x @ W0
 again, compares it bit for bit with the reference and counts the step.
 
-Protocol (files in --dir):
-  ready        written once everything is allocated and checksummed: the pid
-  proof.json   written on SIGUSR1: every checksum recomputed and compared,
-               the product compared, the step counter, device memory in use
-  target.log   what it did
+With --children N it is the root of a tree of CUDA processes: after its own
+setup it starts N children (this script again, with --child-of; started by
+fork + exec, so no CUDA state is forked, in the same session and process
+group, so CRIU dumps and restores them with it). Each child holds --child-mib
+MiB of its own (half float32 random, half bf16 weights), checksummed the same
+way, and runs its own x @ W0 loop. A child exits when its parent is gone.
 
-Exit codes: 0 on SIGTERM; 2 bad arguments; 3 setup failed.
+Protocol (files in --dir):
+  ready            written once everything is allocated and checksummed (and
+                   every child is ready): the pid
+  proof.json       written on SIGUSR1: every checksum recomputed and
+                   compared, the product compared, the step counter, device
+                   memory in use; with children, their proofs merged in (a
+                   child that is gone or does not answer within
+                   --child-proof-timeout seconds fails the proof)
+  target.log       what it did (children too)
+  ready-child-K    child K is ready: its pid
+  proof-child-K.json  child K's proof, written on SIGUSR1 (the parent asks)
+  child-K.out      child K's output
+
+SIGTERM stops the process; the parent terminates its children first.
+
+Exit codes: 0 on SIGTERM; 2 bad arguments; 3 setup failed; 4 (child) the
+parent is gone.
 """
 
 import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -35,6 +53,7 @@ import torch
 
 MASK = (1 << 64) - 1
 CHUNK = 1 << 26  # elements per checksum pass
+CHILD_CHUNK = 1 << 22  # a child's passes: its weights vector is 32 MiB, not 512
 
 
 def log(args, msg):
@@ -45,8 +64,9 @@ def log(args, msg):
 
 
 class Checksummer:
-    def __init__(self, device):
-        self.weights = (torch.arange(CHUNK, device=device, dtype=torch.int64) % 65521) + 1
+    def __init__(self, device, chunk=CHUNK):
+        self.chunk = chunk
+        self.weights = (torch.arange(chunk, device=device, dtype=torch.int64) % 65521) + 1
 
     def __call__(self, t):
         flat = t.reshape(-1)
@@ -58,11 +78,229 @@ class Checksummer:
             raise ValueError("unsupported dtype %s" % t.dtype)
         s1 = 0
         s2 = 0
-        for i, off in enumerate(range(0, bits.numel(), CHUNK)):
-            b = bits[off:off + CHUNK].to(torch.int64)
+        for i, off in enumerate(range(0, bits.numel(), self.chunk)):
+            b = bits[off:off + self.chunk].to(torch.int64)
             s1 += int(b.sum().item())
             s2 += int((b * self.weights[:b.numel()]).sum().item()) * (i + 1)
         return "%016x%016x" % (s1 & MASK, s2 & MASK)
+
+
+def write_atomic(path, text):
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def allocated(dev, nbytes):
+    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else nbytes
+
+
+class Worker:
+    """The tensors of one process, their checksums and its x @ W0 loop."""
+
+    def __init__(self, dev, tensors, w0, x, chunk):
+        self.dev = dev
+        self.tensors = tensors  # (name, tensor)
+        sync(dev)
+        self.cs = Checksummer(dev, chunk)
+        self.sums = {name: self.cs(t) for name, t in tensors}
+        self.w0, self.x = w0, x
+        self.ref = (x @ w0) if w0 is not None else None
+        sync(dev)
+        self.nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        self.counter = 0
+        self.matmul_ok = True
+        self.first_error = ""
+
+    def step(self):
+        if self.ref is not None:
+            y = self.x @ self.w0
+            if not torch.equal(y, self.ref):
+                self.matmul_ok = False
+                if not self.first_error:
+                    d = (y.float() - self.ref.float()).abs().max().item()
+                    self.first_error = "x @ W0 differs from the reference at step %d (max abs diff %g)" % (self.counter, d)
+        sync(self.dev)
+        self.counter += 1
+
+    def proof(self):
+        t = time.time()
+        bad = [name for name, tt in self.tensors if self.cs(tt) != self.sums[name]]
+        return {
+            "pid": os.getpid(),
+            "counter": self.counter,
+            "tensors": len(self.tensors),
+            "tensor_bytes": self.nbytes,
+            "checksums_ok": not bad,
+            "mismatched": bad[:20],
+            "matmul_ok": self.matmul_ok,
+            "error": self.first_error,
+            "allocated": allocated(self.dev, self.nbytes),
+            "verify_seconds": time.time() - t,
+            "time": time.time(),
+        }
+
+
+def child_main(args, dev):
+    """A child of the tree: --child-mib MiB, its own loop, proofs on SIGUSR1."""
+    k = args.child_index
+    state = {"prove": False, "stop": False}
+    signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
+    signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
+    if os.getppid() != args.child_of:
+        log(args, "child %d: parent %d is gone before setup" % (k, args.child_of))
+        sys.exit(4)
+    t0 = time.time()
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(args.seed)
+    total = args.child_mib << 20
+    n_f32 = (total // 2) // 4
+    tensors = [("child%d.random" % k, torch.randn(n_f32, generator=gen, device=dev, dtype=torch.float32))]
+    side = 1024  # 2 MiB bf16 layers
+    n_layers = max(1, (total - n_f32 * 4) // (side * side * 2))
+    for i in range(n_layers):
+        w = torch.randn(side, side, generator=gen, device=dev, dtype=torch.float32) * (0.01 + 0.04 * (i % 5) / 4.0)
+        tensors.append(("child%d.layer%03d.weight" % (k, i), w.to(torch.bfloat16)))
+        del w
+    x = torch.randn(64, side, generator=gen, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    wk = Worker(dev, tensors, tensors[1][1], x, CHILD_CHUNK)
+    with open(os.path.join(args.dir, "checksums-child-%d.json" % k), "w") as f:
+        json.dump({"pid": os.getpid(), "tensor_bytes": wk.nbytes, "sums": wk.sums}, f, indent=1)
+    log(args, "child %d ready: %d tensors, %.0f MiB on %s in %.1fs" % (k, len(tensors), wk.nbytes / 2**20, dev, time.time() - t0))
+    write_atomic(os.path.join(args.dir, "ready-child-%d" % k), "%d\n" % os.getpid())
+
+    while not state["stop"]:
+        if os.getppid() != args.child_of:
+            log(args, "child %d: parent %d is gone (parent now %d); exiting at step %d" % (k, args.child_of, os.getppid(), wk.counter))
+            sys.exit(4)
+        wk.step()
+        if state["prove"]:
+            state["prove"] = False
+            proof = wk.proof()
+            proof["index"] = k
+            write_atomic(os.path.join(args.dir, "proof-child-%d.json" % k), json.dumps(proof))
+            log(args, "child %d proof: counter %d, checksums %s, matmul %s" % (
+                k, wk.counter, "ok" if proof["checksums_ok"] else "BAD %s" % proof["mismatched"][:3], wk.matmul_ok))
+        time.sleep(args.period)
+    log(args, "child %d stopped at step %d" % (k, wk.counter))
+
+
+def start_children(args):
+    """Start the children (fork + exec, same session) and wait until each is
+    ready; returns the Popen objects, or exits 3."""
+    children = []
+    for k in range(args.children):
+        for f in ("ready-child-%d" % k, "proof-child-%d.json" % k):
+            try:
+                os.unlink(os.path.join(args.dir, f))
+            except FileNotFoundError:
+                pass
+        cmd = [sys.executable, os.path.abspath(__file__), "--dir", args.dir, "--device", args.device,
+               "--child-of", str(os.getpid()), "--child-index", str(k), "--child-mib", str(args.child_mib),
+               "--seed", str(args.seed + 1000 * (k + 1)), "--period", str(args.period)]
+        with open(os.path.join(args.dir, "child-%d.out" % k), "ab") as out:
+            children.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=False, close_fds=True))
+    deadline = time.time() + args.child_ready_timeout
+    pending = set(range(args.children))
+    while pending:
+        for k in sorted(pending):
+            if os.path.exists(os.path.join(args.dir, "ready-child-%d" % k)):
+                pending.discard(k)
+            elif children[k].poll() is not None:
+                stop_children(args, children)
+                log(args, "setup failed: child %d (pid %d) exited with %s before it was ready" % (k, children[k].pid, children[k].returncode))
+                sys.exit(3)
+        if pending and time.time() > deadline:
+            stop_children(args, children)
+            log(args, "setup failed: children %s not ready after %ds" % (sorted(pending), args.child_ready_timeout))
+            sys.exit(3)
+        time.sleep(0.05)
+    return children
+
+
+def stop_children(args, children):
+    for c in children:
+        if c.poll() is None:
+            c.terminate()
+    deadline = time.time() + 10
+    for c in children:
+        try:
+            c.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            c.wait()
+    if children:
+        log(args, "children stopped: %s" % ", ".join("%d (%s)" % (c.pid, c.returncode) for c in children))
+
+
+def ask_children(args, children):
+    """Remove the children's old proofs and signal them; returns the time
+    of the request and, per child, an error if it could not be signalled."""
+    t_ask = time.time()
+    gone = {}
+    for k, c in enumerate(children):
+        try:
+            os.unlink(os.path.join(args.dir, "proof-child-%d.json" % k))
+        except FileNotFoundError:
+            pass
+        if c.poll() is not None:
+            gone[k] = "child %d (pid %d) is gone (exit status %s)" % (k, c.pid, c.returncode)
+            continue
+        try:
+            os.kill(c.pid, signal.SIGUSR1)
+        except OSError as e:
+            gone[k] = "child %d (pid %d) is gone (%s)" % (k, c.pid, e)
+    return t_ask, gone
+
+
+def collect_children(args, children, t_ask, gone):
+    """Wait (at most --child-proof-timeout s) for the children's fresh
+    proofs; returns a list with one entry per child."""
+    res = {k: {"index": k, "pid": c.pid, "counter": 0, "ok": False, "checksums_ok": False, "matmul_ok": False, "error": gone[k]}
+           for k, c in enumerate(children) if k in gone}
+    deadline = t_ask + args.child_proof_timeout
+    pending = [k for k in range(len(children)) if k not in gone]
+    while pending:
+        for k in list(pending):
+            c = children[k]
+            path = os.path.join(args.dir, "proof-child-%d.json" % k)
+            p = None
+            if os.path.exists(path):
+                with open(path) as f:
+                    p = json.load(f)
+                if p.get("time", 0) < t_ask:
+                    p = None  # a late answer to an earlier request
+            if p is not None:
+                ok = bool(p["checksums_ok"] and p["matmul_ok"] and not p["error"])
+                err = ""
+                if not ok:
+                    err = "child %d (pid %d): %s" % (k, p["pid"], "; ".join(filter(None, [
+                        "" if p["checksums_ok"] else "checksums differ: %s" % p["mismatched"][:5],
+                        "" if p["matmul_ok"] else "x @ W0 differs",
+                        p["error"]])))
+                res[k] = {"index": k, "pid": p["pid"], "counter": p["counter"], "ok": ok, "checksums_ok": p["checksums_ok"],
+                          "matmul_ok": p["matmul_ok"], "mismatched": p["mismatched"], "tensor_bytes": p["tensor_bytes"],
+                          "allocated": p["allocated"], "verify_seconds": p["verify_seconds"], "error": err}
+                pending.remove(k)
+            elif c.poll() is not None:
+                res[k] = {"index": k, "pid": c.pid, "counter": 0, "ok": False, "checksums_ok": False, "matmul_ok": False,
+                          "error": "child %d (pid %d) is gone (exit status %s)" % (k, c.pid, c.returncode)}
+                pending.remove(k)
+            elif time.time() > deadline:
+                res[k] = {"index": k, "pid": c.pid, "counter": 0, "ok": False, "checksums_ok": False, "matmul_ok": False,
+                          "error": "child %d (pid %d): no proof within %ds" % (k, c.pid, args.child_proof_timeout)}
+                pending.remove(k)
+        if pending:
+            time.sleep(0.02)
+    return [res[k] for k in range(len(children))]
 
 
 def main():
@@ -74,12 +312,23 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--period", type=float, default=0.05)
     p.add_argument("--side", type=int, default=8192, help="weight matrices are side x side (8192: 128 MiB in bf16)")
+    p.add_argument("--children", type=int, default=0, help="start this many CUDA child processes (a process tree)")
+    p.add_argument("--child-mib", type=int, default=512, help="device memory each child holds, MiB")
+    p.add_argument("--child-ready-timeout", type=int, default=300, help="seconds the children may take to get ready")
+    p.add_argument("--child-proof-timeout", type=int, default=120, help="seconds a child may take to answer a proof request")
+    p.add_argument("--child-of", type=int, default=0, help=argparse.SUPPRESS)  # child mode: the parent's pid
+    p.add_argument("--child-index", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.children < 0 or args.child_mib < 4 or (args.child_of and args.children):
+        p.error("--children must be >= 0 (and not given to a child), --child-mib >= 4")
     os.makedirs(args.dir, exist_ok=True)
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("CUDA is not available", file=sys.stderr)
         sys.exit(3)
+    if args.child_of:
+        child_main(args, dev)
+        return
     t0 = time.time()
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=dev)
@@ -100,76 +349,65 @@ def main():
         if i % 8 == 0:
             norm = 1.0 + 0.05 * torch.randn(side, generator=gen, device=dev, dtype=torch.float32)
             tensors.append(("layer%03d.norm" % i, norm.to(torch.bfloat16)))
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    cs = Checksummer(dev)
-    sums = {name: cs(t) for name, t in tensors}
     w0 = next(t for name, t in tensors if name.endswith(".weight")) if n_layers else None
     x = torch.randn(256, side, generator=gen, device=dev, dtype=torch.float32).to(torch.bfloat16)
-    ref = (x @ w0) if w0 is not None else None
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    wk = Worker(dev, tensors, w0, x, CHUNK)
+    nbytes = wk.nbytes
     info = {
         "tensors": len(tensors),
         "tensor_bytes": nbytes,
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "allocated": torch.cuda.memory_allocated(dev) if dev.type == "cuda" else nbytes,
+        "allocated": allocated(dev, nbytes),
         "reserved": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else nbytes,
         "setup_seconds": time.time() - t0,
         "torch": torch.__version__,
     }
-    with open(os.path.join(args.dir, "checksums.json"), "w") as f:
-        json.dump({"info": info, "sums": sums}, f, indent=1)
-    log(args, "ready: %d tensors, %.2f GiB on %s in %.1fs" % (len(tensors), nbytes / 2**30, dev, info["setup_seconds"]))
 
     state = {"prove": False, "stop": False}
     signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
     signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
-    tmp = os.path.join(args.dir, ".ready.tmp")
-    with open(tmp, "w") as f:
-        f.write("%d\n" % os.getpid())
-    os.rename(tmp, os.path.join(args.dir, "ready"))
+    children = []
+    if args.children:
+        t1 = time.time()
+        children = start_children(args)
+        info["children"] = [c.pid for c in children]
+        info["children_setup_seconds"] = time.time() - t1
+    with open(os.path.join(args.dir, "checksums.json"), "w") as f:
+        json.dump({"info": info, "sums": wk.sums}, f, indent=1)
+    log(args, "ready: %d tensors, %.2f GiB on %s in %.1fs%s" % (
+        len(tensors), nbytes / 2**30, dev, time.time() - t0,
+        ", %d children (pids %s) of %d MiB each" % (len(children), " ".join(str(c.pid) for c in children), args.child_mib) if children else ""))
+    write_atomic(os.path.join(args.dir, "ready"), "%d\n" % os.getpid())
 
-    counter = 0
-    matmul_ok = True
-    first_error = ""
     while not state["stop"]:
-        if ref is not None:
-            y = x @ w0
-            if not torch.equal(y, ref):
-                matmul_ok = False
-                if not first_error:
-                    d = (y.float() - ref.float()).abs().max().item()
-                    first_error = "x @ W0 differs from the reference at step %d (max abs diff %g)" % (counter, d)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        counter += 1
+        wk.step()
         if state["prove"]:
             state["prove"] = False
-            t = time.time()
-            bad = [name for name, tt in tensors if cs(tt) != sums[name]]
-            proof = {
-                "pid": os.getpid(),
-                "counter": counter,
-                "tensors": len(tensors),
-                "tensor_bytes": nbytes,
-                "checksums_ok": not bad,
-                "mismatched": bad[:20],
-                "matmul_ok": matmul_ok,
-                "error": first_error,
-                "allocated": torch.cuda.memory_allocated(dev) if dev.type == "cuda" else nbytes,
-                "verify_seconds": time.time() - t,
-                "time": time.time(),
-            }
-            tmp = os.path.join(args.dir, ".proof.tmp")
-            with open(tmp, "w") as f:
-                json.dump(proof, f)
-            os.rename(tmp, os.path.join(args.dir, "proof.json"))
-            log(args, "proof: counter %d, checksums %s, matmul %s" % (counter, "ok" if not bad else "BAD %s" % bad[:3], matmul_ok))
+            # The children verify while this process does.
+            t_ask, gone = ask_children(args, children)
+            proof = wk.proof()
+            if children:
+                kids = collect_children(args, children, t_ask, gone)
+                bad = [c for c in kids if not c["ok"]]
+                proof["children"] = kids
+                proof["checksums_ok"] = proof["checksums_ok"] and all(c["checksums_ok"] for c in kids)
+                proof["matmul_ok"] = proof["matmul_ok"] and all(c["matmul_ok"] for c in kids)
+                proof["mismatched"] = (proof["mismatched"] + [n for c in kids for n in c.get("mismatched", [])])[:20]
+                proof["error"] = "; ".join(filter(None, [proof["error"]] + [c["error"] for c in bad]))
+                proof["children_tensor_bytes"] = sum(c.get("tensor_bytes", 0) for c in kids)
+                proof["verify_seconds"] = time.time() - t_ask
+                proof["time"] = time.time()
+            write_atomic(os.path.join(args.dir, "proof.json"), json.dumps(proof))
+            log(args, "proof: counter %d, checksums %s, matmul %s%s" % (
+                wk.counter, "ok" if proof["checksums_ok"] else "BAD %s" % proof["mismatched"][:3], proof["matmul_ok"],
+                "; children %s" % " ".join("%d:%d:%s" % (c["pid"], c["counter"], "ok" if c["ok"] else "BAD") for c in proof["children"])
+                if children else ""))
+            if proof["error"]:
+                log(args, "proof error: %s" % proof["error"])
         time.sleep(args.period)
-    log(args, "stopped at step %d" % counter)
+    stop_children(args, children)
+    log(args, "stopped at step %d" % wk.counter)
 
 
 if __name__ == "__main__":
