@@ -38,6 +38,10 @@ type TCPSendOptions struct {
 type CommitInfo struct {
 	// LeftRunning: the source process was left running (a copy, not a move).
 	LeftRunning bool `json:"left_running"`
+	// GPUs are the manifest's GPU records (CUDA processes suspended for the
+	// dump): a multi-stream checkpoint carries no manifest, and the
+	// receiver needs them to restore the GPU state (--gpu-map).
+	GPUs []manifest.GPU `json:"gpus,omitempty"`
 }
 
 // AckInfo travels with ACK: what the receiver verified.
@@ -462,7 +466,7 @@ func (t *TCPOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	t.acked = true
 	t.mu.Unlock()
 	if t.opts.AutoCommit {
-		if err := t.Confirm(ctx, CommitInfo{}); err != nil {
+		if err := t.Confirm(ctx, CommitInfo{GPUs: m.GPUs}); err != nil {
 			return err
 		}
 		for _, c := range t.conns {

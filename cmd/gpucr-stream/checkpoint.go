@@ -13,7 +13,6 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // phase is one timed step of a checkpoint or restore.
@@ -68,21 +67,14 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	bar := startProgress(cfg, "checkpoint", &c.Counters, 0)
 	defer bar.finish()
 	meta := manifest.Manifest{Tool: "gpucr-stream " + version, CRIUVersion: capture.CRIUVersion(ctx, criu)}
-	var phases []phase
-	if cc != nil {
-		// Ask nvidia-smi while the processes still hold the GPU.
-		q := time.Now()
-		cc.gpus, _ = vram.GPUs(ctx, cc.pids)
-		meta.GPUs = cc.manifestGPUs()
-		phases = append(phases, phase{"gpu query (nvidia-smi)", time.Since(q).Seconds()})
-		cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
-		phases = append(phases, timingPhases(cc.sus.Timings)...)
-		if err != nil {
-			// Suspend has undone its steps: the process runs on.
-			c.Abort(err)
-			_, _ = c.Close(ctx, manifest.Manifest{})
-			return fmt.Errorf("checkpoint %d: %w", o.pid, err)
-		}
+	phases := cc.queryGPUs(ctx, &meta)
+	ps, err := cc.suspend(lockTimeout)
+	phases = append(phases, ps...)
+	if err != nil {
+		// Suspend has undone its steps: the process runs on.
+		c.Abort(err)
+		_, _ = c.Close(ctx, manifest.Manifest{})
+		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
 	}
 	var m *manifest.Manifest
 	var closed bool
@@ -104,29 +96,19 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 		_, _ = c.Close(ctx, manifest.Manifest{})
 	}
 	if err != nil {
-		if cc != nil {
-			// CRIU resumed the process (or never stopped it); its GPU state
-			// must come back too.
-			err = errGPUUndone(err, cc.pids, cc.sus.Resume(nil))
-		}
-		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
+		return fmt.Errorf("checkpoint %d: %w", o.pid, cc.undo(err))
 	}
 	phases = append(phases, phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, phase{"commit", rep.Commit.Seconds()})
-	if cc != nil && o.leaveRunning {
-		before := cc.sus.Timings
-		rerr := cc.sus.Resume(nil)
-		t := cc.sus.Timings
-		phases = append(phases, timingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})...)
+	if o.leaveRunning {
+		ps, rerr := cc.resume()
+		phases = append(phases, ps...)
 		if rerr != nil {
 			return fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.pid, sinks.Redact(cfg.to), rerr)
 		}
 	}
 	res := checkpointResult{PID: o.pid, Destination: sinks.Redact(cfg.to), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.leaveRunning,
-		Phases: phases, TotalSecs: time.Since(start).Seconds(), GPUs: m.GPUs, Producers: rep.Producers}
-	if cc != nil {
-		res.CUDAPIDs = cc.pids
-	}
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.cudaPIDs(), GPUs: m.GPUs, Producers: rep.Producers}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}

@@ -117,6 +117,61 @@ func (cc *cudaCheckpoint) manifestGPUs() []manifest.GPU {
 	return out
 }
 
+// queryGPUs records the GPUs of cc's processes in meta. A nil cc (no CUDA
+// process) does nothing.
+func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest) []phase {
+	if cc == nil {
+		return nil
+	}
+	// Ask nvidia-smi while the processes still hold the GPU.
+	q := time.Now()
+	cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+	meta.GPUs = cc.manifestGPUs()
+	return []phase{{"gpu query (nvidia-smi)", time.Since(q).Seconds()}}
+}
+
+// suspend moves the GPU state of cc's processes into host memory (lock,
+// then checkpoint), so that CRIU can dump them. On failure Suspend has
+// undone its steps: the processes run on.
+func (cc *cudaCheckpoint) suspend(lockTimeout time.Duration) ([]phase, error) {
+	if cc == nil {
+		return nil, nil
+	}
+	var err error
+	cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
+	return timingPhases(cc.sus.Timings), err
+}
+
+// undo is for a dump that failed after suspend: CRIU resumed the process
+// (or never stopped it), so its GPU state must come back too. It returns
+// cause, saying whether that worked.
+func (cc *cudaCheckpoint) undo(cause error) error {
+	if cc == nil {
+		return cause
+	}
+	return errGPUUndone(cause, cc.pids, cc.sus.Resume(nil))
+}
+
+// resume puts the GPU state back after a committed dump that left the
+// process running (--leave-running), and times the driver steps.
+func (cc *cudaCheckpoint) resume() ([]phase, error) {
+	if cc == nil {
+		return nil, nil
+	}
+	before := cc.sus.Timings
+	err := cc.sus.Resume(nil)
+	t := cc.sus.Timings
+	return timingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock}), err
+}
+
+// cudaPIDs are the suspended CUDA processes (nil without any).
+func (cc *cudaCheckpoint) cudaPIDs() []int {
+	if cc == nil {
+		return nil
+	}
+	return cc.pids
+}
+
 // cudaRestore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
 func cudaRestore(cfg *config, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {

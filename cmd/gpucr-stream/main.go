@@ -100,7 +100,7 @@ func commands() []command {
 		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
 		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", runGPU},
 		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", runVRAM},
-		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there", runMigrate},
+		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", runMigrate},
 		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", runReceive},
 		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", runToken},
 		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},

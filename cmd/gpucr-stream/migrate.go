@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 func (c *config) tcpAuth() (sinks.TCPAuth, error) {
@@ -133,6 +134,8 @@ type receiveResult struct {
 	Phases      []phase `json:"phases"`
 	TotalSecs   float64 `json:"total_seconds"`
 	LeftRunning bool    `json:"source_left_running,omitempty"`
+	// CUDA processes brought back onto the GPU.
+	CUDAPIDs []int `json:"cuda_pids,omitempty"`
 }
 
 func runReceive(ctx context.Context, cfg *config, args []string) error {
@@ -154,6 +157,17 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if cfg.restoreArg {
 		if criu, err = capture.FindCRIU(cfg.criu); err != nil {
 			return err
+		}
+		if err := checkCUDAMode(cfg.cuda); err != nil {
+			return err
+		}
+		// --gpu-map resolves against the GPUs the sender records, which
+		// come with its commit; check the rest now, before a sender kills
+		// its process for a typo.
+		if !strings.HasPrefix(cfg.gpuMap, "all=") {
+			if _, err := gpuMapFor(cfg.gpuMap, nil); err != nil {
+				return err
+			}
 		}
 	} else if err := cfg.needImagesDir("receive (without --restore)"); err != nil {
 		return err
@@ -192,21 +206,27 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 		}
 		res.LeftRunning = ci.LeftRunning
 		rstart := time.Now()
-		rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: cfg.workDir, ExtraArgs: strings.Fields(cfg.criuOpts)}, src)
-		report := sinks.Report{PID: rep.PID, Served: rep.Served, RestoreSecs: time.Since(rstart).Seconds()}
-		if err != nil {
-			report.PID = 0
-			report.Error = err.Error()
+		var rep capture.RestoreReport
+		pairs, err := gpuMapFor(cfg.gpuMap, ci.GPUs)
+		if err == nil {
+			rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: cfg.workDir, ExtraArgs: strings.Fields(cfg.criuOpts)}, src)
+			if err != nil {
+				err = fmt.Errorf("restore: %w", err)
+			}
 		}
+		criuSecs := time.Since(rstart).Seconds()
+		report, cudaPIDs, t, err := finishRestore(cfg, rep, err, pairs)
+		report.RestoreSecs = time.Since(rstart).Seconds()
 		if rerr := src.Report(report); rerr != nil {
 			cfg.logLine(fmt.Sprintf("receive: could not report to the sender: %v", rerr))
 		}
 		if err != nil {
-			return fmt.Errorf("receive: restore: %w", err)
+			return fmt.Errorf("receive: %w", err)
 		}
 		fill()
-		res.PID = rep.PID
-		res.Phases = append(res.Phases, phase{"criu restore", report.RestoreSecs})
+		res.PID, res.CUDAPIDs = rep.PID, cudaPIDs
+		res.Phases = append(res.Phases, phase{"criu restore", criuSecs})
+		res.Phases = append(res.Phases, timingPhases(t)...)
 	} else {
 		// Serve an external `criu restore --stream`; a transfer that breaks
 		// must end the wait for it too.
@@ -276,6 +296,9 @@ type migrateResult struct {
 	TotalSecs   float64 `json:"total_seconds"`
 	LeftRunning bool    `json:"left_running"`
 	KeptImage   string  `json:"kept_image,omitempty"`
+	// CUDA processes suspended for the dump, and their GPUs.
+	CUDAPIDs []int          `json:"cuda_pids,omitempty"`
+	GPUs     []manifest.GPU `json:"gpus,omitempty"`
 }
 
 func runMigrate(ctx context.Context, cfg *config, args []string) error {
@@ -293,6 +316,10 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	lockTimeout, err := cfg.lockTimeoutDur()
+	if err != nil {
+		return err
+	}
 	criu, err := capture.FindCRIU(cfg.criu)
 	if err != nil {
 		return err
@@ -300,6 +327,12 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	tree, err := processTree(cfg.pid)
 	if err != nil {
 		return err
+	}
+	// The CUDA processes of the tree: their GPU state is moved into host
+	// memory (lock, checkpoint) before CRIU dumps them, as for checkpoint.
+	cc, err := findCUDA(cfg, cfg.pid)
+	if err != nil {
+		return fmt.Errorf("migrate %d: %w (the process was not touched)", cfg.pid, err)
 	}
 	start := time.Now()
 	out, err := sinks.DialTCP(ctx, loc.Path, o)
@@ -352,18 +385,29 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	meta := manifest.Manifest{Tool: "gpucr-stream " + version, CRIUVersion: capture.CRIUVersion(ctx, criu)}
 	var m *manifest.Manifest
 	var closed bool
+	var rep capture.DumpReport
+	phases := cc.queryGPUs(ctx, &meta)
+	// The downtime starts with the GPU lock: CUDA work stops there.
 	dumpStart := time.Now()
-	rep, err := capture.Dump(ctx, capture.DumpOptions{
-		CRIU: criu, PID: cfg.pid, WorkDir: cfg.workDir, LeaveRunning: cfg.leaveRunning, ExtraArgs: strings.Fields(cfg.criuOpts),
-		BeforeKill: func(ctx context.Context, _ capture.DumpResult) error {
-			// The commit point: the receiver holds the whole image, verified,
-			// before CRIU kills the process; if not, CRIU resumes it.
-			closed = true
-			var err error
-			m, err = c.Close(ctx, meta)
-			return err
-		},
-	}, c)
+	ps, err := cc.suspend(lockTimeout)
+	phases = append(phases, ps...)
+	// A failed suspend has undone its steps, and CRIU does not run.
+	if err == nil {
+		rep, err = capture.Dump(ctx, capture.DumpOptions{
+			CRIU: criu, PID: cfg.pid, WorkDir: cfg.workDir, LeaveRunning: cfg.leaveRunning, ExtraArgs: strings.Fields(cfg.criuOpts),
+			BeforeKill: func(ctx context.Context, _ capture.DumpResult) error {
+				// The commit point: the receiver holds the whole image, verified,
+				// before CRIU kills the process; if not, CRIU resumes it.
+				closed = true
+				var err error
+				m, err = c.Close(ctx, meta)
+				return err
+			},
+		}, c)
+		if err != nil {
+			err = cc.undo(err)
+		}
+	}
 	dumped := time.Now()
 	bar.finish()
 	if !closed {
@@ -371,25 +415,37 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		_, _ = c.Close(ctx, manifest.Manifest{})
 	}
 	if err != nil {
-		out.Cancel("criu dump failed on the sender; the process keeps running there")
+		out.Cancel("the checkpoint failed on the sender; the process keeps running there")
 		dropKeep()
 		return fmt.Errorf("migrate %d: %w; the process was not migrated and keeps running here", cfg.pid, err)
+	}
+	res.Phases = append(phases,
+		phase{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
+		phase{"receiver verifies (commit)", rep.Commit.Seconds()})
+	// With --leave-running the source runs on at once, GPU included; the
+	// receiver restores its copy meanwhile.
+	var gpuErr error
+	if cfg.leaveRunning {
+		ps, err := cc.resume()
+		res.Phases = append(res.Phases, ps...)
+		if err != nil {
+			gpuErr = fmt.Errorf("resuming the GPU state of the source failed: %w (retry with `gpucr-stream gpu resume --pid %d`)", err, cfg.pid)
+		}
 	}
 	if keep != nil {
 		res.KeptImage = keep.Name()
 		keep.Close()
 	}
 	res.Files, res.RawBytes, res.StoredBytes = len(m.Files), m.Stats.RawBytes, m.Stats.StoredBytes
+	res.CUDAPIDs, res.GPUs = cc.cudaPIDs(), m.GPUs
 	for _, n := range out.Sizes() {
 		res.StreamBytes += n
-	}
-	res.Phases = []phase{
-		{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
-		{"receiver verifies (commit)", rep.Commit.Seconds()},
 	}
 	lost := func(err error) error {
 		res.WireBytes = out.WireBytes()
 		switch {
+		case cfg.leaveRunning && gpuErr != nil:
+			return fmt.Errorf("migrate %d: %w; the source process is still here (--leave-running), but %w", cfg.pid, err, gpuErr)
 		case cfg.leaveRunning:
 			return fmt.Errorf("migrate %d: %w; the source process is still running here (--leave-running)", cfg.pid, err)
 		case res.KeptImage != "":
@@ -408,7 +464,7 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		}
 		res.Phases = append(res.Phases, phase{"source process gone", time.Since(gone).Seconds()})
 	}
-	if err := out.Confirm(ctx, sinks.CommitInfo{LeftRunning: cfg.leaveRunning}); err != nil {
+	if err := out.Confirm(ctx, sinks.CommitInfo{LeftRunning: cfg.leaveRunning, GPUs: m.GPUs}); err != nil {
 		return lost(err)
 	}
 	if info.Restores {
@@ -435,6 +491,9 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		res.WireRatio = float64(res.RawBytes) / float64(res.WireBytes)
 	}
 	res.TotalSecs = time.Since(start).Seconds()
+	if gpuErr != nil {
+		return fmt.Errorf("migrate %d: the copy reached %s, but %w", cfg.pid, res.Destination, gpuErr)
+	}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}
@@ -448,10 +507,34 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
 	}
 	fmt.Fprintf(w, "  %d files, %s raw, %s on the wire (%.2fx) over %d stream(s)\n", res.Files, humanBytes(res.RawBytes), humanBytes(res.WireBytes), res.WireRatio, res.Streams)
+	printGPUs(w, res.CUDAPIDs, res.GPUs)
 	if res.KeptImage != "" {
 		fmt.Fprintf(w, "  image kept at %s until you remove it\n", res.KeptImage)
 	}
 	return nil
+}
+
+// finishRestore ends receive --restore once CRIU has restored the tree of
+// rep.PID (err: that, or what came before it, failed). The restored CUDA
+// processes are still checkpointed, their device memory in host memory:
+// it goes back onto the GPU and they run. The report for the sender names
+// the PID only when both steps succeeded; otherwise the sender keeps its
+// copy of the image and says so.
+func finishRestore(cfg *config, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (sinks.Report, []int, vram.Timings, error) {
+	report := sinks.Report{Served: rep.Served}
+	var cudaPIDs []int
+	var t vram.Timings
+	if err == nil {
+		if cudaPIDs, t, err = cudaRestore(cfg, rep.PID, pairs); err != nil {
+			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)
+		}
+	}
+	if err != nil {
+		report.Error = err.Error()
+		return report, nil, t, err
+	}
+	report.PID = rep.PID
+	return report, cudaPIDs, t, nil
 }
 
 // processTree lists pid and its descendants.

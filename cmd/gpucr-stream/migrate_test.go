@@ -5,15 +5,20 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/e2e"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 func TestMigrateUsage(t *testing.T) {
@@ -157,4 +162,279 @@ func TestCaptureExtractTCP(t *testing.T) {
 			t.Fatalf("%s: %d bytes, %v", n, len(got), err)
 		}
 	}
+}
+
+// startReceiver runs receive on a free loopback port in the background and
+// returns its address and, later, its outcome; stdout gets its output.
+func startReceiver(ctx context.Context, t *testing.T, stdout io.Writer, args ...string) (string, <-chan error) {
+	t.Helper()
+	lines := make(chan string, 64)
+	stderr := lineWriter(lines)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"receive", "--listen", "127.0.0.1:0"}, args...), strings.NewReader(""), stdout, stderr)
+	}()
+	for {
+		select {
+		case l := <-lines:
+			if _, addr, ok := strings.Cut(l, "receive: listening on "); ok {
+				go func() {
+					for range lines {
+					}
+				}()
+				return addr, done
+			}
+		case err := <-done:
+			t.Fatalf("receive ended before listening: %v", err)
+		}
+	}
+}
+
+func writeToken(t *testing.T, dir string) string {
+	t.Helper()
+	tok := filepath.Join(dir, "tok")
+	if err := os.WriteFile(tok, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestMigrateUndoesGPUStep runs migrate against a receiver in this process,
+// with a fake CUDA driver and a fake criu whose dump fails at its start:
+// after a suspend, a failed dump resumes the GPU state (restore, then
+// unlock); a failed lock or GPU checkpoint is undone by the suspend itself
+// and criu never runs. Either way the transfer is cancelled, the receiver
+// restores nothing and the sender keeps no copy.
+func TestMigrateUndoesGPUStep(t *testing.T) {
+	dir := t.TempDir()
+	tok := writeToken(t, dir)
+	criuLog := filepath.Join(dir, "criu-calls")
+	fakeCRIU := filepath.Join(dir, "criu")
+	script := "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'Version: 4.1'; exit 0; }\necho \"$1\" >>" + criuLog +
+		"\necho 'Error (criu/cr-dump.c:1): fake criu refuses to dump' >&2\nexit 1\n"
+	if err := os.WriteFile(fakeCRIU, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The target is this test process: nothing touches it but the fakes.
+	pid := os.Getpid()
+	cases := []struct {
+		name, failOn, cuda string
+		calls              string // the driver calls, P for the pid
+		criuRuns           bool
+		errText            string // {pid} for the pid
+	}{
+		{"dump-fails", "", "auto", "lock P, checkpoint P, restore P, unlock P", true, "GPU state of [{pid}] restored and unlocked"},
+		{"undo-fails", "restore", "auto", "lock P, checkpoint P, restore P, unlock P", true, "undoing the GPU step of [{pid}] failed too"},
+		{"lock-fails", "lock", "auto", "lock P", false, "lock"},
+		{"checkpoint-fails", "checkpoint", "auto", "lock P, checkpoint P, unlock P", false, "checkpoint"},
+		{"cuda-off", "", "off", "", true, "fake criu refuses"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			os.Remove(criuLog)
+			f := withFakeCUDA(t, pid)
+			if c.failOn != "" {
+				f.failOn[c.failOn] = true
+			}
+			keep := t.TempDir()
+			addr, received := startReceiver(ctx, t, io.Discard, "--restore", "--criu", fakeCRIU, "--token-file", tok, "--net-timeout", "3s")
+			_, err := runGPUCmd(ctx, "migrate", "--pid", strconv.Itoa(pid), "--to", "tcp://"+addr, "--token-file", tok,
+				"--criu", fakeCRIU, "--cuda", c.cuda, "--keep-dir", keep, "--net-timeout", "3s")
+			if err == nil {
+				t.Fatal("migrate succeeded")
+			}
+			p := strconv.Itoa(pid)
+			for _, want := range []string{strings.ReplaceAll(c.errText, "{pid}", p), "not migrated and keeps running here"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("migrate error lacks %q: %v", want, err)
+				}
+			}
+			if got, want := f.log(), strings.ReplaceAll(c.calls, "P", p); got != want {
+				t.Errorf("driver calls %q, want %q", got, want)
+			}
+			if st := f.state[pid]; c.failOn != "restore" && st != vram.StateRunning {
+				t.Errorf("GPU state left %s", st)
+			}
+			if _, serr := os.Stat(criuLog); (serr == nil) != c.criuRuns {
+				t.Errorf("criu ran: %v, want %v", serr == nil, c.criuRuns)
+			}
+			if ents, _ := os.ReadDir(keep); len(ents) > 0 {
+				t.Errorf("a failed migrate left %s in the keep dir", ents[0].Name())
+			}
+			if rerr := <-received; rerr == nil {
+				t.Error("the receiver restored a cancelled migration")
+			}
+		})
+	}
+}
+
+// TestFinishRestore: receive --restore reports the restored PID to the
+// sender only when CRIU and the GPU restore both succeeded; otherwise it
+// reports the error, and the sender keeps its copy.
+func TestFinishRestore(t *testing.T) {
+	const pid = 4242
+	cases := []struct {
+		name, failOn, cuda string
+		criuErr            error
+		calls              string
+		wantErr            string
+	}{
+		{"restored", "", "auto", nil, "restore P, unlock P", ""},
+		{"gpu-restore-fails", "restore", "auto", nil, "restore P", "process {pid} restored, but its GPU state is not"},
+		{"gpu-unlock-fails", "unlock", "auto", nil, "restore P, unlock P", "process {pid} restored, but its GPU state is not"},
+		{"criu-fails", "", "auto", errors.New("restore: criu restore: exit status 1"), "", "criu restore"},
+		{"cuda-off", "", "off", nil, "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := withFakeCUDA(t, pid)
+			// As CRIU restores it: device memory still in host memory.
+			f.state[pid] = vram.StateCheckpointed
+			if c.failOn != "" {
+				f.failOn[c.failOn] = true
+			}
+			cfg := &config{cuda: c.cuda}
+			rep := capture.RestoreReport{PID: pid}
+			rep.Served = 7
+			report, cudaPIDs, tm, err := finishRestore(cfg, rep, c.criuErr, nil)
+			p := strconv.Itoa(pid)
+			if got, want := f.log(), strings.ReplaceAll(c.calls, "P", p); got != want {
+				t.Errorf("driver calls %q, want %q", got, want)
+			}
+			if report.Served != 7 {
+				t.Errorf("report %+v lost the served count", report)
+			}
+			if c.wantErr == "" {
+				if err != nil || report.Error != "" || report.PID != pid {
+					t.Fatalf("report %+v, err %v; want pid %d", report, err, pid)
+				}
+				if c.cuda != "off" && (len(cudaPIDs) != 1 || len(timingPhases(tm)) == 0) {
+					t.Errorf("cuda pids %v, timings %+v", cudaPIDs, tm)
+				}
+				return
+			}
+			want := strings.ReplaceAll(c.wantErr, "{pid}", p)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("err %v, want %q", err, want)
+			}
+			if report.PID != 0 || report.Error != err.Error() {
+				t.Fatalf("report %+v for %v: the sender must hear the error and no pid", report, err)
+			}
+		})
+	}
+}
+
+// TestMigrateCUDA migrates a real process with real CRIU to a receive
+// --restore in this process (one host, so the process comes back with
+// its PIDs), with a fake CUDA driver: the sender suspends the GPU state
+// before the dump, the GPUs it records travel with the commit, and the
+// receiver restores and unlocks the restored process. When the receiver's
+// GPU restore fails, the sender hears it and keeps its copy.
+func TestMigrateCUDA(t *testing.T) {
+	criu := e2e.CRIU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := e2e.ShortTempDir(t)
+	tok := writeToken(t, dir)
+	tg := e2e.StartTarget(t, filepath.Join(dir, "target"), 32)
+	before, err := tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(tg.PID())
+	// migrate waits until the dumped target is reaped, which its parent
+	// (this process) does in the background.
+	migrate := func(ctx context.Context, args ...string) (string, error) {
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go tg.WaitGone(rctx)
+		return runGPUCmd(ctx, append([]string{"migrate", "--pid", pid, "--token-file", tok, "--criu", criu, "--work-dir", e2e.ShortTempDir(t), "--json"}, args...)...)
+	}
+	phaseNames := func(ps []phase) map[string]bool {
+		names := map[string]bool{}
+		for _, p := range ps {
+			names[p.Name] = true
+		}
+		return names
+	}
+
+	t.Run("moved", func(t *testing.T) {
+		f := withFakeCUDA(t, tg.PID())
+		var rout bytes.Buffer
+		addr, received := startReceiver(ctx, t, &rout, "--restore", "--criu", criu, "--token-file", tok, "--json")
+		out, err := migrate(ctx, "--to", "tcp://"+addr, "--streams", "2")
+		if err != nil {
+			t.Fatalf("migrate: %v; receiver: %v", err, <-received)
+		}
+		if err := <-received; err != nil {
+			t.Fatalf("receive: %v", err)
+		}
+		if got, want := f.log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
+			t.Fatalf("driver calls %q, want %q", got, want)
+		}
+		var res migrateResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.RestoredPID != tg.PID() || len(res.CUDAPIDs) != 1 || len(res.GPUs) != 1 || res.GPUs[0].PID != tg.PID() {
+			t.Errorf("migrate result names no CUDA process or restored pid: %s", out)
+		}
+		names := phaseNames(res.Phases)
+		for _, n := range []string{"gpu lock", "gpu checkpoint", "criu dump + transfer", "receiver verifies (commit)", "restore on the receiver"} {
+			if !names[n] {
+				t.Errorf("no %q phase in %s", n, out)
+			}
+		}
+		var rres receiveResult
+		if err := json.Unmarshal(rout.Bytes(), &rres); err != nil {
+			t.Fatal(err)
+		}
+		names = phaseNames(rres.Phases)
+		for _, n := range []string{"criu restore", "gpu restore", "gpu unlock"} {
+			if !names[n] {
+				t.Errorf("no %q phase in %s", n, rout.String())
+			}
+		}
+		if rres.PID != tg.PID() || len(rres.CUDAPIDs) != 1 {
+			t.Errorf("receive result: %s", rout.String())
+		}
+		p, err := tg.Prove(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Check(before); err != nil {
+			t.Fatal(err)
+		}
+		before = p
+	})
+
+	t.Run("gpu-restore-fails", func(t *testing.T) {
+		f := withFakeCUDA(t, tg.PID())
+		f.failOn["restore"] = true
+		keep := t.TempDir()
+		addr, received := startReceiver(ctx, t, io.Discard, "--restore", "--criu", criu, "--token-file", tok)
+		_, err := migrate(ctx, "--to", "tcp://"+addr, "--keep-dir", keep)
+		if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") || !strings.Contains(err.Error(), "GPU state is not") {
+			t.Fatalf("migrate to a failing GPU restore: %v", err)
+		}
+		if !strings.Contains(err.Error(), "image is kept at "+keep) {
+			t.Errorf("migrate does not name the kept image: %v", err)
+		}
+		if rerr := <-received; rerr == nil || !strings.Contains(rerr.Error(), "GPU state is not") {
+			t.Errorf("receiver: %v", rerr)
+		}
+		if ents, _ := os.ReadDir(keep); len(ents) != 1 {
+			t.Errorf("keep dir holds %d files, want the image", len(ents))
+		}
+		// CRIU restored it: it runs (the fake GPU state stays checkpointed).
+		p, err := tg.Prove(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Check(before); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
