@@ -156,6 +156,48 @@ func (cw chunkWriter) zeros(n int64) error {
 	return zeroRuns(z, n, func(b []byte) error { _, err := cw.vmsplice(b); return err })
 }
 
+// fromFile writes n bytes of f from offset off. Into a pipe it splices
+// them out of the page cache, so they are never copied; f must not be
+// written over at that range while the pipe may still hold them (spill
+// files are append-only).
+func (cw chunkWriter) fromFile(f *os.File, off, n int64, buf []byte) error {
+	if cw.pipe == nil {
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return err
+		}
+		_, err := cw.w.Write(buf[:n])
+		return err
+	}
+	src := int(f.Fd())
+	end := off + n
+	var serr error
+	err := cw.pipe.Write(func(fd uintptr) bool {
+		for off < end {
+			k, err := unix.Splice(src, &off, int(fd), nil, int(end-off), unix.SPLICE_F_MOVE) // a non-blocking pipe makes it non-blocking
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false // the pipe is full: wait until writable
+			case err != nil:
+				serr = err
+				return true
+			case k == 0:
+				serr = io.ErrUnexpectedEOF
+				return true
+			}
+		}
+		return true
+	})
+	if serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("splice from %s at offset %d: %w", f.Name(), off, err)
+	}
+	return nil
+}
+
 // vmsplice hands all of b to the pipe, waiting for room as a write does.
 func (cw chunkWriter) vmsplice(b []byte) (int, error) {
 	done := 0

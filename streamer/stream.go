@@ -549,12 +549,10 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		case c.mem != nil:
 			_, err = w.Write(c.mem)
 		default:
-			if int64(cap(buf)) < c.n {
+			if int64(cap(buf)) < c.n && cw.pipe == nil {
 				buf = make([]byte, c.n)
 			}
-			if _, err = c.fd.ReadAt(buf[:c.n], c.foff); err == nil {
-				_, err = w.Write(buf[:c.n])
-			}
+			err = cw.fromFile(c.fd, c.foff, c.n, buf)
 		}
 		if err != nil {
 			return written, fmt.Errorf("copy %s at offset %d: %w", name, c.off, err)

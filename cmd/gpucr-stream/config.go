@@ -69,6 +69,8 @@ type config struct {
 
 	// parsed by finish
 	opts     streamer.Options
+	// holdLimit is what a stream source holds in memory before spilling.
+	holdLimit int64
 	shards   []int
 	extFiles []extFile
 	segSize  int64
@@ -124,7 +126,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.codecSpec, "codec", "lz4", "chunk codec: auto, none, lz4, zstd[:LEVEL], shuffle")
 	num(&c.workers, "workers", 0, "encoder/decoder goroutines (0: one per core)")
 	str(&c.chunkSize, "chunk-size", "4MiB", "largest chunk of a file")
-	str(&c.memoryLimit, "memory-limit", "1GiB", "memory for chunks in flight and, on serve from a stream, for held images before spilling")
+	str(&c.memoryLimit, "memory-limit", "auto", "memory for chunks in flight (auto: 1GiB) and, on serve or receive from a stream, for held images before spilling (auto: half the available memory, at least 1GiB)")
 	str(&c.spillDir, "spill-dir", "", "where serve spills held images beyond --memory-limit (default: $TMPDIR)")
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
@@ -169,10 +171,14 @@ func (c *config) finish() error {
 	if err != nil || chunk < 4096 || chunk > codec.MaxChunk {
 		return usagef("--chunk-size %q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20)
 	}
-	mem, err := parseSize(c.memoryLimit)
-	if err != nil || mem <= 0 {
-		return usagef("--memory-limit %q: want a size such as 512MiB", c.memoryLimit)
+	mem, hold := int64(1<<30), heldImageBudget()
+	if c.memoryLimit != "auto" {
+		if mem, err = parseSize(c.memoryLimit); err != nil || mem <= 0 {
+			return usagef("--memory-limit %q: want a size such as 512MiB, or auto", c.memoryLimit)
+		}
+		hold = mem
 	}
+	c.holdLimit = hold
 	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {
 		return usagef("--segment-size %q: want a size of at least 1MiB", c.segmentSize)
 	}
@@ -288,4 +294,33 @@ Examples:
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data, 4 not found, 5 newer format, 130 interrupted.
 `)
+}
+
+// heldImageBudget is --memory-limit auto for images held by serve and
+// receive: a multi-GB GPU image that fits in memory must not go through a
+// spill file on disk on its way to CRIU, so half of what is available now,
+// at least 1 GiB.
+func heldImageBudget() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 1 << 30
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err == nil {
+				return max(1<<30, kb<<10/2)
+			}
+		}
+	}
+	return 1 << 30
+}
+
+// streamOptions are the options of a stream source (serve, receive).
+func (c *config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
+	so.Options = c.opts
+	so.Options.MemoryLimit = c.holdLimit
+	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
+	so.SpillDir = c.spillDir
+	return so
 }

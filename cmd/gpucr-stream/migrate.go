@@ -178,7 +178,7 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	src := sinks.NewTCPSource(ctx, l, streamer.StreamOptions{Options: cfg.opts, SpillDir: cfg.spillDir})
+	src := sinks.NewTCPSource(ctx, l, cfg.streamOptions(streamer.StreamOptions{}))
 	defer src.Close()
 	cfg.logLine("receive: listening on " + l.Addr().String())
 	res := receiveResult{Listen: l.Addr().String()}

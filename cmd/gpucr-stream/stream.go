@@ -177,9 +177,7 @@ func openSource(ctx context.Context, cfg *config, from string, so streamer.Strea
 	if err != nil {
 		return nil, usagef("source: %v", err)
 	}
-	so.Options = cfg.opts
-	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
-	so.SpillDir = cfg.spillDir
+	so = cfg.streamOptions(so)
 	switch loc.Kind {
 	case sinks.Stdio:
 		files, names, err := sinks.ShardFiles(cfg.shards, asFile(cfg.stdin, os.Stdin))
