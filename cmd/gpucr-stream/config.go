@@ -68,13 +68,13 @@ type config struct {
 	keepDir    string
 
 	// parsed by finish
-	opts     streamer.Options
+	opts streamer.Options
 	// holdLimit is what a stream source holds in memory before spilling.
 	holdLimit int64
-	shards   []int
-	extFiles []extFile
-	segSize  int64
-	progress io.Writer
+	shards    []int
+	extFiles  []extFile
+	segSize   int64
+	progress  io.Writer
 }
 
 type extFile struct {
