@@ -210,27 +210,10 @@ func BenchmarkArchiveSource(b *testing.B) {
 func BenchmarkArchiveSourcePipe(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range benchCodecs() {
-		ctx := context.Background()
 		store, m := benchArchive(b, spec, total)
-		for _, mode := range []string{"write", "vmsplice"} {
-			b.Run(spec+"/"+mode, func(b *testing.B) {
-				defer func(v bool) { noSplice = v }(noSplice)
-				noSplice = mode == "write"
-				b.SetBytes(total)
-				for range b.N {
-					a, err := OpenArchive(ctx, store, Options{})
-					if err != nil {
-						b.Fatal(err)
-					}
-					for _, f := range m.Files {
-						if err := copyToPipeReader(ctx, a, f); err != nil {
-							b.Fatalf("Copy(%s): %v", f.Name, err)
-						}
-					}
-					a.Close()
-				}
-			})
-		}
+		benchIntoPipe(b, spec, total, m.Files, func() (Source, error) {
+			return OpenArchive(context.Background(), store, Options{})
+		})
 	}
 }
 
@@ -239,27 +222,38 @@ func BenchmarkArchiveSourcePipe(b *testing.B) {
 func BenchmarkStreamSourcePipe(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range benchCodecs() {
-		ctx := context.Background()
 		var buf bytes.Buffer
 		out, _ := NewStreamOutput([]io.Writer{&buf})
 		m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
-		for _, mode := range []string{"write", "vmsplice"} {
-			b.Run(spec+"/"+mode, func(b *testing.B) {
-				defer func(v bool) { noSplice = v }(noSplice)
-				noSplice = mode == "write"
-				b.SetBytes(total)
-				for range b.N {
-					src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
-						StreamOptions{Options: Options{MemoryLimit: 2 * total}})
-					for _, f := range m.Files {
-						if err := copyToPipeReader(ctx, src, f); err != nil {
-							b.Fatalf("Copy(%s): %v", f.Name, err)
-						}
-					}
-					src.Close()
+		benchIntoPipe(b, spec, total, m.Files, func() (Source, error) {
+			return NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+				StreamOptions{Options: Options{MemoryLimit: 2 * total}}), nil
+		})
+	}
+}
+
+// benchIntoPipe copies every file of a fresh source into pipes, once with
+// write(2) and once with vmsplice(2).
+func benchIntoPipe(b *testing.B, spec string, total int64, files []manifest.File, open func() (Source, error)) {
+	ctx := context.Background()
+	for _, mode := range []string{"write", "vmsplice"} {
+		b.Run(spec+"/"+mode, func(b *testing.B) {
+			defer func(v bool) { noSplice = v }(noSplice)
+			noSplice = mode == "write"
+			b.SetBytes(total)
+			for range b.N {
+				src, err := open()
+				if err != nil {
+					b.Fatal(err)
 				}
-			})
-		}
+				for _, f := range files {
+					if err := copyToPipeReader(ctx, src, f); err != nil {
+						b.Fatalf("Copy(%s): %v", f.Name, err)
+					}
+				}
+				src.Close()
+			}
+		})
 	}
 }
 
