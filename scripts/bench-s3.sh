@@ -20,14 +20,23 @@
 # round, medians at the end. Run as root. Tunables: BENCH_MB (target size,
 # default 1024), BENCH_ROUNDS (default 3), BENCH_S3_SIZES, BENCH_S3_DATA
 # (MinIO's data dir parent, default /var/tmp: a disk), BENCH_OUT (also
-# write the result table there, markdown).
+# write the result table there, markdown), BENCH_S3_SYNTH_ONLY=1 (only the
+# synthetic images), BENCH_S3_COMPARE="NAME=BINARY ..." (the synthetic
+# images through each of these gpucr-stream builds, interleaved run by run,
+# e.g. "before=/tmp/gcs-main after=bin/gpucr-stream"), BENCH_S3_BASE (an
+# images dir whose small files the synthetic images take; default: a criu
+# dump of a 64 MiB target; with BENCH_S3_SYNTH_ONLY=1 no CRIU is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
 	echo "bench-s3: run as root (CRIU needs it)" >&2
 	exit 1
 fi
-CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
+SYNTH_ONLY=${BENCH_S3_SYNTH_ONLY:-0}
+BASE=${BENCH_S3_BASE:-}
+if [ "$SYNTH_ONLY" != 1 ] || [ -z "$BASE" ]; then
+	CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
+fi
 MINIO=${MINIO:-$(bash scripts/install-minio.sh)}
 GCS=${GCS:-bin/gpucr-stream}
 case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
@@ -35,6 +44,13 @@ MB=${BENCH_MB:-1024}
 ROUNDS=${BENCH_ROUNDS:-3}
 SIZES=${BENCH_S3_SIZES:-"1 4 8"}
 LIMITS=${BENCH_S3_LIMITS:-default} # --memory-limit of the synthetic runs
+BUILDS=() NAMES=()
+for nb in ${BENCH_S3_COMPARE:-"gpucr-stream=$GCS"}; do
+	b=${nb#*=}
+	case $b in /*) ;; *) b=$PWD/$b ;; esac
+	[ -x "$b" ] || { echo "bench-s3: $b is not an executable (BENCH_S3_COMPARE wants NAME=BINARY ...)" >&2; exit 1; }
+	NAMES+=("${nb%%=*}") BUILDS+=("$b")
+done
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-s3-XXXX")
 DATA=$(mktemp -d "${BENCH_S3_DATA:-/var/tmp}/gcs-bench-minio-XXXX")
@@ -55,6 +71,7 @@ kill_ours() {
 		exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
 		case ${exe% (deleted)} in
 		"$TARGET_BIN" | "$GCS" | "$S3BENCH" | "$MINIO" | /usr/bin/time) kill -9 "$p" 2>/dev/null || true ;;
+		*) for b in "${BUILDS[@]}"; do if [ "${exe% (deleted)}" = "$b" ]; then kill -9 "$p" 2>/dev/null || true; fi; done ;;
 		esac
 	done
 }
@@ -191,7 +208,7 @@ run_variant() { # variant round
 }
 
 echo "bench-s3: target ${MB} MiB, ${ROUNDS} rounds; MinIO on 127.0.0.1:$PORT, data in $DATA; $(nproc) cores; $(uname -r)" >&2
-for r in $(seq "$ROUNDS"); do
+[ "$SYNTH_ONLY" = 1 ] || for r in $(seq "$ROUNDS"); do
 	for v in put+push gcs-s3 gcs-local; do
 		echo "bench-s3: round $r $v" >&2
 		run_variant "$v" "$r"
@@ -201,38 +218,47 @@ done
 # Peak RSS against image size: synthetic images (the small files of a real
 # dump, one pages file of N GiB), pushed into capture --to s3:// and read
 # back through serve --from s3://, no CRIU involved.
-start_target 64
-base=$WORK/base
-mkdir -p "$base"
-"$CRIU" dump -D "$base" -t "$PID" -o dump.log
-wait_gone
+base=${BASE:-$WORK/base}
+if [ -z "$BASE" ]; then
+	start_target 64
+	mkdir -p "$base"
+	"$CRIU" dump -D "$base" -t "$PID" -o dump.log
+	wait_gone
+fi
 for g in $SIZES; do
 	echo "bench-s3: synthetic ${g} GiB" >&2
 	img=$WORK/synth-$g
 	"$S3BENCH" synth -dir "$img" -size "${g}GiB" -from "$base"
-	for lim in $LIMITS; do
-		k=big-$g-$lim
-		d=$(mktemp -d "$WORK/big-XXXX")
-		mkdir -p "$d/a" "$d/b"
-		mem=()
-		[ "$lim" = default ] || mem=(--memory-limit "$lim")
-		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 "${mem[@]}" capture --to "$S3/$k" 3>"$d/cap.progress" &
-		cap=$!
-		PIDS+=("$cap")
-		wait_line "$d/cap.progress" socket-init
-		t0=$(now)
-		"$S3BENCH" push -images-dir "$d/a" "$img" >/dev/null
-		wait $cap
-		record "$k" push_s "$(elapsed "$t0")"
-		record "$k" capture_rss_kb "$(peak_kb "$d/cap.time")"
-		names_of "$S3/$k" "$d/names"
-		/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
-			"$GCS" --images-dir "$d/b" --progress-fd 9 "${mem[@]}" serve --from "$S3/$k" >"$d/read.json"
-		record "$k" read_s "$(json "$d/read.json" seconds)"
-		record "$k" ttfb "$(json "$d/read.json" first_page_byte_s)"
-		# time -v measures s3bench with its child, the serve: the larger of the two.
-		record "$k" serve_rss_kb "$(peak_kb "$d/srv.time")"
-		rm -rf "$d"
+	for r in $(seq "$ROUNDS"); do
+		for lim in $LIMITS; do
+			for i in "${!BUILDS[@]}"; do
+				bin=${BUILDS[$i]} k=big-$g-$lim-${NAMES[$i]}
+				key=$k-r$r
+				echo "bench-s3: synthetic ${g} GiB, round $r, ${NAMES[$i]}" >&2
+				d=$(mktemp -d "$WORK/big-XXXX")
+				mkdir -p "$d/a" "$d/b"
+				mem=()
+				[ "$lim" = default ] || mem=(--memory-limit "$lim")
+				/usr/bin/time -v -o "$d/cap.time" "$bin" --images-dir "$d/a" --progress-fd 3 "${mem[@]}" capture --to "$S3/$key" 3>"$d/cap.progress" &
+				cap=$!
+				PIDS+=("$cap")
+				wait_line "$d/cap.progress" socket-init
+				t0=$(now)
+				"$S3BENCH" push -images-dir "$d/a" "$img" >/dev/null
+				wait $cap
+				record "$k" push_s "$(elapsed "$t0")"
+				record "$k" capture_rss_kb "$(peak_kb "$d/cap.time")"
+				names_of "$S3/$key" "$d/names"
+				/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
+					"$bin" --images-dir "$d/b" --progress-fd 9 "${mem[@]}" serve --from "$S3/$key" >"$d/read.json"
+				record "$k" read_s "$(json "$d/read.json" seconds)"
+				record "$k" ttfb "$(json "$d/read.json" first_page_byte_s)"
+				# time -v measures s3bench with its child, the serve: the larger of the two.
+				record "$k" serve_rss_kb "$(peak_kb "$d/srv.time")"
+				"$GCS" rm "$S3/$key" >/dev/null # MinIO's disk holds one at a time
+				rm -rf "$d"
+			done
+		done
 	done
 	rm -rf "$img"
 done
@@ -240,6 +266,38 @@ done
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print ""; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 get() { awk -F'\t' -v v="$1" -v m="$2" '$1==v && $2==m {print $3}' "$RESULTS" | median; }
 mibs() { echo "$1 / $2 / 1048576" | bc -l; }
+
+# every VARIANT METRIC: its values in run order, MiB for *_rss_kb.
+every() {
+	awk -F'\t' -v v="$1" -v m="$2" '$1==v && $2==m {if (m ~ /_rss_kb$/) printf "%d ", $3/1024; else printf "%.2f ", $3}' "$RESULTS"
+}
+
+report_synth() {
+	echo "Synthetic images (the small files of a real dump and one pages file of N GiB), pushed into capture --to s3:// and read back through serve --from s3://, no CRIU; medians of ${ROUNDS}, builds interleaved run by run."
+	echo
+	echo "| synthetic image | build | --memory-limit | push into capture --to s3:// | capture peak RSS | read back through serve --from s3:// | first byte of pages | serve peak RSS |"
+	echo "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+	for lim in $LIMITS; do
+		for g in $SIZES; do
+			for name in "${NAMES[@]}"; do
+				local k=big-$g-$lim-$name
+				printf '| %s GiB | %s | %s | %.2f s | %d MiB | %.2f s | %.0f ms | %d MiB |\n' "$g" "$name" "$lim" "$(get "$k" push_s)" "$(($(get "$k" capture_rss_kb | cut -d. -f1) / 1024))" \
+					"$(get "$k" read_s)" "$(echo "$(get "$k" ttfb)*1000" | bc -l)" "$(($(get "$k" serve_rss_kb | cut -d. -f1) / 1024))"
+			done
+		done
+	done
+	echo
+	echo "Every run (push s, capture peak RSS MiB):"
+	echo
+	for lim in $LIMITS; do
+		for g in $SIZES; do
+			for name in "${NAMES[@]}"; do
+				local k=big-$g-$lim-$name
+				printf -- '- %s GiB %s %s: push %s; RSS %s\n' "$g" "$name" "$lim" "$(every "$k" push_s)" "$(every "$k" capture_rss_kb)"
+			done
+		done
+	done
+}
 
 report() {
 	local put_bps push_bps s3_bps
@@ -269,16 +327,6 @@ report() {
 	printf '| serve --from s3:// | %.2f | %.2fx | %.0f ms | %.1f ms | %.2f s | %d MiB |\n' \
 		"$(get gcs-s3 restore)" "$(echo "$(get gcs-s3 restore)/$(get gcs-local restore)" | bc -l)" "$(echo "$(get gcs-s3 ttfb)*1000" | bc -l)" "$(echo "$(get gcs-s3 ttfb_req)*1000" | bc -l)" "$(get gcs-s3 read_s)" "$(($(get gcs-s3 serve_rss_kb | cut -d. -f1) / 1024))"
 	echo
-	echo "| synthetic image | --memory-limit | push into capture --to s3:// | capture peak RSS | read back through serve --from s3:// | first byte of pages | serve peak RSS |"
-	echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-	for lim in $LIMITS; do
-		for g in $SIZES; do
-			local k=big-$g-$lim
-			printf '| %s GiB | %s | %.2f s | %d MiB | %.2f s | %.0f ms | %d MiB |\n' "$g" "$lim" "$(get "$k" push_s)" "$(($(get "$k" capture_rss_kb | cut -d. -f1) / 1024))" \
-				"$(get "$k" read_s)" "$(echo "$(get "$k" ttfb)*1000" | bc -l)" "$(($(get "$k" serve_rss_kb | cut -d. -f1) / 1024))"
-		done
-	done
-	echo
 	echo "Every run (seconds, in round order):"
 	echo
 	for vm in "put seconds" "push seconds" "gcs-s3 seconds" "gcs-local seconds" "gcs-s3 restore" "gcs-local restore" "gcs-s3 ttfb_req" "gcs-local ttfb_req"; do
@@ -286,4 +334,7 @@ report() {
 	done
 }
 echo >&2
-report | tee ${BENCH_OUT:+"$BENCH_OUT"}
+{
+	[ "$SYNTH_ONLY" = 1 ] || { report && echo; }
+	report_synth
+} | tee ${BENCH_OUT:+"$BENCH_OUT"}

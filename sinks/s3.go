@@ -13,9 +13,11 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -168,7 +170,7 @@ type S3Store struct {
 	parallel   int
 	maxRetries int
 	md5        bool
-	bufs       sync.Pool // *[]byte of cap partSize
+	pieces     *streamer.BufferPool // of the parts being filled and uploaded
 	uploaded   atomic.Int64
 	inflight   chan struct{} // parts in flight over all writers
 }
@@ -223,6 +225,11 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3Store, error) {
 		maxInflight = s.parallel
 	}
 	s.inflight = make(chan struct{}, maxInflight)
+	// Keep the pieces of as many parts as are in use at once when an
+	// archive is written: the parts in flight, and the part being filled
+	// of the segment being written and of each segment committing.
+	perPart := int((s.partSize + pieceSize - 1) / pieceSize)
+	s.pieces = streamer.NewBufferPool(pieceSize, (maxInflight+1+streamer.DefaultCommitting)*perPart)
 	switch {
 	case s.maxRetries == 0:
 		s.maxRetries = DefaultS3MaxRetries
@@ -539,13 +546,20 @@ func isNotExist(err error) bool {
 	return false
 }
 
-func checksums(b []byte, withMD5 bool) (crc, md5sum string) {
+func checksums(pieces [][]byte, withMD5 bool) (crc, md5sum string) {
+	var sum uint32
+	for _, p := range pieces {
+		sum = crc32.Update(sum, crc32c, p)
+	}
 	var c [4]byte
-	binary.BigEndian.PutUint32(c[:], crc32.Checksum(b, crc32c))
+	binary.BigEndian.PutUint32(c[:], sum)
 	crc = base64.StdEncoding.EncodeToString(c[:])
 	if withMD5 {
-		m := md5.Sum(b)
-		md5sum = base64.StdEncoding.EncodeToString(m[:])
+		m := md5.New()
+		for _, p := range pieces {
+			m.Write(p)
+		}
+		md5sum = base64.StdEncoding.EncodeToString(m.Sum(nil))
 	}
 	return crc, md5sum
 }
@@ -555,17 +569,34 @@ const (
 	hdrChecksumCRC32C = "X-Amz-Checksum-Crc32c"
 )
 
-func (s *S3Store) getBuf() []byte {
-	if p, ok := s.bufs.Get().(*[]byte); ok {
-		return (*p)[:0]
-	}
-	return make([]byte, 0, s.partSize)
+// pieceSize is the unit in which parts are buffered. A part holds only
+// as many pieces as it has bytes: the last part of a segment, a few MiB
+// that wait for an upload slot while the next segment fills, does not pin
+// a whole PartSize buffer. The pieces are reused part after part, segment
+// after segment, so uploading makes no garbage.
+const pieceSize = 1 << 20
+
+// partBuf is a part being filled or uploaded: pieces, all full but the
+// last.
+type partBuf struct {
+	pieces [][]byte
+	n      int
 }
 
-func (s *S3Store) putBuf(b []byte) {
-	if int64(cap(b)) == s.partSize {
-		s.bufs.Put(&b)
+// body reads the part from its start; each attempt of an upload takes a
+// new one.
+func (p *partBuf) body() io.Reader {
+	b := net.Buffers(slices.Clone(p.pieces)) // reading consumes the slice
+	return &b
+}
+
+// release gives the pieces back to the store's pool; the small first
+// piece of a small object is left to the garbage collector.
+func (p *partBuf) release(s *S3Store) {
+	for _, b := range p.pieces {
+		s.pieces.Put(b)
 	}
+	*p = partBuf{}
 }
 
 // Create implements streamer.Store. The writer buffers PartSize bytes,
@@ -593,7 +624,7 @@ type s3Writer struct {
 	key      string
 	ctx      context.Context // part uploads; canceled on failure and by Abort
 	cancel   context.CancelCauseFunc
-	buf      []byte
+	part     partBuf // being filled
 	written  int64
 	uploadID string // set once the first part goes out
 	open     bool   // uploadID is neither completed nor aborted
@@ -641,27 +672,16 @@ func (w *s3Writer) Write(b []byte) (int, error) {
 	n := 0
 	ps := int(w.s.partSize)
 	for len(b) > 0 {
-		if len(w.buf) == ps {
+		if w.part.n == ps {
 			if err := w.sendPart(); err != nil {
 				return n, err
 			}
 		}
-		k := min(len(b), ps-len(w.buf))
-		if len(w.buf)+k > cap(w.buf) {
-			// Grow the first buffer gradually: most objects of an archive
-			// other than segments (the manifest) are small. Past 1 MiB it
-			// is a segment: take a whole part from the pool rather than
-			// leave a trail of doubled buffers for the GC.
-			var nb []byte
-			if c := max(2*cap(w.buf), len(w.buf)+k, 64<<10); c < 1<<20 && c < ps {
-				nb = make([]byte, len(w.buf), c)
-			} else {
-				nb = w.s.getBuf()[:len(w.buf)]
-			}
-			copy(nb, w.buf)
-			w.buf = nb
-		}
-		w.buf = append(w.buf, b[:k]...)
+		want := min(len(b), ps-w.part.n)
+		last := w.room(want)
+		k := copy(last[len(last):cap(last)], b[:want])
+		w.part.pieces[len(w.part.pieces)-1] = last[:len(last)+k]
+		w.part.n += k
 		b = b[k:]
 		n += k
 		w.written += int64(k)
@@ -669,7 +689,45 @@ func (w *s3Writer) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// sendPart hands the buffer to a new part upload, waiting for a slot.
+// room returns the part's last piece with room at its end, taking a new
+// piece when it is full; n is how many bytes are coming (at most what the
+// part has left).
+func (w *s3Writer) room(n int) []byte {
+	p := &w.part
+	i := len(p.pieces) - 1
+	if i >= 0 && len(p.pieces[i]) < cap(p.pieces[i]) {
+		return p.pieces[i]
+	}
+	nb, ok := w.s.pieces.TryGet()
+	if !ok {
+		nb = w.newPiece(n)
+	}
+	if i == 0 && cap(p.pieces[0]) < pieceSize {
+		// The small first piece is full: move it into the larger one.
+		p.pieces[0] = append(nb[:0], p.pieces[0]...)
+		return p.pieces[0]
+	}
+	p.pieces = append(p.pieces, nb[:0])
+	return p.pieces[i+1]
+}
+
+// newPiece allocates a piece when the pool has none free. The first of an
+// object starts small and grows by doubling, since objects other than
+// segments (the manifest) are mostly small; the others are whole pieces.
+func (w *s3Writer) newPiece(n int) []byte {
+	if w.nparts == 0 && len(w.part.pieces) <= 1 {
+		c := max(64<<10, n)
+		if len(w.part.pieces) == 1 {
+			c = max(c, 2*cap(w.part.pieces[0]))
+		}
+		if c < pieceSize {
+			return make([]byte, c)
+		}
+	}
+	return w.s.pieces.Get()
+}
+
+// sendPart hands the part to a new upload, waiting for a slot.
 func (w *s3Writer) sendPart() error {
 	if w.uploadID == "" {
 		var id string
@@ -712,28 +770,24 @@ func (w *s3Writer) sendPart() error {
 		return fmt.Errorf("upload %s: %w", w.s.url(w.name), context.Cause(w.ctx))
 	}
 	w.nparts++
-	data := w.buf
-	if len(data) == int(w.s.partSize) {
-		w.buf = w.s.getBuf()
-	} else {
-		w.buf = nil // the last part
-	}
+	data := w.part
+	w.part = partBuf{} // the next part takes pieces as its bytes come
 	w.wg.Add(1)
 	go w.uploadPart(w.nparts, data)
 	return nil
 }
 
-func (w *s3Writer) uploadPart(num int, data []byte) {
+func (w *s3Writer) uploadPart(num int, data partBuf) {
 	defer w.wg.Done()
 	defer func() { <-w.sem; <-w.s.inflight }()
-	defer w.s.putBuf(data)
-	crc, md5sum := checksums(data, w.s.md5)
+	defer data.release(w.s)
+	crc, md5sum := checksums(data.pieces, w.s.md5)
 	var part minio.ObjectPart
 	err := w.s.retry(w.ctx, func(ctx context.Context) error {
 		hdr := http.Header{}
 		hdr.Set(hdrChecksumCRC32C, crc)
 		var err error
-		part, err = w.s.core.PutObjectPart(ctx, w.s.bucket, w.key, w.uploadID, num, bytes.NewReader(data), int64(len(data)),
+		part, err = w.s.core.PutObjectPart(ctx, w.s.bucket, w.key, w.uploadID, num, data.body(), int64(data.n),
 			minio.PutObjectPartOptions{Md5Base64: md5sum, CustomHeader: hdr, DisableContentSha256: true})
 		return err
 	})
@@ -741,14 +795,14 @@ func (w *s3Writer) uploadPart(num int, data []byte) {
 		err = fmt.Errorf("server stored CRC32C %s, sent %s", part.ChecksumCRC32C, crc)
 	}
 	if err != nil {
-		w.fail(fmt.Errorf("upload part %d (%d bytes) of %s: %w", num, len(data), w.s.url(w.name), err))
+		w.fail(fmt.Errorf("upload part %d (%d bytes) of %s: %w", num, data.n, w.s.url(w.name), err))
 		return
 	}
-	w.s.uploaded.Add(int64(len(data)))
+	w.s.uploaded.Add(int64(data.n))
 	w.mu.Lock()
 	w.parts = append(w.parts, uploadedPart{
 		CompletePart: minio.CompletePart{PartNumber: num, ETag: part.ETag, ChecksumCRC32C: crc},
-		size:         int64(len(data)),
+		size:         int64(data.n),
 	})
 	w.mu.Unlock()
 }
@@ -764,8 +818,7 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 	stop := context.AfterFunc(ctx, func() { w.cancel(context.Cause(ctx)) })
 	defer stop()
 	defer func() {
-		w.s.putBuf(w.buf)
-		w.buf = nil
+		w.part.release(w.s)
 		defer w.cancel(errFinished) // release the upload context
 		if err != nil {
 			// Clean up even when ctx is what failed, but briefly: against
@@ -791,7 +844,7 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 	if w.uploadID == "" {
 		return w.putSmall(ctx)
 	}
-	if len(w.buf) > 0 {
+	if w.part.n > 0 {
 		if err := w.sendPart(); err != nil {
 			return err
 		}
@@ -836,17 +889,17 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 
 // putSmall uploads an object smaller than a part in one request.
 func (w *s3Writer) putSmall(ctx context.Context) error {
-	data := w.buf
-	crc, md5sum := checksums(data, w.s.md5)
+	data := &w.part
+	crc, md5sum := checksums(data.pieces, w.s.md5)
 	err := w.s.retry(ctx, func(ctx context.Context) error {
-		_, err := w.s.core.PutObject(ctx, w.s.bucket, w.key, bytes.NewReader(data), int64(len(data)), md5sum, "",
+		_, err := w.s.core.PutObject(ctx, w.s.bucket, w.key, data.body(), int64(data.n), md5sum, "",
 			minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: crc}, DisableContentSha256: true})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("put: %w", err)
 	}
-	w.s.uploaded.Add(int64(len(data)))
+	w.s.uploaded.Add(int64(data.n))
 	return w.checkSize(ctx)
 }
 
@@ -877,8 +930,7 @@ func (w *s3Writer) checkSize(ctx context.Context) error {
 func (w *s3Writer) Abort(ctx context.Context) error {
 	if !w.finished {
 		w.finished = true
-		w.s.putBuf(w.buf)
-		w.buf = nil
+		w.part.release(w.s)
 	}
 	if err := w.abort(ctx); err != nil {
 		return fmt.Errorf("abort %s: %w", w.s.url(w.name), err)

@@ -404,7 +404,7 @@ func TestS3ChecksumsChecked(t *testing.T) {
 	s := newTestS3(t, testConfig(srv, "bkt", ""))
 	ctx := context.Background()
 	data := []byte("the bytes that were sent")
-	wrong, _ := checksums([]byte("other bytes"), false)
+	wrong, _ := checksums([][]byte{[]byte("other bytes")}, false)
 	_, err := s.core.PutObject(ctx, "bkt", "small", bytes.NewReader(data), int64(len(data)), "", "",
 		minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: wrong}, DisableContentSha256: true})
 	if err == nil {
@@ -422,4 +422,64 @@ func TestS3ChecksumsChecked(t *testing.T) {
 		t.Error("part with a wrong CRC32C accepted")
 	}
 	t.Log(err)
+}
+
+// TestS3PartPieces writes objects in writes of odd sizes, with a part size
+// that is no multiple of a piece: small objects in one small buffer grown
+// as needed, larger ones in parts of pooled pieces that the next object
+// reuses.
+func TestS3PartPieces(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket(t, "bkt")
+	cfg := testConfig(srv, "bkt", "pieces")
+	cfg.PartSize = minS3PartSize + 12345
+	cfg.ContentMD5 = true
+	s := newTestS3(t, cfg)
+	ctx := context.Background()
+	put := func(name string, size, write int) {
+		t.Helper()
+		data := make([]byte, size)
+		rand.Read(data)
+		w, err := s.Create(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := data; len(b) > 0; {
+			n, err := w.Write(b[:min(write, len(b))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b = b[n:]
+		}
+		if err := w.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Open(ctx, name, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got, err := io.ReadAll(r)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back %d bytes (%v), want the %d written", name, len(got), err, size)
+		}
+	}
+	put("tiny", 1000, 10)
+	put("grown", 300<<10, 7000) // 64 KiB, doubled up to 512 KiB
+	if n := s.pieces.Allocated(); n != 0 {
+		t.Errorf("small objects took %d pooled pieces", n)
+	}
+	put("multi", 2*int(cfg.PartSize)+(3<<20)+5, (1<<20)+3)
+	put("again", 2*int(cfg.PartSize)+(3<<20)+5, 4<<20)
+	perPart := int((cfg.PartSize + pieceSize - 1) / pieceSize)
+	if n := s.pieces.Allocated(); n > int64((cfg.Parallel+1)*perPart) {
+		t.Errorf("two objects of 3 parts allocated %d pieces; parts in flight and the one filling need %d", n, (cfg.Parallel+1)*perPart)
+	}
+	info, err := s.core.StatObject(ctx, "bkt", "pieces/multi", minio.StatObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(info.ETag, "-3") {
+		t.Errorf("multi: ETag %q, want 3 parts", info.ETag)
+	}
 }

@@ -81,19 +81,18 @@ type Counters struct {
 // Capture is a running capture pipeline: producers call WriteFile
 // concurrently, one call per file; Close commits.
 type Capture struct {
-	opts    Options
-	enc     *codec.Encoder
-	out     Output
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	jobs    chan *item
-	encoded chan *item
-	tokens  chan struct{}
-	rawPool sync.Pool
-	encPool sync.Pool
+	opts   Options
+	enc    *codec.Encoder
+	out    Output
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	order  chan *item // every item, in submission order, for the writer
+	jobs   chan *item // DATA items, for the workers
+	tokens chan struct{}
+	bufs   *BufferPool // raw and encoded chunks alike
+	encDst bool        // the codec writes into a buffer of its own
 
 	mu     sync.Mutex
-	seq    uint64
 	nextID uint32
 
 	workers    sync.WaitGroup
@@ -113,16 +112,17 @@ type committedFile struct {
 }
 
 type item struct {
-	seq    uint64
+	done   chan struct{} // a DATA item's: closed once encoded
 	kind   manifest.FrameType
 	fileID uint32
 	name   string
 	flags  uint16
 	off    int64
-	raw    []byte
-	rawBuf *[]byte // pooled backing of raw, or nil
+	raw    []byte // nil once encoded: only rawLen is left
+	rawLen int
+	rawBuf []byte // pooled backing of raw, or nil
 	token  bool
-	encBuf *[]byte
+	encBuf []byte // pooled backing of stored, or nil
 	stored []byte
 	codec  codec.ID
 	crc    uint32
@@ -146,22 +146,28 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)
+	tokens := opts.chunkTokens(opts.ChunkSize + encMax)
+	// window: the items (so chunk buffers) that may wait between the
+	// producers and the writer, whatever order the workers finish in.
+	window := 4 * opts.Workers
+	// bufs: one size for raw and encoded chunks, so that a buffer freed by
+	// one serves the other; a chunk holds two only while it is encoded.
 	c := &Capture{
 		opts:       opts,
 		enc:        enc,
 		out:        out,
 		ctx:        ctx,
 		cancel:     cancel,
-		jobs:       make(chan *item, opts.Workers*2),
-		encoded:    make(chan *item, opts.Workers*2),
-		tokens:     make(chan struct{}, opts.chunkTokens(opts.ChunkSize+encMax)),
+		order:      make(chan *item, window),
+		jobs:       make(chan *item, window+1), // never full: see submit
+		tokens:     make(chan struct{}, tokens),
+		bufs:       NewBufferPool(max(opts.ChunkSize, encMax), 2*tokens),
+		encDst:     encMax > 0,
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
 		committed:  map[string]committedFile{},
 	}
-	c.rawPool.New = func() any { b := make([]byte, opts.ChunkSize); return &b }
-	c.encPool.New = func() any { b := make([]byte, encMax); return &b }
 	c.workers.Add(opts.Workers)
 	for range opts.Workers {
 		go c.encodeLoop()
@@ -198,17 +204,21 @@ func (c *Capture) submit(it *item) error {
 		c.release(it)
 		return context.Cause(c.ctx)
 	}
-	c.mu.Lock()
-	it.seq = c.seq
-	c.seq++
-	c.mu.Unlock()
+	if it.kind == manifest.FrameData {
+		it.done = make(chan struct{})
+	}
 	select {
-	case c.jobs <- it:
-		return nil
+	case c.order <- it:
 	case <-c.ctx.Done():
 		c.release(it)
 		return context.Cause(c.ctx)
 	}
+	if it.done != nil {
+		// jobs holds only items that order let through and the writer has
+		// not released: it always has room.
+		c.jobs <- it
+	}
+	return nil
 }
 
 func (c *Capture) acquire() error {
@@ -224,14 +234,9 @@ func (c *Capture) acquire() error {
 }
 
 func (c *Capture) release(it *item) {
-	if it.rawBuf != nil {
-		c.rawPool.Put(it.rawBuf)
-		it.rawBuf = nil
-	}
-	if it.encBuf != nil {
-		c.encPool.Put(it.encBuf)
-		it.encBuf = nil
-	}
+	c.bufs.Put(it.rawBuf)
+	c.bufs.Put(it.encBuf)
+	it.rawBuf, it.encBuf = nil, nil
 	if it.token {
 		<-c.tokens
 		it.token = false
@@ -271,8 +276,8 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 				return off, err
 			}
 			it.token = true
-			it.rawBuf = c.rawPool.Get().(*[]byte)
-			buf = *it.rawBuf
+			it.rawBuf = c.bufs.Get()
+			buf = it.rawBuf[:c.opts.ChunkSize]
 		}
 		n, err := io.ReadFull(r, buf)
 		if first && n == small && small < c.opts.ChunkSize && err == nil {
@@ -281,8 +286,8 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 				return off, err
 			}
 			it.token = true
-			it.rawBuf = c.rawPool.Get().(*[]byte)
-			big := *it.rawBuf
+			it.rawBuf = c.bufs.Get()
+			big := it.rawBuf[:c.opts.ChunkSize]
 			copy(big, buf)
 			var m int
 			m, err = io.ReadFull(r, big[small:])
@@ -295,7 +300,7 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 			return off, fmt.Errorf("read %s at offset %d: %w", name, off+int64(n), err)
 		}
 		if n > 0 {
-			it.raw = buf[:n]
+			it.raw, it.rawLen = buf[:n], n
 			if err := c.submit(it); err != nil {
 				return off, err
 			}
@@ -318,16 +323,12 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 func (c *Capture) encodeLoop() {
 	defer c.workers.Done()
 	for it := range c.jobs {
-		if it.kind == manifest.FrameData && c.ctx.Err() == nil {
+		if c.ctx.Err() == nil {
 			if err := c.encode(it); err != nil {
 				c.fail(err)
 			}
 		}
-		select {
-		case c.encoded <- it:
-		case <-c.ctx.Done():
-			c.release(it)
-		}
+		close(it.done)
 	}
 }
 
@@ -335,42 +336,53 @@ func (c *Capture) encode(it *item) error {
 	if codec.IsZero(it.raw) {
 		it.codec, it.stored = codec.Zero, nil
 		it.crc, it.hash = zeroSums(len(it.raw))
+		c.dropRaw(it)
 		return nil
 	}
 	it.crc = codec.Checksum(it.raw)
 	it.hash = codec.ContentHash(it.raw)
-	it.encBuf = c.encPool.Get().(*[]byte)
-	id, stored, err := c.enc.Encode((*it.encBuf)[:0], it.raw)
+	var dst []byte
+	if c.encDst {
+		it.encBuf = c.bufs.Get()
+		dst = it.encBuf[:0]
+	}
+	id, stored, err := c.enc.Encode(dst, it.raw)
 	if err != nil {
 		return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
 	}
 	it.codec, it.stored = id, stored
+	// Of raw and encoded, keep only the buffer that stored is in: chunks
+	// waiting for the writer then hold one buffer each, not two.
+	if len(stored) > 0 && &stored[0] == &it.raw[0] {
+		c.bufs.Put(it.encBuf)
+		it.encBuf = nil
+	} else {
+		c.dropRaw(it)
+	}
 	return nil
 }
 
-// writeLoop puts items back in submission order and writes them.
+// dropRaw gives an encoded chunk's raw buffer back.
+func (c *Capture) dropRaw(it *item) {
+	c.bufs.Put(it.rawBuf)
+	it.raw, it.rawBuf = nil, nil
+}
+
+// writeLoop writes the items in submission order, each once it is
+// encoded. Waiting for the oldest keeps the later ones in the order queue,
+// so a chunk that is slow to encode holds back the producers: it cannot
+// let the others pile up.
 func (c *Capture) writeLoop() {
 	defer close(c.writerDone)
-	pending := map[uint64]*item{}
-	var next uint64
-	for it := range c.encoded {
-		pending[it.seq] = it
-		for {
-			it, ok := pending[next]
-			if !ok {
-				break
-			}
-			delete(pending, next)
-			next++
-			if c.ctx.Err() == nil {
-				if err := c.write(it); err != nil {
-					c.fail(err)
-				}
-			}
-			c.release(it)
+	for it := range c.order {
+		if it.done != nil {
+			<-it.done
 		}
-	}
-	for _, it := range pending {
+		if c.ctx.Err() == nil {
+			if err := c.write(it); err != nil {
+				c.fail(err)
+			}
+		}
 		c.release(it)
 	}
 }
@@ -387,7 +399,7 @@ func (c *Capture) write(it *item) error {
 	case manifest.FrameData:
 		fs := c.files[it.fileID]
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
-			RawLen: uint32(len(it.raw)), StoredLen: uint32(len(it.stored)), Checksum: it.crc, Hash: it.hash}
+			RawLen: uint32(it.rawLen), StoredLen: uint32(len(it.stored)), Checksum: it.crc, Hash: it.hash}
 		loc, err := c.out.WriteFrame(ctx, &fh, it.stored)
 		if err != nil {
 			return fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)
@@ -395,7 +407,7 @@ func (c *Capture) write(it *item) error {
 		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
 			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
 		fs.hashes = append(fs.hashes, it.hash[:]...)
-		c.man.Stats.Add(it.codec.String(), int64(len(it.raw)), int64(len(it.stored)))
+		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(len(it.stored)))
 		c.Counters.StoredBytes.Add(int64(len(it.stored)))
 	case manifest.FrameFileEnd:
 		fs := c.files[it.fileID]
@@ -421,8 +433,8 @@ func (c *Capture) write(it *item) error {
 // output and returns that error.
 func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.Manifest, error) {
 	close(c.jobs)
+	close(c.order)
 	c.workers.Wait()
-	close(c.encoded)
 	<-c.writerDone
 	if err := c.Err(); err != nil {
 		_ = c.out.Abort(ctx)
@@ -494,4 +506,58 @@ func zeroSums(n int) (uint32, [32]byte) {
 	s := sums{codec.Checksum(z), codec.ContentHash(z)}
 	zeroSumCache.Store(n, s)
 	return s.crc, s.hash
+}
+
+// BufferPool is a free list of buffers of one size. Unlike a sync.Pool it
+// keeps its buffers across garbage collections: a pipeline that gives them
+// back makes no garbage, so its heap stays at the most buffers it ever had
+// in use instead of being refilled after every collection, and nothing
+// accumulates between collections however many bytes pass through. It
+// keeps at most the idle count given to NewBufferPool; Get allocates when
+// none is free.
+type BufferPool struct {
+	size      int
+	free      chan []byte
+	allocated atomic.Int64
+}
+
+// NewBufferPool returns a pool of size-byte buffers that keeps at most idle
+// of them.
+func NewBufferPool(size, idle int) *BufferPool {
+	return &BufferPool{size: size, free: make(chan []byte, idle)}
+}
+
+// Get returns a buffer of the pool's size, its contents undefined.
+func (p *BufferPool) Get() []byte {
+	if b, ok := p.TryGet(); ok {
+		return b
+	}
+	p.allocated.Add(1)
+	return make([]byte, p.size)
+}
+
+// Allocated is how many buffers Get has made: as many as were ever in use
+// at once, if they all came back.
+func (p *BufferPool) Allocated() int64 { return p.allocated.Load() }
+
+// TryGet returns a free buffer, if there is one, without allocating.
+func (p *BufferPool) TryGet() ([]byte, bool) {
+	select {
+	case b := <-p.free:
+		return b[:p.size], true
+	default:
+		return nil, false
+	}
+}
+
+// Put gives back a buffer Get returned (any slice of it). Others, nil
+// included, are ignored, as is a buffer beyond the idle count.
+func (p *BufferPool) Put(b []byte) {
+	if cap(b) != p.size {
+		return
+	}
+	select {
+	case p.free <- b[:p.size]:
+	default:
+	}
 }

@@ -82,8 +82,20 @@ func openS3Output(ctx context.Context, cfg *config, loc sinks.Location) (streame
 	// Parts in flight, the part being filled of the segment being written
 	// and of those committing in the background (sinks.S3Config.MaxInflight).
 	capMemoryTo(cfg, int64(cfg.s3Parallel+1+streamer.DefaultCommitting)*store.PartSize())
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(captureGCPercent)
+	}
 	return out, nil, nil
 }
+
+// captureGCPercent replaces Go's default GOGC of 100 for captures into S3.
+// Their heap is nearly all chunk buffers and part pieces, pooled and
+// reused, and pointer-free, so that a collection does not scan them; what
+// else they allocate is a few MB per GiB of image (BLAKE3's goroutines per
+// hash, net/http's copy buffers). At 100 that garbage piled up until the
+// heap was twice the buffers, a peak that grew with the image; at 10 a
+// collection comes every GiB or so and costs a few ms of CPU.
+const captureGCPercent = 10
 
 // capMemoryTo makes --memory-limit, plus what the store holds beside the
 // pipeline, the Go runtime's soft memory limit, so that the garbage

@@ -40,6 +40,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	imgstreamer "github.com/checkpoint-restore/go-criu/v7/crit/images/img-streamer"
@@ -305,7 +306,17 @@ func read(args []string) error {
 		time.Sleep(time.Millisecond)
 	}
 	listening := time.Since(start)
-	raw, err := net.Dial("unix", sock)
+	// The socket file appears at bind, a moment before listen: a dial in
+	// between is refused.
+	var raw net.Conn
+	var err error
+	for {
+		raw, err = net.Dial("unix", sock)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Minute {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if err != nil {
 		cmd.Process.Kill()
 		return err
