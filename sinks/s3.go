@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -149,7 +150,8 @@ type S3Config struct {
 	MaxInflight int
 	// MaxRetries is how often a request that failed in a way worth
 	// retrying (network errors, 5xx, throttling) is retried, with
-	// exponential backoff (default 6, about 12 s in all; negative: never).
+	// exponential backoff (default 6, about 12 s in all; negative: never;
+	// a refused connection at most twice).
 	MaxRetries int
 	// ContentMD5 also sends Content-MD5 with every upload. CRC32C
 	// (x-amz-checksum-crc32c) is always sent; some S3-compatible servers
@@ -481,7 +483,7 @@ func (s *S3Store) retry(ctx context.Context, fn func(context.Context) error) err
 		if ctx.Err() != nil || !retryable(err) {
 			return err
 		}
-		if attempt >= s.maxRetries {
+		if attempt >= s.maxRetries || (refused(err) && attempt >= refusedRetries) {
 			if attempt > 0 {
 				return fmt.Errorf("%w (gave up after %d attempts)", err, attempt+1)
 			}
@@ -492,6 +494,13 @@ func (s *S3Store) retry(ctx context.Context, fn func(context.Context) error) err
 		}
 	}
 }
+
+// refusedRetries bounds the retries of a refused connection: nothing
+// listens there, which a server that restarts fixes within a second or not
+// for a long while; meanwhile a checkpoint holds its process frozen.
+const refusedRetries = 2
+
+func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
 func backoff(attempt int) time.Duration {
 	d := retryBase << min(attempt, 10)

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -481,5 +484,31 @@ func TestS3PartPieces(t *testing.T) {
 	}
 	if !strings.HasSuffix(info.ETag, "-3") {
 		t.Errorf("multi: ETag %q, want 3 parts", info.ETag)
+	}
+}
+
+// Requests are retried as often as their failure deserves: a refused
+// connection (nothing listens) twice, other network errors and server
+// errors up to MaxRetries, refusals of the request itself never.
+func TestS3Retry(t *testing.T) {
+	refusedErr := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		calls int
+	}{
+		{"connection refused", &url.Error{Op: "Put", URL: "http://x", Err: refusedErr}, 1 + refusedRetries},
+		{"connection reset", &url.Error{Op: "Put", URL: "http://x", Err: syscall.ECONNRESET}, 4},
+		{"server error", minio.ErrorResponse{Code: "InternalError", StatusCode: 500}, 4},
+		{"access denied", minio.ErrorResponse{Code: "AccessDenied", StatusCode: 403}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &S3Store{maxRetries: 3}
+			calls := 0
+			err := s.retry(context.Background(), func(context.Context) error { calls++; return tc.err })
+			if err == nil || calls != tc.calls {
+				t.Fatalf("retry: %d calls, error %v; want %d calls and an error", calls, err, tc.calls)
+			}
+		})
 	}
 }
