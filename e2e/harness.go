@@ -521,6 +521,20 @@ func (tg *Target) outputTail() string {
 	return s.String()
 }
 
+// ProveIntact asks for a proof, fails the test unless it shows the target
+// intact and gone on since *last, and makes it the new *last.
+func (tg *Target) ProveIntact(ctx context.Context, t testing.TB, last *Proof) {
+	t.Helper()
+	p, err := tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(*last); err != nil {
+		t.Fatal(err)
+	}
+	*last = p
+}
+
 // Prove asks the target for a proof (SIGUSR1) and returns it once written.
 // The old proof.json is removed first, so whatever appears is the answer to
 // this request even when the target was restored from an older checkpoint

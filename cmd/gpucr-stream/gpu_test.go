@@ -152,14 +152,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(archive, manifest.ManifestName)); err == nil {
 				t.Fatal("a failed checkpoint left a manifest")
 			}
-			p, err := tg.Prove(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Check(before); err != nil {
-				t.Fatal(err)
-			}
-			before = p
+			tg.ProveIntact(ctx, t, &before)
 		})
 	}
 
@@ -191,14 +184,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		if len(res.CUDAPIDs) != 1 || len(res.GPUs) == 0 || res.GPUs[0].PID != tg.PID() {
 			t.Errorf("result names no CUDA process: %s", out)
 		}
-		p, err := tg.Prove(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Check(before); err != nil {
-			t.Fatal(err)
-		}
-		before = p
+		tg.ProveIntact(ctx, t, &before)
 	})
 
 	// A checkpoint that kills the process, then restore: CRIU restore, then
@@ -223,13 +209,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &res); err != nil || res.PID != tg.PID() || len(res.CUDAPIDs) != 1 {
 			t.Fatalf("restore result %s: %v", out, err)
 		}
-		p, err := tg.Prove(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Check(before); err != nil {
-			t.Fatal(err)
-		}
+		tg.ProveIntact(ctx, t, &before)
 	})
 }
 

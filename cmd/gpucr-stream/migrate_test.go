@@ -400,14 +400,7 @@ func TestMigrateCUDA(t *testing.T) {
 		if rres.PID != tg.PID() || len(rres.CUDAPIDs) != 1 {
 			t.Errorf("receive result: %s", rout.String())
 		}
-		p, err := tg.Prove(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Check(before); err != nil {
-			t.Fatal(err)
-		}
-		before = p
+		tg.ProveIntact(ctx, t, &before)
 	})
 
 	t.Run("gpu-restore-fails", func(t *testing.T) {
@@ -429,12 +422,6 @@ func TestMigrateCUDA(t *testing.T) {
 			t.Errorf("keep dir holds %d files, want the image", len(ents))
 		}
 		// CRIU restored it: it runs (the fake GPU state stays checkpointed).
-		p, err := tg.Prove(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Check(before); err != nil {
-			t.Fatal(err)
-		}
+		tg.ProveIntact(ctx, t, &before)
 	})
 }
