@@ -69,7 +69,8 @@ type config struct {
 
 	// parsed by finish
 	opts streamer.Options
-	// holdLimit is what a stream source holds in memory before spilling.
+	// holdLimit is what a stream source holds in memory before spilling;
+	// 0: --memory-limit auto, sized when a stream source is opened.
 	holdLimit int64
 	shards    []int
 	extFiles  []extFile
@@ -171,14 +172,13 @@ func (c *config) finish() error {
 	if err != nil || chunk < 4096 || chunk > codec.MaxChunk {
 		return usagef("--chunk-size %q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20)
 	}
-	mem, hold := int64(1<<30), heldImageBudget()
+	mem := int64(1 << 30)
 	if c.memoryLimit != "auto" {
 		if mem, err = parseSize(c.memoryLimit); err != nil || mem <= 0 {
 			return usagef("--memory-limit %q: want a size such as 512MiB, or auto", c.memoryLimit)
 		}
-		hold = mem
+		c.holdLimit = mem
 	}
-	c.holdLimit = hold
 	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {
 		return usagef("--segment-size %q: want a size of at least 1MiB", c.segmentSize)
 	}
@@ -320,6 +320,9 @@ func heldImageBudget() int64 {
 func (c *config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
 	so.Options = c.opts
 	so.Options.MemoryLimit = c.holdLimit
+	if c.holdLimit == 0 {
+		so.Options.MemoryLimit = heldImageBudget()
+	}
 	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
 	so.SpillDir = c.spillDir
 	return so
