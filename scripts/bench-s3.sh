@@ -135,6 +135,19 @@ wait_line() {
 }
 names_of() { "$GCS" inspect "$1" | awk 'p {print $NF} /^ *SIZE/ {p=1}' >"$2"; }
 
+# start_capture BIN DIR DEST [FLAGS...]: BIN capture --to DEST on DIR/a,
+# under time -v (DIR/cap.time), progress in DIR/cap.progress; returns once
+# it listens, with its pid in CAP and the time in T0.
+start_capture() {
+	local bin=$1 d=$2 dest=$3
+	shift 3
+	/usr/bin/time -v -o "$d/cap.time" "$bin" --images-dir "$d/a" --progress-fd 3 "$@" capture --to "$dest" 3>"$d/cap.progress" &
+	CAP=$!
+	PIDS+=("$CAP")
+	wait_line "$d/cap.progress" socket-init
+	T0=$(now)
+}
+
 # read_ttfb VARIANT SRC: time to the first byte of pages, serving SRC to a
 # reader that asks as criu restore does.
 read_ttfb() {
@@ -149,7 +162,7 @@ read_ttfb() {
 }
 
 run_variant() { # variant round
-	local v=$1 r=$2 d t0 cap srv
+	local v=$1 r=$2 d t0 srv
 	d=$(mktemp -d "$WORK/v-XXXX")
 	mkdir -p "$d/a" "$d/b"
 	case $v in
@@ -163,14 +176,10 @@ run_variant() { # variant round
 		"$S3BENCH" put -bucket bench -key "r$r/put" "$d"/img/*.img >"$d/put.json"
 		record put seconds "$(json "$d/put.json" seconds)"
 		record put bytes "$(json "$d/put.json" bytes)"
-		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$S3/r$r/push" 3>"$d/cap.progress" &
-		cap=$!
-		PIDS+=("$cap")
-		wait_line "$d/cap.progress" socket-init
-		t0=$(now)
+		start_capture "$GCS" "$d" "$S3/r$r/push"
 		"$S3BENCH" push -images-dir "$d/a" "$d/img" >/dev/null
-		wait $cap
-		record push seconds "$(elapsed "$t0")"
+		wait "$CAP"
+		record push seconds "$(elapsed "$T0")"
 		record push bytes "$(json "$d/cap.progress" raw_bytes)"
 		record push stored "$(json "$d/cap.progress" stored_bytes)"
 		record push capture_rss_kb "$(peak_kb "$d/cap.time")"
@@ -179,14 +188,10 @@ run_variant() { # variant round
 		local dest=$S3/r$r/gcs
 		[ "$v" = gcs-local ] && dest=$d/archive
 		start_target
-		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$d/a" --progress-fd 3 capture --to "$dest" 3>"$d/cap.progress" &
-		cap=$!
-		PIDS+=("$cap")
-		wait_line "$d/cap.progress" socket-init
-		t0=$(now)
+		start_capture "$GCS" "$d" "$dest"
 		"$CRIU" dump --stream -D "$d/a" -t "$PID" -o dump.log
-		wait $cap
-		record "$v" seconds "$(elapsed "$t0")"
+		wait "$CAP"
+		record "$v" seconds "$(elapsed "$T0")"
 		record "$v" bytes "$(json "$d/cap.progress" raw_bytes)"
 		record "$v" stored "$(json "$d/cap.progress" stored_bytes)"
 		record "$v" capture_rss_kb "$(peak_kb "$d/cap.time")"
@@ -239,14 +244,10 @@ for g in $SIZES; do
 				mkdir -p "$d/a" "$d/b"
 				mem=()
 				[ "$lim" = default ] || mem=(--memory-limit "$lim")
-				/usr/bin/time -v -o "$d/cap.time" "$bin" --images-dir "$d/a" --progress-fd 3 "${mem[@]}" capture --to "$S3/$key" 3>"$d/cap.progress" &
-				cap=$!
-				PIDS+=("$cap")
-				wait_line "$d/cap.progress" socket-init
-				t0=$(now)
+				start_capture "$bin" "$d" "$S3/$key" "${mem[@]}"
 				"$S3BENCH" push -images-dir "$d/a" "$img" >/dev/null
-				wait $cap
-				record "$k" push_s "$(elapsed "$t0")"
+				wait "$CAP"
+				record "$k" push_s "$(elapsed "$T0")"
 				record "$k" capture_rss_kb "$(peak_kb "$d/cap.time")"
 				names_of "$S3/$key" "$d/names"
 				/usr/bin/time -v -o "$d/srv.time" "$S3BENCH" read -images-dir "$d/b" -files "$d/names" -- \
