@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -616,7 +617,7 @@ func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOpti
 			requests.Add(1)
 			_, err := src.Stat(sctx, name)
 			exists := err == nil
-			if err != nil && !errors.Is(err, streamer.ErrNotExist) {
+			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
 			}
 			if err := WriteReply(conn, exists); err != nil {

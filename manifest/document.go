@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // Archive layout in a store (a local directory or an object prefix). The
@@ -183,23 +185,23 @@ func Parse(b []byte) (*Manifest, error) {
 		Format int `json:"format"`
 	}
 	if err := json.Unmarshal(b, &probe); err != nil {
-		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	if probe.Format < 1 {
-		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, errdefs.ErrCorrupt)
 	}
 	if probe.Format > Version {
 		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, probe.Format, Version)
 	}
 	if err := checkSum(b); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
 	m := &Manifest{}
 	if err := json.Unmarshal(b, m); err != nil {
-		return nil, fmt.Errorf("manifest: %v: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
 	return m, nil
 }

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // fuzzStream is a valid multi-file stream with arbitrary DATA payload bytes.
@@ -173,7 +175,7 @@ func FuzzParseManifest(f *testing.F) {
 			if m != nil {
 				t.Fatal("Parse returned a manifest and an error")
 			}
-			if errors.Is(err, ErrNewerVersion) && errors.Is(err, ErrCorrupt) {
+			if errors.Is(err, ErrNewerVersion) && errors.Is(err, errdefs.ErrCorrupt) {
 				t.Fatalf("error is both newer and corrupt: %v", err)
 			}
 			return

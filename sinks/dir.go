@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -156,7 +157,7 @@ func (d *Dir) Open(ctx context.Context, name string, off, length int64) (io.Read
 
 func wrapNotExist(err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: %w", streamer.ErrNotExist, err)
+		return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
 	}
 	return err
 }
@@ -175,7 +176,7 @@ func (d *Dir) Stat(ctx context.Context, name string) (streamer.ObjectInfo, error
 		return streamer.ObjectInfo{}, wrapNotExist(err)
 	}
 	if st.IsDir() {
-		return streamer.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, streamer.ErrNotExist)
+		return streamer.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
 	}
 	return streamer.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -994,7 +995,7 @@ func (s *S3Store) Open(ctx context.Context, name string, off, length int64) (io.
 	r := &s3Reader{s: s, ctx: ctx, name: name, key: key, pos: off, end: end}
 	if err := r.get(); err != nil {
 		if isNotExist(err) {
-			return nil, fmt.Errorf("open %s: %w: %w", s.url(name), streamer.ErrNotExist, err)
+			return nil, fmt.Errorf("open %s: %w: %w", s.url(name), errdefs.ErrNotFound, err)
 		}
 		if minio.ToErrorResponse(err).Code == "InvalidRange" {
 			// off is at or past the end of an object that exists.
@@ -1120,7 +1121,7 @@ func (s *S3Store) Stat(ctx context.Context, name string) (streamer.ObjectInfo, e
 	})
 	if err != nil {
 		if isNotExist(err) {
-			return streamer.ObjectInfo{}, fmt.Errorf("stat %s: %w: %w", s.url(name), streamer.ErrNotExist, err)
+			return streamer.ObjectInfo{}, fmt.Errorf("stat %s: %w: %w", s.url(name), errdefs.ErrNotFound, err)
 		}
 		return streamer.ObjectInfo{}, fmt.Errorf("stat %s: %w", s.url(name), err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/sinks/miniotest"
 	"github.com/gpucr/gpucr-stream/sinks/storetest"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -331,8 +332,8 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 		t.Errorf("failing took %v", d)
 	}
 	srv.Restart(t)
-	if _, err := s.Stat(ctx, "seg/00000.seg"); !errors.Is(err, streamer.ErrNotExist) {
-		t.Errorf("Stat after restart = %v; want ErrNotExist", err)
+	if _, err := s.Stat(ctx, "seg/00000.seg"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Stat after restart = %v; want errdefs.ErrNotFound", err)
 	}
 	if list, err := s.List(ctx, ""); err != nil || len(list) != 0 {
 		t.Errorf("List after restart = %v, %v; want nothing", list, err)

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -502,7 +503,7 @@ func TestTCPCorruptStreamNak(t *testing.T) {
 	if err != nil || rh.Type != recNak {
 		t.Fatalf("want NAK, got %+v %q %v", rh, p, err)
 	}
-	if _, err := r.src.WaitCommitted(testCtx(t)); err == nil || !errors.Is(err, manifest.ErrCorrupt) {
+	if _, err := r.src.WaitCommitted(testCtx(t)); err == nil || !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("receiver: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -19,8 +20,8 @@ const maxManifest = 64 << 20
 func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) {
 	info, err := store.Stat(ctx, manifest.ManifestName)
 	if err != nil {
-		if errors.Is(err, ErrNotExist) {
-			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", store, manifest.ManifestName, ErrNotExist)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", store, manifest.ManifestName, errdefs.ErrNotFound)
 		}
 		return nil, fmt.Errorf("%s: %w", store, err)
 	}
@@ -42,7 +43,7 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 	}
 	if len(m.Segments) == 0 && anyChunks(m) {
 		// Validate checks segment references only when segments are listed.
-		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", store, manifest.ManifestName, manifest.ErrCorrupt)
+		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", store, manifest.ManifestName, errdefs.ErrCorrupt)
 	}
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
 		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", store, manifest.ManifestName, m.ChunkSize)
@@ -54,7 +55,7 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
 				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
-					store, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), manifest.ErrCorrupt)
+					store, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
 			}
 		}
 	}
@@ -120,7 +121,7 @@ func (a *ArchiveSource) Manifest() *manifest.Manifest { return a.man }
 func (a *ArchiveSource) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, ok := a.byName[name]
 	if !ok {
-		return manifest.File{}, fmt.Errorf("%s: %w", name, ErrNotExist)
+		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	return *f, nil
 }
@@ -158,7 +159,7 @@ func (a *ArchiveSource) drop(v fetched) {
 func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
 	f, ok := a.byName[name]
 	if !ok {
-		return 0, fmt.Errorf("%s: %w", name, ErrNotExist)
+		return 0, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	n := len(f.Chunks)
 	if n == 0 {
@@ -320,7 +321,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	}
 	if codec.ID(c.Codec) == codec.Zero {
 		if crc, hash := zeroSums(int(c.RawLen)); crc != c.Checksum || (a.opts.VerifyHashes && hash != c.Hash) {
-			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", manifest.ErrCorrupt)
+			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", errdefs.ErrCorrupt)
 		}
 		return fetched{zero: int64(c.RawLen)}, nil
 	}
@@ -341,7 +342,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		v.payload = a.payloadBuf(int(c.Stored))
 		payload = *v.payload
 	} else if c.Stored != c.RawLen {
-		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, manifest.ErrCorrupt))
+		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, errdefs.ErrCorrupt))
 	}
 	r, err := a.store.Open(ctx, seg, c.Pos, manifest.FrameSize+int64(c.Stored))
 	if err != nil {
@@ -355,23 +356,23 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	r.Close()
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w: %w", err, manifest.ErrCorrupt)
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 		}
 		return fail(where("read frame: %w", err))
 	}
 	fh, err := manifest.UnmarshalFrameHeader(hdr[:])
 	if err != nil {
-		return fail(where("%w: %w", err, manifest.ErrCorrupt))
+		return fail(where("%w: %w", err, errdefs.ErrCorrupt))
 	}
 	if fh.Type != manifest.FrameData || fh.Offset != uint64(c.Offset) || fh.RawLen != c.RawLen ||
 		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum {
-		return fail(where("frame does not match the index: %w", manifest.ErrCorrupt))
+		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
 	}
 	if err := decodeChunk(raw, c.Codec, c.Checksum, payload); err != nil {
 		return fail(where("%w", err))
 	}
 	if a.opts.VerifyHashes && codec.ContentHash(raw) != c.Hash {
-		return fail(where("content hash mismatch: %w", manifest.ErrCorrupt))
+		return fail(where("content hash mismatch: %w", errdefs.ErrCorrupt))
 	}
 	v.raw = raw
 	a.Counters.StoredBytes.Add(int64(c.Stored))

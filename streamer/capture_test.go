@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -394,7 +395,7 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 			if names := store.names(); len(names) != 0 {
 				t.Fatalf("store keeps %v after a failed capture", names)
 			}
-			if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, ErrNotExist) {
+			if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {
 				t.Fatalf("OpenArchive after a failed capture = %v", err)
 			}
 			waitGoroutines(t, base)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -279,8 +280,8 @@ func TestStreamCorruption(t *testing.T) {
 					}
 					if errors.Is(err, manifest.ErrNewerVersion) && off >= 8 && off < 10 {
 						newer = append(newer, what)
-					} else if !errors.Is(err, manifest.ErrCorrupt) {
-						t.Errorf("%s: error %q does not wrap manifest.ErrCorrupt", what, err)
+					} else if !errors.Is(err, errdefs.ErrCorrupt) {
+						t.Errorf("%s: error %q does not wrap errdefs.ErrCorrupt", what, err)
 					}
 					// The error names where the damage is.
 					var wantAt int64
@@ -491,8 +492,8 @@ func TestArchiveCorruption(t *testing.T) {
 						t.Errorf("%s: error %q does not name %q", what, err, w)
 					}
 				}
-				if !errors.Is(err, manifest.ErrCorrupt) {
-					t.Errorf("%s: error %q does not wrap manifest.ErrCorrupt", what, err)
+				if !errors.Is(err, errdefs.ErrCorrupt) {
+					t.Errorf("%s: error %q does not wrap errdefs.ErrCorrupt", what, err)
 				}
 				tested++
 			}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -120,7 +121,7 @@ func (s *memStore) Open(ctx context.Context, name string, off, length int64) (io
 	b, ok := s.objs[name]
 	s.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("%s/%s: %w", s, name, ErrNotExist)
+		return nil, fmt.Errorf("%s/%s: %w", s, name, errdefs.ErrNotFound)
 	}
 	if off < 0 || off > int64(len(b)) {
 		return nil, fmt.Errorf("%s/%s: offset %d out of range (size %d)", s, name, off, len(b))
@@ -137,7 +138,7 @@ func (s *memStore) Stat(ctx context.Context, name string) (ObjectInfo, error) {
 	defer s.mu.Unlock()
 	b, ok := s.objs[name]
 	if !ok {
-		return ObjectInfo{}, fmt.Errorf("%s/%s: %w", s, name, ErrNotExist)
+		return ObjectInfo{}, fmt.Errorf("%s/%s: %w", s, name, errdefs.ErrNotFound)
 	}
 	return ObjectInfo{Name: name, Size: int64(len(b)), Modified: time.Now()}, nil
 }
@@ -357,11 +358,11 @@ func checkSource(t testing.TB, ctx context.Context, what string, src Source, wan
 			}
 		}
 	}
-	if _, err := src.Stat(ctx, "missing.img"); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("%s: Stat(missing.img) = %v, want ErrNotExist", what, err)
+	if _, err := src.Stat(ctx, "missing.img"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("%s: Stat(missing.img) = %v, want errdefs.ErrNotFound", what, err)
 	}
-	if _, err := src.Copy(ctx, "missing.img", io.Discard); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("%s: Copy(missing.img) = %v, want ErrNotExist", what, err)
+	if _, err := src.Copy(ctx, "missing.img", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("%s: Copy(missing.img) = %v, want errdefs.ErrNotFound", what, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -79,7 +80,7 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 			hashes = append(hashes, c.Hash[:]...)
 		}
 		if FileDigest(hashes, f.Size) != f.Digest {
-			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, manifest.ErrCorrupt)
+			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -185,7 +186,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 func NewArchiveOutput(ctx context.Context, store Store, segmentSize int64) (*ArchiveOutput, error) {
 	if _, err := store.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", store)
-	} else if !errors.Is(err, ErrNotExist) {
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		// Not knowing is not "absent": a store we cannot reach must not be
 		// written blindly, and says why now rather than mid-dump.
 		return nil, fmt.Errorf("%s: %w", store, err)

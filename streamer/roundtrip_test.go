@@ -14,6 +14,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -338,11 +339,11 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 	if err := writeAll(c, d, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Stat(ctx, manifest.ManifestName); !errors.Is(err, ErrNotExist) {
+	if _, err := store.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("manifest visible before Close: %v", err)
 	}
-	if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("OpenArchive before Close = %v, want ErrNotExist", err)
+	if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("OpenArchive before Close = %v, want errdefs.ErrNotFound", err)
 	}
 	m, err := c.Close(ctx, manifest.Manifest{Tool: "roundtrip-test"})
 	if err != nil {
@@ -447,7 +448,7 @@ func TestStreamServesBeforeEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Only now is a missing file known to be missing.
-	if _, err := src.Stat(ctx, "never.img"); !errors.Is(err, ErrNotExist) {
+	if _, err := src.Stat(ctx, "never.img"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Stat(never.img) = %v", err)
 	}
 }

@@ -7,13 +7,14 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 // Source serves the files of one checkpoint, whatever it is read from.
 type Source interface {
 	// Stat waits until the named file is known and complete, then returns
-	// its entry; an error wrapping ErrNotExist means the image lacks it.
+	// its entry; an error wrapping errdefs.ErrNotFound means the image lacks it.
 	Stat(ctx context.Context, name string) (manifest.File, error)
 	// Copy writes the whole file to w, every chunk checked before it is
 	// written. It may be called more than once for a file.
@@ -30,16 +31,16 @@ func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) err
 	if codec.ID(codecID) == codec.None {
 		// Stored raw: dst may be payload itself.
 		if len(payload) != len(dst) {
-			return fmt.Errorf("raw chunk of %d bytes, want %d: %w", len(payload), len(dst), manifest.ErrCorrupt)
+			return fmt.Errorf("raw chunk of %d bytes, want %d: %w", len(payload), len(dst), errdefs.ErrCorrupt)
 		}
 		if len(dst) > 0 && &dst[0] != &payload[0] {
 			copy(dst, payload)
 		}
 	} else if err := codec.Decode(codec.ID(codecID), dst, payload); err != nil {
-		return fmt.Errorf("decode %s chunk: %v: %w", codec.ID(codecID), err, manifest.ErrCorrupt)
+		return fmt.Errorf("decode %s chunk: %v: %w", codec.ID(codecID), err, errdefs.ErrCorrupt)
 	}
 	if got := codec.Checksum(dst); got != checksum {
-		return fmt.Errorf("checksum mismatch after decoding (stored %08x, computed %08x): %w", checksum, got, manifest.ErrCorrupt)
+		return fmt.Errorf("checksum mismatch after decoding (stored %08x, computed %08x): %w", checksum, got, errdefs.ErrCorrupt)
 	}
 	return nil
 }

@@ -8,13 +8,9 @@ package streamer
 
 import (
 	"context"
-	"errors"
 	"io"
 	"time"
 )
-
-// ErrNotExist is returned (wrapped) for a file or object that is not there.
-var ErrNotExist = errors.New("does not exist")
 
 // Store is object storage for archives: a local directory, an S3 prefix.
 // Objects become visible only when their writer commits, which is what makes
@@ -24,7 +20,7 @@ type Store interface {
 	Create(ctx context.Context, name string) (ObjectWriter, error)
 	// Open reads length bytes from off (length < 0: to the end).
 	Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error)
-	// Stat returns an object's size, or an error wrapping ErrNotExist.
+	// Stat returns an object's size, or an error wrapping errdefs.ErrNotFound.
 	Stat(ctx context.Context, name string) (ObjectInfo, error)
 	// List returns the objects whose names start with prefix, sorted by name.
 	List(ctx context.Context, prefix string) ([]ObjectInfo, error)

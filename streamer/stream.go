@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -499,7 +500,7 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 		return manifest.File{}, err
 	}
 	if f == nil {
-		return manifest.File{}, fmt.Errorf("%s: %w", name, ErrNotExist)
+		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	return f.entry(), nil
 }

@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -44,7 +45,7 @@ func storeAt(ctx context.Context, cfg *config, cmd, where string) (streamer.Stor
 	case sinks.Archive:
 		st, err := os.Stat(loc.Path)
 		if err != nil {
-			return nil, loc, nil, fmt.Errorf("%s: %w", loc, streamer.ErrNotExist)
+			return nil, loc, nil, fmt.Errorf("%s: %w", loc, errdefs.ErrNotFound)
 		}
 		if !st.IsDir() {
 			return nil, loc, nil, usagef("%s %s: not a directory", cmd, loc)
@@ -299,9 +300,9 @@ func runRm(ctx context.Context, cfg *config, args []string) error {
 	defer closeStore()
 	info, err := store.Stat(ctx, manifest.ManifestName)
 	if err != nil {
-		if errors.Is(err, streamer.ErrNotExist) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("rm: %s: no complete checkpoint there (%s missing); `gpucr-stream gc` removes unfinished ones: %w",
-				loc, manifest.ManifestName, streamer.ErrNotExist)
+				loc, manifest.ManifestName, errdefs.ErrNotFound)
 		}
 		return fmt.Errorf("rm: %w", err)
 	}
@@ -402,7 +403,7 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		// A capture may have committed since the listing: look again.
 		if _, err := sub.Stat(ctx, manifest.ManifestName); err == nil {
 			continue
-		} else if !errors.Is(err, streamer.ErrNotExist) {
+		} else if !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("gc: %w", err)
 		}
 		var names []string

@@ -14,8 +14,8 @@ import (
 	"runtime/pprof"
 	"syscall"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // Exit codes are part of the interface: scripts test them. Documented in
@@ -48,9 +48,9 @@ func exitCode(err error, interrupted bool) int {
 		return exitUsage
 	case errors.Is(err, manifest.ErrNewerVersion):
 		return exitVersion
-	case errors.Is(err, manifest.ErrCorrupt):
+	case errors.Is(err, errdefs.ErrCorrupt):
 		return exitCorrupt
-	case errors.Is(err, streamer.ErrNotExist):
+	case errors.Is(err, errdefs.ErrNotFound):
 		return exitNotFound
 	case interrupted || errors.Is(err, context.Canceled):
 		return exitInterrupted

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 func TestParseSize(t *testing.T) {
@@ -38,9 +38,9 @@ func TestExitCodes(t *testing.T) {
 		{nil, exitOK},
 		{errors.New("disk full"), exitFailure},
 		{usagef("bad flag"), exitUsage},
-		{fmt.Errorf("serve: %w", manifest.ErrCorrupt), exitCorrupt},
+		{fmt.Errorf("serve: %w", errdefs.ErrCorrupt), exitCorrupt},
 		{fmt.Errorf("x: %w", manifest.ErrNewerVersion), exitVersion},
-		{fmt.Errorf("x: %w", streamer.ErrNotExist), exitNotFound},
+		{fmt.Errorf("x: %w", errdefs.ErrNotFound), exitNotFound},
 		{context.Canceled, exitInterrupted},
 	}
 	for _, tc := range tests {

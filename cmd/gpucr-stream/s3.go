@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -157,4 +158,4 @@ func sourceCounters(src streamer.Source) (*streamer.Counters, int64) {
 type notFound struct{ err error }
 
 func (e notFound) Error() string   { return e.err.Error() }
-func (e notFound) Unwrap() []error { return []error{e.err, streamer.ErrNotExist} }
+func (e notFound) Unwrap() []error { return []error{e.err, errdefs.ErrNotFound} }

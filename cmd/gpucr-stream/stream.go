@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -204,7 +205,7 @@ func openSource(ctx context.Context, cfg *config, from string, so streamer.Strea
 		return closeWith{src, f}, nil
 	case sinks.Archive:
 		if _, err := os.Stat(loc.Path); err != nil {
-			return nil, fmt.Errorf("%s: %w", loc, streamer.ErrNotExist)
+			return nil, fmt.Errorf("%s: %w", loc, errdefs.ErrNotFound)
 		}
 		opts := cfg.opts
 		opts.VerifyHashes = so.VerifyHashes || so.Discard

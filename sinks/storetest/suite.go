@@ -4,7 +4,7 @@
 //
 // The contract it checks, beyond the interface comments:
 //
-//   - An object is invisible (Stat reports streamer.ErrNotExist, List leaves
+//   - An object is invisible (Stat reports errdefs.ErrNotFound, List leaves
 //     it out) until its writer commits, and stays invisible after Abort or
 //     a failed Commit. A writer whose input failed halfway is aborted by its
 //     caller and leaves nothing.
@@ -13,7 +13,7 @@
 //     short without an error from Open, and a range starting at or past
 //     the end reads nothing; callers that need every byte use io.ReadFull,
 //     which then reports io.ErrUnexpectedEOF. A missing object is an error
-//     wrapping streamer.ErrNotExist, from Open itself.
+//     wrapping errdefs.ErrNotFound, from Open itself.
 //   - List returns names relative to the store, sorted, filtered by a plain
 //     string prefix (not a directory).
 //   - Delete of a missing object succeeds. Committing over an existing
@@ -39,6 +39,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -147,8 +148,8 @@ func read(t *testing.T, s streamer.Store, name string, off, length int64) []byte
 func mustNotExist(t *testing.T, s streamer.Store, name, when string) {
 	t.Helper()
 	ctx := ctxT(t)
-	if info, err := s.Stat(ctx, name); !errors.Is(err, streamer.ErrNotExist) {
-		t.Errorf("%s: Stat(%q) = %+v, %v; want an error wrapping ErrNotExist", when, name, info, err)
+	if info, err := s.Stat(ctx, name); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("%s: Stat(%q) = %+v, %v; want an error wrapping errdefs.ErrNotFound", when, name, info, err)
 	}
 	list, err := s.List(ctx, "")
 	if err != nil {
@@ -240,15 +241,15 @@ func testEmpty(t *testing.T, s streamer.Store) {
 
 func testMissing(t *testing.T, s streamer.Store) {
 	ctx := ctxT(t)
-	if _, err := s.Stat(ctx, "nope"); !errors.Is(err, streamer.ErrNotExist) {
-		t.Errorf("Stat(missing) = %v; want ErrNotExist", err)
+	if _, err := s.Stat(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Stat(missing) = %v; want errdefs.ErrNotFound", err)
 	}
 	for _, l := range []int64{-1, 0, 10} {
-		if r, err := s.Open(ctx, "nope", 0, l); !errors.Is(err, streamer.ErrNotExist) {
+		if r, err := s.Open(ctx, "nope", 0, l); !errors.Is(err, errdefs.ErrNotFound) {
 			if r != nil {
 				r.Close()
 			}
-			t.Errorf("Open(missing, 0, %d) = %v; want ErrNotExist", l, err)
+			t.Errorf("Open(missing, 0, %d) = %v; want errdefs.ErrNotFound", l, err)
 		}
 	}
 	if list, err := s.List(ctx, ""); err != nil || len(list) != 0 {
@@ -398,8 +399,8 @@ func testDelete(t *testing.T, s streamer.Store) {
 		t.Fatalf("Delete: %v", err)
 	}
 	mustNotExist(t, s, "x/doomed", "after Delete")
-	if _, err := s.Open(ctx, "x/doomed", 0, -1); !errors.Is(err, streamer.ErrNotExist) {
-		t.Errorf("Open after Delete = %v; want ErrNotExist", err)
+	if _, err := s.Open(ctx, "x/doomed", 0, -1); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Open after Delete = %v; want errdefs.ErrNotFound", err)
 	}
 	mustHold(t, s, "x/kept", []byte("hi"))
 	if err := s.Delete(ctx, "x/doomed"); err != nil {
