@@ -10,6 +10,7 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // maxManifest bounds the manifest read into memory (about 200 bytes a
@@ -17,36 +18,36 @@ import (
 const maxManifest = 64 << 20
 
 // ReadManifest reads and checks a committed archive's manifest.
-func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) {
-	info, err := store.Stat(ctx, manifest.ManifestName)
+func ReadManifest(ctx context.Context, st store.Store) (*manifest.Manifest, error) {
+	info, err := st.Stat(ctx, manifest.ManifestName)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", store, manifest.ManifestName, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", st, manifest.ManifestName, errdefs.ErrNotFound)
 		}
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if info.Size > maxManifest {
-		return nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", store, manifest.ManifestName, info.Size, maxManifest)
+		return nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", st, manifest.ManifestName, info.Size, maxManifest)
 	}
-	r, err := store.Open(ctx, manifest.ManifestName, 0, -1)
+	r, err := st.Open(ctx, manifest.ManifestName, 0, -1)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	defer r.Close()
 	b, err := io.ReadAll(io.LimitReader(r, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: read %s: %w", store, manifest.ManifestName, err)
+		return nil, fmt.Errorf("%s: read %s: %w", st, manifest.ManifestName, err)
 	}
 	m, err := manifest.Parse(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w", store, manifest.ManifestName, err)
+		return nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 	}
 	if len(m.Segments) == 0 && anyChunks(m) {
 		// Validate checks segment references only when segments are listed.
-		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", store, manifest.ManifestName, errdefs.ErrCorrupt)
+		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", st, manifest.ManifestName, errdefs.ErrCorrupt)
 	}
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
-		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", store, manifest.ManifestName, m.ChunkSize)
+		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", st, manifest.ManifestName, m.ChunkSize)
 	}
 	// An archive's chunks live in its segments: a manifest without them
 	// (Validate checks segment references only when "segments" is there)
@@ -55,7 +56,7 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
 				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
-					store, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+					st, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
 			}
 		}
 	}
@@ -75,7 +76,7 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 // chunks, fetched by Fetchers goroutines: a store's latency is hidden by
 // reading ahead, not by holding more of the image.
 type ArchiveSource struct {
-	store    Store
+	store    store.Store
 	man      *manifest.Manifest
 	byName   map[string]*manifest.File
 	opts     Options
@@ -90,13 +91,13 @@ type ArchiveSource struct {
 }
 
 // OpenArchive reads the manifest of a committed archive.
-func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource, error) {
-	m, err := ReadManifest(ctx, store)
+func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSource, error) {
+	m, err := ReadManifest(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	a := &ArchiveSource{store: store, man: m, byName: map[string]*manifest.File{}, opts: opts}
+	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}

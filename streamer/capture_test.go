@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 // testOutput is an Output that counts frames, can hold every WriteFrame
@@ -348,26 +349,26 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
-		setup func(s *memStore)
+		setup func(s *mem.Store)
 	}{
-		{"segment write", func(s *memStore) {
-			s.failWrite = func(name string, written int64) error {
+		{"segment write", func(s *mem.Store) {
+			s.FailWrite = func(name string, written int64) error {
 				if strings.HasPrefix(name, manifest.SegmentPrefix) && written > 512<<10 {
 					return errBoom
 				}
 				return nil
 			}
 		}},
-		{"segment commit", func(s *memStore) {
-			s.failCommit = func(name string) error {
+		{"segment commit", func(s *mem.Store) {
+			s.FailCommit = func(name string) error {
 				if name == manifest.SegmentName(1) {
 					return errBoom
 				}
 				return nil
 			}
 		}},
-		{"manifest commit", func(s *memStore) {
-			s.failCommit = func(name string) error {
+		{"manifest commit", func(s *mem.Store) {
+			s.FailCommit = func(name string) error {
 				if name == manifest.ManifestName {
 					return errBoom
 				}
@@ -377,7 +378,7 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := countGoroutines()
-			store := newMemStore(tc.name)
+			store := mem.New(tc.name)
 			tc.setup(store)
 			out, err := NewArchiveOutput(ctx, store, 1<<20)
 			if err != nil {
@@ -392,7 +393,7 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 			if werr != nil && !errors.Is(werr, errBoom) {
 				t.Fatalf("WriteFile = %v", werr)
 			}
-			if names := store.names(); len(names) != 0 {
+			if names := store.Names(); len(names) != 0 {
 				t.Fatalf("store keeps %v after a failed capture", names)
 			}
 			if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {

@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 const corpusChunk = 64 << 10
@@ -410,13 +411,13 @@ func TestStreamShardMismatch(t *testing.T) {
 
 type archiveCorpus struct {
 	files map[string][]byte
-	store *memStore
+	store *mem.Store
 	m     *manifest.Manifest
 }
 
 func newArchiveCorpus(t testing.TB, spec string) *archiveCorpus {
 	ctx := context.Background()
-	ac := &archiveCorpus{files: corpusFiles(), store: newMemStore("corpus")}
+	ac := &archiveCorpus{files: corpusFiles(), store: mem.New("corpus")}
 	out, err := NewArchiveOutput(ctx, ac.store, 150<<10)
 	if err != nil {
 		t.Fatal(err)
@@ -464,7 +465,7 @@ func TestArchiveCorruption(t *testing.T) {
 				continue
 			}
 			seg := ac.m.Segments[c.Segment].Name
-			obj := ac.store.object(seg)
+			obj := ac.store.Object(seg)
 			for _, tc := range []struct {
 				what string
 				off  int64
@@ -530,7 +531,7 @@ func TestArchiveMissingData(t *testing.T) {
 	}
 	last := len(ac.m.Segments) - 1
 	seg := ac.m.Segments[last].Name
-	orig := bytes.Clone(ac.store.object(seg))
+	orig := bytes.Clone(ac.store.Object(seg))
 	affected := inSeg(last)
 	if len(affected) == 0 {
 		t.Fatal("last segment holds no data")
@@ -539,12 +540,12 @@ func TestArchiveMissingData(t *testing.T) {
 		name  string
 		apply func()
 	}{
-		{"truncated", func() { ac.store.objs[seg] = orig[:len(orig)/2] }},
-		{"missing", func() { delete(ac.store.objs, seg) }},
+		{"truncated", func() { ac.store.Put(seg, orig[:len(orig)/2]) }},
+		{"missing", func() { ac.store.Delete(context.Background(), seg) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.apply()
-			defer func() { ac.store.objs[seg] = orig }()
+			defer func() { ac.store.Put(seg, orig) }()
 			errs := copyAll(t, ctx, a, ac.files)
 			for name := range ac.files {
 				err := errs[name]
@@ -570,7 +571,7 @@ func TestArchiveManifestDamage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ac := newArchiveCorpus(t, "auto")
-	orig := bytes.Clone(ac.store.object(manifest.ManifestName))
+	orig := bytes.Clone(ac.store.Object(manifest.ManifestName))
 	step := 7
 	if raceEnabled {
 		step = 29
@@ -579,7 +580,7 @@ func TestArchiveManifestDamage(t *testing.T) {
 	for off := 0; off < len(orig); off += step {
 		b := bytes.Clone(orig)
 		b[off] ^= 0x01
-		ac.store.objs[manifest.ManifestName] = b
+		ac.store.Put(manifest.ManifestName, b)
 		a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
 		if err != nil {
 			continue
@@ -604,7 +605,7 @@ func TestArchiveManifestDamage(t *testing.T) {
 			}
 		}
 	}
-	ac.store.objs[manifest.ManifestName] = orig
+	ac.store.Put(manifest.ManifestName, orig)
 	if len(outside) > 0 {
 		t.Logf("%d damaged manifests accepted with chunks outside the segment list, e.g. %s", len(outside), outside[0])
 	}
@@ -645,18 +646,18 @@ func TestArchiveManifestWithoutSegments(t *testing.T) {
 		{"only zero chunks", map[string][]byte{"zeros.img": make([]byte, 3*corpusChunk), "empty.img": {}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := newMemStore(tc.name)
+			store := mem.New(tc.name)
 			out, err := NewArchiveOutput(ctx, store, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, "lz4")}, tc.files)
-			doc := store.object(manifest.ManifestName)
+			doc := store.Object(manifest.ManifestName)
 			damaged := bytes.Replace(doc, []byte(`"segments"`), []byte(`"segmentz"`), 1)
 			if bytes.Equal(doc, damaged) {
 				t.Fatal("no segments key in the manifest")
 			}
-			store.objs[manifest.ManifestName] = damaged
+			store.Put(manifest.ManifestName, damaged)
 			a, err := OpenArchive(ctx, store, Options{Workers: 2})
 			if err != nil {
 				return // refused: good

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // Location is where a frame landed: segment index and header offset.
@@ -138,9 +139,9 @@ const DefaultCommitting = 2
 // manifest is written only after every segment committed; Abort stops the
 // commits in flight and deletes every segment.
 type ArchiveOutput struct {
-	store       Store
+	store       store.Store
 	segmentSize int64
-	cur         ObjectWriter
+	cur         store.ObjectWriter
 	curWriter   *manifest.Writer
 	curCount    *countingWriter
 	segments    []manifest.Segment
@@ -156,7 +157,7 @@ type ArchiveOutput struct {
 	wg         sync.WaitGroup
 	segDone    map[int]chan struct{} // closed when a background commit ends
 	failed     chan struct{}         // closed with the first commit failure
-	orphans    []ObjectWriter        // segments not committed, for Abort to discard
+	orphans    []store.ObjectWriter  // segments not committed, for Abort to discard
 	mu         sync.Mutex
 	commitErr  error
 	committed  int // segments committed so far
@@ -183,19 +184,19 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 }
 
 // NewArchiveOutput refuses to overwrite a committed archive.
-func NewArchiveOutput(ctx context.Context, store Store, segmentSize int64) (*ArchiveOutput, error) {
-	if _, err := store.Stat(ctx, manifest.ManifestName); err == nil {
-		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", store)
+func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*ArchiveOutput, error) {
+	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
+		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		// Not knowing is not "absent": a store we cannot reach must not be
 		// written blindly, and says why now rather than mid-dump.
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if segmentSize <= 0 {
 		segmentSize = DefaultSegmentSize
 	}
 	bg, cancel := context.WithCancelCause(context.Background())
-	return &ArchiveOutput{store: store, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
+	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
 		committing: DefaultCommitting, bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
 }
 
@@ -395,7 +396,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 
 // abortBriefly discards an object whose commit failed or never started,
 // also when ctx has ended, within AbortTimeout.
-func abortBriefly(ctx context.Context, w ObjectWriter) {
+func abortBriefly(ctx context.Context, w store.ObjectWriter) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AbortTimeout)
 	defer cancel()
 	_ = w.Abort(actx)

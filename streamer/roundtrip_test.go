@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 var roundTripCodecs = []string{"none", "lz4", "zstd", "zstd:3", "auto", "shuffle"}
@@ -327,7 +328,7 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
-	store := newMemStore(t.Name())
+	store := mem.New(t.Name())
 	out, err := NewArchiveOutput(ctx, store, 3<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -359,16 +360,16 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 		if s.Name != manifest.SegmentName(i) {
 			t.Fatalf("segment %d named %s", i, s.Name)
 		}
-		if got := int64(len(store.object(s.Name))); got != s.Size {
+		if got := int64(len(store.Object(s.Name))); got != s.Size {
 			t.Fatalf("segment %s: %d bytes stored, manifest says %d", s.Name, got, s.Size)
 		}
 		// Each segment is a complete stream on its own.
-		if _, err := ScanStream(bytes.NewReader(store.object(s.Name)), s.Name); err != nil {
+		if _, err := ScanStream(bytes.NewReader(store.Object(s.Name)), s.Name); err != nil {
 			t.Fatalf("segment %s does not scan: %v", s.Name, err)
 		}
 		wantNames = append(wantNames, s.Name)
 	}
-	if got := store.names(); strings.Join(got, ",") != strings.Join(wantNames, ",") {
+	if got := store.Names(); strings.Join(got, ",") != strings.Join(wantNames, ",") {
 		t.Fatalf("store holds %v, want %v", got, wantNames)
 	}
 	rm, err := ReadManifest(ctx, store)
@@ -470,7 +471,7 @@ func TestEmptyCapture(t *testing.T) {
 	defer src.Close()
 	checkSource(t, ctx, "empty stream", src, map[string][]byte{})
 
-	store := newMemStore("empty")
+	store := mem.New("empty")
 	aout, _ := NewArchiveOutput(ctx, store, 0)
 	c, _ = NewCapture(ctx, aout, Options{Workers: 1})
 	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/redact"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -103,10 +103,10 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
 		if rerr != nil {
-			return fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.pid, sinks.Redact(cfg.to), rerr)
+			return fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.pid, redact.URL(cfg.to), rerr)
 		}
 	}
-	res := checkpointResult{PID: o.pid, Destination: sinks.Redact(cfg.to), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
+	res := checkpointResult{PID: o.pid, Destination: redact.URL(cfg.to), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.leaveRunning,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.cudaPIDs(), GPUs: m.GPUs, Producers: rep.Producers}
 	if cfg.jsonOut {
@@ -169,7 +169,7 @@ func runRestore(ctx context.Context, cfg *config, args []string) error {
 		ExtraArgs: strings.Fields(o.criuOpts), Producers: o.producers}, src)
 	bar.finish()
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", sinks.Redact(from), err)
+		return fmt.Errorf("restore from %s: %w", redact.URL(from), err)
 	}
 	phases := []phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}
 	// The restored CUDA processes are still checkpointed: their device
@@ -177,9 +177,9 @@ func runRestore(ctx context.Context, cfg *config, args []string) error {
 	cudaPIDs, t, err := cudaRestore(cfg, rep.PID, pairs)
 	phases = append(phases, timingPhases(t)...)
 	if err != nil {
-		return fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", sinks.Redact(from), rep.PID, err)
+		return fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", redact.URL(from), rep.PID, err)
 	}
-	res := restoreResult{PID: rep.PID, Source: sinks.Redact(from), Files: rep.Served, Bytes: rep.Bytes,
+	res := restoreResult{PID: rep.PID, Source: redact.URL(from), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -301,19 +302,7 @@ Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data, 4 not found, 5 newer forma
 // spill file on disk on its way to CRIU, so half of what is available now,
 // at least 1 GiB.
 func heldImageBudget() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 1 << 30
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err == nil {
-				return max(1<<30, kb<<10/2)
-			}
-		}
-	}
-	return 1 << 30
+	return max(1<<30, proc.AvailableMemory()/2)
 }
 
 // streamOptions are the options of a stream source (serve, receive).

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/redact"
+	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -29,23 +31,23 @@ func srcArg(cfg *config, cmd string, args []string) (string, error) {
 
 // readManifest loads a checkpoint's description without decoding data.
 func readManifest(ctx context.Context, cfg *config, from string) (*manifest.Manifest, error) {
-	loc, err := sinks.ParseLocation(from)
+	loc, err := location.Parse(from)
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
 	switch loc.Kind {
-	case sinks.Stdio:
+	case location.Stdio:
 		return streamer.ScanStream(cfg.stdin, "stdin")
-	case sinks.StreamFile:
+	case location.StreamFile:
 		f, err := os.Open(loc.Path)
 		if err != nil {
 			return nil, err
 		}
 		defer f.Close()
 		return streamer.ScanStream(f, loc.Path)
-	case sinks.Archive:
-		return streamer.ReadManifest(ctx, sinks.NewDir(loc.Path))
-	case sinks.S3:
+	case location.Archive:
+		return streamer.ReadManifest(ctx, dir.New(loc.Path))
+	case location.S3:
 		return readS3Manifest(ctx, cfg, loc)
 	}
 	return nil, usagef("%s: not supported yet", loc)
@@ -88,7 +90,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	res := inspectResult{Source: sinks.Redact(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
+	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
 		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels}
 	for _, f := range m.Files {
 		fi := inspectFile{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
@@ -178,7 +180,7 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("verify %s: %w", sinks.Redact(from), err)
+		return fmt.Errorf("verify %s: %w", redact.URL(from), err)
 	}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(struct {

@@ -19,8 +19,12 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/redact"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -29,20 +33,20 @@ import (
 // manifest.json. ls lists the complete ones, rm deletes one, gc removes what
 // unfinished captures left.
 
-// storeAt opens the store of an archive location for ls, rm and gc.
-func storeAt(ctx context.Context, cfg *config, cmd, where string) (streamer.Store, sinks.Location, func(), error) {
-	loc, err := sinks.ParseLocation(where)
+// storeAt opens the st of an archive location for ls, rm and gc.
+func storeAt(ctx context.Context, cfg *config, cmd, where string) (store.Store, location.Location, func(), error) {
+	loc, err := location.Parse(where)
 	if err != nil {
 		return nil, loc, nil, usagef("%s: %v", cmd, err)
 	}
 	switch loc.Kind {
-	case sinks.S3:
+	case location.S3:
 		s, err := openS3(ctx, cfg, loc)
 		if err != nil {
 			return nil, loc, nil, err
 		}
 		return s, loc, func() { s.Close() }, nil
-	case sinks.Archive:
+	case location.Archive:
 		st, err := os.Stat(loc.Path)
 		if err != nil {
 			return nil, loc, nil, fmt.Errorf("%s: %w", loc, errdefs.ErrNotFound)
@@ -50,8 +54,8 @@ func storeAt(ctx context.Context, cfg *config, cmd, where string) (streamer.Stor
 		if !st.IsDir() {
 			return nil, loc, nil, usagef("%s %s: not a directory", cmd, loc)
 		}
-		return sinks.NewDir(loc.Path), loc, func() {}, nil
-	case sinks.StreamFile:
+		return dir.New(loc.Path), loc, func() {}, nil
+	case location.StreamFile:
 		return nil, loc, nil, usagef("%s %s: a stream file holds one checkpoint and is not a location; use inspect", cmd, loc)
 	}
 	return nil, loc, nil, usagef("%s: want s3://BUCKET/PREFIX or a directory, got %s", cmd, loc)
@@ -65,8 +69,8 @@ func oneArg(cmd string, args []string) (string, error) {
 }
 
 // joinLoc names a checkpoint under a location, for messages and JSON.
-func joinLoc(loc sinks.Location, name string) string {
-	raw := strings.TrimRight(sinks.Redact(loc.Raw), "/")
+func joinLoc(loc location.Location, name string) string {
+	raw := strings.TrimRight(redact.URL(loc.Raw), "/")
 	if name == "" {
 		return raw
 	}
@@ -109,14 +113,14 @@ func checkpointPrefix(name string) (prefix string, ok bool, isManifest bool) {
 
 type group struct {
 	prefix   string
-	manifest *streamer.ObjectInfo
-	segments []streamer.ObjectInfo
+	manifest *store.ObjectInfo
+	segments []store.ObjectInfo
 	newest   time.Time
 	bytes    int64
 }
 
 // groups sorts a listing into checkpoints.
-func groups(objs []streamer.ObjectInfo) []*group {
+func groups(objs []store.ObjectInfo) []*group {
 	byPrefix := map[string]*group{}
 	var out []*group
 	for i := range objs {
@@ -150,12 +154,12 @@ func runLs(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, loc, closeStore, err := storeAt(ctx, cfg, "ls", where)
+	st, loc, closeStore, err := storeAt(ctx, cfg, "ls", where)
 	if err != nil {
 		return fmt.Errorf("ls: %w", err)
 	}
 	defer closeStore()
-	objs, err := store.List(ctx, "")
+	objs, err := st.List(ctx, "")
 	if err != nil {
 		return fmt.Errorf("ls: %w", err)
 	}
@@ -177,7 +181,7 @@ func runLs(ctx context.Context, cfg *config, args []string) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			e := &entries[i]
-			m, err := streamer.ReadManifest(ctx, sinks.Sub(store, g.prefix))
+			m, err := streamer.ReadManifest(ctx, store.Sub(st, g.prefix))
 			if err != nil {
 				e.Error = err.Error()
 				return
@@ -211,7 +215,7 @@ func runLs(ctx context.Context, cfg *config, args []string) error {
 	return nil
 }
 
-func printLs(w, errw io.Writer, loc sinks.Location, entries []lsEntry) {
+func printLs(w, errw io.Writer, loc location.Location, entries []lsEntry) {
 	if len(entries) == 0 {
 		fmt.Fprintf(errw, "no complete checkpoints in %s\n", loc)
 		return
@@ -235,7 +239,7 @@ func printLs(w, errw io.Writer, loc sinks.Location, entries []lsEntry) {
 }
 
 // removeObjects deletes objects, a few at once; it returns how many went.
-func removeObjects(ctx context.Context, store streamer.Store, names []string) (int, error) {
+func removeObjects(ctx context.Context, st store.Store, names []string) (int, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
@@ -247,7 +251,7 @@ func removeObjects(ctx context.Context, store streamer.Store, names []string) (i
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := store.Delete(ctx, n)
+			err := st.Delete(ctx, n)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -264,8 +268,8 @@ func removeObjects(ctx context.Context, store streamer.Store, names []string) (i
 }
 
 // pruneDirs removes the directories a local checkpoint leaves empty.
-func pruneDirs(store streamer.Store, prefix string) {
-	d, ok := store.(*sinks.Dir)
+func pruneDirs(st store.Store, prefix string) {
+	d, ok := st.(*dir.Store)
 	if !ok {
 		return
 	}
@@ -293,12 +297,12 @@ func runRm(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, loc, closeStore, err := storeAt(ctx, cfg, "rm", where)
+	st, loc, closeStore, err := storeAt(ctx, cfg, "rm", where)
 	if err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}
 	defer closeStore()
-	info, err := store.Stat(ctx, manifest.ManifestName)
+	info, err := st.Stat(ctx, manifest.ManifestName)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("rm: %s: no complete checkpoint there (%s missing); `gpucr-stream gc` removes unfinished ones: %w",
@@ -306,7 +310,7 @@ func runRm(ctx context.Context, cfg *config, args []string) error {
 		}
 		return fmt.Errorf("rm: %w", err)
 	}
-	segs, err := store.List(ctx, "segments/")
+	segs, err := st.List(ctx, "segments/")
 	if err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}
@@ -320,15 +324,15 @@ func runRm(ctx context.Context, cfg *config, args []string) error {
 		}
 	}
 	if !cfg.dryRun {
-		if err := store.Delete(ctx, manifest.ManifestName); err != nil {
+		if err := st.Delete(ctx, manifest.ManifestName); err != nil {
 			return fmt.Errorf("rm: %w", err)
 		}
-		if n, err := removeObjects(ctx, store, names); err != nil {
+		if n, err := removeObjects(ctx, st, names); err != nil {
 			return fmt.Errorf("rm: %s is no longer a checkpoint, but %d of its %d segments remain (run rm or gc again): %w",
 				loc, len(names)-n, len(names), err)
 		}
-		pruneDirs(store, "")
-		if d, ok := store.(*sinks.Dir); ok {
+		pruneDirs(st, "")
+		if d, ok := st.(*dir.Store); ok {
 			os.Remove(d.String()) // the checkpoint's directory, if now empty
 		}
 	}
@@ -384,12 +388,12 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return usagef("--older-than: %v (want e.g. 30m, 2h, 7d)", err)
 	}
-	store, loc, closeStore, err := storeAt(ctx, cfg, "gc", where)
+	st, loc, closeStore, err := storeAt(ctx, cfg, "gc", where)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
 	defer closeStore()
-	objs, err := store.List(ctx, "")
+	objs, err := st.List(ctx, "")
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
@@ -399,7 +403,7 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		if g.manifest != nil || len(g.segments) == 0 || g.newest.After(cutoff) {
 			continue
 		}
-		sub := sinks.Sub(store, g.prefix)
+		sub := store.Sub(st, g.prefix)
 		// A capture may have committed since the listing: look again.
 		if _, err := sub.Stat(ctx, manifest.ManifestName); err == nil {
 			continue
@@ -415,20 +419,20 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 			if _, err := removeObjects(ctx, sub, names); err != nil {
 				return fmt.Errorf("gc: %s: %w", name, err)
 			}
-			pruneDirs(store, g.prefix)
+			pruneDirs(st, g.prefix)
 		}
 		res.Unfinished = append(res.Unfinished, name)
 		res.Objects += len(names)
 		res.Bytes += g.bytes
 	}
-	switch s := store.(type) {
-	case *sinks.S3Store:
+	switch s := st.(type) {
+	case *s3.Store:
 		if !cfg.dryRun {
 			if res.Uploads, err = s.RemoveIncomplete(ctx, "", age); err != nil {
 				return fmt.Errorf("gc: %w", err)
 			}
 		}
-	case *sinks.Dir:
+	case *dir.Store:
 		if res.TempFiles, err = removeTempFiles(s.String(), cutoff, cfg.dryRun); err != nil {
 			return fmt.Errorf("gc: %w", err)
 		}
@@ -444,10 +448,10 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintf(cfg.stdout, "%s unfinished checkpoint %s\n", verb, n)
 	}
 	fmt.Fprintf(cfg.stdout, "gc %s: %s %d unfinished checkpoint(s) (%d objects, %s)", res.Location, verb, len(res.Unfinished), res.Objects, humanBytes(res.Bytes))
-	if _, ok := store.(*sinks.S3Store); ok && !cfg.dryRun {
+	if _, ok := st.(*s3.Store); ok && !cfg.dryRun {
 		fmt.Fprintf(cfg.stdout, ", aborted %d incomplete upload(s)", res.Uploads)
 	}
-	if _, ok := store.(*sinks.Dir); ok {
+	if _, ok := st.(*dir.Store); ok {
 		fmt.Fprintf(cfg.stdout, ", %d temporary file(s)", res.TempFiles)
 	}
 	fmt.Fprintln(cfg.stdout)

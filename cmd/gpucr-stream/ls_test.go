@@ -11,16 +11,18 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
-	"github.com/gpucr/gpucr-stream/sinks/miniotest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/miniotest"
+	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// writeArchive captures a few synthetic image files into store.
-func writeArchive(t *testing.T, store streamer.Store, host string, size int) {
+// writeArchive captures a few synthetic image files into st.
+func writeArchive(t *testing.T, st store.Store, host string, size int) {
 	t.Helper()
 	ctx := context.Background()
-	out, err := streamer.NewArchiveOutput(ctx, store, 1<<20)
+	out, err := streamer.NewArchiveOutput(ctx, st, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,11 +43,11 @@ func writeArchive(t *testing.T, store streamer.Store, host string, size int) {
 
 // writeUnfinished leaves segments without a manifest, as a capture that
 // was killed does.
-func writeUnfinished(t *testing.T, store streamer.Store) {
+func writeUnfinished(t *testing.T, st store.Store) {
 	t.Helper()
 	ctx := context.Background()
 	for i := range 2 {
-		w, err := store.Create(ctx, manifest.SegmentName(i))
+		w, err := st.Create(ctx, manifest.SegmentName(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,10 +98,10 @@ func lsNames(t *testing.T, where string) map[string]lsJSON {
 // lsRmGc runs the same story against a local directory and S3: two
 // complete checkpoints and an unfinished one; ls lists the two, rm removes
 // one manifest first, gc removes the unfinished one once old enough.
-func lsRmGc(t *testing.T, root string, store streamer.Store) {
-	writeArchive(t, sinks.Sub(store, "a/job1"), "node1", 300_000)
-	writeArchive(t, sinks.Sub(store, "b/job2"), "node2", 100_000)
-	writeUnfinished(t, sinks.Sub(store, "a/dead"))
+func lsRmGc(t *testing.T, root string, st store.Store) {
+	writeArchive(t, store.Sub(st, "a/job1"), "node1", 300_000)
+	writeArchive(t, store.Sub(st, "b/job2"), "node2", 100_000)
+	writeUnfinished(t, store.Sub(st, "a/dead"))
 
 	items := lsNames(t, root)
 	if len(items) != 2 {
@@ -139,7 +141,7 @@ func lsRmGc(t *testing.T, root string, store streamer.Store) {
 		t.Fatalf("ls after rm: %v", items)
 	}
 	ctx := context.Background()
-	if objs, _ := store.List(ctx, "a/job1/"); len(objs) != 0 {
+	if objs, _ := st.List(ctx, "a/job1/"); len(objs) != 0 {
 		t.Fatalf("rm left %v", objs)
 	}
 
@@ -148,7 +150,7 @@ func lsRmGc(t *testing.T, root string, store streamer.Store) {
 	if out, errOut, code := runCmd(t, "gc", root); code != 0 || !strings.Contains(out, "removed 0 unfinished") {
 		t.Fatalf("gc (1h): exit %d: %s %s", code, out, errOut)
 	}
-	if objs, _ := store.List(ctx, "a/dead/"); len(objs) != 2 {
+	if objs, _ := st.List(ctx, "a/dead/"); len(objs) != 2 {
 		t.Fatalf("gc removed a recent unfinished checkpoint: %v", objs)
 	}
 	time.Sleep(10 * time.Millisecond)
@@ -163,7 +165,7 @@ func lsRmGc(t *testing.T, root string, store streamer.Store) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Unfinished) != 1 || res.Objects != 2 {
 		t.Fatalf("gc --json: %v: %s", err, out)
 	}
-	if objs, _ := store.List(ctx, "a/"); len(objs) != 0 {
+	if objs, _ := st.List(ctx, "a/"); len(objs) != 0 {
 		t.Fatalf("gc left %v", objs)
 	}
 	if items := lsNames(t, root); len(items) != 1 {
@@ -176,7 +178,7 @@ func lsRmGc(t *testing.T, root string, store streamer.Store) {
 
 func TestLsRmGcDir(t *testing.T) {
 	root := t.TempDir()
-	lsRmGc(t, root, sinks.NewDir(root))
+	lsRmGc(t, root, dir.New(root))
 	// The directories of the removed checkpoints are gone too.
 	if _, err := os.Stat(filepath.Join(root, "a", "job1")); !os.IsNotExist(err) {
 		t.Fatalf("rm left the checkpoint's directory: %v", err)
@@ -209,16 +211,16 @@ func TestLsRmGcS3(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey())
 	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey())
 	ctx := context.Background()
-	store, err := sinks.NewS3(ctx, sinks.S3Config{Bucket: "lsgc", Prefix: "fleet", PartSize: 5 << 20})
+	st, err := s3.New(ctx, s3.Config{Bucket: "lsgc", Prefix: "fleet", PartSize: 5 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	lsRmGc(t, "s3://lsgc/fleet/", store)
+	defer st.Close()
+	lsRmGc(t, "s3://lsgc/fleet/", st)
 
 	// A writer that died in the middle of a multipart upload leaves an
 	// upload no listing shows; gc aborts it once old enough.
-	w, err := store.Create(ctx, "c/dead/"+manifest.SegmentName(0))
+	w, err := st.Create(ctx, "c/dead/"+manifest.SegmentName(0))
 	if err != nil {
 		t.Fatal(err)
 	}

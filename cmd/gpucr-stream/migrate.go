@@ -10,20 +10,21 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/redact"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
-func (c *config) tcpAuth() (sinks.TCPAuth, error) {
-	a, err := sinks.LoadTCPAuth(c.tokenFile, c.tlsCert, c.tlsKey, c.tlsCA)
+func (c *config) tcpAuth() (tcp.Auth, error) {
+	a, err := tcp.LoadAuth(c.tokenFile, c.tlsCert, c.tlsKey, c.tlsCA)
 	if err != nil {
 		return a, usagef("%v", err)
 	}
@@ -44,8 +45,8 @@ func (c *config) tcpTimeout() (time.Duration, error) {
 }
 
 func (c *config) tcpStreams() (int, error) {
-	if c.streams < 1 || c.streams > sinks.MaxTCPStreams {
-		return 0, usagef("--streams %d: want 1..%d", c.streams, sinks.MaxTCPStreams)
+	if c.streams < 1 || c.streams > tcp.MaxStreams {
+		return 0, usagef("--streams %d: want 1..%d", c.streams, tcp.MaxStreams)
 	}
 	return c.streams, nil
 }
@@ -55,8 +56,8 @@ func (c *config) logLine(msg string) {
 	fmt.Fprintf(c.stderr, "gpucr-stream: %s\n", msg)
 }
 
-func (c *config) dialOptions(autoCommit bool) (sinks.TCPSendOptions, error) {
-	var o sinks.TCPSendOptions
+func (c *config) dialOptions(autoCommit bool) (tcp.SendOptions, error) {
+	var o tcp.SendOptions
 	var err error
 	if o.Auth, err = c.tcpAuth(); err != nil {
 		return o, err
@@ -74,12 +75,12 @@ func (c *config) dialOptions(autoCommit bool) (sinks.TCPSendOptions, error) {
 // openTCPOutput is --to tcp://HOST:PORT for capture and checkpoint: they
 // cannot tell when the source process is gone, so the receiver is told to
 // go ahead as soon as it has acknowledged the stream (migrate does better).
-func openTCPOutput(ctx context.Context, cfg *config, loc sinks.Location) (streamer.Output, func() []int64, error) {
+func openTCPOutput(ctx context.Context, cfg *config, loc location.Location) (streamer.Output, func() []int64, error) {
 	o, err := cfg.dialOptions(true)
 	if err != nil {
 		return nil, nil, err
 	}
-	out, err := sinks.DialTCP(ctx, loc.Path, o)
+	out, err := tcp.Dial(ctx, loc.Path, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,7 +92,7 @@ func openTCPOutput(ctx context.Context, cfg *config, loc sinks.Location) (stream
 // verified and committed, so that a transfer that breaks fails the command
 // before anything is served (serve prints socket-init only then; receive
 // is the form that listens on CRIU's socket from the start).
-func openTCPSource(ctx context.Context, cfg *config, loc sinks.Location, so streamer.StreamOptions) (streamer.Source, error) {
+func openTCPSource(ctx context.Context, cfg *config, loc location.Location, so streamer.StreamOptions) (streamer.Source, error) {
 	auth, err := cfg.tcpAuth()
 	if err != nil {
 		return nil, err
@@ -100,12 +101,12 @@ func openTCPSource(ctx context.Context, cfg *config, loc sinks.Location, so stre
 	if err != nil {
 		return nil, err
 	}
-	l, err := sinks.ListenTCP(ctx, loc.Path, sinks.TCPListenOptions{Auth: auth, Timeout: timeout, PIDSpace: pidSpace(), Log: cfg.logLine})
+	l, err := tcp.Listen(ctx, loc.Path, tcp.ListenOptions{Auth: auth, Timeout: timeout, PIDSpace: proc.Space(), Log: cfg.logLine})
 	if err != nil {
 		return nil, err
 	}
 	cfg.logLine("listening on " + l.Addr().String())
-	src := sinks.NewTCPSource(ctx, l, so)
+	src := tcp.NewSource(ctx, l, so)
 	if _, err := src.WaitCommitted(ctx); err != nil {
 		src.Close()
 		return nil, err
@@ -117,7 +118,7 @@ func runToken(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
 	}
-	fmt.Fprintln(cfg.stdout, sinks.NewToken())
+	fmt.Fprintln(cfg.stdout, tcp.NewToken())
 	return nil
 }
 
@@ -173,12 +174,12 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	start := time.Now()
-	l, err := sinks.ListenTCP(ctx, cfg.listen, sinks.TCPListenOptions{Auth: auth, Timeout: timeout, Reports: true, Restores: cfg.restoreArg,
-		PIDSpace: pidSpace(), Log: cfg.logLine})
+	l, err := tcp.Listen(ctx, cfg.listen, tcp.ListenOptions{Auth: auth, Timeout: timeout, Reports: true, Restores: cfg.restoreArg,
+		PIDSpace: proc.Space(), Log: cfg.logLine})
 	if err != nil {
 		return err
 	}
-	src := sinks.NewTCPSource(ctx, l, cfg.streamOptions(streamer.StreamOptions{}))
+	src := tcp.NewSource(ctx, l, cfg.streamOptions(streamer.StreamOptions{}))
 	defer src.Close()
 	cfg.logLine("receive: listening on " + l.Addr().String())
 	res := receiveResult{Listen: l.Addr().String()}
@@ -245,7 +246,7 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 		if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 			err = cause
 		}
-		report := sinks.Report{Served: sres.Served}
+		report := tcp.Report{Served: sres.Served}
 		if err != nil {
 			report.Error = err.Error()
 		}
@@ -308,8 +309,8 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if cfg.pid <= 0 {
 		return usagef("migrate needs --pid PID")
 	}
-	loc, err := sinks.ParseLocation(cfg.to)
-	if err != nil || loc.Kind != sinks.TCP {
+	loc, err := location.Parse(cfg.to)
+	if err != nil || loc.Kind != location.TCP {
 		return usagef("migrate needs --to tcp://HOST:PORT (a receiver started with gpucr-stream receive)")
 	}
 	o, err := cfg.dialOptions(false)
@@ -324,7 +325,7 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	tree, err := processTree(cfg.pid)
+	tree, err := proc.Tree(cfg.pid)
 	if err != nil {
 		return err
 	}
@@ -335,13 +336,13 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("migrate %d: %w (the process was not touched)", cfg.pid, err)
 	}
 	start := time.Now()
-	out, err := sinks.DialTCP(ctx, loc.Path, o)
+	out, err := tcp.Dial(ctx, loc.Path, o)
 	if err != nil {
 		return fmt.Errorf("migrate %d: %w (the process was not touched)", cfg.pid, err)
 	}
 	defer out.Close()
 	info := out.Receiver()
-	res := migrateResult{PID: cfg.pid, Destination: sinks.Redact(cfg.to), Session: out.Session(), Streams: o.Streams, LeftRunning: cfg.leaveRunning}
+	res := migrateResult{PID: cfg.pid, Destination: redact.URL(cfg.to), Session: out.Session(), Streams: o.Streams, LeftRunning: cfg.leaveRunning}
 
 	// Unless the process is left running, a copy of the image stays here
 	// until the receiver confirms the restore: whatever happens there after
@@ -458,13 +459,13 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		// source, and where the receiver restores into this PID space (one
 		// host, network namespaces) its PIDs must also be free, i.e. reaped.
 		gone := time.Now()
-		reaped := out.Acked().PIDSpace != "" && out.Acked().PIDSpace == pidSpace()
-		if err := waitGone(ctx, tree, reaped, o.Timeout); err != nil {
+		reaped := out.Acked().PIDSpace != "" && out.Acked().PIDSpace == proc.Space()
+		if err := proc.WaitGone(ctx, tree, reaped, o.Timeout); err != nil {
 			cfg.logLine(fmt.Sprintf("migrate: %v; telling the receiver to restore anyway", err))
 		}
 		res.Phases = append(res.Phases, phase{"source process gone", time.Since(gone).Seconds()})
 	}
-	if err := out.Confirm(ctx, sinks.CommitInfo{LeftRunning: cfg.leaveRunning, GPUs: m.GPUs}); err != nil {
+	if err := out.Confirm(ctx, tcp.CommitInfo{LeftRunning: cfg.leaveRunning, GPUs: m.GPUs}); err != nil {
 		return lost(err)
 	}
 	if info.Restores {
@@ -520,8 +521,8 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(cfg *config, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (sinks.Report, []int, vram.Timings, error) {
-	report := sinks.Report{Served: rep.Served}
+func finishRestore(cfg *config, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
 	var t vram.Timings
 	if err == nil {
@@ -535,67 +536,4 @@ func finishRestore(cfg *config, rep capture.RestoreReport, err error, pairs []vr
 	}
 	report.PID = rep.PID
 	return report, cudaPIDs, t, nil
-}
-
-// processTree lists pid and its descendants.
-func processTree(pid int) ([]int, error) {
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-		return nil, fmt.Errorf("no process %d", pid)
-	}
-	tree := []int{pid}
-	for i := 0; i < len(tree); i++ {
-		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", tree[i]))
-		for _, f := range files {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				continue
-			}
-			for _, s := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(s); err == nil {
-					tree = append(tree, c)
-				}
-			}
-		}
-	}
-	return tree, nil
-}
-
-// waitGone waits until every process of pids is dead (reaped: gone
-// from /proc, where a zombie still holds its PID).
-func waitGone(ctx context.Context, pids []int, reaped bool, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var left []string
-		for _, p := range pids {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-			if err != nil {
-				continue
-			}
-			if !reaped {
-				s := string(b)
-				if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X') {
-					continue
-				}
-			}
-			left = append(left, strconv.Itoa(p))
-		}
-		if len(left) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			what := "alive"
-			if reaped {
-				what = "present (not reaped by their parent yet)"
-			}
-			return fmt.Errorf("process(es) %s still %s %v after the dump", strings.Join(left, ","), what, timeout)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// pidSpace names this PID namespace on this boot.
-func pidSpace() string {
-	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	ns, _ := os.Readlink("/proc/self/ns/pid")
-	return strings.TrimSpace(string(boot)) + "/" + ns
 }

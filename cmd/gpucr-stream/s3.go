@@ -9,32 +9,33 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // s3Config turns the --s3-* flags and an s3://BUCKET/PREFIX location into
 // the store's configuration. Credentials are not flags: they come from the
-// environment or the shared credentials file (sinks.NewS3), so that they
+// environment or the shared credentials file (s3.New), so that they
 // never show in a process listing.
-func s3Config(cfg *config, loc sinks.Location) (sinks.S3Config, error) {
+func s3Config(cfg *config, loc location.Location) (s3.Config, error) {
 	bucket, prefix, _ := strings.Cut(loc.Path, "/")
 	if bucket == "" {
-		return sinks.S3Config{}, usagef("%s: no bucket (want s3://BUCKET/PREFIX)", loc)
+		return s3.Config{}, usagef("%s: no bucket (want s3://BUCKET/PREFIX)", loc)
 	}
-	style, err := sinks.ParsePathStyle(cfg.s3PathStyle)
+	style, err := s3.ParsePathStyle(cfg.s3PathStyle)
 	if err != nil {
-		return sinks.S3Config{}, usagef("--s3-path-style: %v", err)
+		return s3.Config{}, usagef("--s3-path-style: %v", err)
 	}
 	part, err := parseSize(cfg.s3PartSize)
 	if err != nil || part < 5<<20 || part > 5<<30 {
-		return sinks.S3Config{}, usagef("--s3-part-size %q: want a size from 5MiB to 5GiB", cfg.s3PartSize)
+		return s3.Config{}, usagef("--s3-part-size %q: want a size from 5MiB to 5GiB", cfg.s3PartSize)
 	}
 	if cfg.s3Parallel < 1 || cfg.s3Parallel > 256 {
-		return sinks.S3Config{}, usagef("--s3-parallel %d: want 1..256", cfg.s3Parallel)
+		return s3.Config{}, usagef("--s3-parallel %d: want 1..256", cfg.s3Parallel)
 	}
-	return sinks.S3Config{
+	return s3.Config{
 		Endpoint:  cfg.s3Endpoint,
 		Bucket:    bucket,
 		Prefix:    strings.Trim(prefix, "/"),
@@ -49,17 +50,17 @@ func s3Config(cfg *config, loc sinks.Location) (sinks.S3Config, error) {
 // credentials and the bucket at once, so that a mistake is reported before
 // any work starts: a missing bucket is "not found" (exit 4), missing or
 // refused credentials a failure with a message that says which (exit 1).
-func openS3(ctx context.Context, cfg *config, loc sinks.Location) (*sinks.S3Store, error) {
+func openS3(ctx context.Context, cfg *config, loc location.Location) (*s3.Store, error) {
 	sc, err := s3Config(cfg, loc)
 	if err != nil {
 		return nil, err
 	}
-	store, err := sinks.NewS3(ctx, sc)
+	store, err := s3.New(ctx, sc)
 	if err != nil {
 		switch {
-		case errors.Is(err, sinks.ErrNoSuchBucket):
+		case errors.Is(err, s3.ErrNoSuchBucket):
 			return nil, notFound{err}
-		case errors.Is(err, sinks.ErrNoCredentials), errors.Is(err, sinks.ErrBadCredentials):
+		case errors.Is(err, s3.ErrNoCredentials), errors.Is(err, s3.ErrBadCredentials):
 			return nil, err
 		}
 		return nil, fmt.Errorf("%s: %w", loc, err)
@@ -69,7 +70,7 @@ func openS3(ctx context.Context, cfg *config, loc sinks.Location) (*sinks.S3Stor
 
 // openS3Output is openOutput for s3://BUCKET/PREFIX/NAME: an archive whose
 // segments upload while CRIU still dumps, manifest last.
-func openS3Output(ctx context.Context, cfg *config, loc sinks.Location) (streamer.Output, func() []int64, error) {
+func openS3Output(ctx context.Context, cfg *config, loc location.Location) (streamer.Output, func() []int64, error) {
 	store, err := openS3(ctx, cfg, loc)
 	if err != nil {
 		return nil, nil, err
@@ -81,7 +82,7 @@ func openS3Output(ctx context.Context, cfg *config, loc sinks.Location) (streame
 	}
 	cfg.uploaded = store.Uploaded
 	// Parts in flight, the part being filled of the segment being written
-	// and of those committing in the background (sinks.S3Config.MaxInflight).
+	// and of those committing in the background (s3.Config.MaxInflight).
 	capMemoryTo(cfg, int64(cfg.s3Parallel+1+streamer.DefaultCommitting)*store.PartSize())
 	if _, ok := os.LookupEnv("GOGC"); !ok {
 		debug.SetGCPercent(captureGCPercent)
@@ -114,7 +115,7 @@ func capMemoryTo(cfg *config, store int64) {
 // openS3Source is openSource for s3://BUCKET/PREFIX/NAME: chunks are read
 // with ranged GETs in CRIU's order, a bounded window ahead; nothing is
 // staged on disk.
-func openS3Source(ctx context.Context, cfg *config, loc sinks.Location, opts streamer.Options) (*streamer.ArchiveSource, error) {
+func openS3Source(ctx context.Context, cfg *config, loc location.Location, opts streamer.Options) (*streamer.ArchiveSource, error) {
 	store, err := openS3(ctx, cfg, loc)
 	if err != nil {
 		return nil, err
@@ -132,7 +133,7 @@ func openS3Source(ctx context.Context, cfg *config, loc sinks.Location, opts str
 }
 
 // readS3Manifest is readManifest for an s3:// location.
-func readS3Manifest(ctx context.Context, cfg *config, loc sinks.Location) (*manifest.Manifest, error) {
+func readS3Manifest(ctx context.Context, cfg *config, loc location.Location) (*manifest.Manifest, error) {
 	store, err := openS3(ctx, cfg, loc)
 	if err != nil {
 		return nil, err

@@ -12,8 +12,10 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	"github.com/gpucr/gpucr-stream/redact"
+	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -53,13 +55,13 @@ func asFile(w any, fallback *os.File) *os.File {
 
 // openOutput turns --to into a pipeline output.
 func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int64, error) {
-	loc, err := sinks.ParseLocation(cfg.to)
+	loc, err := location.Parse(cfg.to)
 	if err != nil {
 		return nil, nil, usagef("--to: %v", err)
 	}
 	switch loc.Kind {
-	case sinks.Stdio:
-		files, _, err := sinks.ShardFiles(cfg.shards, asFile(cfg.stdout, os.Stdout))
+	case location.Stdio:
+		files, _, err := location.ShardFiles(cfg.shards, asFile(cfg.stdout, os.Stdout))
 		if err != nil {
 			return nil, nil, usagef("--shard-fds: %v", err)
 		}
@@ -75,18 +77,18 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 			return nil, nil, err
 		}
 		return out, out.Sizes, nil
-	case sinks.Archive:
-		store := sinks.NewDir(loc.Path)
+	case location.Archive:
+		store := dir.New(loc.Path)
 		out, err := streamer.NewArchiveOutput(ctx, store, cfg.segSize)
 		if err != nil {
 			return nil, nil, err
 		}
 		return out, nil, nil
-	case sinks.StreamFile:
+	case location.StreamFile:
 		return nil, nil, usagef("--to %s: a file is already there; capture writes archive directories (or use stdout: capture > FILE)", loc)
-	case sinks.S3:
+	case location.S3:
 		return openS3Output(ctx, cfg, loc)
-	case sinks.TCP:
+	case location.TCP:
 		return openTCPOutput(ctx, cfg, loc)
 	}
 	return nil, nil, usagef("--to %s: this destination is not supported yet", loc)
@@ -157,7 +159,7 @@ func runCapture(ctx context.Context, cfg *config, args []string) error {
 	}
 	elapsed := time.Since(start)
 	st := statsLine{Files: len(m.Files), RawBytes: m.Stats.RawBytes, StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(),
-		DurationMS: elapsed.Milliseconds(), Destination: sinks.Redact(cfg.to)}
+		DurationMS: elapsed.Milliseconds(), Destination: redact.URL(cfg.to)}
 	if sizes != nil {
 		for _, n := range sizes() {
 			st.Shards = append(st.Shards, shardStats{Size: n, TransferMillis: elapsed.Milliseconds()})
@@ -174,14 +176,14 @@ func runCapture(ctx context.Context, cfg *config, args []string) error {
 // openSource turns --from into a source; extractDir makes a stream source
 // write files out as they complete.
 func openSource(ctx context.Context, cfg *config, from string, so streamer.StreamOptions) (streamer.Source, error) {
-	loc, err := sinks.ParseLocation(from)
+	loc, err := location.Parse(from)
 	if err != nil {
 		return nil, usagef("source: %v", err)
 	}
 	so = cfg.streamOptions(so)
 	switch loc.Kind {
-	case sinks.Stdio:
-		files, names, err := sinks.ShardFiles(cfg.shards, asFile(cfg.stdin, os.Stdin))
+	case location.Stdio:
+		files, names, err := location.ShardFiles(cfg.shards, asFile(cfg.stdin, os.Stdin))
 		if err != nil {
 			return nil, usagef("--shard-fds: %v", err)
 		}
@@ -196,25 +198,25 @@ func openSource(ctx context.Context, cfg *config, from string, so streamer.Strea
 			names[0] = "stdin"
 		}
 		return streamer.NewStreamSource(ctx, rs, names, so), nil
-	case sinks.StreamFile:
+	case location.StreamFile:
 		f, err := os.Open(loc.Path)
 		if err != nil {
 			return nil, err
 		}
 		src := streamer.NewStreamSource(ctx, []io.Reader{f}, []string{loc.Path}, so)
 		return closeWith{src, f}, nil
-	case sinks.Archive:
+	case location.Archive:
 		if _, err := os.Stat(loc.Path); err != nil {
 			return nil, fmt.Errorf("%s: %w", loc, errdefs.ErrNotFound)
 		}
 		opts := cfg.opts
 		opts.VerifyHashes = so.VerifyHashes || so.Discard
-		return streamer.OpenArchive(ctx, sinks.NewDir(loc.Path), opts)
-	case sinks.S3:
+		return streamer.OpenArchive(ctx, dir.New(loc.Path), opts)
+	case location.S3:
 		opts := cfg.opts
 		opts.VerifyHashes = so.VerifyHashes || so.Discard
 		return openS3Source(ctx, cfg, loc, opts)
-	case sinks.TCP:
+	case location.TCP:
 		return openTCPSource(ctx, cfg, loc, so)
 	}
 	return nil, usagef("source %s: not supported yet", loc)
@@ -328,7 +330,7 @@ func runServe(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	cfg.statsLine(statsLine{Shards: []shardStats{{Size: res.Bytes, TransferMillis: time.Since(start).Milliseconds()}},
-		Files: res.Served, RawBytes: res.Bytes, DurationMS: time.Since(start).Milliseconds(), Source: sinks.Redact(cfg.from)})
+		Files: res.Served, RawBytes: res.Bytes, DurationMS: time.Since(start).Milliseconds(), Source: redact.URL(cfg.from)})
 	return nil
 }
 
@@ -363,6 +365,6 @@ func runExtract(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("extract: %w", err)
 	}
 	cfg.statsLine(statsLine{Shards: []shardStats{{Size: bytes, TransferMillis: time.Since(start).Milliseconds()}},
-		Files: files, RawBytes: bytes, DurationMS: time.Since(start).Milliseconds(), Source: sinks.Redact(cfg.from)})
+		Files: files, RawBytes: bytes, DurationMS: time.Since(start).Milliseconds(), Source: redact.URL(cfg.from)})
 	return nil
 }

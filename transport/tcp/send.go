@@ -1,4 +1,4 @@
-package sinks
+package tcp
 
 import (
 	"bufio"
@@ -20,10 +20,10 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// TCPSendOptions configure a sender.
-type TCPSendOptions struct {
-	Auth TCPAuth
-	// Streams is the number of parallel connections (shards), 1..MaxTCPStreams.
+// SendOptions configure a sender.
+type SendOptions struct {
+	Auth Auth
+	// Streams is the number of parallel connections (shards), 1..MaxStreams.
 	Streams int
 	// Timeout bounds the connection set-up and how long a dead link or a
 	// silent receiver is tolerated. Zero: DefaultTCPTimeout.
@@ -48,7 +48,7 @@ type CommitInfo struct {
 type AckInfo struct {
 	Files    int   `json:"files"`
 	RawBytes int64 `json:"raw_bytes"`
-	// PIDSpace names the receiver's PID space (TCPListenOptions.PIDSpace).
+	// PIDSpace names the receiver's PID space (ListenOptions.PIDSpace).
 	PIDSpace string `json:"pid_space,omitempty"`
 }
 
@@ -68,13 +68,13 @@ type ReceiverInfo struct {
 	Restores bool
 }
 
-// TCPOutput is a streamer.Output that writes one stream over N TLS
+// Output is a streamer.Output that writes one stream over N TLS
 // connections to a receiver. Its Commit returns only once the receiver
 // has acknowledged that every shard ended and the whole stream verified,
 // which is what makes it safe to let CRIU kill the source process then.
-type TCPOutput struct {
+type Output struct {
 	addr    string
-	opts    TCPSendOptions
+	opts    SendOptions
 	session [16]byte
 	info    ReceiverInfo
 	conns   []*sendConn
@@ -103,7 +103,7 @@ type sendItem struct {
 // sends, so N connections use N cores) and a reader of the receiver's
 // records.
 type sendConn struct {
-	o     *TCPOutput
+	o     *Output
 	idx   int
 	tc    *tls.Conn
 	br    *bufio.Reader
@@ -129,19 +129,19 @@ const (
 	sendBufCount = 16
 )
 
-// DialTCP connects the N streams to the receiver at addr (host:port),
+// Dial connects the N streams to the receiver at addr (host:port),
 // authenticates both ways and returns the output. Nothing of the
 // checkpoint has been sent when it returns; a refusal is an error wrapping
 // ErrRefused, with the receiver's reason.
-func DialTCP(ctx context.Context, addr string, o TCPSendOptions) (*TCPOutput, error) {
+func Dial(ctx context.Context, addr string, o SendOptions) (*Output, error) {
 	if err := o.Auth.Check(); err != nil {
 		return nil, err
 	}
 	if o.Streams <= 0 {
 		o.Streams = 1
 	}
-	if o.Streams > MaxTCPStreams {
-		return nil, fmt.Errorf("--streams %d: at most %d", o.Streams, MaxTCPStreams)
+	if o.Streams > MaxStreams {
+		return nil, fmt.Errorf("--streams %d: at most %d", o.Streams, MaxStreams)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTCPTimeout
@@ -154,7 +154,7 @@ func DialTCP(ctx context.Context, addr string, o TCPSendOptions) (*TCPOutput, er
 	if err != nil {
 		return nil, err
 	}
-	t := &TCPOutput{addr: addr, opts: o, failed: make(chan struct{})}
+	t := &Output{addr: addr, opts: o, failed: make(chan struct{})}
 	if _, err := rand.Read(t.session[:]); err != nil {
 		return nil, err
 	}
@@ -199,7 +199,7 @@ func DialTCP(ctx context.Context, addr string, o TCPSendOptions) (*TCPOutput, er
 	return t, nil
 }
 
-func (t *TCPOutput) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn, ReceiverInfo, error) {
+func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn, ReceiverInfo, error) {
 	var info ReceiverInfo
 	d := net.Dialer{Timeout: t.opts.Timeout, KeepAliveConfig: keepAlive(t.opts.Timeout), Control: userTimeout(t.opts.Timeout)}
 	raw, err := d.DialContext(ctx, "tcp", t.addr)
@@ -258,18 +258,18 @@ func (t *TCPOutput) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendCo
 }
 
 // Session is the migration's id, for logs.
-func (t *TCPOutput) Session() string { return hex.EncodeToString(t.session[:8]) }
+func (t *Output) Session() string { return hex.EncodeToString(t.session[:8]) }
 
 // Receiver says what the receiver announced.
-func (t *TCPOutput) Receiver() ReceiverInfo { return t.info }
+func (t *Output) Receiver() ReceiverInfo { return t.info }
 
 // OnFailure registers f to run (once, on its own goroutine) when a
 // connection fails during the transfer, so that the capture can stop CRIU
 // at once instead of at its next write.
-func (t *TCPOutput) OnFailure(f func(error)) { t.onFail.Store(&f) }
+func (t *Output) OnFailure(f func(error)) { t.onFail.Store(&f) }
 
 // Err is the failure that stopped the transfer, if any.
-func (t *TCPOutput) Err() error {
+func (t *Output) Err() error {
 	select {
 	case <-t.failed:
 		return t.err
@@ -278,7 +278,7 @@ func (t *TCPOutput) Err() error {
 	}
 }
 
-func (t *TCPOutput) fail(err error) {
+func (t *Output) fail(err error) {
 	t.failOnce.Do(func() {
 		t.err = err
 		close(t.failed)
@@ -413,7 +413,7 @@ func (c *sendConn) readLoop() {
 }
 
 // WriteFrame implements streamer.Output.
-func (t *TCPOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
+func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
 	if err := t.Err(); err != nil {
 		return streamer.Location{}, err
 	}
@@ -423,7 +423,7 @@ func (t *TCPOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, pa
 // Commit ends every shard and waits until the receiver has acknowledged
 // the whole stream as received and verified. With AutoCommit it then also
 // sends COMMIT.
-func (t *TCPOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
+func (t *Output) Commit(ctx context.Context, m *manifest.Manifest) error {
 	if err := t.out.Commit(ctx, m); err != nil {
 		if e := t.Err(); e != nil {
 			return e
@@ -477,11 +477,11 @@ func (t *TCPOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 }
 
 // Acked says what the receiver verified.
-func (t *TCPOutput) Acked() AckInfo { return t.conns[0].ack }
+func (t *Output) Acked() AckInfo { return t.conns[0].ack }
 
 // Confirm tells the receiver that the checkpoint is committed on this side
 // (the source process is gone, or was left running): it may restore.
-func (t *TCPOutput) Confirm(ctx context.Context, info CommitInfo) error {
+func (t *Output) Confirm(ctx context.Context, info CommitInfo) error {
 	t.mu.Lock()
 	if !t.acked {
 		t.mu.Unlock()
@@ -506,7 +506,7 @@ func (t *TCPOutput) Confirm(ctx context.Context, info CommitInfo) error {
 }
 
 // WaitReport waits for the receiver's report after Confirm.
-func (t *TCPOutput) WaitReport(ctx context.Context) (Report, error) {
+func (t *Output) WaitReport(ctx context.Context) (Report, error) {
 	c := t.conns[0]
 	select {
 	case r := <-c.reports:
@@ -528,22 +528,22 @@ func (t *TCPOutput) WaitReport(ctx context.Context) (Report, error) {
 }
 
 // Sizes returns the stream bytes sent on each connection.
-func (t *TCPOutput) Sizes() []int64 { return t.out.Sizes() }
+func (t *Output) Sizes() []int64 { return t.out.Sizes() }
 
 // WireBytes is what went over the network: TLS records, protocol records
 // and stream bytes (TCP/IP headers not counted).
-func (t *TCPOutput) WireBytes() int64 { return t.wireOut.Load() }
+func (t *Output) WireBytes() int64 { return t.wireOut.Load() }
 
 // Abort tells the receiver to discard what it got (unless the checkpoint
 // was already committed) and closes the connections.
-func (t *TCPOutput) Abort(ctx context.Context) error {
+func (t *Output) Abort(ctx context.Context) error {
 	t.Cancel("capture failed")
 	return nil
 }
 
 // Cancel aborts with a reason the receiver logs. It does nothing after
 // Confirm.
-func (t *TCPOutput) Cancel(reason string) {
+func (t *Output) Cancel(reason string) {
 	t.mu.Lock()
 	if t.committed || t.aborted {
 		t.mu.Unlock()
@@ -574,7 +574,7 @@ func (t *TCPOutput) Cancel(reason string) {
 }
 
 // Close closes every connection.
-func (t *TCPOutput) Close() error {
+func (t *Output) Close() error {
 	for _, c := range t.conns {
 		if c != nil {
 			c.tc.NetConn().Close()

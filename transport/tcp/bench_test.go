@@ -1,4 +1,4 @@
-package sinks
+package tcp
 
 import (
 	"context"
@@ -26,12 +26,12 @@ func BenchmarkTCPTransfer(b *testing.B) {
 			b.SetBytes(size)
 			for range b.N {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				l, err := ListenTCP(ctx, "127.0.0.1:0", TCPListenOptions{Auth: tokenAuth(goodToken)})
+				l, err := Listen(ctx, "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken)})
 				if err != nil {
 					b.Fatal(err)
 				}
-				src := NewTCPSource(ctx, l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 1 << 30}})
-				out, err := DialTCP(ctx, l.Addr().String(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
+				src := NewSource(ctx, l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 1 << 30}})
+				out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,14 +1,14 @@
-// Package streamer is the staged pipeline engine: it cuts image files into
-// chunks, encodes them on a pool of workers within a memory budget, writes
-// frames in order to an output, and runs the same stages backwards to serve
-// files from a stream or an indexed archive. It knows nothing of CRIU or of
-// particular storage systems; those plug in through Output, Store and the
-// io interfaces.
-package streamer
+// Package store is object storage for archives: the Store interface that
+// local directories (store/dir), S3 (store/s3) and memory (store/mem)
+// implement, and the conformance suite (store/storetest) each passes. A
+// missing object is an error wrapping errdefs.ErrNotFound.
+package store
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -45,4 +45,13 @@ type ObjectInfo struct {
 	Name     string
 	Size     int64
 	Modified time.Time
+}
+
+// CheckName refuses object names that could leave a store's root: empty,
+// absolute, with "..", or with NUL. Every backend calls it first.
+func CheckName(name string) error {
+	if name == "" || strings.Contains(name, "..") || strings.HasPrefix(name, "/") || strings.ContainsRune(name, 0) {
+		return fmt.Errorf("invalid object name %q", name)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package sinks
+package tcp
 
 import (
 	"bufio"
@@ -36,7 +36,7 @@ func FuzzTCPDecoders(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) >= helloSize {
 			if h, err := parseHello(b[:helloSize]); err == nil {
-				if h.Count == 0 || h.Count > MaxTCPStreams || h.Shard >= h.Count {
+				if h.Count == 0 || h.Count > MaxStreams || h.Shard >= h.Count {
 					t.Fatalf("accepted hello %+v", h)
 				}
 				if !bytes.Equal(h.marshal(), b[:helloSize]) {

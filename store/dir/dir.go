@@ -1,7 +1,6 @@
-// Package sinks holds the places checkpoints go to and come from: standard
-// streams, local archive directories, and (behind the same Store interface)
-// object stores. Every Store passes the suite in sinks/storetest.
-package sinks
+// Package dir is a store.Store in a local directory: objects are files,
+// written under a temporary name and renamed into place on Commit.
+package dir
 
 import (
 	"context"
@@ -15,26 +14,26 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
-// Dir is a Store in a local directory. Objects are written to a temporary
+// Store is a store.Store in a local directory. Objects are written to a temporary
 // name and renamed on commit, after fsync, so a crash never leaves a
 // half-written object under its real name.
-type Dir struct {
+type Store struct {
 	root string
 }
 
-// NewDir returns a Store rooted at root; the directory is created on the
+// New returns a Store rooted at root; the directory is created on the
 // first write.
-func NewDir(root string) *Dir { return &Dir{root: filepath.Clean(root)} }
+func New(root string) *Store { return &Store{root: filepath.Clean(root)} }
 
-// String implements streamer.Store.
-func (d *Dir) String() string { return d.root }
+// String implements store.Store.
+func (d *Store) String() string { return d.root }
 
-func (d *Dir) path(name string) (string, error) {
-	if name == "" || strings.Contains(name, "..") || strings.HasPrefix(name, "/") || strings.ContainsRune(name, 0) {
-		return "", fmt.Errorf("%s: invalid object name %q", d.root, name)
+func (d *Store) path(name string) (string, error) {
+	if err := store.CheckName(name); err != nil {
+		return "", fmt.Errorf("%s: %w", d.root, err)
 	}
 	return filepath.Join(d.root, filepath.FromSlash(name)), nil
 }
@@ -46,8 +45,8 @@ type dirWriter struct {
 	done  bool
 }
 
-// Create implements streamer.Store.
-func (d *Dir) Create(ctx context.Context, name string) (streamer.ObjectWriter, error) {
+// Create implements store.Store.
+func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -131,8 +130,8 @@ type sectionReader struct {
 
 func (s sectionReader) Close() error { return s.f.Close() }
 
-// Open implements streamer.Store.
-func (d *Dir) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
+// Open implements store.Store.
+func (d *Store) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -162,32 +161,32 @@ func wrapNotExist(err error) error {
 	return err
 }
 
-// Stat implements streamer.Store.
-func (d *Dir) Stat(ctx context.Context, name string) (streamer.ObjectInfo, error) {
+// Stat implements store.Store.
+func (d *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error) {
 	if err := ctx.Err(); err != nil {
-		return streamer.ObjectInfo{}, err
+		return store.ObjectInfo{}, err
 	}
 	p, err := d.path(name)
 	if err != nil {
-		return streamer.ObjectInfo{}, err
+		return store.ObjectInfo{}, err
 	}
 	st, err := os.Stat(p)
 	if err != nil {
-		return streamer.ObjectInfo{}, wrapNotExist(err)
+		return store.ObjectInfo{}, wrapNotExist(err)
 	}
 	if st.IsDir() {
-		return streamer.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
+		return store.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
 	}
-	return streamer.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
+	return store.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
 }
 
-// List implements streamer.Store. Temporary files of unfinished writes are
+// List implements store.Store. Temporary files of unfinished writes are
 // not objects and are not listed.
-func (d *Dir) List(ctx context.Context, prefix string) ([]streamer.ObjectInfo, error) {
+func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []streamer.ObjectInfo
+	var out []store.ObjectInfo
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) && p == d.root {
@@ -210,7 +209,7 @@ func (d *Dir) List(ctx context.Context, prefix string) ([]streamer.ObjectInfo, e
 		if err != nil {
 			return err
 		}
-		out = append(out, streamer.ObjectInfo{Name: name, Size: info.Size(), Modified: info.ModTime()})
+		out = append(out, store.ObjectInfo{Name: name, Size: info.Size(), Modified: info.ModTime()})
 		return nil
 	})
 	if err != nil {
@@ -220,8 +219,8 @@ func (d *Dir) List(ctx context.Context, prefix string) ([]streamer.ObjectInfo, e
 	return out, nil
 }
 
-// Delete implements streamer.Store.
-func (d *Dir) Delete(ctx context.Context, name string) error {
+// Delete implements store.Store.
+func (d *Store) Delete(ctx context.Context, name string) error {
 	p, err := d.path(name)
 	if err != nil {
 		return err

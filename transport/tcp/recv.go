@@ -1,4 +1,4 @@
-package sinks
+package tcp
 
 import (
 	"bufio"
@@ -19,9 +19,9 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// TCPListenOptions configure a receiver.
-type TCPListenOptions struct {
-	Auth TCPAuth
+// ListenOptions configure a receiver.
+type ListenOptions struct {
+	Auth Auth
 	// Timeout bounds handshakes, the gathering of a sender's streams and
 	// how long a dead link or silent sender is tolerated.
 	Timeout time.Duration
@@ -35,20 +35,20 @@ type TCPListenOptions struct {
 	Log func(msg string)
 }
 
-// TCPListener accepts one checkpoint: every peer that fails the TLS
+// Listener accepts one checkpoint: every peer that fails the TLS
 // handshake, the hello or the token proof is refused (and told why, where
 // it got that far) while the listener goes on waiting for a real sender.
-type TCPListener struct {
+type Listener struct {
 	ln      net.Listener
-	o       TCPListenOptions
+	o       ListenOptions
 	cfg     *tls.Config
 	wireIn  atomic.Int64
 	wireOut atomic.Int64
 	once    sync.Once
 }
 
-// ListenTCP listens on addr (host:port; port 0 picks one).
-func ListenTCP(ctx context.Context, addr string, o TCPListenOptions) (*TCPListener, error) {
+// Listen listens on addr (host:port; port 0 picks one).
+func Listen(ctx context.Context, addr string, o ListenOptions) (*Listener, error) {
 	if err := o.Auth.Check(); err != nil {
 		return nil, err
 	}
@@ -67,20 +67,20 @@ func ListenTCP(ctx context.Context, addr string, o TCPListenOptions) (*TCPListen
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	return &TCPListener{ln: ln, o: o, cfg: cfg}, nil
+	return &Listener{ln: ln, o: o, cfg: cfg}, nil
 }
 
 // Addr is the address listened on.
-func (l *TCPListener) Addr() net.Addr { return l.ln.Addr() }
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
 // Close stops listening.
-func (l *TCPListener) Close() error {
+func (l *Listener) Close() error {
 	var err error
 	l.once.Do(func() { err = l.ln.Close() })
 	return err
 }
 
-func (l *TCPListener) logf(format string, args ...any) { l.o.Log(fmt.Sprintf(format, args...)) }
+func (l *Listener) logf(format string, args ...any) { l.o.Log(fmt.Sprintf(format, args...)) }
 
 // recvConn is one authenticated connection of a sender.
 type recvConn struct {
@@ -116,7 +116,7 @@ func refuse(tc *tls.Conn, raw net.Conn, msg string) {
 
 // handshake authenticates one connection. A refused peer is logged, then
 // told why (where it got through TLS) and hung up on.
-func (l *TCPListener) handshake(ctx context.Context, raw net.Conn) (*recvConn, error) {
+func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, error) {
 	c, tell, err := l.authenticate(ctx, raw)
 	if err == nil {
 		return c, nil
@@ -133,7 +133,7 @@ func (l *TCPListener) handshake(ctx context.Context, raw net.Conn) (*recvConn, e
 
 // authenticate runs TLS and checks the hello; on failure c is set once TLS
 // is up, with what to tell the peer.
-func (l *TCPListener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
+func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
 	tc := tls.Server(countConn{Conn: raw, in: &l.wireIn, out: &l.wireOut}, l.cfg)
 	stop := ctxDeadline(ctx, raw, l.o.Timeout)
@@ -166,7 +166,7 @@ func (l *TCPListener) authenticate(ctx context.Context, raw net.Conn) (c *recvCo
 }
 
 // admit answers an authenticated connection with the receiver's proof.
-func (l *TCPListener) admit(c *recvConn) error {
+func (l *Listener) admit(c *recvConn) error {
 	r := reply{}
 	if l.o.Reports {
 		r.Flags |= replyReports
@@ -200,7 +200,7 @@ func (p *pendingSession) close() {
 // AcceptSession waits until one sender has connected and authenticated
 // all of its streams, refusing every other peer, and stops listening. Until
 // then nothing a peer sends is read beyond its hello.
-func (l *TCPListener) AcceptSession(ctx context.Context) (*TCPSession, error) {
+func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer l.Close()
@@ -282,7 +282,7 @@ func (l *TCPListener) AcceptSession(ctx context.Context) (*TCPSession, error) {
 				continue
 			}
 			delete(pending, c.h.Session)
-			s := &TCPSession{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
+			s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
 			for _, c := range s.conns {
 				c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
 			}
@@ -304,22 +304,22 @@ func (l *TCPListener) AcceptSession(ctx context.Context) (*TCPSession, error) {
 	}
 }
 
-// TCPSession is one sender's authenticated set of streams.
-type TCPSession struct {
+// Session is one sender's authenticated set of streams.
+type Session struct {
 	ID          string
 	Peer        string
 	conns       []*recvConn
 	timeout     time.Duration
-	l           *TCPListener
+	l           *Listener
 	streamBytes atomic.Int64
 	closeOnce   sync.Once
 }
 
 // Streams is the number of connections (shards).
-func (s *TCPSession) Streams() int { return len(s.conns) }
+func (s *Session) Streams() int { return len(s.conns) }
 
 // Readers are the shards' streams, in shard order, with names for errors.
-func (s *TCPSession) Readers() ([]io.Reader, []string) {
+func (s *Session) Readers() ([]io.Reader, []string) {
 	rs := make([]io.Reader, len(s.conns))
 	names := make([]string, len(s.conns))
 	for i, c := range s.conns {
@@ -330,12 +330,12 @@ func (s *TCPSession) Readers() ([]io.Reader, []string) {
 }
 
 // StreamBytes counts the stream bytes received so far.
-func (s *TCPSession) StreamBytes() int64 { return s.streamBytes.Load() }
+func (s *Session) StreamBytes() int64 { return s.streamBytes.Load() }
 
 // WireBytes counts what came over the network, TLS included.
-func (s *TCPSession) WireBytes() int64 { return s.l.wireIn.Load() }
+func (s *Session) WireBytes() int64 { return s.l.wireIn.Load() }
 
-func (s *TCPSession) each(f func(c *recvConn) error) error {
+func (s *Session) each(f func(c *recvConn) error) error {
 	errs := make([]error, len(s.conns))
 	var wg sync.WaitGroup
 	for i, c := range s.conns {
@@ -351,13 +351,13 @@ func (s *TCPSession) each(f func(c *recvConn) error) error {
 
 // Ack tells the sender on every stream that the checkpoint is complete and
 // verified.
-func (s *TCPSession) Ack(info AckInfo) error {
+func (s *Session) Ack(info AckInfo) error {
 	b, _ := json.Marshal(info)
 	return s.each(func(c *recvConn) error { return c.write(recAck, b, s.timeout) })
 }
 
 // Nak tells the sender that the checkpoint is rejected, and hangs up.
-func (s *TCPSession) Nak(msg string) {
+func (s *Session) Nak(msg string) {
 	if len(msg) > maxRefusal {
 		msg = msg[:maxRefusal]
 	}
@@ -368,7 +368,7 @@ func (s *TCPSession) Nak(msg string) {
 // WaitCommit waits for the sender's COMMIT after Ack. ABORT, a closed or
 // dead connection, or silence beyond the timeouts mean the checkpoint must
 // not be restored.
-func (s *TCPSession) WaitCommit(ctx context.Context) (CommitInfo, error) {
+func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 	var ci CommitInfo
 	c := s.conns[0]
 	// The sender commits once CRIU has killed the source process and it is
@@ -401,7 +401,7 @@ func (s *TCPSession) WaitCommit(ctx context.Context) (CommitInfo, error) {
 }
 
 // Report sends the receiver's last word on stream 0 and hangs up.
-func (s *TCPSession) Report(r Report) error {
+func (s *Session) Report(r Report) error {
 	b, _ := json.Marshal(r)
 	err := s.conns[0].write(recReport, b, s.timeout)
 	for _, c := range s.conns {
@@ -411,7 +411,7 @@ func (s *TCPSession) Report(r Report) error {
 }
 
 // Close hangs up every stream.
-func (s *TCPSession) Close() {
+func (s *Session) Close() {
 	s.closeOnce.Do(func() {
 		for _, c := range s.conns {
 			c.close()
@@ -419,22 +419,22 @@ func (s *TCPSession) Close() {
 	})
 }
 
-// TCPSource is a checkpoint received over TCP, as a streamer.Source. It
+// Source is a checkpoint received over TCP, as a streamer.Source. It
 // decodes and checks the streams as they arrive (files held in memory up to
 // the budget, spilled beyond), acknowledges the complete, verified stream to
 // the sender, and serves nothing until the sender has committed (its source
 // process is gone): a transfer that breaks, a stream that fails a check, or
 // a sender that never commits leaves nothing to restore, and what was held
 // is dropped at once.
-type TCPSource struct {
-	l      *TCPListener
+type Source struct {
+	l      *Listener
 	so     streamer.StreamOptions
 	cancel context.CancelFunc
 
 	started chan struct{} // session accepted
 	done    chan struct{} // committed, or failed
 
-	sess        *TCPSession
+	sess        *Session
 	stream      *streamer.StreamSource
 	streamClose sync.Once
 	err         error
@@ -443,19 +443,19 @@ type TCPSource struct {
 	Accepted, Verified, Committed time.Time
 }
 
-// NewTCPSource starts receiving on l in the background; l is closed once a
+// NewSource starts receiving on l in the background; l is closed once a
 // sender's session is accepted.
-func NewTCPSource(ctx context.Context, l *TCPListener, so streamer.StreamOptions) *TCPSource {
+func NewSource(ctx context.Context, l *Listener, so streamer.StreamOptions) *Source {
 	ctx, cancel := context.WithCancel(ctx)
 	// Files go out only through the gate (an extract writes them with
 	// Copy after the commit), never straight from the decoder.
 	so.ExtractDir = ""
-	s := &TCPSource{l: l, so: so, cancel: cancel, started: make(chan struct{}), done: make(chan struct{})}
+	s := &Source{l: l, so: so, cancel: cancel, started: make(chan struct{}), done: make(chan struct{})}
 	go s.run(ctx)
 	return s
 }
 
-func (s *TCPSource) run(ctx context.Context) {
+func (s *Source) run(ctx context.Context) {
 	defer close(s.done)
 	sess, err := s.l.AcceptSession(ctx)
 	if err != nil {
@@ -505,7 +505,7 @@ func (s *TCPSource) run(ctx context.Context) {
 }
 
 // Session is the accepted session (nil until then).
-func (s *TCPSource) Session() *TCPSession {
+func (s *Source) Session() *Session {
 	select {
 	case <-s.started:
 		return s.sess
@@ -515,14 +515,14 @@ func (s *TCPSource) Session() *TCPSession {
 }
 
 // Started is closed when a sender's session has been accepted.
-func (s *TCPSource) Started() <-chan struct{} { return s.started }
+func (s *Source) Started() <-chan struct{} { return s.started }
 
 // Done is closed when the checkpoint is committed or has failed.
-func (s *TCPSource) Done() <-chan struct{} { return s.done }
+func (s *Source) Done() <-chan struct{} { return s.done }
 
 // WaitCommitted waits until the sender committed; any error means nothing
 // may be restored.
-func (s *TCPSource) WaitCommitted(ctx context.Context) (CommitInfo, error) {
+func (s *Source) WaitCommitted(ctx context.Context) (CommitInfo, error) {
 	select {
 	case <-s.done:
 	case <-ctx.Done():
@@ -532,7 +532,7 @@ func (s *TCPSource) WaitCommitted(ctx context.Context) (CommitInfo, error) {
 }
 
 // Counters are the stream's live totals (nil until a session started).
-func (s *TCPSource) Counters() *streamer.Counters {
+func (s *Source) Counters() *streamer.Counters {
 	select {
 	case <-s.started:
 		return &s.stream.Counters
@@ -542,7 +542,7 @@ func (s *TCPSource) Counters() *streamer.Counters {
 }
 
 // Stat implements streamer.Source; it waits for the commit.
-func (s *TCPSource) Stat(ctx context.Context, name string) (manifest.File, error) {
+func (s *Source) Stat(ctx context.Context, name string) (manifest.File, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return manifest.File{}, err
 	}
@@ -550,7 +550,7 @@ func (s *TCPSource) Stat(ctx context.Context, name string) (manifest.File, error
 }
 
 // Copy implements streamer.Source.
-func (s *TCPSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+func (s *Source) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return 0, err
 	}
@@ -558,7 +558,7 @@ func (s *TCPSource) Copy(ctx context.Context, name string, w io.Writer) (int64, 
 }
 
 // Files implements streamer.Source.
-func (s *TCPSource) Files(ctx context.Context) ([]manifest.File, error) {
+func (s *Source) Files(ctx context.Context) ([]manifest.File, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return nil, err
 	}
@@ -566,7 +566,7 @@ func (s *TCPSource) Files(ctx context.Context) ([]manifest.File, error) {
 }
 
 // Report sends the receiver's report to the sender (after a commit).
-func (s *TCPSource) Report(r Report) error {
+func (s *Source) Report(r Report) error {
 	if s.Session() == nil {
 		return errors.New("no session")
 	}
@@ -574,7 +574,7 @@ func (s *TCPSource) Report(r Report) error {
 }
 
 // Close stops receiving and drops everything held.
-func (s *TCPSource) Close() error {
+func (s *Source) Close() error {
 	s.cancel()
 	s.l.Close()
 	<-s.done

@@ -1,4 +1,7 @@
-package sinks
+// Package tcp is the live-migration transport: its wire format,
+// authentication, the sender (an Output of the pipeline) and the receiver
+// (a Source). docs/MIGRATION.md describes the protocol.
+package tcp
 
 // The TCP transport carries one checkpoint stream from a sender (capture,
 // checkpoint, migrate) to a receiver (receive, serve/restore --from tcp://)
@@ -68,8 +71,8 @@ const (
 	maxRefusal    = 1024
 	exporterLabel = "EXPORTER-gpucr-stream-migrate"
 	alpnProto     = "gpucr-stream/1"
-	// MaxTCPStreams bounds --streams.
-	MaxTCPStreams = 64
+	// MaxStreams bounds --streams.
+	MaxStreams = 64
 
 	recHeaderSize    = 8
 	maxDataRecord    = 1 << 20
@@ -102,9 +105,9 @@ const (
 // other than this protocol.
 var ErrRefused = errors.New("refused")
 
-// TCPAuth is what a peer must prove: the shared token, certificates signed
+// Auth is what a peer must prove: the shared token, certificates signed
 // by a trusted CA, or both.
-type TCPAuth struct {
+type Auth struct {
 	// Token is the shared secret; nil means none.
 	Token []byte
 	// Cert is this side's certificate; CAs verifies the peer's.
@@ -113,7 +116,7 @@ type TCPAuth struct {
 }
 
 // Check refuses an auth that proves nothing: the TCP path is never open.
-func (a TCPAuth) Check() error {
+func (a Auth) Check() error {
 	if len(a.Token) == 0 && (a.Cert == nil || a.CAs == nil) {
 		return errors.New("tcp:// needs a shared secret (--token-file, made with `gpucr-stream token > FILE`) or certificates (--tls-cert, --tls-key and --tls-ca)")
 	}
@@ -143,10 +146,10 @@ func ReadTokenFile(path string) ([]byte, error) {
 	return tok, nil
 }
 
-// LoadTCPAuth reads the token file and certificates; empty names are
+// LoadAuth reads the token file and certificates; empty names are
 // skipped, but certificate flags come as a set.
-func LoadTCPAuth(tokenFile, certFile, keyFile, caFile string) (TCPAuth, error) {
-	var a TCPAuth
+func LoadAuth(tokenFile, certFile, keyFile, caFile string) (Auth, error) {
+	var a Auth
 	if tokenFile != "" {
 		tok, err := ReadTokenFile(tokenFile)
 		if err != nil {
@@ -210,7 +213,7 @@ func ephemeralCert() (tls.Certificate, error) {
 	return ephemeral.cert, ephemeral.err
 }
 
-func (a TCPAuth) serverConfig() (*tls.Config, error) {
+func (a Auth) serverConfig() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{alpnProto}}
 	if a.Cert != nil {
 		cfg.Certificates = []tls.Certificate{*a.Cert}
@@ -226,7 +229,7 @@ func (a TCPAuth) serverConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-func (a TCPAuth) clientConfig(serverName string) (*tls.Config, error) {
+func (a Auth) clientConfig(serverName string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{alpnProto}, ServerName: serverName}
 	if a.Cert != nil {
 		cfg.Certificates = []tls.Certificate{*a.Cert}
@@ -301,8 +304,8 @@ func parseHello(b []byte) (hello, error) {
 	h.Count = binary.LittleEndian.Uint16(b[14:])
 	copy(h.Session[:], b[16:32])
 	copy(h.Proof[:], b[32:64])
-	if h.Count == 0 || h.Count > MaxTCPStreams || h.Shard >= h.Count {
-		return h, fmt.Errorf("hello names stream %d of %d (want 1..%d streams)", h.Shard, h.Count, MaxTCPStreams)
+	if h.Count == 0 || h.Count > MaxStreams || h.Shard >= h.Count {
+		return h, fmt.Errorf("hello names stream %d of %d (want 1..%d streams)", h.Shard, h.Count, MaxStreams)
 	}
 	if h.Session == ([16]byte{}) {
 		return h, errors.New("hello with an empty session id")

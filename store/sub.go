@@ -1,17 +1,15 @@
-package sinks
+package store
 
 import (
 	"context"
 	"io"
 	"strings"
-
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // Sub is the part of a store under prefix, as a store of its own: object
 // "a" of the result is object prefix+"/a" of s. ls, rm and gc use it to
 // read one checkpoint of a location that holds many.
-func Sub(s streamer.Store, prefix string) streamer.Store {
+func Sub(s Store, prefix string) Store {
 	p := strings.Trim(prefix, "/")
 	if p == "" {
 		return s
@@ -20,7 +18,7 @@ func Sub(s streamer.Store, prefix string) streamer.Store {
 }
 
 type subStore struct {
-	s streamer.Store
+	s Store
 	p string
 }
 
@@ -28,7 +26,7 @@ func (u *subStore) String() string {
 	return strings.TrimSuffix(u.s.String(), "/") + "/" + strings.TrimSuffix(u.p, "/")
 }
 
-func (u *subStore) Create(ctx context.Context, name string) (streamer.ObjectWriter, error) {
+func (u *subStore) Create(ctx context.Context, name string) (ObjectWriter, error) {
 	return u.s.Create(ctx, u.p+name)
 }
 
@@ -36,13 +34,13 @@ func (u *subStore) Open(ctx context.Context, name string, off, length int64) (io
 	return u.s.Open(ctx, u.p+name, off, length)
 }
 
-func (u *subStore) Stat(ctx context.Context, name string) (streamer.ObjectInfo, error) {
+func (u *subStore) Stat(ctx context.Context, name string) (ObjectInfo, error) {
 	info, err := u.s.Stat(ctx, u.p+name)
 	info.Name = strings.TrimPrefix(info.Name, u.p)
 	return info, err
 }
 
-func (u *subStore) List(ctx context.Context, prefix string) ([]streamer.ObjectInfo, error) {
+func (u *subStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 	objs, err := u.s.List(ctx, u.p+prefix)
 	for i := range objs {
 		objs[i].Name = strings.TrimPrefix(objs[i].Name, u.p)

@@ -1,4 +1,4 @@
-package sinks
+package s3
 
 import (
 	"bytes"
@@ -20,9 +20,9 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
-	"github.com/gpucr/gpucr-stream/sinks/miniotest"
-	"github.com/gpucr/gpucr-stream/sinks/storetest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/miniotest"
+	"github.com/gpucr/gpucr-stream/store/storetest"
 )
 
 // clearAWSEnv keeps the developer's own AWS settings out of a test.
@@ -38,8 +38,8 @@ func clearAWSEnv(t *testing.T) {
 	t.Setenv("HOME", dir)
 }
 
-func testConfig(srv *miniotest.Server, bucket, prefix string) S3Config {
-	return S3Config{
+func testConfig(srv *miniotest.Server, bucket, prefix string) Config {
+	return Config{
 		Endpoint:   srv.Endpoint(),
 		Bucket:     bucket,
 		Prefix:     prefix,
@@ -51,13 +51,13 @@ func testConfig(srv *miniotest.Server, bucket, prefix string) S3Config {
 	}
 }
 
-func newTestS3(t *testing.T, cfg S3Config) *S3Store {
+func newTestS3(t *testing.T, cfg Config) *Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := NewS3(ctx, cfg)
+	s, err := New(ctx, cfg)
 	if err != nil {
-		t.Fatalf("NewS3: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -67,7 +67,7 @@ func TestS3Conformance(t *testing.T) {
 	srv := miniotest.Start(t)
 	srv.MakeBucket(t, "suite")
 	var n atomic.Int64
-	storetest.Run(t, func(t *testing.T) streamer.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		// A fresh prefix per subtest: that the store stays inside its
 		// prefix is part of what is tested.
 		return newTestS3(t, testConfig(srv, "suite", fmt.Sprintf("run/%d/", n.Add(1))))
@@ -83,10 +83,10 @@ func TestS3NoPrefix(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey())
 	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey())
 	var n atomic.Int64
-	storetest.Run(t, func(t *testing.T) streamer.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		bucket := fmt.Sprintf("root-%d", n.Add(1))
 		srv.MakeBucket(t, bucket)
-		return newTestS3(t, S3Config{Bucket: bucket, PartSize: minS3PartSize, PathStyle: PathStyleOn})
+		return newTestS3(t, Config{Bucket: bucket, PartSize: minS3PartSize, PathStyle: PathStyleOn})
 	})
 }
 
@@ -102,19 +102,19 @@ func TestS3CredentialsFile(t *testing.T) {
 	}
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", file)
 	t.Setenv("AWS_PROFILE", "ckpt")
-	s := newTestS3(t, S3Config{Endpoint: srv.Endpoint(), Bucket: "bkt", Prefix: "p"})
+	s := newTestS3(t, Config{Endpoint: srv.Endpoint(), Bucket: "bkt", Prefix: "p"})
 	if got := s.String(); got != "s3://bkt/p" {
 		t.Errorf("String() = %q", got)
 	}
 	// The default profile holds wrong keys: a clear refusal naming them.
 	t.Setenv("AWS_PROFILE", "")
-	_, err := NewS3(context.Background(), S3Config{Endpoint: srv.Endpoint(), Bucket: "bkt", MaxRetries: -1})
+	_, err := New(context.Background(), Config{Endpoint: srv.Endpoint(), Bucket: "bkt", MaxRetries: -1})
 	if !errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "wrong") {
 		t.Errorf("default profile with wrong keys: %v", err)
 	}
 	// A profile that is not there.
 	t.Setenv("AWS_PROFILE", "absent")
-	_, err = NewS3(context.Background(), S3Config{Endpoint: srv.Endpoint(), Bucket: "bkt"})
+	_, err = New(context.Background(), Config{Endpoint: srv.Endpoint(), Bucket: "bkt"})
 	if !errors.Is(err, ErrNoCredentials) || !strings.Contains(err.Error(), `"absent"`) {
 		t.Errorf("missing profile: %v", err)
 	}
@@ -123,9 +123,9 @@ func TestS3CredentialsFile(t *testing.T) {
 func TestS3NoCredentials(t *testing.T) {
 	clearAWSEnv(t)
 	// No server is needed: the error comes before any request.
-	_, err := NewS3(context.Background(), S3Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt"})
+	_, err := New(context.Background(), Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt"})
 	if !errors.Is(err, ErrNoCredentials) {
-		t.Fatalf("NewS3 without credentials = %v; want ErrNoCredentials", err)
+		t.Fatalf("New without credentials = %v; want ErrNoCredentials", err)
 	}
 	for _, want := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "anonymous"} {
 		if !strings.Contains(err.Error(), want) {
@@ -133,7 +133,7 @@ func TestS3NoCredentials(t *testing.T) {
 		}
 	}
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIAHALF")
-	_, err = NewS3(context.Background(), S3Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt"})
+	_, err = New(context.Background(), Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt"})
 	if !errors.Is(err, ErrNoCredentials) || !strings.Contains(err.Error(), "AWS_SECRET_ACCESS_KEY") {
 		t.Errorf("half the credentials: %v", err)
 	}
@@ -150,10 +150,10 @@ func TestS3WrongCredentials(t *testing.T) {
 		{"wrong secret", srv.AccessKey(), "not-the-secret-5678"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := S3Config{Endpoint: srv.Endpoint(), Bucket: "bkt", AccessKey: c.key, SecretKey: c.secret}
-			_, err := NewS3(context.Background(), cfg)
+			cfg := Config{Endpoint: srv.Endpoint(), Bucket: "bkt", AccessKey: c.key, SecretKey: c.secret}
+			_, err := New(context.Background(), cfg)
 			if !errors.Is(err, ErrBadCredentials) {
-				t.Fatalf("NewS3 = %v; want ErrBadCredentials", err)
+				t.Fatalf("New = %v; want ErrBadCredentials", err)
 			}
 			if !strings.Contains(err.Error(), c.key) {
 				t.Errorf("error %q does not name the access key id", err)
@@ -168,9 +168,9 @@ func TestS3WrongCredentials(t *testing.T) {
 
 func TestS3MissingBucket(t *testing.T) {
 	srv := miniotest.Start(t)
-	_, err := NewS3(context.Background(), testConfig(srv, "no-such-bucket", "x"))
+	_, err := New(context.Background(), testConfig(srv, "no-such-bucket", "x"))
 	if !errors.Is(err, ErrNoSuchBucket) {
-		t.Fatalf("NewS3 = %v; want ErrNoSuchBucket", err)
+		t.Fatalf("New = %v; want ErrNoSuchBucket", err)
 	}
 	want := "bucket no-such-bucket does not exist at " + srv.Endpoint()
 	if !strings.Contains(err.Error(), want) {
@@ -179,10 +179,10 @@ func TestS3MissingBucket(t *testing.T) {
 }
 
 func TestS3Unreachable(t *testing.T) {
-	cfg := S3Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt", AccessKey: "k", SecretKey: "s3cr3t-value", MaxRetries: 1}
-	_, err := NewS3(context.Background(), cfg)
+	cfg := Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt", AccessKey: "k", SecretKey: "s3cr3t-value", MaxRetries: 1}
+	_, err := New(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
-		t.Fatalf("NewS3 of an unreachable endpoint = %v", err)
+		t.Fatalf("New of an unreachable endpoint = %v", err)
 	}
 	t.Log(err)
 	if strings.Contains(err.Error(), "s3cr3t-value") {
@@ -233,20 +233,20 @@ func TestParsePathStyle(t *testing.T) {
 func TestS3Endpoint(t *testing.T) {
 	clearAWSEnv(t)
 	for _, c := range []struct {
-		cfg     S3Config
+		cfg     Config
 		env     string
 		host    string
 		secure  bool
 		wantErr bool
 	}{
-		{cfg: S3Config{Endpoint: "http://127.0.0.1:9000"}, host: "127.0.0.1:9000"},
-		{cfg: S3Config{Endpoint: "https://s3.example.test"}, host: "s3.example.test", secure: true},
-		{cfg: S3Config{Endpoint: "minio.local:9000"}, host: "minio.local:9000", secure: true},
-		{cfg: S3Config{Endpoint: "minio.local:9000", Insecure: true}, host: "minio.local:9000"},
+		{cfg: Config{Endpoint: "http://127.0.0.1:9000"}, host: "127.0.0.1:9000"},
+		{cfg: Config{Endpoint: "https://s3.example.test"}, host: "s3.example.test", secure: true},
+		{cfg: Config{Endpoint: "minio.local:9000"}, host: "minio.local:9000", secure: true},
+		{cfg: Config{Endpoint: "minio.local:9000", Insecure: true}, host: "minio.local:9000"},
 		{env: "http://10.0.0.1:9000", host: "10.0.0.1:9000"},
-		{cfg: S3Config{Endpoint: "ftp://x"}, wantErr: true},
-		{cfg: S3Config{Endpoint: "http://user:pw@x"}, wantErr: true},
-		{cfg: S3Config{Endpoint: "http://x/path"}, wantErr: true},
+		{cfg: Config{Endpoint: "ftp://x"}, wantErr: true},
+		{cfg: Config{Endpoint: "http://user:pw@x"}, wantErr: true},
+		{cfg: Config{Endpoint: "http://x/path"}, wantErr: true},
 	} {
 		t.Setenv("AWS_ENDPOINT_URL", c.env)
 		host, secure, _, err := s3Endpoint(c.cfg)
@@ -504,7 +504,7 @@ func TestS3Retry(t *testing.T) {
 		{"access denied", minio.ErrorResponse{Code: "AccessDenied", StatusCode: 403}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &S3Store{maxRetries: 3}
+			s := &Store{maxRetries: 3}
 			calls := 0
 			err := s.retry(context.Background(), func(context.Context) error { calls++; return tc.err })
 			if err == nil || calls != tc.calls {

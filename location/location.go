@@ -1,10 +1,12 @@
-package sinks
+package location
 
 import (
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/gpucr/gpucr-stream/redact"
 )
 
 // Kind says what shape a location has.
@@ -31,20 +33,20 @@ type Location struct {
 	Raw  string
 }
 
-// ParseLocation understands "-", a path, file:///path, s3://bucket/prefix
+// Parse understands "-", a path, file:///path, s3://bucket/prefix
 // and tcp://host:port. A path naming an existing regular file is a stream
 // file; anything else local is an archive directory.
-func ParseLocation(s string) (Location, error) {
+func Parse(s string) (Location, error) {
 	switch {
 	case s == "" || s == "-":
 		return Location{Kind: Stdio, Raw: "-"}, nil
 	case strings.HasPrefix(s, "s3://"), strings.HasPrefix(s, "tcp://"):
 		u, err := url.Parse(s)
 		if err != nil {
-			return Location{}, fmt.Errorf("location %s: %w", Redact(s), err)
+			return Location{}, fmt.Errorf("location %s: %w", redact.URL(s), err)
 		}
 		if u.Host == "" {
-			return Location{}, fmt.Errorf("location %s: missing host or bucket", Redact(s))
+			return Location{}, fmt.Errorf("location %s: missing host or bucket", redact.URL(s))
 		}
 		if u.Scheme == "s3" {
 			return Location{Kind: S3, Path: u.Host + u.Path, Raw: s}, nil
@@ -53,11 +55,11 @@ func ParseLocation(s string) (Location, error) {
 	case strings.HasPrefix(s, "file://"):
 		u, err := url.Parse(s)
 		if err != nil || u.Path == "" {
-			return Location{}, fmt.Errorf("location %s: want file:///absolute/path", Redact(s))
+			return Location{}, fmt.Errorf("location %s: want file:///absolute/path", redact.URL(s))
 		}
 		return local(u.Path, s), nil
 	case strings.Contains(s, "://"):
-		return Location{}, fmt.Errorf("location %s: unknown scheme (want -, a path, file://, s3:// or tcp://)", Redact(s))
+		return Location{}, fmt.Errorf("location %s: unknown scheme (want -, a path, file://, s3:// or tcp://)", redact.URL(s))
 	}
 	return local(s, s), nil
 }
@@ -69,24 +71,4 @@ func local(p, raw string) Location {
 	return Location{Kind: Archive, Path: p, Raw: raw}
 }
 
-func (l Location) String() string { return Redact(l.Raw) }
-
-// Redact removes credentials from a URL before it is printed.
-func Redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme == "" {
-		return s
-	}
-	if u.User != nil {
-		u.User = url.User("REDACTED")
-	}
-	q := u.Query()
-	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "signature") || strings.Contains(lk, "credential") || strings.Contains(lk, "key") {
-			q.Set(k, "REDACTED")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+func (l Location) String() string { return redact.URL(l.Raw) }

@@ -1,4 +1,4 @@
-// Package storetest is the conformance suite every streamer.Store passes:
+// Package storetest is the conformance suite every store.Store passes:
 // local directories, S3, and whatever comes next. A store's test calls Run
 // with a function that returns a fresh, empty store.
 //
@@ -40,7 +40,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // Option relaxes one check for a store with a known, documented gap.
@@ -59,14 +59,14 @@ func LaxContext(reason string) Option {
 
 // Run runs the suite. newStore returns a fresh, empty store for each
 // subtest; it should register its own cleanup with t.
-func Run(t *testing.T, newStore func(t *testing.T) streamer.Store, opts ...Option) {
+func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) {
 	var cfg config
 	for _, o := range opts {
 		o(&cfg)
 	}
 	tests := []struct {
 		name string
-		fn   func(t *testing.T, s streamer.Store)
+		fn   func(t *testing.T, s store.Store)
 	}{
 		{"RoundTrip", testRoundTrip},
 		{"Ranges", testRanges},
@@ -82,8 +82,8 @@ func Run(t *testing.T, newStore func(t *testing.T) streamer.Store, opts ...Optio
 		{"InvalidNames", testInvalidNames},
 		{"EarlyClose", testEarlyClose},
 		{"CanceledCommit", testCanceledCommit},
-		{"CanceledCreate", func(t *testing.T, s streamer.Store) { testCanceledCreate(t, s, cfg) }},
-		{"CanceledOpen", func(t *testing.T, s streamer.Store) { testCanceledOpen(t, s, cfg) }},
+		{"CanceledCreate", func(t *testing.T, s store.Store) { testCanceledCreate(t, s, cfg) }},
+		{"CanceledOpen", func(t *testing.T, s store.Store) { testCanceledOpen(t, s, cfg) }},
 		{"Large", testLarge},
 		{"Concurrent", testConcurrent},
 	}
@@ -110,7 +110,7 @@ func randomBytes(seed uint64, n int) []byte {
 }
 
 // put writes data in uneven pieces and commits.
-func put(t *testing.T, s streamer.Store, name string, data []byte) {
+func put(t *testing.T, s store.Store, name string, data []byte) {
 	t.Helper()
 	ctx := ctxT(t)
 	w, err := s.Create(ctx, name)
@@ -131,7 +131,7 @@ func put(t *testing.T, s streamer.Store, name string, data []byte) {
 	}
 }
 
-func read(t *testing.T, s streamer.Store, name string, off, length int64) []byte {
+func read(t *testing.T, s store.Store, name string, off, length int64) []byte {
 	t.Helper()
 	r, err := s.Open(ctxT(t), name, off, length)
 	if err != nil {
@@ -145,7 +145,7 @@ func read(t *testing.T, s streamer.Store, name string, off, length int64) []byte
 	return b
 }
 
-func mustNotExist(t *testing.T, s streamer.Store, name, when string) {
+func mustNotExist(t *testing.T, s store.Store, name, when string) {
 	t.Helper()
 	ctx := ctxT(t)
 	if info, err := s.Stat(ctx, name); !errors.Is(err, errdefs.ErrNotFound) {
@@ -162,7 +162,7 @@ func mustNotExist(t *testing.T, s streamer.Store, name, when string) {
 	}
 }
 
-func mustHold(t *testing.T, s streamer.Store, name string, data []byte) {
+func mustHold(t *testing.T, s store.Store, name string, data []byte) {
 	t.Helper()
 	info, err := s.Stat(ctxT(t), name)
 	if err != nil {
@@ -179,7 +179,7 @@ func mustHold(t *testing.T, s streamer.Store, name string, data []byte) {
 	}
 }
 
-func testRoundTrip(t *testing.T, s streamer.Store) {
+func testRoundTrip(t *testing.T, s store.Store) {
 	data := randomBytes(1, 1<<20+123)
 	put(t, s, "seg/00000.seg", data)
 	mustHold(t, s, "seg/00000.seg", data)
@@ -188,7 +188,7 @@ func testRoundTrip(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testRanges(t *testing.T, s streamer.Store) {
+func testRanges(t *testing.T, s store.Store) {
 	data := randomBytes(2, 200_000)
 	size := int64(len(data))
 	put(t, s, "obj", data)
@@ -231,7 +231,7 @@ func testRanges(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testEmpty(t *testing.T, s streamer.Store) {
+func testEmpty(t *testing.T, s store.Store) {
 	put(t, s, "empty", nil)
 	mustHold(t, s, "empty", nil)
 	if got := read(t, s, "empty", 0, 10); len(got) != 0 {
@@ -239,7 +239,7 @@ func testEmpty(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testMissing(t *testing.T, s streamer.Store) {
+func testMissing(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	if _, err := s.Stat(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Stat(missing) = %v; want errdefs.ErrNotFound", err)
@@ -257,7 +257,7 @@ func testMissing(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testInvisibleUntilCommit(t *testing.T, s streamer.Store) {
+func testInvisibleUntilCommit(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	data := randomBytes(3, 12<<20) // several parts where parts are 5 MiB
 	w, err := s.Create(ctx, "manifest.json")
@@ -275,7 +275,7 @@ func testInvisibleUntilCommit(t *testing.T, s streamer.Store) {
 	mustHold(t, s, "manifest.json", data)
 }
 
-func testAbort(t *testing.T, s streamer.Store) {
+func testAbort(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	for _, size := range []int{0, 1000, 12 << 20} {
 		name := fmt.Sprintf("aborted-%d", size)
@@ -315,7 +315,7 @@ func (r *failingReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func testFailedCopy(t *testing.T, s streamer.Store) {
+func testFailedCopy(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	boom := errors.New("producer died")
 	for _, size := range []int{1000, 11 << 20} {
@@ -335,7 +335,7 @@ func testFailedCopy(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testFinishedWriter(t *testing.T, s streamer.Store) {
+func testFinishedWriter(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	w, err := s.Create(ctx, "once")
 	if err != nil {
@@ -356,7 +356,7 @@ func testFinishedWriter(t *testing.T, s streamer.Store) {
 	mustHold(t, s, "once", []byte("hello"))
 }
 
-func testList(t *testing.T, s streamer.Store) {
+func testList(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	names := []string{"b/1", "a/2", "a/10", "ab", "a/1", "a/sub/x", "c"}
 	for i, n := range names {
@@ -391,7 +391,7 @@ func testList(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testDelete(t *testing.T, s streamer.Store) {
+func testDelete(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	put(t, s, "x/doomed", []byte("bye"))
 	put(t, s, "x/kept", []byte("hi"))
@@ -411,7 +411,7 @@ func testDelete(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testOverwrite(t *testing.T, s streamer.Store) {
+func testOverwrite(t *testing.T, s store.Store) {
 	long, short := randomBytes(6, 7<<20), []byte("short")
 	put(t, s, "obj", long)
 	put(t, s, "obj", short)
@@ -420,7 +420,7 @@ func testOverwrite(t *testing.T, s streamer.Store) {
 	mustHold(t, s, "obj", long)
 }
 
-func testInvalidNames(t *testing.T, s streamer.Store) {
+func testInvalidNames(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	for _, name := range []string{"", "../escape", "/absolute", "a/../../b"} {
 		if w, err := s.Create(ctx, name); err == nil {
@@ -430,7 +430,7 @@ func testInvalidNames(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testEarlyClose(t *testing.T, s streamer.Store) {
+func testEarlyClose(t *testing.T, s store.Store) {
 	data := randomBytes(7, 4<<20)
 	put(t, s, "big", data)
 	ctx := ctxT(t)
@@ -480,7 +480,7 @@ func canceled() context.Context {
 	return ctx
 }
 
-func testCanceledCommit(t *testing.T, s streamer.Store) {
+func testCanceledCommit(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	for _, size := range []int{100, 12 << 20} {
 		name := fmt.Sprintf("canceled-%d", size)
@@ -516,7 +516,7 @@ func testCanceledCommit(t *testing.T, s streamer.Store) {
 	mustNotExist(t, s, "create-ctx", "after canceling Create's context")
 }
 
-func testCanceledCreate(t *testing.T, s streamer.Store, cfg config) {
+func testCanceledCreate(t *testing.T, s store.Store, cfg config) {
 	ctx := ctxT(t)
 	w, err := s.Create(canceled(), "never")
 	if err == nil {
@@ -534,7 +534,7 @@ func testCanceledCreate(t *testing.T, s streamer.Store, cfg config) {
 	mustNotExist(t, s, "never", "after Create with a canceled context")
 }
 
-func testCanceledOpen(t *testing.T, s streamer.Store, cfg config) {
+func testCanceledOpen(t *testing.T, s store.Store, cfg config) {
 	put(t, s, "obj", randomBytes(10, 1<<20))
 	r, err := s.Open(canceled(), "obj", 0, -1)
 	if err != nil {
@@ -551,7 +551,7 @@ func testCanceledOpen(t *testing.T, s streamer.Store, cfg config) {
 	}
 }
 
-func testLarge(t *testing.T, s streamer.Store) {
+func testLarge(t *testing.T, s store.Store) {
 	if testing.Short() {
 		t.Skip("short mode")
 	}
@@ -568,7 +568,7 @@ func testLarge(t *testing.T, s streamer.Store) {
 	}
 }
 
-func testConcurrent(t *testing.T, s streamer.Store) {
+func testConcurrent(t *testing.T, s store.Store) {
 	const n = 6
 	ctx := ctxT(t)
 	var wg sync.WaitGroup

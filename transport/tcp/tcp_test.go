@@ -1,4 +1,4 @@
-package sinks
+package tcp
 
 import (
 	"bufio"
@@ -58,7 +58,7 @@ func (l *logBuf) waitLog(t *testing.T, want string) {
 	t.Fatalf("no log line with %q in:\n%s", want, l.String())
 }
 
-func tokenAuth(s string) TCPAuth { return TCPAuth{Token: []byte(s)} }
+func tokenAuth(s string) Auth { return Auth{Token: []byte(s)} }
 
 const (
 	goodToken  = "0123456789abcdef0123456789abcdef"
@@ -72,19 +72,19 @@ func testCtx(t *testing.T) context.Context {
 }
 
 type receiver struct {
-	l   *TCPListener
-	src *TCPSource
+	l   *Listener
+	src *Source
 	log *logBuf
 }
 
-func startReceiver(t *testing.T, auth TCPAuth) *receiver {
+func startReceiver(t *testing.T, auth Auth) *receiver {
 	t.Helper()
 	lb := &logBuf{}
-	l, err := ListenTCP(testCtx(t), "127.0.0.1:0", TCPListenOptions{Auth: auth, Timeout: 3 * time.Second, Reports: true, Restores: true, Log: lb.log})
+	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: auth, Timeout: 3 * time.Second, Reports: true, Restores: true, Log: lb.log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewTCPSource(testCtx(t), l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 	t.Cleanup(func() { src.Close() })
 	return &receiver{l: l, src: src, log: lb}
 }
@@ -139,7 +139,7 @@ func TestTCPMigrationRoundTrip(t *testing.T) {
 	for _, streams := range []int{1, 3} {
 		t.Run(fmt.Sprint(streams), func(t *testing.T) {
 			r := startReceiver(t, tokenAuth(goodToken))
-			out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: streams, Timeout: 3 * time.Second})
+			out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, Timeout: 3 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestTCPMigrationRoundTrip(t *testing.T) {
 
 func TestTCPAutoCommit(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,13 +201,13 @@ func TestTCPAutoCommit(t *testing.T) {
 
 func TestTCPWrongToken(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	_, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(otherToken), Streams: 2})
+	_, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(otherToken), Streams: 2})
 	if err == nil || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "token does not match") {
 		t.Fatalf("sender with the wrong token: %v", err)
 	}
 	r.log.waitLog(t, "authentication failed")
 	// The receiver goes on and takes the real sender.
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,10 +220,10 @@ func TestTCPWrongToken(t *testing.T) {
 }
 
 func TestTCPNoSecretRefused(t *testing.T) {
-	if _, err := ListenTCP(testCtx(t), "127.0.0.1:0", TCPListenOptions{}); err == nil {
+	if _, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{}); err == nil {
 		t.Fatal("a receiver without token or certificates was allowed")
 	}
-	if _, err := DialTCP(testCtx(t), "127.0.0.1:1", TCPSendOptions{}); err == nil {
+	if _, err := Dial(testCtx(t), "127.0.0.1:1", SendOptions{}); err == nil {
 		t.Fatal("a sender without token or certificates was allowed")
 	}
 }
@@ -257,7 +257,7 @@ func TestTCPImpostorReceiver(t *testing.T) {
 		n, _ := io.Copy(io.Discard, c)
 		got <- int(n)
 	}()
-	_, err = DialTCP(testCtx(t), ln.Addr().String(), TCPSendOptions{Auth: tokenAuth(goodToken)})
+	_, err = Dial(testCtx(t), ln.Addr().String(), SendOptions{Auth: tokenAuth(goodToken)})
 	if err == nil || !strings.Contains(err.Error(), "did not prove") {
 		t.Fatalf("impostor receiver: %v", err)
 	}
@@ -363,7 +363,7 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 		t.Fatalf("garbage hello: %+v %v", rep, err)
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +381,7 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 // A transfer that breaks leaves nothing to serve, and the receiver says why.
 func TestTCPBrokenTransfer(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: 2})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func TestTCPBrokenTransfer(t *testing.T) {
 // late): nothing is restored.
 func TestTCPAbortAfterAck(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken)})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestTCPAbortAfterAck(t *testing.T) {
 // nothing is restored.
 func TestTCPNoCommit(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken)})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func TestTCPNoCommit(t *testing.T) {
 // CRIU would resume the process), promptly, through OnFailure.
 func TestTCPReceiverDies(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: tokenAuth(goodToken), Streams: 2})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,20 +535,20 @@ func makeCA(t *testing.T, name string) (*x509.CertPool, tls.Certificate) {
 func TestTCPCertificates(t *testing.T) {
 	pool, cert := makeCA(t, "site")
 	otherPool, otherCert := makeCA(t, "elsewhere")
-	auth := TCPAuth{Cert: &cert, CAs: pool}
+	auth := Auth{Cert: &cert, CAs: pool}
 	r := startReceiver(t, auth)
 	// A client whose certificate another CA signed is refused by TLS.
-	_, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: TCPAuth{Cert: &otherCert, CAs: pool}})
+	_, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: Auth{Cert: &otherCert, CAs: pool}})
 	if err == nil {
 		t.Fatal("certificate from a foreign CA accepted")
 	}
 	// A client that does not trust the receiver's CA refuses it.
-	_, err = DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: TCPAuth{Cert: &cert, CAs: otherPool}})
+	_, err = Dial(testCtx(t), r.addr(), SendOptions{Auth: Auth{Cert: &cert, CAs: otherPool}})
 	if err == nil {
 		t.Fatal("receiver with an untrusted certificate accepted")
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := DialTCP(testCtx(t), r.addr(), TCPSendOptions{Auth: auth, Streams: 2, AutoCommit: true})
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: auth, Streams: 2, AutoCommit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,7 +576,7 @@ func TestTokenFile(t *testing.T) {
 	if _, err := ReadTokenFile(p); err == nil {
 		t.Fatal("short token accepted")
 	}
-	if _, err := LoadTCPAuth("", "cert.pem", "", ""); err == nil {
+	if _, err := LoadAuth("", "cert.pem", "", ""); err == nil {
 		t.Fatal("incomplete certificate flags accepted")
 	}
 }
