@@ -51,6 +51,20 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 		return nil, fmt.Errorf("%s at offset 0: %w", name, err)
 	}
 	rd.header, rd.pos = h, HeaderSize
+	if h.Version >= VersionEncrypted && h.Flags&HeaderFlagEncrypted != 0 {
+		fr, err := rd.next(nil)
+		if err != nil {
+			return nil, err
+		}
+		if fr.Type != FrameKey {
+			return nil, rd.Errorf(fr.Pos, NoFile, "encrypted stream: %s frame where the KEY frame must be", fr.Type)
+		}
+		e := encryptionFromFrame(fr)
+		if e.StreamID != h.StreamID {
+			return nil, rd.Errorf(fr.Pos, NoFile, "KEY frame names stream %016x, the header %016x", e.StreamID, h.StreamID)
+		}
+		rd.header.Encryption = e
+	}
 	return rd, nil
 }
 
@@ -84,6 +98,14 @@ func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error 
 // make). After the END frame and its tail it returns io.EOF; a stream that
 // stops anywhere else is an error naming the offset.
 func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
+	fr, err := r.next(alloc)
+	if err == nil && fr.Type == FrameKey {
+		return Frame{}, r.Errorf(fr.Pos, NoFile, "KEY frame anywhere but right after the stream header")
+	}
+	return fr, err
+}
+
+func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	if r.ended {
 		return Frame{}, io.EOF
 	}

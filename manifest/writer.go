@@ -16,7 +16,12 @@ type Writer struct {
 
 // NewWriter writes the stream header to w.
 func NewWriter(w io.Writer, h Header) (*Writer, error) {
-	h.Version = Version
+	h.Version = VersionPlain
+	if h.Encryption != nil {
+		h.Version = VersionEncrypted
+		h.Flags |= HeaderFlagEncrypted
+		h.StreamID = h.Encryption.StreamID
+	}
 	if h.ShardCount == 0 {
 		h.ShardCount = 1
 	}
@@ -25,7 +30,14 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if _, err := bw.Write(h.Marshal()); err != nil {
 		return nil, fmt.Errorf("write stream header: %w", err)
 	}
-	return &Writer{w: bw, pos: HeaderSize}, nil
+	wr := &Writer{w: bw, pos: HeaderSize}
+	if h.Encryption != nil {
+		fh, payload := h.Encryption.keyFrame()
+		if _, err := wr.WriteFrame(&fh, payload); err != nil {
+			return nil, err
+		}
+	}
+	return wr, nil
 }
 
 // Pos is the offset at which the next frame will start.

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -43,6 +44,11 @@ type StreamSource struct {
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
 	retired []*pageBuf
+
+	// seal opens the chunks of an encrypted stream; set (with sums) by the
+	// first shard's reader before any chunk is decoded.
+	seal *crypt.Session
+	sums digester
 
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -176,6 +182,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 	var readers sync.WaitGroup
 	var idMu sync.Mutex
 	var streamID uint64
+	var enc *manifest.Encryption
 	for i, r := range shards {
 		readers.Add(1)
 		go func() {
@@ -187,11 +194,18 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			}
 			h := rd.Header()
 			idMu.Lock()
-			if streamID == 0 {
-				streamID = h.StreamID
+			first := streamID == 0
+			if first {
+				streamID, enc = h.StreamID, h.Encryption
+				s.seal, err = openSession(s.opts.Key, enc)
+				s.sums = digester{s.seal}
 			}
-			same := streamID == h.StreamID
+			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption)
 			idMu.Unlock()
+			if first && err != nil {
+				cancel(fmt.Errorf("%s: %w", names[i], err))
+				return
+			}
 			if !same {
 				cancel(fmt.Errorf("%s: shard belongs to another stream", names[i]))
 				return
@@ -314,7 +328,7 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
 		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), f.name, next, len(f.chunks), f.size, f.expect)
 	}
-	if FileDigest(hashes, f.size) != f.digest {
+	if s.sums.digest(hashes, f.size) != f.digest {
 		return fmt.Errorf("%w: %s: file digest mismatch", where(), f.name)
 	}
 	delete(s.pending, f.id)
@@ -365,13 +379,20 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 // decode checks one DATA frame and stores its bytes.
 func (s *StreamSource) decode(j decodeJob) error {
 	fr := j.frame
+	if s.seal != nil {
+		ch := crypt.Chunk{FileID: fr.FileID, Name: j.rd.FileName(fr.FileID), Offset: fr.Offset, RawLen: fr.RawLen, Codec: fr.Codec}
+		var err error
+		if fr.Payload, fr.Checksum, err = openChunk(s.seal, fr.Payload, ch); err != nil {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+		}
+	}
 	raw := fr.Payload
 	zero := codec.ID(fr.Codec) == codec.Zero
 	if zero {
-		if fr.StoredLen != 0 {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
+		if len(fr.Payload) != 0 {
+			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", len(fr.Payload))
 		}
-		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
+		if crc, hash := s.sums.zero(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
 			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
 		raw = nil
@@ -390,7 +411,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 			raw = make([]byte, fr.RawLen)
 		}
 		err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-		if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+		if err == nil && s.opts.VerifyHashes && s.sums.content(raw) != fr.Hash {
 			err = errors.New("content hash mismatch")
 		}
 		if err != nil {
