@@ -66,7 +66,7 @@ func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutp
 }
 
 // Session is the session the stream is encrypted under, or nil.
-func (o *StreamOutput) Session() *crypt.Session { return o.seal }
+func (o *StreamOutput) Sealed() *crypt.Session { return o.seal }
 
 // WriteFrame implements Output.
 func (o *StreamOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
@@ -219,7 +219,7 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 }
 
 // Session is the session the archive is encrypted under, or nil.
-func (a *ArchiveOutput) Session() *crypt.Session { return a.seal }
+func (a *ArchiveOutput) Sealed() *crypt.Session { return a.seal }
 
 // SetCommitting sets how many segments may commit in the background at
 // once (before the first frame is written); 0 commits each segment before

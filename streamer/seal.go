@@ -17,20 +17,20 @@ import (
 
 // sealedOutput is an Output that writes an encrypted checkpoint.
 type sealedOutput interface {
-	Session() *crypt.Session
+	Sealed() *crypt.Session
 }
 
 // outputSession is the session an output writes under, or nil.
 func outputSession(out Output) *crypt.Session {
 	if s, ok := out.(sealedOutput); ok {
-		return s.Session()
+		return s.Sealed()
 	}
 	return nil
 }
 
 // Session implements sealedOutput: both outputs must write the same
 // sealed frames, so they must share one session (or both have none).
-func (t TeeOutput) Session() *crypt.Session {
+func (t TeeOutput) Sealed() *crypt.Session {
 	p, c := outputSession(t.Primary), outputSession(t.Copy)
 	if p != c {
 		return nil

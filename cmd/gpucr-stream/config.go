@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -33,6 +34,9 @@ type config struct {
 	segmentSize string
 	jsonOut     bool
 	noProgress  bool
+	keyFile     string
+	// seal encrypts what capture writes (a key from --key-file or GPUCR_KEY)
+	seal *crypt.Session
 
 	// checkpoint and restore
 	pid          int
@@ -133,6 +137,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
+	str(&c.keyFile, "key-file", "", "encryption key file (mode 0600; make one with: gpucr-stream keygen > FILE), else $GPUCR_KEY (64 hex digits or base64): capture encrypts with it, readers require it")
 	num(&c.pid, "pid", 0, "checkpoint: the process (tree root) to checkpoint")
 	str(&c.criu, "criu", "", "checkpoint/restore: the criu binary (default: criu on PATH, then /opt/gpucr-criu/bin/criu)")
 	boolean(&c.leaveRunning, "leave-running", "checkpoint: keep the process running afterwards")
@@ -186,7 +191,16 @@ func (c *config) finish() error {
 	if c.workers < 0 {
 		return usagef("--workers must not be negative")
 	}
-	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec}
+	key, err := crypt.LoadKey(c.keyFile)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if key != nil {
+		if c.seal, err = crypt.NewSession(key); err != nil {
+			return err
+		}
+	}
+	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, Key: key}
 	if c.shardFDs != "" {
 		for _, f := range strings.Split(c.shardFDs, ",") {
 			fd, err := strconv.Atoi(strings.TrimSpace(f))

@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"syscall"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -103,6 +104,10 @@ func commands() []command {
 		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", runMigrate},
 		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", runReceive},
 		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", runToken},
+		{"keygen", "print a new encryption key (gpucr-stream keygen > FILE; chmod 600 FILE; pass --key-file FILE)", func(ctx context.Context, cfg *config, args []string) error {
+			fmt.Fprintln(cfg.stdout, crypt.GenerateKey())
+			return nil
+		}},
 		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},
 		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", runVerify},
 		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", runLs},

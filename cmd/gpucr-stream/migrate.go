@@ -69,6 +69,7 @@ func (c *config) dialOptions(autoCommit bool) (tcp.SendOptions, error) {
 		return o, err
 	}
 	o.AutoCommit = autoCommit
+	o.Seal = c.seal
 	return o, nil
 }
 
@@ -360,7 +361,7 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 			return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", cfg.pid, err)
 		}
 		defer keep.Close()
-		keepOut, err := streamer.NewStreamOutput([]io.Writer{keep})
+		keepOut, err := streamer.NewSealedStreamOutput([]io.Writer{keep}, cfg.seal)
 		if err != nil {
 			os.Remove(keep.Name())
 			return err

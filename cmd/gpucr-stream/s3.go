@@ -75,7 +75,7 @@ func openS3Output(ctx context.Context, cfg *config, loc location.Location) (stre
 	if err != nil {
 		return nil, nil, err
 	}
-	out, err := streamer.NewArchiveOutput(ctx, store, cfg.segSize)
+	out, err := streamer.NewSealedArchiveOutput(ctx, store, cfg.segSize, cfg.seal)
 	if err != nil {
 		store.Close()
 		return nil, nil, err

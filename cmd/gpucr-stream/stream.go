@@ -72,14 +72,14 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 		if _, ok := cfg.stdout.(*os.File); !ok && len(cfg.shards) == 0 {
 			ws[0] = cfg.stdout // tests hand in writers
 		}
-		out, err := streamer.NewStreamOutput(ws)
+		out, err := streamer.NewSealedStreamOutput(ws, cfg.seal)
 		if err != nil {
 			return nil, nil, err
 		}
 		return out, out.Sizes, nil
 	case location.Archive:
 		store := dir.New(loc.Path)
-		out, err := streamer.NewArchiveOutput(ctx, store, cfg.segSize)
+		out, err := streamer.NewSealedArchiveOutput(ctx, store, cfg.segSize, cfg.seal)
 		if err != nil {
 			return nil, nil, err
 		}
