@@ -103,21 +103,39 @@ func (k *Key) ID() KeyID { return k.id }
 // ParseKey reads a key written as 64 hex digits or as standard base64 (with
 // or without padding); surrounding white space is ignored.
 func ParseKey(text string) (*Key, error) {
+	b, err := parseKeyBytes(text)
+	if err != nil {
+		return nil, err
+	}
+	return NewKey(b)
+}
+
+func parseKeyBytes(text string) ([]byte, error) {
 	s := strings.TrimSpace(text)
 	if b, err := hex.DecodeString(s); err == nil && len(b) == KeySize {
-		return NewKey(b)
+		return b, nil
 	}
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
 		if b, err := enc.DecodeString(s); err == nil && len(b) == KeySize {
-			return NewKey(b)
+			return b, nil
 		}
 	}
 	return nil, fmt.Errorf("%w: want %d bytes as 64 hex digits or base64", ErrKeyFile, KeySize)
 }
 
-// LoadKeyFile reads a key file, refusing one that group or others may read
-// or write: a key anyone else can read protects nothing.
+// LoadKeyFile reads a key file (ReadKeyFile) as a master key.
 func LoadKeyFile(path string) (*Key, error) {
+	b, err := ReadKeyFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return NewKey(b)
+}
+
+// ReadKeyFile reads 32 key bytes (hex or base64) from a file, refusing one
+// that group or others may read or write: a key anyone else can read
+// protects nothing. It also reads SSE-C keys for S3.
+func ReadKeyFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("key file: %w", err)
@@ -138,7 +156,7 @@ func LoadKeyFile(path string) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
-	k, err := ParseKey(string(b[:n]))
+	k, err := parseKeyBytes(string(b[:n]))
 	clear(b)
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", path, err)

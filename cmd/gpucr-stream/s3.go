@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -35,7 +36,20 @@ func s3Config(cfg *config, loc location.Location) (s3.Config, error) {
 	if cfg.s3Parallel < 1 || cfg.s3Parallel > 256 {
 		return s3.Config{}, usagef("--s3-parallel %d: want 1..256", cfg.s3Parallel)
 	}
+	sse, err := s3.ParseSSE(cfg.s3SSE)
+	if err != nil {
+		return s3.Config{}, usagef("--s3-sse: %v", err)
+	}
+	if (sse.Mode == s3.SSEC) != (cfg.s3SSEKey != "") {
+		return s3.Config{}, usagef("--s3-sse c and --s3-sse-key-file go together")
+	}
+	if sse.Mode == s3.SSEC {
+		if sse.CustomerKey, err = crypt.ReadKeyFile(cfg.s3SSEKey); err != nil {
+			return s3.Config{}, usagef("--s3-sse-key-file: %v", err)
+		}
+	}
 	return s3.Config{
+		SSE:       sse,
 		Endpoint:  cfg.s3Endpoint,
 		Bucket:    bucket,
 		Prefix:    strings.Trim(prefix, "/"),

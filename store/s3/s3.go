@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/encrypt"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
@@ -30,6 +31,7 @@ import (
 // Commit; readers issue ranged GETs and resume after connection failures.
 type Store struct {
 	core       *minio.Core
+	sse        encrypt.ServerSide // nil: none asked for
 	transport  *http.Transport
 	bucket     string
 	root       string // "" or "prefix/"
@@ -140,6 +142,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case PathStyleOff:
 		lookup = minio.BucketLookupDNS
 	}
+	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
+		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
+	}
 	s.core, err = minio.NewCore(host, &minio.Options{
 		Creds:        creds,
 		Secure:       secure,
@@ -247,7 +252,7 @@ func (s *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error)
 	var info minio.ObjectInfo
 	err = s.retry(ctx, func(ctx context.Context) error {
 		var err error
-		info, err = s.core.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
+		info, err = s.core.StatObject(ctx, s.bucket, key, statOptions(s.sse))
 		return err
 	})
 	if err != nil {
