@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -572,3 +573,37 @@ func TestSealedArchiveTamper(t *testing.T) {
 }
 
 func hexDecode(s string) ([]byte, error) { return hex.DecodeString(s) }
+
+// FuzzSealedStream feeds damaged encrypted streams to a reader with the
+// right key: it must never panic, and whatever it serves must be what was
+// captured.
+func FuzzSealedStream(f *testing.F) {
+	k := testKey(f, 3)
+	files := map[string][]byte{
+		"a.img": smallData(3000, 1),
+		"z.img": make([]byte, 9000),
+		"r.img": smallData(5000, 2),
+	}
+	var buf bytes.Buffer
+	out, err := NewSealedStreamOutput([]io.Writer{&buf}, testSession(f, k))
+	if err != nil {
+		f.Fatal(err)
+	}
+	captureFiles(f, context.Background(), out, Options{ChunkSize: 4096, Workers: 2, Codec: mustSpec(f, "auto")}, files)
+	f.Add(buf.Bytes())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		stop := time.AfterFunc(10*time.Second, func() { panic("hang\n" + goroutineDump()) })
+		defer stop.Stop()
+		ctx := context.Background()
+		src := readStream(ctx, [][]byte{b}, StreamOptions{Options: Options{Workers: 2, Key: k, MemoryLimit: 1 << 20}, ServeEarly: true})
+		defer src.Close()
+		for name, want := range files {
+			var got bytes.Buffer
+			if _, err := src.Copy(ctx, name, &got); err == nil && !bytes.Equal(got.Bytes(), want) {
+				t.Fatalf("%s served with wrong bytes", name)
+			}
+		}
+		_ = src.Wait(ctx)
+	})
+}
+
