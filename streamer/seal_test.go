@@ -606,4 +606,3 @@ func FuzzSealedStream(f *testing.F) {
 		_ = src.Wait(ctx)
 	})
 }
-
