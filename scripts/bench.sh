@@ -11,13 +11,15 @@ CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
 GCS=$PWD/${GCS:-bin/gpucr-stream}
 MB=${BENCH_MB:-1024}
 ROUNDS=${BENCH_ROUNDS:-3}
-VARIANTS=${BENCH_VARIANTS:-"plain plain+lz4 gcs-none gcs-lz4 gcs-zstd gcs-auto gcs-stdout|lz4"}
+VARIANTS=${BENCH_VARIANTS:-"plain plain+lz4 gcs-none gcs-lz4 gcs-lz4+key gcs-zstd gcs-auto gcs-stdout|lz4"}
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-XXXX")
 TARGET_BIN=$WORK/target
 go build -o "$TARGET_BIN" ./e2e/target
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 RESULTS=$WORK/results.tsv
+KEY=$WORK/key # gcs-CODEC+key variants encrypt with it (AES-256-GCM)
+(umask 077 && "$GCS" keygen >"$KEY")
 : >"$RESULTS"
 trap 'pkill -9 -f "$TARGET_BIN" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
@@ -98,7 +100,12 @@ run_variant() {
 		;;
 	gcs-*)
 		codec=${v#gcs-}
-		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$img" --progress-fd 3 capture --codec "$codec" --to "$d/archive" 3>"$d/cap.progress" &
+		local key=()
+		if [[ $codec == *+key ]]; then
+			codec=${codec%+key}
+			key=(--key-file "$KEY")
+		fi
+		/usr/bin/time -v -o "$d/cap.time" "$GCS" --images-dir "$img" --progress-fd 3 capture --codec "$codec" "${key[@]}" --to "$d/archive" 3>"$d/cap.progress" &
 		local cap=$!
 		wait_line "$d/cap.progress" socket-init
 		t0=$(now)
@@ -109,7 +116,7 @@ run_variant() {
 		record "$v" capture_rss_kb "$(peak_kb "$d/cap.time")"
 		wait_gone
 		t0=$(now)
-		/usr/bin/time -v -o "$d/srv.time" "$GCS" --images-dir "$d/rimg" --progress-fd 3 serve --from "$d/archive" 3>"$d/srv.progress" &
+		/usr/bin/time -v -o "$d/srv.time" "$GCS" --images-dir "$d/rimg" --progress-fd 3 serve "${key[@]}" --from "$d/archive" 3>"$d/srv.progress" &
 		local srv=$!
 		wait_line "$d/srv.progress" socket-init
 		"$CRIU" restore --stream -D "$d/rimg" --restore-detached -o restore.log
@@ -168,6 +175,12 @@ if [ "${BENCH_CODECS:-1}" = 1 ]; then
 		awk '/^BenchmarkImage/ {name=$1; sub(/^BenchmarkImage\//, "", name); sub(/-1$/, "", name); mbs=""; ratio="";
 			for (i=1;i<=NF;i++) { if ($i=="MB/s") mbs=$(i-1); if ($i=="ratio") ratio=$(i-1) }
 			printf "  %-16s %9s MB/s %s\n", name, mbs, (ratio=="" ? "" : "ratio " ratio) }'
+	# Encryption (gcs-*+key) adds a seal after encoding and an open before
+	# decoding, per 4 MiB chunk, whatever the content.
+	go test -run '^$' -bench '^Benchmark(Seal|Open)$' -benchtime 3s -cpu 1 ./crypt/ |
+		awk '/^Benchmark/ {name=$1; sub(/^Benchmark/, "", name); sub(/-1$/, "", name); mbs="";
+			for (i=1;i<=NF;i++) if ($i=="MB/s") mbs=$(i-1)
+			printf "  %-16s %9s MB/s\n", "aes-256-gcm/" tolower(name), mbs }'
 fi
 
 # S3: checkpoint into and restore from MinIO on loopback, against one plain
