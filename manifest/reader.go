@@ -1,7 +1,9 @@
 package manifest
 
 import (
+	"crypto/sha256"
 	"errors"
+	"hash"
 	"fmt"
 	"io"
 	"strings"
@@ -31,6 +33,9 @@ type Reader struct {
 	mu    sync.RWMutex
 	names map[uint32]string
 	hdr   [FrameSize]byte
+	// transcript and endCheck: see Writer.SetEndTag.
+	transcript hash.Hash
+	endCheck   func(input []byte, tag [32]byte) error
 }
 
 // NewReader reads and checks the stream header.
@@ -52,6 +57,8 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	}
 	rd.header, rd.pos = h, HeaderSize
 	if h.Version >= VersionEncrypted && h.Flags&HeaderFlagEncrypted != 0 {
+		rd.transcript = sha256.New()
+		rd.transcript.Write(b)
 		fr, err := rd.next(nil)
 		if err != nil {
 			return nil, err
@@ -67,6 +74,11 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	}
 	return rd, nil
 }
+
+// SetEndCheck makes the END frame of an encrypted stream fail unless
+// check(EndTagInput(...), its hash) passes (Writer.SetEndTag). Call it
+// before the first Next.
+func (r *Reader) SetEndCheck(check func(input []byte, tag [32]byte) error) { r.endCheck = check }
 
 // Header is the stream's header.
 func (r *Reader) Header() Header { return r.header }
@@ -143,6 +155,20 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	if fh.Type != FrameData {
 		if got := PayloadChecksum(payload); got != fh.Checksum {
 			return Frame{}, r.Errorf(pos, id, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
+		}
+	}
+	if r.transcript != nil {
+		if fh.Type == FrameEnd {
+			if r.endCheck != nil {
+				if err := r.endCheck(EndTagInput(r.transcript.Sum(nil), payload), fh.Hash); err != nil {
+					return Frame{}, r.Errorf(pos, NoFile, "END frame: %v", err)
+				}
+			}
+		} else {
+			r.transcript.Write(r.hdr[:])
+			if fh.Type != FrameData {
+				r.transcript.Write(payload)
+			}
 		}
 	}
 	r.pos += FrameSize + int64(fh.StoredLen)

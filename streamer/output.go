@@ -60,6 +60,7 @@ func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutp
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
+		sealEnd(mw, seal)
 		o.shards = append(o.shards, mw)
 	}
 	return o, nil
@@ -261,6 +262,7 @@ func (a *ArchiveOutput) openSegment(ctx context.Context) error {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("segment %s: %w", name, err)
 	}
+	sealEnd(mw, a.seal)
 	a.cur, a.curWriter, a.curCount = w, mw, cw
 	a.segments = append(a.segments, manifest.Segment{Name: name})
 	for _, f := range a.open {

@@ -172,3 +172,22 @@ func checkManifestMAC(doc []byte, seal *crypt.Session) error {
 	}
 	return nil
 }
+
+// sealEnd makes an encrypted stream's END frame authenticate all of it
+// (manifest.Writer.SetEndTag): no file can be dropped, added or put back in
+// an older version without the key.
+func sealEnd(w *manifest.Writer, seal *crypt.Session) {
+	if seal != nil {
+		w.SetEndTag(func(in []byte) [32]byte { return seal.MAC("end", in) })
+	}
+}
+
+// checkEnd is sealEnd's reader side.
+func checkEnd(r *manifest.Reader, seal *crypt.Session) {
+	r.SetEndCheck(func(in []byte, tag [32]byte) error {
+		if !seal.CheckMAC("end", in, tag[:]) {
+			return fmt.Errorf("the stream's frames were changed, dropped, added or reordered: %w", crypt.ErrAuth)
+		}
+		return nil
+	})
+}

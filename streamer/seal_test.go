@@ -252,9 +252,18 @@ func rewrite(t *testing.T, b []byte, edit func(i int, fr manifest.Frame) []manif
 		}
 		for _, f := range edit(i, fr) {
 			if f.Type == manifest.FrameEnd {
+				// The attacker copies the END tag it cannot make.
+				endPos := w.Pos()
 				if err := w.Finish(f.Payload); err != nil {
 					t.Fatal(err)
 				}
+				b := out.Bytes()[endPos:]
+				h, err := manifest.UnmarshalFrameHeader(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h.Hash = f.Hash
+				h.Marshal(b)
 				continue
 			}
 			if _, err := w.WriteFrame(&f.FrameHeader, f.Payload); err != nil {
@@ -431,6 +440,15 @@ func TestSealedStreamTamper(t *testing.T) {
 			}
 			return []manifest.Frame{fr}
 		}},
+		{"a file dropped", func(i int, fr manifest.Frame) []manifest.Frame {
+			if fr.Type != manifest.FrameEnd && fr.FileID == id["noise.img"] {
+				return nil
+			}
+			return []manifest.Frame{fr}
+		}},
+		{"two files' ends swapped in order", func(i int, fr manifest.Frame) []manifest.Frame {
+			return []manifest.Frame{fr} // replaced below
+		}},
 		{"salt changed", nil},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
@@ -446,8 +464,23 @@ func TestSealedStreamTamper(t *testing.T) {
 			} else {
 				bad = rewrite(t, b, tc.edit)
 			}
+			if tc.what == "two files' ends swapped in order" {
+				bad = swapFileEnds(t, b)
+			}
 			so := StreamOptions{Options: Options{Workers: 2, Key: k}, ServeEarly: true}
+			if strings.Contains(tc.what, "file") {
+				// Whole files are authenticated by the END frame: nothing
+				// may be served before it (the default).
+				so.ServeEarly = false
+			}
 			err, copies := serveDamaged(ctx, &streamCorpus{files: files}, bad, so)
+			if !so.ServeEarly {
+				for _, c := range copies {
+					if c.err == nil {
+						t.Fatalf("%s served from a stream whose END does not authenticate", c.name)
+					}
+				}
+			}
 			if err == nil {
 				t.Fatal("damaged stream accepted")
 			}
@@ -604,5 +637,31 @@ func FuzzSealedStream(f *testing.F) {
 			}
 		}
 		_ = src.Wait(ctx)
+	})
+}
+
+// swapFileEnds exchanges the first two FILE-END frames of a stream, the
+// order that decides which copy of a name written twice wins.
+func swapFileEnds(t *testing.T, b []byte) []byte {
+	var ends []int
+	var saved []manifest.Frame
+	_, frs := frames(t, b)
+	for i, f := range frs {
+		if f.Type == manifest.FrameFileEnd && len(ends) < 2 {
+			ends = append(ends, i)
+			saved = append(saved, f)
+		}
+	}
+	if len(ends) < 2 {
+		t.Fatal("fewer than two FILE-END frames")
+	}
+	return rewrite(t, b, func(i int, fr manifest.Frame) []manifest.Frame {
+		switch i {
+		case ends[0]:
+			return []manifest.Frame{saved[1]}
+		case ends[1]:
+			return []manifest.Frame{saved[0]}
+		}
+		return []manifest.Frame{fr}
 	})
 }

@@ -201,7 +201,11 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 				s.sums = digester{s.seal}
 			}
 			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption)
+			seal := s.seal
 			idMu.Unlock()
+			if seal != nil {
+				checkEnd(rd, seal)
+			}
 			if first && err != nil {
 				cancel(fmt.Errorf("%s: %w", names[i], err))
 				return
