@@ -3,8 +3,8 @@ package manifest
 import (
 	"crypto/sha256"
 	"errors"
-	"hash"
 	"fmt"
+	"hash"
 	"io"
 	"strings"
 	"sync"
