@@ -256,3 +256,34 @@ func FuzzOpenChunk(f *testing.F) {
 		}
 	})
 }
+
+// TestVector is docs/FORMAT.md section 15.2's test vector.
+func TestVector(t *testing.T) {
+	kb := make([]byte, KeySize)
+	for i := range kb {
+		kb[i] = byte(i)
+	}
+	k, _ := NewKey(kb)
+	p := Params{Cipher: CipherAES256GCM, KeyID: k.ID(), StreamID: 0x0102030405060708}
+	for i := range p.Salt {
+		p.Salt[i] = 0xaa
+	}
+	s, err := Open(k, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := []byte("hello, world")
+	crc := crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli))
+	sealed := s.Seal(nil, raw, crc, Chunk{Name: "a.img", RawLen: uint32(len(raw))})
+	h := s.Hash(raw)
+	for _, c := range []struct{ what, got, want string }{
+		{"key id", k.ID().String(), "83a457ffea7efbdc"},
+		{"crc", hex.EncodeToString([]byte{byte(crc >> 24), byte(crc >> 16), byte(crc >> 8), byte(crc)}), "6999a41f"},
+		{"payload", hex.EncodeToString(sealed), "d825df9b688ebda9de711d073ac12847a608197af216bb8c71a0eccab9016755"},
+		{"keyed hash", hex.EncodeToString(h[:]), "09add0e948c7493c64ff4b9055cad35af37fd6d9f938b2c25f6f701158e8e8f9"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %s, want %s", c.what, c.got, c.want)
+		}
+	}
+}
