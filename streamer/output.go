@@ -66,7 +66,7 @@ func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutp
 	return o, nil
 }
 
-// Session is the session the stream is encrypted under, or nil.
+// Sealed is the session the stream is encrypted under, or nil.
 func (o *StreamOutput) Sealed() *crypt.Session { return o.seal }
 
 // WriteFrame implements Output.
@@ -219,7 +219,7 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 		committing: DefaultCommitting, bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
 }
 
-// Session is the session the archive is encrypted under, or nil.
+// Sealed is the session the archive is encrypted under, or nil.
 func (a *ArchiveOutput) Sealed() *crypt.Session { return a.seal }
 
 // SetCommitting sets how many segments may commit in the background at

@@ -28,7 +28,7 @@ func outputSession(out Output) *crypt.Session {
 	return nil
 }
 
-// Session implements sealedOutput: both outputs must write the same
+// Sealed implements sealedOutput: both outputs must write the same
 // sealed frames, so they must share one session (or both have none).
 func (t TeeOutput) Sealed() *crypt.Session {
 	p, c := outputSession(t.Primary), outputSession(t.Copy)
