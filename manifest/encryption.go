@@ -67,15 +67,16 @@ var ErrNoMAC = fmt.Errorf("manifest: encrypted but without a MAC: %w", errdefs.E
 // zeroed and the checksum's value removed. It fails on documents without
 // the two fields where the writer puts them.
 func macInput(doc []byte) ([]byte, error) {
-	ci := bytes.LastIndex(doc, []byte(checksumKey))
-	mi := bytes.LastIndex(doc, []byte(macKey))
-	if ci < 0 || mi < 0 || mi > ci {
+	ck := bytes.LastIndex(doc, []byte(checksumKey))
+	mk := bytes.LastIndex(doc, []byte(macKey))
+	// The MAC's digits must lie wholly before the checksum's key.
+	if ck < 0 || mk < 0 || mk+len(macKey)+macLen > ck {
 		return nil, ErrNoMAC
 	}
-	ci += len(checksumKey)
-	mi += len(macKey)
+	ci := ck + len(checksumKey)
+	mi := mk + len(macKey)
 	end := bytes.IndexByte(doc[ci:], '"')
-	if mi+macLen > len(doc) || end < 0 {
+	if end < 0 {
 		return nil, ErrNoMAC
 	}
 	out := make([]byte, 0, len(doc))
@@ -92,7 +93,7 @@ func CheckMAC(doc []byte, check func(input, tag []byte) bool) error {
 	if err != nil {
 		return err
 	}
-	mi := bytes.LastIndex(doc, []byte(macKey)) + len(macKey)
+	mi := bytes.LastIndex(doc, []byte(macKey)) + len(macKey) // in range: macInput checked
 	tag, err := hex.DecodeString(string(doc[mi : mi+macLen]))
 	if err != nil || !check(in, tag) {
 		return errors.New("manifest: MAC does not match: the manifest was changed or belongs to another key")
