@@ -31,9 +31,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"lukechampine.com/blake3"
@@ -136,7 +138,9 @@ func LoadKeyFile(path string) (*Key, error) {
 // that group or others may read or write: a key anyone else can read
 // protects nothing. It also reads SSE-C keys for S3.
 func ReadKeyFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: a FIFO in place of the file must not hang the command;
+	// it is refused below as not a regular file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("key file: %w", err)
 	}
@@ -151,12 +155,11 @@ func ReadKeyFile(path string) ([]byte, error) {
 	if perm := st.Mode().Perm(); perm&0o077 != 0 {
 		return nil, fmt.Errorf("key file %s: %w: mode %04o lets group or others at it; chmod 600 it", path, ErrKeyFile, perm)
 	}
-	b := make([]byte, 1024)
-	n, err := f.Read(b)
+	b, err := io.ReadAll(io.LimitReader(f, 1024))
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
-	k, err := parseKeyBytes(string(b[:n]))
+	k, err := parseKeyBytes(string(b))
 	clear(b)
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", path, err)

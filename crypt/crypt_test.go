@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -108,6 +109,13 @@ func TestLoadKeyFile(t *testing.T) {
 	}
 	if _, err := LoadKeyFile(dir); err == nil {
 		t.Error("a directory was read as a key file")
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadKeyFile(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a FIFO as key file: %v", err)
 	}
 	// LoadKey: the file first, then GPUCR_KEY, else no key.
 	t.Setenv(EnvKey, "")
