@@ -7,11 +7,14 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -33,11 +36,13 @@ const (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-type usageError struct{ msg string }
+// usageError is a mistake in the command line (exit 2); cmd names the
+// command whose help the message points to.
+type usageError struct{ msg, cmd string }
 
 func (e usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error { return usageError{msg: fmt.Sprintf(format, args...)} }
 
 func exitCode(err error, interrupted bool) int {
 	var ue usageError
@@ -79,7 +84,7 @@ func realMain() int {
 		fmt.Fprintf(os.Stderr, "gpucr-stream: %v\n", err)
 		var ue usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "Run 'gpucr-stream --help' for usage.")
+			fmt.Fprintf(os.Stderr, "Run 'gpucr-stream %s--help' for usage.\n", strings.TrimPrefix(ue.cmd+" ", " "))
 		}
 	}
 	return exitCode(err, interrupted)
@@ -88,73 +93,156 @@ func realMain() int {
 type command struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, cfg *config, args []string) error
+	// args names the positional arguments for the usage line.
+	args string
+	// flags are the command's own flags: names, or "@group" for a group
+	// of flagGroups. The global flags apply to every command.
+	flags []string
+	run   func(ctx context.Context, cfg *config, args []string) error
 }
 
 func commands() []command {
 	return []command{
-		{"capture", "take images from `criu dump --stream -D DIR` and write them to --to (default: stdout)", runCapture},
-		{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", runServe},
-		{"extract", "write the image files from --from (default: stdin) into --images-dir", runExtract},
-		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", runCheckpoint},
-		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
-		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", runGPU},
-		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", runVRAM},
-		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", runMigrate},
-		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", runReceive},
-		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", runToken},
-		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},
-		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", runVerify},
-		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", runLs},
-		{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", runRm},
-		{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", runGc},
-		{"version", "print the version", func(ctx context.Context, cfg *config, args []string) error {
+		{"capture", "take images from `criu dump --stream -D DIR` and write them to --to (default: stdout)", "",
+			[]string{"@images", "@encode", "@s3", "@tcp", "to", "producers"}, runCapture},
+		{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", "",
+			[]string{"@images", "@decode", "@s3", "@tcp", "from", "producers"}, runServe},
+		{"extract", "write the image files from --from (default: stdin) into --images-dir", "",
+			[]string{"@images", "@decode", "@s3", "@tcp", "from"}, runExtract},
+		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", "",
+			[]string{"@encode", "@s3", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "producers"}, runCheckpoint},
+		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", "[SRC]",
+			[]string{"@decode", "@s3", "@tcp", "@criu", "from", "cuda", "gpu-map", "producers"}, runRestore},
+		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", "ACTION",
+			[]string{"pid", "lock-timeout", "gpu-map"}, runGPU},
+		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
+			[]string{"images-dir"}, runVRAM},
+		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
+			[]string{"@encode", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate},
+		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
+			[]string{"@decode", "@tcp", "@criu", "images-dir", "progress-fd", "listen", "restore", "cuda", "gpu-map"}, runReceive},
+		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "", nil, runToken},
+		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
+			[]string{"@s3", "from"}, runInspect},
+		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
+			[]string{"@decode", "@s3", "@tcp", "from"}, runVerify},
+		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
+			[]string{"@s3"}, runLs},
+		{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", "LOCATION",
+			[]string{"@s3", "dry-run"}, runRm},
+		{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
+			[]string{"@s3", "older-than", "dry-run"}, runGc},
+		{"version", "print the version", "", nil, func(ctx context.Context, cfg *config, args []string) error {
 			fmt.Fprintln(cfg.stdout, "gpucr-stream", version)
 			return nil
 		}},
 	}
 }
 
+// flagGroups are flags that several commands share.
+var flagGroups = map[string][]string{
+	"images": {"images-dir", "progress-fd", "shard-fds", "ext-file-fds"},
+	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit"},
+	"decode": {"workers", "memory-limit", "spill-dir"},
+	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel"},
+	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
+	"criu":   {"criu", "work-dir", "criu-opts"},
+}
+
+// globalFlags apply to every command.
+var globalFlags = []string{"help", "h", "json", "no-progress"}
+
+// flagNames lists the flags c takes, its own and the global ones.
+func (c command) flagNames() map[string]bool {
+	names := map[string]bool{}
+	for _, f := range globalFlags {
+		names[f] = true
+	}
+	for _, f := range c.flags {
+		if g, ok := strings.CutPrefix(f, "@"); ok {
+			for _, n := range flagGroups[g] {
+				names[n] = true
+			}
+		} else {
+			names[f] = true
+		}
+	}
+	return names
+}
+
+func lookupCommand(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg := newConfig(stdin, stdout, stderr)
 	fs := cfg.flagSet()
-	// Flags may come before and after the command, as criu-image-streamer
-	// users write `--images-dir DIR capture`.
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
+	// Flags may come before, between and after the command and its
+	// arguments, as criu-image-streamer users write `--images-dir DIR
+	// capture` and others `inspect SRC --json`; after "--" everything is
+	// an argument.
+	var pos, verbatim []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, verbatim = args[:i], args[i+1:]
 	}
-	rest := fs.Args()
-	if cfg.help || len(rest) == 0 {
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return usagef("%v", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	pos = append(pos, verbatim...)
+	if len(pos) == 0 {
 		printHelp(stdout, fs)
 		if cfg.help {
 			return nil
 		}
 		return usagef("no command given")
 	}
-	name := rest[0]
-	if err := fs.Parse(rest[1:]); err != nil {
-		return usagef("%v", err)
-	}
-	// Flags may also come between and after the command's arguments
-	// (`gpu state --pid N`, `inspect SRC --json`).
-	var pos []string
-	for more := fs.Args(); len(more) > 0; more = fs.Args() {
-		pos = append(pos, more[0])
-		if err := fs.Parse(more[1:]); err != nil {
-			return usagef("%v", err)
-		}
+	c, ok := lookupCommand(pos[0])
+	if !ok {
+		return usagef("unknown command %q", pos[0])
 	}
 	if cfg.help {
-		printHelp(stdout, fs)
+		printCommandHelp(stdout, fs, c)
 		return nil
 	}
-	for _, c := range commands() {
-		if c.name == name {
-			if err := cfg.finish(); err != nil {
-				return err
-			}
-			return c.run(ctx, cfg, pos)
-		}
+	err := cfg.finish()
+	if err == nil {
+		err = checkFlags(fs, c)
 	}
-	return usagef("unknown command %q", name)
+	if err == nil {
+		err = c.run(ctx, cfg, pos[1:])
+	}
+	var ue usageError
+	if errors.As(err, &ue) && ue.cmd == "" {
+		ue.cmd = c.name
+		return ue
+	}
+	return err
+}
+
+// checkFlags refuses a flag that another command takes: `ls DIR --pid 42`
+// must not list DIR as if nothing was said.
+func checkFlags(fs *flag.FlagSet, c command) error {
+	allowed := c.flagNames()
+	var stray []string
+	fs.Visit(func(f *flag.Flag) {
+		if !allowed[f.Name] {
+			stray = append(stray, "--"+f.Name)
+		}
+	})
+	if len(stray) > 0 {
+		return usagef("%s does not take %s", c.name, strings.Join(stray, ", "))
+	}
+	return nil
 }
