@@ -1,7 +1,8 @@
 // Command gpucr-stream streams CRIU and GPU checkpoint images: capture from
 // `criu dump --stream`, serve to `criu restore --stream`, and keep them as
 // streams or archives. This package only parses flags, wires the pieces and
-// maps errors to exit codes; the work happens in capture, streamer, sinks.
+// maps errors to exit codes; the work happens in checkpoint, catalog and
+// location, and below them.
 package main
 
 import (
@@ -39,12 +40,18 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-func exitCode(err error, interrupted bool) int {
+// isUsage tells a usage error, the command line's or one a library found
+// (errdefs.ErrUsage).
+func isUsage(err error) bool {
 	var ue usageError
+	return errors.As(err, &ue) || errors.Is(err, errdefs.ErrUsage)
+}
+
+func exitCode(err error, interrupted bool) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue):
+	case isUsage(err):
 		return exitUsage
 	case errors.Is(err, manifest.ErrNewerVersion):
 		return exitVersion
@@ -77,8 +84,7 @@ func realMain() int {
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpucr-stream: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
+		if isUsage(err) {
 			fmt.Fprintln(os.Stderr, "Run 'gpucr-stream --help' for usage.")
 		}
 	}
