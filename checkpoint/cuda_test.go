@@ -104,3 +104,35 @@ func TestGPUMapAll(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUStep: the single driver steps and the tree's suspend and resume
+// drive the driver as cuda-checkpoint would; an unknown action is a usage
+// error.
+func TestGPUStep(t *testing.T) {
+	const pid = 4343
+	f := vramtest.NewFake(pid)
+	steps := []struct {
+		action, calls, state string
+	}{
+		{"state", "", "running"},
+		{"suspend", "lock P, checkpoint P", ""},
+		{"resume", "lock P, checkpoint P, restore P, unlock P", ""},
+		{"lock", "lock P, checkpoint P, restore P, unlock P, lock P", ""},
+		{"unlock", "lock P, checkpoint P, restore P, unlock P, lock P, unlock P", ""},
+	}
+	for _, s := range steps {
+		res, err := GPUStep(f, GPUStepOptions{Action: s.action, PID: pid, FindProcs: vramtest.Find(pid)})
+		if err != nil {
+			t.Fatalf("%s: %v", s.action, err)
+		}
+		if got, want := f.Log(), strings.ReplaceAll(s.calls, "P", strconv.Itoa(pid)); got != want {
+			t.Fatalf("%s: driver calls %q, want %q", s.action, got, want)
+		}
+		if res.State != s.state {
+			t.Errorf("%s: state %q, want %q", s.action, res.State, s.state)
+		}
+	}
+	if _, err := GPUStep(f, GPUStepOptions{Action: "frob", PID: pid}); !errors.Is(err, errdefs.ErrUsage) {
+		t.Fatalf("unknown action: %v", err)
+	}
+}

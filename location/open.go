@@ -79,7 +79,7 @@ func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 // OpenSource opens a SRC. so are the stream source's own options
 // (ExtractDir, Discard, VerifyHashes); the rest comes from c.
 func OpenSource(ctx context.Context, loc Location, c Config, so streamer.StreamOptions) (streamer.Source, error) {
-	return loc.backend().source(ctx, &c, c.streamOptions(so))
+	return loc.backend().source(ctx, &c, c.StreamOptions(so))
 }
 
 // OpenStore opens a location that holds checkpoints (ls, rm, gc); close
@@ -135,8 +135,10 @@ func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, err
 	return nil, errdefs.Usagef("%s: not supported yet", u.loc)
 }
 
-// streamOptions are the options of a stream source (serve, receive).
-func (c *Config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
+// StreamOptions are the options a stream source opened with c gets (so's
+// own, plus c's memory and spill settings); receive, which builds its
+// source itself, starts from them too.
+func (c Config) StreamOptions(so streamer.StreamOptions) streamer.StreamOptions {
 	so.Options = c.Options
 	so.Options.MemoryLimit = c.HoldLimit
 	if c.HoldLimit == 0 {
@@ -145,12 +147,6 @@ func (c *Config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions
 	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
 	so.SpillDir = c.SpillDir
 	return so
-}
-
-// StreamOptions are the options a stream source opened with c gets; a
-// caller that builds one itself (receive) starts from them.
-func (c Config) StreamOptions(so streamer.StreamOptions) streamer.StreamOptions {
-	return c.streamOptions(so)
 }
 
 // archiveOptions are the options of an archive source.

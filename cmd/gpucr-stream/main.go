@@ -34,18 +34,11 @@ const (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-type usageError struct{ msg string }
+// usagef is a usage error (exit 2); libraries below report theirs with
+// errdefs.Usagef too.
+func usagef(format string, args ...any) error { return errdefs.Usagef(format, args...) }
 
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
-
-// isUsage tells a usage error, the command line's or one a library found
-// (errdefs.ErrUsage).
-func isUsage(err error) bool {
-	var ue usageError
-	return errors.As(err, &ue) || errors.Is(err, errdefs.ErrUsage)
-}
+func isUsage(err error) bool { return errors.Is(err, errdefs.ErrUsage) }
 
 func exitCode(err error, interrupted bool) int {
 	switch {
