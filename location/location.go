@@ -1,3 +1,8 @@
+// Package location is the DEST and SRC arguments: Parse reads one (-, a
+// path, file://, s3://, tcp://) and the Open functions turn it into what a
+// command works on: a pipeline output, a source, a store of checkpoints
+// (ls, rm, gc) or a manifest (inspect). The switch over the kind of a
+// location is written once, in open.go.
 package location
 
 import (

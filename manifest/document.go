@@ -24,6 +24,24 @@ const (
 // SegmentName is the object name of segment i.
 func SegmentName(i int) string { return fmt.Sprintf("%s%08d.gcs", SegmentPrefix, i) }
 
+// IsSegmentName reports whether name is what SegmentName makes.
+func IsSegmentName(name string) bool {
+	num, ok := strings.CutPrefix(name, SegmentPrefix)
+	if !ok {
+		return false
+	}
+	num, ok = strings.CutSuffix(num, ".gcs")
+	if !ok || len(num) != 8 {
+		return false
+	}
+	for _, c := range []byte(num) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // Manifest describes one complete checkpoint: what files it holds, where
 // every chunk lives, and how it was made.
 type Manifest struct {

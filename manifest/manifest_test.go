@@ -852,3 +852,24 @@ func TestHashText(t *testing.T) {
 		t.Fatal("long hash accepted")
 	}
 }
+
+func TestIsSegmentName(t *testing.T) {
+	tests := []struct {
+		name string
+		want bool
+	}{
+		{SegmentName(0), true},
+		{SegmentName(12345678), true},
+		{"segments/0000001.gcs", false},
+		{"segments/000000001.gcs", false},
+		{"segments/0000000x.gcs", false},
+		{"segments/00000001.gc", false},
+		{"a/segments/00000001.gcs", false},
+		{".00000001.gcs.tmp-1", false},
+	}
+	for _, tc := range tests {
+		if got := IsSegmentName(tc.name); got != tc.want {
+			t.Errorf("IsSegmentName(%q) = %v", tc.name, got)
+		}
+	}
+}

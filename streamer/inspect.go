@@ -92,3 +92,34 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 	}
 	return rep, nil
 }
+
+// FileStats is one file of a checkpoint as inspect shows it: its stored
+// bytes and the codecs of its chunks, from the manifest alone.
+type FileStats struct {
+	Name        string         `json:"name"`
+	Size        int64          `json:"size"`
+	StoredBytes int64          `json:"stored_bytes"`
+	Ratio       float64        `json:"ratio"`
+	Chunks      int            `json:"chunks"`
+	Codecs      map[string]int `json:"codecs"`
+	External    bool           `json:"external,omitempty"`
+	Digest      string         `json:"digest"`
+}
+
+// DescribeFiles returns the FileStats of m's files, in m's order.
+func DescribeFiles(m *manifest.Manifest) []FileStats {
+	var out []FileStats
+	for _, f := range m.Files {
+		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
+		for _, c := range f.Chunks {
+			fi.StoredBytes += int64(c.Stored)
+			fi.Codecs[codec.ID(c.Codec).String()]++
+		}
+		fi.Ratio = 1
+		if fi.StoredBytes > 0 {
+			fi.Ratio = float64(f.Size) / float64(fi.StoredBytes)
+		}
+		out = append(out, fi)
+	}
+	return out
+}

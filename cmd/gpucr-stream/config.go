@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/codec"
-	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -55,7 +54,6 @@ type config struct {
 	s3Parallel  int
 	olderThan   string
 	dryRun      bool
-	uploaded    func() int64 // bytes acknowledged by the store, for the progress bar
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	streams    int
@@ -312,24 +310,4 @@ func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 		}
 		fmt.Fprintf(w, "  --%-14s %s%s %s\n", n, f.Usage, def, env)
 	}
-}
-
-// heldImageBudget is --memory-limit auto for images held by serve and
-// receive: a multi-GB GPU image that fits in memory must not go through a
-// spill file on disk on its way to CRIU, so half of what is available now,
-// at least 1 GiB.
-func heldImageBudget() int64 {
-	return max(1<<30, proc.AvailableMemory()/2)
-}
-
-// streamOptions are the options of a stream source (serve, receive).
-func (c *config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
-	so.Options = c.opts
-	so.Options.MemoryLimit = c.holdLimit
-	if c.holdLimit == 0 {
-		so.Options.MemoryLimit = heldImageBudget()
-	}
-	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
-	so.SpillDir = c.spillDir
-	return so
 }

@@ -5,17 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
-	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -29,56 +26,21 @@ func srcArg(cfg *config, cmd string, args []string) (string, error) {
 	return "", usagef("%s takes one SRC argument, got %d", cmd, len(args))
 }
 
-// readManifest loads a checkpoint's description without decoding data.
-func readManifest(ctx context.Context, cfg *config, from string) (*manifest.Manifest, error) {
-	loc, err := location.Parse(from)
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	switch loc.Kind {
-	case location.Stdio:
-		return streamer.ScanStream(cfg.stdin, "stdin")
-	case location.StreamFile:
-		f, err := os.Open(loc.Path)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		return streamer.ScanStream(f, loc.Path)
-	case location.Archive:
-		return streamer.ReadManifest(ctx, dir.New(loc.Path))
-	case location.S3:
-		return readS3Manifest(ctx, cfg, loc)
-	}
-	return nil, usagef("%s: not supported yet", loc)
-}
-
-type inspectFile struct {
-	Name        string         `json:"name"`
-	Size        int64          `json:"size"`
-	StoredBytes int64          `json:"stored_bytes"`
-	Ratio       float64        `json:"ratio"`
-	Chunks      int            `json:"chunks"`
-	Codecs      map[string]int `json:"codecs"`
-	External    bool           `json:"external,omitempty"`
-	Digest      string         `json:"digest"`
-}
-
 type inspectResult struct {
-	Source    string            `json:"source"`
-	ID        string            `json:"id,omitempty"`
-	Created   time.Time         `json:"created,omitzero"`
-	Host      string            `json:"host,omitempty"`
-	Tool      string            `json:"tool,omitempty"`
-	CRIU      string            `json:"criu_version,omitempty"`
-	Codec     string            `json:"codec,omitempty"`
-	ChunkSize int               `json:"chunk_size,omitempty"`
-	Stats     manifest.Stats    `json:"stats"`
-	Ratio     float64           `json:"ratio"`
-	Segments  int               `json:"segments"`
-	GPUs      []manifest.GPU    `json:"gpus,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Files     []inspectFile     `json:"files"`
+	Source    string               `json:"source"`
+	ID        string               `json:"id,omitempty"`
+	Created   time.Time            `json:"created,omitzero"`
+	Host      string               `json:"host,omitempty"`
+	Tool      string               `json:"tool,omitempty"`
+	CRIU      string               `json:"criu_version,omitempty"`
+	Codec     string               `json:"codec,omitempty"`
+	ChunkSize int                  `json:"chunk_size,omitempty"`
+	Stats     manifest.Stats       `json:"stats"`
+	Ratio     float64              `json:"ratio"`
+	Segments  int                  `json:"segments"`
+	GPUs      []manifest.GPU       `json:"gpus,omitempty"`
+	Labels    map[string]string    `json:"labels,omitempty"`
+	Files     []streamer.FileStats `json:"files"`
 }
 
 func runInspect(ctx context.Context, cfg *config, args []string) error {
@@ -86,24 +48,17 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := readManifest(ctx, cfg, from)
+	loc, err := parseLoc("inspect", from)
+	if err != nil {
+		return err
+	}
+	m, err := location.ReadManifest(ctx, loc, cfg.locationConfig())
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
-		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels}
-	for _, f := range m.Files {
-		fi := inspectFile{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
-		for _, c := range f.Chunks {
-			fi.StoredBytes += int64(c.Stored)
-			fi.Codecs[codec.ID(c.Codec).String()]++
-		}
-		fi.Ratio = 1
-		if fi.StoredBytes > 0 {
-			fi.Ratio = float64(f.Size) / float64(fi.StoredBytes)
-		}
-		res.Files = append(res.Files, fi)
-	}
+		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels,
+		Files: streamer.DescribeFiles(m)}
 	if cfg.jsonOut {
 		enc := json.NewEncoder(cfg.stdout)
 		enc.SetIndent("", "  ")
@@ -162,7 +117,11 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	start := time.Now()
-	src, err := openSource(ctx, cfg, from, streamer.StreamOptions{Discard: true})
+	loc, err := parseLoc("source", from)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), streamer.StreamOptions{Discard: true})
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -171,7 +130,7 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 	if a, ok := src.(*streamer.ArchiveSource); ok {
 		rep, err = streamer.VerifyArchive(ctx, a)
 	} else {
-		stream := streamOf(src)
+		stream := location.StreamOf(src)
 		if err = stream.Wait(ctx); err == nil {
 			var files []manifest.File
 			files, err = stream.Files(ctx)

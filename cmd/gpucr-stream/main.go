@@ -1,7 +1,8 @@
 // Command gpucr-stream streams CRIU and GPU checkpoint images: capture from
 // `criu dump --stream`, serve to `criu restore --stream`, and keep them as
 // streams or archives. This package only parses flags, wires the pieces and
-// maps errors to exit codes; the work happens in capture, streamer, sinks.
+// maps errors to exit codes; the work happens in checkpoint, catalog and
+// location, and below them.
 package main
 
 import (
@@ -36,20 +37,17 @@ const (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// usageError is a mistake in the command line (exit 2); cmd names the
-// command whose help the message points to.
-type usageError struct{ msg, cmd string }
+// usagef is a usage error (exit 2); libraries below report theirs with
+// errdefs.Usagef too.
+func usagef(format string, args ...any) error { return errdefs.Usagef(format, args...) }
 
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return usageError{msg: fmt.Sprintf(format, args...)} }
+func isUsage(err error) bool { return errors.Is(err, errdefs.ErrUsage) }
 
 func exitCode(err error, interrupted bool) int {
-	var ue usageError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue):
+	case isUsage(err):
 		return exitUsage
 	case errors.Is(err, manifest.ErrNewerVersion):
 		return exitVersion
@@ -82,9 +80,13 @@ func realMain() int {
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpucr-stream: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(os.Stderr, "Run 'gpucr-stream %s--help' for usage.\n", strings.TrimPrefix(ue.cmd+" ", " "))
+		if isUsage(err) {
+			help := "gpucr-stream --help"
+			var ce commandError
+			if errors.As(err, &ce) {
+				help = "gpucr-stream " + ce.cmd + " --help"
+			}
+			fmt.Fprintf(os.Stderr, "Run '%s' for usage.\n", help)
 		}
 	}
 	return exitCode(err, interrupted)
@@ -120,7 +122,7 @@ func commands() []command {
 		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
 			[]string{"@encode", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate},
 		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
-			[]string{"@decode", "@tcp", "@criu", "images-dir", "progress-fd", "listen", "restore", "cuda", "gpu-map"}, runReceive},
+			[]string{"@decode", "@tcp", "@criu", "images-dir", "listen", "restore", "cuda", "gpu-map"}, runReceive},
 		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "", nil, runToken},
 		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
 			[]string{"@s3", "from"}, runInspect},
@@ -141,7 +143,7 @@ func commands() []command {
 
 // flagGroups are flags that several commands share.
 var flagGroups = map[string][]string{
-	"images": {"images-dir", "progress-fd", "shard-fds", "ext-file-fds"},
+	"images": {"images-dir", "shard-fds", "ext-file-fds"},
 	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit"},
 	"decode": {"workers", "memory-limit", "spill-dir"},
 	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel"},
@@ -149,8 +151,9 @@ var flagGroups = map[string][]string{
 	"criu":   {"criu", "work-dir", "criu-opts"},
 }
 
-// globalFlags apply to every command.
-var globalFlags = []string{"help", "h", "json", "no-progress"}
+// globalFlags apply to every command (drivers of criu-image-streamer pass
+// --progress-fd to all of them).
+var globalFlags = []string{"help", "h", "json", "no-progress", "progress-fd"}
 
 // flagNames lists the flags c takes, its own and the global ones.
 func (c command) flagNames() map[string]bool {
@@ -223,13 +226,20 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		err = c.run(ctx, cfg, pos[1:])
 	}
-	var ue usageError
-	if errors.As(err, &ue) && ue.cmd == "" {
-		ue.cmd = c.name
-		return ue
+	if isUsage(err) {
+		return commandError{c.name, err}
 	}
 	return err
 }
+
+// commandError names the command whose help a usage error points to.
+type commandError struct {
+	cmd string
+	err error
+}
+
+func (e commandError) Error() string { return e.err.Error() }
+func (e commandError) Unwrap() error { return e.err }
 
 // checkFlags refuses a flag that another command takes: `ls DIR --pid 42`
 // must not list DIR as if nothing was said.

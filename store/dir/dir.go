@@ -57,7 +57,7 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+tempInfix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
