@@ -40,9 +40,7 @@ var version = "dev"
 // usagef is a usage error (exit 2); libraries below report theirs with
 // errdefs.Usagef too.
 func usagef(format string, args ...any) error { return errdefs.Usagef(format, args...) }
-
-func isUsage(err error) bool { return errors.Is(err, errdefs.ErrUsage) }
-
+func isUsage(err error) bool                  { return errors.Is(err, errdefs.ErrUsage) }
 func exitCode(err error, interrupted bool) int {
 	switch {
 	case err == nil:
@@ -60,7 +58,6 @@ func exitCode(err error, interrupted bool) int {
 	}
 	return exitFailure
 }
-
 func main() {
 	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis.
 	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
@@ -72,7 +69,6 @@ func main() {
 	}
 	os.Exit(realMain())
 }
-
 func realMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -105,39 +101,8 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"capture", "take images from `criu dump --stream -D DIR` and write them to --to (default: stdout)", "",
-			[]string{"@images", "@encode", "@s3", "@tcp", "to", "producers"}, runCapture},
-		{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", "",
-			[]string{"@images", "@decode", "@s3", "@tcp", "from", "producers"}, runServe},
-		{"extract", "write the image files from --from (default: stdin) into --images-dir", "",
-			[]string{"@images", "@decode", "@s3", "@tcp", "from"}, runExtract},
-		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", "",
-			[]string{"@encode", "@s3", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "producers"}, runCheckpoint},
-		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", "[SRC]",
-			[]string{"@decode", "@s3", "@tcp", "@criu", "from", "cuda", "gpu-map", "producers"}, runRestore},
-		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", "ACTION",
-			[]string{"pid", "lock-timeout", "gpu-map"}, runGPU},
-		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
-			[]string{"images-dir"}, runVRAM},
-		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
-			[]string{"@encode", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate},
-		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
-			[]string{"@decode", "@tcp", "@criu", "images-dir", "listen", "restore", "cuda", "gpu-map"}, runReceive},
-		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "", nil, runToken},
-		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
-			[]string{"@s3", "from"}, runInspect},
-		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
-			[]string{"@decode", "@s3", "@tcp", "from"}, runVerify},
-		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
-			[]string{"@s3"}, runLs},
-		{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", "LOCATION",
-			[]string{"@s3", "dry-run"}, runRm},
-		{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
-			[]string{"@s3", "older-than", "dry-run"}, runGc},
-		{"version", "print the version", "", nil, func(ctx context.Context, cfg *config, args []string) error {
-			fmt.Fprintln(cfg.stdout, "gpucr-stream", version)
-			return nil
-		}},
+		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, gpuCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
 	}
 }
 
@@ -172,7 +137,6 @@ func (c command) flagNames() map[string]bool {
 	}
 	return names
 }
-
 func lookupCommand(name string) (command, bool) {
 	for _, c := range commands() {
 		if c.name == name {
@@ -181,7 +145,6 @@ func lookupCommand(name string) (command, bool) {
 	}
 	return command{}, false
 }
-
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg := newConfig(stdin, stdout, stderr)
 	fs := cfg.flagSet()

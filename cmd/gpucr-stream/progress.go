@@ -7,9 +7,8 @@ import (
 	"time"
 
 	pb "github.com/cheggaaa/pb/v3"
-	"golang.org/x/sys/unix"
-
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"golang.org/x/sys/unix"
 )
 
 // bar draws a progress bar on a terminal stderr from live counters; on

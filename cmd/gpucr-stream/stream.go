@@ -14,18 +14,6 @@ func (c *config) statsLine(st *checkpoint.Stats) {
 	fmt.Fprintln(c.progress, string(b))
 }
 
-func runCapture(ctx context.Context, cfg *config, args []string) error {
-	return runStream(ctx, cfg, args, "capture", "--to DEST", checkpoint.Capture)
-}
-
-func runServe(ctx context.Context, cfg *config, args []string) error {
-	return runStream(ctx, cfg, args, "serve", "--from SRC", checkpoint.Serve)
-}
-
-func runExtract(ctx context.Context, cfg *config, args []string) error {
-	return runStream(ctx, cfg, args, "extract", "--from SRC", checkpoint.Extract)
-}
-
 // runStream is capture, serve or extract, which CRIU runs beside.
 func runStream(ctx context.Context, cfg *config, args []string, name, use string,
 	fn func(context.Context, checkpoint.StreamOptions) (*checkpoint.Stats, error)) error {

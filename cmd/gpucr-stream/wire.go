@@ -4,6 +4,7 @@ package main
 // and their hooks into this process's progress bar and lines.
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
 	"github.com/gpucr/gpucr-stream/vram"
@@ -180,4 +182,30 @@ func (c *config) extFileList() []checkpoint.ExtFile {
 		out = append(out, checkpoint.ExtFile{Name: e.name, FD: e.fd})
 	}
 	return out
+}
+
+func srcArg(cfg *config, cmd string, args []string) (string, error) {
+	switch len(args) {
+	case 0:
+		return cfg.from, nil
+	case 1:
+		return args[0], nil
+	}
+	return "", usagef("%s takes one SRC argument, got %d", cmd, len(args))
+}
+
+// storeAt opens the store of the one LOCATION argument of ls, rm and gc.
+func storeAt(ctx context.Context, cfg *config, cmd string, args []string) (store.Store, location.Location, func(), error) {
+	if len(args) != 1 {
+		return nil, location.Location{}, nil, usagef("%s takes one LOCATION argument, got %d", cmd, len(args))
+	}
+	loc, err := location.Parse(args[0])
+	if err != nil {
+		return nil, loc, nil, usagef("%s: %s: %v", cmd, cmd, err)
+	}
+	st, closeStore, err := location.OpenStore(ctx, loc, cfg.locationConfig())
+	if err != nil {
+		return nil, loc, nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return st, loc, closeStore, nil
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/gpucr/gpucr-stream/capture"
 )
 
+var vramCommand = command{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
+	[]string{"images-dir"}, runVRAM}
+
 // runVRAM is `gpucr-stream vram push|pull --images-dir DIR NAME FILE|- ...`:
 // the command-line side of the producer protocol (capture.PushFiles,
 // capture.PullFiles) for external VRAM dumpers. push sends files into a

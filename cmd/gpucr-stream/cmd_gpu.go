@@ -9,6 +9,9 @@ import (
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
+var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", "ACTION",
+	[]string{"pid", "lock-timeout", "gpu-map"}, runGPU}
+
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
 // steps one at a time (checkpoint.GPUStep). Actions: info, state, lock,
 // checkpoint, restore, unlock, suspend, resume.

@@ -16,15 +16,8 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-func srcArg(cfg *config, cmd string, args []string) (string, error) {
-	switch len(args) {
-	case 0:
-		return cfg.from, nil
-	case 1:
-		return args[0], nil
-	}
-	return "", usagef("%s takes one SRC argument, got %d", cmd, len(args))
-}
+var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
+	[]string{"@s3", "from"}, runInspect}
 
 type inspectResult struct {
 	Source    string               `json:"source"`
@@ -96,58 +89,4 @@ func printInspect(w io.Writer, r inspectResult) {
 		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%d\t%s\t\t%s\n", f.Size, f.StoredBytes, f.Ratio, f.Chunks, strings.Join(cs, ","), f.Name)
 	}
 	tw.Flush()
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-func runVerify(ctx context.Context, cfg *config, args []string) error {
-	from, err := srcArg(cfg, "verify", args)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	loc, err := parseLoc("source", from)
-	if err != nil {
-		return fmt.Errorf("verify: %w", err)
-	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), streamer.StreamOptions{Discard: true})
-	if err != nil {
-		return fmt.Errorf("verify: %w", err)
-	}
-	defer src.Close()
-	var rep streamer.VerifyReport
-	if a, ok := src.(*streamer.ArchiveSource); ok {
-		rep, err = streamer.VerifyArchive(ctx, a)
-	} else {
-		stream := location.StreamOf(src)
-		if err = stream.Wait(ctx); err == nil {
-			var files []manifest.File
-			files, err = stream.Files(ctx)
-			rep.Files = len(files)
-			rep.Bytes = stream.Counters.RawBytes.Load()
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("verify %s: %w", redact.URL(from), err)
-	}
-	if cfg.jsonOut {
-		return json.NewEncoder(cfg.stdout).Encode(struct {
-			OK bool `json:"ok"`
-			streamer.VerifyReport
-			DurationMS int64 `json:"duration_ms"`
-		}{true, rep, time.Since(start).Milliseconds()})
-	}
-	fmt.Fprintf(cfg.stdout, "ok: %d files, %s checked in %s\n", rep.Files, humanBytes(rep.Bytes), time.Since(start).Round(time.Millisecond))
-	return nil
 }

@@ -1,0 +1,18 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+)
+
+var tokenCommand = command{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "", nil, runToken}
+
+func runToken(ctx context.Context, cfg *config, args []string) error {
+	if len(args) > 0 {
+		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
+	}
+	fmt.Fprintln(cfg.stdout, tcp.NewToken())
+	return nil
+}
