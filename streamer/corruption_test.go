@@ -189,7 +189,7 @@ type copyResult struct {
 
 // serveDamaged runs a StreamSource over b, copying every file while the
 // stream decodes, and returns Wait's error and the copies.
-func serveDamaged(ctx context.Context, sc *streamCorpus, b []byte, so StreamOptions) (error, []copyResult) {
+func serveDamaged(ctx context.Context, sc *streamCorpus, b []byte, so StreamOptions) ([]copyResult, error) {
 	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(b)}, []string{"damaged"}, so)
 	defer src.Close()
 	results := make(chan copyResult, len(sc.files))
@@ -205,7 +205,7 @@ func serveDamaged(ctx context.Context, sc *streamCorpus, b []byte, so StreamOpti
 	for range sc.files {
 		out = append(out, <-results)
 	}
-	return err, out
+	return out, err
 }
 
 // checkNothingWrong fails if any served copy differs from the original.
@@ -241,7 +241,7 @@ func TestStreamCorruption(t *testing.T) {
 			defer cancel()
 			sc := newStreamCorpus(t, spec)
 			// The undamaged stream serves everything.
-			err, copies := serveDamaged(ctx, sc, sc.b, StreamOptions{Options: Options{Workers: 2}, ServeEarly: true})
+			copies, err := serveDamaged(ctx, sc, sc.b, StreamOptions{Options: Options{Workers: 2}, ServeEarly: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -275,7 +275,7 @@ func TestStreamCorruption(t *testing.T) {
 						so.ExtractDir = t.TempDir()
 						so.ServeEarly = false
 					}
-					err, copies := serveDamaged(ctx, sc, b, so)
+					copies, err := serveDamaged(ctx, sc, b, so)
 					if err == nil {
 						t.Fatalf("%s: stream served without an error", what)
 					}
@@ -336,7 +336,7 @@ func TestStreamTruncation(t *testing.T) {
 		if i%7 == 3 {
 			so.ExtractDir = t.TempDir()
 		}
-		err, copies := serveDamaged(ctx, sc, sc.b[:n], so)
+		copies, err := serveDamaged(ctx, sc, sc.b[:n], so)
 		if err == nil {
 			t.Fatalf("%s: no error", what)
 		}

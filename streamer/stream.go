@@ -131,13 +131,6 @@ func (s *StreamSource) notifyLocked() {
 	s.changed = make(chan struct{})
 }
 
-func (s *StreamSource) failLocked(err error) {
-	if s.err == nil {
-		s.err = err
-		s.notifyLocked()
-	}
-}
-
 type decodeJob struct {
 	rd    *manifest.Reader
 	frame manifest.Frame
@@ -220,7 +213,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			return context.Cause(ctx)
 		}
 		fr, err := rd.Next(nil)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {

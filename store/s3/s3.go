@@ -180,11 +180,8 @@ func (s *Store) checkBucket(ctx context.Context, keyID string) error {
 	// HEAD answers carry no error body; a listing says why it was refused.
 	if er := minio.ToErrorResponse(err); er.StatusCode == http.StatusForbidden || er.StatusCode == http.StatusBadRequest {
 		lctx, cancel := context.WithCancel(ctx)
-		for o := range s.core.Client.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{MaxKeys: 1}) {
-			if o.Err != nil {
-				err = o.Err
-			}
-			break
+		if o, ok := <-s.core.Client.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{MaxKeys: 1}); ok && o.Err != nil {
+			err = o.Err
 		}
 		cancel()
 	}

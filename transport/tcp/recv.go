@@ -514,9 +514,6 @@ func (s *Source) Session() *Session {
 	}
 }
 
-// Started is closed when a sender's session has been accepted.
-func (s *Source) Started() <-chan struct{} { return s.started }
-
 // Done is closed when the checkpoint is committed or has failed.
 func (s *Source) Done() <-chan struct{} { return s.done }
 
