@@ -135,19 +135,15 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, erro
 // is up, with what to tell the peer.
 func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
-	tc := tls.Server(countConn{Conn: raw, in: &l.wireIn, out: &l.wireOut}, l.cfg)
-	stop := ctxDeadline(ctx, raw, l.o.Timeout)
+	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, l.o.Timeout)
 	defer stop()
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if ch == nil {
 		return nil, "", fmt.Errorf("TLS handshake failed (not a gpucr-stream sender, or one without our certificates): %v", err)
 	}
-	c = &recvConn{raw: raw, tc: tc, peer: raw.RemoteAddr().String()}
-	if c.exp, err = exporterOf(tc); err != nil {
+	c = &recvConn{raw: raw, tc: ch.tc, br: ch.br, exp: ch.exp, peer: raw.RemoteAddr().String()}
+	if err != nil {
 		return c, err.Error(), err
 	}
-	// Smaller than a DATA record: record payloads are read straight into
-	// the caller's buffer instead of through this one.
-	c.br = bufio.NewReaderSize(tc, 64<<10)
 	c.hb = make([]byte, helloSize)
 	if _, err := io.ReadFull(c.br, c.hb); err != nil {
 		return c, "no hello", fmt.Errorf("no hello after the TLS handshake: %v", err)
@@ -156,7 +152,7 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn,
 		return c, err.Error(), err
 	}
 	if len(l.o.Auth.Token) > 0 {
-		want := proof(l.o.Auth.Token, "client", c.exp, c.hb[:32])
+		want := helloProof(l.o.Auth.Token, c.exp, c.hb)
 		if !hmac.Equal(want[:], c.h.Proof[:]) {
 			return c, "authentication failed: the sender's token does not match the receiver's (check --token-file on both sides)",
 				errors.New("authentication failed: the sender does not hold our token (wrong --token-file?)")
@@ -174,8 +170,7 @@ func (l *Listener) admit(c *recvConn) error {
 	if l.o.Restores {
 		r.Flags |= replyRestores
 	}
-	b := r.marshal()
-	r.Proof = proof(l.o.Auth.Token, "server", c.exp, c.hb, b[:16])
+	r.Proof = replyProof(l.o.Auth.Token, c.exp, c.hb, r.marshal())
 	_ = c.raw.SetWriteDeadline(time.Now().Add(l.o.Timeout))
 	defer c.raw.SetWriteDeadline(time.Time{})
 	_, err := c.tc.Write(r.marshal())
@@ -204,38 +199,9 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer l.Close()
-	type result struct {
-		c    *recvConn
-		peer string
-		err  error
-	}
-	results := make(chan result)
+	authenticated := make(chan *recvConn)
 	acceptErr := make(chan error, 1)
-	go func() {
-		sem := make(chan struct{}, 32) // handshakes at once
-		for {
-			raw, err := l.ln.Accept()
-			if err != nil {
-				acceptErr <- err
-				return
-			}
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				raw.Close()
-				continue
-			}
-			go func() {
-				defer func() { <-sem }()
-				c, err := l.handshake(ctx, raw)
-				select {
-				case results <- result{c, raw.RemoteAddr().String(), err}:
-				case <-ctx.Done():
-					raw.Close()
-				}
-			}()
-		}
-	}()
+	go l.acceptLoop(ctx, authenticated, acceptErr)
 	pending := map[[16]byte]*pendingSession{}
 	defer func() {
 		for _, p := range pending {
@@ -246,48 +212,10 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	defer tick.Stop()
 	for {
 		select {
-		case r := <-results:
-			if r.err != nil {
-				continue // logged and hung up on by handshake
+		case c := <-authenticated:
+			if s := l.join(pending, c); s != nil {
+				return s, nil
 			}
-			c := r.c
-			p := pending[c.h.Session]
-			if p == nil {
-				if len(pending) >= 4 {
-					l.logf("refused %s: busy with other senders", c.peer)
-					refuse(c.tc, c.raw, "busy: other senders are connecting")
-					continue
-				}
-				p = &pendingSession{count: int(c.h.Count), conns: make([]*recvConn, c.h.Count), start: time.Now()}
-				pending[c.h.Session] = p
-			}
-			switch {
-			case int(c.h.Count) != p.count:
-				l.logf("refused %s: stream count %d, session has %d", c.peer, c.h.Count, p.count)
-				refuse(c.tc, c.raw, "stream count differs from the session's")
-				continue
-			case p.conns[c.h.Shard] != nil:
-				l.logf("refused %s: stream %d of its session is already connected", c.peer, c.h.Shard)
-				refuse(c.tc, c.raw, fmt.Sprintf("stream %d of this session is already connected", c.h.Shard))
-				continue
-			}
-			if err := l.admit(c); err != nil {
-				c.close()
-				l.logf("lost %s during the handshake: %v", c.peer, err)
-				continue
-			}
-			p.conns[c.h.Shard] = c
-			p.n++
-			if p.n < p.count {
-				continue
-			}
-			delete(pending, c.h.Session)
-			s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
-			for _, c := range s.conns {
-				c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
-			}
-			l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
-			return s, nil
 		case <-tick.C:
 			for id, p := range pending {
 				if time.Since(p.start) > l.o.Timeout {
@@ -302,6 +230,81 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 			return nil, context.Cause(ctx)
 		}
 	}
+}
+
+// acceptLoop accepts connections until the listener closes, and hands
+// those that authenticate to authenticated; the others are logged and hung
+// up on by handshake. Its handshakes end with ctx.
+func (l *Listener) acceptLoop(ctx context.Context, authenticated chan<- *recvConn, acceptErr chan<- error) {
+	sem := make(chan struct{}, 32) // handshakes at once
+	for {
+		raw, err := l.ln.Accept()
+		if err != nil {
+			acceptErr <- err
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			raw.Close()
+			continue
+		}
+		go func() {
+			defer func() { <-sem }()
+			c, err := l.handshake(ctx, raw)
+			if err != nil {
+				return
+			}
+			select {
+			case authenticated <- c:
+			case <-ctx.Done():
+				raw.Close()
+			}
+		}()
+	}
+}
+
+// join adds an authenticated connection to its pending session, refusing
+// it where it does not fit, and returns the session once all of its
+// streams are there.
+func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Session {
+	p := pending[c.h.Session]
+	if p == nil {
+		if len(pending) >= 4 {
+			l.logf("refused %s: busy with other senders", c.peer)
+			refuse(c.tc, c.raw, "busy: other senders are connecting")
+			return nil
+		}
+		p = &pendingSession{count: int(c.h.Count), conns: make([]*recvConn, c.h.Count), start: time.Now()}
+		pending[c.h.Session] = p
+	}
+	switch {
+	case int(c.h.Count) != p.count:
+		l.logf("refused %s: stream count %d, session has %d", c.peer, c.h.Count, p.count)
+		refuse(c.tc, c.raw, "stream count differs from the session's")
+		return nil
+	case p.conns[c.h.Shard] != nil:
+		l.logf("refused %s: stream %d of its session is already connected", c.peer, c.h.Shard)
+		refuse(c.tc, c.raw, fmt.Sprintf("stream %d of this session is already connected", c.h.Shard))
+		return nil
+	}
+	if err := l.admit(c); err != nil {
+		c.close()
+		l.logf("lost %s during the handshake: %v", c.peer, err)
+		return nil
+	}
+	p.conns[c.h.Shard] = c
+	p.n++
+	if p.n < p.count {
+		return nil
+	}
+	delete(pending, c.h.Session)
+	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
+	for _, c := range s.conns {
+		c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
+	}
+	l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
+	return s
 }
 
 // Session is one sender's authenticated set of streams.

@@ -206,31 +206,28 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 	if err != nil {
 		return nil, info, fmt.Errorf("connect to receiver %s: %w", t.addr, err)
 	}
-	tc := tls.Client(countConn{Conn: raw, in: &t.wireIn, out: &t.wireOut}, cfg)
-	done := ctxDeadline(ctx, raw, t.opts.Timeout)
+	ch, done, err := openChannel(ctx, raw, cfg, false, &t.wireIn, &t.wireOut, t.opts.Timeout)
 	fail := func(err error) (*sendConn, ReceiverInfo, error) {
 		done()
 		raw.Close()
 		return nil, info, err
 	}
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if ch == nil {
 		return fail(fmt.Errorf("TLS handshake with receiver %s: %w: %w", t.addr, err, ErrRefused))
 	}
-	exp, err := exporterOf(tc)
 	if err != nil {
 		return fail(fmt.Errorf("receiver %s: %w", t.addr, err))
 	}
+	tc, br := ch.tc, ch.br
 	h := hello{Shard: uint16(idx), Count: uint16(t.opts.Streams), Session: t.session}
 	if !t.opts.AutoCommit {
 		h.Flags |= 1
 	}
+	h.Proof = helloProof(t.opts.Auth.Token, ch.exp, h.marshal())
 	hb := h.marshal()
-	h.Proof = proof(t.opts.Auth.Token, "client", exp, hb[:32])
-	hb = h.marshal()
 	if _, err := tc.Write(hb); err != nil {
 		return fail(fmt.Errorf("send hello to receiver %s: %w", t.addr, err))
 	}
-	br := bufio.NewReaderSize(tc, 64<<10)
 	rep, fixed, err := readReply(br)
 	if err != nil {
 		return fail(fmt.Errorf("receiver %s: %w", t.addr, err))
@@ -239,7 +236,7 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 		return fail(fmt.Errorf("receiver %s refused the connection: %s: %w", t.addr, rep.Message, ErrRefused))
 	}
 	if len(t.opts.Auth.Token) > 0 {
-		want := proof(t.opts.Auth.Token, "server", exp, hb, fixed[:16])
+		want := replyProof(t.opts.Auth.Token, ch.exp, hb, fixed)
 		if !hmac.Equal(want[:], rep.Proof[:]) {
 			return fail(fmt.Errorf("receiver %s did not prove that it holds the token (a different --token-file there, or not our receiver); nothing was sent: %w", t.addr, ErrRefused))
 		}

@@ -259,6 +259,46 @@ func proof(token []byte, role string, exporter []byte, msgs ...[]byte) [32]byte 
 	return out
 }
 
+// helloProof is the sender's proof: over the hello's first 32 bytes (all
+// but the proof itself).
+func helloProof(token, exporter, hello []byte) [32]byte {
+	return proof(token, "client", exporter, hello[:32])
+}
+
+// replyProof is the receiver's proof: over the whole hello and the reply's
+// first 16 bytes.
+func replyProof(token, exporter, hello, reply []byte) [32]byte {
+	return proof(token, "server", exporter, hello, reply[:16])
+}
+
+// channel is one connection once TLS is up.
+type channel struct {
+	tc  *tls.Conn
+	exp []byte // binds the token proofs to this channel
+	// br reads records. Smaller than a DATA record: record payloads are
+	// read straight into the caller's buffer instead of through this one.
+	br *bufio.Reader
+}
+
+// openChannel is what both sides run first on a new connection: TLS
+// (server or client side), its bytes counted into in and out, under a
+// deadline of timeout that also honours ctx until stop is called. A nil
+// channel means the handshake failed; a channel with an error, that it is
+// not TLS 1.3.
+func openChannel(ctx context.Context, raw net.Conn, cfg *tls.Config, server bool, in, out *atomic.Int64, timeout time.Duration) (ch *channel, stop func(), err error) {
+	cc := countConn{Conn: raw, in: in, out: out}
+	tc := tls.Client(cc, cfg)
+	if server {
+		tc = tls.Server(cc, cfg)
+	}
+	stop = ctxDeadline(ctx, raw, timeout)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, stop, err
+	}
+	exp, err := exporterOf(tc)
+	return &channel{tc: tc, exp: exp, br: bufio.NewReaderSize(tc, 64<<10)}, stop, err
+}
+
 func exporterOf(tc *tls.Conn) ([]byte, error) {
 	cs := tc.ConnectionState()
 	if cs.Version != tls.VersionTLS13 {
