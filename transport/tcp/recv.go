@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // ListenOptions configure a receiver.
@@ -88,10 +89,10 @@ type recvConn struct {
 	tc   *tls.Conn
 	br   *bufio.Reader
 	peer string
-	h    hello
+	h    wire.Hello
 	hb   []byte
 	exp  []byte
-	sr   *shardReader
+	sr   *wire.ShardReader
 	wmu  sync.Mutex
 }
 
@@ -102,14 +103,14 @@ func (c *recvConn) write(typ uint8, payload []byte, timeout time.Duration) error
 	defer c.wmu.Unlock()
 	_ = c.raw.SetWriteDeadline(time.Now().Add(timeout))
 	defer c.raw.SetWriteDeadline(time.Time{})
-	return writeRecord(c.tc, typ, payload)
+	return wire.WriteRecord(c.tc, typ, payload)
 }
 
 // refuse tells a peer that got through TLS why it is turned away, then
 // hangs up.
 func refuse(tc *tls.Conn, raw net.Conn, msg string) {
 	_ = raw.SetWriteDeadline(time.Now().Add(2 * time.Second))
-	_, _ = tc.Write(reply{Refused: true, Message: msg}.marshal())
+	_, _ = tc.Write(wire.Reply{Refused: true, Message: msg}.Marshal())
 	closeWrite(tc)
 	raw.Close()
 }
@@ -144,11 +145,11 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn,
 	if err != nil {
 		return c, err.Error(), err
 	}
-	c.hb = make([]byte, helloSize)
+	c.hb = make([]byte, wire.HelloSize)
 	if _, err := io.ReadFull(c.br, c.hb); err != nil {
 		return c, "no hello", fmt.Errorf("no hello after the TLS handshake: %v", err)
 	}
-	if c.h, err = parseHello(c.hb); err != nil {
+	if c.h, err = wire.ParseHello(c.hb); err != nil {
 		return c, err.Error(), err
 	}
 	if len(l.o.Auth.Token) > 0 {
@@ -163,17 +164,17 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn,
 
 // admit answers an authenticated connection with the receiver's proof.
 func (l *Listener) admit(c *recvConn) error {
-	r := reply{}
+	r := wire.Reply{}
 	if l.o.Reports {
-		r.Flags |= replyReports
+		r.Flags |= wire.ReplyReports
 	}
 	if l.o.Restores {
-		r.Flags |= replyRestores
+		r.Flags |= wire.ReplyRestores
 	}
-	r.Proof = replyProof(l.o.Auth.Token, c.exp, c.hb, r.marshal())
+	r.Proof = replyProof(l.o.Auth.Token, c.exp, c.hb, r.Marshal())
 	_ = c.raw.SetWriteDeadline(time.Now().Add(l.o.Timeout))
 	defer c.raw.SetWriteDeadline(time.Time{})
-	_, err := c.tc.Write(r.marshal())
+	_, err := c.tc.Write(r.Marshal())
 	return err
 }
 
@@ -301,7 +302,7 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 	delete(pending, c.h.Session)
 	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
 	for _, c := range s.conns {
-		c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
+		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
 	}
 	l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
 	return s
@@ -356,15 +357,15 @@ func (s *Session) each(f func(c *recvConn) error) error {
 // verified.
 func (s *Session) Ack(info AckInfo) error {
 	b, _ := json.Marshal(info)
-	return s.each(func(c *recvConn) error { return c.write(recAck, b, s.timeout) })
+	return s.each(func(c *recvConn) error { return c.write(wire.RecAck, b, s.timeout) })
 }
 
 // Nak tells the sender that the checkpoint is rejected, and hangs up.
 func (s *Session) Nak(msg string) {
-	if len(msg) > maxRefusal {
-		msg = msg[:maxRefusal]
+	if len(msg) > wire.MaxRefusal {
+		msg = msg[:wire.MaxRefusal]
 	}
-	_ = s.each(func(c *recvConn) error { return c.write(recNak, []byte(msg), 2*time.Second) })
+	_ = s.each(func(c *recvConn) error { return c.write(wire.RecNak, []byte(msg), 2*time.Second) })
 	s.Close()
 }
 
@@ -378,10 +379,10 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 	// gone, bounded on its side by the same timeout.
 	stop := ctxDeadline(ctx, c.raw, 3*s.timeout)
 	defer stop()
-	if err := c.sr.drain(); err != nil {
+	if err := c.sr.Drain(); err != nil {
 		return ci, err
 	}
-	h, p, err := readRecord(c.br, true)
+	h, p, err := wire.ReadRecord(c.br, true)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return ci, errors.New("the sender closed the connection")
@@ -392,13 +393,13 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 		return ci, err
 	}
 	switch h.Type {
-	case recCommit:
+	case wire.RecCommit:
 		if err := json.Unmarshal(p, &ci); err != nil {
 			return ci, fmt.Errorf("unreadable COMMIT: %w", err)
 		}
 		return ci, nil
-	case recAbort:
-		return ci, fmt.Errorf("the sender aborted: %s", printable(string(p)))
+	case wire.RecAbort:
+		return ci, fmt.Errorf("the sender aborted: %s", wire.Printable(string(p)))
 	}
 	return ci, fmt.Errorf("record type %d where COMMIT was expected", h.Type)
 }
@@ -406,7 +407,7 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 // Report sends the receiver's last word on stream 0 and hangs up.
 func (s *Session) Report(r Report) error {
 	b, _ := json.Marshal(r)
-	err := s.conns[0].write(recReport, b, s.timeout)
+	err := s.conns[0].write(wire.RecReport, b, s.timeout)
 	for _, c := range s.conns {
 		closeWrite(c.tc)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // logBuf collects a listener's log lines.
@@ -247,13 +248,13 @@ func TestTCPImpostorReceiver(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		hb := make([]byte, helloSize)
+		hb := make([]byte, wire.HelloSize)
 		if _, err := io.ReadFull(c, hb); err != nil {
 			return
 		}
-		var fake reply
+		var fake wire.Reply
 		rand.Read(fake.Proof[:])
-		c.Write(fake.marshal())
+		c.Write(fake.Marshal())
 		n, _ := io.Copy(io.Discard, c)
 		got <- int(n)
 	}()
@@ -288,14 +289,14 @@ func TestTCPReplayRefused(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
 	c1, exp1 := rawClient(t, r.addr())
 	defer c1.Close()
-	h := hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
-	hb := h.marshal()
+	h := wire.Hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
+	hb := h.Marshal()
 	h.Proof = proof([]byte(goodToken), "client", exp1, hb[:32])
-	hb = h.marshal()
+	hb = h.Marshal()
 	if _, err := c1.Write(hb); err != nil {
 		t.Fatal(err)
 	}
-	rep, _, err := readReply(c1)
+	rep, _, err := wire.ReadReply(c1)
 	if err != nil || rep.Refused {
 		t.Fatalf("genuine hello: %+v %v", rep, err)
 	}
@@ -307,7 +308,7 @@ func TestTCPReplayRefused(t *testing.T) {
 		if _, err := c2.Write(replay); err != nil {
 			t.Fatal(err)
 		}
-		rep, _, err := readReply(c2)
+		rep, _, err := wire.ReadReply(c2)
 		c2.Close()
 		if err != nil || !rep.Refused || !strings.Contains(rep.Message, "authentication failed") {
 			t.Fatalf("replayed hello (shard %d): %+v %v", shard, rep, err)
@@ -316,11 +317,11 @@ func TestTCPReplayRefused(t *testing.T) {
 	// A second genuine connection for shard 0 of that session is refused too.
 	c3, exp3 := rawClient(t, r.addr())
 	defer c3.Close()
-	h3 := hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
-	hb3 := h3.marshal()
+	h3 := wire.Hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
+	hb3 := h3.Marshal()
 	h3.Proof = proof([]byte(goodToken), "client", exp3, hb3[:32])
-	c3.Write(h3.marshal())
-	rep, _, err = readReply(c3)
+	c3.Write(h3.Marshal())
+	rep, _, err = wire.ReadReply(c3)
 	if err != nil || !rep.Refused || !strings.Contains(rep.Message, "already connected") {
 		t.Fatalf("duplicate stream: %+v %v", rep, err)
 	}
@@ -356,8 +357,8 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 	}
 	// TLS done right, then garbage instead of a hello.
 	c, _ := rawClient(t, r.addr())
-	c.Write(bytes.Repeat([]byte{'x'}, helloSize))
-	rep, _, err := readReply(c)
+	c.Write(bytes.Repeat([]byte{'x'}, wire.HelloSize))
+	rep, _, err := wire.ReadReply(c)
 	c.Close()
 	if err != nil || !rep.Refused || !strings.Contains(rep.Message, "not a gpucr-stream sender") {
 		t.Fatalf("garbage hello: %+v %v", rep, err)
@@ -489,18 +490,18 @@ func TestTCPCorruptStreamNak(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
 	c, exp := rawClient(t, r.addr())
 	defer c.Close()
-	h := hello{Shard: 0, Count: 1, Session: [16]byte{9}}
-	hb := h.marshal()
+	h := wire.Hello{Shard: 0, Count: 1, Session: [16]byte{9}}
+	hb := h.Marshal()
 	h.Proof = proof([]byte(goodToken), "client", exp, hb[:32])
-	c.Write(h.marshal())
+	c.Write(h.Marshal())
 	br := bufio.NewReader(c)
-	if rep, _, err := readReply(br); err != nil || rep.Refused {
+	if rep, _, err := wire.ReadReply(br); err != nil || rep.Refused {
 		t.Fatalf("%+v %v", rep, err)
 	}
-	writeRecord(c, recData, bytes.Repeat([]byte("not a stream "), 10))
-	writeRecord(c, recEOS, nil)
-	rh, p, err := readRecord(br, false)
-	if err != nil || rh.Type != recNak {
+	wire.WriteRecord(c, wire.RecData, bytes.Repeat([]byte("not a stream "), 10))
+	wire.WriteRecord(c, wire.RecEOS, nil)
+	rh, p, err := wire.ReadRecord(br, false)
+	if err != nil || rh.Type != wire.RecNak {
 		t.Fatalf("want NAK, got %+v %q %v", rh, p, err)
 	}
 	if _, err := r.src.WaitCommitted(testCtx(t)); err == nil || !errors.Is(err, errdefs.ErrCorrupt) {
