@@ -123,6 +123,21 @@ func send(t *testing.T, out streamer.Output, files map[string][]byte) error {
 	return err
 }
 
+// transferAll dials r with o, sends testFiles and checks what r serves.
+func transferAll(t *testing.T, r *receiver, o SendOptions) {
+	t.Helper()
+	out, err := Dial(testCtx(t), r.addr(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	files := testFiles()
+	if err := send(t, out, files); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, r.src, files)
+}
+
 func checkFiles(t *testing.T, src streamer.Source, files map[string][]byte) {
 	t.Helper()
 	for name, want := range files {
@@ -188,16 +203,7 @@ func TestTCPMigrationRoundTrip(t *testing.T) {
 
 func TestTCPAutoCommit(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 }
 
 func TestTCPWrongToken(t *testing.T) {
@@ -208,16 +214,7 @@ func TestTCPWrongToken(t *testing.T) {
 	}
 	r.log.waitLog(t, "authentication failed")
 	// The receiver goes on and takes the real sender.
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
 }
 
 func TestTCPNoSecretRefused(t *testing.T) {
@@ -364,16 +361,7 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 		t.Fatalf("garbage hello: %+v %v", rep, err)
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 	if n := strings.Count(r.log.String(), "refused"); n < 4 {
 		t.Errorf("want the garbage peers refused in the log:\n%s", r.log.String())
 	}
@@ -549,16 +537,7 @@ func TestTCPCertificates(t *testing.T) {
 		t.Fatal("receiver with an untrusted certificate accepted")
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: auth, Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: auth, Streams: 2, AutoCommit: true})
 }
 
 func TestTokenFile(t *testing.T) {
