@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -264,9 +263,4 @@ func (m *Manifest) Lookup(name string) (*File, bool) {
 		}
 	}
 	return nil, false
-}
-
-// SortFiles orders files by name, for stable listings.
-func (m *Manifest) SortFiles() {
-	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
 }

@@ -2,6 +2,7 @@ package streamer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -25,7 +26,7 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	byName := map[string]manifest.File{}
 	for {
 		fr, err := rd.Next(nil)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

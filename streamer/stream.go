@@ -131,13 +131,6 @@ func (s *StreamSource) notifyLocked() {
 	s.changed = make(chan struct{})
 }
 
-func (s *StreamSource) failLocked(err error) {
-	if s.err == nil {
-		s.err = err
-		s.notifyLocked()
-	}
-}
-
 type decodeJob struct {
 	rd    *manifest.Reader
 	frame manifest.Frame
@@ -220,7 +213,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			return context.Cause(ctx)
 		}
 		fr, err := rd.Next(nil)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
@@ -362,44 +355,51 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	}
 }
 
-// decode checks one DATA frame and stores its bytes.
-func (s *StreamSource) decode(j decodeJob) error {
+// decodePayload checks one DATA frame and decodes it: raw is nil for a
+// zero chunk, and lies in page where it was decoded into one.
+func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, err error) {
 	fr := j.frame
-	raw := fr.Payload
-	zero := codec.ID(fr.Codec) == codec.Zero
-	if zero {
+	if codec.ID(fr.Codec) == codec.Zero {
 		if fr.StoredLen != 0 {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
 		}
 		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
-		raw = nil
+		return nil, nil, nil
 	}
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
-	var page *pageBuf
-	if !zero {
-		if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
-			var err error
-			if page, err = newPageBuf(int(fr.RawLen)); err != nil {
-				return fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
-			}
-			raw = page.b[:fr.RawLen]
-		} else if codec.ID(fr.Codec) != codec.None {
-			raw = make([]byte, fr.RawLen)
+	raw = fr.Payload
+	if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
+		if page, err = newPageBuf(int(fr.RawLen)); err != nil {
+			return nil, nil, fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
 		}
-		err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-		if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
-			err = errors.New("content hash mismatch")
-		}
-		if err != nil {
-			if page != nil {
-				page.free()
-			}
-			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
-		}
+		raw = page.b[:fr.RawLen]
+	} else if codec.ID(fr.Codec) != codec.None {
+		raw = make([]byte, fr.RawLen)
 	}
+	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
+	if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+		err = errors.New("content hash mismatch")
+	}
+	if err != nil {
+		if page != nil {
+			page.free()
+		}
+		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+	}
+	return raw, page, nil
+}
+
+// decode checks one DATA frame and stores its bytes.
+func (s *StreamSource) decode(j decodeJob) error {
+	fr := j.frame
+	raw, page, err := s.decodePayload(j)
+	if err != nil {
+		return err
+	}
+	zero := codec.ID(fr.Codec) == codec.Zero
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))

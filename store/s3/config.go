@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/redact"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
@@ -46,8 +47,9 @@ var (
 	ErrNoCredentials = errors.New("no S3 credentials found")
 	// ErrBadCredentials: the server refused the credentials.
 	ErrBadCredentials = errors.New("credentials refused")
-	// ErrNoSuchBucket: the bucket does not exist at the endpoint.
-	ErrNoSuchBucket = errors.New("NoSuchBucket")
+	// ErrNoSuchBucket: the bucket does not exist at the endpoint; a kind
+	// of errdefs.ErrNotFound.
+	ErrNoSuchBucket = fmt.Errorf("NoSuchBucket: %w", errdefs.ErrNotFound)
 )
 
 // PathStyle selects how the bucket is addressed: in the URL path

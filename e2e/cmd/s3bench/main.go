@@ -107,7 +107,7 @@ func put(args []string) error {
 	threads := fs.Uint("threads", 4, "parts in flight")
 	fs.Parse(args)
 	if *bucket == "" || *key == "" || fs.NArg() == 0 {
-		return errors.New("put -bucket B -key K FILE...")
+		return errors.New("usage: put -bucket B -key K FILE [FILE]")
 	}
 	c, err := client()
 	if err != nil {
@@ -254,7 +254,7 @@ func read(args []string) error {
 	list := fs.String("files", "", "an images dir whose .img files to request, or a file of names, one a line")
 	fs.Parse(args)
 	if *imagesDir == "" || fs.NArg() == 0 {
-		return errors.New("read -images-dir B -files IMGDIR -- SERVE-COMMAND...")
+		return errors.New("usage: read -images-dir B -files IMGDIR -- SERVE-COMMAND [ARG]")
 	}
 	var names []string
 	if st, err := os.Stat(*list); err == nil && st.Mode().IsRegular() {
