@@ -37,10 +37,9 @@ func (l s3Loc) open(ctx context.Context, c *Config) (*s3.Store, s3.Config, error
 	sc.Bucket, sc.Prefix = bucket, strings.Trim(prefix, "/")
 	st, err := s3.New(ctx, sc)
 	if err != nil {
-		switch {
-		case errors.Is(err, s3.ErrNoSuchBucket):
-			return nil, sc, notFound{err}
-		case errors.Is(err, s3.ErrNoCredentials), errors.Is(err, s3.ErrBadCredentials):
+		// A missing bucket wraps errdefs.ErrNotFound already; these three
+		// messages say enough on their own.
+		if errors.Is(err, s3.ErrNoSuchBucket) || errors.Is(err, s3.ErrNoCredentials) || errors.Is(err, s3.ErrBadCredentials) {
 			return nil, sc, err
 		}
 		return nil, sc, fmt.Errorf("%s: %w", l.loc, err)
@@ -127,10 +126,3 @@ func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, err
 	defer st.Close()
 	return streamer.ReadManifest(ctx, st)
 }
-
-// notFound marks an error as "not found" (exit 4) without changing its
-// message.
-type notFound struct{ err error }
-
-func (e notFound) Error() string   { return e.err.Error() }
-func (e notFound) Unwrap() []error { return []error{e.err, errdefs.ErrNotFound} }
