@@ -208,6 +208,12 @@ func Parse(b []byte) (*Manifest, error) {
 
 // Validate checks chunk ranges and segment references.
 func (m *Manifest) Validate() error {
+	for i, s := range m.Segments {
+		// A negative size would wrap the bound checks below.
+		if s.Size < 0 {
+			return fmt.Errorf("manifest: segment %d has size %d", i, s.Size)
+		}
+	}
 	seen := map[string]bool{}
 	for _, f := range m.Files {
 		if f.Name == "" || len(f.Name) > MaxNameLen {

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -19,3 +20,22 @@ func TestReaderEveryCutIsCorrupt(t *testing.T) {
 	}
 }
 
+// A segment of negative size wraps the bound check: size -2^63 let any
+// chunk position pass.
+func TestValidateNegativeSegmentSize(t *testing.T) {
+	for _, size := range []int64{math.MinInt64, -1} {
+		m := goodManifest()
+		m.Segments[1].Size = size
+		m.Files[0].Chunks[2].Pos = math.MaxInt64 / 2
+		if err := m.Validate(); err == nil {
+			t.Errorf("segment size %d accepted", size)
+		}
+		b, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(b); !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("Parse with segment size %d: %v, want ErrCorrupt", size, err)
+		}
+	}
+}
