@@ -3,6 +3,7 @@ package manifest
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -16,6 +17,23 @@ func TestReaderEveryCutIsCorrupt(t *testing.T) {
 		_, _, err := readAll(ts.b[:n], "cut")
 		if !errors.Is(err, errdefs.ErrCorrupt) {
 			t.Errorf("cut at %d of %d bytes: %v, want ErrCorrupt", n, len(ts.b), err)
+		}
+	}
+}
+
+// Validate refuses every name extract refuses, so that verify and inspect
+// never pass an archive extract cannot write.
+func TestValidateRefusesUnsafeNames(t *testing.T) {
+	for _, name := range []string{"../../x", "/tmp/x", "x/y", ".", "..", "", "a\x00b", strings.Repeat("n", MaxNameLen+1)} {
+		m := goodManifest()
+		m.Files[1].Name = name
+		err := m.Validate()
+		if err == nil {
+			t.Errorf("name %q accepted", name)
+			continue
+		}
+		if strings.ContainsRune(err.Error(), 0) {
+			t.Errorf("name %q: error carries a NUL: %q", name, err)
 		}
 	}
 }
@@ -37,5 +55,34 @@ func TestValidateNegativeSegmentSize(t *testing.T) {
 		if _, err := Parse(b); !errors.Is(err, errdefs.ErrCorrupt) {
 			t.Errorf("Parse with segment size %d: %v, want ErrCorrupt", size, err)
 		}
+	}
+}
+
+func TestPrintableName(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"pages-1.img", "pages-1.img"},
+		{"ünïcode.img", "ünïcode.img"},
+		{"a\x1b[2Jb", `"a\x1b[2Jb"`},
+		{"nl\nname", `"nl\nname"`},
+		{"bad\xffutf8", `"bad\xffutf8"`},
+		{"del\x7f", `"del\x7f"`},
+	} {
+		if got := PrintableName(tc.in); got != tc.want {
+			t.Errorf("PrintableName(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A peer's file name reaches error messages escaped.
+func TestReaderErrorEscapesNames(t *testing.T) {
+	evil := "x\x1b]0;pwned\x07.img"
+	ts := writeStream(t, Header{}, []frameSpec{file(0, evil), data(0, 0, []byte("abcdef")), fileEnd(0, 6, 1)}, nil)
+	rd, _, err := readAll(ts.b, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := rd.Errorf(0, 0, "boom").Error()
+	if strings.ContainsAny(msg, "\x1b\x07") {
+		t.Fatalf("error carries control characters: %q", msg)
 	}
 }

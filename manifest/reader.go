@@ -74,7 +74,7 @@ const NoFile = ^uint32(0)
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
 	if n := r.FileName(id); n != "" {
-		where += fmt.Sprintf(" (file %s)", n)
+		where += fmt.Sprintf(" (file %s)", PrintableName(n))
 	}
 	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+errdefs.ErrCorrupt.Error())
 	return fmt.Errorf("%s: %s: %w", where, msg, errdefs.ErrCorrupt)

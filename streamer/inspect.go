@@ -33,6 +33,9 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 		}
 		switch fr.Type {
 		case manifest.FrameFile:
+			if !manifest.ValidName(string(fr.Payload)) {
+				return nil, rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
+			}
 			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:
 			f := files[fr.FileID]
@@ -80,7 +83,7 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 			hashes = append(hashes, c.Hash[:]...)
 		}
 		if FileDigest(hashes, f.Size) != f.Digest {
-			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, errdefs.ErrCorrupt)
+			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)
 		if err != nil {

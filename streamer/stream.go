@@ -113,7 +113,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		defer s.mu.Unlock()
 		if err == nil && len(s.pending) > 0 {
 			for _, f := range s.pending {
-				err = fmt.Errorf("stream ended but file %s is incomplete (%d chunks received)", f.name, len(f.chunks))
+				err = fmt.Errorf("stream ended but file %s is incomplete (%d chunks received)", manifest.PrintableName(f.name), len(f.chunks))
 				break
 			}
 		}
@@ -251,7 +251,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	name := string(fr.Payload)
 	if !manifest.ValidName(name) {
-		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %q", name)
+		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(name))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,7 +260,7 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	if f, ok := s.pending[fr.FileID]; ok {
 		if f.name != name {
-			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, name)
+			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, manifest.PrintableName(name))
 		}
 		return nil // the same announcement on another shard or segment
 	}
@@ -306,16 +306,16 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	hashes := make([]byte, 0, 32*len(f.chunks))
 	for _, c := range f.chunks {
 		if c.off != next {
-			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), f.name, c.off, next)
+			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), manifest.PrintableName(f.name), c.off, next)
 		}
 		next += c.n
 		hashes = append(hashes, c.hash[:]...)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
-		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), f.name, next, len(f.chunks), f.size, f.expect)
+		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), manifest.PrintableName(f.name), next, len(f.chunks), f.size, f.expect)
 	}
 	if FileDigest(hashes, f.size) != f.digest {
-		return fmt.Errorf("%w: %s: file digest mismatch", where(), f.name)
+		return fmt.Errorf("%w: %s: file digest mismatch", where(), manifest.PrintableName(f.name))
 	}
 	delete(s.pending, f.id)
 	s.doneIDs[f.id] = true
@@ -442,7 +442,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 			page.free() // spilled: the bytes live in the file now
 		}
 		if err != nil {
-			return fmt.Errorf("store %s at offset %d: %w", f.name, rec.off, err)
+			return fmt.Errorf("store %s at offset %d: %w", manifest.PrintableName(f.name), rec.off, err)
 		}
 	}
 	s.mu.Lock()

@@ -1,0 +1,111 @@
+package streamer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// hostile builds a stream frame by frame with the project's own writer:
+// what a peer that does not play by the rules can send.
+type hostile struct {
+	t   testing.TB
+	buf bytes.Buffer
+	w   *manifest.Writer
+}
+
+func newHostile(t testing.TB) *hostile {
+	h := &hostile{t: t}
+	w, err := manifest.NewWriter(&h.buf, manifest.Header{ShardCount: 1, StreamID: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w = w
+	return h
+}
+
+func (h *hostile) frame(fh manifest.FrameHeader, payload []byte) {
+	h.t.Helper()
+	if _, err := h.w.WriteFrame(&fh, payload); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *hostile) file(id uint32, name string) {
+	h.frame(manifest.FrameHeader{Type: manifest.FrameFile, FileID: id}, []byte(name))
+}
+
+// data sends raw as one chunk encoded as spec says ("none", "lz4",
+// "zstd"); all-zero raw becomes a zero chunk. It returns the chunk's hash.
+func (h *hostile) data(id uint32, off uint64, spec string, raw []byte) [32]byte {
+	h.t.Helper()
+	enc, err := codec.NewEncoder(mustSpec(h.t, spec))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	c, payload, err := enc.Encode(make([]byte, 0, enc.MaxEncodedLen(len(raw))), raw)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	hash := codec.ContentHash(raw)
+	h.frame(manifest.FrameHeader{Type: manifest.FrameData, FileID: id, Offset: off, RawLen: uint32(len(raw)), Codec: uint8(c),
+		Checksum: codec.Checksum(raw), Hash: hash}, payload)
+	return hash
+}
+
+func (h *hostile) fileEnd(id uint32, size uint64, chunkHashes [][32]byte) {
+	var hs []byte
+	for _, c := range chunkHashes {
+		hs = append(hs, c[:]...)
+	}
+	h.frame(manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: id, Offset: size, RawLen: uint32(len(chunkHashes)), Hash: FileDigest(hs, int64(size))}, nil)
+}
+
+func (h *hostile) bytes() []byte {
+	h.t.Helper()
+	if err := h.w.Finish(nil); err != nil {
+		h.t.Fatal(err)
+	}
+	return h.buf.Bytes()
+}
+
+// inspect of a stream refuses the names extract refuses, and never prints
+// a name's control characters.
+func TestScanStreamUnsafeNames(t *testing.T) {
+	for _, name := range []string{"../../x", "/tmp/x", "x/y", ".", "..", "a\x00b"} {
+		h := newHostile(t)
+		h.file(0, name)
+		h.fileEnd(0, 0, nil)
+		_, err := ScanStream(bytes.NewReader(h.bytes()), "stdin")
+		if !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("name %q: %v, want ErrCorrupt", name, err)
+		}
+		if err != nil && strings.ContainsRune(err.Error(), 0) {
+			t.Errorf("name %q: error carries a NUL", name)
+		}
+	}
+}
+
+// Names with escape sequences reach errors quoted.
+func TestStreamErrorEscapesNames(t *testing.T) {
+	h := newHostile(t)
+	h.file(0, "x\x1b]0;pwned\x07.img")
+	h.data(0, 0, "none", []byte("abc"))
+	b := h.bytes() // the file never ends
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(b)}, []string{"stdin"}, StreamOptions{Discard: true})
+	defer s.Close()
+	err := s.Wait(context.Background())
+	if err == nil {
+		t.Fatal("a file that never ends was accepted")
+	}
+	if strings.ContainsAny(err.Error(), "\x1b\x07") {
+		t.Fatalf("error carries control characters: %q", err)
+	}
+}
