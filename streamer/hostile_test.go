@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -107,5 +109,42 @@ func TestStreamErrorEscapesNames(t *testing.T) {
 	}
 	if strings.ContainsAny(err.Error(), "\x1b\x07") {
 		t.Fatalf("error carries control characters: %q", err)
+	}
+}
+
+// Stream extract never follows a symlink planted in the target directory,
+// under a temporary name or the final one.
+func TestStreamExtractPlantedSymlink(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim.txt")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{".a.img.partial-0", ".a.img.partial", ".a.img.partial-0-0", "b.img"} {
+		if err := os.Symlink(victim, filepath.Join(dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHostile(t)
+	h.file(0, "a.img")
+	h.fileEnd(0, 9, [][32]byte{h.data(0, 0, "none", []byte("attacker!"))})
+	h.file(1, "b.img")
+	h.fileEnd(1, 3, [][32]byte{h.data(1, 0, "none", []byte("bbb"))})
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamOptions{ExtractDir: dir})
+	if err := s.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if b, _ := os.ReadFile(victim); string(b) != "precious" {
+		t.Fatalf("victim overwritten: %q", b)
+	}
+	for name, want := range map[string]string{"a.img": "attacker!", "b.img": "bbb"} {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("%s: %v, mode %v: want a regular file", name, err, fi.Mode())
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, name)); string(b) != want {
+			t.Errorf("%s holds %q", name, b)
+		}
 	}
 }

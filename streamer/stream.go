@@ -266,12 +266,13 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
 	if s.extractDir != "" {
-		f.tmpPath = filepath.Join(s.extractDir, fmt.Sprintf(".%s.partial-%d", name, fr.FileID))
-		fd, err := os.OpenFile(f.tmpPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		// A fresh name, created exclusively: whatever was planted in the
+		// directory (a symlink to a victim) is never opened.
+		fd, err := os.CreateTemp(s.extractDir, fmt.Sprintf(".%s.partial-%d-*", name, fr.FileID))
 		if err != nil {
-			return fmt.Errorf("extract %s: %w", name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(name), err)
 		}
-		f.fd = fd
+		f.fd, f.tmpPath = fd, fd.Name()
 		s.cleanup = append(s.cleanup, f.tmpPath)
 	}
 	s.pending[fr.FileID] = f
