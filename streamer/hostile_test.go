@@ -148,3 +148,23 @@ func TestStreamExtractPlantedSymlink(t *testing.T) {
 		}
 	}
 }
+
+// A failed stream extract leaves none of the files it finished.
+func TestStreamExtractFailureLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	h := newHostile(t)
+	h.file(0, "a.img")
+	h.fileEnd(0, 3, [][32]byte{h.data(0, 0, "none", []byte("aaa"))})
+	h.file(1, "b.img")
+	raw := []byte("bbb")
+	h.frame(manifest.FrameHeader{Type: manifest.FrameData, FileID: 1, RawLen: 3, Checksum: codec.Checksum(raw) ^ 1, Hash: codec.ContentHash(raw)}, raw)
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamOptions{ExtractDir: dir})
+	err := s.Wait(context.Background())
+	s.Close()
+	if !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("damaged stream: %v, want ErrCorrupt", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("failed extract left %d entries, first %s", len(ents), ents[0].Name())
+	}
+}

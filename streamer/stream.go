@@ -39,6 +39,8 @@ type StreamSource struct {
 	spill    *os.File
 	spillEnd int64
 	cleanup  []string
+	// extracted are the files written into extractDir so far.
+	extracted []string
 	// retired holds the page buffers of files replaced by a later copy:
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
@@ -119,6 +121,14 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		}
 		if err != nil && s.err == nil {
 			s.err = err
+		}
+		if s.err != nil {
+			// A failed extract leaves nothing behind, not even the files
+			// it finished: the image is incomplete.
+			for _, p := range s.extracted {
+				os.Remove(p)
+			}
+			s.extracted = nil
 		}
 		s.ended = true
 		s.notifyLocked()
@@ -335,12 +345,13 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	if f.fd != nil {
 		// A trailing zero chunk is never written: set the length explicitly.
 		if err := f.fd.Truncate(f.size); err != nil {
-			return fmt.Errorf("extract %s: %w", f.name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(f.name), err)
 		}
 		final := filepath.Join(s.extractDir, f.name)
 		if err := os.Rename(f.tmpPath, final); err != nil {
-			return fmt.Errorf("extract %s: %w", f.name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(f.name), err)
 		}
+		s.extracted = append(s.extracted, final)
 		f.tmpPath = ""
 	}
 	if hasOld {
