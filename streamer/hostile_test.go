@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // hostile builds a stream frame by frame with the project's own writer:
@@ -166,5 +167,60 @@ func TestStreamExtractFailureLeavesNothing(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("failed extract left %d entries, first %s", len(ents), ents[0].Name())
+	}
+}
+
+func rewriteManifest(t testing.TB, st store.Store, m *manifest.Manifest) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := m.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := st.Create(ctx, manifest.ManifestName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A manifest whose chunk_size lies (chunks larger than it) is refused:
+// the read-ahead budget counts chunks, and 64 MiB chunks in an archive
+// declaring chunk_size 1 held 3.4 GB under --memory-limit 256MiB.
+func TestArchiveLyingChunkSize(t *testing.T) {
+	ctx := context.Background()
+	ac := newArchiveCorpus(t, "lz4")
+	const limit = 1 << 20
+	// The honest archive: what the budget lets be held, counted by the
+	// chunks' actual sizes, stays within the limit.
+	a, err := OpenArchive(ctx, ac.store, Options{MemoryLimit: limit, Workers: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var most int64
+	for _, f := range ac.m.Files {
+		for _, c := range f.Chunks {
+			most = max(most, int64(c.RawLen)+int64(c.Stored)+manifest.FrameSize)
+		}
+	}
+	if held := int64(cap(a.tokens)) * most; held > limit {
+		t.Errorf("budget of %d chunks of up to %d bytes holds %d, over the limit of %d", cap(a.tokens), most, held, limit)
+	}
+	a.Close()
+	for _, size := range []int{1, corpusChunk / 2} {
+		m := *ac.m
+		m.ChunkSize = size
+		rewriteManifest(t, ac.store, &m)
+		if a, err := OpenArchive(ctx, ac.store, Options{MemoryLimit: limit, Workers: 16}); !errors.Is(err, errdefs.ErrCorrupt) {
+			if err == nil {
+				a.Close()
+			}
+			t.Errorf("chunk_size %d with chunks of %d: %v, want ErrCorrupt", size, corpusChunk, err)
+		}
 	}
 }
