@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -222,5 +223,67 @@ func TestArchiveLyingChunkSize(t *testing.T) {
 			}
 			t.Errorf("chunk_size %d with chunks of %d: %v, want ErrCorrupt", size, corpusChunk, err)
 		}
+	}
+}
+
+// heldLocked is what the stream source holds in memory by its own count.
+func (s *StreamSource) held() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.memUsed + s.metaUsed
+}
+
+// Stream metadata counts against the budget: zero chunks of a file that
+// never ends, or FILE frames with long names, are refused once they would
+// hold more than the memory limit, naming it.
+func TestStreamMetadataBudget(t *testing.T) {
+	const limit = 1 << 20
+	zeros := func() []byte {
+		h := newHostile(t)
+		h.file(0, "pages-1.img")
+		raw := make([]byte, 4096)
+		for i := range 20000 { // 20000 chunk records, never ended
+			h.data(0, uint64(i)*4096, "zstd", raw)
+		}
+		return h.bytes()
+	}
+	names := func() []byte {
+		h := newHostile(t)
+		for i := range 300 { // 300 names of 4000 bytes
+			h.file(uint32(i), fmt.Sprintf("%04d%s", i, strings.Repeat("n", 3996)))
+		}
+		return h.bytes()
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		so   StreamOptions
+	}{
+		{"zero chunks, verify", zeros(), StreamOptions{Discard: true}},
+		{"zero chunks, held", zeros(), StreamOptions{}},
+		{"names, verify", names(), StreamOptions{Discard: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.so.MemoryLimit = limit
+			tc.so.Workers = 2
+			s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(tc.b)}, []string{"stdin"}, tc.so)
+			defer s.Close()
+			err := s.Wait(context.Background())
+			if !errors.Is(err, ErrMemoryLimit) || !strings.Contains(err.Error(), "--memory-limit") {
+				t.Fatalf("%v, want ErrMemoryLimit naming --memory-limit", err)
+			}
+			if held := s.held(); held > limit+fileMeta+2*4000 {
+				t.Fatalf("holds %d bytes, over the limit of %d", held, limit)
+			}
+		})
+	}
+	// inspect's index of a stream is bounded the same way.
+	h := newHostile(t)
+	h.file(0, "pages-1.img")
+	for i := range maxScanChunks + 1 {
+		h.frame(manifest.FrameHeader{Type: manifest.FrameData, FileID: 0, Offset: uint64(i) * 4096, RawLen: 4096, Codec: uint8(codec.Zero)}, nil)
+	}
+	if _, err := ScanStream(bytes.NewReader(h.bytes()), "stdin"); !errors.Is(err, ErrMemoryLimit) {
+		t.Fatalf("ScanStream of %d chunks: %v, want ErrMemoryLimit", maxScanChunks+1, err)
 	}
 }

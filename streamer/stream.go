@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"unsafe"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -36,6 +37,11 @@ type StreamSource struct {
 	ended    bool
 	err      error
 	memUsed  int64
+	// metaUsed counts what the stream's metadata holds (files, names,
+	// chunk records): it shares the budget with the data, and a stream
+	// whose metadata alone exceeds it is refused.
+	metaUsed int64
+	chunks   int64
 	spill    *os.File
 	spillEnd int64
 	cleanup  []string
@@ -61,6 +67,30 @@ type streamFile struct {
 	chunks   []chunkRec
 	fd       *os.File // extract mode: the file being written
 	tmpPath  string
+	meta     int64 // what metaUsed counts for this file
+}
+
+// ErrMemoryLimit means what a stream holds would exceed Options.MemoryLimit
+// where it cannot spill.
+var ErrMemoryLimit = errors.New("memory limit reached")
+
+// What the metadata of one file and one chunk hold, counted generously:
+// the file record, its name twice (here and in the frame reader) and map
+// entries; a chunk record and the slack of a growing slice.
+const (
+	fileMeta  = 256
+	chunkMeta = 2 * int64(unsafe.Sizeof(chunkRec{}))
+)
+
+// addMetaLocked counts n more bytes of metadata against the budget.
+func (s *StreamSource) addMetaLocked(f *streamFile, n int64) error {
+	f.meta += n
+	s.metaUsed += n
+	if s.metaUsed > s.opts.MemoryLimit {
+		return fmt.Errorf("stream metadata (%d files, %d chunks: %d bytes) exceeds the memory limit of %d bytes (--memory-limit): %w",
+			len(s.pending)+len(s.complete), s.chunks, s.metaUsed, s.opts.MemoryLimit, ErrMemoryLimit)
+	}
+	return nil
 }
 
 type chunkRec struct {
@@ -275,6 +305,10 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 		return nil // the same announcement on another shard or segment
 	}
 	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
+	s.pending[fr.FileID] = f
+	if err := s.addMetaLocked(f, fileMeta+2*int64(len(name))); err != nil {
+		return err
+	}
 	if s.extractDir != "" {
 		// A fresh name, created exclusively: whatever was planted in the
 		// directory (a symlink to a victim) is never opened.
@@ -285,7 +319,6 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 		f.fd, f.tmpPath = fd, fd.Name()
 		s.cleanup = append(s.cleanup, f.tmpPath)
 	}
-	s.pending[fr.FileID] = f
 	return nil
 }
 
@@ -362,6 +395,8 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 }
 
 func (s *StreamSource) releaseLocked(f *streamFile) {
+	s.metaUsed -= f.meta
+	f.meta = 0
 	for _, c := range f.chunks {
 		s.memUsed -= int64(len(c.mem))
 		if c.page != nil {
@@ -426,7 +461,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		switch {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
-		case s.memUsed+int64(len(raw)) <= s.opts.MemoryLimit:
+		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit:
 			rec.mem, rec.page = raw, page
 			page = nil
 			s.memUsed += int64(len(raw))
@@ -460,6 +495,10 @@ func (s *StreamSource) decode(j decodeJob) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f.chunks = append(f.chunks, rec)
+	s.chunks++
+	if err := s.addMetaLocked(f, chunkMeta); err != nil {
+		return err
+	}
 	return s.maybeCompleteLocked(f, func() error { return j.rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
 }
 
