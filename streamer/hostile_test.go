@@ -15,6 +15,8 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/mem"
+	"golang.org/x/sys/unix"
 )
 
 // hostile builds a stream frame by frame with the project's own writer:
@@ -285,5 +287,80 @@ func TestStreamMetadataBudget(t *testing.T) {
 	}
 	if _, err := ScanStream(bytes.NewReader(h.bytes()), "stdin"); !errors.Is(err, ErrMemoryLimit) {
 		t.Fatalf("ScanStream of %d chunks: %v, want ErrMemoryLimit", maxScanChunks+1, err)
+	}
+}
+
+// A stream of well-compressed chunks declares far more than it carries: a
+// receiver that spills (or an extract that writes) refuses to fill its
+// file system instead of writing it all.
+func TestStreamSpillBoundedBySpace(t *testing.T) {
+	const free, total = 16 << 20, 100 << 20
+	old := spaceLeft
+	// What was written so far fills a small file system.
+	spaceLeft = func(f *os.File) (int64, int64, error) {
+		fi, err := f.Stat()
+		if err != nil {
+			return 0, 0, err
+		}
+		return free - fi.Size(), total, nil
+	}
+	t.Cleanup(func() { spaceLeft = old })
+	for _, so := range []StreamOptions{{SpillDir: t.TempDir()}, {ExtractDir: t.TempDir()}} {
+		h := newHostile(t)
+		h.file(0, "pages-1.img")
+		raw := bytes.Repeat([]byte{1}, 1<<20)
+		for i := range 64 { // 64 MiB declared in a few KiB
+			h.data(0, uint64(i)<<20, "zstd", raw)
+		}
+		b := h.bytes()
+		if len(b) > 1<<20 {
+			t.Fatalf("hostile stream of %d bytes", len(b))
+		}
+		so.MemoryLimit, so.Workers = 1<<20, 1
+		s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(b)}, []string{"stdin"}, so)
+		err := s.Wait(context.Background())
+		s.Close()
+		if !errors.Is(err, ErrNoSpace) {
+			t.Fatalf("%+v: %v, want ErrNoSpace", so, err)
+		}
+	}
+}
+
+// Declared zero chunks are holes in an extracted file, not written bytes:
+// a 20 KB archive filled a 100 MB tmpfs.
+func TestArchiveExtractZerosSparse(t *testing.T) {
+	ctx := context.Background()
+	st := mem.New("zeros")
+	out, err := NewArchiveOutput(ctx, st, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	data := make([]byte, size)
+	copy(data[size/2:], "not all zeros")
+	captureFiles(t, ctx, out, Options{ChunkSize: 1 << 20, Workers: 2, Codec: mustSpec(t, "lz4")}, map[string][]byte{"pages-1.img": data})
+	a, err := OpenArchive(ctx, st, Options{VerifyHashes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	f, err := os.Create(filepath.Join(t.TempDir(), "pages-1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := a.Copy(ctx, "pages-1.img", f); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("extracted file differs (%v)", err)
+	}
+	var st2 unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st2); err != nil {
+		t.Fatal(err)
+	}
+	if used := st2.Blocks * 512; used > size/8 {
+		t.Fatalf("%d zero bytes take %d bytes on disk: not sparse", size, used)
 	}
 }

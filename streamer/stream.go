@@ -11,6 +11,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -73,6 +75,35 @@ type streamFile struct {
 // ErrMemoryLimit means what a stream holds would exceed Options.MemoryLimit
 // where it cannot spill.
 var ErrMemoryLimit = errors.New("memory limit reached")
+
+// ErrNoSpace means a stream would fill the file system it spills or
+// extracts to: its chunks may declare far more than it carries.
+var ErrNoSpace = errors.New("not enough free space")
+
+// spaceLeft is the free space on f's file system for an unprivileged
+// writer, and its size (a variable for tests).
+var spaceLeft = func(f *os.File) (avail, total int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+}
+
+// roomFor refuses to write n more bytes to f when that would leave less
+// than a reserve (5% of the file system, at most 1 GiB) free: a stream of
+// well-compressed chunks must not fill the disk it spills to.
+func roomFor(f *os.File, n int64) error {
+	avail, total, err := spaceLeft(f)
+	if err != nil {
+		return nil // unknown: a full disk still fails the write
+	}
+	reserve := min(total/20, 1<<30)
+	if n > avail-reserve {
+		return fmt.Errorf("%s: %d more bytes would leave less than %d of its file system's %d free bytes: %w", f.Name(), n, reserve, avail, ErrNoSpace)
+	}
+	return nil
+}
 
 // What the metadata of one file and one chunk hold, counted generously:
 // the file record, its name twice (here and in the frame reader) and map
@@ -484,7 +515,10 @@ func (s *StreamSource) decode(j decodeJob) error {
 	}
 	s.mu.Unlock()
 	if rec.fd != nil {
-		_, err := rec.fd.WriteAt(raw, rec.foff)
+		err := roomFor(rec.fd, int64(len(raw)))
+		if err == nil {
+			_, err = rec.fd.WriteAt(raw, rec.foff)
+		}
 		if page != nil {
 			page.free() // spilled: the bytes live in the file now
 		}
