@@ -284,7 +284,7 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 			delete(pending, c.h.Session)
 			s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
 			for _, c := range s.conns {
-				c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
+				c.sr = &shardReader{br: c.br, counts: &s.streamBytes, conn: c.raw, timeout: l.o.Timeout}
 			}
 			l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
 			return s, nil
@@ -371,13 +371,13 @@ func (s *Session) Nak(msg string) {
 func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 	var ci CommitInfo
 	c := s.conns[0]
+	if err := c.sr.drain(); err != nil {
+		return ci, err
+	}
 	// The sender commits once CRIU has killed the source process and it is
 	// gone, bounded on its side by the same timeout.
 	stop := ctxDeadline(ctx, c.raw, 3*s.timeout)
 	defer stop()
-	if err := c.sr.drain(); err != nil {
-		return ci, err
-	}
 	h, p, err := readRecord(c.br, true)
 	if err != nil {
 		if errors.Is(err, io.EOF) {

@@ -472,6 +472,26 @@ type shardReader struct {
 	eos    bool
 	err    error
 	counts *atomic.Int64
+	// conn, when set, gets a read deadline of timeout before every read:
+	// an authenticated sender that stays connected and silent is dropped
+	// like a dead link.
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (s *shardReader) deadline() {
+	if s.conn != nil {
+		_ = s.conn.SetReadDeadline(time.Now().Add(s.timeout))
+	}
+}
+
+// broke describes a failed read, saying so when the sender fell silent.
+func (s *shardReader) broke(what string, err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%s: the sender sent nothing for %v: %w", what, s.timeout, err)
+	}
+	return fmt.Errorf("%s: %w", what, unexpectedEOF(err))
 }
 
 func (s *shardReader) Read(p []byte) (int, error) {
@@ -483,8 +503,9 @@ func (s *shardReader) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		var hb [recHeaderSize]byte
+		s.deadline()
 		if _, err := io.ReadFull(s.br, hb[:]); err != nil {
-			s.err = fmt.Errorf("stream ended without its end marker: %w", unexpectedEOF(err))
+			s.err = s.broke("stream ended without its end marker", err)
 			return 0, s.err
 		}
 		h, err := parseRecordHeader(hb[:], true)
@@ -511,13 +532,14 @@ func (s *shardReader) Read(p []byte) (int, error) {
 	if uint32(len(p)) > s.left {
 		p = p[:s.left]
 	}
+	s.deadline()
 	n, err := s.br.Read(p)
 	s.left -= uint32(n)
 	if s.counts != nil {
 		s.counts.Add(int64(n))
 	}
 	if err != nil {
-		s.err = fmt.Errorf("stream broke: %w", unexpectedEOF(err))
+		s.err = s.broke("stream broke", err)
 		if n > 0 {
 			return n, nil
 		}
