@@ -2,10 +2,109 @@ package tcp
 
 import (
 	"context"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+// flood holds n idle connections to addr from the local address from,
+// reconnecting each one the receiver drops, until stop returns; it
+// returns how many connections it made.
+func flood(t *testing.T, addr, from string, n int) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	made := 0
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil {
+					if ctx.Err() == nil {
+						time.Sleep(10 * time.Millisecond)
+					}
+					continue
+				}
+				mu.Lock()
+				made++
+				mu.Unlock()
+				stop := context.AfterFunc(ctx, func() { c.Close() })
+				var b [1]byte
+				_, _ = c.Read(b[:]) // until the receiver drops it
+				stop()
+				c.Close()
+			}
+		}()
+	}
+	return func() int {
+		cancel()
+		wg.Wait()
+		return made
+	}
+}
+
+// Unauthenticated peers cannot starve the real sender: 100 idle
+// connections that reconnect when dropped (which made three real senders
+// in a row fail with a TLS handshake timeout) leave a real sender's
+// transfer to go through, on loopback, within a bounded time.
+func TestTCPPreAuthFlood(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken))
+	stop := flood(t, r.addr(), "127.0.0.2", 100)
+	time.Sleep(500 * time.Millisecond) // the flood is in place
+	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer cancel()
+	out, err := Dial(ctx, r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 4, AutoCommit: true, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("real sender during the flood: %v", err)
+	}
+	defer out.Close()
+	files := testFiles()
+	if err := send(t, out, files); err != nil {
+		t.Fatalf("transfer during the flood: %v", err)
+	}
+	checkFiles(t, r.src, files)
+	if made := stop(); made < 100 {
+		t.Fatalf("the flood made only %d connections", made)
+	}
+}
+
+func TestPreAuthEviction(t *testing.T) {
+	conn := func(ip string, port int) net.Conn {
+		return fakeConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
+	}
+	p := newPreAuth(4, 2)
+	a1, a2, a3 := conn("10.0.0.1", 1), conn("10.0.0.1", 2), conn("10.0.0.1", 3)
+	if p.add(a1) != nil || p.add(a2) != nil {
+		t.Fatal("evicted under the limits")
+	}
+	if ev := p.add(a3); ev != a1 {
+		t.Fatalf("source over its share evicted %v, want its oldest", ev)
+	}
+	b1, b2 := conn("10.0.0.2", 1), conn("10.0.0.3", 1)
+	if p.add(b1) != nil || p.add(b2) != nil {
+		t.Fatal("evicted under the limits")
+	}
+	if ev := p.add(conn("10.0.0.4", 1)); ev != a2 {
+		t.Fatalf("over the total evicted %v, want the oldest of all", ev)
+	}
+	p.remove(b1)
+	if len(p.conns) != 3 || p.bySource["10.0.0.2"] != 0 {
+		t.Fatalf("after remove: %d conns, %v", len(p.conns), p.bySource)
+	}
+}
+
+type fakeConn struct {
+	net.Conn
+	addr net.Addr
+}
+
+func (f fakeConn) RemoteAddr() net.Addr { return f.addr }
 
 // An authenticated sender that stays connected and silent is dropped
 // after the timeout (it held the receiver 90 s with 5 s set).

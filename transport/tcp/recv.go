@@ -136,7 +136,9 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, erro
 func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
 	tc := tls.Server(countConn{Conn: raw, in: &l.wireIn, out: &l.wireOut}, l.cfg)
-	stop := ctxDeadline(ctx, raw, l.o.Timeout)
+	// A real sender sends its hello right after the TLS handshake, a few
+	// round trips: a peer that takes longer is not one.
+	stop := ctxDeadline(ctx, raw, min(l.o.Timeout, preAuthTimeout))
 	defer stop()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, "", fmt.Errorf("TLS handshake failed (not a gpucr-stream sender, or one without our certificates): %v", err)
@@ -202,8 +204,6 @@ func (p *pendingSession) close() {
 // then nothing a peer sends is read beyond its hello.
 func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer l.Close()
 	type result struct {
 		c    *recvConn
 		peer string
@@ -211,23 +211,36 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	}
 	results := make(chan result)
 	acceptErr := make(chan error, 1)
+	// Every goroutine started here has returned when AcceptSession does:
+	// the accept loop once the listener is closed, the handshakes once ctx
+	// is cancelled (their deadlines fire at once).
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer l.Close()
+	defer cancel()
+	pre := newPreAuth(maxPreAuth, maxPreAuthPerSource)
+	wg.Add(1)
 	go func() {
-		sem := make(chan struct{}, 32) // handshakes at once
+		defer wg.Done()
+		// The accept path never waits for a handshake: a peer that
+		// connects and stays silent holds one slot of its source for at
+		// most the pre-auth deadline, and is the first to go when its
+		// source (or everyone) is over the limit.
 		for {
 			raw, err := l.ln.Accept()
 			if err != nil {
 				acceptErr <- err
 				return
 			}
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				raw.Close()
-				continue
+			if ev := pre.add(raw); ev != nil {
+				l.logf("dropped %s: too many connections still to authenticate", ev.RemoteAddr())
+				ev.Close()
 			}
+			wg.Add(1)
 			go func() {
-				defer func() { <-sem }()
+				defer wg.Done()
 				c, err := l.handshake(ctx, raw)
+				pre.remove(raw)
 				select {
 				case results <- result{c, raw.RemoteAddr().String(), err}:
 				case <-ctx.Done():
@@ -300,6 +313,83 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 			return nil, fmt.Errorf("accept: %w", err)
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// Limits on peers that have not authenticated yet.
+const (
+	// preAuthTimeout bounds the TLS handshake and the hello.
+	preAuthTimeout = 5 * time.Second
+	// maxPreAuth connections are handshaking at once; beyond it the
+	// oldest is dropped.
+	maxPreAuth = 256
+	// maxPreAuthPerSource: one address gets as many as a sender's streams;
+	// beyond it that address's oldest is dropped.
+	maxPreAuthPerSource = MaxStreams
+)
+
+// preAuth tracks the connections that are still handshaking, oldest
+// first, so that a flood of silent peers evicts itself rather than the
+// real sender that connects after it.
+type preAuth struct {
+	mu       sync.Mutex
+	max, per int
+	conns    []net.Conn // in arrival order
+	bySource map[string]int
+}
+
+func newPreAuth(max, per int) *preAuth {
+	return &preAuth{max: max, per: per, bySource: map[string]int{}}
+}
+
+func sourceOf(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
+// add registers c and returns the connection to drop, if any: the oldest
+// of c's source when it is over its share, else the oldest of all when
+// there are too many.
+func (p *preAuth) add(c net.Conn) (evict net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	src := sourceOf(c)
+	p.conns = append(p.conns, c)
+	p.bySource[src]++
+	if p.bySource[src] > p.per {
+		for _, o := range p.conns {
+			if sourceOf(o) == src {
+				evict = o
+				break
+			}
+		}
+	} else if len(p.conns) > p.max {
+		evict = p.conns[0]
+	}
+	if evict != nil {
+		p.removeLocked(evict)
+	}
+	return evict
+}
+
+func (p *preAuth) remove(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removeLocked(c)
+}
+
+func (p *preAuth) removeLocked(c net.Conn) {
+	for i, o := range p.conns {
+		if o == c {
+			p.conns = append(p.conns[:i], p.conns[i+1:]...)
+			src := sourceOf(c)
+			if p.bySource[src]--; p.bySource[src] == 0 {
+				delete(p.bySource, src)
+			}
+			return
 		}
 	}
 }
