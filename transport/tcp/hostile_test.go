@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 // flood holds n idle connections to addr from the local address from,
@@ -124,5 +127,36 @@ func TestTCPSilentSender(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "sent nothing") {
 		t.Errorf("error %q does not say the sender fell silent", err)
+	}
+}
+
+// A token holder's file names reach the receiver's errors, and the NAK the
+// sender prints, escaped.
+func TestTCPPeerNamesEscaped(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken))
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 1, AutoCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx := testCtx(t)
+	evil := "x\x1b]0;pwned\x07.img"
+	if _, err := out.WriteFrame(ctx, &manifest.FrameHeader{Type: manifest.FrameFile, FileID: 0}, []byte(evil)); err != nil {
+		t.Fatal(err)
+	}
+	raw := []byte("abc")
+	fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 0, RawLen: 3, StoredLen: 3, Checksum: codec.Checksum(raw) ^ 1}
+	if _, err := out.WriteFrame(ctx, &fh, raw); err != nil {
+		t.Fatal(err)
+	}
+	sendErr := out.Commit(ctx, &manifest.Manifest{})
+	_, recvErr := r.src.WaitCommitted(ctx)
+	if recvErr == nil || sendErr == nil {
+		t.Fatalf("corrupt chunk accepted: receiver %v, sender %v", recvErr, sendErr)
+	}
+	for _, err := range []error{recvErr, sendErr} {
+		if strings.ContainsAny(err.Error(), "\x1b\x07") {
+			t.Errorf("error carries the peer's control characters: %q", err)
+		}
 	}
 }
