@@ -2,7 +2,14 @@ package tcp
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -157,6 +164,100 @@ func TestTCPPeerNamesEscaped(t *testing.T) {
 	for _, err := range []error{recvErr, sendErr} {
 		if strings.ContainsAny(err.Error(), "\x1b\x07") {
 			t.Errorf("error carries the peer's control characters: %q", err)
+		}
+	}
+}
+
+// Token and key files: readable by others, or a guessable token, are
+// refused with a message that says what to do.
+func TestSecretFilesRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, content string
+		mode          os.FileMode
+		want          string // "" means accepted
+	}{
+		{"fresh", NewToken(), 0o600, ""},
+		{"world-readable", NewToken(), 0o644, "chmod 600"},
+		{"group-readable", NewToken(), 0o640, "chmod 600"},
+		{"low entropy", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0o600, "bits of entropy"},
+		{"a word twice", "passwordpassword", 0o600, "bits of entropy"},
+		{"16 hex digits", "0123456789abcdef", 0o600, "bits of entropy"},
+		{"pattern", strings.Repeat("ab", 40), 0o600, "bits of entropy"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+		writeFile(t, p, tc.content+"\n")
+		if err := os.Chmod(p, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ReadTokenFile(p)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+	cert, key := writeCertPair(t, dir)
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAuth("", cert, key, cert); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("world-readable key file: %v", err)
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAuth("", cert, key, cert); err != nil {
+		t.Fatalf("key file 0600: %v", err)
+	}
+}
+
+// writeCertPair writes a self-signed certificate and its key (0600).
+func writeCertPair(t *testing.T, dir string) (cert, key string) {
+	t.Helper()
+	c, err := ephemeralCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeFile(t, cert, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]})))
+	writeFile(t, key, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})))
+	return cert, key
+}
+
+// Listening on every interface is said out loud; a named address is not.
+func TestListenAllInterfacesWarns(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		warn bool
+	}{{":0", true}, {"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
+		lb := &logBuf{}
+		l, err := Listen(testCtx(t), tc.addr, ListenOptions{Auth: tokenAuth(goodToken), Log: lb.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		if got := strings.Contains(lb.String(), "every interface"); got != tc.warn {
+			t.Errorf("--listen %s: warned %v, want %v (log %q)", tc.addr, got, tc.warn, lb.String())
+		}
+	}
+}
+
+// Random secrets of 128 bits or more pass the estimate, whatever their
+// encoding.
+func TestTokenBitsRandom(t *testing.T) {
+	for range 500 {
+		b := make([]byte, 16)
+		rand.Read(b)
+		for _, s := range []string{hex.EncodeToString(b), base64.RawStdEncoding.EncodeToString(append(b, b[:6]...))} {
+			if bits := TokenBits([]byte(s)); bits < MinTokenBits {
+				t.Fatalf("random secret %s estimated at %d bits", s, bits)
+			}
 		}
 	}
 }

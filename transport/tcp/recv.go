@@ -67,6 +67,9 @@ func Listen(ctx context.Context, addr string, o ListenOptions) (*Listener, error
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		o.Log(fmt.Sprintf("warning: listening on every interface (%s): any host that reaches this port can try to connect; name an address (--listen HOST:PORT) to limit that", ln.Addr()))
+	}
 	return &Listener{ln: ln, o: o, cfg: cfg}, nil
 }
 
