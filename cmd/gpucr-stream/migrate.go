@@ -118,6 +118,11 @@ func runToken(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
 	}
+	if f, ok := cfg.stdout.(*os.File); ok {
+		if err := location.PrivateOutput(f); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(cfg.stdout, tcp.NewToken())
 	return nil
 }

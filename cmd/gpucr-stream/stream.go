@@ -67,6 +67,9 @@ func openOutput(ctx context.Context, cfg *config) (streamer.Output, func() []int
 		}
 		ws := make([]io.Writer, len(files))
 		for i, f := range files {
+			if err := location.PrivateOutput(f); err != nil {
+				return nil, nil, err
+			}
 			ws[i] = f
 		}
 		if _, ok := cfg.stdout.(*os.File); !ok && len(cfg.shards) == 0 {
