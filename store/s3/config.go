@@ -160,7 +160,7 @@ func s3Endpoint(cfg Config) (host string, secure bool, display string, err error
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return "", false, "", fmt.Errorf("s3 endpoint %s: %w", redact.URL(ep), err)
+			return "", false, "", fmt.Errorf("s3 endpoint %s: %w", redact.URL(ep), redact.Error(err))
 		}
 		switch u.Scheme {
 		case "http":
@@ -178,8 +178,11 @@ func s3Endpoint(cfg Config) (host string, secure bool, display string, err error
 		}
 		host = u.Host
 	}
-	if host == "" || strings.ContainsAny(host, "/?#@") {
-		return "", false, "", fmt.Errorf("s3 endpoint %q: want host[:port] or scheme://host[:port]", redact.URL(ep))
+	if strings.Contains(host, "@") {
+		return "", false, "", fmt.Errorf("s3 endpoint %s: credentials do not belong in the endpoint; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", redact.URL(ep))
+	}
+	if host == "" || strings.ContainsAny(host, "/?#") {
+		return "", false, "", fmt.Errorf("s3 endpoint %s: want host[:port] or scheme://host[:port]", redact.URL(ep))
 	}
 	scheme := "https"
 	if !secure {
