@@ -106,6 +106,9 @@ type Config struct {
 	PathStyle PathStyle
 	// Insecure uses plain http for an Endpoint given without a scheme.
 	Insecure bool
+	// Warn receives warnings (a plain http endpoint, once per endpoint
+	// and process); nil writes them to stderr.
+	Warn func(msg string)
 
 	// AccessKey and SecretKey (and SessionToken for temporary
 	// credentials) take precedence over the environment
