@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -362,5 +363,21 @@ func TestArchiveExtractZerosSparse(t *testing.T) {
 	}
 	if used := st2.Blocks * 512; used > size/8 {
 		t.Fatalf("%d zero bytes take %d bytes on disk: not sparse", size, used)
+	}
+}
+
+// A segment size of -2^63 wrapped Validate's bound check; the archive is
+// refused when it is opened, not later by verify.
+func TestArchiveNegativeSegmentSize(t *testing.T) {
+	ac := newArchiveCorpus(t, "lz4")
+	m := *ac.m
+	m.Segments = append([]manifest.Segment(nil), m.Segments...)
+	m.Segments[0].Size = math.MinInt64
+	rewriteManifest(t, ac.store, &m)
+	if a, err := OpenArchive(context.Background(), ac.store, Options{}); !errors.Is(err, errdefs.ErrCorrupt) {
+		if err == nil {
+			a.Close()
+		}
+		t.Fatalf("segment of size -2^63: %v, want ErrCorrupt", err)
 	}
 }
