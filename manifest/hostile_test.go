@@ -18,6 +18,9 @@ func TestReaderEveryCutIsCorrupt(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrCorrupt) {
 			t.Errorf("cut at %d of %d bytes: %v, want ErrCorrupt", n, len(ts.b), err)
 		}
+		if n > 0 && err != nil && !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("cut at %d of %d bytes: %q does not say the stream is truncated", n, len(ts.b), err)
+		}
 	}
 }
 

@@ -41,7 +41,7 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream: %w", name, errdefs.ErrCorrupt)
 		}
-		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, truncated(err))
+		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, truncated("stream truncated inside its header", err))
 	}
 	h, err := UnmarshalHeader(b)
 	if err != nil {
@@ -92,7 +92,7 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 		if errors.Is(err, io.EOF) {
 			return Frame{}, fmt.Errorf("%s: stream truncated at offset %d: no END frame: %w", r.name, pos, errdefs.ErrCorrupt)
 		}
-		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, truncated(err))
+		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, truncated("stream truncated inside a frame header", err))
 	}
 	fh, err := UnmarshalFrameHeader(r.hdr[:])
 	if err != nil {
@@ -146,9 +146,9 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:
 // every cut of a stream is), keeping a reader's own errors as they are.
-func truncated(err error) error {
+func truncated(what string, err error) error {
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: %w", io.ErrUnexpectedEOF, errdefs.ErrCorrupt)
+		return fmt.Errorf("%s: %w: %w", what, io.ErrUnexpectedEOF, errdefs.ErrCorrupt)
 	}
 	return err
 }
