@@ -643,11 +643,17 @@ func WriteExtract(ctx context.Context, src streamer.Source, dir string) (int, in
 		return 0, 0, err
 	}
 	var total int64
+	var done []string
 	for _, f := range files {
 		n, err := writeFileAtomic(ctx, src, dir, f)
 		if err != nil {
+			// A failed extract leaves no part of the image behind.
+			for _, p := range done {
+				os.Remove(p)
+			}
 			return 0, total, err
 		}
+		done = append(done, filepath.Join(dir, f.Name))
 		total += n
 	}
 	return len(files), total, nil

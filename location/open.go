@@ -187,6 +187,9 @@ func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
 	}
 	ws := make([]io.Writer, len(files))
 	for i, f := range files {
+		if err := PrivateOutput(f); err != nil {
+			return nil, err
+		}
 		ws[i] = f
 	}
 	if _, ok := c.Stdout.(*os.File); !ok && len(c.Shards) == 0 {

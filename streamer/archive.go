@@ -56,7 +56,14 @@ func ReadManifest(ctx context.Context, st store.Store) (*manifest.Manifest, erro
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
 				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
-					st, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+			}
+			// The read-ahead budget is counted in chunks of chunk_size: a
+			// chunk larger than that would let a lying manifest hold many
+			// times --memory-limit.
+			if int(c.RawLen) > m.ChunkSize || int(c.Stored) > codec.MaxEncodedLen(codec.ID(c.Codec), m.ChunkSize) {
+				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d holds %d bytes stored as %d, over the chunk size of %d: %w",
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.RawLen, c.Stored, m.ChunkSize, errdefs.ErrCorrupt)
 			}
 		}
 	}
@@ -101,7 +108,8 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
-	perChunk := int64(2*m.ChunkSize + manifest.FrameSize) // frame and decoded chunk
+	maxRaw, maxStored := chunkSizes(m)
+	perChunk := maxRaw + maxStored + manifest.FrameSize // decoded chunk and frame
 	budget := int(max(2, opts.MemoryLimit/perChunk))
 	a.tokens = make(chan struct{}, budget)
 	a.parallel = max(opts.Workers, opts.Fetchers)
@@ -110,8 +118,8 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	// deeper one would only hold memory.
 	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
 	a.parallel = min(a.parallel, a.window)
-	a.pages = pagePool{size: m.ChunkSize, keep: budget + 2}
-	a.payloads.New = func() any { b := make([]byte, m.ChunkSize); return &b }
+	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
+	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a, nil
 }
 
@@ -229,6 +237,18 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	v.raw = raw
 	a.Counters.StoredBytes.Add(int64(c.Stored))
 	return v, nil
+}
+
+// chunkSizes are the largest decoded and stored sizes of the archive's
+// chunks: what one chunk in flight holds at most, by the sizes it actually
+// has (ReadManifest bounds both by chunk_size).
+func chunkSizes(m *manifest.Manifest) (raw, stored int64) {
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			raw, stored = max(raw, int64(c.RawLen)), max(stored, int64(c.Stored))
+		}
+	}
+	return max(raw, 1), stored
 }
 
 func anyChunks(m *manifest.Manifest) bool {

@@ -12,6 +12,12 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
+// What ScanStream indexes at most: about DefaultMemoryLimit.
+const (
+	maxScanChunks = DefaultMemoryLimit / 256
+	maxScanNames  = DefaultMemoryLimit / 4
+)
+
 // ScanStream describes a stream from its frame headers alone, without
 // decoding payloads: what inspect shows for stdin or a stream file. A
 // finished single-shard stream carries its manifest in the END frame; that
@@ -24,6 +30,7 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	m := &manifest.Manifest{Format: manifest.Version}
 	files := map[uint32]*manifest.File{}
 	byName := map[string]manifest.File{}
+	var chunks, names int
 	for {
 		fr, err := rd.Next(nil)
 		if errors.Is(err, io.EOF) {
@@ -34,8 +41,19 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 		}
 		switch fr.Type {
 		case manifest.FrameFile:
+			if names += len(fr.Payload); names > maxScanNames {
+				return nil, fmt.Errorf("%s: over %d bytes of file names: %w", name, maxScanNames, ErrMemoryLimit)
+			}
+			if !manifest.ValidName(string(fr.Payload)) {
+				return nil, rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
+			}
 			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:
+			// The index of a stream that never ends must not grow without
+			// bound: a chunk record per 64-byte frame.
+			if chunks++; chunks > maxScanChunks {
+				return nil, fmt.Errorf("%s: over %d chunks: %w", name, maxScanChunks, ErrMemoryLimit)
+			}
 			f := files[fr.FileID]
 			f.Chunks = append(f.Chunks, manifest.Chunk{Offset: int64(fr.Offset), RawLen: fr.RawLen, Stored: fr.StoredLen, Codec: fr.Codec, Checksum: fr.Checksum, Hash: fr.Hash, Pos: fr.Pos})
 		case manifest.FrameFileEnd:
@@ -81,7 +99,7 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 			hashes = append(hashes, c.Hash[:]...)
 		}
 		if FileDigest(hashes, f.Size) != f.Digest {
-			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, errdefs.ErrCorrupt)
+			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)
 		if err != nil {

@@ -64,7 +64,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 func printInspect(w io.Writer, r inspectResult) {
 	fmt.Fprintf(w, "checkpoint  %s\n", r.Source)
 	if !r.Created.IsZero() {
-		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), r.Host, r.Tool)
+		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
 	}
 	fmt.Fprintf(w, "files       %d, %s raw, %s stored (%.2fx), codec %s, %d segment(s)\n",
 		len(r.Files), humanBytes(r.Stats.RawBytes), humanBytes(r.Stats.StoredBytes), r.Ratio, r.Codec, r.Segments)
@@ -86,7 +86,7 @@ func printInspect(w io.Writer, r inspectResult) {
 			cs = append(cs, fmt.Sprintf("%s:%d", n, k))
 		}
 		sort.Strings(cs)
-		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%d\t%s\t\t%s\n", f.Size, f.StoredBytes, f.Ratio, f.Chunks, strings.Join(cs, ","), f.Name)
+		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%d\t%s\t\t%s\n", f.Size, f.StoredBytes, f.Ratio, f.Chunks, strings.Join(cs, ","), manifest.PrintableName(f.Name))
 	}
 	tw.Flush()
 }

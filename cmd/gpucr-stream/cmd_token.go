@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
 )
 
@@ -12,6 +14,11 @@ var tokenCommand = command{"token", "print a new shared secret for tcp:// (gpucr
 func runToken(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
+	}
+	if f, ok := cfg.stdout.(*os.File); ok {
+		if err := location.PrivateOutput(f); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(cfg.stdout, tcp.NewToken())
 	return nil

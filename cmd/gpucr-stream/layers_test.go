@@ -14,7 +14,7 @@ var rooms = map[string]int{
 	"streamer": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
 	"capture": 3, "transport/tcp": 3, "store/s3": 3, "vram/vramtest": 3,
 	"location": 4, "catalog": 4,
-	"checkpoint": 5,
+	"checkpoint":       5,
 	"cmd/gpucr-stream": 6,
 }
 

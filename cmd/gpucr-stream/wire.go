@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -85,11 +84,6 @@ func (c *config) tcpAuth() (tcp.Auth, error) {
 	a, err := tcp.LoadAuth(c.tokenFile, c.tlsCert, c.tlsKey, c.tlsCA)
 	if err != nil {
 		return a, usagef("%v", err)
-	}
-	for _, f := range []string{c.tokenFile, c.tlsKey} {
-		if st, err := os.Stat(f); f != "" && err == nil && st.Mode().Perm()&0o077 != 0 {
-			c.logLine(fmt.Sprintf("warning: %s is readable by other users; it holds a secret (chmod 600 %s)", f, f))
-		}
 	}
 	return a, nil
 }

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
 )
@@ -139,19 +141,49 @@ func (d *Store) Open(ctx context.Context, name string, off, length int64) (io.Re
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(p)
+	f, st, err := openRegular(p)
 	if err != nil {
-		return nil, wrapNotExist(err)
+		return nil, err
 	}
 	if length < 0 {
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
 		length = st.Size() - off
 	}
 	return sectionReader{Reader: io.NewSectionReader(f, off, length), f: f}, nil
+}
+
+// ErrNotRegular marks an object that is not a regular file: a symlink
+// planted in an archive (it would read its target), a FIFO (it would block
+// forever), a device. Nothing but regular files is ever read.
+var ErrNotRegular = errors.New("not a regular file")
+
+func notRegular(p string, m fs.FileMode) error {
+	return fmt.Errorf("%s: %w (%s): refused: %w", p, ErrNotRegular, m.Type(), errdefs.ErrCorrupt)
+}
+
+// openRegular opens p for reading if it is a regular file. O_NOFOLLOW
+// refuses a symlink; O_NONBLOCK keeps the open of a FIFO from waiting for
+// a writer (deaf to signals meanwhile); once the file is known to be
+// regular the flag is cleared again.
+func openRegular(p string) (*os.File, fs.FileInfo, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, nil, notRegular(p, fs.ModeSymlink)
+		}
+		return nil, nil, wrapNotExist(err)
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = notRegular(p, st.Mode())
+	}
+	if err == nil {
+		err = unix.SetNonblock(int(f.Fd()), false)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
 }
 
 func wrapNotExist(err error) error {
@@ -170,12 +202,15 @@ func (d *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error)
 	if err != nil {
 		return store.ObjectInfo{}, err
 	}
-	st, err := os.Stat(p)
+	st, err := os.Lstat(p)
 	if err != nil {
 		return store.ObjectInfo{}, wrapNotExist(err)
 	}
 	if st.IsDir() {
 		return store.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
+	}
+	if !st.Mode().IsRegular() {
+		return store.ObjectInfo{}, notRegular(p, st.Mode())
 	}
 	return store.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
 }
@@ -194,7 +229,8 @@ func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 			}
 			return err
 		}
-		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		// Only regular files are objects: a symlink or FIFO is never one.
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			return nil
 		}
 		rel, err := filepath.Rel(d.root, p)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	host, secure, display, err := s3Endpoint(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if !secure {
+		warnPlain(cfg.Warn, display)
 	}
 	creds, keyID, err := s3Credentials(ctx, cfg)
 	if err != nil {
@@ -372,4 +376,20 @@ func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan t
 		}
 	}
 	return len(todo), nil
+}
+
+// plainWarned holds the plain-http endpoints warned about in this process.
+var plainWarned sync.Map
+
+// warnPlain says once per endpoint that it carries checkpoints in clear.
+func warnPlain(warn func(string), display string) {
+	if _, done := plainWarned.LoadOrStore(display, true); done {
+		return
+	}
+	msg := fmt.Sprintf("warning: %s is plain http: checkpoints (process memory, secrets included) cross the network unencrypted; use https", display)
+	if warn == nil {
+		fmt.Fprintf(os.Stderr, "gpucr-stream: %s\n", msg)
+		return
+	}
+	warn(msg)
 }

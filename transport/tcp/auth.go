@@ -5,6 +5,8 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
+	"compress/flate"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -17,6 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"math/big"
 	"net"
 	"os"
@@ -73,7 +77,7 @@ func NewToken() string {
 // ReadTokenFile reads a shared secret: the file's content without
 // surrounding white space, at least 16 bytes.
 func ReadTokenFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := readSecretFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
@@ -81,7 +85,80 @@ func ReadTokenFile(path string) ([]byte, error) {
 	if len(tok) < 16 {
 		return nil, fmt.Errorf("token file %s: the secret is %d bytes, want at least 16 (make one with `gpucr-stream token > FILE`)", path, len(tok))
 	}
+	if bits := TokenBits(tok); bits < MinTokenBits {
+		return nil, fmt.Errorf("token file %s: the secret has about %d bits of entropy, want at least %d (make one with `gpucr-stream token > FILE`)", path, bits, MinTokenBits)
+	}
 	return tok, nil
+}
+
+// MinTokenBits is the least estimated entropy a shared secret must have.
+// A peer that is not ours can get material for an offline guess (whoever
+// proves first gives one to whoever it talks to), so the token must be
+// too strong to guess offline; `gpucr-stream token` makes 256 bits.
+const MinTokenBits = 128
+
+// readSecretFile reads a file that holds a secret, refusing one that
+// other users may read or write: they would hold the secret too.
+func readSecretFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%s holds a secret but other users may read it (mode %04o): chmod 600 %s", path, perm, path)
+	}
+	return io.ReadAll(io.LimitReader(f, 1<<20))
+}
+
+// TokenBits estimates a secret's entropy in bits: its length times the
+// bits of the alphabet its characters come from, but no more than its size
+// once compressed (a repeated pattern is weak whatever its alphabet).
+func TokenBits(tok []byte) int {
+	if len(tok) == 0 {
+		return 0
+	}
+	var lower, upper, digit, other, hexOnly = false, false, false, false, true
+	for _, c := range tok {
+		switch {
+		case c >= 'a' && c <= 'z':
+			lower = true
+		case c >= 'A' && c <= 'Z':
+			upper = true
+		case c >= '0' && c <= '9':
+			digit = true
+		default:
+			other = true
+		}
+		if !strings.ContainsRune("0123456789abcdefABCDEF", rune(c)) {
+			hexOnly = false
+		}
+	}
+	alphabet := 0
+	for _, c := range []struct {
+		on bool
+		n  int
+	}{{lower, 26}, {upper, 26}, {digit, 10}, {other, 32}} {
+		if c.on {
+			alphabet += c.n
+		}
+	}
+	if hexOnly {
+		alphabet = 16
+	}
+	bits := float64(len(tok)) * math.Log2(float64(alphabet))
+	var z bytes.Buffer
+	zw, _ := flate.NewWriter(&z, flate.BestCompression)
+	zw.Write(tok)
+	zw.Close()
+	return int(min(bits, float64(8*z.Len())))
 }
 
 // LoadAuth reads the token file and certificates; empty names are
@@ -99,7 +176,15 @@ func LoadAuth(tokenFile, certFile, keyFile, caFile string) (Auth, error) {
 		if certFile == "" || keyFile == "" || caFile == "" {
 			return a, errors.New("certificates need all of --tls-cert, --tls-key and --tls-ca")
 		}
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		certPEM, err := os.ReadFile(certFile)
+		if err != nil {
+			return a, fmt.Errorf("--tls-cert: %w", err)
+		}
+		keyPEM, err := readSecretFile(keyFile)
+		if err != nil {
+			return a, fmt.Errorf("--tls-key: %w", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return a, fmt.Errorf("--tls-cert/--tls-key: %w", err)
 		}

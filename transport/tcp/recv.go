@@ -68,6 +68,9 @@ func Listen(ctx context.Context, addr string, o ListenOptions) (*Listener, error
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		o.Log(fmt.Sprintf("warning: listening on every interface (%s): any host that reaches this port can try to connect; name an address (--listen HOST:PORT) to limit that", ln.Addr()))
+	}
 	return &Listener{ln: ln, o: o, cfg: cfg}, nil
 }
 
@@ -136,7 +139,9 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, erro
 // is up, with what to tell the peer.
 func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
-	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, l.o.Timeout)
+	// A real sender sends its hello right after the TLS handshake, a few
+	// round trips: a peer that takes longer is not one.
+	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, min(l.o.Timeout, preAuthTimeout))
 	defer stop()
 	if ch == nil {
 		return nil, "", fmt.Errorf("TLS handshake failed (not a gpucr-stream sender, or one without our certificates): %v", err)
@@ -198,11 +203,20 @@ func (p *pendingSession) close() {
 // then nothing a peer sends is read beyond its hello.
 func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Every goroutine started here has returned when AcceptSession does:
+	// the accept loop once the listener is closed, the handshakes once ctx
+	// is cancelled (their deadlines fire at once).
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer l.Close()
+	defer cancel()
 	authenticated := make(chan *recvConn)
 	acceptErr := make(chan error, 1)
-	go l.acceptLoop(ctx, authenticated, acceptErr)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.acceptLoop(ctx, &wg, authenticated, acceptErr)
+	}()
 	pending := map[[16]byte]*pendingSession{}
 	defer func() {
 		for _, p := range pending {
@@ -235,24 +249,27 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 
 // acceptLoop accepts connections until the listener closes, and hands
 // those that authenticate to authenticated; the others are logged and hung
-// up on by handshake. Its handshakes end with ctx.
-func (l *Listener) acceptLoop(ctx context.Context, authenticated chan<- *recvConn, acceptErr chan<- error) {
-	sem := make(chan struct{}, 32) // handshakes at once
+// up on by handshake. The accept path never waits for a handshake: a peer
+// that connects and stays silent holds one slot of its source for at most
+// the pre-auth deadline, and is the first to go when its source (or
+// everyone) is over the limit. Its handshakes, counted in wg, end with ctx.
+func (l *Listener) acceptLoop(ctx context.Context, wg *sync.WaitGroup, authenticated chan<- *recvConn, acceptErr chan<- error) {
+	pre := newPreAuth(maxPreAuth, maxPreAuthPerSource)
 	for {
 		raw, err := l.ln.Accept()
 		if err != nil {
 			acceptErr <- err
 			return
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			raw.Close()
-			continue
+		if ev := pre.add(raw); ev != nil {
+			l.logf("dropped %s: too many connections still to authenticate", ev.RemoteAddr())
+			ev.Close()
 		}
+		wg.Add(1)
 		go func() {
-			defer func() { <-sem }()
+			defer wg.Done()
 			c, err := l.handshake(ctx, raw)
+			pre.remove(raw)
 			if err != nil {
 				return
 			}
@@ -303,6 +320,9 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
 	for _, c := range s.conns {
 		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
+		// An authenticated sender that stays connected and silent is
+		// dropped like a dead link.
+		c.sr.SetIdleTimeout(c.raw, l.o.Timeout)
 	}
 	l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
 	return s

@@ -41,8 +41,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 const (
@@ -297,6 +299,30 @@ type ShardReader struct {
 	eos    bool
 	err    error
 	counts *atomic.Int64
+	// conn, when set, gets a read deadline of idle before every read.
+	conn net.Conn
+	idle time.Duration
+}
+
+// SetIdleTimeout makes every read of s fail once conn has been silent for
+// idle: a sender that stays connected and sends nothing is a dead link.
+func (s *ShardReader) SetIdleTimeout(conn net.Conn, idle time.Duration) {
+	s.conn, s.idle = conn, idle
+}
+
+func (s *ShardReader) deadline() {
+	if s.conn != nil {
+		_ = s.conn.SetReadDeadline(time.Now().Add(s.idle))
+	}
+}
+
+// broke describes a failed read, saying so when the sender fell silent.
+func (s *ShardReader) broke(what string, err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%s: the sender sent nothing for %v: %w", what, s.idle, err)
+	}
+	return fmt.Errorf("%s: %w", what, UnexpectedEOF(err))
 }
 
 // NewShardReader reads a connection's DATA records from br (the control
@@ -316,8 +342,9 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		var hb [RecHeaderSize]byte
+		s.deadline()
 		if _, err := io.ReadFull(s.br, hb[:]); err != nil {
-			s.err = fmt.Errorf("stream ended without its end marker: %w", UnexpectedEOF(err))
+			s.err = s.broke("stream ended without its end marker", err)
 			return 0, s.err
 		}
 		h, err := ParseRecordHeader(hb[:], true)
@@ -344,13 +371,14 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 	if uint32(len(p)) > s.left {
 		p = p[:s.left]
 	}
+	s.deadline()
 	n, err := s.br.Read(p)
 	s.left -= uint32(n)
 	if s.counts != nil {
 		s.counts.Add(int64(n))
 	}
 	if err != nil {
-		s.err = fmt.Errorf("stream broke: %w", UnexpectedEOF(err))
+		s.err = s.broke("stream broke", err)
 		if n > 0 {
 			return n, nil
 		}
