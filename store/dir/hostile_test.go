@@ -81,3 +81,27 @@ func TestDirRefusesSymlinksAndFIFOs(t *testing.T) {
 		t.Fatalf("regular file: %q %v", b, err)
 	}
 }
+
+// A symlink above the object (a planted segments/ directory) is refused as
+// well as one in its last component.
+func TestDirRefusesSymlinkedDirectory(t *testing.T) {
+	ctx := context.Background()
+	root, outside := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "00000000.gcs"), []byte("SECRET"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "segments")); err != nil {
+		t.Fatal(err)
+	}
+	st := New(root)
+	if _, err := st.Stat(ctx, "segments/00000000.gcs"); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("Stat through a symlinked directory: %v, want ErrNotRegular", err)
+	}
+	if r, err := st.Open(ctx, "segments/00000000.gcs", 0, -1); err == nil {
+		b, _ := io.ReadAll(r)
+		r.Close()
+		t.Errorf("Open through a symlinked directory read %q", b)
+	} else if !errors.Is(err, ErrNotRegular) {
+		t.Errorf("Open through a symlinked directory: %v, want ErrNotRegular", err)
+	}
+}
