@@ -64,9 +64,6 @@ func (id ID) String() string {
 	return "codec(" + strconv.Itoa(int(id)) + ")"
 }
 
-// Known reports whether this version of the package can decode id.
-func (id ID) Known() bool { return id <= Shuffle4Zstd }
-
 // Errors returned (wrapped) by Decode; test with errors.Is.
 var (
 	// ErrUnknownCodec: the id is not one this version knows (a newer writer).

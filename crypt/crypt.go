@@ -134,30 +134,12 @@ func LoadKeyFile(path string) (*Key, error) {
 	return NewKey(b)
 }
 
-// ReadKeyFile reads 32 key bytes (hex or base64) from a file, refusing one
-// that group or others may read or write: a key anyone else can read
-// protects nothing. It also reads SSE-C keys for S3.
+// ReadKeyFile reads 32 key bytes (hex or base64) from a secret file
+// (ReadSecretFile). It also reads SSE-C keys for S3.
 func ReadKeyFile(path string) ([]byte, error) {
-	// O_NONBLOCK: a FIFO in place of the file must not hang the command;
-	// it is refused below as not a regular file.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	b, err := ReadSecretFile(path, 1024)
 	if err != nil {
 		return nil, fmt.Errorf("key file: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("key file %s: %w", path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("key file %s: %w: not a regular file", path, ErrKeyFile)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("key file %s: %w: mode %04o lets group or others at it; chmod 600 it", path, ErrKeyFile, perm)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 1024))
-	if err != nil {
-		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
 	k, err := parseKeyBytes(string(b))
 	clear(b)
@@ -165,6 +147,41 @@ func ReadKeyFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
 	return k, nil
+}
+
+// ErrSecretFile: a file that holds a secret (key, token, TLS key) is not a
+// regular file or other users may read or write it.
+var ErrSecretFile = errors.New("unusable secret file")
+
+// ReadSecretFile reads at most limit bytes of a file that holds a secret,
+// refusing one that group or others may read or write (they would hold the
+// secret too: it protects nothing) and anything but a regular file. The
+// one reader of secret files: keys here, tokens and TLS keys in
+// transport/tcp.
+func ReadSecretFile(path string, limit int64) ([]byte, error) {
+	// O_NONBLOCK: a FIFO in place of the file must not hang the command;
+	// it is refused below as not a regular file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w: not a regular file", path, ErrSecretFile)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%s: %w: it holds a secret but other users may read or write it (mode %04o): chmod 600 %s", path, ErrSecretFile, perm, path)
+	}
+	// A regular file: reads do not block, whatever O_NONBLOCK says.
+	b, err := io.ReadAll(io.LimitReader(f, limit))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return b, nil
 }
 
 // LoadKey returns the key from path when it is set, else from GPUCR_KEY,

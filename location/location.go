@@ -1,3 +1,8 @@
+// Package location is the DEST and SRC arguments: Parse reads one (-, a
+// path, file://, s3://, tcp://) and the Open functions turn it into what a
+// command works on: a pipeline output, a source, a store of checkpoints
+// (ls, rm, gc) or a manifest (inspect). The switch over the kind of a
+// location is written once, in open.go.
 package location
 
 import (
@@ -43,7 +48,13 @@ func Parse(s string) (Location, error) {
 	case strings.HasPrefix(s, "s3://"), strings.HasPrefix(s, "tcp://"):
 		u, err := url.Parse(s)
 		if err != nil {
-			return Location{}, fmt.Errorf("location %s: %w", redact.URL(s), err)
+			return Location{}, fmt.Errorf("location %s: %w", redact.URL(s), redact.Error(err))
+		}
+		if u.User != nil {
+			// Silently dropped, they would leave the user thinking they
+			// were used; S3 credentials come from the environment, a TCP
+			// peer proves a token file.
+			return Location{}, fmt.Errorf("location %s: credentials do not belong in a location; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (s3://) or --token-file (tcp://)", redact.URL(s))
 		}
 		if u.Host == "" {
 			return Location{}, fmt.Errorf("location %s: missing host or bucket", redact.URL(s))

@@ -48,3 +48,19 @@ func pollable(fd uintptr, name string, orig *os.File) *os.File {
 	}
 	return os.NewFile(fd, name)
 }
+
+// PrivateOutput makes a regular file that standard output was redirected
+// to (capture > ckpt.stream, token > FILE) readable by its owner alone:
+// the shell created it with the umask's mode, and it is about to hold a
+// process's memory or a secret. Pipes, sockets and terminals are left as
+// they are.
+func PrivateOutput(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	if err := f.Chmod(st.Mode().Perm() &^ 0o077); err != nil {
+		return fmt.Errorf("%s is readable by other users and cannot be made private (%w): it will hold secrets", f.Name(), err)
+	}
+	return nil
+}

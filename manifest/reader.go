@@ -46,7 +46,7 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream: %w", name, errdefs.ErrCorrupt)
 		}
-		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, unexpected(err))
+		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, truncated("stream truncated inside its header", err))
 	}
 	h, err := UnmarshalHeader(b)
 	if err != nil {
@@ -100,7 +100,7 @@ const NoFile = ^uint32(0)
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
 	if n := r.FileName(id); n != "" {
-		where += fmt.Sprintf(" (file %s)", n)
+		where += fmt.Sprintf(" (file %s)", PrintableName(n))
 	}
 	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+errdefs.ErrCorrupt.Error())
 	return fmt.Errorf("%s: %s: %w", where, msg, errdefs.ErrCorrupt)
@@ -126,7 +126,7 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 		if errors.Is(err, io.EOF) {
 			return Frame{}, fmt.Errorf("%s: stream truncated at offset %d: no END frame: %w", r.name, pos, errdefs.ErrCorrupt)
 		}
-		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, unexpected(err))
+		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, truncated("stream truncated inside a frame header", err))
 	}
 	fh, err := UnmarshalFrameHeader(r.hdr[:])
 	if err != nil {
@@ -190,6 +190,15 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 		r.ended = true
 	}
 	return Frame{FrameHeader: fh, Payload: payload, Pos: pos}, nil
+}
+
+// truncated marks input that ends inside a header as corrupt (FORMAT.md:
+// every cut of a stream is), keeping a reader's own errors as they are.
+func truncated(what string, err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: %w: %w", what, io.ErrUnexpectedEOF, errdefs.ErrCorrupt)
+	}
+	return err
 }
 
 func unexpected(err error) error {

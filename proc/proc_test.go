@@ -50,8 +50,8 @@ func TestTreeAndWaitGone(t *testing.T) {
 }
 
 func TestSpaceAndMemory(t *testing.T) {
-	if Space() == "/" || Space() != Space() {
-		t.Fatalf("Space() = %q", Space())
+	if s := Space(); s == "/" || s != Space() {
+		t.Fatalf("Space() = %q, then %q", s, Space())
 	}
 	if AvailableMemory() <= 0 {
 		t.Fatal("no MemAvailable")

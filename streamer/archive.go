@@ -81,6 +81,10 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
 		return nil, nil, fmt.Errorf("%s/%s: chunk size %d out of range", st, manifest.ManifestName, m.ChunkSize)
 	}
+	sealed := 0 // what sealing adds to each stored chunk
+	if m.Encryption != nil {
+		sealed = crypt.Overhead
+	}
 	// An archive's chunks live in its segments: a manifest without them
 	// (Validate checks segment references only when "segments" is there)
 	// describes no archive.
@@ -88,7 +92,14 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
 				return nil, nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
-					st, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+			}
+			// The read-ahead budget is counted in chunks of chunk_size: a
+			// chunk larger than that would let a lying manifest hold many
+			// times --memory-limit.
+			if int(c.RawLen) > m.ChunkSize || int(c.Stored) > codec.MaxEncodedLen(codec.ID(c.Codec), m.ChunkSize)+sealed {
+				return nil, nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d holds %d bytes stored as %d, over the chunk size of %d: %w",
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.RawLen, c.Stored, m.ChunkSize, errdefs.ErrCorrupt)
 			}
 		}
 	}
@@ -135,7 +146,8 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
-	perChunk := int64(2*m.ChunkSize + manifest.FrameSize) // frame and decoded chunk
+	maxRaw, maxStored := chunkSizes(m)
+	perChunk := maxRaw + maxStored + manifest.FrameSize // decoded chunk and frame
 	budget := int(max(2, opts.MemoryLimit/perChunk))
 	a.tokens = make(chan struct{}, budget)
 	a.parallel = max(opts.Workers, opts.Fetchers)
@@ -144,8 +156,8 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	// deeper one would only hold memory.
 	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
 	a.parallel = min(a.parallel, a.window)
-	a.pages = pagePool{size: m.ChunkSize, keep: budget + 2}
-	a.payloads.New = func() any { b := make([]byte, m.ChunkSize+crypt.Overhead); return &b }
+	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
+	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a, nil
 }
 
@@ -186,155 +198,6 @@ func (a *ArchiveSource) drop(v fetched) {
 	if v.page != nil {
 		a.pages.put(v.page)
 	}
-}
-
-// Copy implements Source. Chunks are fetched in parallel, at most a window
-// ahead of the one being written, each holding a token (see ArchiveSource),
-// and written in order.
-func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	f, ok := a.byName[name]
-	if !ok {
-		return 0, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
-	}
-	n := len(f.Chunks)
-	if n == 0 {
-		return 0, nil
-	}
-	window := min(a.window, n)
-	parallel := max(1, min(a.parallel, window))
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	type result struct {
-		v   fetched
-		err error
-	}
-	// Chunk i uses ring slot i % window: it is issued only once chunk
-	// i-window has been written, which freed the slot.
-	slots := make([]chan result, window)
-	shared := make([]bool, window) // the chunk's token is from a.tokens
-	for i := range slots {
-		slots[i] = make(chan result, 1)
-	}
-	credits := make(chan struct{}, window)
-	own := make(chan struct{}, 1) // this file's own token
-	release := func(i int) {
-		if shared[i%window] {
-			<-a.tokens
-		} else {
-			<-own
-		}
-		<-credits
-	}
-	next := make(chan int)
-	issued := 0 // chunks handed to the fetchers; read after wg.Wait
-	var wg sync.WaitGroup
-	wg.Add(1 + parallel)
-	producerDone := make(chan struct{})
-	go func() {
-		defer wg.Done()
-		defer close(producerDone)
-		defer close(next)
-		for i := range n {
-			select {
-			case credits <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			// Prefer the file's own token, keeping the budget for others.
-			select {
-			case own <- struct{}{}:
-				shared[i%window] = false
-			default:
-				select {
-				case own <- struct{}{}:
-					shared[i%window] = false
-				case a.tokens <- struct{}{}:
-					shared[i%window] = true
-				case <-ctx.Done():
-					<-credits
-					return
-				}
-			}
-			select {
-			case next <- i:
-				issued = i + 1
-			case <-ctx.Done():
-				release(i)
-				return
-			}
-		}
-	}()
-	// Slow start: one fetch first, and each finished fetch lets two more
-	// fetchers go, so that the first chunk (the one CRIU waits for) does
-	// not share the store's bandwidth with the whole read-ahead.
-	ramp := make(chan struct{}, parallel)
-	for k := range parallel {
-		go func() {
-			defer wg.Done()
-			if k > 0 {
-				select {
-				case <-ramp:
-				case <-producerDone:
-				case <-ctx.Done():
-					return
-				}
-			}
-			for i := range next {
-				v, err := a.fetch(ctx, f, i)
-				slots[i%window] <- result{v, err}
-				for range 2 {
-					select {
-					case ramp <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	out := newChunkWriter(w)
-	var written int64
-	var err error
-	emitted := 0
-	for i := 0; i < n && err == nil; i++ {
-		select {
-		case r := <-slots[i%window]:
-			emitted = i + 1
-			if r.err != nil {
-				release(i)
-				err = r.err
-				break
-			}
-			if r.v.page == nil {
-				err = out.zeros(r.v.zero)
-			} else if spliced, werr := out.write(r.v.raw); spliced {
-				// The pipe holds the pages: they must never be reused.
-				r.v.page.free()
-				r.v.page, err = nil, werr
-			} else {
-				err = werr
-			}
-			a.drop(r.v)
-			release(i)
-			if err != nil {
-				err = fmt.Errorf("write %s at offset %d: %w", name, f.Chunks[i].Offset, err)
-				break
-			}
-			written += int64(f.Chunks[i].RawLen)
-			a.Counters.RawBytes.Add(int64(f.Chunks[i].RawLen))
-		case <-ctx.Done():
-			err = context.Cause(ctx)
-		}
-	}
-	cancel(err)
-	wg.Wait()
-	// Chunks fetched after the failure still hold buffers and tokens.
-	for i := emitted; i < issued; i++ {
-		if r := <-slots[i%window]; r.err == nil {
-			a.drop(r.v)
-		}
-		release(i)
-	}
-	return written, err
 }
 
 func (a *ArchiveSource) payloadBuf(n int) *[]byte {
@@ -420,6 +283,18 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	v.raw = raw
 	a.Counters.StoredBytes.Add(int64(c.Stored))
 	return v, nil
+}
+
+// chunkSizes are the largest decoded and stored sizes of the archive's
+// chunks: what one chunk in flight holds at most, by the sizes it actually
+// has (ReadManifest bounds both by chunk_size).
+func chunkSizes(m *manifest.Manifest) (raw, stored int64) {
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			raw, stored = max(raw, int64(c.RawLen)), max(stored, int64(c.Stored))
+		}
+	}
+	return max(raw, 1), stored
 }
 
 func anyChunks(m *manifest.Manifest) bool {

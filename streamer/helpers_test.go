@@ -24,15 +24,6 @@ import (
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
-// knownBug skips a test that demonstrates a reported, not yet fixed bug.
-// Run with GPUCR_KNOWN_BUGS=1 to see it fail.
-func knownBug(t testing.TB, what string) {
-	t.Helper()
-	if os.Getenv("GPUCR_KNOWN_BUGS") == "" {
-		t.Skipf("known bug (set GPUCR_KNOWN_BUGS=1 to run): %s", what)
-	}
-}
-
 // ---- test data ----
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)) }

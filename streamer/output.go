@@ -163,19 +163,18 @@ type ArchiveOutput struct {
 	open map[uint32]openFile
 
 	// background commits
-	committing int
-	slots      chan struct{}
-	bg         context.Context // canceled by Abort
-	bgCancel   context.CancelCauseFunc
-	wg         sync.WaitGroup
-	segDone    map[int]chan struct{} // closed when a background commit ends
-	failed     chan struct{}         // closed with the first commit failure
-	orphans    []store.ObjectWriter  // segments not committed, for Abort to discard
-	mu         sync.Mutex
-	commitErr  error
-	committed  int // segments committed so far
-	abortOnce  sync.Once
-	abortErr   error
+	slots     chan struct{}   // DefaultCommitting of them
+	bg        context.Context // canceled by Abort
+	bgCancel  context.CancelCauseFunc
+	wg        sync.WaitGroup
+	segDone   map[int]chan struct{} // closed when a background commit ends
+	failed    chan struct{}         // closed with the first commit failure
+	orphans   []store.ObjectWriter  // segments not committed, for Abort to discard
+	mu        sync.Mutex
+	commitErr error
+	committed int // segments committed so far
+	abortOnce sync.Once
+	abortErr  error
 }
 
 type openFile struct {
@@ -216,16 +215,11 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 	}
 	bg, cancel := context.WithCancelCause(context.Background())
 	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), seal: seal, open: map[uint32]openFile{},
-		committing: DefaultCommitting, bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
+		slots: make(chan struct{}, DefaultCommitting), bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
 }
 
 // Sealed is the session the archive is encrypted under, or nil.
 func (a *ArchiveOutput) Sealed() *crypt.Session { return a.seal }
-
-// SetCommitting sets how many segments may commit in the background at
-// once (before the first frame is written); 0 commits each segment before
-// the next frame is written.
-func (a *ArchiveOutput) SetCommitting(n int) { a.committing = max(0, n) }
 
 // Committed returns how many segments have been committed so far.
 func (a *ArchiveOutput) Committed() int {
@@ -303,16 +297,19 @@ func (a *ArchiveOutput) closeSegment(ctx context.Context, wait bool) error {
 		a.mu.Unlock()
 		return nil
 	}
-	if wait || a.committing == 0 {
+	if wait {
 		err := commit(ctx)
 		if err != nil {
 			a.orphans = append(a.orphans, w)
 		}
 		return err
 	}
-	if a.slots == nil {
-		a.slots = make(chan struct{}, a.committing)
-	}
+	return a.commitInBackground(ctx, w, name, commit)
+}
+
+// commitInBackground runs commit on its own goroutine once one of the
+// DefaultCommitting slots is free.
+func (a *ArchiveOutput) commitInBackground(ctx context.Context, w store.ObjectWriter, name string, commit func(context.Context) error) error {
 	select {
 	case a.slots <- struct{}{}:
 	case <-ctx.Done():

@@ -513,7 +513,6 @@ func TestWriteFileUnsafeNames(t *testing.T) {
 		err := src.Wait(ctx)
 		src.Close()
 		if err != nil {
-			knownBug(t, "Capture.WriteFile accepts names (with '/', '.', '..', NUL) that StreamSource rejects, so the whole stream is unreadable")
 			t.Errorf("capture accepted %q but the stream reader rejects the stream: %v", name, err)
 		}
 	}
@@ -611,11 +610,6 @@ func TestDuplicateNameReplay(t *testing.T) {
 				}
 				src.Close()
 				if err != nil || !bytes.Equal(got.Bytes(), v2) || dirErr != nil {
-					if mode == "extract" {
-						knownBug(t, "StreamSource extract mode: both versions of a name share the temporary path ."+dupName+".partial (stream.go openFile): the second O_TRUNCs the first's file and the first's rename steals it")
-					} else {
-						knownBug(t, "StreamSource: the version of a name that completes last wins (stream.go maybeCompleteLocked), not the one whose FILE-END came last")
-					}
 					t.Fatalf("replay %d: err %v, dir %v, served %d bytes, want the second version (%d bytes)", i, err, dirErr, got.Len(), len(v2))
 				}
 			}

@@ -473,7 +473,7 @@ func TestSealedStreamTamper(t *testing.T) {
 				// may be served before it (the default).
 				so.ServeEarly = false
 			}
-			err, copies := serveDamaged(ctx, &streamCorpus{files: files}, bad, so)
+			copies, err := serveDamaged(ctx, &streamCorpus{files: files}, bad, so)
 			if !so.ServeEarly {
 				for _, c := range copies {
 					if c.err == nil {

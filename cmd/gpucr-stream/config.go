@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/codec"
-	"github.com/gpucr/gpucr-stream/crypt"
-	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -35,8 +32,6 @@ type config struct {
 	jsonOut     bool
 	noProgress  bool
 	keyFile     string
-	// seal encrypts what capture writes (a key from --key-file or GPUCR_KEY)
-	seal *crypt.Session
 
 	// checkpoint and restore
 	pid          int
@@ -61,7 +56,6 @@ type config struct {
 	s3SSEKey    string
 	olderThan   string
 	dryRun      bool
-	uploaded    func() int64 // bytes acknowledged by the store, for the progress bar
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	streams    int
@@ -139,7 +133,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
-	str(&c.keyFile, "key-file", "", "encryption key file (mode 0600; make one with: gpucr-stream keygen > FILE), else $GPUCR_KEY (64 hex digits or base64): capture encrypts with it, readers require it")
+	str(&c.keyFile, "key-file", "", "encryption key file (mode 0600; make one with: gpucr-stream keygen > FILE), else $GPUCR_KEY (64 hex digits or base64): captures encrypt with it, readers require it")
 	num(&c.pid, "pid", 0, "checkpoint: the process (tree root) to checkpoint")
 	str(&c.criu, "criu", "", "checkpoint/restore: the criu binary (default: criu on PATH, then /opt/gpucr-criu/bin/criu)")
 	boolean(&c.leaveRunning, "leave-running", "checkpoint: keep the process running afterwards")
@@ -195,16 +189,7 @@ func (c *config) finish() error {
 	if c.workers < 0 {
 		return usagef("--workers must not be negative")
 	}
-	key, err := crypt.LoadKey(c.keyFile)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	if key != nil {
-		if c.seal, err = crypt.NewSession(key); err != nil {
-			return err
-		}
-	}
-	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, Key: key}
+	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec}
 	if c.shardFDs != "" {
 		for _, f := range strings.Split(c.shardFDs, ",") {
 			fd, err := strconv.Atoi(strings.TrimSpace(f))
@@ -268,69 +253,4 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
 	return n * mult, nil
-}
-
-func printHelp(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(w, `gpucr-stream: checkpoint image streamer for CRIU and GPU processes
-
-Usage:
-  gpucr-stream [flags] COMMAND [flags] [args]
-
-Commands:
-`)
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(w, "\nFlags (each also read from the environment variable shown):\n")
-	var names []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "h" {
-			names = append(names, f.Name)
-		}
-	})
-	sort.Strings(names)
-	for _, n := range names {
-		f := fs.Lookup(n)
-		def := ""
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		env := "$" + envName(n)
-		if n == "help" {
-			env = ""
-		}
-		fmt.Fprintf(w, "  --%-14s %s%s %s\n", n, f.Usage, def, env)
-	}
-	fmt.Fprintf(w, `
-Examples:
-  gpucr-stream --images-dir /tmp/ckpt capture > ckpt.stream &
-  criu dump --stream -D /tmp/ckpt -t PID
-
-  gpucr-stream --images-dir /tmp/ckpt capture | ssh host gpucr-stream --images-dir /tmp/ckpt serve
-
-  gpucr-stream --images-dir /tmp/ckpt capture --to /var/lib/ckpt/job1
-  gpucr-stream --images-dir /tmp/ckpt serve --from /var/lib/ckpt/job1
-
-Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data, 4 not found, 5 newer format, 130 interrupted.
-`)
-}
-
-// heldImageBudget is --memory-limit auto for images held by serve and
-// receive: a multi-GB GPU image that fits in memory must not go through a
-// spill file on disk on its way to CRIU, so half of what is available now,
-// at least 1 GiB.
-func heldImageBudget() int64 {
-	return max(1<<30, proc.AvailableMemory()/2)
-}
-
-// streamOptions are the options of a stream source (serve, receive).
-func (c *config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
-	so.Options = c.opts
-	so.Options.MemoryLimit = c.holdLimit
-	if c.holdLimit == 0 {
-		so.Options.MemoryLimit = heldImageBudget()
-	}
-	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
-	so.SpillDir = c.spillDir
-	return so
 }

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
 )
@@ -57,7 +59,7 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+tempInfix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
@@ -139,19 +141,96 @@ func (d *Store) Open(ctx context.Context, name string, off, length int64) (io.Re
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(p)
+	f, st, err := d.openRegular(name, p)
 	if err != nil {
-		return nil, wrapNotExist(err)
+		return nil, err
 	}
 	if length < 0 {
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
 		length = st.Size() - off
 	}
 	return sectionReader{Reader: io.NewSectionReader(f, off, length), f: f}, nil
+}
+
+// ErrNotRegular marks an object that is not a regular file: a symlink
+// planted in an archive (it would read its target), a FIFO (it would block
+// forever), a device. Nothing but regular files is ever read.
+var ErrNotRegular = errors.New("not a regular file")
+
+func notRegular(p string, m fs.FileMode) error {
+	return fmt.Errorf("%s: %w (%s): refused: %w", p, ErrNotRegular, m.Type(), errdefs.ErrCorrupt)
+}
+
+// openRegular opens name (at path p) for reading if it is a regular file
+// inside the root. openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS refuses
+// a symlink anywhere below the root, a planted segments/ directory link
+// included; where the kernel lacks openat2 (before 5.6), O_NOFOLLOW refuses
+// one in the last component. O_NONBLOCK keeps the open of a FIFO from
+// waiting for a writer (deaf to signals meanwhile); once the file is known
+// to be regular the flag is cleared again.
+func (d *Store) openRegular(name, p string) (*os.File, fs.FileInfo, error) {
+	f, err := d.openBeneath(name)
+	if errors.Is(err, unix.ENOSYS) {
+		f, err = os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return nil, nil, notRegular(p, fs.ModeSymlink)
+		}
+		return nil, nil, wrapNotExist(err)
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = notRegular(p, st.Mode())
+	}
+	if err == nil {
+		err = unix.SetNonblock(int(f.Fd()), false)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
+// openBeneath opens name relative to the root without following any
+// symlink on the way.
+func (d *Store) openBeneath(name string) (*os.File, error) {
+	fd, err := d.openat2(name, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(d.root, name)), nil
+}
+
+// statBeneath is Lstat of name (at path p) that, like openBeneath, follows
+// no symlink below the root.
+func (d *Store) statBeneath(name, p string) (fs.FileInfo, error) {
+	fd, err := d.openat2(name, unix.O_PATH)
+	if errors.Is(err, unix.ENOSYS) {
+		return os.Lstat(p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return f.Stat()
+}
+
+func (d *Store) openat2(name string, flags uint64) (int, error) {
+	root, err := unix.Open(d.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: d.root, Err: err}
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, filepath.FromSlash(name), &unix.OpenHow{
+		Flags:   flags | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: filepath.Join(d.root, name), Err: err}
+	}
+	return fd, nil
 }
 
 func wrapNotExist(err error) error {
@@ -170,12 +249,18 @@ func (d *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error)
 	if err != nil {
 		return store.ObjectInfo{}, err
 	}
-	st, err := os.Stat(p)
+	st, err := d.statBeneath(name, p)
 	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return store.ObjectInfo{}, notRegular(p, fs.ModeSymlink)
+		}
 		return store.ObjectInfo{}, wrapNotExist(err)
 	}
 	if st.IsDir() {
 		return store.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
+	}
+	if !st.Mode().IsRegular() {
+		return store.ObjectInfo{}, notRegular(p, st.Mode())
 	}
 	return store.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
 }
@@ -194,7 +279,8 @@ func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 			}
 			return err
 		}
-		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		// Only regular files are objects: a symlink or FIFO is never one.
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			return nil
 		}
 		rel, err := filepath.Rel(d.root, p)

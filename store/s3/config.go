@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/redact"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
@@ -46,8 +47,9 @@ var (
 	ErrNoCredentials = errors.New("no S3 credentials found")
 	// ErrBadCredentials: the server refused the credentials.
 	ErrBadCredentials = errors.New("credentials refused")
-	// ErrNoSuchBucket: the bucket does not exist at the endpoint.
-	ErrNoSuchBucket = errors.New("NoSuchBucket")
+	// ErrNoSuchBucket: the bucket does not exist at the endpoint; a kind
+	// of errdefs.ErrNotFound.
+	ErrNoSuchBucket = fmt.Errorf("NoSuchBucket: %w", errdefs.ErrNotFound)
 )
 
 // PathStyle selects how the bucket is addressed: in the URL path
@@ -106,6 +108,9 @@ type Config struct {
 	PathStyle PathStyle
 	// Insecure uses plain http for an Endpoint given without a scheme.
 	Insecure bool
+	// Warn receives warnings (a plain http endpoint, once per endpoint
+	// and process); nil writes them to stderr.
+	Warn func(msg string)
 
 	// AccessKey and SecretKey (and SessionToken for temporary
 	// credentials) take precedence over the environment
@@ -162,7 +167,7 @@ func s3Endpoint(cfg Config) (host string, secure bool, display string, err error
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return "", false, "", fmt.Errorf("s3 endpoint %s: %w", redact.URL(ep), err)
+			return "", false, "", fmt.Errorf("s3 endpoint %s: %w", redact.URL(ep), redact.Error(err))
 		}
 		switch u.Scheme {
 		case "http":
@@ -180,8 +185,11 @@ func s3Endpoint(cfg Config) (host string, secure bool, display string, err error
 		}
 		host = u.Host
 	}
-	if host == "" || strings.ContainsAny(host, "/?#@") {
-		return "", false, "", fmt.Errorf("s3 endpoint %q: want host[:port] or scheme://host[:port]", redact.URL(ep))
+	if strings.Contains(host, "@") {
+		return "", false, "", fmt.Errorf("s3 endpoint %s: credentials do not belong in the endpoint; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", redact.URL(ep))
+	}
+	if host == "" || strings.ContainsAny(host, "/?#") {
+		return "", false, "", fmt.Errorf("s3 endpoint %s: want host[:port] or scheme://host[:port]", redact.URL(ep))
 	}
 	scheme := "https"
 	if !secure {

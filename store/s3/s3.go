@@ -15,6 +15,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,10 +67,55 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !secure {
+		warnPlain(cfg.Warn, display)
+	}
 	creds, keyID, err := s3Credentials(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
 	}
+	s, err := sized(cfg, display)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := s3Transport(secure)
+	if err != nil {
+		return nil, err
+	}
+	s.transport = tr
+	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
+		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
+	}
+	lookup := minio.BucketLookupAuto
+	switch cfg.PathStyle {
+	case PathStyleOn:
+		lookup = minio.BucketLookupPath
+	case PathStyleOff:
+		lookup = minio.BucketLookupDNS
+	}
+	s.core, err = minio.NewCore(host, &minio.Options{
+		Creds:        creds,
+		Secure:       secure,
+		Transport:    tr,
+		Region:       s3Region(cfg),
+		BucketLookup: lookup,
+		// Retries are ours (see retry): one attempt per call here.
+		MaxRetries: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
+	}
+	s.core.SetAppInfo("gpucr-stream", "1")
+	if err := s.checkBucket(ctx, keyID); err != nil {
+		tr.CloseIdleConnections()
+		return nil, err
+	}
+	return s, nil
+}
+
+// sized is a Store with cfg's sizes and limits, defaults filled in, and no
+// connection yet.
+func sized(cfg Config, display string) (*Store, error) {
 	s := &Store{
 		bucket:     cfg.Bucket,
 		endpoint:   display,
@@ -106,13 +152,23 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case s.maxRetries < 0:
 		s.maxRetries = 0
 	}
-	region := cfg.Region
-	if region == "" {
-		region = os.Getenv("AWS_REGION")
+	return s, nil
+}
+
+// s3Region is cfg's region, else the environment's.
+func s3Region(cfg Config) string {
+	if cfg.Region != "" {
+		return cfg.Region
 	}
-	if region == "" {
-		region = os.Getenv("AWS_DEFAULT_REGION")
+	if r := os.Getenv("AWS_REGION"); r != "" {
+		return r
 	}
+	return os.Getenv("AWS_DEFAULT_REGION")
+}
+
+// s3Transport is the HTTP transport of a store: minio's, keeping more idle
+// connections, trusting AWS_CA_BUNDLE's CAs too for https.
+func s3Transport(secure bool) (*http.Transport, error) {
 	tr, err := minio.DefaultTransport(secure)
 	if err != nil {
 		return nil, fmt.Errorf("s3: transport: %w", err)
@@ -134,35 +190,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 		tr.TLSClientConfig.RootCAs = pool
 	}
-	s.transport = tr
-	lookup := minio.BucketLookupAuto
-	switch cfg.PathStyle {
-	case PathStyleOn:
-		lookup = minio.BucketLookupPath
-	case PathStyleOff:
-		lookup = minio.BucketLookupDNS
-	}
-	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
-		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
-	}
-	s.core, err = minio.NewCore(host, &minio.Options{
-		Creds:        creds,
-		Secure:       secure,
-		Transport:    tr,
-		Region:       region,
-		BucketLookup: lookup,
-		// Retries are ours (see retry): one attempt per call here.
-		MaxRetries: 1,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
-	}
-	s.core.SetAppInfo("gpucr-stream", "1")
-	if err := s.checkBucket(ctx, keyID); err != nil {
-		tr.CloseIdleConnections()
-		return nil, err
-	}
-	return s, nil
+	return tr, nil
 }
 
 // checkBucket makes one authenticated request so that bad credentials and
@@ -185,11 +213,8 @@ func (s *Store) checkBucket(ctx context.Context, keyID string) error {
 	// HEAD answers carry no error body; a listing says why it was refused.
 	if er := minio.ToErrorResponse(err); er.StatusCode == http.StatusForbidden || er.StatusCode == http.StatusBadRequest {
 		lctx, cancel := context.WithCancel(ctx)
-		for o := range s.core.Client.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{MaxKeys: 1}) {
-			if o.Err != nil {
-				err = o.Err
-			}
-			break
+		if o, ok := <-s.core.Client.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{MaxKeys: 1}); ok && o.Err != nil {
+			err = o.Err
 		}
 		cancel()
 	}
@@ -356,4 +381,20 @@ func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan t
 		}
 	}
 	return len(todo), nil
+}
+
+// plainWarned holds the plain-http endpoints warned about in this process.
+var plainWarned sync.Map
+
+// warnPlain says once per endpoint that it carries checkpoints in clear.
+func warnPlain(warn func(string), display string) {
+	if _, done := plainWarned.LoadOrStore(display, true); done {
+		return
+	}
+	msg := fmt.Sprintf("warning: %s is plain http: checkpoints (process memory, secrets included) cross the network unencrypted; use https", display)
+	if warn == nil {
+		fmt.Fprintf(os.Stderr, "gpucr-stream: %s\n", msg)
+		return
+	}
+	warn(msg)
 }

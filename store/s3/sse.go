@@ -7,6 +7,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/encrypt"
+
+	"github.com/gpucr/gpucr-stream/crypt"
 )
 
 // SSEMode selects server-side encryption: the server encrypts what it
@@ -53,6 +55,25 @@ func ParseSSE(s string) (SSE, error) {
 		return SSE{Mode: SSEC}, nil
 	}
 	return SSE{}, fmt.Errorf("server-side encryption %q: want none, s3, kms[:KEY-ID] or c", s)
+}
+
+// LoadSSE is ParseSSE of spec with, for SSE-C, the key read from keyFile
+// (crypt.ReadKeyFile: 32 bytes, hex or base64, mode 0600). The key file
+// goes with SSE-C and with nothing else.
+func LoadSSE(spec, keyFile string) (SSE, error) {
+	sse, err := ParseSSE(spec)
+	if err != nil {
+		return SSE{}, err
+	}
+	if (sse.Mode == SSEC) != (keyFile != "") {
+		return SSE{}, errors.New("SSE-C (c) and its key file go together")
+	}
+	if sse.Mode == SSEC {
+		if sse.CustomerKey, err = crypt.ReadKeyFile(keyFile); err != nil {
+			return SSE{}, fmt.Errorf("SSE-C %w", err)
+		}
+	}
+	return sse, nil
 }
 
 func (m SSEMode) String() string {

@@ -43,27 +43,9 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 )
 
-// Option relaxes one check for a store with a known, documented gap.
-type Option func(*config)
-
-type config struct {
-	laxContext string
-}
-
-// LaxContext accepts a store whose Create and Open do not look at their
-// context (Commit still must). It is a marker for a gap to close, not a
-// permanent exemption: the reason is logged on every run.
-func LaxContext(reason string) Option {
-	return func(c *config) { c.laxContext = reason }
-}
-
 // Run runs the suite. newStore returns a fresh, empty store for each
 // subtest; it should register its own cleanup with t.
-func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) {
-	var cfg config
-	for _, o := range opts {
-		o(&cfg)
-	}
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	tests := []struct {
 		name string
 		fn   func(t *testing.T, s store.Store)
@@ -82,8 +64,8 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 		{"InvalidNames", testInvalidNames},
 		{"EarlyClose", testEarlyClose},
 		{"CanceledCommit", testCanceledCommit},
-		{"CanceledCreate", func(t *testing.T, s store.Store) { testCanceledCreate(t, s, cfg) }},
-		{"CanceledOpen", func(t *testing.T, s store.Store) { testCanceledOpen(t, s, cfg) }},
+		{"CanceledCreate", testCanceledCreate},
+		{"CanceledOpen", testCanceledOpen},
 		{"Large", testLarge},
 		{"Concurrent", testConcurrent},
 	}
@@ -516,15 +498,11 @@ func testCanceledCommit(t *testing.T, s store.Store) {
 	mustNotExist(t, s, "create-ctx", "after canceling Create's context")
 }
 
-func testCanceledCreate(t *testing.T, s store.Store, cfg config) {
+func testCanceledCreate(t *testing.T, s store.Store) {
 	ctx := ctxT(t)
 	w, err := s.Create(canceled(), "never")
 	if err == nil {
-		if cfg.laxContext == "" {
-			t.Error("Create with a canceled context succeeded")
-		} else {
-			t.Logf("lax: Create ignores its context (%s)", cfg.laxContext)
-		}
+		t.Error("Create with a canceled context succeeded")
 		_, _ = w.Write([]byte("data"))
 		if err := w.Commit(canceled()); err == nil {
 			t.Error("Commit with a canceled context succeeded")
@@ -534,7 +512,7 @@ func testCanceledCreate(t *testing.T, s store.Store, cfg config) {
 	mustNotExist(t, s, "never", "after Create with a canceled context")
 }
 
-func testCanceledOpen(t *testing.T, s store.Store, cfg config) {
+func testCanceledOpen(t *testing.T, s store.Store) {
 	put(t, s, "obj", randomBytes(10, 1<<20))
 	r, err := s.Open(canceled(), "obj", 0, -1)
 	if err != nil {
@@ -543,11 +521,7 @@ func testCanceledOpen(t *testing.T, s store.Store, cfg config) {
 	defer r.Close()
 	_, err = io.ReadAll(r)
 	if err == nil {
-		if cfg.laxContext == "" {
-			t.Error("Open with a canceled context succeeded and read the object")
-		} else {
-			t.Logf("lax: Open ignores its context (%s)", cfg.laxContext)
-		}
+		t.Error("Open with a canceled context succeeded and read the object")
 	}
 }
 

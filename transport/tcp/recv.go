@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // ListenOptions configure a receiver.
@@ -67,6 +68,9 @@ func Listen(ctx context.Context, addr string, o ListenOptions) (*Listener, error
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		o.Log(fmt.Sprintf("warning: listening on every interface (%s): any host that reaches this port can try to connect; name an address (--listen HOST:PORT) to limit that", ln.Addr()))
+	}
 	return &Listener{ln: ln, o: o, cfg: cfg}, nil
 }
 
@@ -88,10 +92,10 @@ type recvConn struct {
 	tc   *tls.Conn
 	br   *bufio.Reader
 	peer string
-	h    hello
+	h    wire.Hello
 	hb   []byte
 	exp  []byte
-	sr   *shardReader
+	sr   *wire.ShardReader
 	wmu  sync.Mutex
 }
 
@@ -102,14 +106,14 @@ func (c *recvConn) write(typ uint8, payload []byte, timeout time.Duration) error
 	defer c.wmu.Unlock()
 	_ = c.raw.SetWriteDeadline(time.Now().Add(timeout))
 	defer c.raw.SetWriteDeadline(time.Time{})
-	return writeRecord(c.tc, typ, payload)
+	return wire.WriteRecord(c.tc, typ, payload)
 }
 
 // refuse tells a peer that got through TLS why it is turned away, then
 // hangs up.
 func refuse(tc *tls.Conn, raw net.Conn, msg string) {
 	_ = raw.SetWriteDeadline(time.Now().Add(2 * time.Second))
-	_, _ = tc.Write(reply{Refused: true, Message: msg}.marshal())
+	_, _ = tc.Write(wire.Reply{Refused: true, Message: msg}.Marshal())
 	closeWrite(tc)
 	raw.Close()
 }
@@ -135,28 +139,26 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, erro
 // is up, with what to tell the peer.
 func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
-	tc := tls.Server(countConn{Conn: raw, in: &l.wireIn, out: &l.wireOut}, l.cfg)
-	stop := ctxDeadline(ctx, raw, l.o.Timeout)
+	// A real sender sends its hello right after the TLS handshake, a few
+	// round trips: a peer that takes longer is not one.
+	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, min(l.o.Timeout, preAuthTimeout))
 	defer stop()
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if ch == nil {
 		return nil, "", fmt.Errorf("TLS handshake failed (not a gpucr-stream sender, or one without our certificates): %v", err)
 	}
-	c = &recvConn{raw: raw, tc: tc, peer: raw.RemoteAddr().String()}
-	if c.exp, err = exporterOf(tc); err != nil {
+	c = &recvConn{raw: raw, tc: ch.tc, br: ch.br, exp: ch.exp, peer: raw.RemoteAddr().String()}
+	if err != nil {
 		return c, err.Error(), err
 	}
-	// Smaller than a DATA record: record payloads are read straight into
-	// the caller's buffer instead of through this one.
-	c.br = bufio.NewReaderSize(tc, 64<<10)
-	c.hb = make([]byte, helloSize)
+	c.hb = make([]byte, wire.HelloSize)
 	if _, err := io.ReadFull(c.br, c.hb); err != nil {
 		return c, "no hello", fmt.Errorf("no hello after the TLS handshake: %v", err)
 	}
-	if c.h, err = parseHello(c.hb); err != nil {
+	if c.h, err = wire.ParseHello(c.hb); err != nil {
 		return c, err.Error(), err
 	}
 	if len(l.o.Auth.Token) > 0 {
-		want := proof(l.o.Auth.Token, "client", c.exp, c.hb[:32])
+		want := helloProof(l.o.Auth.Token, c.exp, c.hb)
 		if !hmac.Equal(want[:], c.h.Proof[:]) {
 			return c, "authentication failed: the sender's token does not match the receiver's (check --token-file on both sides)",
 				errors.New("authentication failed: the sender does not hold our token (wrong --token-file?)")
@@ -167,18 +169,17 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn,
 
 // admit answers an authenticated connection with the receiver's proof.
 func (l *Listener) admit(c *recvConn) error {
-	r := reply{}
+	r := wire.Reply{}
 	if l.o.Reports {
-		r.Flags |= replyReports
+		r.Flags |= wire.ReplyReports
 	}
 	if l.o.Restores {
-		r.Flags |= replyRestores
+		r.Flags |= wire.ReplyRestores
 	}
-	b := r.marshal()
-	r.Proof = proof(l.o.Auth.Token, "server", c.exp, c.hb, b[:16])
+	r.Proof = replyProof(l.o.Auth.Token, c.exp, c.hb, r.Marshal())
 	_ = c.raw.SetWriteDeadline(time.Now().Add(l.o.Timeout))
 	defer c.raw.SetWriteDeadline(time.Time{})
-	_, err := c.tc.Write(r.marshal())
+	_, err := c.tc.Write(r.Marshal())
 	return err
 }
 
@@ -202,39 +203,19 @@ func (p *pendingSession) close() {
 // then nothing a peer sends is read beyond its hello.
 func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Every goroutine started here has returned when AcceptSession does:
+	// the accept loop once the listener is closed, the handshakes once ctx
+	// is cancelled (their deadlines fire at once).
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer l.Close()
-	type result struct {
-		c    *recvConn
-		peer string
-		err  error
-	}
-	results := make(chan result)
+	defer cancel()
+	authenticated := make(chan *recvConn)
 	acceptErr := make(chan error, 1)
+	wg.Add(1)
 	go func() {
-		sem := make(chan struct{}, 32) // handshakes at once
-		for {
-			raw, err := l.ln.Accept()
-			if err != nil {
-				acceptErr <- err
-				return
-			}
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				raw.Close()
-				continue
-			}
-			go func() {
-				defer func() { <-sem }()
-				c, err := l.handshake(ctx, raw)
-				select {
-				case results <- result{c, raw.RemoteAddr().String(), err}:
-				case <-ctx.Done():
-					raw.Close()
-				}
-			}()
-		}
+		defer wg.Done()
+		l.acceptLoop(ctx, &wg, authenticated, acceptErr)
 	}()
 	pending := map[[16]byte]*pendingSession{}
 	defer func() {
@@ -246,48 +227,10 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	defer tick.Stop()
 	for {
 		select {
-		case r := <-results:
-			if r.err != nil {
-				continue // logged and hung up on by handshake
+		case c := <-authenticated:
+			if s := l.join(pending, c); s != nil {
+				return s, nil
 			}
-			c := r.c
-			p := pending[c.h.Session]
-			if p == nil {
-				if len(pending) >= 4 {
-					l.logf("refused %s: busy with other senders", c.peer)
-					refuse(c.tc, c.raw, "busy: other senders are connecting")
-					continue
-				}
-				p = &pendingSession{count: int(c.h.Count), conns: make([]*recvConn, c.h.Count), start: time.Now()}
-				pending[c.h.Session] = p
-			}
-			switch {
-			case int(c.h.Count) != p.count:
-				l.logf("refused %s: stream count %d, session has %d", c.peer, c.h.Count, p.count)
-				refuse(c.tc, c.raw, "stream count differs from the session's")
-				continue
-			case p.conns[c.h.Shard] != nil:
-				l.logf("refused %s: stream %d of its session is already connected", c.peer, c.h.Shard)
-				refuse(c.tc, c.raw, fmt.Sprintf("stream %d of this session is already connected", c.h.Shard))
-				continue
-			}
-			if err := l.admit(c); err != nil {
-				c.close()
-				l.logf("lost %s during the handshake: %v", c.peer, err)
-				continue
-			}
-			p.conns[c.h.Shard] = c
-			p.n++
-			if p.n < p.count {
-				continue
-			}
-			delete(pending, c.h.Session)
-			s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
-			for _, c := range s.conns {
-				c.sr = &shardReader{br: c.br, counts: &s.streamBytes}
-			}
-			l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
-			return s, nil
 		case <-tick.C:
 			for id, p := range pending {
 				if time.Since(p.start) > l.o.Timeout {
@@ -302,6 +245,87 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 			return nil, context.Cause(ctx)
 		}
 	}
+}
+
+// acceptLoop accepts connections until the listener closes, and hands
+// those that authenticate to authenticated; the others are logged and hung
+// up on by handshake. The accept path never waits for a handshake: a peer
+// that connects and stays silent holds one slot of its source for at most
+// the pre-auth deadline, and is the first to go when its source (or
+// everyone) is over the limit. Its handshakes, counted in wg, end with ctx.
+func (l *Listener) acceptLoop(ctx context.Context, wg *sync.WaitGroup, authenticated chan<- *recvConn, acceptErr chan<- error) {
+	pre := newPreAuth(maxPreAuth, maxPreAuthPerSource)
+	for {
+		raw, err := l.ln.Accept()
+		if err != nil {
+			acceptErr <- err
+			return
+		}
+		if ev := pre.add(raw); ev != nil {
+			l.logf("dropped %s: too many connections still to authenticate", ev.RemoteAddr())
+			ev.Close()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := l.handshake(ctx, raw)
+			pre.remove(raw)
+			if err != nil {
+				return
+			}
+			select {
+			case authenticated <- c:
+			case <-ctx.Done():
+				raw.Close()
+			}
+		}()
+	}
+}
+
+// join adds an authenticated connection to its pending session, refusing
+// it where it does not fit, and returns the session once all of its
+// streams are there.
+func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Session {
+	p := pending[c.h.Session]
+	if p == nil {
+		if len(pending) >= 4 {
+			l.logf("refused %s: busy with other senders", c.peer)
+			refuse(c.tc, c.raw, "busy: other senders are connecting")
+			return nil
+		}
+		p = &pendingSession{count: int(c.h.Count), conns: make([]*recvConn, c.h.Count), start: time.Now()}
+		pending[c.h.Session] = p
+	}
+	switch {
+	case int(c.h.Count) != p.count:
+		l.logf("refused %s: stream count %d, session has %d", c.peer, c.h.Count, p.count)
+		refuse(c.tc, c.raw, "stream count differs from the session's")
+		return nil
+	case p.conns[c.h.Shard] != nil:
+		l.logf("refused %s: stream %d of its session is already connected", c.peer, c.h.Shard)
+		refuse(c.tc, c.raw, fmt.Sprintf("stream %d of this session is already connected", c.h.Shard))
+		return nil
+	}
+	if err := l.admit(c); err != nil {
+		c.close()
+		l.logf("lost %s during the handshake: %v", c.peer, err)
+		return nil
+	}
+	p.conns[c.h.Shard] = c
+	p.n++
+	if p.n < p.count {
+		return nil
+	}
+	delete(pending, c.h.Session)
+	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
+	for _, c := range s.conns {
+		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
+		// An authenticated sender that stays connected and silent is
+		// dropped like a dead link.
+		c.sr.SetIdleTimeout(c.raw, l.o.Timeout)
+	}
+	l.logf("session %s from %s: %d stream(s) authenticated", s.ID, s.Peer, p.count)
+	return s
 }
 
 // Session is one sender's authenticated set of streams.
@@ -353,15 +377,15 @@ func (s *Session) each(f func(c *recvConn) error) error {
 // verified.
 func (s *Session) Ack(info AckInfo) error {
 	b, _ := json.Marshal(info)
-	return s.each(func(c *recvConn) error { return c.write(recAck, b, s.timeout) })
+	return s.each(func(c *recvConn) error { return c.write(wire.RecAck, b, s.timeout) })
 }
 
 // Nak tells the sender that the checkpoint is rejected, and hangs up.
 func (s *Session) Nak(msg string) {
-	if len(msg) > maxRefusal {
-		msg = msg[:maxRefusal]
+	if len(msg) > wire.MaxRefusal {
+		msg = msg[:wire.MaxRefusal]
 	}
-	_ = s.each(func(c *recvConn) error { return c.write(recNak, []byte(msg), 2*time.Second) })
+	_ = s.each(func(c *recvConn) error { return c.write(wire.RecNak, []byte(msg), 2*time.Second) })
 	s.Close()
 }
 
@@ -375,10 +399,10 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 	// gone, bounded on its side by the same timeout.
 	stop := ctxDeadline(ctx, c.raw, 3*s.timeout)
 	defer stop()
-	if err := c.sr.drain(); err != nil {
+	if err := c.sr.Drain(); err != nil {
 		return ci, err
 	}
-	h, p, err := readRecord(c.br, true)
+	h, p, err := wire.ReadRecord(c.br, true)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return ci, errors.New("the sender closed the connection")
@@ -389,13 +413,13 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 		return ci, err
 	}
 	switch h.Type {
-	case recCommit:
+	case wire.RecCommit:
 		if err := json.Unmarshal(p, &ci); err != nil {
 			return ci, fmt.Errorf("unreadable COMMIT: %w", err)
 		}
 		return ci, nil
-	case recAbort:
-		return ci, fmt.Errorf("the sender aborted: %s", printable(string(p)))
+	case wire.RecAbort:
+		return ci, fmt.Errorf("the sender aborted: %s", wire.Printable(string(p)))
 	}
 	return ci, fmt.Errorf("record type %d where COMMIT was expected", h.Type)
 }
@@ -403,7 +427,7 @@ func (s *Session) WaitCommit(ctx context.Context) (CommitInfo, error) {
 // Report sends the receiver's last word on stream 0 and hangs up.
 func (s *Session) Report(r Report) error {
 	b, _ := json.Marshal(r)
-	err := s.conns[0].write(recReport, b, s.timeout)
+	err := s.conns[0].write(wire.RecReport, b, s.timeout)
 	for _, c := range s.conns {
 		closeWrite(c.tc)
 	}
@@ -513,9 +537,6 @@ func (s *Source) Session() *Session {
 		return nil
 	}
 }
-
-// Started is closed when a sender's session has been accepted.
-func (s *Source) Started() <-chan struct{} { return s.started }
 
 // Done is closed when the checkpoint is committed or has failed.
 func (s *Source) Done() <-chan struct{} { return s.done }

@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // SendOptions configure a sender.
@@ -209,32 +210,29 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 	if err != nil {
 		return nil, info, fmt.Errorf("connect to receiver %s: %w", t.addr, err)
 	}
-	tc := tls.Client(countConn{Conn: raw, in: &t.wireIn, out: &t.wireOut}, cfg)
-	done := ctxDeadline(ctx, raw, t.opts.Timeout)
+	ch, done, err := openChannel(ctx, raw, cfg, false, &t.wireIn, &t.wireOut, t.opts.Timeout)
 	fail := func(err error) (*sendConn, ReceiverInfo, error) {
 		done()
 		raw.Close()
 		return nil, info, err
 	}
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if ch == nil {
 		return fail(fmt.Errorf("TLS handshake with receiver %s: %w: %w", t.addr, err, ErrRefused))
 	}
-	exp, err := exporterOf(tc)
 	if err != nil {
 		return fail(fmt.Errorf("receiver %s: %w", t.addr, err))
 	}
-	h := hello{Shard: uint16(idx), Count: uint16(t.opts.Streams), Session: t.session}
+	tc, br := ch.tc, ch.br
+	h := wire.Hello{Shard: uint16(idx), Count: uint16(t.opts.Streams), Session: t.session}
 	if !t.opts.AutoCommit {
 		h.Flags |= 1
 	}
-	hb := h.marshal()
-	h.Proof = proof(t.opts.Auth.Token, "client", exp, hb[:32])
-	hb = h.marshal()
+	h.Proof = helloProof(t.opts.Auth.Token, ch.exp, h.Marshal())
+	hb := h.Marshal()
 	if _, err := tc.Write(hb); err != nil {
 		return fail(fmt.Errorf("send hello to receiver %s: %w", t.addr, err))
 	}
-	br := bufio.NewReaderSize(tc, 64<<10)
-	rep, fixed, err := readReply(br)
+	rep, fixed, err := wire.ReadReply(br)
 	if err != nil {
 		return fail(fmt.Errorf("receiver %s: %w", t.addr, err))
 	}
@@ -242,20 +240,20 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 		return fail(fmt.Errorf("receiver %s refused the connection: %s: %w", t.addr, rep.Message, ErrRefused))
 	}
 	if len(t.opts.Auth.Token) > 0 {
-		want := proof(t.opts.Auth.Token, "server", exp, hb, fixed[:16])
+		want := replyProof(t.opts.Auth.Token, ch.exp, hb, fixed)
 		if !hmac.Equal(want[:], rep.Proof[:]) {
 			return fail(fmt.Errorf("receiver %s did not prove that it holds the token (a different --token-file there, or not our receiver); nothing was sent: %w", t.addr, ErrRefused))
 		}
 	}
 	done()
-	info = ReceiverInfo{Reports: rep.Flags&replyReports != 0, Restores: rep.Flags&replyRestores != 0}
+	info = ReceiverInfo{Reports: rep.Flags&wire.ReplyReports != 0, Restores: rep.Flags&wire.ReplyRestores != 0}
 	c := &sendConn{
 		o: t, idx: idx, tc: tc, br: br,
 		queue: make(chan sendItem, sendBufCount+2), free: make(chan []byte, sendBufCount),
 		wdone: make(chan struct{}), acked: make(chan struct{}), reports: make(chan Report, 1), rdone: make(chan struct{}),
 	}
 	for range sendBufCount {
-		c.free <- make([]byte, recHeaderSize, recHeaderSize+sendBufSize)
+		c.free <- make([]byte, wire.RecHeaderSize, wire.RecHeaderSize+sendBufSize)
 	}
 	return c, info, nil
 }
@@ -304,7 +302,7 @@ func (c *sendConn) Write(p []byte) (int, error) {
 		if c.cur == nil {
 			select {
 			case b := <-c.free:
-				c.cur = b[:recHeaderSize]
+				c.cur = b[:wire.RecHeaderSize]
 			case <-c.o.failed:
 				return n, c.o.err
 			}
@@ -324,11 +322,11 @@ func (c *sendConn) Write(p []byte) (int, error) {
 }
 
 func (c *sendConn) push() error {
-	if c.cur == nil || len(c.cur) == recHeaderSize {
+	if c.cur == nil || len(c.cur) == wire.RecHeaderSize {
 		return nil
 	}
 	select {
-	case c.queue <- sendItem{typ: recData, buf: c.cur}:
+	case c.queue <- sendItem{typ: wire.RecData, buf: c.cur}:
 		c.cur = nil
 		return nil
 	case <-c.o.failed:
@@ -342,19 +340,19 @@ func (c *sendConn) writeLoop() {
 		var err error
 		c.wmu.Lock()
 		switch it.typ {
-		case recData:
-			putRecordHeader(it.buf, recData, len(it.buf)-recHeaderSize)
+		case wire.RecData:
+			wire.PutRecordHeader(it.buf, wire.RecData, len(it.buf)-wire.RecHeaderSize)
 			_, err = c.tc.Write(it.buf)
 		default:
-			err = writeRecord(c.tc, it.typ, nil)
+			err = wire.WriteRecord(c.tc, it.typ, nil)
 		}
 		c.wmu.Unlock()
 		if err != nil {
 			c.o.fail(fmt.Errorf("stream %d to %s: %w", c.idx, c.o.addr, err))
 			return
 		}
-		if it.typ == recData {
-			c.free <- it.buf[:recHeaderSize]
+		if it.typ == wire.RecData {
+			c.free <- it.buf[:wire.RecHeaderSize]
 		}
 	}
 }
@@ -366,7 +364,7 @@ func (c *sendConn) finish() error {
 		return err
 	}
 	select {
-	case c.queue <- sendItem{typ: recEOS}:
+	case c.queue <- sendItem{typ: wire.RecEOS}:
 	case <-c.o.failed:
 		return c.o.err
 	}
@@ -381,7 +379,7 @@ func (c *sendConn) finish() error {
 func (c *sendConn) readLoop() {
 	defer close(c.rdone)
 	for {
-		h, p, err := readRecord(c.br, false)
+		h, p, err := wire.ReadRecord(c.br, false)
 		if err != nil {
 			c.readErr = err
 			c.o.mu.Lock()
@@ -396,20 +394,20 @@ func (c *sendConn) readLoop() {
 			return
 		}
 		switch h.Type {
-		case recAck:
+		case wire.RecAck:
 			var a AckInfo
 			_ = json.Unmarshal(p, &a)
 			c.ackOnce.Do(func() { c.ack = a; close(c.acked) })
-		case recNak:
-			c.o.fail(fmt.Errorf("receiver %s rejected the checkpoint: %s", c.o.addr, printable(string(p))))
+		case wire.RecNak:
+			c.o.fail(fmt.Errorf("receiver %s rejected the checkpoint: %s", c.o.addr, wire.Printable(string(p))))
 			c.readErr = errors.New("rejected")
 			return
-		case recReport:
+		case wire.RecReport:
 			var r Report
 			if err := json.Unmarshal(p, &r); err != nil {
 				r.Error = "unreadable report from the receiver"
 			}
-			r.Error = printable(r.Error)
+			r.Error = wire.Printable(r.Error)
 			select {
 			case c.reports <- r:
 			default:
@@ -505,7 +503,7 @@ func (t *Output) Confirm(ctx context.Context, info CommitInfo) error {
 	defer c.wmu.Unlock()
 	stop := ctxDeadline(ctx, c.tc.NetConn(), t.opts.Timeout)
 	defer stop()
-	if err := writeRecord(c.tc, recCommit, b); err != nil {
+	if err := wire.WriteRecord(c.tc, wire.RecCommit, b); err != nil {
 		return fmt.Errorf("tell receiver %s to restore: %w", t.addr, err)
 	}
 	return nil
@@ -570,7 +568,7 @@ func (t *Output) Cancel(reason string) {
 				// ABORT goes after it, or the closed connection says it.
 				_ = c.tc.NetConn().SetWriteDeadline(time.Now().Add(2 * time.Second))
 				c.wmu.Lock()
-				_ = writeRecord(c.tc, recAbort, []byte(reason))
+				_ = wire.WriteRecord(c.tc, wire.RecAbort, []byte(reason))
 				c.wmu.Unlock()
 			}()
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // logBuf collects a listener's log lines.
@@ -122,6 +123,21 @@ func send(t *testing.T, out streamer.Output, files map[string][]byte) error {
 	return err
 }
 
+// transferAll dials r with o, sends testFiles and checks what r serves.
+func transferAll(t *testing.T, r *receiver, o SendOptions) {
+	t.Helper()
+	out, err := Dial(testCtx(t), r.addr(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	files := testFiles()
+	if err := send(t, out, files); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, r.src, files)
+}
+
 func checkFiles(t *testing.T, src streamer.Source, files map[string][]byte) {
 	t.Helper()
 	for name, want := range files {
@@ -187,16 +203,7 @@ func TestTCPMigrationRoundTrip(t *testing.T) {
 
 func TestTCPAutoCommit(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 }
 
 func TestTCPWrongToken(t *testing.T) {
@@ -207,16 +214,7 @@ func TestTCPWrongToken(t *testing.T) {
 	}
 	r.log.waitLog(t, "authentication failed")
 	// The receiver goes on and takes the real sender.
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), AutoCommit: true})
 }
 
 func TestTCPNoSecretRefused(t *testing.T) {
@@ -247,13 +245,13 @@ func TestTCPImpostorReceiver(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		hb := make([]byte, helloSize)
+		hb := make([]byte, wire.HelloSize)
 		if _, err := io.ReadFull(c, hb); err != nil {
 			return
 		}
-		var fake reply
+		var fake wire.Reply
 		rand.Read(fake.Proof[:])
-		c.Write(fake.marshal())
+		c.Write(fake.Marshal())
 		n, _ := io.Copy(io.Discard, c)
 		got <- int(n)
 	}()
@@ -288,14 +286,14 @@ func TestTCPReplayRefused(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
 	c1, exp1 := rawClient(t, r.addr())
 	defer c1.Close()
-	h := hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
-	hb := h.marshal()
+	h := wire.Hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
+	hb := h.Marshal()
 	h.Proof = proof([]byte(goodToken), "client", exp1, hb[:32])
-	hb = h.marshal()
+	hb = h.Marshal()
 	if _, err := c1.Write(hb); err != nil {
 		t.Fatal(err)
 	}
-	rep, _, err := readReply(c1)
+	rep, _, err := wire.ReadReply(c1)
 	if err != nil || rep.Refused {
 		t.Fatalf("genuine hello: %+v %v", rep, err)
 	}
@@ -307,7 +305,7 @@ func TestTCPReplayRefused(t *testing.T) {
 		if _, err := c2.Write(replay); err != nil {
 			t.Fatal(err)
 		}
-		rep, _, err := readReply(c2)
+		rep, _, err := wire.ReadReply(c2)
 		c2.Close()
 		if err != nil || !rep.Refused || !strings.Contains(rep.Message, "authentication failed") {
 			t.Fatalf("replayed hello (shard %d): %+v %v", shard, rep, err)
@@ -316,11 +314,11 @@ func TestTCPReplayRefused(t *testing.T) {
 	// A second genuine connection for shard 0 of that session is refused too.
 	c3, exp3 := rawClient(t, r.addr())
 	defer c3.Close()
-	h3 := hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
-	hb3 := h3.marshal()
+	h3 := wire.Hello{Shard: 0, Count: 2, Session: [16]byte{1, 2, 3}}
+	hb3 := h3.Marshal()
 	h3.Proof = proof([]byte(goodToken), "client", exp3, hb3[:32])
-	c3.Write(h3.marshal())
-	rep, _, err = readReply(c3)
+	c3.Write(h3.Marshal())
+	rep, _, err = wire.ReadReply(c3)
 	if err != nil || !rep.Refused || !strings.Contains(rep.Message, "already connected") {
 		t.Fatalf("duplicate stream: %+v %v", rep, err)
 	}
@@ -356,23 +354,14 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 	}
 	// TLS done right, then garbage instead of a hello.
 	c, _ := rawClient(t, r.addr())
-	c.Write(bytes.Repeat([]byte{'x'}, helloSize))
-	rep, _, err := readReply(c)
+	c.Write(bytes.Repeat([]byte{'x'}, wire.HelloSize))
+	rep, _, err := wire.ReadReply(c)
 	c.Close()
 	if err != nil || !rep.Refused || !strings.Contains(rep.Message, "not a gpucr-stream sender") {
 		t.Fatalf("garbage hello: %+v %v", rep, err)
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: tokenAuth(goodToken), Streams: 2, AutoCommit: true})
 	if n := strings.Count(r.log.String(), "refused"); n < 4 {
 		t.Errorf("want the garbage peers refused in the log:\n%s", r.log.String())
 	}
@@ -489,18 +478,18 @@ func TestTCPCorruptStreamNak(t *testing.T) {
 	r := startReceiver(t, tokenAuth(goodToken))
 	c, exp := rawClient(t, r.addr())
 	defer c.Close()
-	h := hello{Shard: 0, Count: 1, Session: [16]byte{9}}
-	hb := h.marshal()
+	h := wire.Hello{Shard: 0, Count: 1, Session: [16]byte{9}}
+	hb := h.Marshal()
 	h.Proof = proof([]byte(goodToken), "client", exp, hb[:32])
-	c.Write(h.marshal())
+	c.Write(h.Marshal())
 	br := bufio.NewReader(c)
-	if rep, _, err := readReply(br); err != nil || rep.Refused {
+	if rep, _, err := wire.ReadReply(br); err != nil || rep.Refused {
 		t.Fatalf("%+v %v", rep, err)
 	}
-	writeRecord(c, recData, bytes.Repeat([]byte("not a stream "), 10))
-	writeRecord(c, recEOS, nil)
-	rh, p, err := readRecord(br, false)
-	if err != nil || rh.Type != recNak {
+	wire.WriteRecord(c, wire.RecData, bytes.Repeat([]byte("not a stream "), 10))
+	wire.WriteRecord(c, wire.RecEOS, nil)
+	rh, p, err := wire.ReadRecord(br, false)
+	if err != nil || rh.Type != wire.RecNak {
 		t.Fatalf("want NAK, got %+v %q %v", rh, p, err)
 	}
 	if _, err := r.src.WaitCommitted(testCtx(t)); err == nil || !errors.Is(err, errdefs.ErrCorrupt) {
@@ -548,16 +537,7 @@ func TestTCPCertificates(t *testing.T) {
 		t.Fatal("receiver with an untrusted certificate accepted")
 	}
 	r.log.waitLog(t, "TLS handshake failed")
-	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: auth, Streams: 2, AutoCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	files := testFiles()
-	if err := send(t, out, files); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, r.src, files)
+	transferAll(t, r, SendOptions{Auth: auth, Streams: 2, AutoCommit: true})
 }
 
 func TestTokenFile(t *testing.T) {

@@ -114,7 +114,7 @@ func lsRmGc(t *testing.T, root string, st store.Store) {
 	}
 	out, errOut, code := runCmd(t, "ls", root)
 	if code != 0 || !strings.Contains(out, "a/job1") || !strings.Contains(out, "node2") || strings.Contains(out, "dead") {
-		t.Fatalf("ls text (exit %d):\n%s", code, out)
+		t.Fatalf("ls text (exit %d):\n%s\nstderr: %s", code, out, errOut)
 	}
 	if items := lsNames(t, strings.TrimRight(root, "/")+"/a"); len(items) != 1 || items["job1"].Name != "job1" {
 		t.Fatalf("ls of a sub-prefix: %v", items)

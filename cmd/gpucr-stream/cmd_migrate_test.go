@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"os"
@@ -236,7 +235,7 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 			os.Remove(criuLog)
 			f := withFakeCUDA(t, pid)
 			if c.failOn != "" {
-				f.failOn[c.failOn] = true
+				f.FailOn[c.failOn] = true
 			}
 			keep := t.TempDir()
 			addr, received := startReceiver(ctx, t, io.Discard, "--restore", "--criu", fakeCRIU, "--token-file", tok, "--net-timeout", "3s")
@@ -251,10 +250,10 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 					t.Errorf("migrate error lacks %q: %v", want, err)
 				}
 			}
-			if got, want := f.log(), strings.ReplaceAll(c.calls, "P", p); got != want {
+			if got, want := f.Log(), strings.ReplaceAll(c.calls, "P", p); got != want {
 				t.Errorf("driver calls %q, want %q", got, want)
 			}
-			if st := f.state[pid]; c.failOn != "restore" && st != vram.StateRunning {
+			if st := f.States[pid]; c.failOn != "restore" && st != vram.StateRunning {
 				t.Errorf("GPU state left %s", st)
 			}
 			if _, serr := os.Stat(criuLog); (serr == nil) != c.criuRuns {
@@ -265,62 +264,6 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 			}
 			if rerr := <-received; rerr == nil {
 				t.Error("the receiver restored a cancelled migration")
-			}
-		})
-	}
-}
-
-// TestFinishRestore: receive --restore reports the restored PID to the
-// sender only when CRIU and the GPU restore both succeeded; otherwise it
-// reports the error, and the sender keeps its copy.
-func TestFinishRestore(t *testing.T) {
-	const pid = 4242
-	cases := []struct {
-		name, failOn, cuda string
-		criuErr            error
-		calls              string
-		wantErr            string
-	}{
-		{"restored", "", "auto", nil, "restore P, unlock P", ""},
-		{"gpu-restore-fails", "restore", "auto", nil, "restore P", "process {pid} restored, but its GPU state is not"},
-		{"gpu-unlock-fails", "unlock", "auto", nil, "restore P, unlock P", "process {pid} restored, but its GPU state is not"},
-		{"criu-fails", "", "auto", errors.New("restore: criu restore: exit status 1"), "", "criu restore"},
-		{"cuda-off", "", "off", nil, "", ""},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			f := withFakeCUDA(t, pid)
-			// As CRIU restores it: device memory still in host memory.
-			f.state[pid] = vram.StateCheckpointed
-			if c.failOn != "" {
-				f.failOn[c.failOn] = true
-			}
-			cfg := &config{cuda: c.cuda}
-			rep := capture.RestoreReport{PID: pid}
-			rep.Served = 7
-			report, cudaPIDs, tm, err := finishRestore(cfg, rep, c.criuErr, nil)
-			p := strconv.Itoa(pid)
-			if got, want := f.log(), strings.ReplaceAll(c.calls, "P", p); got != want {
-				t.Errorf("driver calls %q, want %q", got, want)
-			}
-			if report.Served != 7 {
-				t.Errorf("report %+v lost the served count", report)
-			}
-			if c.wantErr == "" {
-				if err != nil || report.Error != "" || report.PID != pid {
-					t.Fatalf("report %+v, err %v; want pid %d", report, err, pid)
-				}
-				if c.cuda != "off" && (len(cudaPIDs) != 1 || len(timingPhases(tm)) == 0) {
-					t.Errorf("cuda pids %v, timings %+v", cudaPIDs, tm)
-				}
-				return
-			}
-			want := strings.ReplaceAll(c.wantErr, "{pid}", p)
-			if err == nil || !strings.Contains(err.Error(), want) {
-				t.Fatalf("err %v, want %q", err, want)
-			}
-			if report.PID != 0 || report.Error != err.Error() {
-				t.Fatalf("report %+v for %v: the sender must hear the error and no pid", report, err)
 			}
 		})
 	}
@@ -371,7 +314,7 @@ func TestMigrateCUDA(t *testing.T) {
 		if err := <-received; err != nil {
 			t.Fatalf("receive: %v", err)
 		}
-		if got, want := f.log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
+		if got, want := f.Log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
 			t.Fatalf("driver calls %q, want %q", got, want)
 		}
 		var res migrateResult
@@ -405,7 +348,7 @@ func TestMigrateCUDA(t *testing.T) {
 
 	t.Run("gpu-restore-fails", func(t *testing.T) {
 		f := withFakeCUDA(t, tg.PID())
-		f.failOn["restore"] = true
+		f.FailOn["restore"] = true
 		keep := t.TempDir()
 		addr, received := startReceiver(ctx, t, io.Discard, "--restore", "--criu", criu, "--token-file", tok)
 		_, err := migrate(ctx, "--to", "tcp://"+addr, "--keep-dir", keep)

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,63 +16,16 @@ import (
 	"github.com/gpucr/gpucr-stream/e2e"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/vram"
+	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
-
-// fakeCUDA stands in for the driver: it keeps each pid's state and logs
-// every call.
-type fakeCUDA struct {
-	mu     sync.Mutex
-	state  map[int]vram.State
-	calls  []string
-	failOn map[string]bool
-}
-
-func (f *fakeCUDA) step(op string, pid int, from, to vram.State) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf("%s %d", op, pid))
-	if f.failOn[op] {
-		return &vram.Error{Op: op, PID: pid, Code: vram.ErrorUnknown}
-	}
-	if f.state[pid] != from {
-		return &vram.Error{Op: op, PID: pid, Code: vram.ErrorIllegalState}
-	}
-	f.state[pid] = to
-	return nil
-}
-func (f *fakeCUDA) Version() (int, error) { return 13000, nil }
-func (f *fakeCUDA) State(pid int) (vram.State, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.state[pid], nil
-}
-func (f *fakeCUDA) Lock(pid int, _ time.Duration) error {
-	return f.step("lock", pid, vram.StateRunning, vram.StateLocked)
-}
-func (f *fakeCUDA) Checkpoint(pid int) error {
-	return f.step("checkpoint", pid, vram.StateLocked, vram.StateCheckpointed)
-}
-func (f *fakeCUDA) Restore(pid int, _ []vram.GPUPair) error {
-	return f.step("restore", pid, vram.StateCheckpointed, vram.StateLocked)
-}
-func (f *fakeCUDA) Unlock(pid int) error {
-	return f.step("unlock", pid, vram.StateLocked, vram.StateRunning)
-}
-func (f *fakeCUDA) log() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return strings.Join(f.calls, ", ")
-}
 
 // withFakeCUDA makes the commands see the target as a CUDA process driven
 // by a fake driver.
-func withFakeCUDA(t *testing.T, pid int) *fakeCUDA {
-	f := &fakeCUDA{state: map[int]vram.State{pid: vram.StateRunning}, failOn: map[string]bool{}}
+func withFakeCUDA(t *testing.T, pid int) *vramtest.Fake {
+	f := vramtest.NewFake(pid)
 	oldOpen, oldFind := openDriver, findCUDAProcs
 	openDriver = func() (vram.Driver, error) { return f, nil }
-	findCUDAProcs = func(root int) ([]vram.Usage, []int, error) {
-		return []vram.Usage{{PID: pid, MapsLibcuda: true, DeviceFDs: 2}}, []int{root}, nil
-	}
+	findCUDAProcs = vramtest.Find(pid)
 	t.Cleanup(func() { openDriver, findCUDAProcs = oldOpen, oldFind })
 	return f
 }
@@ -124,7 +76,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := withFakeCUDA(t, tg.PID())
 			if c.failOn != "" {
-				f.failOn[c.failOn] = true
+				f.FailOn[c.failOn] = true
 			}
 			archive := filepath.Join(dir, "ar-"+c.name)
 			args := []string{"checkpoint", "--pid", pid, "--to", archive, "--criu", criu, "--work-dir", e2e.ShortTempDir(t)}
@@ -143,11 +95,11 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 				t.Fatal("checkpoint succeeded")
 			}
 			t.Logf("checkpoint failed as it should: %v", err)
-			if got, want := f.log(), strings.ReplaceAll(c.want, "P", pid); got != want {
+			if got, want := f.Log(), strings.ReplaceAll(c.want, "P", pid); got != want {
 				t.Fatalf("driver calls %q, want %q", got, want)
 			}
-			if f.state[tg.PID()] != vram.StateRunning {
-				t.Fatalf("GPU state left %s", f.state[tg.PID()])
+			if f.States[tg.PID()] != vram.StateRunning {
+				t.Fatalf("GPU state left %s", f.States[tg.PID()])
 			}
 			if _, err := os.Stat(filepath.Join(archive, manifest.ManifestName)); err == nil {
 				t.Fatal("a failed checkpoint left a manifest")
@@ -165,7 +117,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := f.log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
+		if got, want := f.Log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
 			t.Fatalf("driver calls %q, want %q", got, want)
 		}
 		var res checkpointResult
@@ -202,7 +154,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := f.log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
+		if got, want := f.Log(), strings.ReplaceAll("lock P, checkpoint P, restore P, unlock P", "P", pid); got != want {
 			t.Fatalf("driver calls %q, want %q", got, want)
 		}
 		var res restoreResult
@@ -214,6 +166,15 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 }
 
 func TestGPUMapFor(t *testing.T) {
+	// --gpu-map as restore and receive read it: parsed, then resolved
+	// against the checkpoint's GPUs.
+	gpuMapFor := func(spec string, gpus []manifest.GPU) ([]vram.GPUPair, error) {
+		m, err := parseGPUMap(spec)
+		if err != nil {
+			return nil, err
+		}
+		return m.For(gpus)
+	}
 	const u = "GPU-b9866d0b-7eb7-389c-2420-04c59d30be30"
 	pairs, err := gpuMapFor("all="+u, []manifest.GPU{{UUID: "GPU-00000000-0000-0000-0000-000000000001", PID: 1}})
 	if err != nil || len(pairs) != 1 || pairs[0].Old[15] != 1 || pairs[0].New.String() != u {
