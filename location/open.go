@@ -221,19 +221,9 @@ func asFile(v any, fallback *os.File) *os.File {
 type stdioLoc struct{}
 
 func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
-	files, _, err := ShardFiles(c.Shards, asFile(c.Stdout, os.Stdout))
+	ws, err := c.stdioWriters()
 	if err != nil {
-		return nil, errdefs.Usagef("--shard-fds: %v", err)
-	}
-	ws := make([]io.Writer, len(files))
-	for i, f := range files {
-		if err := PrivateOutput(f); err != nil {
-			return nil, err
-		}
-		ws[i] = f
-	}
-	if _, ok := c.Stdout.(*os.File); !ok && len(c.Shards) == 0 {
-		ws[0] = c.Stdout // tests hand in writers
+		return nil, err
 	}
 	seal, err := c.session()
 	if err != nil {
@@ -246,7 +236,32 @@ func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
 	return &Output{Output: out, Sizes: out.Sizes}, nil
 }
 
+// stdioWriters are the shards' files, else stdout.
+func (c *Config) stdioWriters() ([]io.Writer, error) {
+	if _, ok := c.Stdout.(*os.File); !ok && c.Stdout != nil && len(c.Shards) == 0 {
+		// Tests hand in writers: used as they are, fd 1 untouched (a second
+		// *os.File on it would close it when collected).
+		return []io.Writer{c.Stdout}, nil
+	}
+	files, _, err := ShardFiles(c.Shards, asFile(c.Stdout, os.Stdout))
+	if err != nil {
+		return nil, errdefs.Usagef("--shard-fds: %v", err)
+	}
+	ws := make([]io.Writer, len(files))
+	for i, f := range files {
+		if err := PrivateOutput(f); err != nil {
+			return nil, err
+		}
+		ws[i] = f
+	}
+	return ws, nil
+}
+
 func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
+		// Tests hand in readers, used as they are (see stdioWriters).
+		return streamer.NewStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so), nil
+	}
 	files, names, err := ShardFiles(c.Shards, asFile(c.Stdin, os.Stdin))
 	if err != nil {
 		return nil, errdefs.Usagef("--shard-fds: %v", err)
@@ -256,9 +271,6 @@ func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions
 		rs[i] = f
 	}
 	if len(c.Shards) == 0 {
-		if _, ok := c.Stdin.(*os.File); !ok {
-			rs[0] = c.Stdin // tests hand in readers
-		}
 		names[0] = "stdin"
 	}
 	return streamer.NewStreamSource(ctx, rs, names, so), nil

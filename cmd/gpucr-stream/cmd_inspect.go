@@ -43,8 +43,10 @@ type inspectResult struct {
 type inspectEncryption struct {
 	Cipher string `json:"cipher"`
 	KeyID  string `json:"key_id"`
-	// Authenticated: the manifest's MAC was checked with the key.
+	// Authenticated: the manifest's MAC was checked with the key (an
+	// archive's; a stream's metadata is checked whole by verify).
 	Authenticated bool `json:"authenticated"`
+	keyGiven      bool
 }
 
 func runInspect(ctx context.Context, cfg *config, args []string) error {
@@ -64,7 +66,8 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels,
 		Files: streamer.DescribeFiles(m)}
 	if e := m.Encryption; e != nil {
-		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated}
+		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
+			keyGiven: cfg.opts.Key != nil}
 	}
 	if cfg.jsonOut {
 		enc := json.NewEncoder(cfg.stdout)
@@ -81,9 +84,12 @@ func printInspect(w io.Writer, r inspectResult) {
 		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
 	}
 	if e := r.Encryption; e != nil {
-		how := "metadata not authenticated: verify with the key checks it all"
-		if e.Authenticated {
+		how := "metadata not authenticated: no key given"
+		switch {
+		case e.Authenticated:
 			how = "manifest authenticated"
+		case e.keyGiven:
+			how = "metadata not authenticated: a stream's is, by verify"
 		}
 		fmt.Fprintf(w, "encrypted   %s, key %s (%s)\n", e.Cipher, e.KeyID, how)
 	}

@@ -3,7 +3,10 @@ package s3
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +151,41 @@ func TestS3ServerSideEncryption(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// LoadSSE takes the SSE-C key from its file, with SSE-C and nothing else,
+// from a file only its owner may read.
+func TestLoadSSE(t *testing.T) {
+	dir := t.TempDir()
+	key := bytes.Repeat([]byte{7}, 32)
+	write := func(name string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(hex.EncodeToString(key)+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good, open := write("key", 0o600), write("open", 0o644)
+	for _, tc := range []struct {
+		spec, file string
+		errText    string // "": accepted
+	}{
+		{"c", good, ""},
+		{"s3", "", ""},
+		{"", "", ""},
+		{"c", "", "go together"},
+		{"s3", good, "go together"},
+		{"c", open, "chmod 600"},
+		{"c", filepath.Join(dir, "none"), "no such file"},
+	} {
+		sse, err := LoadSSE(tc.spec, tc.file)
+		if tc.errText == "" {
+			if err != nil || (sse.Mode == SSEC) != bytes.Equal(sse.CustomerKey, key) {
+				t.Errorf("LoadSSE(%q, %q) = %+v, %v", tc.spec, tc.file, sse.Mode, err)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.errText) {
+			t.Errorf("LoadSSE(%q, %q): %v, want an error with %q", tc.spec, tc.file, err, tc.errText)
+		}
 	}
 }
