@@ -232,3 +232,32 @@ func must[T any](v T, err error) T {
 }
 
 func hexBytes(s string) ([]byte, error) { return hex.DecodeString(s) }
+
+// TestMigrateNetnsEncrypted: migrate --key-file between two network
+// namespaces to a receiver holding the key; the stream and the sender's
+// local copy share one session, and the restored target proves its memory.
+func TestMigrateNetnsEncrypted(t *testing.T) {
+	e := newMigrateEnv(t)
+	keyFile := filepath.Join(e.dir, "key")
+	writeKey(e.ctx, t, keyFile)
+	tg, before := e.startTarget("target", 96)
+	keep := mkdir(t, filepath.Join(e.dir, "keep"))
+	var rout, mout bytes.Buffer
+	recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--json", "--key-file", keyFile)
+	m := e.migrate(tg, &mout, "--json", "--keep-dir", keep, "--key-file", keyFile)
+	if err := m.wait(e.ctx); err != nil {
+		t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
+	}
+	if err := recv.wait(e.ctx); err != nil {
+		t.Fatalf("receive: %v", err)
+	}
+	var res migrateJSON
+	if err := json.Unmarshal(mout.Bytes(), &res); err != nil {
+		t.Fatalf("migrate --json: %v: %s", err, mout.String())
+	}
+	if res.RestoredPID != tg.PID() || res.RawBytes < 64<<20 {
+		t.Fatalf("migrate says %+v, target pid %d", res, tg.PID())
+	}
+	emptyDir(t, keep)
+	provenRestore(e.ctx, t, tg, before)
+}
