@@ -938,11 +938,14 @@ static int read_full(int fd, void *b, size_t n)
 	return 0;
 }
 
-/* fault names a step to fail on purpose (tests): GPUCR_PRELOAD_FAULT. */
+/* fault names a step to fail on purpose (tests): GPUCR_PRELOAD_FAULT=park,
+ * copyout, release (after the first mapping), remap or copyin. */
+static atomic_int fault_fired;
 static int fault(const char *step)
 {
 	const char *f = getenv("GPUCR_PRELOAD_FAULT");
-	return f && !strcmp(f, step);
+	/* One shot, so that a retry of the step can succeed. */
+	return f && !strcmp(f, step) && !atomic_exchange(&fault_fired, 1);
 }
 
 static size_t live_bytes(int *nmaps, int *nhandles, int *unmapped_handles)
@@ -1273,7 +1276,7 @@ static int do_release(char *err, size_t n)
 	for (int i = 0; i < nm && rc == 0; i++) {
 		if (!ms[i].live || !ms[i].mapped)
 			continue;
-		if (fault("release") && done > 0) {
+		if (done > 0 && fault("release")) {
 			snprintf(err, n, "injected fault (release) after %d mappings", done);
 			rc = -1;
 			break;
