@@ -1272,6 +1272,8 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *
 static int do_release(char *err, size_t n)
 {
 	pthread_mutex_lock(&tab_mu);
+	if (nctx)
+		r_CtxSetCurrent(ctxs[0]);
 	int rc = 0, done = 0;
 	for (int i = 0; i < nm && rc == 0; i++) {
 		if (!ms[i].live || !ms[i].mapped)
@@ -1320,6 +1322,8 @@ static int do_release(char *err, size_t n)
 static int do_remap(char *err, size_t n)
 {
 	pthread_mutex_lock(&tab_mu);
+	if (nctx)
+		r_CtxSetCurrent(ctxs[0]);
 	int rc = 0;
 	if (fault("remap")) {
 		snprintf(err, n, "injected fault (remap)");

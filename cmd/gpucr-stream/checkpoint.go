@@ -68,10 +68,21 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	defer bar.finish()
 	meta := manifest.Manifest{Tool: "gpucr-stream " + version, CRIUVersion: capture.CRIUVersion(ctx, criu)}
 	phases := cc.queryGPUs(ctx, &meta)
-	ps, err := cc.suspend(lockTimeout)
+	// The fast path first (the program's memory into the capture, then
+	// released), so that the driver's checkpoint finds little to copy.
+	ps, err := cc.fastSuspend(ctx, cfg, c, &meta)
+	phases = append(phases, ps...)
+	if err != nil {
+		// FastSuspend has undone its steps: the process runs on.
+		c.Abort(err)
+		_, _ = c.Close(ctx, manifest.Manifest{})
+		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
+	}
+	ps, err = cc.suspend(lockTimeout)
 	phases = append(phases, ps...)
 	if err != nil {
 		// Suspend has undone its steps: the process runs on.
+		err = errGPUUndone(err, cc.cudaPIDs(), cc.fastUndo(ctx))
 		c.Abort(err)
 		_, _ = c.Close(ctx, manifest.Manifest{})
 		return fmt.Errorf("checkpoint %d: %w", o.pid, err)
@@ -99,6 +110,9 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("checkpoint %d: %w", o.pid, cc.undo(err))
 	}
 	phases = append(phases, phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, phase{"commit", rep.Commit.Seconds()})
+	if !o.leaveRunning {
+		cc.fastCommit()
+	}
 	if o.leaveRunning {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
@@ -178,6 +192,14 @@ func runRestore(ctx context.Context, cfg *config, args []string) error {
 	phases = append(phases, timingPhases(t)...)
 	if err != nil {
 		return fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", sinks.Redact(from), rep.PID, err)
+	}
+	// Those that took the fast path wait, parked, for their memory.
+	if a, ok := src.(*streamer.ArchiveSource); ok && cfg.cuda != "off" {
+		ps, err := fastRestore(ctx, src, a.Manifest().CUDA)
+		phases = append(phases, ps...)
+		if err != nil {
+			return fmt.Errorf("restore from %s: process %d restored, but its device memory is not: %w", sinks.Redact(from), rep.PID, err)
+		}
 	}
 	res := restoreResult{PID: rep.PID, Source: sinks.Redact(from), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -42,6 +43,10 @@ type cudaCheckpoint struct {
 	pids []int
 	gpus []vram.GPUInfo
 	sus  *vram.Suspension
+	// fast: the device memory the fast path moved out (nil: the driver
+	// takes it all); keepDir holds its copy until the commit.
+	fast    *vram.FastSuspension
+	keepDir string
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
 }
@@ -149,7 +154,8 @@ func (cc *cudaCheckpoint) undo(cause error) error {
 	if cc == nil {
 		return cause
 	}
-	return errGPUUndone(cause, cc.pids, cc.sus.Resume(nil))
+	// The driver's state first, then the memory the fast path released.
+	return errGPUUndone(cause, cc.pids, errors.Join(cc.sus.Resume(nil), cc.fastUndo(context.Background())))
 }
 
 // resume puts the GPU state back after a committed dump that left the
@@ -161,7 +167,13 @@ func (cc *cudaCheckpoint) resume() ([]phase, error) {
 	before := cc.sus.Timings
 	err := cc.sus.Resume(nil)
 	t := cc.sus.Timings
-	return timingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock}), err
+	ps := timingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
+	if cc.fast != nil {
+		start := time.Now()
+		err = errors.Join(err, cc.fastUndo(context.Background()))
+		ps = append(ps, phase{"vram refill", time.Since(start).Seconds()})
+	}
+	return ps, err
 }
 
 // cudaPIDs are the suspended CUDA processes (nil without any).

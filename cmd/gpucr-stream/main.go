@@ -98,6 +98,7 @@ func commands() []command {
 		{"extract", "write the image files from --from (default: stdin) into --images-dir", runExtract},
 		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", runCheckpoint},
 		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
+		{"run", "run a CUDA program with the fast-path library (LD_PRELOAD): run -- CMD [ARGS...]", func(ctx context.Context, cfg *config, args []string) error { return runRun(cfg, args) }},
 		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", runGPU},
 		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", runVRAM},
 		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", runMigrate},
@@ -132,6 +133,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return usagef("no command given")
 	}
 	name := rest[0]
+	if name == "run" {
+		// Everything after `run` belongs to the program.
+		return runRun(cfg, rest[1:])
+	}
 	if err := fs.Parse(rest[1:]); err != nil {
 		return usagef("%v", err)
 	}

@@ -21,6 +21,17 @@
 #              TREE_CHILDREN CUDA children of TREE_CHILD_MIB MiB each (same
 #              session); the checkpoint must have suspended 1 + TREE_CHILDREN
 #              CUDA processes, and every child proves itself too
+#   fast, fastexp, fastleave
+#              the GPU fast path: the target runs under gpucr-stream run
+#              (libgpucr-preload); checkpoint --codec FAST_CODEC moves its
+#              device memory through the pipeline itself and releases it
+#              before the driver's checkpoint; restore copies it back after
+#              the driver's restore. fastexp: the same with
+#              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fastleave:
+#              with --leave-running. The round fails unless the checkpoint
+#              took the fast path (its "vram copy out" phase).
+#   probe      e2e/gpu/quiesce_probe.py with the default allocator and with
+#              expandable segments (the quiescence order, step by step)
 #   migrate    live migration on this host over loopback: gpucr-stream
 #              receive --restore on 127.0.0.1:PORT, gpucr-stream migrate
 #              --to tcp://127.0.0.1:PORT; the process comes back with its PID
@@ -38,7 +49,9 @@
 # gpucr-stream binary, bin/gpucr-stream), CRIU (criu binary; else criu on
 # PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
-# script), SIDE (8192), GPU_MAP_ROUND (round whose restore remaps the GPU
+# script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
+# VRAM_KEEP_DIR (fast path: the copy kept until the commit, /dev/shm),
+# GPU_MAP_ROUND (round whose restore remaps the GPU
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
 # the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512).
 set -u -o pipefail
@@ -56,6 +69,8 @@ DEADLINE=${DEADLINE:-420}
 GPU_MAP_ROUND=${GPU_MAP_ROUND-lz4}
 TREE_CHILDREN=${TREE_CHILDREN:-2}
 TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
+FAST_CODEC=${FAST_CODEC:-none}
+VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-/dev/shm}
 TCHILDREN=0
 RECV_PID=
 T_START=$(date +%s.%N)
@@ -177,6 +192,9 @@ for r in rows:
         r.get("checkpoint_total", 0), g("criu_restore"), g("gpu_restore"), g("unlock"), r.get("restore_total", 0),
         r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
         (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
+    if p.get("vram_copy_out"):
+        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs | remap %.2fs, copy in %.2fs, refill %.2fs" % (
+            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -186,7 +204,7 @@ def med(kind, key):
     v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
     return (statistics.median(v), len(v)) if v else (0, 0)
 print()
-for kind in ("baseline", "auto", "lz4", "tree", "migrate"):
+for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "tree", "migrate"):
     (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
     if n and kind == "migrate":
         print("median of %d %-8s: downtime   %6.2fs (checkpoint to restored, GPU included)" % (n, kind, c))
@@ -221,14 +239,19 @@ start_target() {
 	TCHILDREN=${2:-0}
 	rm -rf "$TDIR"
 	mkdir -p "$TDIR"
-	local t0 kids=()
+	local t0 kids=() pre=()
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
+	# Fast rounds: the target runs with libgpucr-preload.
+	case ${1%%-*} in
+	fast | fastleave) pre=(env "$GCS" run --) ;;
+	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
+	esac
 	t0=$(now)
 	# oneDNN must not use AMX on the CPU side: CRIU 4.1 does not restore a
 	# process's AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM), and the
 	# restored process dies of SIGILL at its next AMX instruction.
 	ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 \
-		setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
+		setsid "${pre[@]}" "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
 		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}" \
 		</dev/null >>"$TDIR/target.out" 2>&1 &
 	TPID=$!
@@ -454,6 +477,7 @@ round_gcs() {
 	local extra=()
 	[ -n "$leave" ] && extra+=(--leave-running)
 	[ -n "$CRIU_OPTS" ] && extra+=(--criu-opts "$CRIU_OPTS")
+	case $ROUND in fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -478,6 +502,13 @@ round_gcs() {
 		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
 		cuda_ok=false
 	fi
+	case $ROUND in fast*)
+		if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$WORK/logs/$ROUND-checkpoint.json"; then
+			log "$ROUND: the checkpoint did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-checkpoint.err"))"
+			cuda_ok=false
+		fi
+		;;
+	esac
 	local tpull=0
 	if [ -z "$leave" ] && [ "${PULL_BENCH:-1}" = 1 ]; then
 		# How fast the archive is read and decoded into a pipe whose reader
@@ -570,7 +601,9 @@ rp = {p["name"]: p["seconds"] for p in rs.get("phases", [])}
 phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0),
   "dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0),
   "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
-  "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0)}
+  "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0),
+  "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+  "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0), "vram_refill": ph.get("vram refill", 0)}
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
@@ -736,6 +769,20 @@ while [ $# -gt 0 ]; do
 		break
 	fi
 	base=${ROUND%%-*} # auto-2 runs the auto round again
+	if [ "$base" = probe ]; then
+		# The quiescence probe starts its own targets.
+		log "=== round $ROUND"
+		for conf in "" expandable_segments:True; do
+			if "$PY" "$ROOT/e2e/gpu/quiesce_probe.py" --gcs "$GCS" --lib "$(dirname "$GCS")/libgpucr-preload.so" \
+				--out "$OUTDIR" ${conf:+--alloc-conf "$conf"} 2>&1 | tee -a "$RUNLOG"; then
+				log "round $ROUND ${conf:-default}: PASS"
+			else
+				log "round $ROUND ${conf:-default}: FAIL"
+				FAILED=$((FAILED + 1))
+			fi
+		done
+		continue
+	fi
 	nkids=0
 	[ "$base" = tree ] && nkids=$TREE_CHILDREN
 	log "=== round $ROUND"
@@ -752,6 +799,8 @@ while [ $# -gt 0 ]; do
 	}
 	DUMP_FAILED=0
 	case $base in
+	fast | fastexp) round_gcs "$FAST_CODEC" ;;
+	fastleave) round_gcs "$FAST_CODEC" leave ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;

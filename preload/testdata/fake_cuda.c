@@ -183,3 +183,23 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int 
 		*status = 1;
 	return 500;
 }
+
+/* The process checkpoint API, as gpucr-stream (not the target) calls it:
+ * a state per pid in this process's memory; no device state moves. */
+static struct {
+	int pid, state;
+} pstate[64];
+static int *state_of(int pid)
+{
+	for (int i = 0; i < 64; i++)
+		if (pstate[i].pid == pid || pstate[i].pid == 0) {
+			pstate[i].pid = pid;
+			return &pstate[i].state;
+		}
+	return &pstate[63].state;
+}
+CUresult cuCheckpointProcessGetState(int pid, int *st) { *st = *state_of(pid); return OK; }
+CUresult cuCheckpointProcessLock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 0) return BAD; *s = 1; return OK; }
+CUresult cuCheckpointProcessCheckpoint(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 2; return OK; }
+CUresult cuCheckpointProcessRestore(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 2) return BAD; *s = 1; return OK; }
+CUresult cuCheckpointProcessUnlock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 0; return OK; }
