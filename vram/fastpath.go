@@ -164,7 +164,10 @@ func pipePair() (r, w *os.File, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	_, _ = unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	// 4 MiB where allowed (root may exceed pipe-max-size), else 1 MiB.
+	if _, err := unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 4<<20); err != nil {
+		_, _ = unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	}
 	return r, w, nil
 }
 
