@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/sinks"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 )
@@ -113,6 +114,11 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, cfg *config, c *strea
 	case "auto":
 	default:
 		return nil, usagef("--fast-path %q: want auto or off", cfg.fastPath)
+	}
+	// A restore brings the memory back from an archive's manifest; a stream
+	// destination (stdout, a stream file) keeps the driver path.
+	if loc, err := sinks.ParseLocation(cfg.to); err != nil || (loc.Kind != sinks.Archive && loc.Kind != sinks.S3) {
+		return nil, nil
 	}
 	dir := vram.PreloadDir()
 	for _, pid := range cc.pids {
