@@ -232,3 +232,36 @@ func TestFastPathUndo(t *testing.T) {
 		})
 	}
 }
+
+// gpu suspend --to / gpu resume --from: the process stays alive, parked,
+// with its device memory released and in a checkpoint, then gets it back.
+func TestFastPathGPUSuspendResume(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	pid, tdir, _ := e.start(t, "s")
+	ar := filepath.Join(e.dir, "ar-s")
+	out, err := e.gcsRun(ctx, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", ar, "--json", "--vram-keep-dir", e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ph phases
+	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy out") || !ph.has("commit") || !ph.has("gpu checkpoint") {
+		t.Fatalf("suspend: %s", out)
+	}
+	if r := fastCheck(t, tdir, 300*time.Millisecond); r != "" {
+		t.Fatalf("a suspended process answered: %q", r)
+	}
+	if !fileExists(filepath.Join(ar, manifest.ManifestName)) {
+		t.Fatal("no committed checkpoint")
+	}
+	out, err = e.gcsRun(ctx, "gpu", "resume", "--pid", strconv.Itoa(pid), "--from", ar, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy in") {
+		t.Fatalf("resume: %s", out)
+	}
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after resume: %q", r)
+	}
+}

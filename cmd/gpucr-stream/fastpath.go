@@ -204,3 +204,67 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 	}
 	return ps, nil
 }
+
+// gpuSuspendTo is `gpu suspend --pid P --to DEST` for processes that run
+// with the library: their device memory goes into a checkpoint at DEST
+// (committed), is released, and the driver's lock and checkpoint free the
+// rest (the context), so the process stays alive with no device memory.
+// On failure everything is put back and the process runs on.
+func gpuSuspendTo(ctx context.Context, cfg *config, drv vram.Driver, pids []int, lockTimeout time.Duration) ([]phase, error) {
+	cc := &cudaCheckpoint{drv: drv, pids: pids}
+	if cfg.fastPath == "off" {
+		return nil, usagef("gpu suspend --to needs the fast path (--fast-path auto)")
+	}
+	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), pids); err != nil {
+		return nil, fmt.Errorf("gpu suspend --to: %w", err)
+	}
+	c, _, err := startCapture(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	meta := manifest.Manifest{Tool: "gpucr-stream " + version}
+	phases, err := cc.fastSuspend(ctx, cfg, c, &meta)
+	if err == nil && cc.fast == nil {
+		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (a stream destination?)", sinks.Redact(cfg.to))
+	}
+	if err != nil {
+		c.Abort(err)
+		_, _ = c.Close(ctx, manifest.Manifest{})
+		return phases, err
+	}
+	t := time.Now()
+	_, err = c.Close(ctx, meta)
+	phases = append(phases, phase{"commit", time.Since(t).Seconds()})
+	if err != nil {
+		return phases, errGPUUndone(err, pids, cc.fastUndo(ctx))
+	}
+	ps, err := cc.suspend(lockTimeout)
+	phases = append(phases, ps...)
+	if err != nil {
+		return phases, errGPUUndone(err, pids, cc.fastUndo(ctx))
+	}
+	cc.fastCommit()
+	return phases, nil
+}
+
+// gpuResumeFrom is `gpu resume --pid P --from SRC`: the driver's restore
+// and unlock, then the device memory of the processes that took the fast
+// path comes back from SRC.
+func gpuResumeFrom(ctx context.Context, cfg *config, drv vram.Driver, pids []int, pairs []vram.GPUPair) ([]phase, error) {
+	src, err := openSource(ctx, cfg, cfg.from, streamer.StreamOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	a, ok := src.(*streamer.ArchiveSource)
+	if !ok {
+		return nil, usagef("gpu resume --from: %s is not an archive", sinks.Redact(cfg.from))
+	}
+	_, t, err := vram.ResumeRestored(drv, pids, pairs)
+	phases := timingPhases(t)
+	if err != nil {
+		return phases, err
+	}
+	ps, err := fastRestore(ctx, src, a.Manifest().CUDA)
+	return append(phases, ps...), err
+}

@@ -327,15 +327,22 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 			return fmt.Errorf("gpu %s: no CUDA process in the tree of %d", action, pid)
 		}
 		var t vram.Timings
-		if action == "suspend" {
+		out["pids"] = pids
+		switch {
+		case action == "suspend" && cfg.to != "-":
+			// The fast path: device memory into DEST (fastpath.go).
+			out["phases"], err = gpuSuspendTo(ctx, cfg, drv, pids, timeout)
+		case action == "resume" && cfg.from != "-":
+			out["phases"], err = gpuResumeFrom(ctx, cfg, drv, pids, pairs)
+		case action == "suspend":
 			var s *vram.Suspension
 			s, err = vram.Suspend(drv, pids, timeout)
 			t = s.Timings
-		} else {
+			out["phases"] = timingPhases(t)
+		default:
 			_, t, err = vram.ResumeRestored(drv, pids, pairs)
+			out["phases"] = timingPhases(t)
 		}
-		out["pids"] = pids
-		out["phases"] = timingPhases(t)
 	default:
 		return usagef("gpu: unknown action %q", action)
 	}
