@@ -30,6 +30,11 @@
 #              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fastleave:
 #              with --leave-running. The round fails unless the checkpoint
 #              took the fast path (its "vram copy out" phase).
+#   fasttree   the tree round on the fast path (every process of the tree
+#              runs with the library)
+#   fastsuspend
+#              gpucr-stream gpu suspend --to ARCHIVE (the process stays alive
+#              with no device memory), then gpu resume --from ARCHIVE
 #   probe      e2e/gpu/quiesce_probe.py with the default allocator and with
 #              expandable segments (the quiescence order, step by step)
 #   migrate    live migration on this host over loopback: gpucr-stream
@@ -204,7 +209,7 @@ def med(kind, key):
     v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
     return (statistics.median(v), len(v)) if v else (0, 0)
 print()
-for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "tree", "migrate"):
+for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "fasttree", "fastsuspend", "tree", "migrate"):
     (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
     if n and kind == "migrate":
         print("median of %d %-8s: downtime   %6.2fs (checkpoint to restored, GPU included)" % (n, kind, c))
@@ -243,7 +248,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	esac
 	t0=$(now)
@@ -614,6 +619,51 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
 	$ok
 }
 
+# round_suspend: gpu suspend --to an archive (device memory out, released,
+# then the driver's lock + checkpoint), the device memory the process holds
+# meanwhile, gpu resume --from it; the target proves itself after.
+round_suspend() {
+	local ar=$WORK/ar-$ROUND t0 ts tr used ok=false
+	rm -rf "$ar"
+	t0=$(now)
+	if ! "$GCS" gpu suspend --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR" --json \
+		>"$WORK/logs/$ROUND-suspend.json" 2>"$WORK/logs/$ROUND-suspend.err"; then
+		log "$ROUND: gpu suspend failed: $(tail -c 2000 "$WORK/logs/$ROUND-suspend.err")"
+		prove after-failed-suspend
+		return 1
+	fi
+	ts=$(since "$t0")
+	used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | awk -F', ' -v p="$TPID" '$1 == p { print $2 }')
+	log "$ROUND: suspended in ${ts}s: $(cat "$WORK/logs/$ROUND-suspend.json"); device memory of $TPID now: ${used:-none}"
+	sleep 1
+	t0=$(now)
+	if ! "$GCS" gpu resume --pid "$TPID" --from "$ar" --json >"$WORK/logs/$ROUND-resume.json" 2>"$WORK/logs/$ROUND-resume.err"; then
+		log "$ROUND: gpu resume failed: $(tail -c 2000 "$WORK/logs/$ROUND-resume.err")"
+		return 1
+	fi
+	tr=$(since "$t0")
+	log "$ROUND: resumed in ${tr}s: $(cat "$WORK/logs/$ROUND-resume.json")"
+	local before=$COUNTER
+	if prove after && [ "$COUNTER" -gt "$before" ]; then
+		sleep 1
+		local c1=$COUNTER
+		prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+	fi
+	emit "$(python3 -c '
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ph = {p["name"]: p["seconds"] for p in s.get("phases", [])}
+rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
+print(json.dumps({"round": sys.argv[3], "ok": sys.argv[4] == "true", "checkpoint_total": float(sys.argv[5]), "restore_total": float(sys.argv[6]),
+  "phases": {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "commit": ph.get("commit", 0),
+    "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+    "gpu_restore": rp.get("gpu restore", 0), "unlock": rp.get("gpu unlock", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)},
+  "note": "gpu suspend --to / resume --from; device memory of the process while suspended: %s" % sys.argv[7]}))
+' "$WORK/logs/$ROUND-suspend.json" "$WORK/logs/$ROUND-resume.json" "$ROUND" "$ok" "$ts" "$tr" "${used:-none}")"
+	rm -rf "$ar"
+	$ok
+}
+
 # free_port: a TCP port on 127.0.0.1 that nothing listens on now.
 free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -784,7 +834,7 @@ while [ $# -gt 0 ]; do
 		continue
 	fi
 	nkids=0
-	[ "$base" = tree ] && nkids=$TREE_CHILDREN
+	[ "$base" = tree ] || [ "$base" = fasttree ] && nkids=$TREE_CHILDREN
 	log "=== round $ROUND"
 	start_target "$ROUND" "$nkids" || {
 		log "round $ROUND: target did not start"
@@ -801,6 +851,8 @@ while [ $# -gt 0 ]; do
 	case $base in
 	fast | fastexp) round_gcs "$FAST_CODEC" ;;
 	fastleave) round_gcs "$FAST_CODEC" leave ;;
+	fasttree) round_gcs "$FAST_CODEC" ;;
+	fastsuspend) round_suspend ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
