@@ -280,6 +280,9 @@ static int no, capo;
 static CUcontext ctxs[16];
 static int nctx;
 static int parked, released;
+/* unfilled: memory was mapped again but not yet copied in: the program
+ * must not run on it. */
+static int unfilled;
 static U handle_seq = 0x6770000000000000ULL; /* handles we give out for ours: never used by the app */
 
 #define GROW(arr, n, cap)                                              \
@@ -1015,9 +1018,9 @@ static void cmd_report(char *out, size_t n)
 		own += os_[i].live;
 	snprintf(out, n,
 		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
-		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"device_used\":%zu}\n",
+		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu}\n",
 		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
-		 parked ? "true" : "false", released ? "true" : "false", tot - fr);
+		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr);
 	pthread_mutex_unlock(&tab_mu);
 }
 
@@ -1046,6 +1049,11 @@ struct job {
 	int out; /* 1: device to fd; 0: fd to device */
 	struct piece *pieces;
 	int npieces;
+	/* copy in: the first piece of each mapping in seen[], and which
+	 * pieces came (each exactly once). */
+	int *first;
+	atomic_uchar *seen;
+	int nseen;
 	atomic_int next;
 	size_t buf;
 	atomic_int failed;
@@ -1071,18 +1079,28 @@ static void job_fail(struct job *j, const char *fmt, ...)
 	pthread_mutex_unlock(&j->err_mu);
 }
 
-/* A mapping that covers [va, va+n): the copy-in target must be one. */
-static CUcontext covered(CUdeviceptr va, size_t n)
+/* piece_of checks that [va, va+n) is one piece of a mapping as copy-out
+ * cuts them (PIECE bytes from the mapping's start, the last one shorter)
+ * and marks it arrived; -1 if it is none, -2 if it came before. It returns
+ * the mapping's context in *ctx. */
+static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
 {
-	CUcontext c = NULL;
+	int rc = -1;
 	pthread_mutex_lock(&tab_mu);
-	for (int i = 0; i < nm; i++)
-		if (ms[i].live && ms[i].mapped && va >= ms[i].va && va + n <= ms[i].va + ms[i].size && va + n >= va) {
-			c = ms[i].ctx ? ms[i].ctx : (void *)1;
-			break;
+	for (int i = 0; i < nm; i++) {
+		struct mrec *m = &ms[i];
+		if (!m->live || !m->mapped || va < m->va || va - m->va >= m->size)
+			continue;
+		size_t off = va - m->va;
+		if (off % PIECE == 0 && n == (m->size - off < PIECE ? m->size - off : PIECE)) {
+			int k = j->first[i] + off / PIECE;
+			rc = atomic_exchange(&j->seen[k], 1) ? -2 : 0;
+			*ctx = m->ctx;
 		}
+		break;
+	}
 	pthread_mutex_unlock(&tab_mu);
-	return c;
+	return rc;
 }
 
 static void *worker_main(void *arg)
@@ -1115,7 +1133,7 @@ static void *worker_main(void *arg)
 			if (k >= j->npieces || atomic_load(&j->failed))
 				break;
 			struct piece *p = &j->pieces[k];
-			if (p->ctx && p->ctx != (void *)1)
+			if (p->ctx)
 				r_CtxSetCurrent(p->ctx);
 			uint64_t hdr[2] = {p->va, p->n};
 			if (write_all(w->fd, hdr, sizeof hdr) < 0) {
@@ -1170,13 +1188,14 @@ static void *worker_main(void *arg)
 			}
 			if (hdr[0] == 0 && hdr[1] == 0)
 				break;
-			CUcontext c = covered(hdr[0], hdr[1]);
-			if (!c) {
-				job_fail(j, "VRAM file: range %#llx+%llu is not a mapping of this process",
-					 (unsigned long long)hdr[0], (unsigned long long)hdr[1]);
+			CUcontext c = NULL;
+			int pc = piece_of(j, hdr[0], hdr[1], &c);
+			if (pc < 0) {
+				job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)hdr[0], (unsigned long long)hdr[1],
+					 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
 				goto out;
 			}
-			if (c != (void *)1)
+			if (c)
 				r_CtxSetCurrent(c);
 			for (size_t off = 0; off < hdr[1];) {
 				size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
@@ -1241,6 +1260,16 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *
 			for (size_t off = 0; ms[i].live && off < ms[i].size; off += PIECE)
 				j.pieces[j.npieces++] = (struct piece){ms[i].va + off, ms[i].size - off < PIECE ? ms[i].size - off : PIECE, ms[i].ctx};
 		pthread_mutex_unlock(&tab_mu);
+	} else {
+		pthread_mutex_lock(&tab_mu);
+		j.first = calloc(nm ? nm : 1, sizeof *j.first);
+		for (int i = 0; i < nm; i++) {
+			j.first[i] = j.nseen;
+			if (ms[i].live)
+				j.nseen += (ms[i].size + PIECE - 1) / PIECE;
+		}
+		j.seen = calloc(j.nseen ? j.nseen : 1, sizeof *j.seen);
+		pthread_mutex_unlock(&tab_mu);
 	}
 	struct worker *ws = calloc(nfds, sizeof *ws);
 	int started = 0;
@@ -1259,6 +1288,21 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *
 		pthread_join(ws[i].t, NULL);
 	free(ws);
 	free(j.pieces);
+	/* Copy in: every piece of every mapping must have come. */
+	for (int k = 0; !out && k < j.nseen && !atomic_load(&j.failed); k++)
+		if (!atomic_load(&j.seen[k])) {
+			CUdeviceptr va = 0;
+			pthread_mutex_lock(&tab_mu);
+			for (int i = nm - 1; i >= 0; i--)
+				if (ms[i].live && j.first[i] <= k) {
+					va = ms[i].va + (CUdeviceptr)(k - j.first[i]) * PIECE;
+					break;
+				}
+			pthread_mutex_unlock(&tab_mu);
+			job_fail(&j, "VRAM files: range at %#llx missing (the files do not cover the process's memory)", va);
+		}
+	free(j.first);
+	free((void *)j.seen);
 	*bytes = atomic_load(&j.bytes);
 	if (atomic_load(&j.failed)) {
 		snprintf(err, n, "%s", j.err);
@@ -1360,10 +1404,14 @@ static int do_remap(char *err, size_t n)
 	for (int i = 0; i < nh && rc == 0; i++)
 		if (hs[i].live && hs[i].present && hs[i].app_released && hs[i].real != hs[i].app) {
 			r_Release(hs[i].real);
-			hs[i].app = hs[i].real; /* a record that cannot be released twice */
+			/* The program released its handle: no value of its names
+			 * this record any more (the driver may reuse values). */
+			hs[i].app = handle_seq++;
 		}
-	if (rc == 0)
+	if (rc == 0) {
 		released = 0;
+		unfilled = 1;
+	}
 	pthread_mutex_unlock(&tab_mu);
 	return rc;
 }
@@ -1420,8 +1468,9 @@ static void serve_conn(int c)
 				parked = 1;
 			}
 		} else if (!strcmp(line, "unpark")) {
-			if (released) {
-				snprintf(err, sizeof err, "memory is released: remap and copy in first");
+			if (released || unfilled) {
+				snprintf(err, sizeof err, "memory is %s: %s first", released ? "released" : "mapped again but not refilled",
+					 released ? "remap and copy in" : "copy in");
 				rc = -1;
 			} else {
 				parked = 0;
@@ -1444,6 +1493,8 @@ static void serve_conn(int c)
 			} else {
 				rc = run_job(outdir, fds, nfds, err, sizeof err, &bytes);
 				nfds = 0; /* the workers closed them */
+				if (rc == 0 && !outdir)
+					unfilled = 0;
 			}
 		} else if (!strcmp(line, "release")) {
 			if (!parked) {
@@ -1553,7 +1604,7 @@ static void atfork_child(void)
 	atomic_store(&cuda_ready, 0);
 	ctl_fd = -1;
 	nh = nm = no = nctx = 0;
-	parked = released = 0;
+	parked = released = unfilled = 0;
 	incapable[0] = 0;
 	atomic_store(&wrapped, 0);
 	atomic_store(&gate_closed, 0);

@@ -30,7 +30,7 @@ var (
 	buildErr  error
 )
 
-func buildPreload(t *testing.T) string {
+func buildPreload(t testing.TB) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if err != nil {
@@ -89,7 +89,7 @@ type target struct {
 	cmd     *exec.Cmd
 }
 
-func startTarget(t *testing.T, env ...string) *target {
+func startTarget(t testing.TB, env ...string) *target {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("linux only")
@@ -163,7 +163,7 @@ func (tg *target) mustBeIntact(t *testing.T) {
 	}
 }
 
-func (tg *target) report(t *testing.T) PreloadReport {
+func (tg *target) report(t testing.TB) PreloadReport {
 	t.Helper()
 	p, err := DialPreload(context.Background(), tg.sockDir, tg.pid)
 	if err != nil {
@@ -283,7 +283,7 @@ func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
 	}
 }
 
-func fastOpts(tg *target, t *testing.T) FastOptions {
+func fastOpts(tg *target, t testing.TB) FastOptions {
 	return FastOptions{Dir: tg.sockDir, Files: 3, ParkTimeout: 5 * time.Second, KeepDir: filepath.Join(t.TempDir(), "keep")}
 }
 
@@ -436,7 +436,15 @@ func TestFastResumeBadFiles(t *testing.T) {
 	for k, v := range st.files {
 		good[k] = v
 	}
+	// The file with the most ranges (the copy threads take pieces as they
+	// come free: one may have written none).
 	f0 := files[0]
+	for _, f := range files {
+		if len(good[f]) > len(good[f0]) {
+			f0 = f
+		}
+	}
+	g0 := good[f0]
 	rec := func(va, n uint64) []byte {
 		b := binary.LittleEndian.AppendUint64(nil, va)
 		return binary.LittleEndian.AppendUint64(b, n)
@@ -451,7 +459,10 @@ func TestFastResumeBadFiles(t *testing.T) {
 		{"no end record", []byte("GPUCRVM1"), "no end record"},
 		{"outside the mappings", append(append([]byte("GPUCRVM1"), rec(4096, 8)...), make([]byte, 8)...), "not a mapping"},
 		{"wraps around", append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 1<<63)...), "not a mapping"},
-		{"truncated range", append(append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 4096)...), 1, 2, 3), "truncated in range"},
+		{"truncated range", g0[:8+16+3], "truncated in range"},
+		{"not a piece", append(append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 4096)...), make([]byte, 4096)...), "not one of its pieces"},
+		{"a piece missing", append([]byte("GPUCRVM1"), rec(0, 0)...), "missing"},
+		{"a piece twice", append(append([]byte{}, g0[:len(g0)-16]...), g0[8:]...), "came twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range good {
@@ -484,4 +495,65 @@ func TestFastCheckIncapable(t *testing.T) {
 	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, ErrNoPreload) {
 		t.Fatalf("check of a process without the library: %v", err)
 	}
+}
+
+// FuzzCopyIn feeds arbitrary bytes to the library's VRAM file reader, as
+// one of a process's files on restore (the others good): it must refuse
+// anything that does not cover every piece exactly once, and leave the
+// process parked, never crash it.
+func FuzzCopyIn(f *testing.F) {
+	ctx := context.Background()
+	tg := startTarget(f)
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, f))
+	if err != nil {
+		f.Fatal(err)
+	}
+	s.Commit()
+	files := s.Procs()[0].Files
+	g0 := st.files[files[0]]
+	f.Add(g0)
+	f.Add([]byte("GPUCRVM1"))
+	f.Add(append([]byte("GPUCRVM1"), make([]byte, 16)...))
+	if len(g0) > 40 {
+		f.Add(g0[:40])
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		get := func(ctx context.Context, name string, w io.Writer) error {
+			if name == files[0] {
+				_, err := w.Write(data)
+				return err
+			}
+			return st.get(ctx, name, w)
+		}
+		_, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, get)
+		if err == nil {
+			// It covered everything: move the memory out again for the
+			// next input.
+			if !bytes.Equal(data, st.files[files[0]]) {
+				t.Logf("accepted %d bytes that are not the file written", len(data))
+			}
+			tg.mustBeIntact(t)
+			st2 := newStore()
+			s, err := FastSuspend(ctx, []int{tg.pid}, st2.put, fastOpts(tg, t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Commit()
+			st.files = st2.files
+			return
+		}
+		if r := tg.report(t); !r.Parked || !r.Unfilled {
+			t.Fatalf("after a refused copy-in (%v): %+v, want parked and unfilled", err, r)
+		}
+		// Nothing lets the program run on memory that was not refilled.
+		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Unpark(ctx); err == nil || !strings.Contains(err.Error(), "not refilled") {
+			t.Fatalf("unpark after a refused copy-in: %v", err)
+		}
+	})
 }

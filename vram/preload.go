@@ -66,6 +66,8 @@ type PreloadReport struct {
 	Wrapped  int  `json:"wrapped"`
 	Parked   bool `json:"parked"`
 	Released bool `json:"released"`
+	// Unfilled: mapped again, not yet copied in (unpark is refused).
+	Unfilled bool `json:"unfilled"`
 	// DeviceUsed is the device's used memory as the driver reports it.
 	DeviceUsed int64 `json:"device_used"`
 }
