@@ -410,7 +410,6 @@ struct ent {
 static struct ent *find_by_name(const char *name);
 static struct ent *find_by_real(void *p);
 
-#define ARGS0
 #define GATED_N(name, decl, call)                               \
 	static CUresult (*real_##name) decl;                    \
 	CUresult name decl                                      \
@@ -429,6 +428,7 @@ static struct ent *find_by_real(void *p);
 #define G4(n) GATED_N(n, (U a, U b, U c, U d), (a, b, c, d))
 #define G5(n) GATED_N(n, (U a, U b, U c, U d, U e), (a, b, c, d, e))
 #define G6(n) GATED_N(n, (U a, U b, U c, U d, U e, U f), (a, b, c, d, e, f))
+#define G9(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i), (a, b, c, d, e, f, g, h, i))
 #define G10(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j), (a, b, c, d, e, f, g, h, i, j))
 #define G11(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j, U k), (a, b, c, d, e, f, g, h, i, j, k))
 
@@ -455,13 +455,16 @@ static struct ent *find_by_real(void *p);
 	X(6, cuMemsetD2D8Async) X(6, cuMemsetD2D8Async_ptsz) X(6, cuMemsetD2D16Async)                      \
 	X(6, cuMemsetD2D16Async_ptsz) X(6, cuMemsetD2D32Async) X(6, cuMemsetD2D32Async_ptsz)               \
 	X(4, cuStreamWriteValue32_v2) X(4, cuStreamWriteValue64_v2) X(4, cuStreamBatchMemOp_v2)           \
-	X(4, cuStreamWriteValue32_v2_ptsz) X(4, cuStreamWriteValue64_v2_ptsz) X(4, cuStreamBatchMemOp_v2_ptsz)
+	X(4, cuStreamWriteValue32_v2_ptsz) X(4, cuStreamWriteValue64_v2_ptsz) X(4, cuStreamBatchMemOp_v2_ptsz) \
+	X(9, cuMemcpyBatchAsync) X(9, cuMemcpyBatchAsync_ptsz) X(5, cuMemcpy3DBatchAsync) X(5, cuMemcpy3DBatchAsync_ptsz)
 
 #define DEF_GATED(n, name) G##n(name)
 GATED_LIST(DEF_GATED)
 
 /* Entry points whose memory this library cannot recreate: passed through,
- * but the process is no longer fast-path capable. */
+ * but the process is no longer fast-path capable. (cuIpcOpenMemHandle takes
+ * a 64-byte struct by value, which these integer-argument wrappers cannot
+ * forward; cuIpcGetMemHandle in the exporting process marks it.) */
 #define INCAPABLE_N(name, decl, call)                                                   \
 	static CUresult (*real_##name) decl;                                            \
 	CUresult name decl                                                              \
@@ -478,9 +481,9 @@ GATED_LIST(DEF_GATED)
 	}
 #define INCAPABLE_LIST(X)                                                                                  \
 	X(3, cuMemAllocManaged) X(3, cuMemAllocAsync) X(3, cuMemAllocAsync_ptsz) X(4, cuMemAllocFromPoolAsync) \
-	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(3, cuIpcOpenMemHandle_v2)                 \
-	X(4, cuMemExportToShareableHandle) X(3, cuMemImportFromShareableHandle) X(2, cuMemPoolCreate)         \
-	X(3, cuArrayCreate_v2) X(2, cuArray3DCreate_v2) X(4, cuMipmappedArrayCreate)
+	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemExportToShareableHandle)         \
+	X(3, cuMemImportFromShareableHandle) X(2, cuMemPoolCreate) X(2, cuArrayCreate_v2)                      \
+	X(2, cuArray3DCreate_v2) X(3, cuMipmappedArrayCreate)
 #define DEF_INCAP(n, name) INCAPABLE_N(name, GARGS##n, GCALL##n)
 #define GARGS2 (U a, U b)
 #define GARGS3 (U a, U b, U c)
