@@ -112,8 +112,7 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	phases = append(phases, phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, phase{"commit", rep.Commit.Seconds()})
 	if !o.leaveRunning {
 		cc.fastCommit()
-	}
-	if o.leaveRunning {
+	} else {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
 		if rerr != nil {

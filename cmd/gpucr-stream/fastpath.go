@@ -115,6 +115,9 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, cfg *config, c *strea
 	default:
 		return nil, usagef("--fast-path %q: want auto or off", cfg.fastPath)
 	}
+	if cfg.vramFiles < 1 || cfg.vramFiles > 64 {
+		return nil, usagef("--vram-files %d: want 1..64", cfg.vramFiles)
+	}
 	// A restore brings the memory back from an archive's manifest; a stream
 	// destination (stdout, a stream file) keeps the driver path.
 	if loc, err := sinks.ParseLocation(cfg.to); err != nil || (loc.Kind != sinks.Archive && loc.Kind != sinks.S3) {
