@@ -41,8 +41,14 @@
  * every context the program allocated in: nothing is in flight and nothing
  * can start. The control thread and its copy workers bypass the gate.
  *
- * The alternative (park every thread with a signal while the driver's
- * cuCheckpointProcessLock holds them) was rejected: a signal stops a thread
+ * The proposed alternative (driver lock first, park every thread with a
+ * signal, unlock, copy, lock again) was rejected. Measured on an H100
+ * (driver 580, e2e/gpu/quiesce_probe.py): this library's own CUDA calls
+ * block while the driver holds the process locked (in one of two runs park's
+ * cuCtxSynchronize returned only at the unlock, 3 s later), so the copy must
+ * run outside the driver's lock, before it; the order below passed the same
+ * probe end to end (nothing moved while parked, no step lost). And a signal
+ * stops a thread
  * wherever it is, inside malloc or inside the driver holding its own locks,
  * and the control thread's copies then need those locks (cuMemHostAlloc
  * allocates, the driver serialises on its context); it would also park the
