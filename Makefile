@@ -25,9 +25,18 @@ $(PRELOAD): preload/gpucr_preload.c
 deps:
 	bash scripts/install-deps.sh
 
-lint:
+# staticcheck, pinned: the one on PATH if there is one, else installed
+# into bin/tools. Its default checks, U1000 (unused code) included.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK ?= $(or $(shell command -v staticcheck 2>/dev/null),$(CURDIR)/bin/tools/staticcheck)
+
+$(CURDIR)/bin/tools/staticcheck:
+	GOBIN=$(CURDIR)/bin/tools $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(STATICCHECK)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 
 unit:
 	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)

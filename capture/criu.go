@@ -204,13 +204,8 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
-	args = append(args, o.ExtraArgs...)
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, o.CRIU, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	criuErr := cmd.Run()
-	rep.CRIU = time.Since(start)
+	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
+	rep.CRIU = took
 	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
 	// CRIU's broken pipe, is what the user must hear.
 	pipeErr := c.Err()
@@ -227,11 +222,11 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, 
 		return rep, fmt.Errorf("commit checkpoint (criu resumed the process): %w", commitErr)
 	case criuErr != nil && pipeErr != nil:
 		return rep, fmt.Errorf("capture failed, so criu dump failed (criu resumed the process): %w (criu dump: %v)", pipeErr, criuErr)
-	case criuErr != nil && inErr != nil && !strings.Contains(inErr.Error(), "criu dump failed"):
+	case criuErr != nil && inErr != nil && !errors.Is(inErr, criuErr):
 		// The intake failed first (a producer, the pipeline) and cut CRIU off.
 		return rep, fmt.Errorf("%w; so criu dump failed too: %v", inErr, criuErr)
 	case criuErr != nil:
-		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
+		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out))
 	case inErr != nil:
 		return rep, inErr
 	case !res.Complete:
@@ -295,13 +290,8 @@ func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (Restor
 	case <-ctx.Done():
 	}
 	args := []string{"restore", "--stream", "-D", images, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
-	args = append(args, o.ExtraArgs...)
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, o.CRIU, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	criuErr := cmd.Run()
-	rep.CRIU = time.Since(start)
+	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
+	rep.CRIU = took
 	if criuErr != nil {
 		cancel() // stop serving: CRIU is gone
 	}
@@ -318,9 +308,19 @@ func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (Restor
 	case criuErr != nil && serveErr != nil && !errors.Is(serveErr, context.Canceled):
 		return rep, fmt.Errorf("criu restore: %w; serve: %w", criuErr, serveErr)
 	case criuErr != nil:
-		return rep, fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out.String()))
+		return rep, fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))
 	}
 	return rep, nil
+}
+
+// runCRIU runs criu, its output kept for the error message.
+func runCRIU(ctx context.Context, criu string, args []string) (out string, took time.Duration, err error) {
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, criu, args...)
+	var b bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err = cmd.Run()
+	return b.String(), time.Since(start), err
 }
 
 // criuLogTail picks CRIU's error lines, which say why it failed.

@@ -3,7 +3,6 @@ package capture
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	imgstreamer "github.com/checkpoint-restore/go-criu/v7/crit/images/img-streamer"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -118,9 +118,6 @@ func dialHello(ctx context.Context, path, name string) (*Client, error) {
 	return &Client{conn: conn}, nil
 }
 
-// ErrNoSuchFile is Pull's error for a file the checkpoint does not hold.
-var ErrNoSuchFile = errors.New("no such file in the checkpoint")
-
 // Pull asks the serve socket for one file and copies it into w. Several
 // pulls may run at once on one client.
 func (c *Client) Pull(ctx context.Context, name string, w io.Writer) (int64, error) {
@@ -145,7 +142,7 @@ func (c *Client) Pull(ctx context.Context, name string, w io.Writer) (int64, err
 			return fmt.Errorf("pull %s: %w", name, err)
 		}
 		if !exists {
-			return fmt.Errorf("pull %s: %w", name, ErrNoSuchFile)
+			return fmt.Errorf("pull %s: no such file in the checkpoint: %w", name, errdefs.ErrNotFound)
 		}
 		if err := SendPipe(c.conn, pw); err != nil {
 			return fmt.Errorf("pull %s: send pipe: %w", name, err)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -173,7 +174,7 @@ func TestIntakeProducers(t *testing.T) {
 	if _, err := criuR.Pull(ctx, "inventory.img", &got); err != nil || got.String() != "criu inventory.img" {
 		t.Fatalf("criu pull: %q %v", got.String(), err)
 	}
-	if _, err := criuR.Pull(ctx, "absent.img", io.Discard); !errors.Is(err, ErrNoSuchFile) {
+	if _, err := criuR.Pull(ctx, "absent.img", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("pull of an absent file: %v", err)
 	}
 	criuR.Close()

@@ -139,7 +139,12 @@ func SendPipe(conn *net.UnixConn, f *os.File) error {
 	return err
 }
 
-// listen binds a fresh socket at path, removing a stale one first.
+// listen binds a fresh socket at path, removing a stale one first. The
+// socket is 0600 whatever the umask: whoever can connect can read the
+// process's memory (serve) or push images into its checkpoint (capture).
+// CRIU (root) and producers (the same user) still can. The mode is set on
+// the socket before bind, which creates the file with it, so there is no
+// moment when the file is open to others.
 func listen(path string) (*net.UnixListener, error) {
 	if len(path) >= 108 {
 		return nil, fmt.Errorf("socket path %s is %d bytes, over the 107 that sun_path holds: use a shorter --images-dir", path, len(path))
@@ -147,10 +152,37 @@ func listen(path string) (*net.UnixListener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close() // FileListener holds its own descriptor
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		return nil, fmt.Errorf("listen on %s: set mode: %w", path, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	// Checked, not assumed: a kernel that ignored the mode set before bind
+	// must not leave an open socket behind.
+	if st, err := os.Lstat(path); err != nil || st.Mode().Perm()&0o077 != 0 {
+		os.Remove(path)
+		if err == nil {
+			err = fmt.Errorf("mode %v", st.Mode().Perm())
+		}
+		return nil, fmt.Errorf("listen on %s: the socket is not private: %w", path, err)
+	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	nl, err := net.FileListener(f)
+	if err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	l := nl.(*net.UnixListener)
 	l.SetUnlinkOnClose(true)
 	return l, nil
 }

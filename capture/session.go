@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -59,18 +60,6 @@ type session struct {
 	ended         chan struct{} // closed once the session may end: no more connections
 	endedOnce     sync.Once
 	changed       chan struct{} // closed and replaced on every change
-}
-
-func (s *session) open() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.pipes)
-}
-
-func (s *session) failed() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
 }
 
 // countingReader tracks the socket offset for error messages.
@@ -279,7 +268,7 @@ func (s *session) readConn(ctx context.Context, conn *net.UnixConn, onCRIU func(
 	}
 	for {
 		name, err := ReadRequest(rd, pos.Load())
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			clean = true
 			break
 		}
@@ -346,7 +335,7 @@ type IntakeOptions struct {
 
 // IntakeSession takes the images of one `criu dump --stream`, and the files
 // of any producers connected beside it, into a streamer.Capture. It listens
-// on DIR/streamer-capture.sock from the moment StartIntake returns.
+// on DIR/streamer-capture.sock from the moment StartIntakeWith returns.
 //
 // Completion rule: the image is complete when CRIU has sent inventory.img,
 // every producer connection (at least IntakeOptions.Producers of them) has
@@ -368,13 +357,8 @@ type IntakeSession struct {
 	err  error
 }
 
-// StartIntake listens and serves CRIU's connection (and producers') in the
-// background.
-func StartIntake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (*IntakeSession, error) {
-	return StartIntakeWith(ctx, dir, c, IntakeOptions{Hooks: hooks})
-}
-
-// StartIntakeWith is StartIntake with options.
+// StartIntakeWith listens and serves CRIU's connection (and producers') in
+// the background.
 func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (*IntakeSession, error) {
 	path := filepath.Join(dir, CaptureSocket)
 	l, err := listen(path)
@@ -551,16 +535,11 @@ func (in *IntakeSession) Abort(err error) {
 	in.sess.abort(err)
 }
 
-// Intake listens on DIR/streamer-capture.sock for one `criu dump --stream`
-// (and any producers beside it) and writes every image it sends into c. It
-// returns when CRIU and the producers have closed the socket and every pipe
-// is drained, or at the first error (after closing CRIU's pipes so that the
-// dump fails instead of hanging).
-func Intake(ctx context.Context, dir string, c *streamer.Capture, hooks Hooks) (DumpResult, error) {
-	return IntakeWith(ctx, dir, c, IntakeOptions{Hooks: hooks})
-}
-
-// IntakeWith is Intake with options.
+// IntakeWith listens on DIR/streamer-capture.sock for one `criu dump
+// --stream` (and any producers beside it) and writes every image it sends
+// into c. It returns when CRIU and the producers have closed the socket and
+// every pipe is drained, or at the first error (after closing CRIU's pipes
+// so that the dump fails instead of hanging).
 func IntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (DumpResult, error) {
 	in, err := StartIntakeWith(ctx, dir, c, o)
 	if err != nil {
@@ -616,7 +595,7 @@ func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOpti
 			requests.Add(1)
 			_, err := src.Stat(sctx, name)
 			exists := err == nil
-			if err != nil && !errors.Is(err, streamer.ErrNotExist) {
+			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
 			}
 			if err := WriteReply(conn, exists); err != nil {
@@ -664,11 +643,17 @@ func WriteExtract(ctx context.Context, src streamer.Source, dir string) (int, in
 		return 0, 0, err
 	}
 	var total int64
+	var done []string
 	for _, f := range files {
 		n, err := writeFileAtomic(ctx, src, dir, f)
 		if err != nil {
+			// A failed extract leaves no part of the image behind.
+			for _, p := range done {
+				os.Remove(p)
+			}
 			return 0, total, err
 		}
+		done = append(done, filepath.Join(dir, f.Name))
 		total += n
 	}
 	return len(files), total, nil

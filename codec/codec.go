@@ -21,6 +21,7 @@ import (
 	"hash/crc32"
 	"strconv"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/pierrec/lz4/v4"
 	"lukechampine.com/blake3"
 )
@@ -63,19 +64,14 @@ func (id ID) String() string {
 	return "codec(" + strconv.Itoa(int(id)) + ")"
 }
 
-// Known reports whether this version of the package can decode id.
-func (id ID) Known() bool { return id <= Shuffle4Zstd }
-
 // Errors returned (wrapped) by Decode; test with errors.Is.
 var (
 	// ErrUnknownCodec: the id is not one this version knows (a newer writer).
 	ErrUnknownCodec = errors.New("codec: unknown codec id")
-	// ErrCorrupt: the stored bytes do not decode to exactly rawLen bytes.
-	ErrCorrupt = errors.New("codec: corrupt chunk")
 	// ErrTooLarge: rawLen exceeds MaxChunk.
-	ErrTooLarge = errors.New("codec: chunk larger than MaxChunk")
+	ErrTooLarge = fmt.Errorf("codec: chunk larger than MaxChunk: %w", errdefs.ErrCorrupt)
 	// ErrChecksum: the decoded bytes do not match the stored checksum.
-	ErrChecksum = errors.New("codec: checksum mismatch")
+	ErrChecksum = fmt.Errorf("codec: checksum mismatch: %w", errdefs.ErrCorrupt)
 )
 
 // Decode decodes src (encoded with id) into dst, which must have
@@ -91,23 +87,23 @@ func Decode(id ID, dst, src []byte) error {
 	switch id {
 	case None:
 		if len(src) != len(dst) {
-			return fmt.Errorf("%w: stored chunk has %d bytes, want %d", ErrCorrupt, len(src), len(dst))
+			return fmt.Errorf("%w: stored chunk has %d bytes, want %d", errdefs.ErrCorrupt, len(src), len(dst))
 		}
 		copy(dst, src)
 		return nil
 	case Zero:
 		if len(src) != 0 {
-			return fmt.Errorf("%w: zero chunk carries %d payload bytes", ErrCorrupt, len(src))
+			return fmt.Errorf("%w: zero chunk carries %d payload bytes", errdefs.ErrCorrupt, len(src))
 		}
 		clear(dst)
 		return nil
 	case LZ4:
 		n, err := lz4.UncompressBlock(src, dst)
 		if err != nil {
-			return fmt.Errorf("%w: lz4 decode: %w", ErrCorrupt, err)
+			return fmt.Errorf("%w: lz4 decode: %w", errdefs.ErrCorrupt, err)
 		}
 		if n != len(dst) {
-			return fmt.Errorf("%w: lz4 decode: got %d bytes, want %d", ErrCorrupt, n, len(dst))
+			return fmt.Errorf("%w: lz4 decode: got %d bytes, want %d", errdefs.ErrCorrupt, n, len(dst))
 		}
 		return nil
 	case Zstd:

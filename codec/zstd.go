@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -70,14 +71,14 @@ func zstdDecode(dst, src []byte) error {
 	// (Frames under 256 bytes may omit the size; DecodeAll checks those.)
 	var h zstd.Header
 	if h.Decode(src) == nil && h.HasFCS && h.FrameContentSize != uint64(len(dst)) {
-		return fmt.Errorf("%w: zstd decode: frame declares %d bytes, want %d", ErrCorrupt, h.FrameContentSize, len(dst))
+		return fmt.Errorf("%w: zstd decode: frame declares %d bytes, want %d", errdefs.ErrCorrupt, h.FrameContentSize, len(dst))
 	}
 	out, err := d.DecodeAll(src, dst[:0])
 	if err != nil {
-		return fmt.Errorf("%w: zstd decode: %w", ErrCorrupt, err)
+		return fmt.Errorf("%w: zstd decode: %w", errdefs.ErrCorrupt, err)
 	}
 	if len(out) != len(dst) {
-		return fmt.Errorf("%w: zstd decode: got %d bytes, want %d", ErrCorrupt, len(out), len(dst))
+		return fmt.Errorf("%w: zstd decode: got %d bytes, want %d", errdefs.ErrCorrupt, len(out), len(dst))
 	}
 	// With the cap limit DecodeAll writes in place; copy should it ever not.
 	if len(out) > 0 && &out[0] != &dst[0] {

@@ -22,7 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,7 +203,7 @@ func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	for _, root := range []string{os.Getenv("GOROOT"), runtime.GOROOT()} {
+	for _, root := range []string{os.Getenv("GOROOT"), "/usr/local/go"} {
 		if p := filepath.Join(root, "bin", "go"); root != "" && fileExists(p) {
 			return p
 		}

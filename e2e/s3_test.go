@@ -19,11 +19,11 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks/miniotest"
+	"github.com/gpucr/gpucr-stream/store/miniotest"
 )
 
 // The S3 tests checkpoint the e2e target straight into a real MinIO server
-// started by the test (sinks/miniotest: loopback, free port, random
+// started by the test (store/miniotest: loopback, free port, random
 // credentials, temporary data dir) and restore it from there. Without a
 // minio binary they skip, except under CI=true, where they fail.
 

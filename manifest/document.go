@@ -6,9 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // Archive layout in a store (a local directory or an object prefix). The
@@ -21,6 +25,24 @@ const (
 
 // SegmentName is the object name of segment i.
 func SegmentName(i int) string { return fmt.Sprintf("%s%08d.gcs", SegmentPrefix, i) }
+
+// IsSegmentName reports whether name is what SegmentName makes.
+func IsSegmentName(name string) bool {
+	num, ok := strings.CutPrefix(name, SegmentPrefix)
+	if !ok {
+		return false
+	}
+	num, ok = strings.CutSuffix(num, ".gcs")
+	if !ok || len(num) != 8 {
+		return false
+	}
+	for _, c := range []byte(num) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // Manifest describes one complete checkpoint: what files it holds, where
 // every chunk lives, and how it was made.
@@ -158,6 +180,18 @@ func ValidName(name string) bool {
 	return name != "" && name != "." && name != ".." && len(name) <= MaxNameLen && !strings.ContainsAny(name, "/\x00")
 }
 
+// PrintableName is name as it may be shown on a terminal or in a log: as
+// it is when it is printable UTF-8, else Go-quoted, so that a hostile name
+// carries no escape sequence, NUL or line break into the output.
+func PrintableName(name string) string {
+	for _, r := range name {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(name)
+		}
+	}
+	return name
+}
+
 // checksumKey ends the document: the CRC-32C of every byte before its value
 // follows it, so that a flipped byte anywhere in the manifest (a file name,
 // an offset) is caught while the file stays plain JSON.
@@ -202,54 +236,67 @@ func Parse(b []byte) (*Manifest, error) {
 		Format int `json:"format"`
 	}
 	if err := json.Unmarshal(b, &probe); err != nil {
-		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	if probe.Format < 1 {
-		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, errdefs.ErrCorrupt)
 	}
 	if probe.Format > Version {
 		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, probe.Format, Version)
 	}
 	if err := checkSum(b); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
 	m := &Manifest{}
 	if err := json.Unmarshal(b, m); err != nil {
-		return nil, fmt.Errorf("manifest: %v: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("manifest: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
 	return m, nil
 }
 
 // Validate checks chunk ranges and segment references.
 func (m *Manifest) Validate() error {
+	for i, s := range m.Segments {
+		// A negative size would wrap the bound checks below.
+		if s.Size < 0 {
+			return fmt.Errorf("manifest: segment %d has size %d", i, s.Size)
+		}
+	}
 	seen := map[string]bool{}
 	for _, f := range m.Files {
-		if f.Name == "" || len(f.Name) > MaxNameLen {
-			return errors.New("manifest: file with an empty or over-long name")
+		// The names extract would refuse are refused here, so that verify
+		// and inspect never pass an archive extract cannot write.
+		if !ValidName(f.Name) {
+			n := f.Name
+			if len(n) > 64 {
+				n = n[:64] + "..."
+			}
+			return fmt.Errorf("manifest: file with an empty or over-long name, or one that is not a single path component (., .., /, NUL): %s", PrintableName(n))
 		}
 		if seen[f.Name] {
-			return fmt.Errorf("manifest: file %s listed twice", f.Name)
+			return fmt.Errorf("manifest: file %s listed twice", PrintableName(f.Name))
 		}
 		seen[f.Name] = true
+		name := PrintableName(f.Name)
 		var next int64
 		for i, c := range f.Chunks {
 			switch {
 			case c.Offset != next:
-				return fmt.Errorf("manifest: file %s chunk %d at offset %d, want %d", f.Name, i, c.Offset, next)
+				return fmt.Errorf("manifest: file %s chunk %d at offset %d, want %d", name, i, c.Offset, next)
 			case c.RawLen == 0 || c.RawLen > MaxPayload || c.Stored > MaxPayload:
-				return fmt.Errorf("manifest: file %s chunk %d has impossible length", f.Name, i)
+				return fmt.Errorf("manifest: file %s chunk %d has impossible length", name, i)
 			case m.Segments != nil && (c.Segment < 0 || c.Segment >= len(m.Segments)):
-				return fmt.Errorf("manifest: file %s chunk %d names segment %d of %d", f.Name, i, c.Segment, len(m.Segments))
+				return fmt.Errorf("manifest: file %s chunk %d names segment %d of %d", name, i, c.Segment, len(m.Segments))
 			case c.Pos < 0 || (m.Segments != nil && c.Pos > m.Segments[c.Segment].Size-FrameSize-int64(c.Stored)):
-				return fmt.Errorf("manifest: file %s chunk %d lies outside its segment", f.Name, i)
+				return fmt.Errorf("manifest: file %s chunk %d lies outside its segment", name, i)
 			}
 			next += int64(c.RawLen)
 		}
 		if next != f.Size {
-			return fmt.Errorf("manifest: file %s has %d bytes in chunks, size says %d", f.Name, next, f.Size)
+			return fmt.Errorf("manifest: file %s has %d bytes in chunks, size says %d", name, next, f.Size)
 		}
 	}
 	return nil
@@ -263,9 +310,4 @@ func (m *Manifest) Lookup(name string) (*File, bool) {
 		}
 	}
 	return nil, false
-}
-
-// SortFiles orders files by name, for stable listings.
-func (m *Manifest) SortFiles() {
-	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
 }

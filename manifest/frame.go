@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // Version is the newest format version this code reads and the one it writes.
@@ -60,9 +62,6 @@ func (h Header) Marshal() []byte {
 // ErrNotStream means the bytes do not start with a gpucr-stream header.
 var ErrNotStream = errors.New("not a gpucr-stream stream (bad magic)")
 
-// ErrCorrupt marks data that failed a structural or checksum check.
-var ErrCorrupt = errors.New("corrupt data")
-
 // ErrNewerVersion means the stream was written by a newer gpucr-stream.
 var ErrNewerVersion = errors.New("format version newer than this gpucr-stream supports")
 
@@ -77,7 +76,7 @@ func UnmarshalHeader(b []byte) (Header, error) {
 	}
 	h := Header{Version: binary.LittleEndian.Uint16(b[8:])}
 	if h.Version == 0 {
-		return h, fmt.Errorf("stream header: version 0 does not exist: %w", ErrCorrupt)
+		return h, fmt.Errorf("stream header: version 0 does not exist: %w", errdefs.ErrCorrupt)
 	}
 	if h.Version > Version {
 		// A newer version may lay out its header differently, so its
@@ -88,7 +87,7 @@ func UnmarshalHeader(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: stream is version %d, this build reads up to %d; upgrade gpucr-stream", ErrNewerVersion, h.Version, Version)
 	}
 	if n := binary.LittleEndian.Uint16(b[10:]); n != HeaderSize {
-		return h, fmt.Errorf("stream header: length %d, want %d: %w", n, HeaderSize, ErrCorrupt)
+		return h, fmt.Errorf("stream header: length %d, want %d: %w", n, HeaderSize, errdefs.ErrCorrupt)
 	}
 	if got, want := crc(b[:28]), binary.LittleEndian.Uint32(b[28:]); got != want {
 		return h, fmt.Errorf("stream header: checksum mismatch (stored %08x, computed %08x)", want, got)

@@ -7,20 +7,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 	"testing"
 	"time"
-)
 
-// knownBug skips a test that demonstrates a reported, not yet fixed bug.
-// Run with GPUCR_KNOWN_BUGS=1 to see it fail.
-func knownBug(t testing.TB, what string) {
-	t.Helper()
-	if os.Getenv("GPUCR_KNOWN_BUGS") == "" {
-		t.Skipf("known bug (set GPUCR_KNOWN_BUGS=1 to run): %s", what)
-	}
-}
+	"github.com/gpucr/gpucr-stream/errdefs"
+)
 
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []Header{
@@ -94,7 +86,6 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 			_, err := UnmarshalHeader(tc.in)
 			checkErr(t, err, tc.is, tc.want...)
 			if tc.is == nil && errors.Is(err, ErrNewerVersion) {
-				knownBug(t, "UnmarshalHeader reports version 0 as ErrNewerVersion ('upgrade gpucr-stream') although no version is older than 1")
 				t.Errorf("error %q wraps ErrNewerVersion", err)
 			}
 		})
@@ -477,32 +468,32 @@ func TestReaderErrors(t *testing.T) {
 		{"bad magic", replace(0, []byte("GPUCRSTX")), ErrNotStream, []string{at(0), "bad magic"}},
 		{"tail magic first", replace(0, []byte(TailMagic)), ErrNotStream, []string{at(0)}},
 		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 1"}},
-		{"header checksum", flip(24, 0x10), ErrCorrupt, []string{at(0), "checksum mismatch"}},
-		{"frame header checksum", flip(firstData.Pos+9, 1), ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
-		{"frame stored checksum", flip(bigData.Pos+63, 1), ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
-		{"bad frame type", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: 7, FileID: 0}, nil)), ErrCorrupt, []string{at(fileEnd0.Pos), "unknown frame type 7"}},
-		{"over-long payload", prefix(rawFrame(FrameHeader{Type: FrameEnd, StoredLen: MaxPayload + 1}, nil)), ErrCorrupt, []string{at(HeaderSize), "exceeds the limit"}},
-		{"over-long data payload", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 0, RawLen: 1, StoredLen: 1 << 31}, nil)), ErrCorrupt, []string{at(fileEnd0.Pos), "(file inventory.img)", "2147483648", "exceeds the limit"}},
-		{"over-long raw length", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 0, RawLen: MaxPayload + 1}, nil)), ErrCorrupt, []string{at(fileEnd0.Pos), "raw length"}},
-		{"over-long name", prefix(rawFrame(FrameHeader{Type: FrameFile, StoredLen: MaxNameLen + 1}, nil)), ErrCorrupt, []string{at(HeaderSize), "name length"}},
-		{"FILE-END with payload", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameFileEnd, FileID: 0, StoredLen: 8}, nil)), ErrCorrupt, []string{at(fileEnd0.Pos), "unexpected payload"}},
-		{"DATA for unopened file", prefix(rawFrame(FrameHeader{Type: FrameData, FileID: 3, RawLen: 2, StoredLen: 2, Checksum: crc([]byte("hi"))}, []byte("hi"))), ErrCorrupt, []string{at(HeaderSize), "file id 3", "never opened"}},
-		{"DATA for file id opened later", replace(firstData.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 1, RawLen: 15, StoredLen: 15}, nil)), ErrCorrupt, []string{at(firstData.Pos), "file id 1", "never opened"}},
-		{"FILE-END for unopened file", prefix(rawFrame(FrameHeader{Type: FrameFileEnd, FileID: 1}, nil)), ErrCorrupt, []string{at(HeaderSize), "FILE-END frame for file id 1", "never opened"}},
+		{"header checksum", flip(24, 0x10), errdefs.ErrCorrupt, []string{at(0), "checksum mismatch"}},
+		{"frame header checksum", flip(firstData.Pos+9, 1), errdefs.ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
+		{"frame stored checksum", flip(bigData.Pos+63, 1), errdefs.ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
+		{"bad frame type", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: 7, FileID: 0}, nil)), errdefs.ErrCorrupt, []string{at(fileEnd0.Pos), "unknown frame type 7"}},
+		{"over-long payload", prefix(rawFrame(FrameHeader{Type: FrameEnd, StoredLen: MaxPayload + 1}, nil)), errdefs.ErrCorrupt, []string{at(HeaderSize), "exceeds the limit"}},
+		{"over-long data payload", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 0, RawLen: 1, StoredLen: 1 << 31}, nil)), errdefs.ErrCorrupt, []string{at(fileEnd0.Pos), "(file inventory.img)", "2147483648", "exceeds the limit"}},
+		{"over-long raw length", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 0, RawLen: MaxPayload + 1}, nil)), errdefs.ErrCorrupt, []string{at(fileEnd0.Pos), "raw length"}},
+		{"over-long name", prefix(rawFrame(FrameHeader{Type: FrameFile, StoredLen: MaxNameLen + 1}, nil)), errdefs.ErrCorrupt, []string{at(HeaderSize), "name length"}},
+		{"FILE-END with payload", replace(fileEnd0.Pos, rawFrame(FrameHeader{Type: FrameFileEnd, FileID: 0, StoredLen: 8}, nil)), errdefs.ErrCorrupt, []string{at(fileEnd0.Pos), "unexpected payload"}},
+		{"DATA for unopened file", prefix(rawFrame(FrameHeader{Type: FrameData, FileID: 3, RawLen: 2, StoredLen: 2, Checksum: crc([]byte("hi"))}, []byte("hi"))), errdefs.ErrCorrupt, []string{at(HeaderSize), "file id 3", "never opened"}},
+		{"DATA for file id opened later", replace(firstData.Pos, rawFrame(FrameHeader{Type: FrameData, FileID: 1, RawLen: 15, StoredLen: 15}, nil)), errdefs.ErrCorrupt, []string{at(firstData.Pos), "file id 1", "never opened"}},
+		{"FILE-END for unopened file", prefix(rawFrame(FrameHeader{Type: FrameFileEnd, FileID: 1}, nil)), errdefs.ErrCorrupt, []string{at(HeaderSize), "FILE-END frame for file id 1", "never opened"}},
 		{"truncated frame header", cut(bigData.Pos + 10), io.ErrUnexpectedEOF, []string{at(bigData.Pos), "reading frame"}},
-		{"truncated payload", cut(bigData.Pos + FrameSize + 1000), ErrCorrupt, []string{at(bigData.Pos), "(file pages-1.img)", "payload of 320000 bytes truncated"}},
-		{"truncated payload, no byte", cut(bigData.Pos + FrameSize), ErrCorrupt, []string{at(bigData.Pos), "truncated"}},
-		{"truncated FILE name", cut(emptyFile.Pos + FrameSize + 3), ErrCorrupt, []string{at(emptyFile.Pos), "FILE frame payload of 9 bytes truncated"}},
-		{"FILE payload checksum", flip(emptyFile.Pos+FrameSize+2, 0x20), ErrCorrupt, []string{at(emptyFile.Pos), "FILE frame payload checksum mismatch"}},
-		{"END payload checksum", flip(end.Pos+FrameSize+3, 1), ErrCorrupt, []string{at(end.Pos), "END frame payload checksum mismatch"}},
-		{"END frame checksum", flip(end.Pos+24, 1), ErrCorrupt, []string{at(end.Pos), "checksum mismatch"}},
-		{"no END frame", cut(end.Pos), ErrCorrupt, []string{fmt.Sprintf("truncated at offset %d", end.Pos), "no END frame"}},
-		{"only a header", cut(HeaderSize), ErrCorrupt, []string{"truncated at offset 32", "no END frame"}},
-		{"no tail", cut(tailPos), ErrCorrupt, []string{"truncated after END frame", at(end.Pos)}},
-		{"half a tail", cut(tailPos + 8), ErrCorrupt, []string{"truncated after END frame", at(end.Pos)}},
-		{"bad tail magic", flip(int64(len(ts.b)-1), 1), ErrCorrupt, []string{"bad stream tail", at(tailPos)}},
-		{"tail offset wrong", flip(tailPos, 1), ErrCorrupt, []string{"bad stream tail", at(tailPos)}},
-		{"END right after header, tail wrong", prefix(endFrame(0)), ErrCorrupt, []string{"bad stream tail", at(HeaderSize + FrameSize)}},
+		{"truncated payload", cut(bigData.Pos + FrameSize + 1000), errdefs.ErrCorrupt, []string{at(bigData.Pos), "(file pages-1.img)", "payload of 320000 bytes truncated"}},
+		{"truncated payload, no byte", cut(bigData.Pos + FrameSize), errdefs.ErrCorrupt, []string{at(bigData.Pos), "truncated"}},
+		{"truncated FILE name", cut(emptyFile.Pos + FrameSize + 3), errdefs.ErrCorrupt, []string{at(emptyFile.Pos), "FILE frame payload of 9 bytes truncated"}},
+		{"FILE payload checksum", flip(emptyFile.Pos+FrameSize+2, 0x20), errdefs.ErrCorrupt, []string{at(emptyFile.Pos), "FILE frame payload checksum mismatch"}},
+		{"END payload checksum", flip(end.Pos+FrameSize+3, 1), errdefs.ErrCorrupt, []string{at(end.Pos), "END frame payload checksum mismatch"}},
+		{"END frame checksum", flip(end.Pos+24, 1), errdefs.ErrCorrupt, []string{at(end.Pos), "checksum mismatch"}},
+		{"no END frame", cut(end.Pos), errdefs.ErrCorrupt, []string{fmt.Sprintf("truncated at offset %d", end.Pos), "no END frame"}},
+		{"only a header", cut(HeaderSize), errdefs.ErrCorrupt, []string{"truncated at offset 32", "no END frame"}},
+		{"no tail", cut(tailPos), errdefs.ErrCorrupt, []string{"truncated after END frame", at(end.Pos)}},
+		{"half a tail", cut(tailPos + 8), errdefs.ErrCorrupt, []string{"truncated after END frame", at(end.Pos)}},
+		{"bad tail magic", flip(int64(len(ts.b)-1), 1), errdefs.ErrCorrupt, []string{"bad stream tail", at(tailPos)}},
+		{"tail offset wrong", flip(tailPos, 1), errdefs.ErrCorrupt, []string{"bad stream tail", at(tailPos)}},
+		{"END right after header, tail wrong", prefix(endFrame(0)), errdefs.ErrCorrupt, []string{"bad stream tail", at(HeaderSize + FrameSize)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := readAll(tc.in, "shard 1")
@@ -697,14 +688,6 @@ func TestManifestRoundTrip(t *testing.T) {
 	if _, ok := got.Lookup("nope"); ok {
 		t.Fatal("Lookup of a missing file succeeded")
 	}
-	got.SortFiles()
-	var names []string
-	for _, f := range got.Files {
-		names = append(names, f.Name)
-	}
-	if strings.Join(names, ",") != "empty.img,ext,pages-1.img" {
-		t.Fatalf("SortFiles: %v", names)
-	}
 	s := got.Stats
 	if s.Chunks != 3 || s.RawBytes != 3010 || s.StoredBytes != 1510 || s.ByCodec["zstd"].StoredBytes != 500 || s.ByCodec["zero"].Chunks != 1 {
 		t.Fatalf("stats %+v", s)
@@ -788,14 +771,12 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("Parse returned a manifest with error %v", err)
 			}
 			checkErr(t, err, tc.is, append(tc.want, "manifest")...)
-			if tc.is == nil && !errors.Is(err, ErrCorrupt) {
+			if tc.is == nil && !errors.Is(err, errdefs.ErrCorrupt) {
 				if tc.name == "no format" {
-					knownBug(t, "manifest.Parse: format 0 (missing) is reported as ErrNewerVersion ('upgrade') instead of a corrupt manifest")
 				}
 				if strings.Contains(tc.name, "wrong field type") || strings.Contains(tc.name, "bad hash") {
-					knownBug(t, "manifest.Parse: the second json.Unmarshal error is not wrapped with ErrCorrupt")
 				}
-				t.Errorf("error %q does not wrap ErrCorrupt", err)
+				t.Errorf("error %q does not wrap errdefs.ErrCorrupt", err)
 			}
 		})
 	}
@@ -819,7 +800,6 @@ func TestValidateWithoutSegments(t *testing.T) {
 
 // Parse must not accept what it cannot have been written as.
 func TestParseNegativeFormat(t *testing.T) {
-	knownBug(t, "manifest.Parse accepts a negative format (document.go: probe.Format == 0 || probe.Format > Version)")
 	if _, err := Parse([]byte(`{"format":-1,"files":[]}`)); err == nil {
 		t.Fatal("format -1 accepted")
 	}
@@ -828,7 +808,6 @@ func TestParseNegativeFormat(t *testing.T) {
 // A chunk position near MaxInt64 overflows Pos+FrameSize+Stored and passes
 // the segment bound.
 func TestValidatePosOverflow(t *testing.T) {
-	knownBug(t, "Manifest.Validate: c.Pos+FrameSize+int64(c.Stored) overflows for Pos near MaxInt64")
 	m := goodManifest()
 	m.Files[2].Chunks[0].Pos = math.MaxInt64 - 20
 	if err := m.Validate(); err == nil {
@@ -848,5 +827,26 @@ func TestHashText(t *testing.T) {
 	}
 	if err := g.UnmarshalText(append(b, '0', '0')); err == nil {
 		t.Fatal("long hash accepted")
+	}
+}
+
+func TestIsSegmentName(t *testing.T) {
+	tests := []struct {
+		name string
+		want bool
+	}{
+		{SegmentName(0), true},
+		{SegmentName(12345678), true},
+		{"segments/0000001.gcs", false},
+		{"segments/000000001.gcs", false},
+		{"segments/0000000x.gcs", false},
+		{"segments/00000001.gc", false},
+		{"a/segments/00000001.gcs", false},
+		{".00000001.gcs.tmp-1", false},
+	}
+	for _, tc := range tests {
+		if got := IsSegmentName(tc.name); got != tc.want {
+			t.Errorf("IsSegmentName(%q) = %v", tc.name, got)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"sync"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // Frame is one decoded frame; Pos is the offset of its header in the stream.
@@ -37,14 +39,14 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	b := make([]byte, HeaderSize)
 	if _, err := io.ReadFull(r, b); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream: %w", name, ErrCorrupt)
+			return nil, fmt.Errorf("%s: empty input, expected a gpucr-stream stream: %w", name, errdefs.ErrCorrupt)
 		}
-		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, unexpected(err))
+		return nil, fmt.Errorf("%s: reading stream header at offset 0: %w", name, truncated("stream truncated inside its header", err))
 	}
 	h, err := UnmarshalHeader(b)
 	if err != nil {
 		if !errors.Is(err, ErrNewerVersion) {
-			err = fmt.Errorf("%w: %w", err, ErrCorrupt)
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 		}
 		return nil, fmt.Errorf("%s at offset 0: %w", name, err)
 	}
@@ -72,10 +74,10 @@ const NoFile = ^uint32(0)
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
 	if n := r.FileName(id); n != "" {
-		where += fmt.Sprintf(" (file %s)", n)
+		where += fmt.Sprintf(" (file %s)", PrintableName(n))
 	}
-	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+ErrCorrupt.Error())
-	return fmt.Errorf("%s: %s: %w", where, msg, ErrCorrupt)
+	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+errdefs.ErrCorrupt.Error())
+	return fmt.Errorf("%s: %s: %w", where, msg, errdefs.ErrCorrupt)
 }
 
 // Next returns the next frame. alloc provides the payload buffer (nil means
@@ -88,9 +90,9 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	pos := r.pos
 	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) {
-			return Frame{}, fmt.Errorf("%s: stream truncated at offset %d: no END frame: %w", r.name, pos, ErrCorrupt)
+			return Frame{}, fmt.Errorf("%s: stream truncated at offset %d: no END frame: %w", r.name, pos, errdefs.ErrCorrupt)
 		}
-		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, unexpected(err))
+		return Frame{}, fmt.Errorf("%s: reading frame at offset %d: %w", r.name, pos, truncated("stream truncated inside a frame header", err))
 	}
 	fh, err := UnmarshalFrameHeader(r.hdr[:])
 	if err != nil {
@@ -130,16 +132,25 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	case FrameEnd:
 		var tail [TailSize]byte
 		if _, err := io.ReadFull(r.r, tail[:]); err != nil {
-			return Frame{}, fmt.Errorf("%s: stream truncated after END frame at offset %d: %v: %w", r.name, pos, unexpected(err), ErrCorrupt)
+			return Frame{}, fmt.Errorf("%s: stream truncated after END frame at offset %d: %v: %w", r.name, pos, unexpected(err), errdefs.ErrCorrupt)
 		}
 		off, err := UnmarshalTail(tail[:])
 		if err != nil || off != uint64(pos) {
-			return Frame{}, fmt.Errorf("%s: bad stream tail at offset %d: %w", r.name, r.pos, ErrCorrupt)
+			return Frame{}, fmt.Errorf("%s: bad stream tail at offset %d: %w", r.name, r.pos, errdefs.ErrCorrupt)
 		}
 		r.pos += TailSize
 		r.ended = true
 	}
 	return Frame{FrameHeader: fh, Payload: payload, Pos: pos}, nil
+}
+
+// truncated marks input that ends inside a header as corrupt (FORMAT.md:
+// every cut of a stream is), keeping a reader's own errors as they are.
+func truncated(what string, err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: %w: %w", what, io.ErrUnexpectedEOF, errdefs.ErrCorrupt)
+	}
+	return err
 }
 
 func unexpected(err error) error {

@@ -2,7 +2,7 @@
 # install-minio.sh [DIR] -- make the pinned MinIO server the S3 tests use
 # available as DIR/minio (default /usr/local/bin/minio).
 #
-# MinIO's upstream repository is archived; the tests (sinks, e2e) run against
+# MinIO's upstream repository is archived; the tests (store/s3, e2e) run against
 # one pinned build, made with `go install` from the Go module proxy. An
 # existing DIR/minio built from that version is kept, so running this again
 # does nothing. Needs Go; takes a few minutes the first time.
@@ -10,7 +10,7 @@
 # Prints the path of the minio binary on stdout; progress goes to stderr.
 set -euo pipefail
 
-VERSION=v0.0.0-20260212201848-7aac2a2c5b7c # keep in step with sinks/miniotest.Version
+VERSION=v0.0.0-20260212201848-7aac2a2c5b7c # keep in step with store/miniotest.Version
 DIR=${1:-/usr/local/bin}
 BIN=$DIR/minio
 

@@ -8,7 +8,9 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // maxManifest bounds the manifest read into memory (about 200 bytes a
@@ -16,36 +18,36 @@ import (
 const maxManifest = 64 << 20
 
 // ReadManifest reads and checks a committed archive's manifest.
-func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) {
-	info, err := store.Stat(ctx, manifest.ManifestName)
+func ReadManifest(ctx context.Context, st store.Store) (*manifest.Manifest, error) {
+	info, err := st.Stat(ctx, manifest.ManifestName)
 	if err != nil {
-		if errors.Is(err, ErrNotExist) {
-			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", store, manifest.ManifestName, ErrNotExist)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", st, manifest.ManifestName, errdefs.ErrNotFound)
 		}
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if info.Size > maxManifest {
-		return nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", store, manifest.ManifestName, info.Size, maxManifest)
+		return nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", st, manifest.ManifestName, info.Size, maxManifest)
 	}
-	r, err := store.Open(ctx, manifest.ManifestName, 0, -1)
+	r, err := st.Open(ctx, manifest.ManifestName, 0, -1)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	defer r.Close()
 	b, err := io.ReadAll(io.LimitReader(r, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: read %s: %w", store, manifest.ManifestName, err)
+		return nil, fmt.Errorf("%s: read %s: %w", st, manifest.ManifestName, err)
 	}
 	m, err := manifest.Parse(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w", store, manifest.ManifestName, err)
+		return nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 	}
 	if len(m.Segments) == 0 && anyChunks(m) {
 		// Validate checks segment references only when segments are listed.
-		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", store, manifest.ManifestName, manifest.ErrCorrupt)
+		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", st, manifest.ManifestName, errdefs.ErrCorrupt)
 	}
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
-		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", store, manifest.ManifestName, m.ChunkSize)
+		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", st, manifest.ManifestName, m.ChunkSize)
 	}
 	// An archive's chunks live in its segments: a manifest without them
 	// (Validate checks segment references only when "segments" is there)
@@ -54,7 +56,14 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
 				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
-					store, manifest.ManifestName, f.Name, c.Offset, c.Segment, len(m.Segments), manifest.ErrCorrupt)
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
+			}
+			// The read-ahead budget is counted in chunks of chunk_size: a
+			// chunk larger than that would let a lying manifest hold many
+			// times --memory-limit.
+			if int(c.RawLen) > m.ChunkSize || int(c.Stored) > codec.MaxEncodedLen(codec.ID(c.Codec), m.ChunkSize) {
+				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d holds %d bytes stored as %d, over the chunk size of %d: %w",
+					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.RawLen, c.Stored, m.ChunkSize, errdefs.ErrCorrupt)
 			}
 		}
 	}
@@ -74,7 +83,7 @@ func ReadManifest(ctx context.Context, store Store) (*manifest.Manifest, error) 
 // chunks, fetched by Fetchers goroutines: a store's latency is hidden by
 // reading ahead, not by holding more of the image.
 type ArchiveSource struct {
-	store    Store
+	store    store.Store
 	man      *manifest.Manifest
 	byName   map[string]*manifest.File
 	opts     Options
@@ -89,17 +98,18 @@ type ArchiveSource struct {
 }
 
 // OpenArchive reads the manifest of a committed archive.
-func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource, error) {
-	m, err := ReadManifest(ctx, store)
+func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSource, error) {
+	m, err := ReadManifest(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	a := &ArchiveSource{store: store, man: m, byName: map[string]*manifest.File{}, opts: opts}
+	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
-	perChunk := int64(2*m.ChunkSize + manifest.FrameSize) // frame and decoded chunk
+	maxRaw, maxStored := chunkSizes(m)
+	perChunk := maxRaw + maxStored + manifest.FrameSize // decoded chunk and frame
 	budget := int(max(2, opts.MemoryLimit/perChunk))
 	a.tokens = make(chan struct{}, budget)
 	a.parallel = max(opts.Workers, opts.Fetchers)
@@ -108,8 +118,8 @@ func OpenArchive(ctx context.Context, store Store, opts Options) (*ArchiveSource
 	// deeper one would only hold memory.
 	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
 	a.parallel = min(a.parallel, a.window)
-	a.pages = pagePool{size: m.ChunkSize, keep: budget + 2}
-	a.payloads.New = func() any { b := make([]byte, m.ChunkSize); return &b }
+	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
+	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a, nil
 }
 
@@ -120,7 +130,7 @@ func (a *ArchiveSource) Manifest() *manifest.Manifest { return a.man }
 func (a *ArchiveSource) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, ok := a.byName[name]
 	if !ok {
-		return manifest.File{}, fmt.Errorf("%s: %w", name, ErrNotExist)
+		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	return *f, nil
 }
@@ -152,155 +162,6 @@ func (a *ArchiveSource) drop(v fetched) {
 	}
 }
 
-// Copy implements Source. Chunks are fetched in parallel, at most a window
-// ahead of the one being written, each holding a token (see ArchiveSource),
-// and written in order.
-func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	f, ok := a.byName[name]
-	if !ok {
-		return 0, fmt.Errorf("%s: %w", name, ErrNotExist)
-	}
-	n := len(f.Chunks)
-	if n == 0 {
-		return 0, nil
-	}
-	window := min(a.window, n)
-	parallel := max(1, min(a.parallel, window))
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	type result struct {
-		v   fetched
-		err error
-	}
-	// Chunk i uses ring slot i % window: it is issued only once chunk
-	// i-window has been written, which freed the slot.
-	slots := make([]chan result, window)
-	shared := make([]bool, window) // the chunk's token is from a.tokens
-	for i := range slots {
-		slots[i] = make(chan result, 1)
-	}
-	credits := make(chan struct{}, window)
-	own := make(chan struct{}, 1) // this file's own token
-	release := func(i int) {
-		if shared[i%window] {
-			<-a.tokens
-		} else {
-			<-own
-		}
-		<-credits
-	}
-	next := make(chan int)
-	issued := 0 // chunks handed to the fetchers; read after wg.Wait
-	var wg sync.WaitGroup
-	wg.Add(1 + parallel)
-	producerDone := make(chan struct{})
-	go func() {
-		defer wg.Done()
-		defer close(producerDone)
-		defer close(next)
-		for i := range n {
-			select {
-			case credits <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			// Prefer the file's own token, keeping the budget for others.
-			select {
-			case own <- struct{}{}:
-				shared[i%window] = false
-			default:
-				select {
-				case own <- struct{}{}:
-					shared[i%window] = false
-				case a.tokens <- struct{}{}:
-					shared[i%window] = true
-				case <-ctx.Done():
-					<-credits
-					return
-				}
-			}
-			select {
-			case next <- i:
-				issued = i + 1
-			case <-ctx.Done():
-				release(i)
-				return
-			}
-		}
-	}()
-	// Slow start: one fetch first, and each finished fetch lets two more
-	// fetchers go, so that the first chunk (the one CRIU waits for) does
-	// not share the store's bandwidth with the whole read-ahead.
-	ramp := make(chan struct{}, parallel)
-	for k := range parallel {
-		go func() {
-			defer wg.Done()
-			if k > 0 {
-				select {
-				case <-ramp:
-				case <-producerDone:
-				case <-ctx.Done():
-					return
-				}
-			}
-			for i := range next {
-				v, err := a.fetch(ctx, f, i)
-				slots[i%window] <- result{v, err}
-				for range 2 {
-					select {
-					case ramp <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	out := newChunkWriter(w)
-	var written int64
-	var err error
-	emitted := 0
-	for i := 0; i < n && err == nil; i++ {
-		select {
-		case r := <-slots[i%window]:
-			emitted = i + 1
-			if r.err != nil {
-				release(i)
-				err = r.err
-				break
-			}
-			if r.v.page == nil {
-				err = out.zeros(r.v.zero)
-			} else if spliced, werr := out.write(r.v.raw); spliced {
-				// The pipe holds the pages: they must never be reused.
-				r.v.page.free()
-				r.v.page, err = nil, werr
-			} else {
-				err = werr
-			}
-			a.drop(r.v)
-			release(i)
-			if err != nil {
-				err = fmt.Errorf("write %s at offset %d: %w", name, f.Chunks[i].Offset, err)
-				break
-			}
-			written += int64(f.Chunks[i].RawLen)
-			a.Counters.RawBytes.Add(int64(f.Chunks[i].RawLen))
-		case <-ctx.Done():
-			err = context.Cause(ctx)
-		}
-	}
-	cancel(err)
-	wg.Wait()
-	// Chunks fetched after the failure still hold buffers and tokens.
-	for i := emitted; i < issued; i++ {
-		if r := <-slots[i%window]; r.err == nil {
-			a.drop(r.v)
-		}
-		release(i)
-	}
-	return written, err
-}
-
 func (a *ArchiveSource) payloadBuf(n int) *[]byte {
 	b := a.payloads.Get().(*[]byte)
 	if cap(*b) < n {
@@ -320,7 +181,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	}
 	if codec.ID(c.Codec) == codec.Zero {
 		if crc, hash := zeroSums(int(c.RawLen)); crc != c.Checksum || (a.opts.VerifyHashes && hash != c.Hash) {
-			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", manifest.ErrCorrupt)
+			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", errdefs.ErrCorrupt)
 		}
 		return fetched{zero: int64(c.RawLen)}, nil
 	}
@@ -341,7 +202,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		v.payload = a.payloadBuf(int(c.Stored))
 		payload = *v.payload
 	} else if c.Stored != c.RawLen {
-		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, manifest.ErrCorrupt))
+		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, errdefs.ErrCorrupt))
 	}
 	r, err := a.store.Open(ctx, seg, c.Pos, manifest.FrameSize+int64(c.Stored))
 	if err != nil {
@@ -355,27 +216,39 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	r.Close()
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w: %w", err, manifest.ErrCorrupt)
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 		}
 		return fail(where("read frame: %w", err))
 	}
 	fh, err := manifest.UnmarshalFrameHeader(hdr[:])
 	if err != nil {
-		return fail(where("%w: %w", err, manifest.ErrCorrupt))
+		return fail(where("%w: %w", err, errdefs.ErrCorrupt))
 	}
 	if fh.Type != manifest.FrameData || fh.Offset != uint64(c.Offset) || fh.RawLen != c.RawLen ||
 		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum {
-		return fail(where("frame does not match the index: %w", manifest.ErrCorrupt))
+		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
 	}
 	if err := decodeChunk(raw, c.Codec, c.Checksum, payload); err != nil {
 		return fail(where("%w", err))
 	}
 	if a.opts.VerifyHashes && codec.ContentHash(raw) != c.Hash {
-		return fail(where("content hash mismatch: %w", manifest.ErrCorrupt))
+		return fail(where("content hash mismatch: %w", errdefs.ErrCorrupt))
 	}
 	v.raw = raw
 	a.Counters.StoredBytes.Add(int64(c.Stored))
 	return v, nil
+}
+
+// chunkSizes are the largest decoded and stored sizes of the archive's
+// chunks: what one chunk in flight holds at most, by the sizes it actually
+// has (ReadManifest bounds both by chunk_size).
+func chunkSizes(m *manifest.Manifest) (raw, stored int64) {
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			raw, stored = max(raw, int64(c.RawLen)), max(stored, int64(c.Stored))
+		}
+	}
+	return max(raw, 1), stored
 }
 
 func anyChunks(m *manifest.Manifest) bool {

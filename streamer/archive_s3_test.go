@@ -13,13 +13,15 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 // gateStore holds segment commits until released, as an object store
 // does while a segment's last parts upload, and records how many commits
 // were in flight at once and whether the manifest came after them all.
 type gateStore struct {
-	*memStore
+	*mem.Store
 	gate     chan struct{} // a receive lets one segment commit proceed
 	inflight atomic.Int64
 	maxSeen  atomic.Int64
@@ -29,20 +31,20 @@ type gateStore struct {
 }
 
 func newGateStore(name string) *gateStore {
-	return &gateStore{memStore: newMemStore(name), gate: make(chan struct{}), started: make(chan string, 1000)}
+	return &gateStore{Store: mem.New(name), gate: make(chan struct{}), started: make(chan string, 1000)}
 }
 
 type gateWriter struct {
-	ObjectWriter
+	store.ObjectWriter
 	s    *gateStore
 	name string
 }
 
-func (s *gateStore) Create(ctx context.Context, name string) (ObjectWriter, error) {
+func (s *gateStore) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
 	if name == manifest.ManifestName && s.pending.Load() != 0 {
 		s.early.Store(true)
 	}
-	w, err := s.memStore.Create(ctx, name)
+	w, err := s.Store.Create(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -150,9 +152,9 @@ func TestArchiveBackgroundCommitFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	base := countGoroutines()
-	store := newMemStore("bgfail")
+	store := mem.New("bgfail")
 	boom := errors.New("server went away")
-	store.failCommit = func(name string) error {
+	store.FailCommit = func(name string) error {
 		if name == manifest.SegmentName(2) {
 			return boom
 		}
@@ -171,7 +173,7 @@ func TestArchiveBackgroundCommitFails(t *testing.T) {
 	if !errors.Is(cerr, boom) || !strings.Contains(cerr.Error(), manifest.SegmentName(2)) {
 		t.Fatalf("Close = %v, want the commit failure of %s", cerr, manifest.SegmentName(2))
 	}
-	if names := store.names(); len(names) != 0 {
+	if names := store.Names(); len(names) != 0 {
 		t.Fatalf("store keeps %v after a failed capture", names)
 	}
 	waitGoroutines(t, base)
@@ -206,7 +208,7 @@ func TestArchiveAbortDuringCommits(t *testing.T) {
 	if _, err := c.Close(ctx, manifest.Manifest{}); err == nil {
 		t.Fatal("Close after Abort succeeded")
 	}
-	if names := store.names(); len(names) != 0 {
+	if names := store.Names(); len(names) != 0 {
 		t.Fatalf("store keeps %v after Abort", names)
 	}
 	waitGoroutines(t, base)
@@ -214,7 +216,7 @@ func TestArchiveAbortDuringCommits(t *testing.T) {
 
 // countingStore counts the chunk reads it serves, to bound read-ahead.
 type countingStore struct {
-	*memStore
+	*mem.Store
 	opens atomic.Int64
 }
 
@@ -222,7 +224,7 @@ func (s *countingStore) Open(ctx context.Context, name string, off, length int64
 	if strings.HasPrefix(name, "segments/") {
 		s.opens.Add(1)
 	}
-	return s.memStore.Open(ctx, name, off, length)
+	return s.Store.Open(ctx, name, off, length)
 }
 
 // blockingWriter takes nothing until released, like a pipe CRIU does not
@@ -243,7 +245,7 @@ func (w *blockingWriter) Write(p []byte) (int, error) {
 func TestArchiveSharedReadBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	store := &countingStore{memStore: newMemStore("budget")}
+	store := &countingStore{Store: mem.New("budget")}
 	out, err := NewArchiveOutput(ctx, store, 4<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -314,7 +316,7 @@ func TestArchiveCopyFailureReleasesBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	base := countGoroutines()
-	store := newMemStore("fail")
+	store := mem.New("fail")
 	out, _ := NewArchiveOutput(ctx, store, 4<<20)
 	c, _ := NewCapture(ctx, out, Options{ChunkSize: 64 << 10, Workers: 2, Codec: mustSpec(t, "lz4")})
 	data := smallData(4<<20, 3)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 // Benchmark sizes, in MiB, from the environment so that a quick run
@@ -168,8 +169,8 @@ func BenchmarkStreamSource(b *testing.B) {
 }
 
 // benchArchive captures total bytes of benchmark data into an archive.
-func benchArchive(b *testing.B, spec string, total int64) (*memStore, *manifest.Manifest) {
-	store := newMemStore("bench")
+func benchArchive(b *testing.B, spec string, total int64) (*mem.Store, *manifest.Manifest) {
+	store := mem.New("bench")
 	out, err := NewArchiveOutput(context.Background(), store, 64<<20)
 	if err != nil {
 		b.Fatal(err)

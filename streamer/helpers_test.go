@@ -15,171 +15,14 @@ import (
 	"runtime/pprof"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
-
-// knownBug skips a test that demonstrates a reported, not yet fixed bug.
-// Run with GPUCR_KNOWN_BUGS=1 to see it fail.
-func knownBug(t testing.TB, what string) {
-	t.Helper()
-	if os.Getenv("GPUCR_KNOWN_BUGS") == "" {
-		t.Skipf("known bug (set GPUCR_KNOWN_BUGS=1 to run): %s", what)
-	}
-}
-
-// ---- an in-memory Store ----
-
-// memStore is a Store in memory. Objects appear on Commit, as the Store
-// contract asks. Hooks inject faults.
-type memStore struct {
-	name string
-
-	mu      sync.Mutex
-	objs    map[string][]byte
-	created []string
-	aborted []string
-	deleted []string
-	// failWrite, when set, is asked before every Write to an object.
-	failWrite func(name string, written int64) error
-	// failCommit, when set, is asked before an object is committed.
-	failCommit func(name string) error
-}
-
-func newMemStore(name string) *memStore { return &memStore{name: name, objs: map[string][]byte{}} }
-
-func (s *memStore) String() string { return "mem://" + s.name }
-
-type memWriter struct {
-	s    *memStore
-	name string
-	buf  bytes.Buffer
-	done bool
-}
-
-func (s *memStore) Create(ctx context.Context, name string) (ObjectWriter, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.created = append(s.created, name)
-	return &memWriter{s: s, name: name}, nil
-}
-
-func (w *memWriter) Write(p []byte) (int, error) {
-	w.s.mu.Lock()
-	fw, done := w.s.failWrite, w.done
-	w.s.mu.Unlock()
-	if done {
-		return 0, fmt.Errorf("write to finished object %s", w.name)
-	}
-	if fw != nil {
-		if err := fw(w.name, int64(w.buf.Len())); err != nil {
-			return 0, err
-		}
-	}
-	return w.buf.Write(p)
-}
-
-func (w *memWriter) Commit(ctx context.Context) error {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	if w.done {
-		return fmt.Errorf("commit of finished object %s", w.name)
-	}
-	if w.s.failCommit != nil {
-		if err := w.s.failCommit(w.name); err != nil {
-			return err
-		}
-	}
-	w.done = true
-	w.s.objs[w.name] = bytes.Clone(w.buf.Bytes())
-	return nil
-}
-
-func (w *memWriter) Abort(ctx context.Context) error {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	if !w.done {
-		w.s.aborted = append(w.s.aborted, w.name)
-	}
-	w.done = true
-	return nil
-}
-
-func (s *memStore) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	b, ok := s.objs[name]
-	s.mu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("%s/%s: %w", s, name, ErrNotExist)
-	}
-	if off < 0 || off > int64(len(b)) {
-		return nil, fmt.Errorf("%s/%s: offset %d out of range (size %d)", s, name, off, len(b))
-	}
-	end := int64(len(b))
-	if length >= 0 && off+length < end {
-		end = off + length
-	}
-	return io.NopCloser(bytes.NewReader(b[off:end])), nil
-}
-
-func (s *memStore) Stat(ctx context.Context, name string) (ObjectInfo, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b, ok := s.objs[name]
-	if !ok {
-		return ObjectInfo{}, fmt.Errorf("%s/%s: %w", s, name, ErrNotExist)
-	}
-	return ObjectInfo{Name: name, Size: int64(len(b)), Modified: time.Now()}, nil
-}
-
-func (s *memStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []ObjectInfo
-	for n, b := range s.objs {
-		if strings.HasPrefix(n, prefix) {
-			out = append(out, ObjectInfo{Name: n, Size: int64(len(b))})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
-}
-
-func (s *memStore) Delete(ctx context.Context, name string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.objs, name)
-	s.deleted = append(s.deleted, name)
-	return nil
-}
-
-// object returns a committed object's bytes (not a copy).
-func (s *memStore) object(name string) []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.objs[name]
-}
-
-func (s *memStore) names() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for n := range s.objs {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
 
 // ---- test data ----
 
@@ -357,11 +200,11 @@ func checkSource(t testing.TB, ctx context.Context, what string, src Source, wan
 			}
 		}
 	}
-	if _, err := src.Stat(ctx, "missing.img"); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("%s: Stat(missing.img) = %v, want ErrNotExist", what, err)
+	if _, err := src.Stat(ctx, "missing.img"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("%s: Stat(missing.img) = %v, want errdefs.ErrNotFound", what, err)
 	}
-	if _, err := src.Copy(ctx, "missing.img", io.Discard); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("%s: Copy(missing.img) = %v, want ErrNotExist", what, err)
+	if _, err := src.Copy(ctx, "missing.img", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("%s: Copy(missing.img) = %v, want errdefs.ErrNotFound", what, err)
 	}
 }
 
@@ -471,7 +314,7 @@ func countGoroutines() int { return runtime.NumGoroutine() }
 
 // slowStore is a memStore whose segment reads wait until ctx ends (a
 // stalled network).
-type slowStore struct{ *memStore }
+type slowStore struct{ *mem.Store }
 
 func (s slowStore) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
 	if strings.HasPrefix(name, manifest.SegmentPrefix) {
@@ -481,5 +324,5 @@ func (s slowStore) Open(ctx context.Context, name string, off, length int64) (io
 		case <-time.After(30 * time.Second):
 		}
 	}
-	return s.memStore.Open(ctx, name, off, length)
+	return s.Store.Open(ctx, name, off, length)
 }

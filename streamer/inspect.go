@@ -2,12 +2,20 @@ package streamer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// What ScanStream indexes at most: about DefaultMemoryLimit.
+const (
+	maxScanChunks = DefaultMemoryLimit / 256
+	maxScanNames  = DefaultMemoryLimit / 4
 )
 
 // ScanStream describes a stream from its frame headers alone, without
@@ -22,9 +30,10 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	m := &manifest.Manifest{Format: manifest.Version}
 	files := map[uint32]*manifest.File{}
 	byName := map[string]manifest.File{}
+	var chunks, names int
 	for {
 		fr, err := rd.Next(nil)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -32,8 +41,19 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 		}
 		switch fr.Type {
 		case manifest.FrameFile:
+			if names += len(fr.Payload); names > maxScanNames {
+				return nil, fmt.Errorf("%s: over %d bytes of file names: %w", name, maxScanNames, ErrMemoryLimit)
+			}
+			if !manifest.ValidName(string(fr.Payload)) {
+				return nil, rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
+			}
 			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:
+			// The index of a stream that never ends must not grow without
+			// bound: a chunk record per 64-byte frame.
+			if chunks++; chunks > maxScanChunks {
+				return nil, fmt.Errorf("%s: over %d chunks: %w", name, maxScanChunks, ErrMemoryLimit)
+			}
 			f := files[fr.FileID]
 			f.Chunks = append(f.Chunks, manifest.Chunk{Offset: int64(fr.Offset), RawLen: fr.RawLen, Stored: fr.StoredLen, Codec: fr.Codec, Checksum: fr.Checksum, Hash: fr.Hash, Pos: fr.Pos})
 		case manifest.FrameFileEnd:
@@ -79,7 +99,7 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 			hashes = append(hashes, c.Hash[:]...)
 		}
 		if FileDigest(hashes, f.Size) != f.Digest {
-			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, f.Name, manifest.ErrCorrupt)
+			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)
 		if err != nil {
@@ -90,4 +110,35 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 		rep.Bytes += n
 	}
 	return rep, nil
+}
+
+// FileStats is one file of a checkpoint as inspect shows it: its stored
+// bytes and the codecs of its chunks, from the manifest alone.
+type FileStats struct {
+	Name        string         `json:"name"`
+	Size        int64          `json:"size"`
+	StoredBytes int64          `json:"stored_bytes"`
+	Ratio       float64        `json:"ratio"`
+	Chunks      int            `json:"chunks"`
+	Codecs      map[string]int `json:"codecs"`
+	External    bool           `json:"external,omitempty"`
+	Digest      string         `json:"digest"`
+}
+
+// DescribeFiles returns the FileStats of m's files, in m's order.
+func DescribeFiles(m *manifest.Manifest) []FileStats {
+	var out []FileStats
+	for _, f := range m.Files {
+		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
+		for _, c := range f.Chunks {
+			fi.StoredBytes += int64(c.Stored)
+			fi.Codecs[codec.ID(c.Codec).String()]++
+		}
+		fi.Ratio = 1
+		if fi.StoredBytes > 0 {
+			fi.Ratio = float64(f.Size) / float64(fi.StoredBytes)
+		}
+		out = append(out, fi)
+	}
+	return out
 }

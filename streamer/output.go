@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 )
 
 // Location is where a frame landed: segment index and header offset.
@@ -137,9 +139,9 @@ const DefaultCommitting = 2
 // manifest is written only after every segment committed; Abort stops the
 // commits in flight and deletes every segment.
 type ArchiveOutput struct {
-	store       Store
+	store       store.Store
 	segmentSize int64
-	cur         ObjectWriter
+	cur         store.ObjectWriter
 	curWriter   *manifest.Writer
 	curCount    *countingWriter
 	segments    []manifest.Segment
@@ -148,19 +150,18 @@ type ArchiveOutput struct {
 	open map[uint32]openFile
 
 	// background commits
-	committing int
-	slots      chan struct{}
-	bg         context.Context // canceled by Abort
-	bgCancel   context.CancelCauseFunc
-	wg         sync.WaitGroup
-	segDone    map[int]chan struct{} // closed when a background commit ends
-	failed     chan struct{}         // closed with the first commit failure
-	orphans    []ObjectWriter        // segments not committed, for Abort to discard
-	mu         sync.Mutex
-	commitErr  error
-	committed  int // segments committed so far
-	abortOnce  sync.Once
-	abortErr   error
+	slots     chan struct{}   // DefaultCommitting of them
+	bg        context.Context // canceled by Abort
+	bgCancel  context.CancelCauseFunc
+	wg        sync.WaitGroup
+	segDone   map[int]chan struct{} // closed when a background commit ends
+	failed    chan struct{}         // closed with the first commit failure
+	orphans   []store.ObjectWriter  // segments not committed, for Abort to discard
+	mu        sync.Mutex
+	commitErr error
+	committed int // segments committed so far
+	abortOnce sync.Once
+	abortErr  error
 }
 
 type openFile struct {
@@ -182,26 +183,21 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 }
 
 // NewArchiveOutput refuses to overwrite a committed archive.
-func NewArchiveOutput(ctx context.Context, store Store, segmentSize int64) (*ArchiveOutput, error) {
-	if _, err := store.Stat(ctx, manifest.ManifestName); err == nil {
-		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", store)
-	} else if !errors.Is(err, ErrNotExist) {
+func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*ArchiveOutput, error) {
+	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
+		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		// Not knowing is not "absent": a store we cannot reach must not be
 		// written blindly, and says why now rather than mid-dump.
-		return nil, fmt.Errorf("%s: %w", store, err)
+		return nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if segmentSize <= 0 {
 		segmentSize = DefaultSegmentSize
 	}
 	bg, cancel := context.WithCancelCause(context.Background())
-	return &ArchiveOutput{store: store, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
-		committing: DefaultCommitting, bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
+	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
+		slots: make(chan struct{}, DefaultCommitting), bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
 }
-
-// SetCommitting sets how many segments may commit in the background at
-// once (before the first frame is written); 0 commits each segment before
-// the next frame is written.
-func (a *ArchiveOutput) SetCommitting(n int) { a.committing = max(0, n) }
 
 // Committed returns how many segments have been committed so far.
 func (a *ArchiveOutput) Committed() int {
@@ -278,16 +274,19 @@ func (a *ArchiveOutput) closeSegment(ctx context.Context, wait bool) error {
 		a.mu.Unlock()
 		return nil
 	}
-	if wait || a.committing == 0 {
+	if wait {
 		err := commit(ctx)
 		if err != nil {
 			a.orphans = append(a.orphans, w)
 		}
 		return err
 	}
-	if a.slots == nil {
-		a.slots = make(chan struct{}, a.committing)
-	}
+	return a.commitInBackground(ctx, w, name, commit)
+}
+
+// commitInBackground runs commit on its own goroutine once one of the
+// DefaultCommitting slots is free.
+func (a *ArchiveOutput) commitInBackground(ctx context.Context, w store.ObjectWriter, name string, commit func(context.Context) error) error {
 	select {
 	case a.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -394,7 +393,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 
 // abortBriefly discards an object whose commit failed or never started,
 // also when ctx has ended, within AbortTimeout.
-func abortBriefly(ctx context.Context, w ObjectWriter) {
+func abortBriefly(ctx context.Context, w store.ObjectWriter) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AbortTimeout)
 	defer cancel()
 	_ = w.Abort(actx)

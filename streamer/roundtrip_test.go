@@ -14,7 +14,9 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 var roundTripCodecs = []string{"none", "lz4", "zstd", "zstd:3", "auto", "shuffle"}
@@ -326,7 +328,7 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
-	store := newMemStore(t.Name())
+	store := mem.New(t.Name())
 	out, err := NewArchiveOutput(ctx, store, 3<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -338,11 +340,11 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 	if err := writeAll(c, d, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Stat(ctx, manifest.ManifestName); !errors.Is(err, ErrNotExist) {
+	if _, err := store.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("manifest visible before Close: %v", err)
 	}
-	if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("OpenArchive before Close = %v, want ErrNotExist", err)
+	if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("OpenArchive before Close = %v, want errdefs.ErrNotFound", err)
 	}
 	m, err := c.Close(ctx, manifest.Manifest{Tool: "roundtrip-test"})
 	if err != nil {
@@ -358,16 +360,16 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 		if s.Name != manifest.SegmentName(i) {
 			t.Fatalf("segment %d named %s", i, s.Name)
 		}
-		if got := int64(len(store.object(s.Name))); got != s.Size {
+		if got := int64(len(store.Object(s.Name))); got != s.Size {
 			t.Fatalf("segment %s: %d bytes stored, manifest says %d", s.Name, got, s.Size)
 		}
 		// Each segment is a complete stream on its own.
-		if _, err := ScanStream(bytes.NewReader(store.object(s.Name)), s.Name); err != nil {
+		if _, err := ScanStream(bytes.NewReader(store.Object(s.Name)), s.Name); err != nil {
 			t.Fatalf("segment %s does not scan: %v", s.Name, err)
 		}
 		wantNames = append(wantNames, s.Name)
 	}
-	if got := store.names(); strings.Join(got, ",") != strings.Join(wantNames, ",") {
+	if got := store.Names(); strings.Join(got, ",") != strings.Join(wantNames, ",") {
 		t.Fatalf("store holds %v, want %v", got, wantNames)
 	}
 	rm, err := ReadManifest(ctx, store)
@@ -447,7 +449,7 @@ func TestStreamServesBeforeEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Only now is a missing file known to be missing.
-	if _, err := src.Stat(ctx, "never.img"); !errors.Is(err, ErrNotExist) {
+	if _, err := src.Stat(ctx, "never.img"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Stat(never.img) = %v", err)
 	}
 }
@@ -469,7 +471,7 @@ func TestEmptyCapture(t *testing.T) {
 	defer src.Close()
 	checkSource(t, ctx, "empty stream", src, map[string][]byte{})
 
-	store := newMemStore("empty")
+	store := mem.New("empty")
 	aout, _ := NewArchiveOutput(ctx, store, 0)
 	c, _ = NewCapture(ctx, aout, Options{Workers: 1})
 	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
@@ -511,7 +513,6 @@ func TestWriteFileUnsafeNames(t *testing.T) {
 		err := src.Wait(ctx)
 		src.Close()
 		if err != nil {
-			knownBug(t, "Capture.WriteFile accepts names (with '/', '.', '..', NUL) that StreamSource rejects, so the whole stream is unreadable")
 			t.Errorf("capture accepted %q but the stream reader rejects the stream: %v", name, err)
 		}
 	}
@@ -609,11 +610,6 @@ func TestDuplicateNameReplay(t *testing.T) {
 				}
 				src.Close()
 				if err != nil || !bytes.Equal(got.Bytes(), v2) || dirErr != nil {
-					if mode == "extract" {
-						knownBug(t, "StreamSource extract mode: both versions of a name share the temporary path ."+dupName+".partial (stream.go openFile): the second O_TRUNCs the first's file and the first's rename steals it")
-					} else {
-						knownBug(t, "StreamSource: the version of a name that completes last wins (stream.go maybeCompleteLocked), not the one whose FILE-END came last")
-					}
 					t.Fatalf("replay %d: err %v, dir %v, served %d bytes, want the second version (%d bytes)", i, err, dirErr, got.Len(), len(v2))
 				}
 			}

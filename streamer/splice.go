@@ -109,10 +109,11 @@ var zeroPages = sync.OnceValues(func() ([]byte, error) {
 })
 
 // chunkWriter writes decoded chunks to w: by vmsplice when w is a pipe,
-// by Write otherwise.
+// by Write otherwise; zero runs into a regular file become holes.
 type chunkWriter struct {
 	w    io.Writer
 	pipe syscall.RawConn // nil unless w is a pipe
+	file *os.File        // w, when it is a regular file written at its offset
 }
 
 // noSplice turns splicing off, to measure what it saves
@@ -121,11 +122,17 @@ var noSplice = os.Getenv("GPUCR_NO_SPLICE") == "1"
 
 func newChunkWriter(w io.Writer) chunkWriter {
 	f, ok := w.(*os.File)
-	if !ok || noSplice {
+	if !ok {
 		return chunkWriter{w: w}
 	}
 	fi, err := f.Stat()
-	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+	if err == nil && fi.Mode().IsRegular() {
+		// O_APPEND ignores the offset: zeros must be written there.
+		if fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil && fl&unix.O_APPEND == 0 {
+			return chunkWriter{w: w, file: f}
+		}
+	}
+	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 || noSplice {
 		return chunkWriter{w: w}
 	}
 	rc, err := f.SyscallConn()
@@ -149,6 +156,15 @@ func (cw chunkWriter) write(b []byte) (spliced bool, err error) {
 
 // zeros writes n zero bytes.
 func (cw chunkWriter) zeros(n int64) error {
+	if cw.file != nil && n > 0 {
+		// A hole, ended by one written zero so that the length is right
+		// even when the file ends here: declared zeros cost no space.
+		if _, err := cw.file.Seek(n-1, io.SeekCurrent); err != nil {
+			return err
+		}
+		_, err := cw.file.Write(zeros[:1])
+		return err
+	}
 	z, err := zeroPages()
 	if cw.pipe == nil || err != nil {
 		return writeZeros(cw.w, n)

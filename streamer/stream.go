@@ -9,8 +9,12 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -35,9 +39,16 @@ type StreamSource struct {
 	ended    bool
 	err      error
 	memUsed  int64
+	// metaUsed counts what the stream's metadata holds (files, names,
+	// chunk records): it shares the budget with the data, and a stream
+	// whose metadata alone exceeds it is refused.
+	metaUsed int64
+	chunks   int64
 	spill    *os.File
 	spillEnd int64
 	cleanup  []string
+	// extracted are the files written into extractDir so far.
+	extracted []string
 	// retired holds the page buffers of files replaced by a later copy:
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
@@ -58,6 +69,59 @@ type streamFile struct {
 	chunks   []chunkRec
 	fd       *os.File // extract mode: the file being written
 	tmpPath  string
+	meta     int64 // what metaUsed counts for this file
+}
+
+// ErrMemoryLimit means what a stream holds would exceed Options.MemoryLimit
+// where it cannot spill.
+var ErrMemoryLimit = errors.New("memory limit reached")
+
+// ErrNoSpace means a stream would fill the file system it spills or
+// extracts to: its chunks may declare far more than it carries.
+var ErrNoSpace = errors.New("not enough free space")
+
+// spaceLeft is the free space on f's file system for an unprivileged
+// writer, and its size (a variable for tests).
+var spaceLeft = func(f *os.File) (avail, total int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+}
+
+// roomFor refuses to write n more bytes to f when that would leave less
+// than a reserve (5% of the file system, at most 1 GiB) free: a stream of
+// well-compressed chunks must not fill the disk it spills to.
+func roomFor(f *os.File, n int64) error {
+	avail, total, err := spaceLeft(f)
+	if err != nil {
+		return nil // unknown: a full disk still fails the write
+	}
+	reserve := min(total/20, 1<<30)
+	if n > avail-reserve {
+		return fmt.Errorf("%s: %d more bytes would leave less than %d of its file system's %d free bytes: %w", f.Name(), n, reserve, avail, ErrNoSpace)
+	}
+	return nil
+}
+
+// What the metadata of one file and one chunk hold, counted generously:
+// the file record, its name twice (here and in the frame reader) and map
+// entries; a chunk record and the slack of a growing slice.
+const (
+	fileMeta  = 256
+	chunkMeta = 2 * int64(unsafe.Sizeof(chunkRec{}))
+)
+
+// addMetaLocked counts n more bytes of metadata against the budget.
+func (s *StreamSource) addMetaLocked(f *streamFile, n int64) error {
+	f.meta += n
+	s.metaUsed += n
+	if s.metaUsed > s.opts.MemoryLimit {
+		return fmt.Errorf("stream metadata (%d files, %d chunks: %d bytes) exceeds the memory limit of %d bytes (--memory-limit): %w",
+			len(s.pending)+len(s.complete), s.chunks, s.metaUsed, s.opts.MemoryLimit, ErrMemoryLimit)
+	}
+	return nil
 }
 
 type chunkRec struct {
@@ -112,12 +176,20 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		defer s.mu.Unlock()
 		if err == nil && len(s.pending) > 0 {
 			for _, f := range s.pending {
-				err = fmt.Errorf("stream ended but file %s is incomplete (%d chunks received)", f.name, len(f.chunks))
+				err = fmt.Errorf("stream ended but file %s is incomplete (%d chunks received)", manifest.PrintableName(f.name), len(f.chunks))
 				break
 			}
 		}
 		if err != nil && s.err == nil {
 			s.err = err
+		}
+		if s.err != nil {
+			// A failed extract leaves nothing behind, not even the files
+			// it finished: the image is incomplete.
+			for _, p := range s.extracted {
+				os.Remove(p)
+			}
+			s.extracted = nil
 		}
 		s.ended = true
 		s.notifyLocked()
@@ -128,13 +200,6 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 func (s *StreamSource) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-}
-
-func (s *StreamSource) failLocked(err error) {
-	if s.err == nil {
-		s.err = err
-		s.notifyLocked()
-	}
 }
 
 type decodeJob struct {
@@ -219,7 +284,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			return context.Cause(ctx)
 		}
 		fr, err := rd.Next(nil)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
@@ -250,7 +315,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	name := string(fr.Payload)
 	if !manifest.ValidName(name) {
-		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %q", name)
+		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(name))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -259,21 +324,25 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	if f, ok := s.pending[fr.FileID]; ok {
 		if f.name != name {
-			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, name)
+			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, manifest.PrintableName(name))
 		}
 		return nil // the same announcement on another shard or segment
 	}
 	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
+	s.pending[fr.FileID] = f
+	if err := s.addMetaLocked(f, fileMeta+2*int64(len(name))); err != nil {
+		return err
+	}
 	if s.extractDir != "" {
-		f.tmpPath = filepath.Join(s.extractDir, fmt.Sprintf(".%s.partial-%d", name, fr.FileID))
-		fd, err := os.OpenFile(f.tmpPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		// A fresh name, created exclusively: whatever was planted in the
+		// directory (a symlink to a victim) is never opened.
+		fd, err := os.CreateTemp(s.extractDir, fmt.Sprintf(".%s.partial-%d-*", name, fr.FileID))
 		if err != nil {
-			return fmt.Errorf("extract %s: %w", name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(name), err)
 		}
-		f.fd = fd
+		f.fd, f.tmpPath = fd, fd.Name()
 		s.cleanup = append(s.cleanup, f.tmpPath)
 	}
-	s.pending[fr.FileID] = f
 	return nil
 }
 
@@ -305,16 +374,16 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	hashes := make([]byte, 0, 32*len(f.chunks))
 	for _, c := range f.chunks {
 		if c.off != next {
-			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), f.name, c.off, next)
+			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), manifest.PrintableName(f.name), c.off, next)
 		}
 		next += c.n
 		hashes = append(hashes, c.hash[:]...)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
-		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), f.name, next, len(f.chunks), f.size, f.expect)
+		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), manifest.PrintableName(f.name), next, len(f.chunks), f.size, f.expect)
 	}
 	if FileDigest(hashes, f.size) != f.digest {
-		return fmt.Errorf("%w: %s: file digest mismatch", where(), f.name)
+		return fmt.Errorf("%w: %s: file digest mismatch", where(), manifest.PrintableName(f.name))
 	}
 	delete(s.pending, f.id)
 	s.doneIDs[f.id] = true
@@ -333,12 +402,13 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	if f.fd != nil {
 		// A trailing zero chunk is never written: set the length explicitly.
 		if err := f.fd.Truncate(f.size); err != nil {
-			return fmt.Errorf("extract %s: %w", f.name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(f.name), err)
 		}
 		final := filepath.Join(s.extractDir, f.name)
 		if err := os.Rename(f.tmpPath, final); err != nil {
-			return fmt.Errorf("extract %s: %w", f.name, err)
+			return fmt.Errorf("extract %s: %w", manifest.PrintableName(f.name), err)
 		}
+		s.extracted = append(s.extracted, final)
 		f.tmpPath = ""
 	}
 	if hasOld {
@@ -349,6 +419,8 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 }
 
 func (s *StreamSource) releaseLocked(f *streamFile) {
+	s.metaUsed -= f.meta
+	f.meta = 0
 	for _, c := range f.chunks {
 		s.memUsed -= int64(len(c.mem))
 		if c.page != nil {
@@ -361,44 +433,51 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	}
 }
 
-// decode checks one DATA frame and stores its bytes.
-func (s *StreamSource) decode(j decodeJob) error {
+// decodePayload checks one DATA frame and decodes it: raw is nil for a
+// zero chunk, and lies in page where it was decoded into one.
+func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, err error) {
 	fr := j.frame
-	raw := fr.Payload
-	zero := codec.ID(fr.Codec) == codec.Zero
-	if zero {
+	if codec.ID(fr.Codec) == codec.Zero {
 		if fr.StoredLen != 0 {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
 		}
 		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
-			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
-		raw = nil
+		return nil, nil, nil
 	}
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
-	var page *pageBuf
-	if !zero {
-		if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
-			var err error
-			if page, err = newPageBuf(int(fr.RawLen)); err != nil {
-				return fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
-			}
-			raw = page.b[:fr.RawLen]
-		} else if codec.ID(fr.Codec) != codec.None {
-			raw = make([]byte, fr.RawLen)
+	raw = fr.Payload
+	if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
+		if page, err = newPageBuf(int(fr.RawLen)); err != nil {
+			return nil, nil, fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
 		}
-		err := decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-		if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
-			err = errors.New("content hash mismatch")
-		}
-		if err != nil {
-			if page != nil {
-				page.free()
-			}
-			return j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
-		}
+		raw = page.b[:fr.RawLen]
+	} else if codec.ID(fr.Codec) != codec.None {
+		raw = make([]byte, fr.RawLen)
 	}
+	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
+	if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+		err = errors.New("content hash mismatch")
+	}
+	if err != nil {
+		if page != nil {
+			page.free()
+		}
+		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+	}
+	return raw, page, nil
+}
+
+// decode checks one DATA frame and stores its bytes.
+func (s *StreamSource) decode(j decodeJob) error {
+	fr := j.frame
+	raw, page, err := s.decodePayload(j)
+	if err != nil {
+		return err
+	}
+	zero := codec.ID(fr.Codec) == codec.Zero
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
@@ -413,7 +492,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		switch {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
-		case s.memUsed+int64(len(raw)) <= s.opts.MemoryLimit:
+		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit:
 			rec.mem, rec.page = raw, page
 			page = nil
 			s.memUsed += int64(len(raw))
@@ -436,17 +515,24 @@ func (s *StreamSource) decode(j decodeJob) error {
 	}
 	s.mu.Unlock()
 	if rec.fd != nil {
-		_, err := rec.fd.WriteAt(raw, rec.foff)
+		err := roomFor(rec.fd, int64(len(raw)))
+		if err == nil {
+			_, err = rec.fd.WriteAt(raw, rec.foff)
+		}
 		if page != nil {
 			page.free() // spilled: the bytes live in the file now
 		}
 		if err != nil {
-			return fmt.Errorf("store %s at offset %d: %w", f.name, rec.off, err)
+			return fmt.Errorf("store %s at offset %d: %w", manifest.PrintableName(f.name), rec.off, err)
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f.chunks = append(f.chunks, rec)
+	s.chunks++
+	if err := s.addMetaLocked(f, chunkMeta); err != nil {
+		return err
+	}
 	return s.maybeCompleteLocked(f, func() error { return j.rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
 }
 
@@ -499,7 +585,7 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 		return manifest.File{}, err
 	}
 	if f == nil {
-		return manifest.File{}, fmt.Errorf("%s: %w", name, ErrNotExist)
+		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	return f.entry(), nil
 }

@@ -251,10 +251,6 @@ type Driver interface {
 	Unlock(pid int) error
 }
 
-// MinCheckpointVersion is the first CUDA version (driver r570) whose
-// libcuda has the process checkpoint API.
-const MinCheckpointVersion = 12080
-
 // VersionString prints a driver API version as "13.0".
 func VersionString(v int) string {
 	return fmt.Sprintf("%d.%d", v/1000, v%1000/10)

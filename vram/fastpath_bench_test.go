@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/sinks"
+	dirstore "github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -62,7 +62,7 @@ func sinkPipes(b *testing.B, buf []byte, total int64, n int, dir string, capture
 	var c *streamer.Capture
 	if capture {
 		spec, _ := codec.ParseSpec("none")
-		out, err := streamer.NewArchiveOutput(ctx, sinks.NewDir(filepath.Join(dir, "ar")), 256<<20)
+		out, err := streamer.NewArchiveOutput(ctx, dirstore.New(filepath.Join(dir, "ar")), 256<<20)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -109,9 +109,6 @@ func (s *Suspension) Resume(pairs []GPUPair) error {
 	return errors.Join(errs...)
 }
 
-// Any says whether the suspension changed the state of any process.
-func (s *Suspension) Any() bool { return s != nil && (len(s.locked) > 0 || len(s.checkpointed) > 0) }
-
 // ResumeRestored brings the CUDA processes of a restored tree back onto the
 // GPU: every checkpointed one is restored (onto the GPUs pairs name) and
 // then every one left locked is unlocked, all restores before any unlock.

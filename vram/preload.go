@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/proc"
 )
 
 // The control channel of libgpucr-preload (preload/gpucr_preload.c), the
@@ -46,7 +48,7 @@ func PreloadSocket(dir string, pid int) string {
 
 // HasPreload says whether pid maps the library.
 func HasPreload(pid int) bool {
-	b, err := os.ReadFile(filepath.Join(ProcRoot, strconv.Itoa(pid), "maps"))
+	b, err := os.ReadFile(filepath.Join(proc.Root, strconv.Itoa(pid), "maps"))
 	return err == nil && strings.Contains(string(b), PreloadLibrary)
 }
 

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/gpucr/gpucr-stream/proc"
 )
 
 // fakeProc builds a /proc-like tree: pid -> children, maps and fds.
@@ -37,9 +39,9 @@ func fakeProc(t *testing.T, kids map[int][]int, maps map[int]string, fds map[int
 			os.Symlink(target, filepath.Join(d, "fd", strconv.Itoa(i+3)))
 		}
 	}
-	old := ProcRoot
-	ProcRoot = root
-	t.Cleanup(func() { ProcRoot = old })
+	old := proc.Root
+	proc.Root = root
+	t.Cleanup(func() { proc.Root = old })
 }
 
 func TestFindCUDA(t *testing.T) {
@@ -49,7 +51,7 @@ func TestFindCUDA(t *testing.T) {
 			103: "7f0000000000-7f0000100000 r-xp 00000000 fd:01 123 /usr/lib/libc.so.6\n",
 		},
 		map[int][]string{102: {"/dev/nvidiactl", "/dev/nvidia0", "/dev/null"}, 103: {"/dev/null"}})
-	tree, err := Tree(100)
+	tree, err := proc.Tree(100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestFindCUDA(t *testing.T) {
 		found[1].PID != 102 || found[1].DeviceFDs != 2 || found[1].MapsLibcuda {
 		t.Fatalf("found %+v", found)
 	}
-	if _, err := Tree(999); err == nil {
+	if _, err := proc.Tree(999); err == nil {
 		t.Fatal("Tree of a missing pid succeeded")
 	}
 }
@@ -75,7 +77,7 @@ func TestTreeRealProcess(t *testing.T) {
 		t.Skip(err)
 	}
 	defer cmd.Process.Kill()
-	tree, err := Tree(os.Getpid())
+	tree, err := proc.Tree(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -57,7 +56,6 @@ type config struct {
 	s3Parallel  int
 	olderThan   string
 	dryRun      bool
-	uploaded    func() int64 // bytes acknowledged by the store, for the progress bar
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	streams    int
@@ -255,81 +253,4 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
 	return n * mult, nil
-}
-
-func printHelp(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(w, `gpucr-stream: checkpoint image streamer for CRIU and GPU processes
-
-Usage:
-  gpucr-stream [flags] COMMAND [flags] [args]
-
-Commands:
-`)
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(w, "\nFlags (each also read from the environment variable shown):\n")
-	var names []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "h" {
-			names = append(names, f.Name)
-		}
-	})
-	sort.Strings(names)
-	for _, n := range names {
-		f := fs.Lookup(n)
-		def := ""
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		env := "$" + envName(n)
-		if n == "help" {
-			env = ""
-		}
-		fmt.Fprintf(w, "  --%-14s %s%s %s\n", n, f.Usage, def, env)
-	}
-	fmt.Fprintf(w, `
-Examples:
-  gpucr-stream --images-dir /tmp/ckpt capture > ckpt.stream &
-  criu dump --stream -D /tmp/ckpt -t PID
-
-  gpucr-stream --images-dir /tmp/ckpt capture | ssh host gpucr-stream --images-dir /tmp/ckpt serve
-
-  gpucr-stream --images-dir /tmp/ckpt capture --to /var/lib/ckpt/job1
-  gpucr-stream --images-dir /tmp/ckpt serve --from /var/lib/ckpt/job1
-
-Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data, 4 not found, 5 newer format, 130 interrupted.
-`)
-}
-
-// heldImageBudget is --memory-limit auto for images held by serve and
-// receive: a multi-GB GPU image that fits in memory must not go through a
-// spill file on disk on its way to CRIU, so half of what is available now,
-// at least 1 GiB.
-func heldImageBudget() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 1 << 30
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err == nil {
-				return max(1<<30, kb<<10/2)
-			}
-		}
-	}
-	return 1 << 30
-}
-
-// streamOptions are the options of a stream source (serve, receive).
-func (c *config) streamOptions(so streamer.StreamOptions) streamer.StreamOptions {
-	so.Options = c.opts
-	so.Options.MemoryLimit = c.holdLimit
-	if c.holdLimit == 0 {
-		so.Options.MemoryLimit = heldImageBudget()
-	}
-	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
-	so.SpillDir = c.spillDir
-	return so
 }

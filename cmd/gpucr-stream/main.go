@@ -1,21 +1,25 @@
 // Command gpucr-stream streams CRIU and GPU checkpoint images: capture from
 // `criu dump --stream`, serve to `criu restore --stream`, and keep them as
 // streams or archives. This package only parses flags, wires the pieces and
-// maps errors to exit codes; the work happens in capture, streamer, sinks.
+// maps errors to exit codes; the work happens in checkpoint, catalog and
+// location, and below them.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"syscall"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // Exit codes are part of the interface: scripts test them. Documented in
@@ -33,31 +37,27 @@ const (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
-
+// usagef is a usage error (exit 2); libraries below report theirs with
+// errdefs.Usagef too.
+func usagef(format string, args ...any) error { return errdefs.Usagef(format, args...) }
+func isUsage(err error) bool                  { return errors.Is(err, errdefs.ErrUsage) }
 func exitCode(err error, interrupted bool) int {
-	var ue usageError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue):
+	case isUsage(err):
 		return exitUsage
 	case errors.Is(err, manifest.ErrNewerVersion):
 		return exitVersion
-	case errors.Is(err, manifest.ErrCorrupt):
+	case errors.Is(err, errdefs.ErrCorrupt):
 		return exitCorrupt
-	case errors.Is(err, streamer.ErrNotExist):
+	case errors.Is(err, errdefs.ErrNotFound):
 		return exitNotFound
 	case interrupted || errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}
 	return exitFailure
 }
-
 func main() {
 	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis.
 	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
@@ -69,7 +69,6 @@ func main() {
 	}
 	os.Exit(realMain())
 }
-
 func realMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -77,9 +76,13 @@ func realMain() int {
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpucr-stream: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "Run 'gpucr-stream --help' for usage.")
+		if isUsage(err) {
+			help := "gpucr-stream --help"
+			var ce commandError
+			if errors.As(err, &ce) {
+				help = "gpucr-stream " + ce.cmd + " --help"
+			}
+			fmt.Fprintf(os.Stderr, "Run '%s' for usage.\n", help)
 		}
 	}
 	return exitCode(err, interrupted)
@@ -88,78 +91,131 @@ func realMain() int {
 type command struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, cfg *config, args []string) error
+	// args names the positional arguments for the usage line.
+	args string
+	// flags are the command's own flags: names, or "@group" for a group
+	// of flagGroups. The global flags apply to every command.
+	flags []string
+	run   func(ctx context.Context, cfg *config, args []string) error
 }
 
 func commands() []command {
 	return []command{
-		{"capture", "take images from `criu dump --stream -D DIR` and write them to --to (default: stdout)", runCapture},
-		{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", runServe},
-		{"extract", "write the image files from --from (default: stdin) into --images-dir", runExtract},
-		{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", runCheckpoint},
-		{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", runRestore},
-		{"run", "run a CUDA program with the fast-path library (LD_PRELOAD): run -- CMD [ARGS...]", func(ctx context.Context, cfg *config, args []string) error { return runRun(cfg, args) }},
-		{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", runGPU},
-		{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", runVRAM},
-		{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", runMigrate},
-		{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", runReceive},
-		{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", runToken},
-		{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", runInspect},
-		{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", runVerify},
-		{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", runLs},
-		{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", runRm},
-		{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", runGc},
-		{"version", "print the version", func(ctx context.Context, cfg *config, args []string) error {
-			fmt.Fprintln(cfg.stdout, "gpucr-stream", version)
-			return nil
-		}},
+		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, gpuCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
 	}
 }
 
+// flagGroups are flags that several commands share.
+var flagGroups = map[string][]string{
+	"images": {"images-dir", "shard-fds", "ext-file-fds"},
+	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit"},
+	"decode": {"workers", "memory-limit", "spill-dir"},
+	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel"},
+	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
+	"criu":   {"criu", "work-dir", "criu-opts"},
+}
+
+// globalFlags apply to every command (drivers of criu-image-streamer pass
+// --progress-fd to all of them).
+var globalFlags = []string{"help", "h", "json", "no-progress", "progress-fd"}
+
+// flagNames lists the flags c takes, its own and the global ones.
+func (c command) flagNames() map[string]bool {
+	names := map[string]bool{}
+	for _, f := range globalFlags {
+		names[f] = true
+	}
+	for _, f := range c.flags {
+		if g, ok := strings.CutPrefix(f, "@"); ok {
+			for _, n := range flagGroups[g] {
+				names[n] = true
+			}
+		} else {
+			names[f] = true
+		}
+	}
+	return names
+}
+func lookupCommand(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg := newConfig(stdin, stdout, stderr)
 	fs := cfg.flagSet()
-	// Flags may come before and after the command, as criu-image-streamer
-	// users write `--images-dir DIR capture`.
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
+	// Flags may come before, between and after the command and its
+	// arguments, as criu-image-streamer users write `--images-dir DIR
+	// capture` and others `inspect SRC --json`; after "--" everything is
+	// an argument.
+	var pos, verbatim []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, verbatim = args[:i], args[i+1:]
 	}
-	rest := fs.Args()
-	if cfg.help || len(rest) == 0 {
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return usagef("%v", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	pos = append(pos, verbatim...)
+	if len(pos) == 0 {
 		printHelp(stdout, fs)
 		if cfg.help {
 			return nil
 		}
 		return usagef("no command given")
 	}
-	name := rest[0]
-	if name == "run" {
-		// Everything after `run` belongs to the program.
-		return runRun(cfg, rest[1:])
-	}
-	if err := fs.Parse(rest[1:]); err != nil {
-		return usagef("%v", err)
-	}
-	// Flags may also come between and after the command's arguments
-	// (`gpu state --pid N`, `inspect SRC --json`).
-	var pos []string
-	for more := fs.Args(); len(more) > 0; more = fs.Args() {
-		pos = append(pos, more[0])
-		if err := fs.Parse(more[1:]); err != nil {
-			return usagef("%v", err)
-		}
+	c, ok := lookupCommand(pos[0])
+	if !ok {
+		return usagef("unknown command %q", pos[0])
 	}
 	if cfg.help {
-		printHelp(stdout, fs)
+		printCommandHelp(stdout, fs, c)
 		return nil
 	}
-	for _, c := range commands() {
-		if c.name == name {
-			if err := cfg.finish(); err != nil {
-				return err
-			}
-			return c.run(ctx, cfg, pos)
-		}
+	err := cfg.finish()
+	if err == nil {
+		err = checkFlags(fs, c)
 	}
-	return usagef("unknown command %q", name)
+	if err == nil {
+		err = c.run(ctx, cfg, pos[1:])
+	}
+	if isUsage(err) {
+		return commandError{c.name, err}
+	}
+	return err
+}
+
+// commandError names the command whose help a usage error points to.
+type commandError struct {
+	cmd string
+	err error
+}
+
+func (e commandError) Error() string { return e.err.Error() }
+func (e commandError) Unwrap() error { return e.err }
+
+// checkFlags refuses a flag that another command takes: `ls DIR --pid 42`
+// must not list DIR as if nothing was said.
+func checkFlags(fs *flag.FlagSet, c command) error {
+	allowed := c.flagNames()
+	var stray []string
+	fs.Visit(func(f *flag.Flag) {
+		if !allowed[f.Name] {
+			stray = append(stray, "--"+f.Name)
+		}
+	})
+	if len(stray) > 0 {
+		return usagef("%s does not take %s", c.name, strings.Join(stray, ", "))
+	}
+	return nil
 }

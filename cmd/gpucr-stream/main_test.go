@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 func TestParseSize(t *testing.T) {
@@ -38,9 +39,9 @@ func TestExitCodes(t *testing.T) {
 		{nil, exitOK},
 		{errors.New("disk full"), exitFailure},
 		{usagef("bad flag"), exitUsage},
-		{fmt.Errorf("serve: %w", manifest.ErrCorrupt), exitCorrupt},
+		{fmt.Errorf("serve: %w", errdefs.ErrCorrupt), exitCorrupt},
 		{fmt.Errorf("x: %w", manifest.ErrNewerVersion), exitVersion},
-		{fmt.Errorf("x: %w", streamer.ErrNotExist), exitNotFound},
+		{fmt.Errorf("x: %w", errdefs.ErrNotFound), exitNotFound},
 		{context.Canceled, exitInterrupted},
 	}
 	for _, tc := range tests {
@@ -99,5 +100,62 @@ func TestHelpNamesEnv(t *testing.T) {
 		if !strings.Contains(out.String(), "$"+envName(name)) {
 			t.Errorf("help does not name $%s", envName(name))
 		}
+	}
+}
+
+// Every command's flags exist, and every flag belongs to some command.
+func TestCommandFlagsExist(t *testing.T) {
+	fs := newConfig(nil, nil, nil).flagSet()
+	used := map[string]bool{}
+	for _, c := range commands() {
+		for n := range c.flagNames() {
+			if fs.Lookup(n) == nil {
+				t.Errorf("%s names flag --%s, which does not exist", c.name, n)
+			}
+			used[n] = true
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !used[f.Name] {
+			t.Errorf("flag --%s belongs to no command", f.Name)
+		}
+	})
+}
+
+// Each command owns its flags: one another command takes is refused
+// (exit 2, naming it), and COMMAND --help lists that command's flags only.
+func TestCommandFlags(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		args    []string
+		code    int
+		stdout  string
+		notOut  string
+		errText string
+	}{
+		{[]string{"ls", dir, "--pid", "42", "--streams", "3"}, exitUsage, "", "", "ls does not take --pid, --streams"},
+		{[]string{"--pid", "42", "token"}, exitUsage, "", "", "token does not take --pid"},
+		{[]string{"ls", "--help"}, exitOK, "--s3-endpoint", "--pid", ""},
+		{[]string{"capture", "--help"}, exitOK, "--images-dir", "--older-than", ""},
+		{[]string{"--help", "gc"}, exitOK, "--older-than", "--codec", ""},
+		{[]string{"version", "--json"}, exitOK, "gpucr-stream", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), tc.args, strings.NewReader(""), &out, &errOut)
+			if got := exitCode(err, false); got != tc.code {
+				t.Fatalf("exit %d (%v), want %d", got, err, tc.code)
+			}
+			if !strings.Contains(out.String(), tc.stdout) {
+				t.Errorf("stdout lacks %q: %s", tc.stdout, out.String())
+			}
+			if tc.notOut != "" && strings.Contains(out.String(), tc.notOut) {
+				t.Errorf("stdout has %q: %s", tc.notOut, out.String())
+			}
+			if tc.errText != "" && (err == nil || !strings.Contains(err.Error(), tc.errText)) {
+				t.Errorf("error %v lacks %q", err, tc.errText)
+			}
+		})
 	}
 }

@@ -7,9 +7,8 @@ import (
 	"time"
 
 	pb "github.com/cheggaaa/pb/v3"
+	"github.com/gpucr/gpucr-stream/checkpoint"
 	"golang.org/x/sys/unix"
-
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // bar draws a progress bar on a terminal stderr from live counters; on
@@ -26,8 +25,9 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-func startProgress(cfg *config, what string, c *streamer.Counters, total int64) *bar {
+func startProgress(cfg *config, p checkpoint.Progress) *bar {
 	b := &bar{}
+	what, c, total := p.What, p.Counters, p.Total
 	errFile, ok := cfg.stderr.(*os.File)
 	if c == nil || cfg.noProgress || cfg.jsonOut || !ok || !isTerminal(errFile) {
 		return b
@@ -36,7 +36,7 @@ func startProgress(cfg *config, what string, c *streamer.Counters, total int64) 
 	if total > 0 {
 		tmpl = `{{string . "what"}} {{bar . }} {{percent . }} {{speed . }}{{string . "extra"}}`
 	}
-	uploaded := cfg.uploaded
+	uploaded := p.Uploaded
 	b.pb = pb.New64(total).SetTemplateString(tmpl).Set(pb.Bytes, true).SetWriter(errFile).Set("what", what)
 	b.pb.Start()
 	b.update = func() {

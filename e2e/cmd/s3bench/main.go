@@ -43,10 +43,8 @@ import (
 	"syscall"
 	"time"
 
-	imgstreamer "github.com/checkpoint-restore/go-criu/v7/crit/images/img-streamer"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr-stream/capture"
 )
@@ -107,7 +105,7 @@ func put(args []string) error {
 	threads := fs.Uint("threads", 4, "parts in flight")
 	fs.Parse(args)
 	if *bucket == "" || *key == "" || fs.NArg() == 0 {
-		return errors.New("put -bucket B -key K FILE...")
+		return errors.New("usage: put -bucket B -key K FILE [FILE]")
 	}
 	c, err := client()
 	if err != nil {
@@ -254,13 +252,48 @@ func read(args []string) error {
 	list := fs.String("files", "", "an images dir whose .img files to request, or a file of names, one a line")
 	fs.Parse(args)
 	if *imagesDir == "" || fs.NArg() == 0 {
-		return errors.New("read -images-dir B -files IMGDIR -- SERVE-COMMAND...")
+		return errors.New("usage: read -images-dir B -files IMGDIR -- SERVE-COMMAND [ARG]")
 	}
+	names, err := requestOrder(*list)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	cmd := exec.Command(fs.Arg(0), fs.Args()[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	conn, err := dialServe(filepath.Join(*imagesDir, capture.ServeSocket), start)
+	if err != nil {
+		cmd.Process.Kill()
+		return err
+	}
+	listening := time.Since(start)
+	t, err := pullAll(conn, names, start)
+	conn.Close()
+	if err != nil {
+		cmd.Process.Kill()
+		return err
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"files": len(names), "bytes": t.total, "seconds": time.Since(start).Seconds(),
+		"listening_s": listening.Seconds(), "first_page_byte_s": t.firstPage.Seconds(),
+		"first_page_byte_after_request_s": (t.firstPage - t.pagesRequested).Seconds(),
+	})
+}
+
+// requestOrder lists the files to request in CRIU's restore order:
+// inventory.img first, pages last (CRIU reads them while restoring memory).
+func requestOrder(list string) ([]string, error) {
 	var names []string
-	if st, err := os.Stat(*list); err == nil && st.Mode().IsRegular() {
-		b, err := os.ReadFile(*list)
+	if st, err := os.Stat(list); err == nil && st.Mode().IsRegular() {
+		b, err := os.ReadFile(list)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, n := range strings.Fields(string(b)) {
 			if n != "inventory.img" {
@@ -268,9 +301,9 @@ func read(args []string) error {
 			}
 		}
 	} else {
-		ents, err := os.ReadDir(*list)
+		ents, err := os.ReadDir(list)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, e := range ents {
 			if n := e.Name(); strings.HasSuffix(n, ".img") && n != "inventory.img" {
@@ -278,7 +311,6 @@ func read(args []string) error {
 			}
 		}
 	}
-	// Pages last: CRIU reads them while restoring memory, after the rest.
 	sort.Slice(names, func(i, j int) bool {
 		pi, pj := strings.HasPrefix(names[i], "pages-"), strings.HasPrefix(names[j], "pages-")
 		if pi != pj {
@@ -286,113 +318,84 @@ func read(args []string) error {
 		}
 		return names[i] < names[j]
 	})
-	names = append([]string{"inventory.img"}, names...)
+	return append([]string{"inventory.img"}, names...), nil
+}
 
-	start := time.Now()
-	cmd := exec.Command(fs.Arg(0), fs.Args()[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	sock := filepath.Join(*imagesDir, capture.ServeSocket)
+// dialServe waits for the serve socket and connects. The socket file
+// appears at bind, a moment before listen: a dial in between is refused.
+func dialServe(sock string, start time.Time) (*net.UnixConn, error) {
 	for {
 		if _, err := os.Stat(sock); err == nil {
 			break
 		}
 		if time.Since(start) > time.Minute {
-			cmd.Process.Kill()
-			return fmt.Errorf("no serve socket at %s", sock)
+			return nil, fmt.Errorf("no serve socket at %s", sock)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	listening := time.Since(start)
-	// The socket file appears at bind, a moment before listen: a dial in
-	// between is refused.
-	var raw net.Conn
-	var err error
 	for {
-		raw, err = net.Dial("unix", sock)
-		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Minute {
-			break
+		raw, err := net.Dial("unix", sock)
+		if err == nil {
+			return raw.(*net.UnixConn), nil
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Minute {
+			return nil, err
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if err != nil {
-		cmd.Process.Kill()
-		return err
-	}
-	conn := raw.(*net.UnixConn)
-	var total int64
-	var firstPage, pagesRequested time.Duration
+}
+
+type pullTimes struct {
+	total                     int64
+	firstPage, pagesRequested time.Duration
+}
+
+// pullAll requests every file as CRIU would and reads it to the end.
+func pullAll(conn *net.UnixConn, names []string, start time.Time) (pullTimes, error) {
+	var t pullTimes
+	buf := make([]byte, 1<<20)
 	for _, n := range names {
 		req, err := capture.EncodeRequest(n)
 		if err != nil {
-			return err
+			return t, err
 		}
-		if strings.HasPrefix(n, "pages-") && pagesRequested == 0 {
-			pagesRequested = time.Since(start)
+		pages := strings.HasPrefix(n, "pages-")
+		if pages && t.pagesRequested == 0 {
+			t.pagesRequested = time.Since(start)
 		}
 		if _, err := conn.Write(req); err != nil {
-			return err
+			return t, err
 		}
-		ok, err := readReply(conn)
+		ok, err := capture.ReadReply(conn)
 		if err != nil {
-			return fmt.Errorf("%s: %w", n, err)
+			return t, fmt.Errorf("%s: %w", n, err)
 		}
 		if !ok {
-			return fmt.Errorf("%s: serve says it does not exist", n)
+			return t, fmt.Errorf("%s: serve says it does not exist", n)
 		}
 		pr, pw, err := os.Pipe()
 		if err != nil {
-			return err
+			return t, err
 		}
 		if err := capture.SendPipe(conn, pw); err != nil {
-			return err
+			return t, err
 		}
 		pw.Close()
-		buf := make([]byte, 1<<20)
-		first := true
 		for {
 			k, err := pr.Read(buf)
-			if k > 0 && first && strings.HasPrefix(n, "pages-") && firstPage == 0 {
-				firstPage = time.Since(start)
+			if k > 0 && pages && t.firstPage == 0 {
+				t.firstPage = time.Since(start)
 			}
-			if k > 0 {
-				first = false
-			}
-			total += int64(k)
-			if err == io.EOF {
+			t.total += int64(k)
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", n, err)
+				pr.Close()
+				return t, fmt.Errorf("%s: %w", n, err)
 			}
 		}
 		pr.Close()
 	}
-	conn.Close()
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"files": len(names), "bytes": total, "seconds": time.Since(start).Seconds(),
-		"listening_s": listening.Seconds(), "first_page_byte_s": firstPage.Seconds(),
-		"first_page_byte_after_request_s": (firstPage - pagesRequested).Seconds(),
-	})
-}
-
-func readReply(conn *net.UnixConn) (bool, error) {
-	var l [4]byte
-	if _, err := io.ReadFull(conn, l[:]); err != nil {
-		return false, err
-	}
-	b := make([]byte, binary.LittleEndian.Uint32(l[:]))
-	if _, err := io.ReadFull(conn, b); err != nil {
-		return false, err
-	}
-	var rep imgstreamer.ImgStreamerReplyEntry
-	if err := proto.Unmarshal(b, &rep); err != nil {
-		return false, err
-	}
-	return rep.GetExists(), nil
+	return t, nil
 }

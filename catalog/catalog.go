@@ -1,0 +1,180 @@
+// Package catalog manages the checkpoints under a location (a local
+// directory or an S3 prefix): List the complete ones, Remove one, GC what
+// unfinished captures left. It works on any store.Store; what only some
+// backends have (temporary files, incomplete uploads, directories) it
+// reaches through small interfaces.
+//
+// A checkpoint is a prefix holding segment objects (manifest.SegmentName)
+// and, once complete, manifest.ManifestName.
+package catalog
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// Backend-specific extras, found on the store by interface.
+type (
+	// tempRemover is a store whose dead writers leave temporary files that
+	// no listing shows (store/dir).
+	tempRemover interface {
+		RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (int, error)
+	}
+	// incompleteRemover is a store whose dead writers leave uploads that
+	// no listing shows (store/s3's multipart uploads).
+	incompleteRemover interface {
+		RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration) (int, error)
+	}
+	// dirRemover is a store that keeps directories its objects leave
+	// empty (store/dir).
+	dirRemover interface {
+		RemoveEmptyDirs(prefixes ...string)
+	}
+)
+
+// parallel is how many objects are read or deleted at once.
+const parallel = 8
+
+// Entry is one complete checkpoint.
+type Entry struct {
+	Name        string    `json:"name"`
+	Location    string    `json:"location"`
+	Created     time.Time `json:"created,omitzero"`
+	Host        string    `json:"host,omitempty"`
+	Tool        string    `json:"tool,omitempty"`
+	CRIU        string    `json:"criu_version,omitempty"`
+	ID          string    `json:"id,omitempty"`
+	Files       int       `json:"files"`
+	Segments    int       `json:"segments"`
+	RawBytes    int64     `json:"raw_bytes"`
+	StoredBytes int64     `json:"stored_bytes"` // bytes in storage: segments and manifest
+	Ratio       float64   `json:"ratio"`
+	// Error says why the manifest could not be read.
+	Error string `json:"error,omitempty"`
+}
+
+// Join names a checkpoint under a location, for messages and results.
+func Join(where, name string) string {
+	where = strings.TrimRight(where, "/")
+	if name == "" {
+		return where
+	}
+	return where + "/" + name
+}
+
+// List returns the complete checkpoints in st, oldest first; where names
+// st's location in the entries.
+func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
+	objs, err := st.List(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	var complete []*group
+	for _, g := range groups(objs) {
+		if g.manifest != nil {
+			complete = append(complete, g)
+		}
+	}
+	entries := make([]Entry, len(complete))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	for i, g := range complete {
+		name := strings.TrimSuffix(g.prefix, "/")
+		entries[i] = Entry{Name: name, Location: Join(where, name), StoredBytes: g.bytes, Segments: len(g.segments)}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			entries[i].read(ctx, store.Sub(st, g.prefix))
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sort.SliceStable(entries, func(i, j int) bool {
+		if !entries[i].Created.Equal(entries[j].Created) {
+			return entries[i].Created.Before(entries[j].Created)
+		}
+		return entries[i].Name < entries[j].Name
+	})
+	return entries, nil
+}
+
+// read fills e from its manifest.
+func (e *Entry) read(ctx context.Context, st store.Store) {
+	m, err := streamer.ReadManifest(ctx, st)
+	if err != nil {
+		e.Error = err.Error()
+		return
+	}
+	e.Created, e.Host, e.Tool, e.CRIU, e.ID = m.Created, m.Host, m.Tool, m.CRIUVersion, m.ID
+	e.Files, e.Segments, e.RawBytes = len(m.Files), len(m.Segments), m.Stats.RawBytes
+	if e.StoredBytes > 0 {
+		e.Ratio = float64(e.RawBytes) / float64(e.StoredBytes)
+	}
+}
+
+// checkpointPrefix splits an object name into its checkpoint's prefix
+// ("" or "a/b/"), for manifests and segments; ok is false for other
+// objects.
+func checkpointPrefix(name string) (prefix string, ok bool, isManifest bool) {
+	if name == manifest.ManifestName {
+		return "", true, true
+	}
+	if strings.HasSuffix(name, "/"+manifest.ManifestName) {
+		return strings.TrimSuffix(name, manifest.ManifestName), true, true
+	}
+	i := strings.LastIndex(name, manifest.SegmentPrefix)
+	if i < 0 || (i > 0 && name[i-1] != '/') || !manifest.IsSegmentName(name[i:]) {
+		return "", false, false
+	}
+	return name[:i], true, false
+}
+
+// group is one checkpoint's objects.
+type group struct {
+	prefix   string
+	manifest *store.ObjectInfo
+	segments []store.ObjectInfo
+	newest   time.Time
+	bytes    int64
+}
+
+// groups sorts a listing into checkpoints.
+func groups(objs []store.ObjectInfo) []*group {
+	byPrefix := map[string]*group{}
+	var out []*group
+	for i := range objs {
+		o := &objs[i]
+		p, ok, isMan := checkpointPrefix(o.Name)
+		if !ok {
+			continue
+		}
+		g := byPrefix[p]
+		if g == nil {
+			g = &group{prefix: p}
+			byPrefix[p] = g
+			out = append(out, g)
+		}
+		if isMan {
+			g.manifest = o
+		} else {
+			g.segments = append(g.segments, *o)
+		}
+		g.bytes += o.Size
+		if o.Modified.After(g.newest) {
+			g.newest = o.Modified
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].prefix < out[j].prefix })
+	return out
+}

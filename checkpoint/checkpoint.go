@@ -1,0 +1,279 @@
+// Package checkpoint is what the commands do, as library calls: checkpoint
+// a process tree into a location and restore it from one (Checkpoint,
+// Restore), move it to another host (Migrate, Receive), and the
+// criu-image-streamer flows that sit beside a CRIU run by someone else
+// (Capture, Serve, Extract). Each takes an Options struct of parsed values
+// and returns a Result with the timed phases; progress reaches the caller
+// through Hooks. The CUDA suspend/undo/resume policy around CRIU lives here
+// too (cuda.go).
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// Phase is one timed step of a checkpoint or restore.
+type Phase struct {
+	Name string  `json:"name"`
+	Secs float64 `json:"seconds"`
+}
+
+// Progress describes work with live counters, for a progress bar.
+type Progress struct {
+	What     string
+	Counters *streamer.Counters
+	// Total is the bytes the work will move when known (0: unknown).
+	Total int64
+	// Uploaded reports the bytes an object store acknowledged; nil where
+	// there is no object store.
+	Uploaded func() int64
+}
+
+// Hooks let the caller follow the work. Any may be nil.
+type Hooks struct {
+	// Progress is called when work with live counters starts; the func it
+	// returns (may be nil) is called once when that work ends.
+	Progress func(Progress) (done func())
+	// Line takes the progress lines criu-image-streamer's users parse:
+	// socket-init, checkpoint-start.
+	Line func(string)
+	// Log takes diagnostic lines.
+	Log func(string)
+}
+
+// progress starts p; the returned func may be called more than once.
+func (h Hooks) progress(p Progress) func() {
+	if h.Progress == nil || p.Counters == nil {
+		return func() {}
+	}
+	done := h.Progress(p)
+	if done == nil {
+		return func() {}
+	}
+	var once sync.Once
+	return func() { once.Do(done) }
+}
+
+func (h Hooks) line(s string) {
+	if h.Line != nil {
+		h.Line(s)
+	}
+}
+
+func (h Hooks) log(s string) {
+	if h.Log != nil {
+		h.Log(s)
+	}
+}
+
+// CRIU is how CRIU runs.
+type CRIU struct {
+	// Path is the criu binary (empty: criu on PATH, then
+	// /opt/gpucr-criu/bin/criu).
+	Path string
+	// WorkDir holds CRIU's images dir, sockets and logs (empty: a new
+	// temporary dir).
+	WorkDir string
+	// Args are extra criu arguments.
+	Args []string
+}
+
+// Options are a checkpoint's.
+type Options struct {
+	// PID is the root of the process tree.
+	PID  int
+	Dest location.Location
+	Open location.Config
+	CRIU CRIU
+	// LeaveRunning keeps the process running after the checkpoint.
+	LeaveRunning bool
+	// Producers is the number of VRAM producers the image waits for.
+	Producers int
+	CUDA      CUDA
+	// Tool is recorded in the manifest ("gpucr-stream VERSION").
+	Tool  string
+	Hooks Hooks
+}
+
+// Result is a committed checkpoint.
+type Result struct {
+	PID         int     `json:"pid"`
+	Destination string  `json:"destination"`
+	Files       int     `json:"files"`
+	RawBytes    int64   `json:"raw_bytes"`
+	StoredBytes int64   `json:"stored_bytes"`
+	Ratio       float64 `json:"ratio"`
+	Phases      []Phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
+	LeftRunning bool    `json:"left_running"`
+	// CUDA processes suspended for the dump, and their GPUs.
+	CUDAPIDs  []int          `json:"cuda_pids,omitempty"`
+	GPUs      []manifest.GPU `json:"gpus,omitempty"`
+	Producers int            `json:"producers,omitempty"`
+}
+
+// Checkpoint dumps the tree of o.PID with CRIU into o.Dest. The manifest is
+// committed before CRIU kills the process; if anything fails before, the
+// process (and its GPU state) runs on.
+func Checkpoint(ctx context.Context, o Options) (*Result, error) {
+	criu, err := capture.FindCRIU(o.CRIU.Path)
+	if err != nil {
+		return nil, err
+	}
+	// The CUDA processes of the tree: their GPU state is moved into host
+	// memory (lock, checkpoint) before CRIU dumps them.
+	cc, err := findCUDA(o.CUDA, o.PID)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
+	}
+	start := time.Now()
+	c, out, err := startCapture(ctx, o.Dest, o.Open)
+	if err != nil {
+		return nil, err
+	}
+	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded})
+	defer done()
+	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu)}
+	phases := cc.queryGPUs(ctx, &meta)
+	ps, err := cc.suspend(o.CUDA.LockTimeout)
+	phases = append(phases, ps...)
+	if err != nil {
+		// Suspend has undone its steps: the process runs on.
+		abortCapture(ctx, c, err)
+		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
+	}
+	m, rep, err := dump(ctx, c, meta, capture.DumpOptions{
+		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
+		ExtraArgs: o.CRIU.Args, Producers: o.Producers,
+	})
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
+	}
+	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
+	if o.LeaveRunning {
+		ps, rerr := cc.resume()
+		phases = append(phases, ps...)
+		if rerr != nil {
+			return nil, fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.PID, o.Dest, rerr)
+		}
+	}
+	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
+		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.cudaPIDs(), GPUs: m.GPUs, Producers: rep.Producers}, nil
+}
+
+// startCapture opens dest and starts the pipeline writing into it.
+func startCapture(ctx context.Context, dest location.Location, lc location.Config) (*streamer.Capture, *location.Output, error) {
+	out, err := location.OpenOutput(ctx, dest, lc)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := streamer.NewCapture(ctx, out, lc.Options)
+	if err != nil {
+		_ = out.Abort(ctx)
+		return nil, nil, err
+	}
+	return c, out, nil
+}
+
+// abortCapture ends a capture that must not commit.
+func abortCapture(ctx context.Context, c *streamer.Capture, cause error) {
+	c.Abort(cause)
+	_, _ = c.Close(ctx, manifest.Manifest{})
+}
+
+// dump runs CRIU into c and commits c, with meta, at CRIU's commit point:
+// the image is durable (or the receiver holds it, verified) before CRIU
+// kills the process; if the commit fails, CRIU resumes it. A dump that
+// never reached the commit point aborts c.
+func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions) (*manifest.Manifest, capture.DumpReport, error) {
+	var m *manifest.Manifest
+	var closed bool
+	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
+		closed = true
+		var err error
+		m, err = c.Close(ctx, meta)
+		return err
+	}
+	rep, err := capture.Dump(ctx, o, c)
+	if !closed {
+		abortCapture(ctx, c, errors.New("checkpoint did not complete"))
+	}
+	return m, rep, err
+}
+
+// RestoreOptions are a restore's.
+type RestoreOptions struct {
+	Src       location.Location
+	Open      location.Config
+	CRIU      CRIU
+	Producers int
+	CUDA      CUDA
+	GPUMap    GPUMap
+	Hooks     Hooks
+}
+
+// RestoreResult is a restored process tree.
+type RestoreResult struct {
+	PID       int     `json:"pid"`
+	Source    string  `json:"source"`
+	Files     int     `json:"files"`
+	Bytes     int64   `json:"bytes"`
+	Phases    []Phase `json:"phases"`
+	TotalSecs float64 `json:"total_seconds"`
+	// CUDA processes brought back onto the GPU.
+	CUDAPIDs  []int `json:"cuda_pids,omitempty"`
+	Producers int   `json:"producers,omitempty"`
+}
+
+// Restore restores a checkpoint with CRIU, then brings its CUDA processes
+// back onto the GPU.
+func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
+	criu, err := capture.FindCRIU(o.CRIU.Path)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	src, err := location.OpenSource(ctx, o.Src, o.Open, streamer.StreamOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	counters, total := location.SourceCounters(src)
+	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
+	defer done()
+	var recorded []manifest.GPU
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		recorded = a.Manifest().GPUs
+	}
+	pairs, err := o.GPUMap.For(recorded)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
+		ExtraArgs: o.CRIU.Args, Producers: o.Producers}, src)
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
+	}
+	phases := []Phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}
+	// The restored CUDA processes are still checkpointed: their device
+	// memory is in host memory. Put it back on the GPU and let them run.
+	cudaPIDs, t, err := cudaRestore(o.CUDA, rep.PID, pairs)
+	phases = append(phases, TimingPhases(t)...)
+	if err != nil {
+		return nil, fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", o.Src, rep.PID, err)
+	}
+	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
+}

@@ -1,0 +1,289 @@
+package checkpoint
+
+// The CUDA policy around CRIU: before a dump the CUDA processes of the tree
+// are suspended (lock, then checkpoint: device memory into host memory);
+// a dump that fails after that undoes it (restore, unlock), one that
+// leaves the process running resumes it; after a restore the restored
+// processes are resumed, onto other GPUs where a GPUMap says so.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+// CUDAMode says what to do with the CUDA processes of a tree.
+type CUDAMode string
+
+const (
+	// CUDAAuto suspends and resumes the CUDA processes found.
+	CUDAAuto CUDAMode = "auto"
+	// CUDAOn requires CUDA processes.
+	CUDAOn CUDAMode = "on"
+	// CUDAOff runs plain CRIU.
+	CUDAOff CUDAMode = "off"
+)
+
+// CUDA is the GPU side of a checkpoint or restore.
+type CUDA struct {
+	Mode CUDAMode // "" is CUDAAuto
+	// LockTimeout is how long the lock may wait for GPU work in flight
+	// (0: the driver's default).
+	LockTimeout time.Duration
+	// OpenDriver and FindProcs default to vram.Open and vram.FindCUDA;
+	// tests hand in fakes.
+	OpenDriver func() (vram.Driver, error)
+	FindProcs  func(root int) ([]vram.Usage, []int, error)
+}
+
+func (c CUDA) mode() CUDAMode {
+	if c.Mode == "" {
+		return CUDAAuto
+	}
+	return c.Mode
+}
+
+func (c CUDA) open() (vram.Driver, error) {
+	if c.OpenDriver != nil {
+		return c.OpenDriver()
+	}
+	return vram.Open()
+}
+
+func (c CUDA) find(root int) ([]vram.Usage, []int, error) {
+	if c.FindProcs != nil {
+		return c.FindProcs(root)
+	}
+	return vram.FindCUDA(root)
+}
+
+// cudaCheckpoint is the GPU side of one checkpoint: the CUDA processes of
+// the tree and their suspension.
+type cudaCheckpoint struct {
+	drv  vram.Driver
+	pids []int
+	gpus []vram.GPUInfo
+	sus  *vram.Suspension
+	// driverVersion is the CUDA version of the driver ("13.0").
+	driverVersion string
+}
+
+// findCUDA decides, per c.Mode, which processes of root's tree have GPU
+// state to suspend. nil without any (or with CUDAOff).
+func findCUDA(c CUDA, root int) (*cudaCheckpoint, error) {
+	if c.mode() == CUDAOff {
+		return nil, nil
+	}
+	found, _, err := c.find(root)
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 && c.mode() == CUDAAuto {
+		return nil, nil
+	}
+	drv, err := c.open()
+	if err != nil {
+		if len(found) > 0 {
+			return nil, fmt.Errorf("processes %v of the tree use CUDA, but the driver cannot be used: %w (--cuda off dumps without the GPU step, which CRIU refuses for a process holding the GPU)", vram.PIDs(found), err)
+		}
+		return nil, fmt.Errorf("--cuda on: %w", err)
+	}
+	cc := &cudaCheckpoint{drv: drv}
+	if v, err := drv.Version(); err == nil {
+		cc.driverVersion = vram.VersionString(v)
+	}
+	for _, u := range found {
+		if u.DeviceFDs == 0 {
+			// libcuda loaded but no GPU open: either never initialised
+			// (nothing to do) or already checkpointed (Suspend leaves it).
+			if _, err := drv.State(u.PID); err != nil {
+				continue
+			}
+		}
+		cc.pids = append(cc.pids, u.PID)
+	}
+	if len(cc.pids) == 0 {
+		if c.mode() == CUDAOn {
+			return nil, fmt.Errorf("--cuda on: no CUDA process in the tree of %d", root)
+		}
+		return nil, nil
+	}
+	return cc, nil
+}
+
+// manifestGPUs turns what nvidia-smi said into manifest records.
+func (cc *cudaCheckpoint) manifestGPUs() []manifest.GPU {
+	if cc == nil {
+		return nil
+	}
+	var out []manifest.GPU
+	for _, g := range cc.gpus {
+		d := g.Driver
+		if cc.driverVersion != "" {
+			if d != "" {
+				d += " (CUDA " + cc.driverVersion + ")"
+			} else {
+				d = "CUDA " + cc.driverVersion
+			}
+		}
+		out = append(out, manifest.GPU{UUID: g.UUID, Name: g.Name, Driver: d, PID: g.PID, Bytes: g.Bytes})
+	}
+	if len(out) == 0 {
+		for _, pid := range cc.pids {
+			out = append(out, manifest.GPU{Driver: "CUDA " + cc.driverVersion, PID: pid})
+		}
+	}
+	return out
+}
+
+// queryGPUs records the GPUs of cc's processes in meta. A nil cc (no CUDA
+// process) does nothing.
+func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest) []Phase {
+	if cc == nil {
+		return nil
+	}
+	// Ask nvidia-smi while the processes still hold the GPU.
+	q := time.Now()
+	cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+	meta.GPUs = cc.manifestGPUs()
+	return []Phase{{"gpu query (nvidia-smi)", time.Since(q).Seconds()}}
+}
+
+// suspend moves the GPU state of cc's processes into host memory (lock,
+// then checkpoint), so that CRIU can dump them. On failure Suspend has
+// undone its steps: the processes run on.
+func (cc *cudaCheckpoint) suspend(lockTimeout time.Duration) ([]Phase, error) {
+	if cc == nil {
+		return nil, nil
+	}
+	var err error
+	cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
+	return TimingPhases(cc.sus.Timings), err
+}
+
+// undo is for a dump that failed after suspend: CRIU resumed the process
+// (or never stopped it), so its GPU state must come back too. It returns
+// cause, saying whether that worked.
+func (cc *cudaCheckpoint) undo(cause error) error {
+	if cc == nil {
+		return cause
+	}
+	return errGPUUndone(cause, cc.pids, cc.sus.Resume(nil))
+}
+
+// resume puts the GPU state back after a committed dump that left the
+// process running, and times the driver steps.
+func (cc *cudaCheckpoint) resume() ([]Phase, error) {
+	if cc == nil {
+		return nil, nil
+	}
+	before := cc.sus.Timings
+	err := cc.sus.Resume(nil)
+	t := cc.sus.Timings
+	return TimingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock}), err
+}
+
+// cudaPIDs are the suspended CUDA processes (nil without any).
+func (cc *cudaCheckpoint) cudaPIDs() []int {
+	if cc == nil {
+		return nil
+	}
+	return cc.pids
+}
+
+// cudaRestore finds the CUDA processes of a restored tree and brings them
+// back onto the GPU. It returns the pids it resumed.
+func cudaRestore(c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
+	var t vram.Timings
+	if c.mode() == CUDAOff {
+		return nil, t, nil
+	}
+	found, _, err := c.find(root)
+	if err != nil {
+		return nil, t, err
+	}
+	if len(found) == 0 {
+		if c.mode() == CUDAOn {
+			return nil, t, fmt.Errorf("--cuda on: no CUDA process in the restored tree of %d", root)
+		}
+		return nil, t, nil
+	}
+	drv, err := c.open()
+	if err != nil {
+		return nil, t, fmt.Errorf("restored processes %v use CUDA, but the driver cannot be used: %w; they stay suspended (checkpointed) until `gpucr-stream gpu resume --pid PID` succeeds", vram.PIDs(found), err)
+	}
+	var pids []int
+	for _, u := range found {
+		if _, err := drv.State(u.PID); err == nil {
+			pids = append(pids, u.PID)
+		} else if u.DeviceFDs > 0 {
+			return nil, t, err
+		}
+	}
+	resumed, t, err := vram.ResumeRestored(drv, pids, pairs)
+	if err != nil {
+		return resumed, t, fmt.Errorf("%w; the restored process stays suspended: retry with `gpucr-stream gpu resume --pid PID`", err)
+	}
+	if c.mode() == CUDAOn && len(resumed) == 0 {
+		return nil, t, fmt.Errorf("--cuda on: no restored process was checkpointed on the GPU")
+	}
+	return resumed, t, nil
+}
+
+// GPUMap moves GPU state to other GPUs on restore: explicit pairs, or the
+// checkpoint's one GPU, whichever it is, to AllTo.
+type GPUMap struct {
+	Pairs []vram.GPUPair
+	All   bool
+	AllTo vram.UUID
+}
+
+// For resolves m against the GPUs a checkpoint records. A map that does
+// not fit them is an error wrapping errdefs.ErrUsage.
+func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
+	if !m.All {
+		return m.Pairs, nil
+	}
+	uuids := map[string]bool{}
+	for _, g := range gpus {
+		if g.UUID != "" {
+			uuids[g.UUID] = true
+		}
+	}
+	if len(uuids) != 1 {
+		return nil, errdefs.Usagef("--gpu-map all=%s: the checkpoint records %d GPUs; name each OLD_UUID", m.AllTo, len(uuids))
+	}
+	var pairs []vram.GPUPair
+	for u := range uuids {
+		old, err := vram.ParseUUID(u)
+		if err != nil {
+			return nil, errdefs.Usagef("--gpu-map: %v", err)
+		}
+		pairs = append(pairs, vram.GPUPair{Old: old, New: m.AllTo})
+	}
+	return pairs, nil
+}
+
+// TimingPhases lists the non-zero driver steps.
+func TimingPhases(t vram.Timings) []Phase {
+	var ps []Phase
+	for _, p := range []Phase{{"gpu lock", t.Lock.Seconds()}, {"gpu checkpoint", t.Checkpoint.Seconds()},
+		{"gpu restore", t.Restore.Seconds()}, {"gpu unlock", t.Unlock.Seconds()}} {
+		if p.Secs > 0 {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// errGPUUndone explains a checkpoint that failed after the GPU step.
+func errGPUUndone(cause error, pids []int, undoErr error) error {
+	if undoErr != nil {
+		return fmt.Errorf("%w; undoing the GPU step of %v failed too: %v", cause, pids, undoErr)
+	}
+	return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, pids)
+}

@@ -1,0 +1,312 @@
+package checkpoint
+
+// Migrate, the sender's state machine: dial the receiver, suspend the GPU
+// state, dump with CRIU straight into the connection (and a local copy),
+// commit once the receiver has verified the whole image, wait until the
+// source is gone, confirm, and wait for the receiver's restore. Until the
+// commit a failure leaves the process running here; after it, the local
+// copy is what is not lost.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+)
+
+// MigrateOptions are a migration's.
+type MigrateOptions struct {
+	PID int
+	// Dest is the receiver, tcp://HOST:PORT.
+	Dest location.Location
+	TCP  location.TCPConfig
+	// Stream are the pipeline's options.
+	Stream       streamer.Options
+	CRIU         CRIU
+	LeaveRunning bool
+	// KeepDir is where the image is kept until the receiver confirms the
+	// restore (empty: $TMPDIR); NoKeep keeps no copy.
+	KeepDir string
+	NoKeep  bool
+	CUDA    CUDA
+	Tool    string
+	Hooks   Hooks
+}
+
+// MigrateResult is a migration's outcome.
+type MigrateResult struct {
+	PID          int     `json:"pid"`
+	RestoredPID  int     `json:"restored_pid,omitempty"`
+	Destination  string  `json:"destination"`
+	Session      string  `json:"session"`
+	Streams      int     `json:"streams"`
+	Files        int     `json:"files"`
+	RawBytes     int64   `json:"raw_bytes"`
+	StoredBytes  int64   `json:"stored_bytes"`
+	StreamBytes  int64   `json:"stream_bytes"`
+	WireBytes    int64   `json:"wire_bytes"`
+	WireRatio    float64 `json:"wire_ratio"`
+	DowntimeSecs float64 `json:"downtime_seconds"`
+	// DowntimeTo says where the downtime ends: "restored" (the receiver
+	// reported the restored PID) or "dumped" (the receiver does not restore).
+	DowntimeTo  string  `json:"downtime_to"`
+	Phases      []Phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
+	LeftRunning bool    `json:"left_running"`
+	KeptImage   string  `json:"kept_image,omitempty"`
+	// CUDA processes suspended for the dump, and their GPUs.
+	CUDAPIDs []int          `json:"cuda_pids,omitempty"`
+	GPUs     []manifest.GPU `json:"gpus,omitempty"`
+}
+
+// migration is one Migrate in progress.
+type migration struct {
+	o      MigrateOptions
+	criu   string
+	tree   []int
+	cc     *cudaCheckpoint
+	out    *tcp.Output
+	info   tcp.ReceiverInfo
+	output streamer.Output // out, or out and the local copy
+	keep   *os.File
+	man    *manifest.Manifest
+	gpuErr error // resuming the source's GPU state failed (LeaveRunning)
+	res    MigrateResult
+
+	start, dumpStart, dumped time.Time
+}
+
+// Migrate moves the tree of o.PID to the receiver at o.Dest.
+func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
+	m, err := startMigration(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer m.out.Close()
+	if err := m.openKeep(); err != nil {
+		return nil, err
+	}
+	defer m.closeKeep()
+	if err := m.dump(ctx); err != nil {
+		return nil, err
+	}
+	if err := m.handOver(ctx); err != nil {
+		return nil, err
+	}
+	return m.finish()
+}
+
+// startMigration finds what to move and dials the receiver; nothing has
+// touched the process yet.
+func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
+	criu, err := capture.FindCRIU(o.CRIU.Path)
+	if err != nil {
+		return nil, err
+	}
+	tree, err := proc.Tree(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	// The CUDA processes of the tree: their GPU state is moved into host
+	// memory (lock, checkpoint) before CRIU dumps them, as for checkpoint.
+	cc, err := findCUDA(o.CUDA, o.PID)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
+	start := time.Now()
+	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams})
+	if err != nil {
+		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
+	m := &migration{o: o, criu: criu, tree: tree, cc: cc, out: out, info: out.Receiver(), output: out, start: start}
+	m.res = MigrateResult{PID: o.PID, Destination: o.Dest.String(), Session: out.Session(), Streams: o.TCP.Streams, LeftRunning: o.LeaveRunning}
+	return m, nil
+}
+
+// openKeep starts the local copy: unless the process is left running, a
+// copy of the image stays here until the receiver confirms the restore,
+// so that whatever happens there after the source is killed, the process
+// is not lost.
+func (m *migration) openKeep() error {
+	if m.o.LeaveRunning || m.o.NoKeep {
+		return nil
+	}
+	dir := m.o.KeepDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	keep, err := os.CreateTemp(dir, fmt.Sprintf("gpucr-migrate-%d-%s-*.stream", m.o.PID, m.out.Session()))
+	if err != nil {
+		m.out.Cancel("sender could not create its local copy")
+		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)
+	}
+	m.keep = keep
+	keepOut, err := streamer.NewStreamOutput([]io.Writer{keep})
+	if err != nil {
+		m.dropKeep()
+		return err
+	}
+	m.output = streamer.TeeOutput{Primary: m.out, Copy: keepOut}
+	return nil
+}
+
+// closeKeep closes the local copy's file, which stays.
+func (m *migration) closeKeep() {
+	if m.keep != nil {
+		m.keep.Close()
+	}
+}
+
+// dropKeep removes the local copy.
+func (m *migration) dropKeep() {
+	if m.keep != nil {
+		m.keep.Close()
+		os.Remove(m.keep.Name())
+		m.keep = nil
+	}
+}
+
+// dump suspends the GPU state and dumps with CRIU into the connection, up
+// to the commit: the receiver holds the whole image, verified. A failure
+// before that leaves the process running here.
+func (m *migration) dump(ctx context.Context) error {
+	c, err := streamer.NewCapture(ctx, m.output, m.o.Stream)
+	if err != nil {
+		m.out.Cancel("sender failed to start")
+		m.dropKeep()
+		return err
+	}
+	m.out.OnFailure(func(err error) { c.Abort(err) })
+	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters})
+	defer done()
+	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu)}
+	phases := m.cc.queryGPUs(ctx, &meta)
+	// The downtime starts with the GPU lock: CUDA work stops there.
+	m.dumpStart = time.Now()
+	ps, err := m.cc.suspend(m.o.CUDA.LockTimeout)
+	phases = append(phases, ps...)
+	var rep capture.DumpReport
+	if err != nil {
+		// A failed suspend has undone its steps, and CRIU does not run.
+		abortCapture(ctx, c, err)
+	} else {
+		m.man, rep, err = dump(ctx, c, meta, capture.DumpOptions{
+			CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: m.o.LeaveRunning, ExtraArgs: m.o.CRIU.Args,
+		})
+		if err != nil {
+			err = m.cc.undo(err)
+		}
+	}
+	m.dumped = time.Now()
+	done()
+	if err != nil {
+		m.out.Cancel("the checkpoint failed on the sender; the process keeps running there")
+		m.dropKeep()
+		return fmt.Errorf("migrate %d: %w; the process was not migrated and keeps running here", m.o.PID, err)
+	}
+	m.recordDump(phases, rep)
+	return nil
+}
+
+// recordDump notes a committed dump in the result; with LeaveRunning the
+// source runs on at once, GPU included, while the receiver restores its
+// copy.
+func (m *migration) recordDump(phases []Phase, rep capture.DumpReport) {
+	m.res.Phases = append(phases,
+		Phase{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
+		Phase{"receiver verifies (commit)", rep.Commit.Seconds()})
+	if m.o.LeaveRunning {
+		ps, err := m.cc.resume()
+		m.res.Phases = append(m.res.Phases, ps...)
+		if err != nil {
+			m.gpuErr = fmt.Errorf("resuming the GPU state of the source failed: %w (retry with `gpucr-stream gpu resume --pid %d`)", err, m.o.PID)
+		}
+	}
+	if m.keep != nil {
+		m.res.KeptImage = m.keep.Name()
+		m.keep.Close()
+	}
+	m.res.Files, m.res.RawBytes, m.res.StoredBytes = len(m.man.Files), m.man.Stats.RawBytes, m.man.Stats.StoredBytes
+	m.res.CUDAPIDs, m.res.GPUs = m.cc.cudaPIDs(), m.man.GPUs
+	for _, n := range m.out.Sizes() {
+		m.res.StreamBytes += n
+	}
+}
+
+// handOver lets the receiver start the process once the source is gone,
+// and waits for its restore where it restores.
+func (m *migration) handOver(ctx context.Context) error {
+	if !m.o.LeaveRunning {
+		m.waitSourceGone(ctx)
+	}
+	if err := m.out.Confirm(ctx, tcp.CommitInfo{LeftRunning: m.o.LeaveRunning, GPUs: m.man.GPUs}); err != nil {
+		return m.lost(err)
+	}
+	if !m.info.Restores {
+		// The receiver serves an external criu restore and cannot confirm
+		// it; the copy stays (remove it once the process runs there).
+		m.res.DowntimeSecs, m.res.DowntimeTo = m.dumped.Sub(m.dumpStart).Seconds(), "dumped"
+		return nil
+	}
+	committed := time.Now()
+	r, err := m.out.WaitReport(ctx)
+	if err != nil {
+		return m.lost(fmt.Errorf("%w (the receiver may have restored it: check there before using the copy)", err))
+	}
+	if r.Error != "" {
+		return m.lost(fmt.Errorf("restore on the receiver failed: %s", r.Error))
+	}
+	m.res.RestoredPID = r.PID
+	m.res.DowntimeSecs, m.res.DowntimeTo = time.Since(m.dumpStart).Seconds(), "restored"
+	m.res.Phases = append(m.res.Phases, Phase{"restore on the receiver", time.Since(committed).Seconds()})
+	m.dropKeep()
+	m.res.KeptImage = ""
+	return nil
+}
+
+// waitSourceGone waits until CRIU's kill took: only then may the receiver
+// start the process, and where it restores into this PID space (one host,
+// network namespaces) its PIDs must also be free, i.e. reaped.
+func (m *migration) waitSourceGone(ctx context.Context) {
+	gone := time.Now()
+	reaped := m.out.Acked().PIDSpace != "" && m.out.Acked().PIDSpace == proc.Space()
+	if err := proc.WaitGone(ctx, m.tree, reaped, m.o.TCP.Timeout); err != nil {
+		m.o.Hooks.log(fmt.Sprintf("migrate: %v; telling the receiver to restore anyway", err))
+	}
+	m.res.Phases = append(m.res.Phases, Phase{"source process gone", time.Since(gone).Seconds()})
+}
+
+// lost explains a failure after the commit: where the process is now.
+func (m *migration) lost(err error) error {
+	m.res.WireBytes = m.out.WireBytes()
+	pid := m.o.PID
+	switch {
+	case m.o.LeaveRunning && m.gpuErr != nil:
+		return fmt.Errorf("migrate %d: %w; the source process is still here (--leave-running), but %w", pid, err, m.gpuErr)
+	case m.o.LeaveRunning:
+		return fmt.Errorf("migrate %d: %w; the source process is still running here (--leave-running)", pid, err)
+	case m.res.KeptImage != "":
+		return fmt.Errorf("migrate %d: %w; the source process is gone, its image is kept at %s: restore it with `gpucr-stream restore --from %s`", pid, err, m.res.KeptImage, m.res.KeptImage)
+	}
+	return fmt.Errorf("migrate %d: %w; the source process is gone and no copy was kept (--keep-dir none)", pid, err)
+}
+
+func (m *migration) finish() (*MigrateResult, error) {
+	m.res.WireBytes = m.out.WireBytes()
+	if m.res.WireBytes > 0 {
+		m.res.WireRatio = float64(m.res.RawBytes) / float64(m.res.WireBytes)
+	}
+	m.res.TotalSecs = time.Since(m.start).Seconds()
+	if m.gpuErr != nil {
+		return nil, fmt.Errorf("migrate %d: the copy reached %s, but %w", m.o.PID, m.res.Destination, m.gpuErr)
+	}
+	return &m.res, nil
+}

@@ -1,0 +1,218 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+// ReceiveOptions are a receiver's.
+type ReceiveOptions struct {
+	// Listen is HOST:PORT to accept one checkpoint on.
+	Listen string
+	TCP    location.TCPConfig
+	// Stream are the options of the held stream (memory, spill dir).
+	Stream streamer.StreamOptions
+	// Restore restores the checkpoint with CRIU; otherwise it is served
+	// to an external `criu restore --stream -D ImagesDir`.
+	Restore   bool
+	ImagesDir string
+	CRIU      CRIU
+	CUDA      CUDA
+	// GPUMap resolves against the GPUs the sender records.
+	GPUMap GPUMap
+	Hooks  Hooks
+}
+
+// ReceiveResult is what a receiver took and did.
+type ReceiveResult struct {
+	PID         int     `json:"pid,omitempty"`
+	Listen      string  `json:"listen"`
+	Peer        string  `json:"peer,omitempty"`
+	Session     string  `json:"session,omitempty"`
+	Streams     int     `json:"streams,omitempty"`
+	Files       int     `json:"files"`
+	RawBytes    int64   `json:"raw_bytes"`
+	StreamBytes int64   `json:"stream_bytes"`
+	WireBytes   int64   `json:"wire_bytes"`
+	Phases      []Phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
+	LeftRunning bool    `json:"source_left_running,omitempty"`
+	// CUDA processes brought back onto the GPU.
+	CUDAPIDs []int `json:"cuda_pids,omitempty"`
+	// Stats is the statistics line of a served (not restored) checkpoint.
+	Stats *Stats `json:"-"`
+}
+
+// receiver is one Receive in progress.
+type receiver struct {
+	o     ReceiveOptions
+	criu  string
+	src   *tcp.Source
+	start time.Time
+	res   ReceiveResult
+}
+
+// Receive accepts one checkpoint on o.Listen, then restores it (o.Restore)
+// or serves it to CRIU; either way the sender hears how it went.
+func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
+	r := &receiver{o: o}
+	if o.Restore {
+		var err error
+		if r.criu, err = capture.FindCRIU(o.CRIU.Path); err != nil {
+			return nil, err
+		}
+	}
+	r.start = time.Now()
+	l, err := tcp.Listen(ctx, o.Listen, tcp.ListenOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Reports: true, Restores: o.Restore,
+		PIDSpace: proc.Space(), Log: o.Hooks.Log})
+	if err != nil {
+		return nil, err
+	}
+	r.src = tcp.NewSource(ctx, l, o.Stream)
+	defer r.src.Close()
+	o.Hooks.log("receive: listening on " + l.Addr().String())
+	r.res.Listen = l.Addr().String()
+	if o.Restore {
+		err = r.restore(ctx)
+	} else {
+		err = r.serve(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receive: %w", err)
+	}
+	r.res.TotalSecs = time.Since(r.start).Seconds()
+	return &r.res, nil
+}
+
+// fill takes the session's numbers and milestones into the result.
+func (r *receiver) fill() {
+	s := r.src.Session()
+	if s == nil {
+		return
+	}
+	res, src := &r.res, r.src
+	res.Peer, res.Session, res.Streams = s.Peer, s.ID, s.Streams()
+	res.StreamBytes, res.WireBytes = s.StreamBytes(), s.WireBytes()
+	if c := src.Counters(); c != nil {
+		res.Files, res.RawBytes = int(c.Files.Load()), c.RawBytes.Load()
+	}
+	res.Phases = []Phase{{"wait for the sender", src.Accepted.Sub(r.start).Seconds()}}
+	if !src.Verified.IsZero() {
+		res.Phases = append(res.Phases, Phase{"receive + verify", src.Verified.Sub(src.Accepted).Seconds()})
+	}
+	if !src.Committed.IsZero() {
+		res.Phases = append(res.Phases, Phase{"sender commits (source gone)", src.Committed.Sub(src.Verified).Seconds()})
+	}
+}
+
+// report tells the sender how it went; a sender that cannot hear it keeps
+// its copy.
+func (r *receiver) report(rep tcp.Report) {
+	if err := r.src.Report(rep); err != nil {
+		r.o.Hooks.log(fmt.Sprintf("receive: could not report to the sender: %v", err))
+	}
+}
+
+// restore waits for the sender's commit and restores the checkpoint.
+func (r *receiver) restore(ctx context.Context) error {
+	r.o.Hooks.line("socket-init")
+	ci, err := r.src.WaitCommitted(ctx)
+	if err != nil {
+		return err
+	}
+	r.res.LeftRunning = ci.LeftRunning
+	rstart := time.Now()
+	var rep capture.RestoreReport
+	pairs, err := r.o.GPUMap.For(ci.GPUs)
+	if err == nil {
+		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args}, r.src)
+		if err != nil {
+			err = fmt.Errorf("restore: %w", err)
+		}
+	}
+	criuSecs := time.Since(rstart).Seconds()
+	report, cudaPIDs, t, err := finishRestore(r.o.CUDA, rep, err, pairs)
+	report.RestoreSecs = time.Since(rstart).Seconds()
+	r.report(report)
+	if err != nil {
+		return err
+	}
+	r.fill()
+	r.res.PID, r.res.CUDAPIDs = rep.PID, cudaPIDs
+	r.res.Phases = append(r.res.Phases, Phase{"criu restore", criuSecs})
+	r.res.Phases = append(r.res.Phases, TimingPhases(t)...)
+	return nil
+}
+
+// serve serves the checkpoint to an external `criu restore --stream`; a
+// transfer that breaks must end the wait for it too.
+func (r *receiver) serve(ctx context.Context) error {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		select {
+		case <-r.src.Done():
+			if _, err := r.src.WaitCommitted(sctx); err != nil {
+				cancel(err)
+			}
+		case <-sctx.Done():
+		}
+	}()
+	sres, err := capture.Serve(sctx, r.o.ImagesDir, r.src, capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }})
+	if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	cancel(nil)
+	watch.Wait()
+	report := tcp.Report{Served: sres.Served}
+	if err != nil {
+		report.Error = err.Error()
+	}
+	if r.src.Session() != nil {
+		r.report(report)
+	}
+	if err != nil {
+		return err
+	}
+	r.fill()
+	ms := time.Since(r.start).Milliseconds()
+	r.res.Stats = &Stats{Shards: []ShardStats{{Size: r.res.StreamBytes, TransferMillis: ms}},
+		Files: sres.Served, RawBytes: sres.Bytes, StoredBytes: r.res.StreamBytes, DurationMS: ms, Source: "tcp://" + r.res.Listen}
+	return nil
+}
+
+// finishRestore ends a restore once CRIU has restored the tree of rep.PID
+// (err: that, or what came before it, failed). The restored CUDA
+// processes are still checkpointed, their device memory in host memory:
+// it goes back onto the GPU and they run. The report for the sender names
+// the PID only when both steps succeeded; otherwise the sender keeps its
+// copy of the image and says so.
+func finishRestore(c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+	report := tcp.Report{Served: rep.Served}
+	var cudaPIDs []int
+	var t vram.Timings
+	if err == nil {
+		if cudaPIDs, t, err = cudaRestore(c, rep.PID, pairs); err != nil {
+			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)
+		}
+	}
+	if err != nil {
+		report.Error = err.Error()
+		return report, nil, t, err
+	}
+	report.PID = rep.PID
+	return report, cudaPIDs, t, nil
+}

@@ -1,0 +1,229 @@
+package checkpoint
+
+// The criu-image-streamer flows: a capture beside `criu dump --stream`, a
+// serve beside `criu restore --stream`, an extract into a plain images dir.
+// CRIU is run by the caller; these only own the streamer sockets.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// ExtFile is an extra file carried in the stream, read from (capture) or
+// written to (serve, extract) a descriptor.
+type ExtFile struct {
+	Name string
+	FD   int
+}
+
+// ShardStats is one shard's entry of criu-image-streamer's statistics line.
+type ShardStats struct {
+	Size           int64 `json:"size"`
+	TransferMillis int64 `json:"transfer_duration_millis"`
+}
+
+// Stats is criu-image-streamer's statistics line, which scripts parse; the
+// fields after Shards are ours.
+type Stats struct {
+	Shards      []ShardStats `json:"shards"`
+	Files       int          `json:"files"`
+	RawBytes    int64        `json:"raw_bytes"`
+	StoredBytes int64        `json:"stored_bytes"`
+	Ratio       float64      `json:"ratio,omitempty"`
+	DurationMS  int64        `json:"duration_ms"`
+	Destination string       `json:"destination,omitempty"`
+	Source      string       `json:"source,omitempty"`
+}
+
+// StreamOptions are a capture's, serve's or extract's.
+type StreamOptions struct {
+	// ImagesDir is the directory given to criu with -D.
+	ImagesDir string
+	// Loc is the destination (capture) or source (serve, extract).
+	Loc       location.Location
+	Open      location.Config
+	ExtFiles  []ExtFile
+	Producers int
+	// Tool is recorded in the manifest (capture).
+	Tool  string
+	Hooks Hooks
+}
+
+// Capture takes the images of `criu dump --stream -D ImagesDir` (and the
+// ext files, and the VRAM producers') and writes them to o.Loc.
+func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
+	start := time.Now()
+	c, out, err := startCapture(ctx, o.Loc, o.Open)
+	if err != nil {
+		return nil, err
+	}
+	done := o.Hooks.progress(Progress{What: "capture", Counters: &c.Counters, Uploaded: out.Uploaded})
+	defer done()
+	extErr := make(chan error, 1)
+	go func() { extErr <- readExtFiles(o.ExtFiles, c) }()
+	res, err := capture.IntakeWith(ctx, o.ImagesDir, c, capture.IntakeOptions{Hooks: capture.Hooks{
+		Listening: func() { o.Hooks.line("socket-init") },
+		Connected: func() { o.Hooks.line("checkpoint-start") },
+	}, Producers: o.Producers})
+	if eerr := <-extErr; err == nil {
+		err = eerr
+	}
+	if err == nil && !res.Complete {
+		err = errors.New("criu closed the connection without sending inventory.img: the dump did not finish")
+	}
+	if err != nil {
+		abortCapture(ctx, c, err)
+		return nil, fmt.Errorf("capture: %w", err)
+	}
+	m, err := c.Close(ctx, manifest.Manifest{Tool: o.Tool})
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("capture: %w", err)
+	}
+	elapsed := time.Since(start)
+	st := &Stats{Files: len(m.Files), RawBytes: m.Stats.RawBytes, StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(),
+		DurationMS: elapsed.Milliseconds(), Destination: o.Loc.String()}
+	if out.Sizes != nil {
+		for _, n := range out.Sizes() {
+			st.Shards = append(st.Shards, ShardStats{Size: n, TransferMillis: elapsed.Milliseconds()})
+		}
+	} else {
+		for _, s := range m.Segments {
+			st.Shards = append(st.Shards, ShardStats{Size: s.Size, TransferMillis: elapsed.Milliseconds()})
+		}
+	}
+	return st, nil
+}
+
+// readExtFiles copies the external files from their descriptors into c,
+// all at once; it returns the first failure.
+func readExtFiles(files []ExtFile, c *streamer.Capture) error {
+	return eachExtFile(files, func(e ExtFile, f *os.File) error {
+		_, err := c.WriteFile(e.Name, f, true)
+		return err
+	})
+}
+
+// writeExtFiles copies the external files from src to their descriptors.
+func writeExtFiles(ctx context.Context, files []ExtFile, src streamer.Source) error {
+	return eachExtFile(files, func(e ExtFile, f *os.File) error {
+		_, err := src.Copy(ctx, e.Name, f)
+		return err
+	})
+}
+
+func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(files))
+	for _, e := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f := os.NewFile(uintptr(e.FD), "ext file "+e.Name)
+			defer f.Close()
+			if err := fn(e, f); err != nil {
+				errs <- fmt.Errorf("ext file %s (fd %d): %w", e.Name, e.FD, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// Serve serves the images of o.Loc to `criu restore --stream -D
+// ImagesDir`, and the ext files to their descriptors.
+func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	src, err := location.OpenSource(ctx, o.Loc, o.Open, streamer.StreamOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	stream := location.StreamOf(src)
+	var watch sync.WaitGroup
+	counters, total := location.SourceCounters(src)
+	if stream != nil {
+		// A broken stream must stop the wait for CRIU too, so that a restore
+		// started later finds no socket instead of a server that hangs.
+		watch.Add(1)
+		go func() {
+			defer watch.Done()
+			if err := stream.Wait(ctx); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
+	defer done()
+	extErr := make(chan error, 1)
+	go func() { extErr <- writeExtFiles(ctx, o.ExtFiles, src) }()
+	res, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
+		Listening: func() { o.Hooks.line("socket-init") },
+	}, Producers: o.Producers})
+	if err == nil && stream != nil {
+		// CRIU is done; the rest of the stream must still check out.
+		err = stream.Wait(ctx)
+	}
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+		cancel(err)
+	}
+	eerr := <-extErr
+	cancel(nil)
+	watch.Wait()
+	done()
+	if err == nil {
+		err = eerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	ms := time.Since(start).Milliseconds()
+	return &Stats{Shards: []ShardStats{{Size: res.Bytes, TransferMillis: ms}},
+		Files: res.Served, RawBytes: res.Bytes, DurationMS: ms, Source: o.Loc.String()}, nil
+}
+
+// Extract writes the image files of o.Loc into ImagesDir, and the ext
+// files to their descriptors.
+func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
+	start := time.Now()
+	src, err := location.OpenSource(ctx, o.Loc, o.Open, streamer.StreamOptions{ExtractDir: o.ImagesDir})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	var files int
+	var bytes int64
+	if stream := location.StreamOf(src); stream != nil {
+		list, err := stream.Files(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("extract: %w", err)
+		}
+		for _, f := range list {
+			files++
+			bytes += f.Size
+		}
+	} else if files, bytes, err = capture.WriteExtract(ctx, src, o.ImagesDir); err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	if err := writeExtFiles(ctx, o.ExtFiles, src); err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	ms := time.Since(start).Milliseconds()
+	return &Stats{Shards: []ShardStats{{Size: bytes, TransferMillis: ms}},
+		Files: files, RawBytes: bytes, DurationMS: ms, Source: o.Loc.String()}, nil
+}

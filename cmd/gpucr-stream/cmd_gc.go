@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/catalog"
+)
+
+var gcCommand = command{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
+	[]string{"@s3", "older-than", "dry-run"}, runGc}
+
+// parseAge reads --older-than: a Go duration, or a number of days ("7d").
+func parseAge(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(strings.TrimSpace(s), "d"); ok {
+		n, err := strconv.ParseFloat(d, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("bad age %q", s)
+		}
+		return time.Duration(n * 24 * float64(time.Hour)), nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("bad age %q", s)
+	}
+	return d, nil
+}
+
+// runGc removes what unfinished captures left under a location, older
+// than --older-than (catalog.GC).
+func runGc(ctx context.Context, cfg *config, args []string) error {
+	if len(args) != 1 {
+		return usagef("gc takes one LOCATION argument, got %d", len(args))
+	}
+	age, err := parseAge(cfg.olderThan)
+	if err != nil {
+		return usagef("--older-than: %v (want e.g. 30m, 2h, 7d)", err)
+	}
+	st, loc, closeStore, err := storeAt(ctx, cfg, "gc", args)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	res, err := catalog.GC(ctx, st, loc.String(), age, cfg.dryRun)
+	if err != nil {
+		return fmt.Errorf("gc: %w", err)
+	}
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stdout).Encode(res)
+	}
+	v := verb(cfg.dryRun)
+	for _, n := range res.Unfinished {
+		fmt.Fprintf(cfg.stdout, "%s unfinished checkpoint %s\n", v, n)
+	}
+	fmt.Fprintf(cfg.stdout, "gc %s: %s %d unfinished checkpoint(s) (%d objects, %s)", res.Location, v, len(res.Unfinished), res.Objects, humanBytes(res.Bytes))
+	if res.HasUploads {
+		fmt.Fprintf(cfg.stdout, ", aborted %d incomplete upload(s)", res.Uploads)
+	}
+	if res.HasTempFiles {
+		fmt.Fprintf(cfg.stdout, ", %d temporary file(s)", res.TempFiles)
+	}
+	fmt.Fprintln(cfg.stdout)
+	return nil
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", "ACTION",
+	[]string{"pid", "lock-timeout", "gpu-map"}, runGPU}
+
+// runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
+// steps one at a time (checkpoint.GPUStep). Actions: info, state, lock,
+// checkpoint, restore, unlock, suspend, resume.
+func runGPU(ctx context.Context, cfg *config, args []string) error {
+	if len(args) != 1 {
+		return usagef("gpu needs one action: info, state, lock, checkpoint, restore, unlock, suspend, resume")
+	}
+	action := args[0]
+	drv, err := openDriver()
+	if err != nil {
+		return err
+	}
+	if action == "info" {
+		info := checkpoint.GPUInfo(ctx, drv)
+		if cfg.jsonOut {
+			return json.NewEncoder(cfg.stdout).Encode(info)
+		}
+		fmt.Fprintf(cfg.stdout, "CUDA driver %s (%s), process checkpoint API present\n", info.CUDAVersion, info.Library)
+		for _, g := range info.GPUs {
+			fmt.Fprintf(cfg.stdout, "  %s %s driver %s\n", g.UUID, g.Name, g.Driver)
+		}
+		return nil
+	}
+	if cfg.pid <= 0 {
+		return usagef("gpu %s needs --pid PID", action)
+	}
+	timeout, err := cfg.lockTimeoutDur()
+	if err != nil {
+		return err
+	}
+	var pairs []vram.GPUPair
+	if cfg.gpuMap != "" {
+		if pairs, err = vram.ParseGPUMap(cfg.gpuMap); err != nil {
+			return usagef("--gpu-map: %v", err)
+		}
+	}
+	res, err := checkpoint.GPUStep(drv, checkpoint.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
+		Pairs: pairs, FindProcs: findCUDAProcs})
+	if err != nil {
+		return err
+	}
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stdout).Encode(res)
+	}
+	if action == "state" {
+		fmt.Fprintln(cfg.stdout, res.State)
+		return nil
+	}
+	fmt.Fprintf(cfg.stdout, "gpu %s of %d done in %.3fs\n", action, res.PID, res.Seconds)
+	for _, p := range res.Phases {
+		fmt.Fprintf(cfg.stdout, "  %-30s %7.3fs\n", p.Name, p.Secs)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/redact"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
+	[]string{"@s3", "from"}, runInspect}
+
+type inspectResult struct {
+	Source    string               `json:"source"`
+	ID        string               `json:"id,omitempty"`
+	Created   time.Time            `json:"created,omitzero"`
+	Host      string               `json:"host,omitempty"`
+	Tool      string               `json:"tool,omitempty"`
+	CRIU      string               `json:"criu_version,omitempty"`
+	Codec     string               `json:"codec,omitempty"`
+	ChunkSize int                  `json:"chunk_size,omitempty"`
+	Stats     manifest.Stats       `json:"stats"`
+	Ratio     float64              `json:"ratio"`
+	Segments  int                  `json:"segments"`
+	GPUs      []manifest.GPU       `json:"gpus,omitempty"`
+	Labels    map[string]string    `json:"labels,omitempty"`
+	Files     []streamer.FileStats `json:"files"`
+}
+
+func runInspect(ctx context.Context, cfg *config, args []string) error {
+	from, err := srcArg(cfg, "inspect", args)
+	if err != nil {
+		return err
+	}
+	loc, err := parseLoc("inspect", from)
+	if err != nil {
+		return err
+	}
+	m, err := location.ReadManifest(ctx, loc, cfg.locationConfig())
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
+		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels,
+		Files: streamer.DescribeFiles(m)}
+	if cfg.jsonOut {
+		enc := json.NewEncoder(cfg.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	printInspect(cfg.stdout, res)
+	return nil
+}
+
+func printInspect(w io.Writer, r inspectResult) {
+	fmt.Fprintf(w, "checkpoint  %s\n", r.Source)
+	if !r.Created.IsZero() {
+		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
+	}
+	fmt.Fprintf(w, "files       %d, %s raw, %s stored (%.2fx), codec %s, %d segment(s)\n",
+		len(r.Files), humanBytes(r.Stats.RawBytes), humanBytes(r.Stats.StoredBytes), r.Ratio, r.Codec, r.Segments)
+	var names []string
+	for n := range r.Stats.ByCodec {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		s := r.Stats.ByCodec[n]
+		fmt.Fprintf(w, "  %-14s %6d chunks  %10s -> %10s\n", n, s.Chunks, humanBytes(s.RawBytes), humanBytes(s.StoredBytes))
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "SIZE\tSTORED\tRATIO\tCHUNKS\tCODECS\t\tNAME")
+	for _, f := range r.Files {
+		var cs []string
+		for n, k := range f.Codecs {
+			cs = append(cs, fmt.Sprintf("%s:%d", n, k))
+		}
+		sort.Strings(cs)
+		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%d\t%s\t\t%s\n", f.Size, f.StoredBytes, f.Ratio, f.Chunks, strings.Join(cs, ","), manifest.PrintableName(f.Name))
+	}
+	tw.Flush()
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/gpucr/gpucr-stream/catalog"
+	"github.com/gpucr/gpucr-stream/location"
+)
+
+var lsCommand = command{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
+	[]string{"@s3"}, runLs}
+
+// ls, rm and gc manage the checkpoints under a location (s3://BUCKET/PREFIX
+// or a local directory); the work is package catalog.
+
+type (
+	lsEntry  = catalog.Entry
+	gcResult = catalog.GCResult
+)
+
+func runLs(ctx context.Context, cfg *config, args []string) error {
+	st, loc, closeStore, err := storeAt(ctx, cfg, "ls", args)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	entries, err := catalog.List(ctx, st, loc.String())
+	if err != nil {
+		return fmt.Errorf("ls: %w", err)
+	}
+	if cfg.jsonOut {
+		if entries == nil {
+			entries = []lsEntry{}
+		}
+		enc := json.NewEncoder(cfg.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(entries)
+	}
+	printLs(cfg.stdout, cfg.stderr, loc, entries)
+	return nil
+}
+
+func printLs(w, errw io.Writer, loc location.Location, entries []lsEntry) {
+	if len(entries) == 0 {
+		fmt.Fprintf(errw, "no complete checkpoints in %s\n", loc)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCREATED\tRAW\tSTORED\tRATIO\tHOST")
+	for _, e := range entries {
+		name := e.Name
+		if name == "" {
+			name = "."
+		}
+		if e.Error != "" {
+			fmt.Fprintf(tw, "%s\t?\t?\t%s\t?\t?\n", name, humanBytes(e.StoredBytes))
+			fmt.Fprintf(errw, "gpucr-stream: ls: %s: %s\n", e.Location, e.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2fx\t%s\n", name, e.Created.Local().Format("2006-01-02 15:04:05"),
+			humanBytes(e.RawBytes), humanBytes(e.StoredBytes), e.Ratio, e.Host)
+	}
+	tw.Flush()
+}

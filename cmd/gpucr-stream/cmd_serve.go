@@ -1,0 +1,14 @@
+package main
+
+import (
+	"context"
+
+	"github.com/gpucr/gpucr-stream/checkpoint"
+)
+
+var serveCommand = command{"serve", "serve images from --from (default: stdin) to `criu restore --stream -D DIR`", "",
+	[]string{"@images", "@decode", "@s3", "@tcp", "from", "producers"}, runServe}
+
+func runServe(ctx context.Context, cfg *config, args []string) error {
+	return runStream(ctx, cfg, args, "serve", "--from SRC", checkpoint.Serve)
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+)
+
+var vramCommand = command{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
+	[]string{"images-dir"}, runVRAM}
+
+// runVRAM is `gpucr-stream vram push|pull --images-dir DIR NAME FILE|- ...`:
+// the command-line side of the producer protocol (capture.PushFiles,
+// capture.PullFiles) for external VRAM dumpers. push sends files into a
+// running capture or checkpoint (before CRIU's dump ends); pull takes them
+// from a running serve or restore. Several NAME FILE pairs move at once
+// over one connection.
+func runVRAM(ctx context.Context, cfg *config, args []string) error {
+	if len(args) < 3 || (len(args)-1)%2 != 0 {
+		return usagef("vram push|pull --images-dir DIR NAME FILE|- [NAME FILE|- ...]")
+	}
+	action, pairs := args[0], args[1:]
+	transfer := capture.PushFiles
+	switch action {
+	case "push":
+	case "pull":
+		transfer = capture.PullFiles
+	default:
+		return usagef("vram: unknown action %q: want push or pull", action)
+	}
+	if cfg.imagesDir == "" {
+		return usagef("vram %s needs --images-dir DIR (the images dir of the capture or serve)", action)
+	}
+	var files []capture.TransferFile
+	stdio := 0
+	for i := 0; i < len(pairs); i += 2 {
+		if !capture.ValidImageName(pairs[i]) || pairs[i][0] == '.' {
+			return usagef("vram %s: %q is not a file name (one path component, not starting with '.')", action, pairs[i])
+		}
+		if pairs[i+1] == "-" {
+			stdio++
+		}
+		files = append(files, capture.TransferFile{Name: pairs[i], Path: pairs[i+1]})
+	}
+	if stdio > 1 {
+		return usagef("vram %s: only one file may be -", action)
+	}
+	start := time.Now()
+	// The socket appears when the capture (or serve) starts listening: a
+	// producer started beside it waits for it, up to 30 s.
+	total, err := transfer(ctx, capture.TransferOptions{Dir: cfg.imagesDir, Producer: fmt.Sprintf("gpucr-stream-vram-%d", os.Getpid()),
+		Wait: 30 * time.Second, Stdin: cfg.stdin, Stdout: cfg.stdout}, files)
+	if err != nil {
+		return fmt.Errorf("vram %s: %w", action, err)
+	}
+	secs := time.Since(start).Seconds()
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stderr).Encode(map[string]any{"action": action, "files": len(files), "bytes": total, "seconds": secs})
+	}
+	fmt.Fprintf(cfg.stderr, "vram %s: %d files, %s in %.2fs\n", action, len(files), humanBytes(total), secs)
+	return nil
+}

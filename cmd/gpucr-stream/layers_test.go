@@ -1,0 +1,49 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// rooms ranks the packages (README, Layout): a package imports only
+// packages of a lower rank, so that dependencies flow one way.
+var rooms = map[string]int{
+	"errdefs": 0, "redact": 0, "transport/tcp/wire": 0, "store/miniotest": 0,
+	"codec": 1, "manifest": 1, "store": 1, "proc": 1,
+	"streamer": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
+	"capture": 3, "transport/tcp": 3, "store/s3": 3, "vram/vramtest": 3,
+	"location": 4, "catalog": 4,
+	"checkpoint":       5,
+	"cmd/gpucr-stream": 6,
+}
+
+func TestDependenciesFlowOneWay(t *testing.T) {
+	const mod = "github.com/gpucr/gpucr-stream/"
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go is needed to list the packages: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg, ok := strings.CutPrefix(f[0], mod)
+		if !ok || strings.HasPrefix(pkg, "e2e") {
+			continue
+		}
+		rank, known := rooms[pkg]
+		if !known {
+			t.Errorf("package %s has no rank in rooms: place it in the layout", pkg)
+			continue
+		}
+		for _, imp := range f[1:] {
+			dep, ours := strings.CutPrefix(imp, mod)
+			if ours && rooms[dep] >= rank {
+				t.Errorf("%s (rank %d) imports %s (rank %d): dependencies must flow down", pkg, rank, dep, rooms[dep])
+			}
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package main
+
+// Wiring: the parsed flags turned into the options of the library calls,
+// and their hooks into this process's progress bar and lines.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/s3"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+// openDriver is the CUDA driver the commands use, and findCUDAProcs how
+// they find CUDA processes; tests replace them with fakes.
+var (
+	openDriver    = vram.Open
+	findCUDAProcs = vram.FindCUDA
+)
+
+// locationConfig is how the commands open their locations.
+func (c *config) locationConfig() location.Config {
+	return location.Config{
+		Stdin: c.stdin, Stdout: c.stdout, Shards: c.shards,
+		Options: c.opts, HoldLimit: c.holdLimit, SpillDir: c.spillDir, SegmentSize: c.segSize,
+		S3:  c.s3Settings,
+		TCP: func() (location.TCPConfig, error) { return c.tcpSettings() },
+		Log: c.logLine,
+	}
+}
+
+// parseLoc parses a DEST or SRC; flag names the flag for the message.
+func parseLoc(flag, s string) (location.Location, error) {
+	loc, err := location.Parse(s)
+	if err != nil {
+		return loc, usagef("%s: %v", flag, err)
+	}
+	return loc, nil
+}
+
+// s3Settings turns the --s3-* flags into the store's configuration; the
+// bucket and prefix come from the location. Credentials are not flags:
+// they come from the environment or the shared credentials file (s3.New),
+// so that they never show in a process listing.
+func (c *config) s3Settings() (s3.Config, error) {
+	style, err := s3.ParsePathStyle(c.s3PathStyle)
+	if err != nil {
+		return s3.Config{}, usagef("--s3-path-style: %v", err)
+	}
+	part, err := parseSize(c.s3PartSize)
+	if err != nil || part < 5<<20 || part > 5<<30 {
+		return s3.Config{}, usagef("--s3-part-size %q: want a size from 5MiB to 5GiB", c.s3PartSize)
+	}
+	if c.s3Parallel < 1 || c.s3Parallel > 256 {
+		return s3.Config{}, usagef("--s3-parallel %d: want 1..256", c.s3Parallel)
+	}
+	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel}, nil
+}
+
+// tcpSettings are the tcp:// flags: auth, timeout and streams.
+func (c *config) tcpSettings() (location.TCPConfig, error) {
+	var t location.TCPConfig
+	var err error
+	if t.Auth, err = c.tcpAuth(); err != nil {
+		return t, err
+	}
+	if t.Timeout, err = c.tcpTimeout(); err != nil {
+		return t, err
+	}
+	if c.streams < 1 || c.streams > tcp.MaxStreams {
+		return t, usagef("--streams %d: want 1..%d", c.streams, tcp.MaxStreams)
+	}
+	t.Streams = c.streams
+	return t, nil
+}
+
+func (c *config) tcpAuth() (tcp.Auth, error) {
+	a, err := tcp.LoadAuth(c.tokenFile, c.tlsCert, c.tlsKey, c.tlsCA)
+	if err != nil {
+		return a, usagef("%v", err)
+	}
+	return a, nil
+}
+
+func (c *config) tcpTimeout() (time.Duration, error) {
+	d, err := time.ParseDuration(c.netTimeout)
+	if err != nil || d < time.Second {
+		return 0, usagef("--net-timeout %q: want a duration of at least 1s, such as 20s", c.netTimeout)
+	}
+	return d, nil
+}
+
+// logLine writes one diagnostic line to stderr.
+func (c *config) logLine(msg string) {
+	fmt.Fprintf(c.stderr, "gpucr-stream: %s\n", msg)
+}
+
+// progressLine writes one line to --progress-fd.
+func (c *config) progressLine(s string) {
+	fmt.Fprintln(c.progress, s)
+}
+
+// hooks draw the progress bar, write progress lines and log.
+func (c *config) hooks() checkpoint.Hooks {
+	return checkpoint.Hooks{
+		Progress: func(p checkpoint.Progress) func() { return startProgress(c, p).finish },
+		Line:     c.progressLine,
+		Log:      c.logLine,
+	}
+}
+
+func (c *config) criuOptions() checkpoint.CRIU {
+	return checkpoint.CRIU{Path: c.criu, WorkDir: c.workDir, Args: strings.Fields(c.criuOpts)}
+}
+
+// cudaOptions are --cuda, and --lock-timeout where the command suspends.
+func (c *config) cudaOptions(suspends bool) (checkpoint.CUDA, error) {
+	mode, err := parseCUDAMode(c.cuda)
+	if err != nil {
+		return checkpoint.CUDA{}, err
+	}
+	cuda := checkpoint.CUDA{Mode: mode, OpenDriver: openDriver, FindProcs: findCUDAProcs}
+	if suspends {
+		cuda.LockTimeout, err = c.lockTimeoutDur()
+	}
+	return cuda, err
+}
+
+// lockTimeoutDur parses --lock-timeout.
+func (c *config) lockTimeoutDur() (time.Duration, error) {
+	d, err := time.ParseDuration(c.lockTimeout)
+	if err != nil || d < 0 {
+		return 0, usagef("--lock-timeout %q: want a duration such as 10s", c.lockTimeout)
+	}
+	return d, nil
+}
+
+func parseCUDAMode(s string) (checkpoint.CUDAMode, error) {
+	switch m := checkpoint.CUDAMode(s); m {
+	case checkpoint.CUDAAuto, checkpoint.CUDAOn, checkpoint.CUDAOff:
+		return m, nil
+	}
+	return "", usagef("--cuda %q: want auto, on or off", s)
+}
+
+// parseGPUMap reads --gpu-map: OLD_UUID=NEW_UUID[,...], or all=NEW_UUID
+// for a checkpoint's one GPU, whichever it is.
+func parseGPUMap(spec string) (checkpoint.GPUMap, error) {
+	if spec == "" {
+		return checkpoint.GPUMap{}, nil
+	}
+	if old, nw, ok := strings.Cut(spec, "="); ok && old == "all" {
+		u, err := vram.ParseUUID(nw)
+		if err != nil {
+			return checkpoint.GPUMap{}, usagef("--gpu-map: %v", err)
+		}
+		return checkpoint.GPUMap{All: true, AllTo: u}, nil
+	}
+	pairs, err := vram.ParseGPUMap(spec)
+	if err != nil {
+		return checkpoint.GPUMap{}, usagef("--gpu-map: %v", err)
+	}
+	return checkpoint.GPUMap{Pairs: pairs}, nil
+}
+
+// extFileList is --ext-file-fds.
+func (c *config) extFileList() []checkpoint.ExtFile {
+	var out []checkpoint.ExtFile
+	for _, e := range c.extFiles {
+		out = append(out, checkpoint.ExtFile{Name: e.name, FD: e.fd})
+	}
+	return out
+}
+
+func srcArg(cfg *config, cmd string, args []string) (string, error) {
+	switch len(args) {
+	case 0:
+		return cfg.from, nil
+	case 1:
+		return args[0], nil
+	}
+	return "", usagef("%s takes one SRC argument, got %d", cmd, len(args))
+}
+
+// storeAt opens the store of the one LOCATION argument of ls, rm and gc.
+func storeAt(ctx context.Context, cfg *config, cmd string, args []string) (store.Store, location.Location, func(), error) {
+	if len(args) != 1 {
+		return nil, location.Location{}, nil, usagef("%s takes one LOCATION argument, got %d", cmd, len(args))
+	}
+	loc, err := location.Parse(args[0])
+	if err != nil {
+		return nil, loc, nil, usagef("%s: %s: %v", cmd, cmd, err)
+	}
+	st, closeStore, err := location.OpenStore(ctx, loc, cfg.locationConfig())
+	if err != nil {
+		return nil, loc, nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return st, loc, closeStore, nil
+}

@@ -1,0 +1,326 @@
+package location
+
+// Opening a location: each kind (stdio, archive directory, stream file, S3,
+// tcp://) is one type below with what it can be opened as; backend() is
+// the one switch over the kind, and what a kind cannot be is refused by
+// the embedded unsupported methods with a usage error.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/s3"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+)
+
+// Config is what opening a location needs besides the location: the
+// standard streams, the pipeline's options and the settings of the remote
+// kinds, all parsed already.
+type Config struct {
+	// Stdin and Stdout stand for "-"; tests hand in plain readers and
+	// writers, which are used as they are.
+	Stdin  io.Reader
+	Stdout io.Writer
+	// Shards are descriptors to spread a stream over (or gather it from)
+	// instead of Stdin/Stdout.
+	Shards []int
+	// Options are the pipeline's options (chunk size, workers, memory for
+	// chunks in flight, codec).
+	Options streamer.Options
+	// HoldLimit is what a stream source holds in memory before spilling to
+	// SpillDir; 0: half the available memory, at least 1 GiB.
+	HoldLimit int64
+	SpillDir  string
+	// SegmentSize is the size of archive segment objects.
+	SegmentSize int64
+	// S3 returns the S3 settings (endpoint, region, path style, part size,
+	// parallel uploads); bucket and prefix come from the location. It is
+	// called only for an s3:// location, so that a bad S3 setting fails
+	// only what uses S3.
+	S3 func() (s3.Config, error)
+	// TCP returns the tcp:// settings, likewise only for a tcp:// location.
+	TCP func() (TCPConfig, error)
+	// Log takes diagnostic lines ("listening on ADDR").
+	Log func(string)
+}
+
+// TCPConfig is how a tcp:// location is reached or listened on.
+type TCPConfig struct {
+	Auth    tcp.Auth
+	Timeout time.Duration
+	Streams int
+}
+
+// Output is an opened DEST.
+type Output struct {
+	streamer.Output
+	// Sizes reports per-shard bytes of a stream destination (stdio,
+	// tcp://); nil for archives, whose segments say it.
+	Sizes func() []int64
+	// Uploaded reports the bytes an object store acknowledged; nil for
+	// other destinations.
+	Uploaded func() int64
+}
+
+// OpenOutput opens a DEST for a capture.
+func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
+	return loc.backend().output(ctx, &c)
+}
+
+// OpenSource opens a SRC. so are the stream source's own options
+// (ExtractDir, Discard, VerifyHashes); the rest comes from c.
+func OpenSource(ctx context.Context, loc Location, c Config, so streamer.StreamOptions) (streamer.Source, error) {
+	return loc.backend().source(ctx, &c, c.StreamOptions(so))
+}
+
+// OpenStore opens a location that holds checkpoints (ls, rm, gc); close
+// releases what the store holds.
+func OpenStore(ctx context.Context, loc Location, c Config) (st store.Store, close func(), err error) {
+	return loc.backend().store(ctx, &c)
+}
+
+// ReadManifest loads a checkpoint's description without decoding its data.
+func ReadManifest(ctx context.Context, loc Location, c Config) (*manifest.Manifest, error) {
+	return loc.backend().manifest(ctx, &c)
+}
+
+type backend interface {
+	output(ctx context.Context, c *Config) (*Output, error)
+	source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error)
+	store(ctx context.Context, c *Config) (store.Store, func(), error)
+	manifest(ctx context.Context, c *Config) (*manifest.Manifest, error)
+}
+
+func (l Location) backend() backend {
+	switch l.Kind {
+	case Stdio:
+		return stdioLoc{}
+	case Archive:
+		return archiveLoc{unsupported{l}}
+	case StreamFile:
+		return streamFileLoc{unsupported{l}}
+	case S3:
+		return s3Loc{unsupported{l}}
+	case TCP:
+		return tcpLoc{unsupported{l}}
+	}
+	return unsupported{l}
+}
+
+// unsupported refuses what a kind of location cannot be opened as.
+type unsupported struct{ loc Location }
+
+func (u unsupported) output(context.Context, *Config) (*Output, error) {
+	return nil, errdefs.Usagef("--to %s: this destination is not supported yet", u.loc)
+}
+
+func (u unsupported) source(context.Context, *Config, streamer.StreamOptions) (streamer.Source, error) {
+	return nil, errdefs.Usagef("source %s: not supported yet", u.loc)
+}
+
+func (u unsupported) store(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got %s", u.loc)
+}
+
+func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, error) {
+	return nil, errdefs.Usagef("%s: not supported yet", u.loc)
+}
+
+// StreamOptions are the options a stream source opened with c gets (so's
+// own, plus c's memory and spill settings); receive, which builds its
+// source itself, starts from them too.
+func (c Config) StreamOptions(so streamer.StreamOptions) streamer.StreamOptions {
+	so.Options = c.Options
+	so.Options.MemoryLimit = c.HoldLimit
+	if c.HoldLimit == 0 {
+		so.Options.MemoryLimit = HeldImageBudget()
+	}
+	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
+	so.SpillDir = c.SpillDir
+	return so
+}
+
+// archiveOptions are the options of an archive source.
+func (c *Config) archiveOptions(so streamer.StreamOptions) streamer.Options {
+	opts := c.Options
+	opts.VerifyHashes = so.VerifyHashes || so.Discard
+	return opts
+}
+
+// HeldImageBudget is --memory-limit auto for images held by serve and
+// receive: a multi-GB GPU image that fits in memory must not go through a
+// spill file on disk on its way to CRIU, so half of what is available now,
+// at least 1 GiB.
+func HeldImageBudget() int64 {
+	return max(1<<30, proc.AvailableMemory()/2)
+}
+
+func (c *Config) log(msg string) {
+	if c.Log != nil {
+		c.Log(msg)
+	}
+}
+
+func asFile(v any, fallback *os.File) *os.File {
+	if f, ok := v.(*os.File); ok {
+		return f
+	}
+	return fallback
+}
+
+// stdioLoc is "-": standard input or output, or the --shard-fds.
+type stdioLoc struct{}
+
+func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
+	files, _, err := ShardFiles(c.Shards, asFile(c.Stdout, os.Stdout))
+	if err != nil {
+		return nil, errdefs.Usagef("--shard-fds: %v", err)
+	}
+	ws := make([]io.Writer, len(files))
+	for i, f := range files {
+		if err := PrivateOutput(f); err != nil {
+			return nil, err
+		}
+		ws[i] = f
+	}
+	if _, ok := c.Stdout.(*os.File); !ok && len(c.Shards) == 0 {
+		ws[0] = c.Stdout // tests hand in writers
+	}
+	out, err := streamer.NewStreamOutput(ws)
+	if err != nil {
+		return nil, err
+	}
+	return &Output{Output: out, Sizes: out.Sizes}, nil
+}
+
+func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	files, names, err := ShardFiles(c.Shards, asFile(c.Stdin, os.Stdin))
+	if err != nil {
+		return nil, errdefs.Usagef("--shard-fds: %v", err)
+	}
+	rs := make([]io.Reader, len(files))
+	for i, f := range files {
+		rs[i] = f
+	}
+	if len(c.Shards) == 0 {
+		if _, ok := c.Stdin.(*os.File); !ok {
+			rs[0] = c.Stdin // tests hand in readers
+		}
+		names[0] = "stdin"
+	}
+	return streamer.NewStreamSource(ctx, rs, names, so), nil
+}
+
+func (stdioLoc) store(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got -")
+}
+
+func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, error) {
+	return streamer.ScanStream(c.Stdin, "stdin")
+}
+
+// archiveLoc is a local archive directory.
+type archiveLoc struct{ unsupported }
+
+func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
+	out, err := streamer.NewArchiveOutput(ctx, dir.New(a.loc.Path), c.SegmentSize)
+	if err != nil {
+		return nil, err
+	}
+	return &Output{Output: out}, nil
+}
+
+func (a archiveLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	if _, err := os.Stat(a.loc.Path); err != nil {
+		return nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
+	}
+	return streamer.OpenArchive(ctx, dir.New(a.loc.Path), c.archiveOptions(so))
+}
+
+func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error) {
+	st, err := os.Stat(a.loc.Path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
+	}
+	if !st.IsDir() {
+		return nil, nil, errdefs.Usagef("%s: not a directory", a.loc)
+	}
+	return dir.New(a.loc.Path), func() {}, nil
+}
+
+func (a archiveLoc) manifest(ctx context.Context, _ *Config) (*manifest.Manifest, error) {
+	return streamer.ReadManifest(ctx, dir.New(a.loc.Path))
+}
+
+// streamFileLoc is a file holding one stream (capture > FILE).
+type streamFileLoc struct{ unsupported }
+
+func (f streamFileLoc) output(context.Context, *Config) (*Output, error) {
+	return nil, errdefs.Usagef("--to %s: a file is already there; capture writes archive directories (or use stdout: capture > FILE)", f.loc)
+}
+
+func (f streamFileLoc) source(ctx context.Context, _ *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	file, err := os.Open(f.loc.Path)
+	if err != nil {
+		return nil, err
+	}
+	src := streamer.NewStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
+	return closeWith{src, file}, nil
+}
+
+func (f streamFileLoc) store(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("%s: a stream file holds one checkpoint and is not a location; use inspect", f.loc)
+}
+
+func (f streamFileLoc) manifest(_ context.Context, _ *Config) (*manifest.Manifest, error) {
+	file, err := os.Open(f.loc.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	return streamer.ScanStream(file, f.loc.Path)
+}
+
+// closeWith closes an extra resource after the source.
+type closeWith struct {
+	streamer.Source
+	c io.Closer
+}
+
+func (c closeWith) Close() error {
+	err := c.Source.Close()
+	c.c.Close()
+	return err
+}
+
+// StreamOf returns the stream source behind src, if it is one.
+func StreamOf(src streamer.Source) *streamer.StreamSource {
+	switch s := src.(type) {
+	case *streamer.StreamSource:
+		return s
+	case closeWith:
+		return StreamOf(s.Source)
+	}
+	return nil
+}
+
+// SourceCounters are the live totals of a source, for a progress bar, and
+// the bytes it will serve when known.
+func SourceCounters(src streamer.Source) (*streamer.Counters, int64) {
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		return &a.Counters, a.Manifest().Stats.RawBytes
+	}
+	if s := StreamOf(src); s != nil {
+		return &s.Counters, 0
+	}
+	return nil, 0
+}

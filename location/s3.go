@@ -1,0 +1,128 @@
+package location
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/s3"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// s3Loc is s3://BUCKET/PREFIX.
+type s3Loc struct{ unsupported }
+
+// open connects to the bucket. s3.New checks the credentials and the
+// bucket at once, so that a mistake is reported before any work starts: a
+// missing bucket is "not found" (exit 4), missing or refused credentials a
+// failure with a message that says which (exit 1).
+func (l s3Loc) open(ctx context.Context, c *Config) (*s3.Store, s3.Config, error) {
+	bucket, prefix, _ := strings.Cut(l.loc.Path, "/")
+	if bucket == "" {
+		return nil, s3.Config{}, errdefs.Usagef("%s: no bucket (want s3://BUCKET/PREFIX)", l.loc)
+	}
+	var sc s3.Config
+	if c.S3 != nil {
+		var err error
+		if sc, err = c.S3(); err != nil {
+			return nil, sc, err
+		}
+	}
+	sc.Bucket, sc.Prefix = bucket, strings.Trim(prefix, "/")
+	st, err := s3.New(ctx, sc)
+	if err != nil {
+		// A missing bucket wraps errdefs.ErrNotFound already; these three
+		// messages say enough on their own.
+		if errors.Is(err, s3.ErrNoSuchBucket) || errors.Is(err, s3.ErrNoCredentials) || errors.Is(err, s3.ErrBadCredentials) {
+			return nil, sc, err
+		}
+		return nil, sc, fmt.Errorf("%s: %w", l.loc, err)
+	}
+	return st, sc, nil
+}
+
+// output is an archive whose segments upload while CRIU still dumps,
+// manifest last.
+func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
+	st, sc, err := l.open(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	out, err := streamer.NewArchiveOutput(ctx, st, c.SegmentSize)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	// Parts in flight, the part being filled of the segment being written
+	// and of those committing in the background (s3.Config.MaxInflight).
+	capMemoryTo(c.Options.MemoryLimit, int64(sc.Parallel+1+streamer.DefaultCommitting)*st.PartSize())
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(captureGCPercent)
+	}
+	return &Output{Output: out, Uploaded: st.Uploaded}, nil
+}
+
+// captureGCPercent replaces Go's default GOGC of 100 for captures into S3.
+// Their heap is nearly all chunk buffers and part pieces, pooled and
+// reused, and pointer-free, so that a collection does not scan them; what
+// else they allocate is a few MB per GiB of image (BLAKE3's goroutines per
+// hash, net/http's copy buffers). At 100 that garbage piled up until the
+// heap was twice the buffers, a peak that grew with the image; at 10 a
+// collection comes every GiB or so and costs a few ms of CPU.
+const captureGCPercent = 10
+
+// capMemoryTo makes the pipeline's memory limit, plus what the store holds
+// beside the pipeline, the Go runtime's soft memory limit, so that the
+// garbage collector keeps the process within its budgets however long the
+// image (its default lets the heap grow to twice what is live).
+// GOMEMLIMIT, when set, wins.
+func capMemoryTo(pipeline, store int64) {
+	if _, ok := os.LookupEnv("GOMEMLIMIT"); ok {
+		return
+	}
+	const runtimeAndBuffers = 128 << 20 // stacks, pipes' buffers, clients
+	debug.SetMemoryLimit(pipeline + store + runtimeAndBuffers)
+}
+
+// source reads chunks with ranged GETs in CRIU's order, a bounded window
+// ahead; nothing is staged on disk.
+func (l s3Loc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	st, sc, err := l.open(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	opts := c.archiveOptions(so)
+	// Each read mostly waits on the network: keep more in flight than
+	// there are cores.
+	opts.Fetchers = max(opts.Fetchers, 2*sc.Parallel)
+	src, err := streamer.OpenArchive(ctx, st, opts)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	capMemoryTo(c.Options.MemoryLimit, 0)
+	return src, nil
+}
+
+func (l s3Loc) store(ctx context.Context, c *Config) (store.Store, func(), error) {
+	st, _, err := l.open(ctx, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, func() { st.Close() }, nil
+}
+
+func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, error) {
+	st, _, err := l.open(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	return streamer.ReadManifest(ctx, st)
+}

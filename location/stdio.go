@@ -1,0 +1,66 @@
+package location
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// ShardFiles turns --shard-fds into files; without shards it is the given
+// standard stream alone.
+func ShardFiles(fds []int, std *os.File) ([]*os.File, []string, error) {
+	if len(fds) == 0 {
+		streamer.GrowPipe(std.Fd())
+		return []*os.File{pollable(std.Fd(), std.Name(), std)}, []string{std.Name()}, nil
+	}
+	var files []*os.File
+	var names []string
+	for i, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			return nil, nil, fmt.Errorf("shard %d: fd %d is not open: %w", i, fd, err)
+		}
+		streamer.GrowPipe(uintptr(fd))
+		name := fmt.Sprintf("shard %d (fd %d)", i, fd)
+		files = append(files, pollable(uintptr(fd), name, nil))
+		names = append(names, name)
+	}
+	return files, names, nil
+}
+
+// pollable returns a file on fd that Go's poller manages when fd is a pipe
+// or socket, so that closing it wakes a goroutine blocked on it (a stalled
+// sender must not keep a failed restore alive). Terminals and regular
+// files are left as they are: O_NONBLOCK would leak into the shell.
+func pollable(fd uintptr, name string, orig *os.File) *os.File {
+	var st unix.Stat_t
+	if unix.Fstat(int(fd), &st) == nil {
+		if t := st.Mode & unix.S_IFMT; t == unix.S_IFIFO || t == unix.S_IFSOCK {
+			if unix.SetNonblock(int(fd), true) == nil {
+				return os.NewFile(fd, name)
+			}
+		}
+	}
+	if orig != nil {
+		return orig
+	}
+	return os.NewFile(fd, name)
+}
+
+// PrivateOutput makes a regular file that standard output was redirected
+// to (capture > ckpt.stream, token > FILE) readable by its owner alone:
+// the shell created it with the umask's mode, and it is about to hold a
+// process's memory or a secret. Pipes, sockets and terminals are left as
+// they are.
+func PrivateOutput(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	if err := f.Chmod(st.Mode().Perm() &^ 0o077); err != nil {
+		return fmt.Errorf("%s is readable by other users and cannot be made private (%w): it will hold secrets", f.Name(), err)
+	}
+	return nil
+}

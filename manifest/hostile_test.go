@@ -1,0 +1,91 @@
+package manifest
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+)
+
+// Every cut of a stream is corrupt input (exit 3), including cuts inside
+// the 32-byte stream header and inside a 64-byte frame header.
+func TestReaderEveryCutIsCorrupt(t *testing.T) {
+	ts := writeStream(t, Header{}, []frameSpec{file(0, "a.img"), data(0, 0, []byte("abcdef")), fileEnd(0, 6, 1)}, []byte("{}"))
+	for n := range len(ts.b) {
+		_, _, err := readAll(ts.b[:n], "cut")
+		if !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("cut at %d of %d bytes: %v, want ErrCorrupt", n, len(ts.b), err)
+		}
+		if n > 0 && err != nil && !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("cut at %d of %d bytes: %q does not say the stream is truncated", n, len(ts.b), err)
+		}
+	}
+}
+
+// Validate refuses every name extract refuses, so that verify and inspect
+// never pass an archive extract cannot write.
+func TestValidateRefusesUnsafeNames(t *testing.T) {
+	for _, name := range []string{"../../x", "/tmp/x", "x/y", ".", "..", "", "a\x00b", strings.Repeat("n", MaxNameLen+1)} {
+		m := goodManifest()
+		m.Files[1].Name = name
+		err := m.Validate()
+		if err == nil {
+			t.Errorf("name %q accepted", name)
+			continue
+		}
+		if strings.ContainsRune(err.Error(), 0) {
+			t.Errorf("name %q: error carries a NUL: %q", name, err)
+		}
+	}
+}
+
+// A segment of negative size wraps the bound check: size -2^63 let any
+// chunk position pass.
+func TestValidateNegativeSegmentSize(t *testing.T) {
+	for _, size := range []int64{math.MinInt64, -1} {
+		m := goodManifest()
+		m.Segments[1].Size = size
+		m.Files[0].Chunks[2].Pos = math.MaxInt64 / 2
+		if err := m.Validate(); err == nil {
+			t.Errorf("segment size %d accepted", size)
+		}
+		b, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(b); !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("Parse with segment size %d: %v, want ErrCorrupt", size, err)
+		}
+	}
+}
+
+func TestPrintableName(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"pages-1.img", "pages-1.img"},
+		{"ünïcode.img", "ünïcode.img"},
+		{"a\x1b[2Jb", `"a\x1b[2Jb"`},
+		{"nl\nname", `"nl\nname"`},
+		{"bad\xffutf8", `"bad\xffutf8"`},
+		{"del\x7f", `"del\x7f"`},
+	} {
+		if got := PrintableName(tc.in); got != tc.want {
+			t.Errorf("PrintableName(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A peer's file name reaches error messages escaped.
+func TestReaderErrorEscapesNames(t *testing.T) {
+	evil := "x\x1b]0;pwned\x07.img"
+	ts := writeStream(t, Header{}, []frameSpec{file(0, evil), data(0, 0, []byte("abcdef")), fileEnd(0, 6, 1)}, nil)
+	rd, _, err := readAll(ts.b, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := rd.Errorf(0, 0, "boom").Error()
+	if strings.ContainsAny(msg, "\x1b\x07") {
+		t.Fatalf("error carries control characters: %q", msg)
+	}
+}

@@ -1,0 +1,59 @@
+package proc
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+func TestTreeAndWaitGone(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	tree, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range tree {
+		found = found || p == cmd.Process.Pid
+	}
+	if !found || tree[0] != os.Getpid() {
+		t.Fatalf("child %d not in tree %v", cmd.Process.Pid, tree)
+	}
+	ctx := context.Background()
+	if err := WaitGone(ctx, []int{cmd.Process.Pid}, false, 50*time.Millisecond); err == nil {
+		t.Fatal("WaitGone returned for a live process")
+	}
+	cmd.Process.Kill()
+	// Killed but not reaped: a zombie is gone for !reaped, present for reaped.
+	if err := WaitGone(ctx, []int{cmd.Process.Pid}, false, 5*time.Second); err != nil {
+		t.Fatalf("zombie not seen as dead: %v", err)
+	}
+	if err := WaitGone(ctx, []int{cmd.Process.Pid}, true, 50*time.Millisecond); err == nil {
+		t.Fatal("WaitGone(reaped) returned for an unreaped zombie")
+	}
+	cmd.Wait()
+	if err := WaitGone(ctx, []int{cmd.Process.Pid}, true, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if Exists(cmd.Process.Pid) {
+		t.Fatal("Exists after reap")
+	}
+	if _, err := Tree(cmd.Process.Pid); err == nil {
+		t.Fatal("Tree of a reaped pid succeeded")
+	}
+}
+
+func TestSpaceAndMemory(t *testing.T) {
+	if s := Space(); s == "/" || s != Space() {
+		t.Fatalf("Space() = %q, then %q", s, Space())
+	}
+	if AvailableMemory() <= 0 {
+		t.Fatal("no MemAvailable")
+	}
+}

@@ -1,0 +1,102 @@
+// Package proc reads what gpucr-stream needs to know of processes from
+// /proc: the tree under a PID, whether PIDs are gone, which PID namespace
+// this is, and how much memory is available.
+package proc
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+)
+
+// Root is where /proc is read (tests point it at a fake tree).
+var Root = "/proc"
+
+// Tree returns root and its descendants, root first, then in breadth-first
+// order. Children are read from /proc/PID/task/*/children (a process forks
+// from any of its threads); where the kernel lacks that file, from the
+// parent field of every /proc/PID/stat.
+func Tree(root int) ([]int, error) {
+	if _, err := os.Stat(filepath.Join(Root, strconv.Itoa(root))); err != nil {
+		return nil, fmt.Errorf("no process %d: %w", root, errdefs.ErrNotFound)
+	}
+	var byParent map[int][]int // built lazily, only without children files
+	seen := map[int]bool{root: true}
+	out := []int{root}
+	for i := 0; i < len(out); i++ {
+		kids, ok := childrenOf(out[i])
+		if !ok {
+			if byParent == nil {
+				byParent = parentMap()
+			}
+			kids = byParent[out[i]]
+		}
+		for _, k := range kids {
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	return out, nil
+}
+
+// childrenOf reads the children files of every thread of pid; false when
+// the kernel does not have them.
+func childrenOf(pid int) ([]int, bool) {
+	files, _ := filepath.Glob(filepath.Join(Root, strconv.Itoa(pid), "task", "*", "children"))
+	if len(files) == 0 {
+		return nil, false
+	}
+	var kids []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, field := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(field); err == nil {
+				kids = append(kids, c)
+			}
+		}
+	}
+	sort.Ints(kids)
+	return kids, true
+}
+
+func parentMap() map[int][]int {
+	m := map[int][]int{}
+	ents, _ := os.ReadDir(Root)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(Root, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			m[pp] = append(m[pp], pid)
+		}
+	}
+	for _, v := range m {
+		sort.Ints(v)
+	}
+	return m
+}

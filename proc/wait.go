@@ -1,0 +1,81 @@
+package proc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Exists says whether pid is present in /proc (a zombie still is).
+func Exists(pid int) bool {
+	_, err := os.Stat(filepath.Join(Root, strconv.Itoa(pid)))
+	return err == nil
+}
+
+// WaitGone waits until every process of pids is dead: with reaped, gone
+// from /proc (a zombie still holds its PID, and a restore into this PID
+// space needs the PID free); without, dead or a zombie. It gives up after
+// timeout or when ctx ends.
+func WaitGone(ctx context.Context, pids []int, reaped bool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []string
+		for _, p := range pids {
+			b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(p), "stat"))
+			if err != nil {
+				continue
+			}
+			if !reaped && isDead(string(b)) {
+				continue
+			}
+			left = append(left, strconv.Itoa(p))
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			what := "alive"
+			if reaped {
+				what = "present (not reaped by their parent yet)"
+			}
+			return fmt.Errorf("process(es) %s still %s after %v", strings.Join(left, ","), what, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// isDead reads the state field of /proc/PID/stat: zombie or dead. The
+// command name before it may hold spaces and parentheses.
+func isDead(stat string) bool {
+	i := strings.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
+}
+
+// Space names this PID namespace on this boot: two processes that print
+// the same string see the same PIDs.
+func Space() string {
+	boot, _ := os.ReadFile(filepath.Join(Root, "sys/kernel/random/boot_id"))
+	ns, _ := os.Readlink(filepath.Join(Root, "self/ns/pid"))
+	return strings.TrimSpace(string(boot)) + "/" + ns
+}
+
+// AvailableMemory is MemAvailable from /proc/meminfo, in bytes; 0 when it
+// cannot be read.
+func AvailableMemory() int64 {
+	b, err := os.ReadFile(filepath.Join(Root, "meminfo"))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,60 @@
+package dir
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/store"
+)
+
+// A writer's temporary file is ".NAME" + tempInfix + a random number, next
+// to NAME; Commit renames it to NAME, so only a writer that died leaves
+// one behind.
+const tempInfix = ".tmp-"
+
+var tempRE = regexp.MustCompile(`^\..+` + regexp.QuoteMeta(tempInfix) + `[0-9]+$`)
+
+// RemoveTemp removes the temporary files of writers that died before they
+// committed, last modified before cutoff; with dryRun it only counts them.
+func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (int, error) {
+	n := 0
+	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.IsDir() || !tempRE.MatchString(e.Name()) {
+			return nil
+		}
+		info, err := e.Info()
+		if err != nil || info.ModTime().After(cutoff) {
+			return nil
+		}
+		if !dryRun {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// RemoveEmptyDirs removes the directories of the given object-name
+// prefixes ("" is the root), in order, where they are empty: what removed
+// objects leave behind.
+func (d *Store) RemoveEmptyDirs(prefixes ...string) {
+	for _, p := range prefixes {
+		if store.CheckName(p) == nil || p == "" {
+			os.Remove(filepath.Join(d.root, filepath.FromSlash(p))) // only if empty
+		}
+	}
+}

@@ -1,0 +1,318 @@
+// Package dir is a store.Store in a local directory: objects are files,
+// written under a temporary name and renamed into place on Commit.
+package dir
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/store"
+)
+
+// Store is a store.Store in a local directory. Objects are written to a temporary
+// name and renamed on commit, after fsync, so a crash never leaves a
+// half-written object under its real name.
+type Store struct {
+	root string
+}
+
+// New returns a Store rooted at root; the directory is created on the
+// first write.
+func New(root string) *Store { return &Store{root: filepath.Clean(root)} }
+
+// String implements store.Store.
+func (d *Store) String() string { return d.root }
+
+func (d *Store) path(name string) (string, error) {
+	if err := store.CheckName(name); err != nil {
+		return "", fmt.Errorf("%s: %w", d.root, err)
+	}
+	return filepath.Join(d.root, filepath.FromSlash(name)), nil
+}
+
+type dirWriter struct {
+	f     *os.File
+	final string
+	n     int64
+	done  bool
+}
+
+// Create implements store.Store.
+func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p, err := d.path(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", p, err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+tempInfix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", p, err)
+	}
+	return &dirWriter{f: f, final: p}, nil
+}
+
+func (w *dirWriter) Write(b []byte) (int, error) {
+	n, err := w.f.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *dirWriter) Commit(ctx context.Context) error {
+	if w.done {
+		return errors.New("commit: object already finished")
+	}
+	w.done = true
+	fail := func(err error) error {
+		w.f.Close()
+		os.Remove(w.f.Name())
+		return fmt.Errorf("commit %s: %w", w.final, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	st, err := w.f.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	if st.Size() != w.n {
+		return fail(fmt.Errorf("wrote %d bytes but the file holds %d", w.n, st.Size()))
+	}
+	if err := w.f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := w.f.Close(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(w.f.Name(), w.final); err != nil {
+		return fail(err)
+	}
+	return syncDir(filepath.Dir(w.final))
+}
+
+func (w *dirWriter) Abort(ctx context.Context) error {
+	if w.done {
+		return nil
+	}
+	w.done = true
+	w.f.Close()
+	return os.Remove(w.f.Name())
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+type sectionReader struct {
+	io.Reader
+	f *os.File
+}
+
+func (s sectionReader) Close() error { return s.f.Close() }
+
+// Open implements store.Store.
+func (d *Store) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p, err := d.path(name)
+	if err != nil {
+		return nil, err
+	}
+	f, st, err := d.openRegular(name, p)
+	if err != nil {
+		return nil, err
+	}
+	if length < 0 {
+		length = st.Size() - off
+	}
+	return sectionReader{Reader: io.NewSectionReader(f, off, length), f: f}, nil
+}
+
+// ErrNotRegular marks an object that is not a regular file: a symlink
+// planted in an archive (it would read its target), a FIFO (it would block
+// forever), a device. Nothing but regular files is ever read.
+var ErrNotRegular = errors.New("not a regular file")
+
+func notRegular(p string, m fs.FileMode) error {
+	return fmt.Errorf("%s: %w (%s): refused: %w", p, ErrNotRegular, m.Type(), errdefs.ErrCorrupt)
+}
+
+// openRegular opens name (at path p) for reading if it is a regular file
+// inside the root. openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS refuses
+// a symlink anywhere below the root, a planted segments/ directory link
+// included; where the kernel lacks openat2 (before 5.6), O_NOFOLLOW refuses
+// one in the last component. O_NONBLOCK keeps the open of a FIFO from
+// waiting for a writer (deaf to signals meanwhile); once the file is known
+// to be regular the flag is cleared again.
+func (d *Store) openRegular(name, p string) (*os.File, fs.FileInfo, error) {
+	f, err := d.openBeneath(name)
+	if errors.Is(err, unix.ENOSYS) {
+		f, err = os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return nil, nil, notRegular(p, fs.ModeSymlink)
+		}
+		return nil, nil, wrapNotExist(err)
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = notRegular(p, st.Mode())
+	}
+	if err == nil {
+		err = unix.SetNonblock(int(f.Fd()), false)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
+// openBeneath opens name relative to the root without following any
+// symlink on the way.
+func (d *Store) openBeneath(name string) (*os.File, error) {
+	fd, err := d.openat2(name, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(d.root, name)), nil
+}
+
+// statBeneath is Lstat of name (at path p) that, like openBeneath, follows
+// no symlink below the root.
+func (d *Store) statBeneath(name, p string) (fs.FileInfo, error) {
+	fd, err := d.openat2(name, unix.O_PATH)
+	if errors.Is(err, unix.ENOSYS) {
+		return os.Lstat(p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return f.Stat()
+}
+
+func (d *Store) openat2(name string, flags uint64) (int, error) {
+	root, err := unix.Open(d.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: d.root, Err: err}
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, filepath.FromSlash(name), &unix.OpenHow{
+		Flags:   flags | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: filepath.Join(d.root, name), Err: err}
+	}
+	return fd, nil
+}
+
+func wrapNotExist(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
+	}
+	return err
+}
+
+// Stat implements store.Store.
+func (d *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return store.ObjectInfo{}, err
+	}
+	p, err := d.path(name)
+	if err != nil {
+		return store.ObjectInfo{}, err
+	}
+	st, err := d.statBeneath(name, p)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return store.ObjectInfo{}, notRegular(p, fs.ModeSymlink)
+		}
+		return store.ObjectInfo{}, wrapNotExist(err)
+	}
+	if st.IsDir() {
+		return store.ObjectInfo{}, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrNotFound)
+	}
+	if !st.Mode().IsRegular() {
+		return store.ObjectInfo{}, notRegular(p, st.Mode())
+	}
+	return store.ObjectInfo{Name: name, Size: st.Size(), Modified: st.ModTime()}, nil
+}
+
+// List implements store.Store. Temporary files of unfinished writes are
+// not objects and are not listed.
+func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []store.ObjectInfo
+	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p == d.root {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		// Only regular files are objects: a symlink or FIFO is never one.
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			return nil
+		}
+		rel, err := filepath.Rel(d.root, p)
+		if err != nil {
+			return err
+		}
+		name := filepath.ToSlash(rel)
+		if !strings.HasPrefix(name, prefix) {
+			return nil
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, store.ObjectInfo{Name: name, Size: info.Size(), Modified: info.ModTime()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.root, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Delete implements store.Store.
+func (d *Store) Delete(ctx context.Context, name string) error {
+	p, err := d.path(name)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", p, err)
+	}
+	return nil
+}

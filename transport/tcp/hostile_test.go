@@ -1,0 +1,263 @@
+package tcp
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// flood holds n idle connections to addr from the local address from,
+// reconnecting each one the receiver drops, until stop returns; it
+// returns how many connections it made.
+func flood(t *testing.T, addr, from string, n int) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	made := 0
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil {
+					if ctx.Err() == nil {
+						time.Sleep(10 * time.Millisecond)
+					}
+					continue
+				}
+				mu.Lock()
+				made++
+				mu.Unlock()
+				stop := context.AfterFunc(ctx, func() { c.Close() })
+				var b [1]byte
+				_, _ = c.Read(b[:]) // until the receiver drops it
+				stop()
+				c.Close()
+			}
+		}()
+	}
+	return func() int {
+		cancel()
+		wg.Wait()
+		return made
+	}
+}
+
+// Unauthenticated peers cannot starve the real sender: 100 idle
+// connections that reconnect when dropped (which made three real senders
+// in a row fail with a TLS handshake timeout) leave a real sender's
+// transfer to go through, on loopback, within a bounded time.
+func TestTCPPreAuthFlood(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken))
+	stop := flood(t, r.addr(), "127.0.0.2", 100)
+	time.Sleep(500 * time.Millisecond) // the flood is in place
+	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer cancel()
+	out, err := Dial(ctx, r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 4, AutoCommit: true, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("real sender during the flood: %v", err)
+	}
+	defer out.Close()
+	files := testFiles()
+	if err := send(t, out, files); err != nil {
+		t.Fatalf("transfer during the flood: %v", err)
+	}
+	checkFiles(t, r.src, files)
+	if made := stop(); made < 100 {
+		t.Fatalf("the flood made only %d connections", made)
+	}
+}
+
+func TestPreAuthEviction(t *testing.T) {
+	conn := func(ip string, port int) net.Conn {
+		return fakeConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
+	}
+	p := newPreAuth(4, 2)
+	a1, a2, a3 := conn("10.0.0.1", 1), conn("10.0.0.1", 2), conn("10.0.0.1", 3)
+	if p.add(a1) != nil || p.add(a2) != nil {
+		t.Fatal("evicted under the limits")
+	}
+	if ev := p.add(a3); ev != a1 {
+		t.Fatalf("source over its share evicted %v, want its oldest", ev)
+	}
+	b1, b2 := conn("10.0.0.2", 1), conn("10.0.0.3", 1)
+	if p.add(b1) != nil || p.add(b2) != nil {
+		t.Fatal("evicted under the limits")
+	}
+	if ev := p.add(conn("10.0.0.4", 1)); ev != a2 {
+		t.Fatalf("over the total evicted %v, want the oldest of all", ev)
+	}
+	p.remove(b1)
+	if len(p.conns) != 3 || p.bySource["10.0.0.2"] != 0 {
+		t.Fatalf("after remove: %d conns, %v", len(p.conns), p.bySource)
+	}
+}
+
+type fakeConn struct {
+	net.Conn
+	addr net.Addr
+}
+
+func (f fakeConn) RemoteAddr() net.Addr { return f.addr }
+
+// An authenticated sender that stays connected and silent is dropped
+// after the timeout (it held the receiver 90 s with 5 s set).
+func TestTCPSilentSender(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken)) // 3 s timeout
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 1, AutoCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx, cancel := context.WithTimeout(testCtx(t), 12*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = r.src.WaitCommitted(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("silent sender: %v after %v, want the receiver to give up", err, time.Since(start).Round(time.Millisecond))
+	}
+	if !strings.Contains(err.Error(), "sent nothing") {
+		t.Errorf("error %q does not say the sender fell silent", err)
+	}
+}
+
+// A token holder's file names reach the receiver's errors, and the NAK the
+// sender prints, escaped.
+func TestTCPPeerNamesEscaped(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken))
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 1, AutoCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx := testCtx(t)
+	evil := "x\x1b]0;pwned\x07.img"
+	if _, err := out.WriteFrame(ctx, &manifest.FrameHeader{Type: manifest.FrameFile, FileID: 0}, []byte(evil)); err != nil {
+		t.Fatal(err)
+	}
+	raw := []byte("abc")
+	fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 0, RawLen: 3, StoredLen: 3, Checksum: codec.Checksum(raw) ^ 1}
+	if _, err := out.WriteFrame(ctx, &fh, raw); err != nil {
+		t.Fatal(err)
+	}
+	sendErr := out.Commit(ctx, &manifest.Manifest{})
+	_, recvErr := r.src.WaitCommitted(ctx)
+	if recvErr == nil || sendErr == nil {
+		t.Fatalf("corrupt chunk accepted: receiver %v, sender %v", recvErr, sendErr)
+	}
+	for _, err := range []error{recvErr, sendErr} {
+		if strings.ContainsAny(err.Error(), "\x1b\x07") {
+			t.Errorf("error carries the peer's control characters: %q", err)
+		}
+	}
+}
+
+// Token and key files: readable by others, or a guessable token, are
+// refused with a message that says what to do.
+func TestSecretFilesRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, content string
+		mode          os.FileMode
+		want          string // "" means accepted
+	}{
+		{"fresh", NewToken(), 0o600, ""},
+		{"world-readable", NewToken(), 0o644, "chmod 600"},
+		{"group-readable", NewToken(), 0o640, "chmod 600"},
+		{"low entropy", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0o600, "bits of entropy"},
+		{"a word twice", "passwordpassword", 0o600, "bits of entropy"},
+		{"16 hex digits", "0123456789abcdef", 0o600, "bits of entropy"},
+		{"pattern", strings.Repeat("ab", 40), 0o600, "bits of entropy"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+		writeFile(t, p, tc.content+"\n")
+		if err := os.Chmod(p, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ReadTokenFile(p)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+	cert, key := writeCertPair(t, dir)
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAuth("", cert, key, cert); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("world-readable key file: %v", err)
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAuth("", cert, key, cert); err != nil {
+		t.Fatalf("key file 0600: %v", err)
+	}
+}
+
+// writeCertPair writes a self-signed certificate and its key (0600).
+func writeCertPair(t *testing.T, dir string) (cert, key string) {
+	t.Helper()
+	c, err := ephemeralCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeFile(t, cert, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]})))
+	writeFile(t, key, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})))
+	return cert, key
+}
+
+// Listening on every interface is said out loud; a named address is not.
+func TestListenAllInterfacesWarns(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		warn bool
+	}{{":0", true}, {"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
+		lb := &logBuf{}
+		l, err := Listen(testCtx(t), tc.addr, ListenOptions{Auth: tokenAuth(goodToken), Log: lb.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		if got := strings.Contains(lb.String(), "every interface"); got != tc.warn {
+			t.Errorf("--listen %s: warned %v, want %v (log %q)", tc.addr, got, tc.warn, lb.String())
+		}
+	}
+}
+
+// Random secrets of 128 bits or more pass the estimate, whatever their
+// encoding.
+func TestTokenBitsRandom(t *testing.T) {
+	for range 500 {
+		b := make([]byte, 16)
+		rand.Read(b)
+		for _, s := range []string{hex.EncodeToString(b), base64.RawStdEncoding.EncodeToString(append(b, b[:6]...))} {
+			if bits := TokenBits([]byte(s)); bits < MinTokenBits {
+				t.Fatalf("random secret %s estimated at %d bits", s, bits)
+			}
+		}
+	}
+}

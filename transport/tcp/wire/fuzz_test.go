@@ -1,0 +1,90 @@
+package wire
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"io"
+	"testing"
+)
+
+// FuzzDecoders feeds arbitrary bytes to everything that reads the
+// network: the hello, the reply, and a connection's records (shard data up
+// to EOS, then control records). None may panic, allocate beyond the
+// protocol's limits, or hand out more data than the DATA records declared.
+func FuzzDecoders(f *testing.F) {
+	h := Hello{Shard: 1, Count: 2, Session: [16]byte{1}}
+	f.Add(h.Marshal())
+	f.Add(Reply{Flags: 3, Message: "ok"}.Marshal())
+	f.Add(Reply{Refused: true, Message: "authentication failed"}.Marshal())
+	var recs bytes.Buffer
+	WriteRecord(&recs, RecData, []byte("stream bytes"))
+	WriteRecord(&recs, RecData, nil)
+	WriteRecord(&recs, RecEOS, nil)
+	WriteRecord(&recs, RecCommit, []byte(`{"left_running":false}`))
+	f.Add(recs.Bytes())
+	var abort bytes.Buffer
+	WriteRecord(&abort, RecData, []byte("x"))
+	WriteRecord(&abort, RecAbort, []byte("gone"))
+	f.Add(abort.Bytes())
+	var ack bytes.Buffer
+	WriteRecord(&ack, RecAck, []byte(`{"files":3}`))
+	WriteRecord(&ack, RecReport, []byte(`{"pid":7}`))
+	f.Add(ack.Bytes())
+	f.Add([]byte{RecData, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
+
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) >= HelloSize {
+			if h, err := ParseHello(b[:HelloSize]); err == nil {
+				if h.Count == 0 || h.Count > MaxStreams || h.Shard >= h.Count {
+					t.Fatalf("accepted hello %+v", h)
+				}
+				if !bytes.Equal(h.Marshal(), b[:HelloSize]) {
+					t.Fatalf("hello does not round-trip")
+				}
+			}
+		}
+		if rep, fixed, err := ReadReply(bytes.NewReader(b)); err == nil {
+			if len(rep.Message) > MaxRefusal || len(fixed) != ReplyFixed {
+				t.Fatalf("reply %+v", rep)
+			}
+		}
+		// Shard data, then control records, as the receiver reads them.
+		declared := int64(0)
+		for off := 0; off+RecHeaderSize <= len(b); {
+			if b[off] == RecData && b[off+1]|b[off+2]|b[off+3] == 0 {
+				n := int64(binary.LittleEndian.Uint32(b[off+4:]))
+				declared += n
+				off += RecHeaderSize + int(min(n, int64(len(b))))
+				continue
+			}
+			break
+		}
+		sr := &ShardReader{br: bufio.NewReaderSize(bytes.NewReader(b), 16)}
+		n, _ := io.Copy(io.Discard, sr)
+		if n > declared || n > int64(len(b)) {
+			t.Fatalf("shard reader produced %d bytes, records declared %d, input %d", n, declared, len(b))
+		}
+		if sr.Drain() == nil {
+			for range 4 {
+				h, p, err := ReadRecord(sr.br, true)
+				if err != nil {
+					break
+				}
+				if h.Type == RecData || len(p) > MaxControlRecord {
+					t.Fatalf("control record %+v of %d bytes", h, len(p))
+				}
+			}
+		}
+		r := bufio.NewReader(bytes.NewReader(b))
+		for range 4 {
+			h, p, err := ReadRecord(r, false)
+			if err != nil {
+				break
+			}
+			if h.Type != RecAck && h.Type != RecNak && h.Type != RecReport || len(p) > MaxControlRecord {
+				t.Fatalf("receiver record %+v of %d bytes", h, len(p))
+			}
+		}
+	})
+}
