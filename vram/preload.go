@@ -203,3 +203,74 @@ func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (int64
 	}
 	return r.Bytes, nil
 }
+
+// FindPreload finds the library: next to the running binary (where make
+// build puts it), else the install dir.
+func FindPreload() (string, error) {
+	var tried []string
+	if exe, err := os.Executable(); err == nil {
+		if exe, err = filepath.EvalSymlinks(exe); err == nil {
+			tried = append(tried, filepath.Join(filepath.Dir(exe), PreloadLibrary))
+		}
+	}
+	tried = append(tried, filepath.Join("/usr/local/lib/gpucr-stream", PreloadLibrary))
+	for _, p := range tried {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found (looked at %s; make build puts it next to the binary)", PreloadLibrary, strings.Join(tried, ", "))
+}
+
+// PreloadEnv returns env with lib first in LD_PRELOAD, ahead of what was
+// there; env itself is left alone.
+func PreloadEnv(env []string, lib string) []string {
+	out := make([]string, 0, len(env)+1)
+	pre := lib
+	found := false
+	for _, e := range env {
+		if old, ok := strings.CutPrefix(e, "LD_PRELOAD="); ok && !found {
+			found = true
+			if old != "" {
+				pre = lib + ":" + old
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return append(out, "LD_PRELOAD="+pre)
+}
+
+// ExecPreloaded replaces this process with args (a program, found on PATH
+// unless it names a path, and its arguments) run with the library
+// preloaded: `gpucr-stream run`. It returns only on failure.
+func ExecPreloaded(args []string) error {
+	if len(args) == 0 {
+		return errors.New("run: no program")
+	}
+	lib, err := FindPreload()
+	if err != nil {
+		return err
+	}
+	prog := args[0]
+	if !strings.Contains(prog, "/") {
+		if prog, err = lookPath(prog); err != nil {
+			return err
+		}
+	}
+	if err := syscall.Exec(prog, args, PreloadEnv(os.Environ(), lib)); err != nil {
+		return fmt.Errorf("run %s: %w", prog, err)
+	}
+	return nil
+}
+
+// lookPath finds an executable name on PATH.
+func lookPath(name string) (string, error) {
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("run: %s: not found on PATH", name)
+}
