@@ -215,14 +215,6 @@ func (m *memStore) get(ctx context.Context, name string, w io.Writer) error {
 	return err
 }
 
-func (m *memStore) names() []string {
-	var out []string
-	for n := range m.files {
-		out = append(out, n)
-	}
-	return out
-}
-
 func pat(k, i int) byte { return byte(i*31 + k*7 + (i >> 13)) }
 
 // checkRecords parses the stored VRAM files (docs/PRODUCERS.md) and checks
