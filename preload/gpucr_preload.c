@@ -1112,6 +1112,120 @@ static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
 	return rc;
 }
 
+/* copy_out writes the job's pieces from the device into w->fd through two
+ * pinned buffers, one copying from the device while the other is written. */
+static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
+{
+	struct job *j = w->j;
+	CUresult r;
+	if (write_all(w->fd, MAGIC, 8) < 0) {
+		job_fail(j, "write: %s", strerror(errno));
+		return;
+	}
+	for (;;) {
+		int k = atomic_fetch_add(&j->next, 1);
+		if (k >= j->npieces || atomic_load(&j->failed))
+			break;
+		struct piece *p = &j->pieces[k];
+		if (p->ctx)
+			r_CtxSetCurrent(p->ctx);
+		uint64_t hdr[2] = {p->va, p->n};
+		if (write_all(w->fd, hdr, sizeof hdr) < 0) {
+			job_fail(j, "write: %s", strerror(errno));
+			return;
+		}
+		size_t nch = (p->n + j->buf - 1) / j->buf, plen[2] = {0, 0};
+		for (size_t i = 0; i <= nch; i++) {
+			int b = i & 1;
+			if (i < nch) {
+				plen[b] = p->n - i * j->buf < j->buf ? p->n - i * j->buf : j->buf;
+				if ((r = r_DtoHAsync(buf[b], p->va + i * j->buf, plen[b], st[b])) != CUDA_SUCCESS) {
+					job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, i * j->buf, r);
+					return;
+				}
+			}
+			if (i > 0) {
+				int pb = b ^ 1;
+				if ((r = r_StreamSync(st[pb])) != CUDA_SUCCESS) {
+					job_fail(j, "copy to host: CUresult %d", r);
+					return;
+				}
+				if (write_all(w->fd, buf[pb], plen[pb]) < 0) {
+					job_fail(j, "write: %s", strerror(errno));
+					return;
+				}
+				atomic_fetch_add(&j->bytes, plen[pb]);
+			}
+		}
+		if (fault("copyout")) {
+			job_fail(j, "injected fault (copyout)");
+			return;
+		}
+	}
+	uint64_t end[2] = {0, 0};
+	if (!atomic_load(&j->failed) && write_all(w->fd, end, sizeof end) < 0)
+		job_fail(j, "write: %s", strerror(errno));
+}
+
+/* copy_in reads a VRAM file from w->fd and copies each piece to the device,
+ * alternating the two pinned buffers; the caller synchronizes the streams. */
+static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
+{
+	struct job *j = w->j;
+	CUresult r;
+	char magic[8];
+	int e = read_full(w->fd, magic, 8);
+	if (e || memcmp(magic, MAGIC, 8)) {
+		job_fail(j, "VRAM file: %s", e ? "truncated header" : "bad magic");
+		return;
+	}
+	size_t pending[2] = {0, 0};
+	int b = 0;
+	for (;;) {
+		uint64_t hdr[2];
+		if (read_full(w->fd, hdr, sizeof hdr)) {
+			job_fail(j, "VRAM file: truncated (no end record)");
+			return;
+		}
+		if (hdr[0] == 0 && hdr[1] == 0)
+			break;
+		CUcontext c = NULL;
+		int pc = piece_of(j, hdr[0], hdr[1], &c);
+		if (pc < 0) {
+			job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)hdr[0], (unsigned long long)hdr[1],
+				 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
+			return;
+		}
+		if (c)
+			r_CtxSetCurrent(c);
+		for (size_t off = 0; off < hdr[1];) {
+			size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
+			if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
+				job_fail(j, "copy to device: CUresult %d", r);
+				return;
+			}
+			if (read_full(w->fd, buf[b], len)) {
+				job_fail(j, "VRAM file: truncated in range %#llx", (unsigned long long)hdr[0]);
+				return;
+			}
+			if ((r = r_HtoDAsync(hdr[0] + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
+				job_fail(j, "copy %#llx to device: CUresult %d", (unsigned long long)hdr[0] + off, r);
+				return;
+			}
+			pending[b] = len;
+			atomic_fetch_add(&j->bytes, len);
+			off += len;
+			b ^= 1;
+		}
+		if (fault("copyin")) {
+			job_fail(j, "injected fault (copyin)");
+			return;
+		}
+	}
+}
+
+/* worker_main is one copy thread of a job: two pinned buffers and two
+ * streams, then copy_out or copy_in over its fd. */
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -1132,105 +1246,10 @@ static void *worker_main(void *arg)
 			goto out;
 		}
 	}
-	if (j->out) {
-		if (write_all(w->fd, MAGIC, 8) < 0) {
-			job_fail(j, "write: %s", strerror(errno));
-			goto out;
-		}
-		for (;;) {
-			int k = atomic_fetch_add(&j->next, 1);
-			if (k >= j->npieces || atomic_load(&j->failed))
-				break;
-			struct piece *p = &j->pieces[k];
-			if (p->ctx)
-				r_CtxSetCurrent(p->ctx);
-			uint64_t hdr[2] = {p->va, p->n};
-			if (write_all(w->fd, hdr, sizeof hdr) < 0) {
-				job_fail(j, "write: %s", strerror(errno));
-				goto out;
-			}
-			size_t nch = (p->n + j->buf - 1) / j->buf, plen[2] = {0, 0};
-			for (size_t i = 0; i <= nch; i++) {
-				int b = i & 1;
-				if (i < nch) {
-					plen[b] = p->n - i * j->buf < j->buf ? p->n - i * j->buf : j->buf;
-					if ((r = r_DtoHAsync(buf[b], p->va + i * j->buf, plen[b], st[b])) != CUDA_SUCCESS) {
-						job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, i * j->buf, r);
-						goto out;
-					}
-				}
-				if (i > 0) {
-					int pb = b ^ 1;
-					if ((r = r_StreamSync(st[pb])) != CUDA_SUCCESS) {
-						job_fail(j, "copy to host: CUresult %d", r);
-						goto out;
-					}
-					if (write_all(w->fd, buf[pb], plen[pb]) < 0) {
-						job_fail(j, "write: %s", strerror(errno));
-						goto out;
-					}
-					atomic_fetch_add(&j->bytes, plen[pb]);
-				}
-			}
-			if (fault("copyout")) {
-				job_fail(j, "injected fault (copyout)");
-				goto out;
-			}
-		}
-		uint64_t end[2] = {0, 0};
-		if (!atomic_load(&j->failed) && write_all(w->fd, end, sizeof end) < 0)
-			job_fail(j, "write: %s", strerror(errno));
-	} else {
-		char magic[8];
-		int e = read_full(w->fd, magic, 8);
-		if (e || memcmp(magic, MAGIC, 8)) {
-			job_fail(j, "VRAM file: %s", e ? "truncated header" : "bad magic");
-			goto out;
-		}
-		size_t pending[2] = {0, 0};
-		int b = 0;
-		for (;;) {
-			uint64_t hdr[2];
-			if (read_full(w->fd, hdr, sizeof hdr)) {
-				job_fail(j, "VRAM file: truncated (no end record)");
-				goto out;
-			}
-			if (hdr[0] == 0 && hdr[1] == 0)
-				break;
-			CUcontext c = NULL;
-			int pc = piece_of(j, hdr[0], hdr[1], &c);
-			if (pc < 0) {
-				job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)hdr[0], (unsigned long long)hdr[1],
-					 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
-				goto out;
-			}
-			if (c)
-				r_CtxSetCurrent(c);
-			for (size_t off = 0; off < hdr[1];) {
-				size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
-				if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
-					job_fail(j, "copy to device: CUresult %d", r);
-					goto out;
-				}
-				if (read_full(w->fd, buf[b], len)) {
-					job_fail(j, "VRAM file: truncated in range %#llx", (unsigned long long)hdr[0]);
-					goto out;
-				}
-				if ((r = r_HtoDAsync(hdr[0] + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
-					job_fail(j, "copy %#llx to device: CUresult %d", (unsigned long long)hdr[0] + off, r);
-					goto out;
-				}
-				pending[b] = len;
-				atomic_fetch_add(&j->bytes, len);
-				off += len;
-				b ^= 1;
-			}
-			if (fault("copyin")) {
-				job_fail(j, "injected fault (copyin)");
-				goto out;
-			}
-		}
-	}
+	if (j->out)
+		copy_out(w, buf, st);
+	else
+		copy_in(w, buf, st);
 out:
 	for (int b = 0; b < 2; b++) {
 		if (st[b]) {
@@ -1450,6 +1469,52 @@ static int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
 	return 0;
 }
 
+/* cmd_park closes the gate, waits up to ms for calls in flight to leave it
+ * and synchronizes the contexts; on failure the gate opens again. */
+static int cmd_park(long ms, char *err, size_t n)
+{
+	if (parked) {
+		snprintf(err, n, "already parked");
+		return -1;
+	}
+	if (gate_close(ms > 0 ? ms : 10000) < 0) {
+		snprintf(err, n, "threads still inside gated CUDA calls after %ld ms", ms);
+		return -1;
+	}
+	if (sync_all(err, n) < 0 || fault("park")) {
+		if (!err[0])
+			snprintf(err, n, "injected fault (park)");
+		gate_open();
+		return -1;
+	}
+	parked = 1;
+	return 0;
+}
+
+/* cmd_copy runs copyout or copyin over the descriptors that came with the
+ * line; the workers close them (*nfds is set to 0 once they own them). */
+static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, long long *bytes)
+{
+	int outdir = line[4] == 'o';
+	if (!parked) {
+		snprintf(err, n, "not parked");
+		return -1;
+	}
+	if (*nfds == 0) {
+		snprintf(err, n, "%s without descriptors", line);
+		return -1;
+	}
+	if (released) {
+		snprintf(err, n, "%s", outdir ? "memory is released" : "memory is released: remap first");
+		return -1;
+	}
+	int rc = run_job(outdir, fds, *nfds, err, n, bytes);
+	*nfds = 0;
+	if (rc == 0 && !outdir)
+		unfilled = 0;
+	return rc;
+}
+
 static void serve_conn(int c)
 {
 	char line[256], out[1024], err[512];
@@ -1461,21 +1526,7 @@ static void serve_conn(int c)
 		if (!strcmp(line, "report")) {
 			cmd_report(out, sizeof out);
 		} else if (!strncmp(line, "park", 4)) {
-			long ms_ = atol(line + 4);
-			if (parked) {
-				snprintf(err, sizeof err, "already parked");
-				rc = -1;
-			} else if (gate_close(ms_ > 0 ? ms_ : 10000) < 0) {
-				snprintf(err, sizeof err, "threads still inside gated CUDA calls after %ld ms", ms_);
-				rc = -1;
-			} else if (sync_all(err, sizeof err) < 0 || fault("park")) {
-				if (!err[0])
-					snprintf(err, sizeof err, "injected fault (park)");
-				gate_open();
-				rc = -1;
-			} else {
-				parked = 1;
-			}
+			rc = cmd_park(atol(line + 4), err, sizeof err);
 		} else if (!strcmp(line, "unpark")) {
 			if (released || unfilled) {
 				snprintf(err, sizeof err, "memory is %s: %s first", released ? "released" : "mapped again but not refilled",
@@ -1486,25 +1537,7 @@ static void serve_conn(int c)
 				gate_open();
 			}
 		} else if (!strcmp(line, "copyout") || !strcmp(line, "copyin")) {
-			int outdir = line[4] == 'o';
-			if (!parked) {
-				snprintf(err, sizeof err, "not parked");
-				rc = -1;
-			} else if (nfds == 0) {
-				snprintf(err, sizeof err, "%s without descriptors", line);
-				rc = -1;
-			} else if (outdir && released) {
-				snprintf(err, sizeof err, "memory is released");
-				rc = -1;
-			} else if (!outdir && released) {
-				snprintf(err, sizeof err, "memory is released: remap first");
-				rc = -1;
-			} else {
-				rc = run_job(outdir, fds, nfds, err, sizeof err, &bytes);
-				nfds = 0; /* the workers closed them */
-				if (rc == 0 && !outdir)
-					unfilled = 0;
-			}
+			rc = cmd_copy(line, fds, &nfds, err, sizeof err, &bytes);
 		} else if (!strcmp(line, "release")) {
 			if (!parked) {
 				snprintf(err, sizeof err, "not parked");

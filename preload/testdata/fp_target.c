@@ -105,24 +105,10 @@ static void get(void **p, void *gpa, const char *name)
 	CK(gp(name, p, 12000, 0, &st), name);
 }
 
-int main(int argc, char **argv)
+/* bind_driver takes every entry point through cuGetProcAddress, as the
+ * CUDA runtime does. */
+static void bind_driver(void *gpa)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: fp_target DIR\n");
-		return 2;
-	}
-	const char *dir = argv[1];
-	void *h = dlopen("libcuda.so.1", RTLD_NOW);
-	if (!h) {
-		fprintf(stderr, "dlopen: %s\n", dlerror());
-		return 3;
-	}
-	void *gpa = dlsym(h, "cuGetProcAddress_v2");
-	if (!gpa)
-		return 3;
-	void *gpa2;
-	get(&gpa2, gpa, "cuGetProcAddress"); /* the runtime asks for it again */
-	gpa = gpa2;
 	get((void **)&pInit, gpa, "cuInit");
 	get((void **)&pDeviceGet, gpa, "cuDeviceGet");
 	get((void **)&pRetain, gpa, "cuDevicePrimaryCtxRetain");
@@ -139,13 +125,12 @@ int main(int argc, char **argv)
 	get((void **)&pDtoH, gpa, "cuMemcpyDtoH");
 	get((void **)&pManaged, gpa, "cuMemAllocManaged");
 	get((void **)&pLaunch, gpa, "cuLaunchKernel");
+}
 
-	int dev;
-	CK(pInit(0), "cuInit");
-	CK(pDeviceGet(&dev, 0), "cuDeviceGet");
-	CK(pRetain(&ctx, dev), "retain");
-	CK(pSetCurrent(ctx), "set current");
-
+/* allocate makes the regions of every kind the library tracks and fills
+ * them with their patterns. */
+static void allocate(int dev)
+{
 	U a, gone, p;
 	size_t pitch;
 	CK(pAlloc(&a, (3 << 20) + 5), "cuMemAlloc");
@@ -177,22 +162,13 @@ int main(int argc, char **argv)
 	}
 	for (int k = 0; k < nrs; k++)
 		fill(k);
+}
 
-	char path[4096];
-	snprintf(path, sizeof path, "%s/addrs", dir);
-	FILE *f = fopen(path, "w");
-	for (int k = 0; k < nrs; k++)
-		fprintf(f, "%s %llu %zu\n", rs[k].name, rs[k].va, rs[k].size);
-	fprintf(f, "counter %llu 8\n", counter);
-	fclose(f);
-
-	pthread_t t;
-	pthread_create(&t, NULL, launcher, NULL);
-	snprintf(path, sizeof path, "%s/ready", dir);
-	f = fopen(path, "w");
-	fprintf(f, "%d\n", getpid());
-	fclose(f);
-
+/* serve_checks answers DIR/check forever: it reads every region and the
+ * kernel's counter back and writes the verdict to DIR/result. */
+static void serve_checks(const char *dir)
+{
+	FILE *f;
 	char check[4096], result[4096], tmp[4200];
 	snprintf(check, sizeof check, "%s/check", dir);
 	snprintf(result, sizeof result, "%s/result", dir);
@@ -226,4 +202,49 @@ int main(int argc, char **argv)
 		fclose(f);
 		rename(tmp, result);
 	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: fp_target DIR\n");
+		return 2;
+	}
+	const char *dir = argv[1];
+	void *h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "dlopen: %s\n", dlerror());
+		return 3;
+	}
+	void *gpa = dlsym(h, "cuGetProcAddress_v2");
+	if (!gpa)
+		return 3;
+	void *gpa2;
+	get(&gpa2, gpa, "cuGetProcAddress"); /* the runtime asks for it again */
+	gpa = gpa2;
+	bind_driver(gpa);
+
+	int dev;
+	CK(pInit(0), "cuInit");
+	CK(pDeviceGet(&dev, 0), "cuDeviceGet");
+	CK(pRetain(&ctx, dev), "retain");
+	CK(pSetCurrent(ctx), "set current");
+	allocate(dev);
+
+	char path[4096];
+	snprintf(path, sizeof path, "%s/addrs", dir);
+	FILE *f = fopen(path, "w");
+	for (int k = 0; k < nrs; k++)
+		fprintf(f, "%s %llu %zu\n", rs[k].name, rs[k].va, rs[k].size);
+	fprintf(f, "counter %llu 8\n", counter);
+	fclose(f);
+
+	pthread_t t;
+	pthread_create(&t, NULL, launcher, NULL);
+	snprintf(path, sizeof path, "%s/ready", dir);
+	f = fopen(path, "w");
+	fprintf(f, "%d\n", getpid());
+	fclose(f);
+
+	serve_checks(dir);
 }
