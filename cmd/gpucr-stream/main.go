@@ -101,7 +101,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, gpuCommand,
+		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
 		vramCommand, migrateCommand, receiveCommand, tokenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
 	}
 }
@@ -114,6 +114,8 @@ var flagGroups = map[string][]string{
 	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	"criu":   {"criu", "work-dir", "criu-opts"},
+	// the GPU fast path of checkpoint and gpu suspend --to
+	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }
 
 // globalFlags apply to every command (drivers of criu-image-streamer pass
