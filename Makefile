@@ -7,10 +7,19 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 10s
 CRIU_PREFIX ?= /opt/gpucr-criu
 
-.PHONY: build deps test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
+.PHONY: build preload deps test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
 
-build:
+build: preload
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
+
+# The library GPU processes load for the fast path (docs/PRODUCERS.md,
+# section 3): C, no CUDA headers, built with the system compiler.
+CC ?= cc
+PRELOAD := bin/libgpucr-preload.so
+preload: $(PRELOAD)
+$(PRELOAD): preload/gpucr_preload.c
+	@mkdir -p bin
+	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=default -o $@ $< -ldl -lpthread
 
 # deps installs the real components the tests and the demo use.
 deps:

@@ -5,7 +5,8 @@
 // (Capture, Serve, Extract). Each takes an Options struct of parsed values
 // and returns a Result with the timed phases; progress reaches the caller
 // through Hooks. The CUDA suspend/undo/resume policy around CRIU lives here
-// too (cuda.go).
+// too (cuda.go), with the GPU fast path for processes that run with
+// libgpucr-preload (fastpath.go).
 package checkpoint
 
 import (
@@ -99,6 +100,9 @@ type Options struct {
 	// Producers is the number of VRAM producers the image waits for.
 	Producers int
 	CUDA      CUDA
+	// FastPath moves the device memory of CUDA processes that run with
+	// libgpucr-preload through the pipeline (fastpath.go).
+	FastPath FastPath
 	// Tool is recorded in the manifest ("gpucr-stream VERSION").
 	Tool  string
 	Hooks Hooks
@@ -144,10 +148,17 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	defer done()
 	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu)}
 	phases := cc.queryGPUs(ctx, &meta)
-	ps, err := cc.suspend(o.CUDA.LockTimeout)
+	// The fast path first (the processes' device memory into the capture,
+	// then released), so that the driver's checkpoint finds little to copy.
+	ps, err := cc.fastSuspend(ctx, o.FastPath, o.Dest, c, &meta, o.Hooks)
 	phases = append(phases, ps...)
+	if err == nil {
+		ps, err = cc.suspend(o.CUDA.LockTimeout)
+		phases = append(phases, ps...)
+	}
 	if err != nil {
-		// Suspend has undone its steps: the process runs on.
+		// fastSuspend and suspend have undone their steps: the process
+		// runs on.
 		abortCapture(ctx, c, err)
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
@@ -160,7 +171,9 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
 	}
 	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
-	if o.LeaveRunning {
+	if !o.LeaveRunning {
+		cc.fastCommit()
+	} else {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
 		if rerr != nil {
@@ -253,8 +266,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
 	defer done()
 	var recorded []manifest.GPU
+	var cudaProcs []manifest.CUDAProcess
 	if a, ok := src.(*streamer.ArchiveSource); ok {
-		recorded = a.Manifest().GPUs
+		recorded, cudaProcs = a.Manifest().GPUs, a.Manifest().CUDA
 	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err != nil {
@@ -273,6 +287,14 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	phases = append(phases, TimingPhases(t)...)
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", o.Src, rep.PID, err)
+	}
+	// Those that took the fast path wait, parked, for their memory.
+	if o.CUDA.mode() != CUDAOff {
+		ps, err := fastRestore(ctx, src, cudaProcs)
+		phases = append(phases, ps...)
+		if err != nil {
+			return nil, fmt.Errorf("restore from %s: process %d restored, but its device memory is not: %w", o.Src, rep.PID, err)
+		}
 	}
 	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil

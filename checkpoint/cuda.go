@@ -8,6 +8,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,6 +69,10 @@ type cudaCheckpoint struct {
 	pids []int
 	gpus []vram.GPUInfo
 	sus  *vram.Suspension
+	// fast: the device memory the fast path moved out (nil: the driver
+	// takes it all); keepDir holds its copy until the commit (fastpath.go).
+	fast    *vram.FastSuspension
+	keepDir string
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
 }
@@ -155,28 +160,33 @@ func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest
 
 // suspend moves the GPU state of cc's processes into host memory (lock,
 // then checkpoint), so that CRIU can dump them. On failure Suspend has
-// undone its steps: the processes run on.
+// undone its steps, and the memory the fast path released comes back: the
+// processes run on.
 func (cc *cudaCheckpoint) suspend(lockTimeout time.Duration) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	var err error
 	cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
+	if err != nil && cc.fast != nil {
+		err = errGPUUndone(err, cc.pids, cc.fastUndo())
+	}
 	return TimingPhases(cc.sus.Timings), err
 }
 
 // undo is for a dump that failed after suspend: CRIU resumed the process
 // (or never stopped it), so its GPU state must come back too. It returns
-// cause, saying whether that worked.
+// cause, saying whether that worked. The driver's state comes back first,
+// then the memory the fast path released.
 func (cc *cudaCheckpoint) undo(cause error) error {
 	if cc == nil {
 		return cause
 	}
-	return errGPUUndone(cause, cc.pids, cc.sus.Resume(nil))
+	return errGPUUndone(cause, cc.pids, errors.Join(cc.sus.Resume(nil), cc.fastUndo()))
 }
 
 // resume puts the GPU state back after a committed dump that left the
-// process running, and times the driver steps.
+// process running, and times the driver steps and the fast path's refill.
 func (cc *cudaCheckpoint) resume() ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
@@ -184,7 +194,13 @@ func (cc *cudaCheckpoint) resume() ([]Phase, error) {
 	before := cc.sus.Timings
 	err := cc.sus.Resume(nil)
 	t := cc.sus.Timings
-	return TimingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock}), err
+	ps := TimingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
+	if cc.fast != nil {
+		start := time.Now()
+		err = errors.Join(err, cc.fastUndo())
+		ps = append(ps, Phase{"vram refill", time.Since(start).Seconds()})
+	}
+	return ps, err
 }
 
 // cudaPIDs are the suspended CUDA processes (nil without any).

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"strings"
@@ -121,7 +122,7 @@ func TestGPUStep(t *testing.T) {
 		{"unlock", "lock P, checkpoint P, restore P, unlock P, lock P, unlock P", ""},
 	}
 	for _, s := range steps {
-		res, err := GPUStep(f, GPUStepOptions{Action: s.action, PID: pid, FindProcs: vramtest.Find(pid)})
+		res, err := GPUStep(context.Background(), f, GPUStepOptions{Action: s.action, PID: pid, FindProcs: vramtest.Find(pid)})
 		if err != nil {
 			t.Fatalf("%s: %v", s.action, err)
 		}
@@ -132,7 +133,7 @@ func TestGPUStep(t *testing.T) {
 			t.Errorf("%s: state %q, want %q", s.action, res.State, s.state)
 		}
 	}
-	if _, err := GPUStep(f, GPUStepOptions{Action: "frob", PID: pid}); !errors.Is(err, errdefs.ErrUsage) {
+	if _, err := GPUStep(context.Background(), f, GPUStepOptions{Action: "frob", PID: pid}); !errors.Is(err, errdefs.ErrUsage) {
 		t.Fatalf("unknown action: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -36,6 +37,16 @@ type GPUStepOptions struct {
 	Pairs       []vram.GPUPair
 	// FindProcs finds the CUDA processes of a tree (nil: vram.FindCUDA).
 	FindProcs func(root int) ([]vram.Usage, []int, error)
+	// To (suspend) and From (resume), where not stdio, take the fast path
+	// (fastpath.go): the device memory of processes that run with
+	// libgpucr-preload goes into a checkpoint at To and comes back from
+	// one at From; Open opens them, FastPath configures the copy, Tool is
+	// recorded in the manifest.
+	To, From location.Location
+	Open     location.Config
+	FastPath FastPath
+	Tool     string
+	Hooks    Hooks
 }
 
 // GPUStepResult is what a step did.
@@ -51,9 +62,15 @@ type GPUStepResult struct {
 // GPUStep runs one of the driver's checkpoint steps on o.PID (what
 // cuda-checkpoint does), or suspends or resumes the CUDA processes of its
 // tree, for scripts, debugging and the plain-CRIU baseline.
-func GPUStep(drv vram.Driver, o GPUStepOptions) (*GPUStepResult, error) {
+func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepResult, error) {
 	start := time.Now()
 	res := &GPUStepResult{PID: o.PID, Action: o.Action}
+	if o.To.Kind != location.Stdio && o.Action != "suspend" {
+		return nil, errdefs.Usagef("gpu %s does not take --to (gpu suspend --to DEST)", o.Action)
+	}
+	if o.From.Kind != location.Stdio && o.Action != "resume" {
+		return nil, errdefs.Usagef("gpu %s does not take --from (gpu resume --from SRC)", o.Action)
+	}
 	var err error
 	switch o.Action {
 	case "state":
@@ -70,7 +87,7 @@ func GPUStep(drv vram.Driver, o GPUStepOptions) (*GPUStepResult, error) {
 	case "unlock":
 		err = drv.Unlock(o.PID)
 	case "suspend", "resume":
-		err = treeStep(drv, o, res)
+		err = treeStep(ctx, drv, o, res)
 	default:
 		return nil, errdefs.Usagef("gpu: unknown action %q", o.Action)
 	}
@@ -81,8 +98,9 @@ func GPUStep(drv vram.Driver, o GPUStepOptions) (*GPUStepResult, error) {
 	return res, nil
 }
 
-// treeStep suspends or resumes every CUDA process of o.PID's tree.
-func treeStep(drv vram.Driver, o GPUStepOptions, res *GPUStepResult) error {
+// treeStep suspends or resumes every CUDA process of o.PID's tree; with
+// o.To or o.From, through the fast path.
+func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, res *GPUStepResult) error {
 	found, _, err := CUDA{FindProcs: o.FindProcs}.find(o.PID)
 	if err != nil {
 		return err
@@ -96,14 +114,20 @@ func treeStep(drv vram.Driver, o GPUStepOptions, res *GPUStepResult) error {
 	if len(pids) == 0 {
 		return fmt.Errorf("gpu %s: no CUDA process in the tree of %d", o.Action, o.PID)
 	}
-	var t vram.Timings
-	if o.Action == "suspend" {
+	res.PIDs = pids
+	switch {
+	case o.Action == "suspend" && o.To.Kind != location.Stdio:
+		res.Phases, err = suspendTo(ctx, drv, pids, o)
+	case o.Action == "resume" && o.From.Kind != location.Stdio:
+		res.Phases, err = resumeFrom(ctx, drv, pids, o)
+	case o.Action == "suspend":
 		var s *vram.Suspension
 		s, err = vram.Suspend(drv, pids, o.LockTimeout)
-		t = s.Timings
-	} else {
+		res.Phases = TimingPhases(s.Timings)
+	default:
+		var t vram.Timings
 		_, t, err = vram.ResumeRestored(drv, pids, o.Pairs)
+		res.Phases = TimingPhases(t)
 	}
-	res.PIDs, res.Phases = pids, TimingPhases(t)
 	return err
 }

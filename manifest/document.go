@@ -57,9 +57,11 @@ type Manifest struct {
 	ChunkSize   int               `json:"chunk_size"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	GPUs        []GPU             `json:"gpus,omitempty"`
-	Stats       Stats             `json:"stats"`
-	Segments    []Segment         `json:"segments,omitempty"`
-	Files       []File            `json:"files"`
+	// CUDA records, per CUDA process, which path its device memory took.
+	CUDA     []CUDAProcess `json:"cuda,omitempty"`
+	Stats    Stats         `json:"stats"`
+	Segments []Segment     `json:"segments,omitempty"`
+	Files    []File        `json:"files"`
 	// Encryption is set for an encrypted checkpoint (format 2).
 	Encryption *Encryption `json:"encryption,omitempty"`
 	// MAC authenticates an encrypted checkpoint's manifest (MarshalMAC);
@@ -76,6 +78,23 @@ type GPU struct {
 	Driver string `json:"driver,omitempty"`
 	PID    int    `json:"pid,omitempty"`
 	Bytes  int64  `json:"bytes,omitempty"`
+}
+
+// CUDA process paths: the driver's checkpoint (device memory inside the
+// process's CRIU image), or the fast path (device memory in Files, written
+// by libgpucr-preload; docs/PRODUCERS.md).
+const (
+	CUDAPathDriver  = "driver"
+	CUDAPathPreload = "preload"
+)
+
+// CUDAProcess records how one CUDA process of the checkpoint was saved.
+type CUDAProcess struct {
+	PID  int    `json:"pid"`
+	Path string `json:"path"`
+	// Files hold its device memory (fast path), Bytes their total.
+	Files []string `json:"files,omitempty"`
+	Bytes int64    `json:"bytes,omitempty"`
 }
 
 // Stats sums the checkpoint.

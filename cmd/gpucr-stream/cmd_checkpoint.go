@@ -9,7 +9,7 @@ import (
 )
 
 var checkpointCommand = command{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", "",
-	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "producers"}, runCheckpoint}
+	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "producers", "@fastpath"}, runCheckpoint}
 
 func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
@@ -26,8 +26,12 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	fast, err := cfg.fastPathOptions()
+	if err != nil {
+		return err
+	}
 	res, err := checkpoint.Checkpoint(ctx, checkpoint.Options{PID: cfg.pid, Dest: dest, Open: cfg.locationConfig(),
-		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, Producers: cfg.producers, CUDA: cuda,
+		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, Producers: cfg.producers, CUDA: cuda, FastPath: fast,
 		Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
 	if err != nil {
 		return err

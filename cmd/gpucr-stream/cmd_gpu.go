@@ -9,12 +9,13 @@ import (
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
-var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume", "ACTION",
-	[]string{"pid", "lock-timeout", "gpu-map"}, runGPU}
+var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", "ACTION",
+	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "@key", "@encode", "@s3", "@fastpath"}, runGPU}
 
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
 // steps one at a time (checkpoint.GPUStep). Actions: info, state, lock,
-// checkpoint, restore, unlock, suspend, resume.
+// checkpoint, restore, unlock, suspend, resume; suspend --to DEST and
+// resume --from SRC take the fast path.
 func runGPU(ctx context.Context, cfg *config, args []string) error {
 	if len(args) != 1 {
 		return usagef("gpu needs one action: info, state, lock, checkpoint, restore, unlock, suspend, resume")
@@ -48,8 +49,21 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 			return usagef("--gpu-map: %v", err)
 		}
 	}
-	res, err := checkpoint.GPUStep(drv, checkpoint.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
-		Pairs: pairs, FindProcs: findCUDAProcs})
+	to, err := parseLoc("--to", cfg.to)
+	if err != nil {
+		return err
+	}
+	from, err := parseLoc("--from", cfg.from)
+	if err != nil {
+		return err
+	}
+	fast, err := cfg.fastPathOptions()
+	if err != nil {
+		return err
+	}
+	res, err := checkpoint.GPUStep(ctx, drv, checkpoint.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
+		Pairs: pairs, FindProcs: findCUDAProcs, To: to, From: from, Open: cfg.locationConfig(), FastPath: fast,
+		Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
 	if err != nil {
 		return err
 	}

@@ -204,3 +204,36 @@ func TestNoDriverMessages(t *testing.T) {
 		t.Fatalf("checkpoint --cuda on without a driver: %v", err)
 	}
 }
+
+// TestGPUFastPathWiring: gpu hands --to and --from to the library, which
+// refuses them on the wrong action and refuses suspend --to for a process
+// without the fast-path library, before any driver step.
+func TestGPUFastPathWiring(t *testing.T) {
+	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
+	pid := os.Getpid()
+	f := withFakeCUDA(t, pid)
+	ar := filepath.Join(t.TempDir(), "ar")
+	p := strconv.Itoa(pid)
+	for _, tc := range []struct {
+		args    []string
+		code    int
+		errText string
+	}{
+		{[]string{"gpu", "lock", "--pid", p, "--to", ar}, exitUsage, "does not take --to"},
+		{[]string{"gpu", "suspend", "--pid", p, "--from", ar}, exitUsage, "does not take --from"},
+		{[]string{"gpu", "suspend", "--pid", p, "--to", ar, "--fast-path", "off"}, exitUsage, "needs the fast path"},
+		{[]string{"gpu", "suspend", "--pid", p, "--to", ar, "--vram-files", "65"}, exitUsage, "--vram-files"},
+		{[]string{"gpu", "suspend", "--pid", p, "--to", ar}, exitFailure, "library is not loaded"},
+	} {
+		_, err := runGPUCmd(context.Background(), tc.args...)
+		if code := exitCode(err, false); code != tc.code || err == nil || !strings.Contains(err.Error(), tc.errText) {
+			t.Errorf("%v: exit %d, %v; want exit %d, %q", tc.args, code, err, tc.code, tc.errText)
+		}
+	}
+	if log := f.Log(); log != "" {
+		t.Errorf("driver steps %q", log)
+	}
+	if _, err := os.Stat(ar); err == nil {
+		t.Errorf("a refused gpu suspend --to left %s", ar)
+	}
+}

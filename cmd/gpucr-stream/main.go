@@ -101,7 +101,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, gpuCommand,
+		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
 		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
 	}
 }
@@ -115,6 +115,8 @@ var flagGroups = map[string][]string{
 	"key":    {"key-file"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	"criu":   {"criu", "work-dir", "criu-opts"},
+	// the GPU fast path of checkpoint and gpu suspend --to
+	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }
 
 // globalFlags apply to every command (drivers of criu-image-streamer pass

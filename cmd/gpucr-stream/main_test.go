@@ -71,6 +71,10 @@ func TestRunArgs(t *testing.T) {
 		{[]string{"--chunk-size", "1", "version"}, exitUsage, "", "--chunk-size"},
 		{[]string{"--ext-file-fds", "nocolon", "version"}, exitUsage, "", "NAME:FD"},
 		{[]string{"checkpoint"}, exitUsage, "", "--pid"},
+		{[]string{"checkpoint", "--pid", "1", "--fast-path", "on"}, exitUsage, "", "--fast-path"},
+		{[]string{"checkpoint", "--pid", "1", "--vram-files", "0"}, exitUsage, "", "--vram-files"},
+		{[]string{"run"}, exitUsage, "", "run needs a program"},
+		{[]string{"run", "--"}, exitUsage, "", "run needs a program"},
 		{[]string{"inspect", "/nonexistent/archive"}, exitNotFound, "", "no complete checkpoint"},
 	}
 	for _, tc := range tests {
@@ -135,6 +139,9 @@ func TestCommandFlags(t *testing.T) {
 	}{
 		{[]string{"ls", dir, "--pid", "42", "--streams", "3"}, exitUsage, "", "", "ls does not take --pid, --streams"},
 		{[]string{"--pid", "42", "token"}, exitUsage, "", "", "token does not take --pid"},
+		{[]string{"run", "--pid", "42", "--", "true"}, exitUsage, "", "", "run does not take --pid"},
+		{[]string{"restore", "--fast-path", "off"}, exitUsage, "", "", "restore does not take --fast-path"},
+		{[]string{"gpu", "--help"}, exitOK, "--vram-keep-dir", "--older-than", ""},
 		{[]string{"ls", "--help"}, exitOK, "--s3-endpoint", "--pid", ""},
 		{[]string{"capture", "--help"}, exitOK, "--images-dir", "--older-than", ""},
 		{[]string{"--help", "gc"}, exitOK, "--older-than", "--codec", ""},

@@ -149,6 +149,18 @@ func (c *config) cudaOptions(suspends bool) (checkpoint.CUDA, error) {
 	return cuda, err
 }
 
+// fastPathOptions are --fast-path, --vram-files and --vram-keep-dir.
+func (c *config) fastPathOptions() (checkpoint.FastPath, error) {
+	mode := checkpoint.FastPathMode(c.fastPath)
+	if mode != checkpoint.FastPathAuto && mode != checkpoint.FastPathOff {
+		return checkpoint.FastPath{}, usagef("--fast-path %q: want auto or off", c.fastPath)
+	}
+	if c.vramFiles < 1 || c.vramFiles > 64 {
+		return checkpoint.FastPath{}, usagef("--vram-files %d: want 1..64", c.vramFiles)
+	}
+	return checkpoint.FastPath{Mode: mode, Files: c.vramFiles, KeepDir: c.vramKeepDir}, nil
+}
+
 // lockTimeoutDur parses --lock-timeout.
 func (c *config) lockTimeoutDur() (time.Duration, error) {
 	d, err := time.ParseDuration(c.lockTimeout)

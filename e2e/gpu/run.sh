@@ -21,6 +21,22 @@
 #              TREE_CHILDREN CUDA children of TREE_CHILD_MIB MiB each (same
 #              session); the checkpoint must have suspended 1 + TREE_CHILDREN
 #              CUDA processes, and every child proves itself too
+#   fast, fastexp, fastleave
+#              the GPU fast path: the target runs under gpucr-stream run
+#              (libgpucr-preload); checkpoint --codec FAST_CODEC moves its
+#              device memory through the pipeline itself and releases it
+#              before the driver's checkpoint; restore copies it back after
+#              the driver's restore. fastexp: the same with
+#              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fastleave:
+#              with --leave-running. The round fails unless the checkpoint
+#              took the fast path (its "vram copy out" phase).
+#   fasttree   the tree round on the fast path (every process of the tree
+#              runs with the library)
+#   fastsuspend
+#              gpucr-stream gpu suspend --to ARCHIVE (the process stays alive
+#              with no device memory), then gpu resume --from ARCHIVE
+#   probe      e2e/gpu/quiesce_probe.py with the default allocator and with
+#              expandable segments (the quiescence order, step by step)
 #   migrate    live migration on this host over loopback: gpucr-stream
 #              receive --restore on 127.0.0.1:PORT, gpucr-stream migrate
 #              --to tcp://127.0.0.1:PORT; the process comes back with its PID
@@ -38,7 +54,9 @@
 # gpucr-stream binary, bin/gpucr-stream), CRIU (criu binary; else criu on
 # PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
-# script), SIDE (8192), GPU_MAP_ROUND (round whose restore remaps the GPU
+# script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
+# VRAM_KEEP_DIR (fast path: the copy kept until the commit, /dev/shm),
+# GPU_MAP_ROUND (round whose restore remaps the GPU
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
 # the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512).
 set -u -o pipefail
@@ -56,6 +74,8 @@ DEADLINE=${DEADLINE:-420}
 GPU_MAP_ROUND=${GPU_MAP_ROUND-lz4}
 TREE_CHILDREN=${TREE_CHILDREN:-2}
 TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
+FAST_CODEC=${FAST_CODEC:-none}
+VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-/dev/shm}
 TCHILDREN=0
 RECV_PID=
 T_START=$(date +%s.%N)
@@ -177,6 +197,9 @@ for r in rows:
         r.get("checkpoint_total", 0), g("criu_restore"), g("gpu_restore"), g("unlock"), r.get("restore_total", 0),
         r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
         (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
+    if p.get("vram_copy_out"):
+        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs | remap %.2fs, copy in %.2fs, refill %.2fs" % (
+            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -186,7 +209,7 @@ def med(kind, key):
     v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
     return (statistics.median(v), len(v)) if v else (0, 0)
 print()
-for kind in ("baseline", "auto", "lz4", "tree", "migrate"):
+for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "fasttree", "fastsuspend", "tree", "migrate"):
     (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
     if n and kind == "migrate":
         print("median of %d %-8s: downtime   %6.2fs (checkpoint to restored, GPU included)" % (n, kind, c))
@@ -221,14 +244,19 @@ start_target() {
 	TCHILDREN=${2:-0}
 	rm -rf "$TDIR"
 	mkdir -p "$TDIR"
-	local t0 kids=()
+	local t0 kids=() pre=()
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
+	# Fast rounds: the target runs with libgpucr-preload.
+	case ${1%%-*} in
+	fast | fastleave | fasttree | fastsuspend) pre=(env "$GCS" run --) ;;
+	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
+	esac
 	t0=$(now)
 	# oneDNN must not use AMX on the CPU side: CRIU 4.1 does not restore a
 	# process's AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM), and the
 	# restored process dies of SIGILL at its next AMX instruction.
 	ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 \
-		setsid "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
+		setsid "${pre[@]}" "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
 		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}" \
 		</dev/null >>"$TDIR/target.out" 2>&1 &
 	TPID=$!
@@ -454,6 +482,7 @@ round_gcs() {
 	local extra=()
 	[ -n "$leave" ] && extra+=(--leave-running)
 	[ -n "$CRIU_OPTS" ] && extra+=(--criu-opts "$CRIU_OPTS")
+	case $ROUND in fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -478,6 +507,13 @@ round_gcs() {
 		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
 		cuda_ok=false
 	fi
+	case $ROUND in fast*)
+		if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$WORK/logs/$ROUND-checkpoint.json"; then
+			log "$ROUND: the checkpoint did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-checkpoint.err"))"
+			cuda_ok=false
+		fi
+		;;
+	esac
 	local tpull=0
 	if [ -z "$leave" ] && [ "${PULL_BENCH:-1}" = 1 ]; then
 		# How fast the archive is read and decoded into a pipe whose reader
@@ -570,13 +606,60 @@ rp = {p["name"]: p["seconds"] for p in rs.get("phases", [])}
 phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0),
   "dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0),
   "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
-  "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0)}
+  "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0),
+  "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+  "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0), "vram_refill": ph.get("vram refill", 0)}
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
   "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
   "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0)}))
 ' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN")"
+	rm -rf "$ar"
+	$ok
+}
+
+# round_suspend: gpu suspend --to an archive (device memory out, released,
+# then the driver's lock + checkpoint), the device memory the process holds
+# meanwhile, gpu resume --from it; the target proves itself after.
+round_suspend() {
+	local ar=$WORK/ar-$ROUND t0 ts tr used ok=false
+	rm -rf "$ar"
+	t0=$(now)
+	if ! "$GCS" gpu suspend --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR" --json \
+		>"$WORK/logs/$ROUND-suspend.json" 2>"$WORK/logs/$ROUND-suspend.err"; then
+		log "$ROUND: gpu suspend failed: $(tail -c 2000 "$WORK/logs/$ROUND-suspend.err")"
+		prove after-failed-suspend
+		return 1
+	fi
+	ts=$(since "$t0")
+	used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | awk -F', ' -v p="$TPID" '$1 == p { print $2 }')
+	log "$ROUND: suspended in ${ts}s: $(cat "$WORK/logs/$ROUND-suspend.json"); device memory of $TPID now: ${used:-none}"
+	sleep 1
+	t0=$(now)
+	if ! "$GCS" gpu resume --pid "$TPID" --from "$ar" --json >"$WORK/logs/$ROUND-resume.json" 2>"$WORK/logs/$ROUND-resume.err"; then
+		log "$ROUND: gpu resume failed: $(tail -c 2000 "$WORK/logs/$ROUND-resume.err")"
+		return 1
+	fi
+	tr=$(since "$t0")
+	log "$ROUND: resumed in ${tr}s: $(cat "$WORK/logs/$ROUND-resume.json")"
+	local before=$COUNTER
+	if prove after && [ "$COUNTER" -gt "$before" ]; then
+		sleep 1
+		local c1=$COUNTER
+		prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
+	fi
+	emit "$(python3 -c '
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ph = {p["name"]: p["seconds"] for p in s.get("phases", [])}
+rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
+print(json.dumps({"round": sys.argv[3], "ok": sys.argv[4] == "true", "checkpoint_total": float(sys.argv[5]), "restore_total": float(sys.argv[6]),
+  "phases": {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "commit": ph.get("commit", 0),
+    "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+    "gpu_restore": rp.get("gpu restore", 0), "unlock": rp.get("gpu unlock", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)},
+  "note": "gpu suspend --to / resume --from; device memory of the process while suspended: %s" % sys.argv[7]}))
+' "$WORK/logs/$ROUND-suspend.json" "$WORK/logs/$ROUND-resume.json" "$ROUND" "$ok" "$ts" "$tr" "${used:-none}")"
 	rm -rf "$ar"
 	$ok
 }
@@ -736,8 +819,22 @@ while [ $# -gt 0 ]; do
 		break
 	fi
 	base=${ROUND%%-*} # auto-2 runs the auto round again
+	if [ "$base" = probe ]; then
+		# The quiescence probe starts its own targets.
+		log "=== round $ROUND"
+		for conf in "" expandable_segments:True; do
+			if "$PY" "$ROOT/e2e/gpu/quiesce_probe.py" --gcs "$GCS" --lib "$(dirname "$GCS")/libgpucr-preload.so" \
+				--out "$OUTDIR" ${conf:+--alloc-conf "$conf"} 2>&1 | tee -a "$RUNLOG"; then
+				log "round $ROUND ${conf:-default}: PASS"
+			else
+				log "round $ROUND ${conf:-default}: FAIL"
+				FAILED=$((FAILED + 1))
+			fi
+		done
+		continue
+	fi
 	nkids=0
-	[ "$base" = tree ] && nkids=$TREE_CHILDREN
+	[ "$base" = tree ] || [ "$base" = fasttree ] && nkids=$TREE_CHILDREN
 	log "=== round $ROUND"
 	start_target "$ROUND" "$nkids" || {
 		log "round $ROUND: target did not start"
@@ -752,6 +849,10 @@ while [ $# -gt 0 ]; do
 	}
 	DUMP_FAILED=0
 	case $base in
+	fast | fastexp) round_gcs "$FAST_CODEC" ;;
+	fastleave) round_gcs "$FAST_CODEC" leave ;;
+	fasttree) round_gcs "$FAST_CODEC" ;;
+	fastsuspend) round_suspend ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;

@@ -1,0 +1,242 @@
+package checkpoint
+
+// The GPU fast path around the CUDA policy of cuda.go (vram/fastpath.go has
+// the mechanism, docs/PRODUCERS.md section 3 the order and why). Processes
+// started with `gpucr-stream run` (libgpucr-preload) move their device
+// memory into the capture themselves and release it before the driver's
+// checkpoint, which then finds little to copy; a restore puts it back after
+// the driver's restore. A copy is kept until the commit: any failure after
+// the release maps the memory back and refills it before the program runs
+// again (cudaCheckpoint.undo and resume call fastUndo). Processes without
+// the library keep the driver-only path, unchanged.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+// FastPathMode says whether CUDA processes with the library take the fast
+// path.
+type FastPathMode string
+
+const (
+	// FastPathAuto takes it when every CUDA process of the tree can.
+	FastPathAuto FastPathMode = "auto"
+	// FastPathOff leaves device memory to the driver's checkpoint.
+	FastPathOff FastPathMode = "off"
+)
+
+// FastPath configures the fast path of a checkpoint or `gpu suspend --to`.
+type FastPath struct {
+	Mode FastPathMode // "" is FastPathAuto
+	// Files per CUDA process: files in the checkpoint and copy threads in
+	// the library, 1..64 (0: 8).
+	Files int
+	// KeepDir receives the copy of device memory kept until the commit,
+	// for an undo ("": $TMPDIR).
+	KeepDir string
+}
+
+// fastSuspend moves the device memory of cc's processes into c when every
+// one of them runs with the library and can, and dest is one a restore
+// reads a manifest from (an archive, S3); else it does nothing and the
+// driver's checkpoint takes it all, as without the library. It records the
+// path each process took in meta. On failure it has undone its steps: the
+// processes run on.
+func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest location.Location, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
+	if cc == nil {
+		return nil, nil
+	}
+	cc.recordPaths(meta)
+	if !cc.fastPossible(ctx, f, dest, h) {
+		return nil, nil
+	}
+	keep, err := os.MkdirTemp(f.KeepDir, "gpucr-vram-keep-")
+	if err != nil {
+		return nil, fmt.Errorf("fast path: %w", err)
+	}
+	cc.keepDir = keep
+	put := func(ctx context.Context, name string, r io.Reader) error {
+		_, err := c.WriteFile(name, r, true)
+		return err
+	}
+	start := time.Now()
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep})
+	var phases []Phase
+	if cc.fast != nil {
+		t := cc.fast.Timings
+		phases = []Phase{{"vram park", t.Park.Seconds()}, {"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
+	}
+	if err != nil {
+		os.RemoveAll(keep)
+		return phases, err
+	}
+	cc.recordPaths(meta)
+	if d := time.Since(start).Seconds(); d > 0 {
+		n := cc.fast.Bytes()
+		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s)", float64(n)/(1<<30), d, float64(n)/d/1e9))
+	}
+	return phases, nil
+}
+
+// fastPossible says whether the fast path can be taken: f allows it, dest
+// is an archive or S3 (a stream destination keeps the driver path: the
+// restore finds the files through the manifest), and every process has the
+// library loaded and says it can.
+func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, dest location.Location, h Hooks) bool {
+	if f.Mode == FastPathOff || (dest.Kind != location.Archive && dest.Kind != location.S3) {
+		return false
+	}
+	for _, pid := range cc.pids {
+		if !vram.HasPreload(pid) {
+			return false
+		}
+	}
+	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), cc.pids); err != nil {
+		h.log(fmt.Sprintf("GPU fast path not taken: %v", err))
+		return false
+	}
+	return true
+}
+
+// recordPaths records in meta which path each CUDA process's device memory
+// took: the fast path's files, or the driver's checkpoint.
+func (cc *cudaCheckpoint) recordPaths(meta *manifest.Manifest) {
+	meta.CUDA = nil
+	byPID := map[int]vram.FastProc{}
+	for _, p := range cc.fast.Procs() {
+		byPID[p.PID] = p
+	}
+	for _, pid := range cc.pids {
+		if p, ok := byPID[pid]; ok {
+			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes})
+		} else {
+			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver})
+		}
+	}
+}
+
+// fastUndo refills what fastSuspend released (after the driver's state is
+// back), for a failed dump or LeaveRunning. It takes no context: the undo
+// runs even when the checkpoint was cancelled.
+func (cc *cudaCheckpoint) fastUndo() error {
+	if cc == nil || cc.fast == nil {
+		return nil
+	}
+	err := cc.fast.Undo(context.Background())
+	os.RemoveAll(cc.keepDir)
+	return err
+}
+
+// fastCommit drops the kept copy once the checkpoint is committed and the
+// processes are dumped.
+func (cc *cudaCheckpoint) fastCommit() {
+	if cc == nil || cc.fast == nil {
+		return
+	}
+	cc.fast.Commit()
+	os.RemoveAll(cc.keepDir)
+}
+
+// fastRestore brings back the device memory of the restored processes that
+// took the fast path (procs, from the manifest), after the driver's restore
+// and unlock. Those that fail stay parked.
+func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess) ([]Phase, error) {
+	var remap, copyIn time.Duration
+	var errs []error
+	get := func(ctx context.Context, name string, w io.Writer) error {
+		_, err := src.Copy(ctx, name, w)
+		return err
+	}
+	for _, p := range procs {
+		if p.Path != manifest.CUDAPathPreload {
+			continue
+		}
+		r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
+		remap, copyIn = remap+r, copyIn+c
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if remap == 0 && copyIn == 0 && len(errs) == 0 {
+		return nil, nil
+	}
+	ps := []Phase{{"vram remap", remap.Seconds()}, {"vram copy in", copyIn.Seconds()}}
+	if err := errors.Join(errs...); err != nil {
+		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)
+	}
+	return ps, nil
+}
+
+// suspendTo is `gpu suspend --to DEST` for processes that run with the
+// library: their device memory goes into a checkpoint at o.To (committed),
+// is released, and the driver's lock and checkpoint free the rest (the
+// context), so the processes stay alive with no device memory. On failure
+// everything is put back and they run on.
+func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
+	if o.FastPath.Mode == FastPathOff {
+		return nil, errdefs.Usagef("gpu suspend --to needs the fast path (--fast-path auto)")
+	}
+	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), pids); err != nil {
+		return nil, fmt.Errorf("gpu suspend --to: %w", err)
+	}
+	c, _, err := startCapture(ctx, o.To, o.Open)
+	if err != nil {
+		return nil, err
+	}
+	cc := &cudaCheckpoint{drv: drv, pids: pids}
+	meta := manifest.Manifest{Tool: o.Tool}
+	phases, err := cc.fastSuspend(ctx, o.FastPath, o.To, c, &meta, o.Hooks)
+	if err == nil && cc.fast == nil {
+		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (a stream destination?)", o.To)
+	}
+	if err != nil {
+		abortCapture(ctx, c, err)
+		return phases, err
+	}
+	t := time.Now()
+	_, err = c.Close(ctx, meta)
+	phases = append(phases, Phase{"commit", time.Since(t).Seconds()})
+	if err != nil {
+		return phases, errGPUUndone(err, pids, cc.fastUndo())
+	}
+	ps, err := cc.suspend(o.LockTimeout)
+	phases = append(phases, ps...)
+	if err != nil {
+		return phases, err
+	}
+	cc.fastCommit()
+	return phases, nil
+}
+
+// resumeFrom is `gpu resume --from SRC`: the driver's restore and unlock,
+// then the device memory of the processes that took the fast path comes
+// back from the archive at o.From.
+func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
+	src, err := location.OpenSource(ctx, o.From, o.Open, streamer.StreamOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	a, ok := src.(*streamer.ArchiveSource)
+	if !ok {
+		return nil, errdefs.Usagef("gpu resume --from: %s is not an archive", o.From)
+	}
+	_, t, err := vram.ResumeRestored(drv, pids, o.Pairs)
+	phases := TimingPhases(t)
+	if err != nil {
+		return phases, err
+	}
+	ps, err := fastRestore(ctx, src, a.Manifest().CUDA)
+	return append(phases, ps...), err
+}

@@ -1,0 +1,86 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/vram"
+	"github.com/gpucr/gpucr-stream/vram/vramtest"
+)
+
+// TestFastPathNotTaken: without the library in the process, with the fast
+// path off, or into a destination a restore reads no manifest from, the
+// fast path does nothing and the manifest records the driver's path.
+func TestFastPathNotTaken(t *testing.T) {
+	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
+	pid := os.Getpid() // a process without libgpucr-preload
+	archive := location.Location{Kind: location.Archive, Path: t.TempDir(), Raw: "ar"}
+	tests := []struct {
+		name string
+		f    FastPath
+		dest location.Location
+	}{
+		{"no library", FastPath{}, archive},
+		{"off", FastPath{Mode: FastPathOff}, archive},
+		{"stdout", FastPath{}, location.Location{Kind: location.Stdio, Raw: "-"}},
+		{"stream file", FastPath{}, location.Location{Kind: location.StreamFile, Path: "f", Raw: "f"}},
+		{"tcp", FastPath{}, location.Location{Kind: location.TCP, Path: "h:1", Raw: "tcp://h:1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cc := &cudaCheckpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
+			var meta manifest.Manifest
+			ps, err := cc.fastSuspend(context.Background(), tc.f, tc.dest, nil, &meta, Hooks{})
+			if err != nil || ps != nil || cc.fast != nil {
+				t.Fatalf("phases %v, err %v, fast %v: want nothing done", ps, err, cc.fast)
+			}
+			want := []manifest.CUDAProcess{{PID: pid, Path: manifest.CUDAPathDriver}}
+			if len(meta.CUDA) != 1 || meta.CUDA[0].PID != want[0].PID || meta.CUDA[0].Path != want[0].Path || meta.CUDA[0].Files != nil {
+				t.Fatalf("manifest cuda %+v, want %+v", meta.CUDA, want)
+			}
+		})
+	}
+}
+
+// TestGPUStepFastPathRefusals: --to and --from belong to suspend and
+// resume; suspend --to needs the fast path and a process with the library,
+// and refuses before any driver step.
+func TestGPUStepFastPathRefusals(t *testing.T) {
+	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
+	const pid = 4545
+	ar := location.Location{Kind: location.Archive, Path: filepath.Join(t.TempDir(), "ar"), Raw: "ar"}
+	tests := []struct {
+		name  string
+		o     GPUStepOptions
+		usage bool
+		is    error
+	}{
+		{"lock --to", GPUStepOptions{Action: "lock", To: ar}, true, nil},
+		{"suspend --from", GPUStepOptions{Action: "suspend", From: ar}, true, nil},
+		{"resume --to", GPUStepOptions{Action: "resume", To: ar}, true, nil},
+		{"suspend --to, fast path off", GPUStepOptions{Action: "suspend", To: ar, FastPath: FastPath{Mode: FastPathOff}}, true, nil},
+		{"suspend --to, no library", GPUStepOptions{Action: "suspend", To: ar}, false, vram.ErrNoPreload},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := vramtest.NewFake(pid)
+			tc.o.PID, tc.o.FindProcs = pid, vramtest.Find(pid)
+			_, err := GPUStep(context.Background(), f, tc.o)
+			if err == nil || errors.Is(err, errdefs.ErrUsage) != tc.usage || (tc.is != nil && !errors.Is(err, tc.is)) {
+				t.Fatalf("err %v; want usage %v, is %v", err, tc.usage, tc.is)
+			}
+			if log := f.Log(); log != "" {
+				t.Errorf("driver steps %q before the refusal", log)
+			}
+			if _, serr := os.Stat(ar.Path); serr == nil {
+				t.Errorf("a refused suspend --to left %s", ar.Path)
+			}
+		})
+	}
+}

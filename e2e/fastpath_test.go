@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// The GPU fast path end to end, without a GPU: a program that reaches a fake
+// CUDA driver (preload/testdata/fake_cuda.c: host memory behind the
+// driver's entry points, and a process checkpoint API that moves nothing)
+// the way the CUDA runtime does, started with `gpucr-stream run`, is
+// checkpointed by `gpucr-stream checkpoint` with real CRIU and restored.
+// The program reads its memory back through its own pointers afterwards:
+// same addresses, same bytes, and its kernel thread's device counter equal
+// to its launches.
+
+type fastEnv struct {
+	gcs, criu, dir, fakeLib, target, sockDir string
+}
+
+func setupFast(t *testing.T) *fastEnv {
+	t.Helper()
+	criu := CRIU(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		missing(t, "no C compiler (cc) for the fast-path library and its fake driver")
+	}
+	gcs := BuildBinary(t, "./cmd/gpucr-stream")
+	root := ModuleRoot(t)
+	dir := ShortTempDir(t)
+	e := &fastEnv{gcs: gcs, criu: criu, dir: dir, fakeLib: filepath.Join(dir, "lib", "libcuda.so.1"),
+		target: filepath.Join(dir, "fp_target"), sockDir: filepath.Join(dir, "run")}
+	if err := os.MkdirAll(filepath.Dir(e.fakeLib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// `run` finds the library next to the binary.
+	lib := filepath.Join(filepath.Dir(gcs), "libgpucr-preload.so")
+	for _, s := range [][]string{
+		{cc, "-O2", "-fPIC", "-shared", "-o", e.fakeLib, filepath.Join(root, "preload", "testdata", "fake_cuda.c")},
+		{cc, "-O2", "-o", e.target, filepath.Join(root, "preload", "testdata", "fp_target.c"), "-ldl", "-lpthread"},
+		{cc, "-O2", "-fPIC", "-shared", "-o", lib, filepath.Join(root, "preload", "gpucr_preload.c"), "-ldl", "-lpthread"},
+	} {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", s, err, out)
+		}
+	}
+	return e
+}
+
+func (e *fastEnv) env() []string {
+	return append(os.Environ(), "GPUCR_PRELOAD_DIR="+e.sockDir, "GPUCR_LIBCUDA="+e.fakeLib, "LD_LIBRARY_PATH="+filepath.Dir(e.fakeLib))
+}
+
+// start runs the target under `gpucr-stream run` in its own session, as
+// CRIU wants it (stdin /dev/null, output to a file).
+func (e *fastEnv) start(t *testing.T, name string) (pid int, tdir string, wait func()) {
+	t.Helper()
+	tdir = filepath.Join(e.dir, name)
+	if err := os.MkdirAll(tdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.Create(filepath.Join(tdir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd := exec.Command(e.gcs, "run", "--", e.target, tdir)
+	cmd.Env = e.env()
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	deadline := time.Now().Add(10 * time.Second)
+	for !fileExists(filepath.Join(tdir, "ready")) {
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(tdir, "out"))
+			t.Fatalf("target not ready: %s", b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cmd.Process.Pid, tdir, func() { <-done }
+}
+
+// check asks the target to read its memory back.
+func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
+	t.Helper()
+	res := filepath.Join(tdir, "result")
+	os.Remove(res)
+	if err := os.WriteFile(filepath.Join(tdir, "check"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile(res); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	return ""
+}
+
+func (e *fastEnv) gcsRun(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, e.gcs, args...)
+	cmd.Env = e.env()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("gpucr-stream %v: %v: %s", args, err, stderr.String())
+	}
+	return out, nil
+}
+
+type phases struct {
+	Phases []struct {
+		Name string  `json:"name"`
+		Secs float64 `json:"seconds"`
+	} `json:"phases"`
+	PID int `json:"pid"`
+}
+
+func (p phases) has(name string) bool {
+	for _, ph := range p.Phases {
+		if ph.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFastPathCheckpointRestore(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	pid, tdir, waitGone := e.start(t, "t")
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("before: %q", r)
+	}
+	ar := filepath.Join(e.dir, "ar")
+	out, err := e.gcsRun(ctx, "checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "w"),
+		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "3", "--vram-keep-dir", e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck phases
+	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || !ck.has("gpu checkpoint") {
+		t.Fatalf("checkpoint took no fast path: %s (%v)", out, err)
+	}
+	waitGone()
+	b, err := os.ReadFile(filepath.Join(ar, manifest.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.CUDA) != 1 || m.CUDA[0].PID != pid || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 || m.CUDA[0].Bytes == 0 {
+		t.Fatalf("manifest cuda: %+v", m.CUDA)
+	}
+	for _, f := range m.CUDA[0].Files {
+		if mf, ok := m.Lookup(f); !ok || !mf.External {
+			t.Fatalf("%s: not in the checkpoint as an external file", f)
+		}
+	}
+	if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
+		t.Fatalf("kept copy left after the commit: %v", ents)
+	}
+	out, err = e.gcsRun(ctx, "restore", "--from", ar, "--work-dir", filepath.Join(e.dir, "w2"), "--criu", e.criu, "--json", "--no-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs phases
+	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid {
+		t.Fatalf("restore: %s (%v)", out, err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after restore: %q", r)
+	}
+}
+
+// A dump that fails after the release (CRIU refuses its options): the
+// driver's state is undone, the memory mapped back and refilled from the
+// kept copy, and the program runs on; --leave-running refills the same way.
+func TestFastPathUndo(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		fails bool
+	}{
+		{"criu fails", []string{"--criu-opts", "--no-such-criu-option"}, true},
+		{"leave running", []string{"--leave-running"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pid, tdir, _ := e.start(t, strings.ReplaceAll(tc.name, " ", "-"))
+			args := append([]string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+tc.name),
+				"--work-dir", filepath.Join(e.dir, "w-"+tc.name), "--criu", e.criu, "--json", "--no-progress", "--vram-keep-dir", e.dir}, tc.args...)
+			out, err := e.gcsRun(ctx, args...)
+			if (err != nil) != tc.fails {
+				t.Fatalf("checkpoint: %v %s", err, out)
+			}
+			if err != nil && !strings.Contains(err.Error(), "restored and unlocked") {
+				t.Fatalf("the error does not say the GPU state was put back: %v", err)
+			}
+			if !tc.fails {
+				var ck phases
+				if json.Unmarshal(out, &ck) != nil || !ck.has("vram refill") {
+					t.Fatalf("no refill phase: %s", out)
+				}
+			}
+			if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+				t.Fatalf("after the checkpoint: %q", r)
+			}
+			if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
+				t.Fatalf("kept copy left: %v", ents)
+			}
+		})
+	}
+}
+
+// gpu suspend --to / gpu resume --from: the process stays alive, parked,
+// with its device memory released and in a checkpoint, then gets it back.
+func TestFastPathGPUSuspendResume(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	pid, tdir, _ := e.start(t, "s")
+	ar := filepath.Join(e.dir, "ar-s")
+	out, err := e.gcsRun(ctx, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", ar, "--json", "--vram-keep-dir", e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ph phases
+	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy out") || !ph.has("commit") || !ph.has("gpu checkpoint") {
+		t.Fatalf("suspend: %s", out)
+	}
+	if r := fastCheck(t, tdir, 300*time.Millisecond); r != "" {
+		t.Fatalf("a suspended process answered: %q", r)
+	}
+	if !fileExists(filepath.Join(ar, manifest.ManifestName)) {
+		t.Fatal("no committed checkpoint")
+	}
+	out, err = e.gcsRun(ctx, "gpu", "resume", "--pid", strconv.Itoa(pid), "--from", ar, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy in") {
+		t.Fatalf("resume: %s", out)
+	}
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after resume: %q", r)
+	}
+}

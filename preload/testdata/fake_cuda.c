@@ -1,0 +1,205 @@
+/*
+ * A fake libcuda.so.1 for testing libgpucr-preload without a GPU: the same
+ * entry points, host memory behind them. A reservation is an mmap PROT_NONE
+ * range, a physical allocation a memfd, a map an mmap MAP_FIXED|MAP_SHARED of
+ * it (inaccessible until cuMemSetAccess), copies are memcpy, streams and
+ * contexts are tokens. cuLaunchKernel runs the "kernel" f(kernelParams) on
+ * the calling thread. cuMemGetInfo reports the physical bytes alive, so
+ * tests can see that a release frees "device memory".
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long U;
+#define OK 0
+#define BAD 1
+
+#define TOTAL (1ULL << 40)
+static atomic_llong phys; /* bytes of live physical allocations */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+struct h {
+	int fd;
+	size_t size;
+	int live;
+};
+static struct h hs[100000];
+static int nhs;
+
+CUresult cuInit(unsigned f) { (void)f; return OK; }
+CUresult cuDriverGetVersion(int *v) { *v = 12080; return OK; }
+CUresult cuDeviceGet(int *d, int o) { *d = o; return OK; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)(uintptr_t)(0x1000 + d); return OK; }
+static __thread void *cur;
+CUresult cuCtxSetCurrent(void *c) { cur = c; return OK; }
+CUresult cuCtxGetCurrent(void **c) { *c = cur; return OK; }
+CUresult cuCtxGetDevice(int *d) { if (!cur) return 201; *d = (int)((uintptr_t)cur - 0x1000); return OK; }
+CUresult cuCtxSynchronize(void) { return OK; }
+CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) { *tot = TOTAL; *fr = TOTAL - atomic_load(&phys); return OK; }
+CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int opt) { (void)prop; *g = opt ? 2 << 20 : 64 << 10; return OK; }
+
+CUresult cuMemAddressReserve(U *ptr, size_t size, size_t align, U addr, U flags)
+{
+	(void)align; (void)flags;
+	void *p = mmap((void *)addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return 2;
+	*ptr = (U)p;
+	return OK;
+}
+CUresult cuMemAddressFree(U ptr, size_t size) { return munmap((void *)ptr, size) ? BAD : OK; }
+
+CUresult cuMemCreate(U *h, size_t size, const void *prop, U flags)
+{
+	(void)prop; (void)flags;
+	int fd = memfd_create("fakevram", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, size) < 0)
+		return 2;
+	pthread_mutex_lock(&mu);
+	int i = nhs++;
+	hs[i] = (struct h){fd, size, 1};
+	pthread_mutex_unlock(&mu);
+	atomic_fetch_add(&phys, size);
+	*h = 0x5000 + i;
+	return OK;
+}
+static struct h *geth(U h)
+{
+	if (h < 0x5000 || h >= 0x5000 + (U)nhs || !hs[h - 0x5000].live)
+		return NULL;
+	return &hs[h - 0x5000];
+}
+/* The physical memory lives while mapped: the byte count drops when the
+ * handle is released (the fake does not follow the last unmap). */
+CUresult cuMemRelease(U h)
+{
+	pthread_mutex_lock(&mu);
+	struct h *x = geth(h);
+	if (!x) {
+		pthread_mutex_unlock(&mu);
+		return BAD;
+	}
+	x->live = 0;
+	close(x->fd);
+	pthread_mutex_unlock(&mu);
+	atomic_fetch_sub(&phys, x->size);
+	return OK;
+}
+CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
+{
+	(void)flags;
+	pthread_mutex_lock(&mu);
+	struct h *x = geth(h);
+	int fd = x ? x->fd : -1;
+	pthread_mutex_unlock(&mu);
+	if (fd < 0 || off + size > x->size)
+		return BAD;
+	void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, off);
+	return p == MAP_FAILED ? 2 : OK;
+}
+CUresult cuMemUnmap(U va, size_t size)
+{
+	void *p = mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? BAD : OK;
+}
+CUresult cuMemSetAccess(U va, size_t size, const void *desc, size_t n)
+{
+	(void)desc; (void)n;
+	return mprotect((void *)va, size, PROT_READ | PROT_WRITE) ? BAD : OK;
+}
+CUresult cuMemAlloc_v2(U *p, size_t size)
+{
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return 2;
+	*p = (U)m;
+	return OK;
+}
+CUresult cuMemAllocPitch_v2(U *p, size_t *pitch, size_t w, size_t h, unsigned e) { (void)e; *pitch = w; return cuMemAlloc_v2(p, w * h); }
+CUresult cuMemFree_v2(U p) { (void)p; return OK; }
+CUresult cuMemAllocManaged(U *p, size_t size, unsigned f) { (void)f; return cuMemAlloc_v2(p, size); }
+CUresult cuMemHostAlloc(void **p, size_t size, unsigned f) { (void)f; *p = malloc(size); return *p ? OK : 2; }
+CUresult cuMemFreeHost(void *p) { free(p); return OK; }
+CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return OK; }
+CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
+CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
+CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st) { (void)st; memcpy(d, (void *)s, n); return OK; }
+CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st; memcpy((void *)d, s, n); return OK; }
+CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
+CUresult cuMemcpyHtoD_v2(U d, const void *s, size_t n) { memcpy((void *)d, s, n); return OK; }
+CUresult cuMemsetD8_v2(U d, unsigned char c, size_t n) { memset((void *)d, c, n); return OK; }
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			unsigned shm, void *st, void **params, void **extra)
+{
+	(void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shm; (void)st; (void)extra;
+	((void (*)(void **))f)(params);
+	return OK;
+}
+
+/* cuGetProcAddress answers from a table, as the driver does: base names,
+ * the newest version of each. */
+static const struct {
+	const char *name;
+	void *p;
+} procs[] = {
+	{"cuInit", cuInit}, {"cuDriverGetVersion", cuDriverGetVersion}, {"cuDeviceGet", cuDeviceGet},
+	{"cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain}, {"cuCtxSetCurrent", cuCtxSetCurrent},
+	{"cuCtxGetCurrent", cuCtxGetCurrent}, {"cuCtxGetDevice", cuCtxGetDevice}, {"cuCtxSynchronize", cuCtxSynchronize},
+	{"cuMemGetInfo", cuMemGetInfo_v2}, {"cuMemGetAllocationGranularity", cuMemGetAllocationGranularity},
+	{"cuMemAddressReserve", cuMemAddressReserve}, {"cuMemAddressFree", cuMemAddressFree}, {"cuMemCreate", cuMemCreate},
+	{"cuMemRelease", cuMemRelease}, {"cuMemMap", cuMemMap}, {"cuMemUnmap", cuMemUnmap},
+	{"cuMemSetAccess", cuMemSetAccess}, {"cuMemAlloc", cuMemAlloc_v2}, {"cuMemAllocPitch", cuMemAllocPitch_v2},
+	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemHostAlloc", cuMemHostAlloc},
+	{"cuMemFreeHost", cuMemFreeHost}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
+	{"cuStreamSynchronize", cuStreamSynchronize}, {"cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2},
+	{"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2}, {"cuMemcpyDtoH", cuMemcpyDtoH_v2}, {"cuMemcpyHtoD", cuMemcpyHtoD_v2},
+	{"cuMemsetD8", cuMemsetD8_v2}, {"cuLaunchKernel", cuLaunchKernel}, {NULL, NULL},
+};
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int *status);
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int *status)
+{
+	(void)ver; (void)flags;
+	if (!strcmp(sym, "cuGetProcAddress")) {
+		*pfn = (void *)cuGetProcAddress_v2;
+		if (status)
+			*status = 0;
+		return OK;
+	}
+	for (int i = 0; procs[i].name; i++)
+		if (!strcmp(procs[i].name, sym)) {
+			*pfn = procs[i].p;
+			if (status)
+				*status = 0;
+			return OK;
+		}
+	*pfn = NULL;
+	if (status)
+		*status = 1;
+	return 500;
+}
+
+/* The process checkpoint API, as gpucr-stream (not the target) calls it:
+ * a state per pid in this process's memory; no device state moves. */
+static struct {
+	int pid, state;
+} pstate[64];
+static int *state_of(int pid)
+{
+	for (int i = 0; i < 64; i++)
+		if (pstate[i].pid == pid || pstate[i].pid == 0) {
+			pstate[i].pid = pid;
+			return &pstate[i].state;
+		}
+	return &pstate[63].state;
+}
+CUresult cuCheckpointProcessGetState(int pid, int *st) { *st = *state_of(pid); return OK; }
+CUresult cuCheckpointProcessLock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 0) return BAD; *s = 1; return OK; }
+CUresult cuCheckpointProcessCheckpoint(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 2; return OK; }
+CUresult cuCheckpointProcessRestore(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 2) return BAD; *s = 1; return OK; }
+CUresult cuCheckpointProcessUnlock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 0; return OK; }

@@ -1,0 +1,250 @@
+/*
+ * Test target for libgpucr-preload: reaches the driver the way the CUDA
+ * runtime does (dlopen("libcuda.so.1"), dlsym(h, "cuGetProcAddress_v2"),
+ * every other entry point through it), allocates with cuMemAlloc,
+ * cuMemAllocPitch and the virtual memory API, fills every allocation with
+ * a known pattern, and keeps "launching kernels" on a second thread: each
+ * launch adds one to a device counter, and the thread counts its launches.
+ *
+ * Usage: fp_target DIR. Writes DIR/addrs (name va size per line) and
+ * DIR/ready (the pid); whenever DIR/check appears it reads every allocation
+ * back, compares, and writes DIR/result ("ok" or "bad: why"). With
+ * FP_MANAGED=1 it also calls cuMemAllocManaged.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long U;
+typedef struct {
+	int type, requestedHandleTypes;
+	struct {
+		int type, id;
+	} location;
+	void *win32;
+	unsigned char flags[8];
+} Prop;
+typedef struct {
+	struct {
+		int type, id;
+	} location;
+	int flags;
+} Access;
+
+static CUresult (*pInit)(unsigned), (*pDeviceGet)(int *, int), (*pRetain)(void **, int), (*pSetCurrent)(void *);
+static CUresult (*pAlloc)(U *, size_t), (*pAllocPitch)(U *, size_t *, size_t, size_t, unsigned), (*pFree)(U);
+static CUresult (*pReserve)(U *, size_t, size_t, U, U), (*pCreate)(U *, size_t, const Prop *, U);
+static CUresult (*pMap)(U, size_t, size_t, U, U), (*pSetAccess)(U, size_t, const Access *, size_t), (*pRelease)(U);
+static CUresult (*pHtoD)(U, const void *, size_t), (*pDtoH)(void *, U, size_t), (*pManaged)(U *, size_t, unsigned);
+static CUresult (*pLaunch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+
+static void die(const char *what, int r)
+{
+	fprintf(stderr, "fp_target: %s: CUresult %d\n", what, r);
+	exit(3);
+}
+#define CK(call, what)                  \
+	do {                            \
+		int r_ = (call);        \
+		if (r_)                 \
+			die(what, r_);  \
+	} while (0)
+
+static unsigned char pat(int k, size_t i) { return (unsigned char)(i * 31 + k * 7 + (i >> 13)); }
+
+struct region {
+	const char *name;
+	U va;
+	size_t size;
+};
+static struct region rs[8];
+static int nrs;
+static U counter; /* device memory the "kernel" increments */
+static atomic_ullong launches;
+static void *ctx;
+
+static void kernel(void **params)
+{
+	U *c = (U *)params[0];
+	*(U *)*c += 1;
+}
+
+static void *launcher(void *arg)
+{
+	(void)arg;
+	pSetCurrent(ctx);
+	for (;;) {
+		void *params[1] = {&counter};
+		CK(pLaunch((void *)kernel, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), "launch");
+		atomic_fetch_add(&launches, 1);
+		usleep(200);
+	}
+	return NULL;
+}
+
+static void fill(int k)
+{
+	unsigned char *b = malloc(rs[k].size);
+	for (size_t i = 0; i < rs[k].size; i++)
+		b[i] = pat(k, i);
+	CK(pHtoD(rs[k].va, b, rs[k].size), "fill");
+	free(b);
+}
+
+static void get(void **p, void *gpa, const char *name)
+{
+	CUresult (*gp)(const char *, void **, int, U, int *) = gpa;
+	int st;
+	CK(gp(name, p, 12000, 0, &st), name);
+}
+
+/* bind_driver takes every entry point through cuGetProcAddress, as the
+ * CUDA runtime does. */
+static void bind_driver(void *gpa)
+{
+	get((void **)&pInit, gpa, "cuInit");
+	get((void **)&pDeviceGet, gpa, "cuDeviceGet");
+	get((void **)&pRetain, gpa, "cuDevicePrimaryCtxRetain");
+	get((void **)&pSetCurrent, gpa, "cuCtxSetCurrent");
+	get((void **)&pAlloc, gpa, "cuMemAlloc");
+	get((void **)&pAllocPitch, gpa, "cuMemAllocPitch");
+	get((void **)&pFree, gpa, "cuMemFree");
+	get((void **)&pReserve, gpa, "cuMemAddressReserve");
+	get((void **)&pCreate, gpa, "cuMemCreate");
+	get((void **)&pMap, gpa, "cuMemMap");
+	get((void **)&pSetAccess, gpa, "cuMemSetAccess");
+	get((void **)&pRelease, gpa, "cuMemRelease");
+	get((void **)&pHtoD, gpa, "cuMemcpyHtoD");
+	get((void **)&pDtoH, gpa, "cuMemcpyDtoH");
+	get((void **)&pManaged, gpa, "cuMemAllocManaged");
+	get((void **)&pLaunch, gpa, "cuLaunchKernel");
+}
+
+/* allocate makes the regions of every kind the library tracks and fills
+ * them with their patterns. */
+static void allocate(int dev)
+{
+	U a, gone, p;
+	size_t pitch;
+	CK(pAlloc(&a, (3 << 20) + 5), "cuMemAlloc");
+	rs[nrs++] = (struct region){"alloc", a, (3 << 20) + 5};
+	CK(pAlloc(&gone, 1 << 20), "cuMemAlloc 2");
+	CK(pFree(gone), "cuMemFree");
+	CK(pAllocPitch(&p, &pitch, 1000, 300, 4), "cuMemAllocPitch");
+	rs[nrs++] = (struct region){"pitch", p, pitch * 300};
+
+	/* The virtual memory API, as expandable_segments uses it: a large
+	 * reservation, handles mapped into it one after another. */
+	Prop prop = {.type = 1, .location = {1, dev}};
+	Access acc = {{1, dev}, 3};
+	U r, h1, h2;
+	CK(pReserve(&r, 16 << 20, 0, 0, 0), "reserve");
+	CK(pCreate(&h1, 2 << 20, &prop, 0), "create 1");
+	CK(pMap(r, 2 << 20, 0, h1, 0), "map 1");
+	CK(pCreate(&h2, 4 << 20, &prop, 0), "create 2");
+	CK(pMap(r + (2 << 20), 4 << 20, 0, h2, 0), "map 2");
+	CK(pSetAccess(r, 6 << 20, &acc, 1), "access");
+	CK(pRelease(h1), "release 1"); /* lives on while mapped */
+	rs[nrs++] = (struct region){"vmm", r, 6 << 20};
+	CK(pAlloc(&counter, 8), "counter");
+	U zero = 0;
+	CK(pHtoD(counter, &zero, 8), "zero");
+	if (getenv("FP_MANAGED")) {
+		U m;
+		CK(pManaged(&m, 1 << 20, 1), "managed");
+	}
+	for (int k = 0; k < nrs; k++)
+		fill(k);
+}
+
+/* serve_checks answers DIR/check forever: it reads every region and the
+ * kernel's counter back and writes the verdict to DIR/result. */
+static void serve_checks(const char *dir)
+{
+	FILE *f;
+	char check[4096], result[4096], tmp[4200];
+	snprintf(check, sizeof check, "%s/check", dir);
+	snprintf(result, sizeof result, "%s/result", dir);
+	snprintf(tmp, sizeof tmp, "%s/result.tmp", dir);
+	for (;;) {
+		if (access(check, F_OK) != 0) {
+			usleep(5000);
+			continue;
+		}
+		unlink(check);
+		char msg[512] = "ok";
+		for (int k = 0; k < nrs && !strcmp(msg, "ok"); k++) {
+			unsigned char *b = malloc(rs[k].size);
+			CK(pDtoH(b, rs[k].va, rs[k].size), "read back");
+			for (size_t i = 0; i < rs[k].size; i++)
+				if (b[i] != pat(k, i)) {
+					snprintf(msg, sizeof msg, "bad: %s byte %zu is %u, want %u", rs[k].name, i, b[i], pat(k, i));
+					break;
+				}
+			free(b);
+		}
+		/* Launches and the device counter move together; read the count
+		 * on both sides of the counter so a launch in between is allowed. */
+		U before = atomic_load(&launches), c = 0;
+		CK(pDtoH(&c, counter, 8), "read counter");
+		U after = atomic_load(&launches);
+		if (!strcmp(msg, "ok") && (c < before || c > after + 1))
+			snprintf(msg, sizeof msg, "bad: device counter %llu, launches %llu..%llu", c, before, after);
+		f = fopen(tmp, "w");
+		fprintf(f, "%s launches=%llu\n", msg, after);
+		fclose(f);
+		rename(tmp, result);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: fp_target DIR\n");
+		return 2;
+	}
+	const char *dir = argv[1];
+	void *h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "dlopen: %s\n", dlerror());
+		return 3;
+	}
+	void *gpa = dlsym(h, "cuGetProcAddress_v2");
+	if (!gpa)
+		return 3;
+	void *gpa2;
+	get(&gpa2, gpa, "cuGetProcAddress"); /* the runtime asks for it again */
+	gpa = gpa2;
+	bind_driver(gpa);
+
+	int dev;
+	CK(pInit(0), "cuInit");
+	CK(pDeviceGet(&dev, 0), "cuDeviceGet");
+	CK(pRetain(&ctx, dev), "retain");
+	CK(pSetCurrent(ctx), "set current");
+	allocate(dev);
+
+	char path[4096];
+	snprintf(path, sizeof path, "%s/addrs", dir);
+	FILE *f = fopen(path, "w");
+	for (int k = 0; k < nrs; k++)
+		fprintf(f, "%s %llu %zu\n", rs[k].name, rs[k].va, rs[k].size);
+	fprintf(f, "counter %llu 8\n", counter);
+	fclose(f);
+
+	pthread_t t;
+	pthread_create(&t, NULL, launcher, NULL);
+	snprintf(path, sizeof path, "%s/ready", dir);
+	f = fopen(path, "w");
+	fprintf(f, "%d\n", getpid());
+	fclose(f);
+
+	serve_checks(dir);
+}

@@ -1,0 +1,418 @@
+package vram
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The GPU fast path: for processes that run with libgpucr-preload, device
+// memory moves through the pipeline as producer files at pinned-copy speed
+// and is released before the driver's checkpoint, which then only keeps
+// the control state. Order (and why) in preload/gpucr_preload.c and
+// docs/PRODUCERS.md section 3:
+//
+//	checkpoint: park every process -> copy out -> release -> (caller) driver
+//	            lock + checkpoint -> CRIU dump
+//	restore:    (caller) CRIU restore -> driver restore + unlock -> remap ->
+//	            copy in -> unpark
+//
+// A copy of every VRAM file is kept on the side (KeepDir) until the
+// checkpoint is committed: a failure after the release maps the memory back
+// and refills it from that copy before the program runs again.
+
+// PutFunc stores one VRAM file of a checkpoint (the capture's WriteFile).
+type PutFunc func(ctx context.Context, name string, r io.Reader) error
+
+// GetFunc copies one VRAM file of a checkpoint into w (the source's Copy).
+type GetFunc func(ctx context.Context, name string, w io.Writer) error
+
+// FastOptions configures FastSuspend.
+type FastOptions struct {
+	// Dir holds the control sockets (PreloadDir()).
+	Dir string
+	// Files per process: copy threads in the library, files in the
+	// checkpoint (default 8).
+	Files int
+	// ParkTimeout bounds the wait for CUDA calls in flight (default 10s).
+	ParkTimeout time.Duration
+	// KeepDir receives the copy kept for an undo (required).
+	KeepDir string
+}
+
+// FastProc is one process that took the fast path, for the manifest.
+type FastProc struct {
+	PID   int
+	Files []string
+	Bytes int64
+}
+
+// FastTimings are the fast path's steps, summed over the processes.
+type FastTimings struct {
+	Park, CopyOut, Release, Refill time.Duration
+}
+
+type fastProc struct {
+	FastProc
+	p                *Preload
+	parked, released bool
+	keep             []string
+}
+
+// FastSuspension is the state of the processes FastSuspend moved out.
+type FastSuspension struct {
+	opts    FastOptions
+	procs   []*fastProc
+	Timings FastTimings
+	done    bool
+}
+
+// FastCheck reports on the library of every pid; it returns an error
+// unless all of them have it loaded and can take the fast path.
+func FastCheck(ctx context.Context, dir string, pids []int) ([]PreloadReport, error) {
+	var reps []PreloadReport
+	for _, pid := range pids {
+		p, err := DialPreload(ctx, dir, pid)
+		if err != nil {
+			return reps, err
+		}
+		r, err := p.Report(ctx)
+		p.Close()
+		if err != nil {
+			return reps, err
+		}
+		reps = append(reps, r)
+		if !r.Capable {
+			return reps, fmt.Errorf("process %d cannot take the fast path: %s", pid, r.Reason)
+		}
+		if r.Parked || r.Released {
+			return reps, fmt.Errorf("process %d is parked by another checkpoint", pid)
+		}
+	}
+	return reps, nil
+}
+
+// FastSuspend parks every process (all before any copy, so that none runs
+// on while another is copied), copies each one's device memory into put
+// (and KeepDir), and releases it. On failure it undoes what it did and
+// returns the error joined with any error of the undo.
+func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*FastSuspension, error) {
+	if o.Files <= 0 {
+		o.Files = 8
+	}
+	if o.ParkTimeout <= 0 {
+		o.ParkTimeout = 10 * time.Second
+	}
+	if o.KeepDir == "" {
+		return nil, errors.New("fast path: no directory for the copy kept until the commit")
+	}
+	if err := os.MkdirAll(o.KeepDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fast path: %w", err)
+	}
+	s := &FastSuspension{opts: o}
+	for _, pid := range pids {
+		p, err := DialPreload(ctx, o.Dir, pid)
+		if err != nil {
+			return s, s.undo(ctx, err)
+		}
+		s.procs = append(s.procs, &fastProc{FastProc: FastProc{PID: pid}, p: p})
+	}
+	for _, fp := range s.procs {
+		t := time.Now()
+		err := fp.p.Park(ctx, o.ParkTimeout)
+		s.Timings.Park += time.Since(t)
+		if err != nil {
+			return s, s.undo(ctx, err)
+		}
+		fp.parked = true
+	}
+	for _, fp := range s.procs {
+		t := time.Now()
+		err := s.copyOut(ctx, fp, put)
+		s.Timings.CopyOut += time.Since(t)
+		if err != nil {
+			return s, s.undo(ctx, err)
+		}
+	}
+	for _, fp := range s.procs {
+		t := time.Now()
+		fp.released = true // a failed release may have freed part of it
+		err := fp.p.Release(ctx)
+		s.Timings.Release += time.Since(t)
+		if err != nil {
+			return s, s.undo(ctx, err)
+		}
+	}
+	// CRIU must not find a connection to a process outside the tree.
+	for _, fp := range s.procs {
+		fp.p.Close()
+		fp.p = nil
+	}
+	return s, nil
+}
+
+// pipePair makes a pipe with a large buffer (fewer wake-ups per GB).
+func pipePair() (r, w *os.File, err error) {
+	r, w, err = os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	// 4 MiB where allowed (root may exceed pipe-max-size), else 1 MiB.
+	if _, err := unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 4<<20); err != nil {
+		_, _ = unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	}
+	return r, w, nil
+}
+
+func (s *FastSuspension) copyOut(parent context.Context, fp *fastProc, put PutFunc) error {
+	n := s.opts.Files
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	var rs, ws []*os.File
+	defer func() {
+		for _, f := range append(rs, ws...) {
+			f.Close()
+		}
+	}()
+	for k := 0; k < n; k++ {
+		r, w, err := pipePair()
+		if err != nil {
+			return fmt.Errorf("process %d: copy out: %w", fp.PID, err)
+		}
+		rs, ws = append(rs, r), append(ws, w)
+		name := fmt.Sprintf("vram-%d-%02d.bin", fp.PID, k)
+		fp.Files = append(fp.Files, name)
+		fp.keep = append(fp.keep, filepath.Join(s.opts.KeepDir, name))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for k := 0; k < n; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			defer rs[k].Close() // on failure the library's write fails (EPIPE), not blocks
+			keep, err := os.OpenFile(fp.keep[k], os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+			if err != nil {
+				errs[k] = err
+				cancel(err)
+				return
+			}
+			err = put(ctx, fp.Files[k], io.TeeReader(rs[k], keep))
+			if cerr := keep.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				errs[k] = fmt.Errorf("%s: %w", fp.Files[k], err)
+				cancel(err)
+			}
+		}(k)
+	}
+	// Not ctx: a failed put ends the copy by closing its pipe (the
+	// library's write fails), which keeps the control line in step.
+	nb, err := fp.p.CopyOut(parent, ws)
+	for _, w := range ws {
+		w.Close() // the library has its own copies: EOF once it is done
+	}
+	ws = nil
+	wg.Wait()
+	fp.Bytes = nb
+	if err := errors.Join(append([]error{err}, errs...)...); err != nil {
+		return fmt.Errorf("process %d: copy out: %w", fp.PID, err)
+	}
+	return nil
+}
+
+// undo reverts a partial FastSuspend and joins cause with its errors.
+func (s *FastSuspension) undo(ctx context.Context, cause error) error {
+	if err := s.Undo(ctx); err != nil {
+		return errors.Join(cause, fmt.Errorf("undo failed, device memory of the process may be missing: %w", err))
+	}
+	return cause
+}
+
+// Undo brings every process back as it was, in reverse order: what was
+// released is mapped again and refilled from the kept copy, then the
+// process is unparked. For a checkpoint that failed after FastSuspend, and
+// for --leave-running after the commit. A second call does nothing.
+func (s *FastSuspension) Undo(ctx context.Context) error {
+	if s == nil || s.done {
+		return nil
+	}
+	s.done = true
+	// The undo runs even when the checkpoint was cancelled.
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		fp := s.procs[i]
+		if !fp.parked {
+			if fp.p != nil {
+				fp.p.Close()
+			}
+			continue
+		}
+		if err := s.refill(ctx, fp); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.removeKeep()
+	return errors.Join(errs...)
+}
+
+func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
+	// A fresh connection: the last one may be out of step after a failure
+	// (the library answers one connection at a time, after the last).
+	if fp.p != nil {
+		fp.p.Close()
+	}
+	p, err := DialPreload(ctx, s.opts.Dir, fp.PID)
+	if err != nil {
+		return err
+	}
+	fp.p = p
+	defer func() { fp.p.Close(); fp.p = nil }()
+	if fp.released {
+		t := time.Now()
+		err := fp.p.Remap(ctx)
+		if err == nil {
+			err = copyInFiles(ctx, fp.p, fp.keep)
+		}
+		s.Timings.Refill += time.Since(t)
+		if err != nil {
+			// The program stays parked: it never runs without its memory.
+			return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
+		}
+		fp.released = false
+	}
+	if err := fp.p.Unpark(ctx); err != nil {
+		return err
+	}
+	fp.parked = false
+	return nil
+}
+
+func copyInFiles(ctx context.Context, p *Preload, paths []string) error {
+	var fs []*os.File
+	defer func() {
+		for _, f := range fs {
+			f.Close()
+		}
+	}()
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		fs = append(fs, f)
+	}
+	_, err := p.CopyIn(ctx, fs)
+	return err
+}
+
+// Commit is for a checkpoint that is committed and whose processes are
+// gone (or dumped): the kept copy goes.
+func (s *FastSuspension) Commit() {
+	if s == nil {
+		return
+	}
+	s.done = true
+	s.removeKeep()
+}
+
+func (s *FastSuspension) removeKeep() {
+	for _, fp := range s.procs {
+		for _, k := range fp.keep {
+			os.Remove(k)
+		}
+	}
+}
+
+// Procs are the processes moved out, with their files.
+func (s *FastSuspension) Procs() []FastProc {
+	if s == nil {
+		return nil
+	}
+	var out []FastProc
+	for _, fp := range s.procs {
+		out = append(out, fp.FastProc)
+	}
+	return out
+}
+
+// Bytes is the device memory copied out, over all processes.
+func (s *FastSuspension) Bytes() int64 {
+	var n int64
+	for _, fp := range s.Procs() {
+		n += fp.Bytes
+	}
+	return n
+}
+
+// FastResume brings a restored process's device memory back: it maps
+// fresh memory where the old was, copies the files in (get fetches each
+// from the checkpoint), and unparks it. Call it after the driver's restore
+// and unlock. On failure the process stays parked, its memory not
+// refilled: it does not run on with missing memory.
+func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, n int64, err error) {
+	p, err := DialPreload(ctx, dir, pid)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer p.Close()
+	t := time.Now()
+	if err := p.Remap(ctx); err != nil {
+		return time.Since(t), 0, 0, err
+	}
+	remap = time.Since(t)
+	t = time.Now()
+	n, err = copyInFrom(ctx, p, files, get)
+	copyIn = time.Since(t)
+	if err != nil {
+		return remap, copyIn, n, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+	}
+	return remap, copyIn, n, p.Unpark(ctx)
+}
+
+func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (int64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var rs, ws []*os.File
+	defer func() {
+		for _, f := range append(rs, ws...) {
+			f.Close()
+		}
+	}()
+	for range files {
+		r, w, err := pipePair()
+		if err != nil {
+			return 0, err
+		}
+		rs, ws = append(rs, r), append(ws, w)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(files))
+	for k := range files {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			defer ws[k].Close()
+			if err := get(ctx, files[k], ws[k]); err != nil {
+				errs[k] = fmt.Errorf("%s: %w", files[k], err)
+				cancel(err)
+			}
+		}(k)
+	}
+	n, err := p.CopyIn(ctx, rs)
+	for _, r := range rs {
+		r.Close() // a writer still blocked gets EPIPE
+	}
+	rs = nil
+	wg.Wait()
+	return n, errors.Join(append([]error{err}, errs...)...)
+}

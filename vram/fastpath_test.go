@@ -1,0 +1,551 @@
+package vram
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// These tests run libgpucr-preload against a fake driver (preload/testdata/
+// fake_cuda.c: host memory behind the driver's entry points) in a test
+// program that reaches the driver the way the CUDA runtime does
+// (preload/testdata/fp_target.c). They need a C compiler: in CI (CI=true)
+// its absence fails them.
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func buildPreload(t testing.TB) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no C compiler (cc): the fast-path tests need one in CI")
+		}
+		t.Skip("no C compiler (cc)")
+	}
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "gpucr-preload-test-")
+		if buildErr != nil {
+			return
+		}
+		src := filepath.Join("..", "preload")
+		steps := [][]string{
+			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, "lib", "libcuda.so.1"), filepath.Join(src, "testdata", "fake_cuda.c")},
+			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, PreloadLibrary), filepath.Join(src, "gpucr_preload.c"), "-ldl", "-lpthread"},
+			{cc, "-O2", "-Wall", "-o", filepath.Join(buildDir, "fp_target"), filepath.Join(src, "testdata", "fp_target.c"), "-ldl", "-lpthread"},
+		}
+		if buildErr = os.MkdirAll(filepath.Join(buildDir, "lib"), 0o755); buildErr != nil {
+			return
+		}
+		for _, s := range steps {
+			if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("%v: %v\n%s", s, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+type region struct {
+	name string
+	va   uint64
+	size int
+}
+
+// target is a running fp_target with the library preloaded.
+type target struct {
+	pid     int
+	dir     string // its files
+	sockDir string
+	regions []region
+	cmd     *exec.Cmd
+}
+
+func startTarget(t testing.TB, env ...string) *target {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("linux only")
+	}
+	b := buildPreload(t)
+	// A short path: sun_path is 108 bytes.
+	base, err := os.MkdirTemp("", "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	tg := &target{dir: filepath.Join(base, "d"), sockDir: filepath.Join(base, "run")}
+	os.Mkdir(tg.dir, 0o755)
+	cmd := exec.Command(filepath.Join(b, "fp_target"), tg.dir)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
+		"GPUCR_PRELOAD_DIR="+tg.sockDir)
+	cmd.Env = append(cmd.Env, env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tg.cmd, tg.pid = cmd, cmd.Process.Pid
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(tg.dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("target not ready: %s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b2, err := os.ReadFile(filepath.Join(tg.dir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(b2)), "\n") {
+		f := strings.Fields(l)
+		va, _ := strconv.ParseUint(f[1], 10, 64)
+		n, _ := strconv.Atoi(f[2])
+		tg.regions = append(tg.regions, region{f[0], va, n})
+	}
+	return tg
+}
+
+// check asks the target to read its memory back; "" if it does not answer
+// within wait (it is parked).
+func (tg *target) check(t *testing.T, wait time.Duration) string {
+	t.Helper()
+	res := filepath.Join(tg.dir, "result")
+	os.Remove(res)
+	if err := os.WriteFile(filepath.Join(tg.dir, "check"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(res); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ""
+}
+
+func (tg *target) mustBeIntact(t *testing.T) {
+	t.Helper()
+	if r := tg.check(t, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("target's memory after the round: %q", r)
+	}
+}
+
+func (tg *target) report(t testing.TB) PreloadReport {
+	t.Helper()
+	p, err := DialPreload(context.Background(), tg.sockDir, tg.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r, err := p.Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// memStore holds the files put into a "checkpoint".
+type memStore struct {
+	mu    sync.Mutex
+	files map[string][]byte
+	// failAfter: a put fails after reading that many bytes (-1: never).
+	failAfter int64
+}
+
+func newStore() *memStore { return &memStore{files: map[string][]byte{}, failAfter: -1} }
+
+func (m *memStore) put(ctx context.Context, name string, r io.Reader) error {
+	var b bytes.Buffer
+	if m.failAfter >= 0 {
+		if _, err := io.CopyN(&b, r, m.failAfter); err != nil {
+			return err
+		}
+		return errors.New("injected destination failure")
+	}
+	if _, err := io.Copy(&b, r); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.files[name] = b.Bytes()
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *memStore) get(ctx context.Context, name string, w io.Writer) error {
+	m.mu.Lock()
+	b, ok := m.files[name]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%s: not stored", name)
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+func pat(k, i int) byte { return byte(i*31 + k*7 + (i >> 13)) }
+
+// checkRecords parses the stored VRAM files (docs/PRODUCERS.md) and checks
+// that every region of the target is in them with its pattern.
+func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
+	t.Helper()
+	got := map[uint64][]byte{}
+	for name, b := range files {
+		if len(b) < 8 || string(b[:8]) != "GPUCRVM1" {
+			t.Fatalf("%s: no magic", name)
+		}
+		b = b[8:]
+		for {
+			if len(b) < 16 {
+				t.Fatalf("%s: truncated", name)
+			}
+			va, n := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+			b = b[16:]
+			if va == 0 && n == 0 {
+				break
+			}
+			if uint64(len(b)) < n {
+				t.Fatalf("%s: range %#x+%d truncated", name, va, n)
+			}
+			got[va] = b[:n]
+			b = b[n:]
+		}
+		if len(b) != 0 {
+			t.Fatalf("%s: %d bytes after the end record", name, len(b))
+		}
+	}
+	for k, r := range tg.regions {
+		if r.name == "counter" {
+			continue
+		}
+		for i := 0; i < r.size; i++ {
+			// Ranges are split into pieces; find the one holding byte i.
+			va := r.va + uint64(i)
+			var piece []byte
+			var base uint64
+			for s, b := range got {
+				if va >= s && va < s+uint64(len(b)) {
+					piece, base = b, s
+					break
+				}
+			}
+			if piece == nil {
+				t.Fatalf("region %s byte %d (%#x) is in no record", r.name, i, va)
+			}
+			end := min(r.size, i+len(piece)-int(va-base))
+			for ; i < end; i++ {
+				if c := piece[r.va+uint64(i)-base]; c != pat(k, i) {
+					t.Fatalf("region %s byte %d: %d, want %d", r.name, i, c, pat(k, i))
+				}
+			}
+			i--
+		}
+	}
+}
+
+func fastOpts(tg *target, t testing.TB) FastOptions {
+	return FastOptions{Dir: tg.sockDir, Files: 3, ParkTimeout: 5 * time.Second, KeepDir: filepath.Join(t.TempDir(), "keep")}
+}
+
+func TestFastPathRoundTrip(t *testing.T) {
+	tg := startTarget(t)
+	ctx := context.Background()
+	fi, err := os.Stat(tg.sockDir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("socket directory: %v %v, want mode 0700", fi.Mode(), err)
+	}
+	si, err := os.Stat(PreloadSocket(tg.sockDir, tg.pid))
+	if err != nil || si.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v %v, want mode 0600", si.Mode(), err)
+	}
+	reps, err := FastCheck(ctx, tg.sockDir, []int{tg.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := reps[0]
+	var want int64
+	for _, r := range tg.regions {
+		want += int64(r.size)
+	}
+	// Allocations are rounded up to the granularity: at least the regions.
+	if before.Bytes < want || before.Allocs != 3 || before.Mappings != 5 || before.DeviceUsed == 0 {
+		t.Fatalf("report before: %+v (regions %d bytes)", before, want)
+	}
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Bytes() != before.Bytes || len(st.files) != 3 {
+		t.Fatalf("copied %d bytes into %d files, want %d into 3", s.Bytes(), len(st.files), before.Bytes)
+	}
+	checkRecords(t, tg, st.files)
+	after := tg.report(t)
+	if !after.Parked || !after.Released || after.DeviceUsed != 0 {
+		t.Fatalf("report after release: %+v, want parked, released, no device memory in use", after)
+	}
+	if r := tg.check(t, 200*time.Millisecond); r != "" {
+		t.Fatalf("a parked target answered: %q", r)
+	}
+	s.Commit()
+	procs := s.Procs()
+	if len(procs) != 1 || procs[0].PID != tg.pid || len(procs[0].Files) != 3 {
+		t.Fatalf("procs %+v", procs)
+	}
+	if _, _, n, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get); err != nil || n != before.Bytes {
+		t.Fatalf("resume: %d bytes, %v", n, err)
+	}
+	// Same addresses (the target reads back through its own pointers), same
+	// bytes, and the kernel thread's counter matches its launches.
+	tg.mustBeIntact(t)
+	if r := tg.report(t); r.Parked || r.Released || r.DeviceUsed != before.DeviceUsed {
+		t.Fatalf("report after resume: %+v", r)
+	}
+}
+
+func TestFastPathFaults(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, fault string
+		failAfter   int64 // a put fails (-1: none)
+		wantSuspend bool  // FastSuspend succeeds
+	}{
+		{"park", "park", -1, false},
+		{"copy out", "copyout", -1, false},
+		{"destination", "", 1 << 20, false},
+		{"release", "release", -1, false},
+		{"after release", "", -1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var env []string
+			if tc.fault != "" {
+				env = append(env, "GPUCR_PRELOAD_FAULT="+tc.fault)
+			}
+			tg := startTarget(t, env...)
+			used := tg.report(t).DeviceUsed
+			st := newStore()
+			st.failAfter = tc.failAfter
+			o := fastOpts(tg, t)
+			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
+			if (err == nil) != tc.wantSuspend {
+				t.Fatalf("suspend: %v", err)
+			}
+			if err == nil {
+				// What follows the release failed (CRIU, the driver, the
+				// commit): the undo refills from the kept copy.
+				if r := tg.report(t); !r.Released {
+					t.Fatalf("not released: %+v", r)
+				}
+				if err := s.Undo(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tg.mustBeIntact(t)
+			r := tg.report(t)
+			if r.Parked || r.Released || r.DeviceUsed != used {
+				t.Fatalf("after the undo: %+v, want running with %d bytes of device memory", r, used)
+			}
+			if ents, _ := os.ReadDir(o.KeepDir); len(ents) != 0 {
+				t.Fatalf("kept copy left behind: %d files", len(ents))
+			}
+		})
+	}
+}
+
+// A failed copy-in (or remap) on restore leaves the process parked; a
+// retry completes it.
+func TestFastResumeFaults(t *testing.T) {
+	ctx := context.Background()
+	for _, fault := range []string{"remap", "copyin"} {
+		t.Run(fault, func(t *testing.T) {
+			tg := startTarget(t, "GPUCR_PRELOAD_FAULT="+fault)
+			st := newStore()
+			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Commit()
+			files := s.Procs()[0].Files
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err == nil || !strings.Contains(err.Error(), "injected") {
+				t.Fatalf("resume with a %s fault: %v", fault, err)
+			}
+			if r := tg.check(t, 200*time.Millisecond); r != "" {
+				t.Fatalf("the target ran after a failed resume: %q", r)
+			}
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+				t.Fatal(err)
+			}
+			tg.mustBeIntact(t)
+		})
+	}
+}
+
+// Copy-in takes only well-formed files whose ranges are mappings of the
+// process; anything else fails and the process stays parked.
+func TestFastResumeBadFiles(t *testing.T) {
+	ctx := context.Background()
+	tg := startTarget(t)
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Commit()
+	files := s.Procs()[0].Files
+	good := map[string][]byte{}
+	for k, v := range st.files {
+		good[k] = v
+	}
+	// The file with the most ranges (the copy threads take pieces as they
+	// come free: one may have written none).
+	f0 := files[0]
+	for _, f := range files {
+		if len(good[f]) > len(good[f0]) {
+			f0 = f
+		}
+	}
+	g0 := good[f0]
+	rec := func(va, n uint64) []byte {
+		b := binary.LittleEndian.AppendUint64(nil, va)
+		return binary.LittleEndian.AppendUint64(b, n)
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"bad magic", []byte("GPUCRVM2"), "bad magic"},
+		{"empty", nil, "truncated header"},
+		{"no end record", []byte("GPUCRVM1"), "no end record"},
+		{"outside the mappings", append(append([]byte("GPUCRVM1"), rec(4096, 8)...), make([]byte, 8)...), "not a mapping"},
+		{"wraps around", append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 1<<63)...), "not a mapping"},
+		{"truncated range", g0[:8+16+3], "truncated in range"},
+		{"not a piece", append(append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 4096)...), make([]byte, 4096)...), "not one of its pieces"},
+		{"a piece missing", append([]byte("GPUCRVM1"), rec(0, 0)...), "missing"},
+		{"a piece twice", append(append([]byte{}, g0[:len(g0)-16]...), g0[8:]...), "came twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range good {
+				st.files[k] = v
+			}
+			st.files[f0] = tc.data
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("resume: %v, want %q", err, tc.want)
+			}
+			if r := tg.report(t); !r.Parked {
+				t.Fatalf("not parked after a bad file: %+v", r)
+			}
+		})
+	}
+	for k, v := range good {
+		st.files[k] = v
+	}
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+		t.Fatal(err)
+	}
+	tg.mustBeIntact(t)
+}
+
+func TestFastCheckIncapable(t *testing.T) {
+	tg := startTarget(t, "FP_MANAGED=1")
+	_, err := FastCheck(context.Background(), tg.sockDir, []int{tg.pid})
+	if err == nil || !strings.Contains(err.Error(), "cuMemAllocManaged") {
+		t.Fatalf("check of a process with managed memory: %v", err)
+	}
+	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, ErrNoPreload) {
+		t.Fatalf("check of a process without the library: %v", err)
+	}
+}
+
+// FuzzCopyIn feeds arbitrary bytes to the library's VRAM file reader, as
+// one of a process's files on restore (the others good): it must refuse
+// anything that does not cover every piece exactly once, and leave the
+// process parked, never crash it.
+func FuzzCopyIn(f *testing.F) {
+	ctx := context.Background()
+	tg := startTarget(f)
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, f))
+	if err != nil {
+		f.Fatal(err)
+	}
+	s.Commit()
+	files := s.Procs()[0].Files
+	g0 := st.files[files[0]]
+	f.Add(g0)
+	f.Add([]byte("GPUCRVM1"))
+	f.Add(append([]byte("GPUCRVM1"), make([]byte, 16)...))
+	if len(g0) > 40 {
+		f.Add(g0[:40])
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		get := func(ctx context.Context, name string, w io.Writer) error {
+			if name == files[0] {
+				_, err := w.Write(data)
+				return err
+			}
+			return st.get(ctx, name, w)
+		}
+		_, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, get)
+		if err == nil {
+			// It covered everything: move the memory out again for the
+			// next input.
+			if !bytes.Equal(data, st.files[files[0]]) {
+				t.Logf("accepted %d bytes that are not the file written", len(data))
+			}
+			tg.mustBeIntact(t)
+			st2 := newStore()
+			s, err := FastSuspend(ctx, []int{tg.pid}, st2.put, fastOpts(tg, t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Commit()
+			st.files = st2.files
+			return
+		}
+		if r := tg.report(t); !r.Parked || !r.Unfilled {
+			t.Fatalf("after a refused copy-in (%v): %+v, want parked and unfilled", err, r)
+		}
+		// Nothing lets the program run on memory that was not refilled.
+		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Unpark(ctx); err == nil || !strings.Contains(err.Error(), "not refilled") {
+			t.Fatalf("unpark after a refused copy-in: %v", err)
+		}
+	})
+}

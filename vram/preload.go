@@ -1,0 +1,276 @@
+package vram
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/proc"
+)
+
+// The control channel of libgpucr-preload (preload/gpucr_preload.c), the
+// library a GPU process loads for the fast path. One text line per
+// command, one line back: "ok JSON" or "err MESSAGE". copyout and copyin
+// carry descriptors (SCM_RIGHTS) with their line. The library keeps its
+// state (parked, released) between connections, so a connection is closed
+// before CRIU dumps the process (CRIU refuses a socket connected to a
+// process outside the tree) and dialled again after the restore.
+
+// PreloadLibrary is the file name of the library.
+const PreloadLibrary = "libgpucr-preload.so"
+
+// ErrNoPreload says a process does not have the library loaded (or its
+// control socket is not there): it takes the driver-only path.
+var ErrNoPreload = errors.New("the fast-path library is not loaded in the process")
+
+// PreloadDir is the directory of the control sockets: GPUCR_PRELOAD_DIR,
+// else /run/gpucr-stream (the library uses the same rule).
+func PreloadDir() string {
+	if d := os.Getenv("GPUCR_PRELOAD_DIR"); d != "" {
+		return d
+	}
+	return "/run/gpucr-stream"
+}
+
+// PreloadSocket is the control socket of pid in dir.
+func PreloadSocket(dir string, pid int) string {
+	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".sock")
+}
+
+// HasPreload says whether pid maps the library.
+func HasPreload(pid int) bool {
+	b, err := os.ReadFile(filepath.Join(proc.Root, strconv.Itoa(pid), "maps"))
+	return err == nil && strings.Contains(string(b), PreloadLibrary)
+}
+
+// PreloadReport is what the library says of its process.
+type PreloadReport struct {
+	PID int `json:"pid"`
+	// Capable: every device allocation can be released and recreated.
+	Capable bool `json:"capable"`
+	// Reason says why not.
+	Reason   string `json:"reason"`
+	Bytes    int64  `json:"bytes"`
+	Mappings int    `json:"mappings"`
+	Handles  int    `json:"handles"`
+	Allocs   int    `json:"allocs"`
+	Contexts int    `json:"contexts"`
+	// Wrapped counts the driver entry points handed out through it.
+	Wrapped  int  `json:"wrapped"`
+	Parked   bool `json:"parked"`
+	Released bool `json:"released"`
+	// Unfilled: mapped again, not yet copied in (unpark is refused).
+	Unfilled bool `json:"unfilled"`
+	// DeviceUsed is the device's used memory as the driver reports it.
+	DeviceUsed int64 `json:"device_used"`
+}
+
+// Preload is a connection to one process's library.
+type Preload struct {
+	PID  int
+	conn *net.UnixConn
+	rd   *bufio.Reader
+}
+
+// DialPreload connects to the library of pid through its socket in dir.
+func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
+	path := PreloadSocket(dir, pid)
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("process %d: %w (%v)", pid, ErrNoPreload, err)
+		}
+		return nil, fmt.Errorf("process %d: connect to %s: %w", pid, path, err)
+	}
+	conn := c.(*net.UnixConn)
+	return &Preload{PID: pid, conn: conn, rd: bufio.NewReader(conn)}, nil
+}
+
+// Close ends the connection; the library's state stays.
+func (p *Preload) Close() error { return p.conn.Close() }
+
+// do sends one command (with fds) and returns the JSON of its answer.
+func (p *Preload) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, error) {
+	stop := context.AfterFunc(ctx, func() { p.conn.SetDeadline(time.Now()) })
+	defer stop()
+	var oob []byte
+	if len(fds) > 0 {
+		ints := make([]int, len(fds))
+		for i, f := range fds {
+			ints[i] = int(f.Fd())
+		}
+		oob = syscall.UnixRights(ints...)
+	}
+	if _, _, err := p.conn.WriteMsgUnix([]byte(cmd+"\n"), oob, nil); err != nil {
+		return nil, fmt.Errorf("process %d: %s: %w", p.PID, cmd, ctxErr(ctx, err))
+	}
+	line, err := p.rd.ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("process %d: %s: no answer: %w", p.PID, cmd, ctxErr(ctx, err))
+	}
+	line = strings.TrimSuffix(line, "\n")
+	if msg, ok := strings.CutPrefix(line, "err "); ok {
+		return nil, fmt.Errorf("process %d: %s: %s", p.PID, cmd, msg)
+	}
+	js, ok := strings.CutPrefix(line, "ok ")
+	if !ok {
+		return nil, fmt.Errorf("process %d: %s: unexpected answer %q", p.PID, cmd, line)
+	}
+	return []byte(js), nil
+}
+
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// Report asks for the library's bookkeeping.
+func (p *Preload) Report(ctx context.Context) (PreloadReport, error) {
+	var r PreloadReport
+	js, err := p.do(ctx, "report", nil)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(js, &r); err != nil {
+		return r, fmt.Errorf("process %d: report: %w", p.PID, err)
+	}
+	return r, nil
+}
+
+// Park closes the gate (no new CUDA work starts), waits up to timeout for
+// calls in flight to leave it, and synchronizes the program's contexts.
+func (p *Preload) Park(ctx context.Context, timeout time.Duration) error {
+	_, err := p.do(ctx, "park "+strconv.FormatInt(max(timeout.Milliseconds(), 1), 10), nil)
+	return err
+}
+
+// Unpark lets the program run again (refused while memory is released).
+func (p *Preload) Unpark(ctx context.Context) error {
+	_, err := p.do(ctx, "unpark", nil)
+	return err
+}
+
+// Release unmaps and frees every device allocation, keeping what it takes
+// to recreate them at the same addresses.
+func (p *Preload) Release(ctx context.Context) error {
+	_, err := p.do(ctx, "release", nil)
+	return err
+}
+
+// Remap recreates and maps what Release freed (contents undefined).
+func (p *Preload) Remap(ctx context.Context) error {
+	_, err := p.do(ctx, "remap", nil)
+	return err
+}
+
+// CopyOut writes every live mapping into the files (one copy thread each,
+// the format of docs/PRODUCERS.md "VRAM files"); the library closes its
+// copies of them when done. It returns the bytes of device memory copied.
+func (p *Preload) CopyOut(ctx context.Context, files []*os.File) (int64, error) {
+	return p.copy(ctx, "copyout", files)
+}
+
+// CopyIn reads files in that format and writes their ranges back.
+func (p *Preload) CopyIn(ctx context.Context, files []*os.File) (int64, error) {
+	return p.copy(ctx, "copyin", files)
+}
+
+func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (int64, error) {
+	if len(files) == 0 || len(files) > 64 {
+		return 0, fmt.Errorf("process %d: %s: %d files, want 1..64", p.PID, cmd, len(files))
+	}
+	js, err := p.do(ctx, cmd, files)
+	if err != nil {
+		return 0, err
+	}
+	var r struct {
+		Bytes int64 `json:"bytes"`
+	}
+	if err := json.Unmarshal(js, &r); err != nil {
+		return 0, fmt.Errorf("process %d: %s: %w", p.PID, cmd, err)
+	}
+	return r.Bytes, nil
+}
+
+// FindPreload finds the library: next to the running binary (where make
+// build puts it), else the install dir.
+func FindPreload() (string, error) {
+	var tried []string
+	if exe, err := os.Executable(); err == nil {
+		if exe, err = filepath.EvalSymlinks(exe); err == nil {
+			tried = append(tried, filepath.Join(filepath.Dir(exe), PreloadLibrary))
+		}
+	}
+	tried = append(tried, filepath.Join("/usr/local/lib/gpucr-stream", PreloadLibrary))
+	for _, p := range tried {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found (looked at %s; make build puts it next to the binary)", PreloadLibrary, strings.Join(tried, ", "))
+}
+
+// PreloadEnv returns env with lib first in LD_PRELOAD, ahead of what was
+// there; env itself is left alone.
+func PreloadEnv(env []string, lib string) []string {
+	out := make([]string, 0, len(env)+1)
+	pre := lib
+	found := false
+	for _, e := range env {
+		if old, ok := strings.CutPrefix(e, "LD_PRELOAD="); ok && !found {
+			found = true
+			if old != "" {
+				pre = lib + ":" + old
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return append(out, "LD_PRELOAD="+pre)
+}
+
+// ExecPreloaded replaces this process with args (a program, found on PATH
+// unless it names a path, and its arguments) run with the library
+// preloaded: `gpucr-stream run`. It returns only on failure.
+func ExecPreloaded(args []string) error {
+	if len(args) == 0 {
+		return errors.New("run: no program")
+	}
+	lib, err := FindPreload()
+	if err != nil {
+		return err
+	}
+	prog := args[0]
+	if !strings.Contains(prog, "/") {
+		if prog, err = lookPath(prog); err != nil {
+			return err
+		}
+	}
+	if err := syscall.Exec(prog, args, PreloadEnv(os.Environ(), lib)); err != nil {
+		return fmt.Errorf("run %s: %w", prog, err)
+	}
+	return nil
+}
+
+// lookPath finds an executable name on PATH.
+func lookPath(name string) (string, error) {
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("run: %s: not found on PATH", name)
+}
