@@ -78,14 +78,14 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
+		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
+	}
 	tr, err := s3Transport(secure)
 	if err != nil {
 		return nil, err
 	}
 	s.transport = tr
-	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
-		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
-	}
 	lookup := minio.BucketLookupAuto
 	switch cfg.PathStyle {
 	case PathStyleOn:
