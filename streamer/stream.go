@@ -42,6 +42,10 @@ type StreamSource struct {
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
 	retired []*pageBuf
+	// pages: large payloads are read into page buffers from here. A raw
+	// (codec none) payload stays where it was read and becomes the chunk;
+	// a compressed one is decoded into another and goes back.
+	pages pagePool
 
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -104,6 +108,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		complete:   map[string]*streamFile{},
 		cancel:     cancel,
 	}
+	s.pages = pagePool{size: DefaultChunkSize, keep: 2*s.opts.Workers + 2}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -140,6 +145,7 @@ func (s *StreamSource) failLocked(err error) {
 type decodeJob struct {
 	rd    *manifest.Reader
 	frame manifest.Frame
+	page  *pageBuf // the payload's page buffer, or nil
 }
 
 // run reads all shards concurrently and decodes DATA frames on workers.
@@ -154,6 +160,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			defer workers.Done()
 			for j := range jobs {
 				if ctx.Err() != nil {
+					s.putPage(j.page)
 					continue
 				}
 				if err := s.decode(j); err != nil {
@@ -218,11 +225,23 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
 		}
-		fr, err := rd.Next(nil)
-		if err == io.EOF {
-			return nil
-		}
+		var page *pageBuf
+		fr, err := rd.Next(func(n int) []byte {
+			if n < minSpliceChunk || s.discard || s.extractDir != "" {
+				return make([]byte, n)
+			}
+			p, err := s.pages.get(n)
+			if err != nil {
+				return make([]byte, n) // no mapping: the heap will do
+			}
+			page = p
+			return p.b[:n]
+		})
 		if err != nil {
+			s.putPage(page)
+			if err == io.EOF {
+				return nil
+			}
 			return err
 		}
 		switch fr.Type {
@@ -232,11 +251,13 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			}
 		case manifest.FrameData:
 			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
+				s.putPage(page)
 				return rd.Errorf(fr.Pos, fr.FileID, "DATA frame with raw length %d", fr.RawLen)
 			}
 			select {
-			case jobs <- decodeJob{rd, fr}:
+			case jobs <- decodeJob{rd, fr, page}:
 			case <-ctx.Done():
+				s.putPage(page)
 				return context.Cause(ctx)
 			}
 		case manifest.FrameFileEnd:
@@ -361,11 +382,20 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	}
 }
 
+// putPage gives back a payload page buffer (nil is ignored).
+func (s *StreamSource) putPage(p *pageBuf) {
+	if p != nil {
+		s.pages.put(p)
+	}
+}
+
 // decode checks one DATA frame and stores its bytes.
 func (s *StreamSource) decode(j decodeJob) error {
 	fr := j.frame
 	raw := fr.Payload
 	zero := codec.ID(fr.Codec) == codec.Zero
+	// The payload's buffer goes back once decoded, unless it is the chunk.
+	defer func() { s.putPage(j.page) }()
 	if zero {
 		if fr.StoredLen != 0 {
 			return j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
@@ -379,9 +409,12 @@ func (s *StreamSource) decode(j decodeJob) error {
 	// which Copy can splice into CRIU's pipe (splice.go).
 	var page *pageBuf
 	if !zero {
-		if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
+		if j.page != nil && codec.ID(fr.Codec) == codec.None {
+			// Stored raw and read into a page buffer: checked in place.
+			page, j.page = j.page, nil
+		} else if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
 			var err error
-			if page, err = newPageBuf(int(fr.RawLen)); err != nil {
+			if page, err = s.pages.get(int(fr.RawLen)); err != nil {
 				return fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
 			}
 			raw = page.b[:fr.RawLen]
@@ -578,6 +611,7 @@ func (s *StreamSource) Close() error {
 		p.free()
 	}
 	s.retired = nil
+	s.pages.close()
 	if s.spill != nil {
 		s.spill.Close()
 	}
