@@ -176,6 +176,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // little next to any codec.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
+// UpdateChecksum continues a CRC-32C: UpdateChecksum(Checksum(a), b) is
+// Checksum of a followed by b.
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
 // ContentHash is the BLAKE3-256 of raw bytes (lukechampine.com/blake3's
 // kernels, AVX-512 where present, on the calling goroutine: blake3.go): the
 // chunk identity for future delta checkpoints. It hashes raw bytes, never
