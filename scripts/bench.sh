@@ -115,7 +115,7 @@ record_cpu() { # variant metric-prefix timefile
 
 start_target() { # -> PID, CHILD, RUN
 	RUN=$(mktemp -d "$WORK/run-XXXX")
-	(cd "$RUN" && setsid "$TARGET_BIN" --dir "$RUN" --mb "$MB" --mix "$MIX" </dev/null >"$RUN/out.log" 2>&1 &)
+	(cd "$RUN" && exec setsid -f "$TARGET_BIN" --dir "$RUN" --mb "$MB" --mix "$MIX" </dev/null >"$RUN/out.log" 2>&1)
 	for _ in $(seq 1200); do [ -s "$RUN/ready" ] && break; sleep 0.05; done
 	PID=$(cat "$RUN/ready")
 	echo "$PID" >>"$TARGETS"
