@@ -23,7 +23,6 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/pierrec/lz4/v4"
-	"lukechampine.com/blake3"
 )
 
 // ID identifies a chunk encoding in the archive format. IDs are permanent:
@@ -173,10 +172,15 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // little next to any codec.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// ContentHash is the BLAKE3-256 of raw bytes (lukechampine.com/blake3, AVX-512 where present): the chunk
-// identity for future delta checkpoints. It hashes raw bytes, never stored
-// ones, so that identity does not depend on the codec chosen.
-func ContentHash(b []byte) [32]byte { return blake3.Sum256(b) }
+// UpdateChecksum continues a CRC-32C: UpdateChecksum(Checksum(a), b) is
+// Checksum of a followed by b.
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
+// ContentHash is the BLAKE3-256 of raw bytes (lukechampine.com/blake3's
+// kernels, AVX-512 where present, on the calling goroutine: blake3.go): the
+// chunk identity for future delta checkpoints. It hashes raw bytes, never
+// stored ones, so that identity does not depend on the codec chosen.
+func ContentHash(b []byte) [32]byte { return contentHash(b) }
 
 // zeroBlock is compared against with bytes.Equal, which runs the runtime's
 // vectorised memequal; it lives in BSS and stays on the shared zero page.

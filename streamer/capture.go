@@ -132,6 +132,7 @@ type item struct {
 	stored []byte
 	codec  codec.ID
 	crc    uint32
+	sums   chunkSums // what the producer learned of raw while reading it
 	hash   [32]byte
 	size   int64
 	chunks uint32
@@ -295,7 +296,7 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 			it.rawBuf = c.bufs.Get()
 			buf = it.rawBuf[:c.opts.ChunkSize]
 		}
-		n, err := io.ReadFull(r, buf)
+		n, err := it.sums.fill(r, buf)
 		if first && n == small && small < c.opts.ChunkSize && err == nil {
 			// Not small after all: move what we have into a budgeted chunk.
 			if err := c.acquire(); err != nil {
@@ -306,7 +307,7 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 			big := it.rawBuf[:c.opts.ChunkSize]
 			copy(big, buf)
 			var m int
-			m, err = io.ReadFull(r, big[small:])
+			m, err = it.sums.fill(r, big[small:])
 			n, buf = small+m, big
 		}
 		first = false
@@ -352,13 +353,13 @@ func (c *Capture) encode(it *item) error {
 	if c.seal != nil {
 		return c.sealChunk(it)
 	}
-	if codec.IsZero(it.raw) {
+	if it.sums.zero {
 		it.codec, it.stored = codec.Zero, nil
 		it.crc, it.hash = zeroSums(len(it.raw))
 		c.dropRaw(it)
 		return nil
 	}
-	it.crc = codec.Checksum(it.raw)
+	it.crc = it.sums.crc
 	it.hash = codec.ContentHash(it.raw)
 	var dst []byte
 	if c.encDst {
@@ -380,6 +381,63 @@ func (c *Capture) encode(it *item) error {
 	}
 	return nil
 }
+
+// chunkSums is what the producer computes of a chunk as it reads it: each
+// piece a read returns is still in the cache then, while the worker that
+// gets the chunk would read it back from memory (a 4 MiB chunk does not
+// stay in L2, and comes from another core). The zero test and CRC-32C are
+// cheap enough (tens of GB/s in cache) not to slow the producer; BLAKE3
+// is not, and stays on the workers.
+type chunkSums struct {
+	n    int    // bytes summed
+	zero bool   // every byte so far is zero (the CRC waits until one is not)
+	crc  uint32 // CRC-32C of the n bytes, unless zero
+}
+
+// fill reads into buf until it is full or r ends, as io.ReadFull does, and
+// sums what it reads; it continues where an earlier fill of the same chunk
+// stopped (buf is then the rest of the chunk).
+func (s *chunkSums) fill(r io.Reader, buf []byte) (int, error) {
+	if s.n == 0 {
+		s.zero = true
+	}
+	n := 0
+	for n < len(buf) {
+		k, err := r.Read(buf[n:])
+		s.add(buf[n : n+k])
+		n += k
+		if err != nil {
+			if errors.Is(err, io.EOF) && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (s *chunkSums) add(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if s.zero {
+		if codec.IsZero(b) {
+			s.n += len(b)
+			return
+		}
+		// The zeros so far count too (rarely many: chunks tend to be
+		// all zero or not at all).
+		s.zero = false
+		for k := s.n; k > 0; k -= min(k, len(zeroPiece)) {
+			s.crc = codec.UpdateChecksum(s.crc, zeroPiece[:min(k, len(zeroPiece))])
+		}
+	}
+	s.crc = codec.UpdateChecksum(s.crc, b)
+	s.n += len(b)
+}
+
+// zeroPiece is read, never written: it stays on the shared zero page.
+var zeroPiece [64 << 10]byte
 
 // dropRaw gives an encoded chunk's raw buffer back.
 func (c *Capture) dropRaw(it *item) {
@@ -537,17 +595,20 @@ func zeroSums(n int) (uint32, [32]byte) {
 // in use instead of being refilled after every collection, and nothing
 // accumulates between collections however many bytes pass through. It
 // keeps at most the idle count given to NewBufferPool; Get allocates when
-// none is free.
+// none is free. The last buffer given back is the first handed out: it is
+// the likeliest to be still in the cache.
 type BufferPool struct {
 	size      int
-	free      chan []byte
+	idle      int
+	mu        sync.Mutex
+	free      [][]byte
 	allocated atomic.Int64
 }
 
 // NewBufferPool returns a pool of size-byte buffers that keeps at most idle
 // of them.
 func NewBufferPool(size, idle int) *BufferPool {
-	return &BufferPool{size: size, free: make(chan []byte, idle)}
+	return &BufferPool{size: size, idle: idle}
 }
 
 // Get returns a buffer of the pool's size, its contents undefined.
@@ -565,12 +626,16 @@ func (p *BufferPool) Allocated() int64 { return p.allocated.Load() }
 
 // TryGet returns a free buffer, if there is one, without allocating.
 func (p *BufferPool) TryGet() ([]byte, bool) {
-	select {
-	case b := <-p.free:
-		return b[:p.size], true
-	default:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := len(p.free)
+	if k == 0 {
 		return nil, false
 	}
+	b := p.free[k-1]
+	p.free[k-1] = nil
+	p.free = p.free[:k-1]
+	return b[:p.size], true
 }
 
 // Put gives back a buffer Get returned (any slice of it). Others, nil
@@ -579,8 +644,9 @@ func (p *BufferPool) Put(b []byte) {
 	if cap(b) != p.size {
 		return
 	}
-	select {
-	case p.free <- b[:p.size]:
-	default:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) < p.idle {
+		p.free = append(p.free, b[:p.size])
 	}
 }

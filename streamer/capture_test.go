@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store/mem"
@@ -716,4 +719,72 @@ func TestCaptureBuffersSurviveGC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// chunkSums must agree with a CRC-32C and zero test of the whole chunk,
+// whatever pieces the reads return and wherever the first non-zero byte is.
+func TestChunkSums(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"zeros", make([]byte, 300000)},
+		{"random", randomBytes(r, 300000)},
+		{"zeros then one byte", append(make([]byte, 200000), 7)},
+		{"one byte then zeros", append([]byte{7}, make([]byte, 200000)...)},
+		{"zeros, data, zeros", append(append(make([]byte, 100000), randomBytes(r, 5)...), make([]byte, 70000)...)},
+	} {
+		for _, piece := range []int{1, 4096, 65536, 1 << 20} {
+			for _, split := range []int{0, 64 << 10, len(tc.data) / 2} {
+				var s chunkSums
+				buf := make([]byte, len(tc.data))
+				src := iotest.HalfReader(&pieceReader{b: tc.data, max: piece})
+				n1, err := s.fill(src, buf[:split])
+				if err != nil {
+					t.Fatal(err)
+				}
+				n2, err := s.fill(src, buf[split:])
+				if err != nil || n1+n2 != len(tc.data) || !bytes.Equal(buf, tc.data) {
+					t.Fatalf("%s: read %d+%d, %v", tc.name, n1, n2, err)
+				}
+				zero := codec.IsZero(tc.data)
+				if s.zero != zero || (!zero && s.crc != codec.Checksum(tc.data)) {
+					t.Errorf("%s (pieces of %d, split at %d): zero %v crc %08x, want zero %v crc %08x",
+						tc.name, piece, split, s.zero, s.crc, zero, codec.Checksum(tc.data))
+				}
+			}
+		}
+	}
+	// fill reports a short read as io.ReadFull does.
+	var s chunkSums
+	if n, err := s.fill(bytes.NewReader([]byte{1, 2}), make([]byte, 4)); n != 2 || err != io.ErrUnexpectedEOF {
+		t.Errorf("short: %d, %v", n, err)
+	}
+	s = chunkSums{}
+	if n, err := s.fill(bytes.NewReader(nil), make([]byte, 4)); n != 0 || err != io.EOF {
+		t.Errorf("empty: %d, %v", n, err)
+	}
+}
+
+type pieceReader struct {
+	b   []byte
+	max int
+}
+
+func (p *pieceReader) Read(b []byte) (int, error) {
+	if len(p.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b[:min(len(b), p.max)], p.b)
+	p.b = p.b[n:]
+	return n, nil
+}
+
+func randomBytes(r *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32()) | 1
+	}
+	return b
 }

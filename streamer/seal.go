@@ -106,13 +106,14 @@ func (h digester) digest(chunkHashes []byte, size int64) [32]byte {
 func (c *Capture) sealChunk(it *item) error {
 	var id codec.ID
 	var stored []byte
-	if codec.IsZero(it.raw) {
+	// The zero test and CRC-32C are the producer's (chunkSums).
+	if it.sums.zero {
 		// Zero chunks are sealed too (an empty payload and the CRC): an
 		// unsealed zero chunk would let anyone turn data into zeros.
 		id, stored = codec.Zero, make([]byte, 0, crypt.Overhead)
 		it.crc, it.hash = c.sums.zero(len(it.raw))
 	} else {
-		it.crc, it.hash = codec.Checksum(it.raw), c.sums.content(it.raw)
+		it.crc, it.hash = it.sums.crc, c.sums.content(it.raw)
 		var dst []byte
 		if c.encDst {
 			it.encBuf = c.bufs.Get()

@@ -54,6 +54,10 @@ type StreamSource struct {
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
 	retired []*pageBuf
+	// pages: large payloads are read into page buffers from here. A raw
+	// (codec none) payload stays where it was read and becomes the chunk;
+	// a compressed one is decoded into another and goes back.
+	pages pagePool
 
 	// seal opens the chunks of an encrypted stream; set (with sums) by the
 	// first shard's reader before any chunk is decoded.
@@ -174,6 +178,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		complete:   map[string]*streamFile{},
 		cancel:     cancel,
 	}
+	s.pages = pagePool{size: DefaultChunkSize, keep: 2*s.opts.Workers + 2}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -211,6 +216,7 @@ func (s *StreamSource) notifyLocked() {
 type decodeJob struct {
 	rd    *manifest.Reader
 	frame manifest.Frame
+	page  *pageBuf // the payload's page buffer, or nil
 }
 
 // run reads all shards concurrently and decodes DATA frames on workers.
@@ -225,6 +231,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			defer workers.Done()
 			for j := range jobs {
 				if ctx.Err() != nil {
+					s.putPage(j.page)
 					continue
 				}
 				if err := s.decode(j); err != nil {
@@ -301,11 +308,23 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
 		}
-		fr, err := rd.Next(nil)
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
+		var page *pageBuf
+		fr, err := rd.Next(func(n int) []byte {
+			if n < minSpliceChunk || s.discard || s.extractDir != "" {
+				return make([]byte, n)
+			}
+			p, err := s.pages.get(n)
+			if err != nil {
+				return make([]byte, n) // no mapping: the heap will do
+			}
+			page = p
+			return p.b[:n]
+		})
 		if err != nil {
+			s.putPage(page)
+			if err == io.EOF {
+				return nil
+			}
 			return err
 		}
 		switch fr.Type {
@@ -315,11 +334,13 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			}
 		case manifest.FrameData:
 			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
+				s.putPage(page)
 				return rd.Errorf(fr.Pos, fr.FileID, "DATA frame with raw length %d", fr.RawLen)
 			}
 			select {
-			case jobs <- decodeJob{rd, fr}:
+			case jobs <- decodeJob{rd, fr, page}:
 			case <-ctx.Done():
+				s.putPage(page)
 				return context.Cause(ctx)
 			}
 		case manifest.FrameFileEnd:
@@ -451,11 +472,23 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	}
 }
 
+// putPage gives back a payload page buffer (nil is ignored).
+func (s *StreamSource) putPage(p *pageBuf) {
+	if p != nil {
+		s.pages.put(p)
+	}
+}
+
 // decodePayload checks one DATA frame and decodes it: raw is nil for a
-// zero chunk, and lies in page where it was decoded into one.
+// zero chunk, and lies in page where it was decoded into one (or read into
+// one, for a chunk stored raw: checked in place, no second copy).
 func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, err error) {
 	fr := j.frame
+	// The payload's buffer goes back once decoded, unless it is the chunk.
+	defer func() { s.putPage(j.page) }()
 	if s.seal != nil {
+		// Opened in place: the payload shrinks to its plaintext in the
+		// same buffer (a raw chunk read into a page stays the chunk).
 		ch := crypt.Chunk{FileID: fr.FileID, Name: j.rd.FileName(fr.FileID), Offset: fr.Offset, RawLen: fr.RawLen, Codec: fr.Codec}
 		if fr.Payload, fr.Checksum, err = openChunk(s.seal, fr.Payload, ch); err != nil {
 			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
@@ -473,12 +506,15 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
-	if !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk {
-		if page, err = newPageBuf(int(fr.RawLen)); err != nil {
+	switch {
+	case j.page != nil && codec.ID(fr.Codec) == codec.None:
+		page, j.page = j.page, nil
+	case !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk:
+		if page, err = s.pages.get(int(fr.RawLen)); err != nil {
 			return nil, nil, fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
 		}
 		raw = page.b[:fr.RawLen]
-	} else if codec.ID(fr.Codec) != codec.None {
+	case codec.ID(fr.Codec) != codec.None:
 		raw = make([]byte, fr.RawLen)
 	}
 	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
@@ -688,6 +724,7 @@ func (s *StreamSource) Close() error {
 		p.free()
 	}
 	s.retired = nil
+	s.pages.close()
 	if s.spill != nil {
 		s.spill.Close()
 	}

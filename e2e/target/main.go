@@ -80,6 +80,7 @@ func main() {
 
 	dir := flag.String("dir", "", "work directory (ready, proof.json, target.log)")
 	mb := flag.Int("mb", 256, "approximate memory to fill, in MiB")
+	mix := flag.String("mix", "model", "memory content: model (weights-like, zeros, random, text) or thirds (random, zeros, text: the capture benchmark's)")
 	flag.Parse()
 	if *dir == "" {
 		log.Fatal("target: --dir is required")
@@ -87,7 +88,10 @@ func main() {
 	if *mb < 1 {
 		log.Fatal("target: --mb must be at least 1")
 	}
-	if err := runParent(*dir, *mb, usr1); err != nil {
+	if *mix != "model" && *mix != "thirds" {
+		log.Fatalf("target: --mix %q: want model or thirds", *mix)
+	}
+	if err := runParent(*dir, *mb, *mix, usr1); err != nil {
 		log.Fatalf("target: %v", err)
 	}
 }
@@ -108,7 +112,7 @@ type parent struct {
 	seq       uint64
 }
 
-func runParent(dir string, mb int, usr1 <-chan os.Signal) error {
+func runParent(dir string, mb int, mix string, usr1 <-chan os.Signal) error {
 	p := &parent{dir: dir}
 	var err error
 	p.logFile, err = os.OpenFile(filepath.Join(dir, "target.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -116,7 +120,11 @@ func runParent(dir string, mb int, usr1 <-chan os.Signal) error {
 		return fmt.Errorf("open log: %w", err)
 	}
 	start := time.Now()
-	p.regions = fill(mb << 20)
+	if mix == "thirds" {
+		p.regions = fillThirds(mb << 20)
+	} else {
+		p.regions = fill(mb << 20)
+	}
 	p.expected = checksum(p.regions)
 	p.logf("filled %d MiB in %v, sha256 %s", mb, time.Since(start).Round(time.Millisecond), p.expected)
 
@@ -382,6 +390,22 @@ func fill(total int) [][]byte {
 	}
 	fillText(text, r)
 	return [][]byte{bf16, f32, zeros, random, text}
+}
+
+// fillThirds is a third random bytes, a third touched zero pages and a
+// third text: what the capture CPU figures of docs/BENCHMARKS.md use.
+func fillThirds(total int) [][]byte {
+	r := rand.New(rand.NewPCG(0x6770, 0x6372))
+	third := max(pageSize, total/3/pageSize*pageSize)
+	random, zeros, text := make([]byte, third), make([]byte, third), make([]byte, third)
+	for i := 0; i+8 <= len(random); i += 8 {
+		binary.LittleEndian.PutUint64(random[i:], r.Uint64())
+	}
+	for i := 0; i < len(zeros); i += pageSize {
+		zeros[i] = 0
+	}
+	fillText(text, r)
+	return [][]byte{random, zeros, text}
 }
 
 var words = strings.Fields(`the model layer attention weight token batch

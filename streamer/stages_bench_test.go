@@ -1,0 +1,188 @@
+package streamer
+
+import (
+	"encoding/binary"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"lukechampine.com/blake3"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// BenchmarkStages costs each step of a capture on its own, in CPU seconds
+// per GiB of image (metric cpu-s/GiB, counted from getrusage, so that a
+// busy machine inflates the wall time but not the figure), on the
+// capture benchmark's image: a third random, a third zeros, a third text,
+// in 4 MiB chunks. Every stage is charged to the whole image, so the
+// figures add up: reading CRIU's pipe, the zero test, CRC-32C and BLAKE3
+// of the non-zero chunks, lz4, writing the stored chunks to tmpfs, and
+// the pipeline (chunking, ordering, hand-offs) with everything above but
+// the I/O (reading from memory instead: the copy stage).
+func BenchmarkStages(b *testing.B) {
+	const chunk = DefaultChunkSize
+	img := thirdsData(64<<20, 5)
+	chunks := make([][]byte, 0, len(img)/chunk)
+	for off := 0; off < len(img); off += chunk {
+		chunks = append(chunks, img[off:off+chunk])
+	}
+	nonZero := [][]byte{}
+	for _, c := range chunks {
+		if !codec.IsZero(c) {
+			nonZero = append(nonZero, c)
+		}
+	}
+	perChunk := func(name string, chunks [][]byte, f func([]byte)) {
+		b.Run(name, func(b *testing.B) {
+			stageCPU(b, int64(len(img)), false, func() {
+				for _, c := range chunks {
+					f(c)
+				}
+			})
+		})
+	}
+	b.Run("read-pipe", func(b *testing.B) {
+		buf := make([]byte, chunk)
+		stageCPU(b, int64(len(img)), true, func() {
+			r, w, err := os.Pipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			GrowPipe(w.Fd())
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { // CRIU's side: page references, as its splice gives
+				defer wg.Done()
+				defer w.Close()
+				rc, _ := w.SyscallConn()
+				cw := chunkWriter{w: w, pipe: rc}
+				if _, err := cw.vmsplice(img); err != nil {
+					b.Error(err)
+				}
+			}()
+			for {
+				if _, err := io.ReadFull(r, buf); err != nil {
+					break
+				}
+			}
+			r.Close()
+			wg.Wait()
+		})
+	})
+	scratch := make([]byte, chunk)
+	perChunk("copy", chunks, func(c []byte) { copy(scratch, c) }) // what the pipeline benchmarks read with
+	perChunk("zero-test", chunks, func(c []byte) { codec.IsZero(c) })
+	perChunk("crc32c", nonZero, func(c []byte) { codec.Checksum(c) })
+	perChunk("blake3", nonZero, func(c []byte) { codec.ContentHash(c) })
+	perChunk("blake3-sum256", nonZero, func(c []byte) { blake3.Sum256(c) }) // the library's own, goroutine per 16 KiB
+	for _, spec := range []string{"lz4", "zstd", "auto"} {
+		enc, err := codec.NewEncoder(mustSpec(b, spec))
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := make([]byte, 0, enc.MaxEncodedLen(chunk))
+		perChunk("codec-"+spec, nonZero, func(c []byte) { enc.Encode(dst, c) })
+	}
+	perChunk("file-digest", [][]byte{make([]byte, 32*len(chunks))}, func(h []byte) { FileDigest(h, int64(len(img))) })
+	b.Run("write-tmpfs", func(b *testing.B) {
+		dir := os.Getenv("GPUCR_BENCH_DIR")
+		if dir == "" {
+			dir = "/dev/shm"
+		}
+		stageCPU(b, int64(len(img)), true, func() {
+			f, err := os.CreateTemp(dir, "gpucr-stage-*")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer os.Remove(f.Name())
+			defer f.Close()
+			var hdr [manifest.FrameSize]byte
+			for _, c := range nonZero {
+				f.Write(hdr[:])
+				f.Write(c)
+			}
+		})
+	})
+	for _, spec := range []string{"none", "lz4"} {
+		b.Run("pipeline-"+spec, func(b *testing.B) {
+			// A GiB per capture: its buffers are allocated once, as in
+			// a real one.
+			opts, total := Options{Codec: mustSpec(b, spec)}, int64(1<<30)
+			stageCPU(b, total, false, func() {
+				out, _ := NewStreamOutput([]io.Writer{io.Discard})
+				c, err := NewCapture(b.Context(), out, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.WriteFile("pages-1.img", &repeatReader{tmpl: img, n: total}, false); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.Close(b.Context(), manifest.Manifest{}); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+// stageCPU runs f b.N times and reports its CPU time per GiB of image:
+// of this thread alone when thread is set (f's helpers excluded), else of
+// the whole process.
+func stageCPU(b *testing.B, imageBytes int64, thread bool, f func()) {
+	who := syscall.RUSAGE_SELF
+	if thread {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		who = unix.RUSAGE_THREAD
+	}
+	cpu := func() float64 {
+		var ru syscall.Rusage
+		syscall.Getrusage(who, &ru)
+		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	}
+	b.SetBytes(imageBytes)
+	b.ResetTimer()
+	c0 := cpu()
+	for range b.N {
+		f()
+	}
+	used := cpu() - c0
+	b.StopTimer()
+	b.ReportMetric(used/(float64(imageBytes)*float64(b.N)/(1<<30)), "cpu-s/GiB")
+}
+
+// thirdsData is n bytes in 4 MiB runs of random bytes, zeros and text, a
+// third each (the image of the capture benchmarks and of `bench.sh`'s
+// thirds target).
+func thirdsData(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	words := strings.Fields("the model layer attention weight token batch request tensor device memory restore checkpoint stream process kernel cache")
+	b := make([]byte, n)
+	for off := 0; off < n; off += DefaultChunkSize {
+		c := b[off:min(n, off+DefaultChunkSize)]
+		switch (off / DefaultChunkSize) % 3 {
+		case 0:
+			for i := 0; i+8 <= len(c); i += 8 {
+				binary.LittleEndian.PutUint64(c[i:], r.Uint64())
+			}
+		case 2:
+			for i := 0; i < len(c); {
+				w := words[r.IntN(len(words))]
+				if r.IntN(4) == 0 {
+					w += " " + strconv.Itoa(r.IntN(100000))
+				}
+				i += copy(c[i:], w+" ")
+			}
+		}
+	}
+	return b
+}
