@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -28,7 +29,8 @@ type MigrateOptions struct {
 	// Dest is the receiver, tcp://HOST:PORT.
 	Dest location.Location
 	TCP  location.TCPConfig
-	// Stream are the pipeline's options.
+	// Stream are the pipeline's options; Stream.Key encrypts the stream
+	// (the receiver needs the key) and the local copy under one session.
 	Stream       streamer.Options
 	CRIU         CRIU
 	LeaveRunning bool
@@ -121,8 +123,14 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
+	var seal *crypt.Session
+	if o.Stream.Key != nil {
+		if seal, err = crypt.NewSession(o.Stream.Key); err != nil {
+			return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+		}
+	}
 	start := time.Now()
-	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams})
+	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams, Seal: seal})
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
@@ -149,7 +157,9 @@ func (m *migration) openKeep() error {
 		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)
 	}
 	m.keep = keep
-	keepOut, err := streamer.NewStreamOutput([]io.Writer{keep})
+	// The copy shares the stream's session: a tee writes the same sealed
+	// frames to both.
+	keepOut, err := streamer.NewSealedStreamOutput([]io.Writer{keep}, m.out.Sealed())
 	if err != nil {
 		m.dropKeep()
 		return err

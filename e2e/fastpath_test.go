@@ -142,15 +142,36 @@ func (p phases) has(name string) bool {
 }
 
 func TestFastPathCheckpointRestore(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "encrypted"}[keyed], func(t *testing.T) { fastCheckpointRestore(t, keyed) })
+	}
+}
+
+// fastCheckpointRestore checkpoints and restores a fast-path process; keyed,
+// with --key-file: the device memory the fast path moves is sealed like the
+// rest, and the restore needs the key.
+func fastCheckpointRestore(t *testing.T, keyed bool) {
 	e := setupFast(t)
 	ctx := testCtx(t)
+	var keyArgs []string
+	if keyed {
+		key, err := e.gcsRun(ctx, "keygen")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kf := filepath.Join(e.dir, "key")
+		if err := os.WriteFile(kf, key, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keyArgs = []string{"--key-file", kf}
+	}
 	pid, tdir, waitGone := e.start(t, "t")
 	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
 		t.Fatalf("before: %q", r)
 	}
 	ar := filepath.Join(e.dir, "ar")
-	out, err := e.gcsRun(ctx, "checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "w"),
-		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "3", "--vram-keep-dir", e.dir)
+	out, err := e.gcsRun(ctx, append([]string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "w"),
+		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "3", "--vram-keep-dir", e.dir}, keyArgs...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +188,9 @@ func TestFastPathCheckpointRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if (m.Encryption != nil) != keyed {
+		t.Fatalf("manifest encryption %+v, want it %v", m.Encryption, keyed)
+	}
 	if len(m.CUDA) != 1 || m.CUDA[0].PID != pid || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 || m.CUDA[0].Bytes == 0 {
 		t.Fatalf("manifest cuda: %+v", m.CUDA)
 	}
@@ -178,7 +202,15 @@ func TestFastPathCheckpointRestore(t *testing.T) {
 	if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
 		t.Fatalf("kept copy left after the commit: %v", ents)
 	}
-	out, err = e.gcsRun(ctx, "restore", "--from", ar, "--work-dir", filepath.Join(e.dir, "w2"), "--criu", e.criu, "--json", "--no-progress")
+	restore := func(dir string, extra ...string) ([]byte, error) {
+		return e.gcsRun(ctx, append([]string{"restore", "--from", ar, "--work-dir", filepath.Join(e.dir, dir), "--criu", e.criu, "--json", "--no-progress"}, extra...)...)
+	}
+	if keyed {
+		if _, err := restore("w1"); err == nil || !strings.Contains(err.Error(), m.Encryption.KeyID.String()) {
+			t.Fatalf("restore without the key: %v", err)
+		}
+	}
+	out, err = restore("w2", keyArgs...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,8 +38,14 @@ type s3Env struct {
 
 func startS3(t *testing.T) *s3Env {
 	t.Helper()
+	return startS3With(t, miniotest.Options{})
+}
+
+// startS3With is startS3 with a MinIO that has features (a KMS, TLS).
+func startS3With(t *testing.T, o miniotest.Options) *s3Env {
+	t.Helper()
 	CRIU(t)
-	srv := miniotest.Start(t)
+	srv := miniotest.StartWith(t, o)
 	srv.MakeBucket(t, s3Bucket)
 	// Nothing of the developer's own AWS or gpucr settings may leak in.
 	for _, k := range []string{"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",

@@ -12,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -34,7 +35,9 @@ type Config struct {
 	// instead of Stdin/Stdout.
 	Shards []int
 	// Options are the pipeline's options (chunk size, workers, memory for
-	// chunks in flight, codec).
+	// chunks in flight, codec). Options.Key, when set, encrypts every
+	// output opened (one new session per checkpoint) and is required by
+	// every source: an encrypted one needs it, a plain one is refused.
 	Options streamer.Options
 	// HoldLimit is what a stream source holds in memory before spilling to
 	// SpillDir; 0: half the available memory, at least 1 GiB.
@@ -62,6 +65,8 @@ type TCPConfig struct {
 
 // Output is an opened DEST.
 type Output struct {
+	// Output is sealed (streamer.NewSealedStreamOutput and the like) when
+	// Config.Options.Key was set.
 	streamer.Output
 	// Sizes reports per-shard bytes of a stream destination (stdio,
 	// tcp://); nil for archives, whose segments say it.
@@ -71,9 +76,27 @@ type Output struct {
 	Uploaded func() int64
 }
 
-// OpenOutput opens a DEST for a capture.
+// OpenOutput opens a DEST for a capture, encrypted when c.Options.Key is
+// set.
 func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 	return loc.backend().output(ctx, &c)
+}
+
+// Sealed is the session the output encrypts under, or nil: a capture
+// writing into it seals every chunk.
+func (o *Output) Sealed() *crypt.Session {
+	if s, ok := o.Output.(interface{ Sealed() *crypt.Session }); ok {
+		return s.Sealed()
+	}
+	return nil
+}
+
+// session starts the encryption session of one output: nil without a key.
+func (c *Config) session() (*crypt.Session, error) {
+	if c.Options.Key == nil {
+		return nil, nil
+	}
+	return crypt.NewSession(c.Options.Key)
 }
 
 // OpenSource opens a SRC. so are the stream source's own options
@@ -89,15 +112,32 @@ func OpenStore(ctx context.Context, loc Location, c Config) (st store.Store, clo
 }
 
 // ReadManifest loads a checkpoint's description without decoding its data.
-func ReadManifest(ctx context.Context, loc Location, c Config) (*manifest.Manifest, error) {
+// Given c.Options.Key, an encrypted archive's manifest is authenticated too
+// (a wrong key is refused) and authenticated says so; a stream's metadata
+// is authenticated only by reading it whole (verify). Without the key an
+// encrypted checkpoint's metadata is readable, not trusted.
+func ReadManifest(ctx context.Context, loc Location, c Config) (m *manifest.Manifest, authenticated bool, err error) {
 	return loc.backend().manifest(ctx, &c)
+}
+
+// archiveManifest reads an archive's manifest, authenticated when it is
+// encrypted and c holds the key.
+func (c *Config) archiveManifest(ctx context.Context, st store.Store) (*manifest.Manifest, bool, error) {
+	m, err := streamer.ReadManifest(ctx, st)
+	if err != nil || m.Encryption == nil || c.Options.Key == nil {
+		return m, false, err
+	}
+	if m, err = streamer.CheckManifest(ctx, st, c.Options.Key); err != nil {
+		return nil, false, err
+	}
+	return m, true, nil
 }
 
 type backend interface {
 	output(ctx context.Context, c *Config) (*Output, error)
 	source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error)
 	store(ctx context.Context, c *Config) (store.Store, func(), error)
-	manifest(ctx context.Context, c *Config) (*manifest.Manifest, error)
+	manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error)
 }
 
 func (l Location) backend() backend {
@@ -131,8 +171,8 @@ func (u unsupported) store(context.Context, *Config) (store.Store, func(), error
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got %s", u.loc)
 }
 
-func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, error) {
-	return nil, errdefs.Usagef("%s: not supported yet", u.loc)
+func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, bool, error) {
+	return nil, false, errdefs.Usagef("%s: not supported yet", u.loc)
 }
 
 // StreamOptions are the options a stream source opened with c gets (so's
@@ -181,6 +221,28 @@ func asFile(v any, fallback *os.File) *os.File {
 type stdioLoc struct{}
 
 func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
+	ws, err := c.stdioWriters()
+	if err != nil {
+		return nil, err
+	}
+	seal, err := c.session()
+	if err != nil {
+		return nil, err
+	}
+	out, err := streamer.NewSealedStreamOutput(ws, seal)
+	if err != nil {
+		return nil, err
+	}
+	return &Output{Output: out, Sizes: out.Sizes}, nil
+}
+
+// stdioWriters are the shards' files, else stdout.
+func (c *Config) stdioWriters() ([]io.Writer, error) {
+	if _, ok := c.Stdout.(*os.File); !ok && c.Stdout != nil && len(c.Shards) == 0 {
+		// Tests hand in writers: used as they are, fd 1 untouched (a second
+		// *os.File on it would close it when collected).
+		return []io.Writer{c.Stdout}, nil
+	}
 	files, _, err := ShardFiles(c.Shards, asFile(c.Stdout, os.Stdout))
 	if err != nil {
 		return nil, errdefs.Usagef("--shard-fds: %v", err)
@@ -192,17 +254,14 @@ func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
 		}
 		ws[i] = f
 	}
-	if _, ok := c.Stdout.(*os.File); !ok && len(c.Shards) == 0 {
-		ws[0] = c.Stdout // tests hand in writers
-	}
-	out, err := streamer.NewStreamOutput(ws)
-	if err != nil {
-		return nil, err
-	}
-	return &Output{Output: out, Sizes: out.Sizes}, nil
+	return ws, nil
 }
 
 func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
+		// Tests hand in readers, used as they are (see stdioWriters).
+		return streamer.NewStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so), nil
+	}
 	files, names, err := ShardFiles(c.Shards, asFile(c.Stdin, os.Stdin))
 	if err != nil {
 		return nil, errdefs.Usagef("--shard-fds: %v", err)
@@ -212,9 +271,6 @@ func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions
 		rs[i] = f
 	}
 	if len(c.Shards) == 0 {
-		if _, ok := c.Stdin.(*os.File); !ok {
-			rs[0] = c.Stdin // tests hand in readers
-		}
 		names[0] = "stdin"
 	}
 	return streamer.NewStreamSource(ctx, rs, names, so), nil
@@ -224,15 +280,20 @@ func (stdioLoc) store(context.Context, *Config) (store.Store, func(), error) {
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got -")
 }
 
-func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, error) {
-	return streamer.ScanStream(c.Stdin, "stdin")
+func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool, error) {
+	m, err := streamer.ScanStream(c.Stdin, "stdin")
+	return m, false, err
 }
 
 // archiveLoc is a local archive directory.
 type archiveLoc struct{ unsupported }
 
 func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
-	out, err := streamer.NewArchiveOutput(ctx, dir.New(a.loc.Path), c.SegmentSize)
+	seal, err := c.session()
+	if err != nil {
+		return nil, err
+	}
+	out, err := streamer.NewSealedArchiveOutput(ctx, dir.New(a.loc.Path), c.SegmentSize, seal)
 	if err != nil {
 		return nil, err
 	}
@@ -257,8 +318,8 @@ func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error)
 	return dir.New(a.loc.Path), func() {}, nil
 }
 
-func (a archiveLoc) manifest(ctx context.Context, _ *Config) (*manifest.Manifest, error) {
-	return streamer.ReadManifest(ctx, dir.New(a.loc.Path))
+func (a archiveLoc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
+	return c.archiveManifest(ctx, dir.New(a.loc.Path))
 }
 
 // streamFileLoc is a file holding one stream (capture > FILE).
@@ -281,13 +342,14 @@ func (f streamFileLoc) store(context.Context, *Config) (store.Store, func(), err
 	return nil, nil, errdefs.Usagef("%s: a stream file holds one checkpoint and is not a location; use inspect", f.loc)
 }
 
-func (f streamFileLoc) manifest(_ context.Context, _ *Config) (*manifest.Manifest, error) {
+func (f streamFileLoc) manifest(_ context.Context, _ *Config) (*manifest.Manifest, bool, error) {
 	file, err := os.Open(f.loc.Path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer file.Close()
-	return streamer.ScanStream(file, f.loc.Path)
+	m, err := streamer.ScanStream(file, f.loc.Path)
+	return m, false, err
 }
 
 // closeWith closes an extra resource after the source.

@@ -42,7 +42,7 @@ func TestOpenRefusals(t *testing.T) {
 			_, err := OpenSource(ctx, parse(filepath.Join(dir, "none")), Config{HoldLimit: 1 << 20}, streamer.StreamOptions{})
 			return err
 		}(), errdefs.ErrNotFound},
-		{"manifest of tcp", func() error { _, err := ReadManifest(ctx, parse("tcp://127.0.0.1:1"), Config{}); return err }(), errdefs.ErrUsage},
+		{"manifest of tcp", func() error { _, _, err := ReadManifest(ctx, parse("tcp://127.0.0.1:1"), Config{}); return err }(), errdefs.ErrUsage},
 	}
 	for _, tc := range tests {
 		if !errors.Is(tc.err, tc.want) {

@@ -54,7 +54,12 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := streamer.NewArchiveOutput(ctx, st, c.SegmentSize)
+	seal, err := c.session()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	out, err := streamer.NewSealedArchiveOutput(ctx, st, c.SegmentSize, seal)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -118,11 +123,11 @@ func (l s3Loc) store(ctx context.Context, c *Config) (store.Store, func(), error
 	return st, func() { st.Close() }, nil
 }
 
-func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, error) {
+func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
 	st, _, err := l.open(ctx, c)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer st.Close()
-	return streamer.ReadManifest(ctx, st)
+	return c.archiveManifest(ctx, st)
 }

@@ -27,7 +27,11 @@ func (l tcpLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := tcp.Dial(ctx, l.loc.Path, tcp.SendOptions{Auth: t.Auth, Timeout: t.Timeout, Streams: t.Streams, AutoCommit: true})
+	seal, err := c.session()
+	if err != nil {
+		return nil, err
+	}
+	out, err := tcp.Dial(ctx, l.loc.Path, tcp.SendOptions{Auth: t.Auth, Timeout: t.Timeout, Streams: t.Streams, AutoCommit: true, Seal: seal})
 	if err != nil {
 		return nil, err
 	}

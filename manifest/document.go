@@ -62,6 +62,11 @@ type Manifest struct {
 	Stats    Stats         `json:"stats"`
 	Segments []Segment     `json:"segments,omitempty"`
 	Files    []File        `json:"files"`
+	// Encryption is set for an encrypted checkpoint (format 2).
+	Encryption *Encryption `json:"encryption,omitempty"`
+	// MAC authenticates an encrypted checkpoint's manifest (MarshalMAC);
+	// it must come right before Checksum.
+	MAC string `json:"mac,omitempty"`
 	// Checksum seals the document; it must stay the last field.
 	Checksum string `json:"checksum"`
 }
@@ -138,7 +143,10 @@ type Segment struct {
 
 // File is one image file and the index of its chunks, in offset order.
 type File struct {
-	Name     string  `json:"name"`
+	Name string `json:"name"`
+	// ID is the file id of the file's frames (absent when 0): an encrypted
+	// chunk is bound to it, so a reader of an archive must know it.
+	ID       uint32  `json:"id,omitempty"`
 	Size     int64   `json:"size"`
 	Digest   Hash    `json:"digest"`
 	External bool    `json:"external,omitempty"`
@@ -197,13 +205,42 @@ func PrintableName(name string) string {
 // an offset) is caught while the file stays plain JSON.
 const checksumKey = `"checksum": "`
 
-// Marshal encodes the manifest as indented JSON, sealed with its checksum.
-func (m *Manifest) Marshal() ([]byte, error) {
+// FormatOf is the format version a manifest is written with.
+func FormatOf(e *Encryption) int {
+	if e != nil {
+		return VersionEncrypted
+	}
+	return VersionPlain
+}
+
+// Marshal encodes an unencrypted manifest as indented JSON, sealed with its
+// checksum.
+func (m *Manifest) Marshal() ([]byte, error) { return m.MarshalMAC(nil) }
+
+// MarshalMAC encodes the manifest; an encrypted one (Encryption set) also
+// carries mac(input) in hex, input being what CheckMAC hands its check.
+func (m *Manifest) MarshalMAC(mac func(input []byte) []byte) ([]byte, error) {
 	c := *m
 	c.Checksum = ""
+	c.MAC = ""
+	c.Format = FormatOf(m.Encryption)
+	if m.Encryption != nil {
+		if mac == nil {
+			return nil, errors.New("manifest: encrypted manifest needs a MAC key")
+		}
+		c.MAC = strings.Repeat("0", macLen)
+	}
 	b, err := json.MarshalIndent(&c, "", " ")
 	if err != nil {
 		return nil, err
+	}
+	if m.Encryption != nil {
+		in, err := macInput(b)
+		if err != nil {
+			return nil, err
+		}
+		i := bytes.LastIndex(b, []byte(macKey)) + len(macKey)
+		copy(b[i:], hex.EncodeToString(mac(in)))
 	}
 	i := bytes.LastIndex(b, []byte(checksumKey))
 	if i < 0 {
@@ -250,6 +287,9 @@ func Parse(b []byte) (*Manifest, error) {
 	m := &Manifest{}
 	if err := json.Unmarshal(b, m); err != nil {
 		return nil, fmt.Errorf("manifest: %v: %w", err, errdefs.ErrCorrupt)
+	}
+	if m.Encryption != nil && m.Format < VersionEncrypted {
+		return nil, fmt.Errorf("manifest: format %d cannot be encrypted: %w", m.Format, errdefs.ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)

@@ -13,8 +13,22 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
-// Version is the newest format version this code reads and the one it writes.
-const Version = 1
+// Version is the newest format version this code reads. Writers write
+// VersionPlain unless the checkpoint is encrypted, so that readers of
+// version 1 still read every unencrypted checkpoint.
+const Version = 2
+
+const (
+	// VersionPlain is the version of an unencrypted stream or manifest.
+	VersionPlain = 1
+	// VersionEncrypted is the version of an encrypted one: a reader of
+	// version 1 refuses it as newer instead of misreading ciphertext.
+	VersionEncrypted = 2
+)
+
+// HeaderFlagEncrypted (version 2) says a KEY frame follows the header and
+// every DATA payload is sealed.
+const HeaderFlagEncrypted = 1
 
 const (
 	// StreamMagic opens every stream, shard and segment.
@@ -43,6 +57,9 @@ type Header struct {
 	ShardIndex uint16
 	ShardCount uint16
 	StreamID   uint64
+	// Encryption, when set, is written as the KEY frame that follows the
+	// 32 bytes (Writer) or was read from it (Reader). Not part of Marshal.
+	Encryption *Encryption
 }
 
 // Marshal returns the 32-byte encoding.
@@ -117,6 +134,10 @@ const (
 	// FrameEnd closes the stream; its payload is the manifest document (JSON)
 	// or empty.
 	FrameEnd FrameType = 4
+	// FrameKey (version 2) follows the header of an encrypted stream: Codec
+	// is the cipher, Hash the salt, Offset the stream id, the payload the
+	// key id.
+	FrameKey FrameType = 5
 )
 
 func (t FrameType) String() string {
@@ -129,6 +150,8 @@ func (t FrameType) String() string {
 		return "FILE-END"
 	case FrameEnd:
 		return "END"
+	case FrameKey:
+		return "KEY"
 	}
 	return fmt.Sprintf("frame-type(%d)", uint8(t))
 }
@@ -212,6 +235,10 @@ func (f *FrameHeader) validate() error {
 			return fmt.Errorf("FILE-END frame: unexpected payload of %d bytes", f.StoredLen)
 		}
 	case FrameEnd:
+	case FrameKey:
+		if f.StoredLen != KeyIDSize {
+			return fmt.Errorf("KEY frame: payload of %d bytes, want %d", f.StoredLen, KeyIDSize)
+		}
 	default:
 		return fmt.Errorf("unknown frame type %d", f.Type)
 	}

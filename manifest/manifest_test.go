@@ -73,7 +73,7 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 		{"truncated", good[:31], nil, []string{"31 bytes", "want 32"}},
 		{"bad magic", mod(func(b []byte) []byte { b[0] = 'X'; return b }), ErrNotStream, []string{"bad magic", `"XPUCRSTM"`}},
 		{"unprintable magic", mod(func(b []byte) []byte { copy(b, "\x00\x01PK\x03\x04\xff\n"); return b }), ErrNotStream, []string{`"..PK...."`}},
-		{"newer version", mod(func(b []byte) []byte { b[8] = 2; return resumHeader(b) }), ErrNewerVersion, []string{"version 2", "up to 1", "upgrade"}},
+		{"newer version", mod(func(b []byte) []byte { b[8] = 3; return resumHeader(b) }), ErrNewerVersion, []string{"version 3", "up to 2", "upgrade"}},
 		{"much newer version, stale checksum", mod(func(b []byte) []byte { b[8], b[9] = 0x34, 0x12; return b }), ErrNewerVersion, []string{"version 4660"}},
 		{"version zero", mod(func(b []byte) []byte { b[8] = 0; return resumHeader(b) }), nil, []string{"version 0"}},
 		{"header length", mod(func(b []byte) []byte { b[10] = 33; return resumHeader(b) }), nil, []string{"length 33", "want 32"}},
@@ -333,7 +333,7 @@ func TestReaderRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantH := h
-		wantH.Version = Version
+		wantH.Version = VersionPlain
 		if rd.Header() != wantH {
 			t.Fatalf("Header() = %+v, want %+v", rd.Header(), wantH)
 		}
@@ -467,7 +467,7 @@ func TestReaderErrors(t *testing.T) {
 		{"truncated header", cut(20), io.ErrUnexpectedEOF, []string{"stream header", at(0)}},
 		{"bad magic", replace(0, []byte("GPUCRSTX")), ErrNotStream, []string{at(0), "bad magic"}},
 		{"tail magic first", replace(0, []byte(TailMagic)), ErrNotStream, []string{at(0)}},
-		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 1"}},
+		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 2"}},
 		{"header checksum", flip(24, 0x10), errdefs.ErrCorrupt, []string{at(0), "checksum mismatch"}},
 		{"frame header checksum", flip(firstData.Pos+9, 1), errdefs.ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
 		{"frame stored checksum", flip(bigData.Pos+63, 1), errdefs.ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
@@ -616,7 +616,7 @@ func TestWriterFillsChecksums(t *testing.T) {
 	}
 	_ = w.Flush()
 	h, err := UnmarshalHeader(buf.Bytes())
-	if err != nil || h.ShardCount != 1 || h.Version != Version {
+	if err != nil || h.ShardCount != 1 || h.Version != VersionPlain {
 		t.Fatalf("NewWriter with ShardCount 0 wrote %+v, %v", h, err)
 	}
 }
@@ -738,7 +738,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", nil, nil, []string{"not valid JSON"}},
 		{"array", []byte("[]"), nil, []string{"not valid JSON"}},
 		{"no format", []byte(`{"files":[]}`), nil, []string{"format 0"}},
-		{"newer format", []byte(`{"format":2,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 2", "up to 1"}},
+		{"newer format", []byte(`{"format":3,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 3", "up to 2"}},
 		{"newer format, unknown shape", []byte(`{"format":99,"files":"a string now"}`), ErrNewerVersion, []string{"format 99"}},
 		{"format not a number", []byte(`{"format":"1"}`), nil, []string{"not valid JSON"}},
 		{"wrong field type", seal([]byte(`{"format":1,"files":[{"name":1}]}`)), nil, []string{"manifest:"}},

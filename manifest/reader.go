@@ -1,8 +1,10 @@
 package manifest
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"strings"
 	"sync"
@@ -31,6 +33,9 @@ type Reader struct {
 	mu    sync.RWMutex
 	names map[uint32]string
 	hdr   [FrameSize]byte
+	// transcript and endCheck: see Writer.SetEndTag.
+	transcript hash.Hash
+	endCheck   func(input []byte, tag [32]byte) error
 }
 
 // NewReader reads and checks the stream header.
@@ -51,8 +56,29 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 		return nil, fmt.Errorf("%s at offset 0: %w", name, err)
 	}
 	rd.header, rd.pos = h, HeaderSize
+	if h.Version >= VersionEncrypted && h.Flags&HeaderFlagEncrypted != 0 {
+		rd.transcript = sha256.New()
+		rd.transcript.Write(b)
+		fr, err := rd.next(nil)
+		if err != nil {
+			return nil, err
+		}
+		if fr.Type != FrameKey {
+			return nil, rd.Errorf(fr.Pos, NoFile, "encrypted stream: %s frame where the KEY frame must be", fr.Type)
+		}
+		e := encryptionFromFrame(fr)
+		if e.StreamID != h.StreamID {
+			return nil, rd.Errorf(fr.Pos, NoFile, "KEY frame names stream %016x, the header %016x", e.StreamID, h.StreamID)
+		}
+		rd.header.Encryption = e
+	}
 	return rd, nil
 }
+
+// SetEndCheck makes the END frame of an encrypted stream fail unless
+// check(EndTagInput(...), its hash) passes (Writer.SetEndTag). Call it
+// before the first Next.
+func (r *Reader) SetEndCheck(check func(input []byte, tag [32]byte) error) { r.endCheck = check }
 
 // Header is the stream's header.
 func (r *Reader) Header() Header { return r.header }
@@ -84,6 +110,14 @@ func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error 
 // make). After the END frame and its tail it returns io.EOF; a stream that
 // stops anywhere else is an error naming the offset.
 func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
+	fr, err := r.next(alloc)
+	if err == nil && fr.Type == FrameKey {
+		return Frame{}, r.Errorf(fr.Pos, NoFile, "KEY frame anywhere but right after the stream header")
+	}
+	return fr, err
+}
+
+func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	if r.ended {
 		return Frame{}, io.EOF
 	}
@@ -121,6 +155,20 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	if fh.Type != FrameData {
 		if got := PayloadChecksum(payload); got != fh.Checksum {
 			return Frame{}, r.Errorf(pos, id, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
+		}
+	}
+	if r.transcript != nil {
+		if fh.Type == FrameEnd {
+			if r.endCheck != nil {
+				if err := r.endCheck(EndTagInput(r.transcript.Sum(nil), payload), fh.Hash); err != nil {
+					return Frame{}, r.Errorf(pos, NoFile, "END frame: %v", err)
+				}
+			}
+		} else {
+			r.transcript.Write(r.hdr[:])
+			if fh.Type != FrameData {
+				r.transcript.Write(payload)
+			}
 		}
 	}
 	r.pos += FrameSize + int64(fh.StoredLen)

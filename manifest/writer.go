@@ -2,7 +2,9 @@ package manifest
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
+	"hash"
 	"io"
 )
 
@@ -12,20 +14,41 @@ type Writer struct {
 	w   *bufio.Writer
 	pos int64
 	hdr [FrameSize]byte
+	// transcript and endTag: an encrypted stream's END frame authenticates
+	// everything before it (EndTagInput).
+	transcript hash.Hash
+	endTag     func(input []byte) [32]byte
 }
 
 // NewWriter writes the stream header to w.
 func NewWriter(w io.Writer, h Header) (*Writer, error) {
-	h.Version = Version
+	h.Version = VersionPlain
+	if h.Encryption != nil {
+		h.Version = VersionEncrypted
+		h.Flags |= HeaderFlagEncrypted
+		h.StreamID = h.Encryption.StreamID
+	}
 	if h.ShardCount == 0 {
 		h.ShardCount = 1
 	}
 	// Large payloads bypass the buffer; it only gathers headers and small frames.
 	bw := bufio.NewWriterSize(w, 256<<10)
-	if _, err := bw.Write(h.Marshal()); err != nil {
+	hb := h.Marshal()
+	if _, err := bw.Write(hb); err != nil {
 		return nil, fmt.Errorf("write stream header: %w", err)
 	}
-	return &Writer{w: bw, pos: HeaderSize}, nil
+	wr := &Writer{w: bw, pos: HeaderSize}
+	if h.Encryption != nil {
+		wr.transcript = sha256.New()
+		wr.transcript.Write(hb)
+	}
+	if h.Encryption != nil {
+		fh, payload := h.Encryption.keyFrame()
+		if _, err := wr.WriteFrame(&fh, payload); err != nil {
+			return nil, err
+		}
+	}
+	return wr, nil
 }
 
 // Pos is the offset at which the next frame will start.
@@ -39,6 +62,12 @@ func (w *Writer) WriteFrame(fh *FrameHeader, payload []byte) (int64, error) {
 		fh.Checksum = PayloadChecksum(payload)
 	}
 	fh.Marshal(w.hdr[:])
+	if w.transcript != nil && fh.Type != FrameEnd {
+		w.transcript.Write(w.hdr[:])
+		if fh.Type != FrameData {
+			w.transcript.Write(payload)
+		}
+	}
 	pos := w.pos
 	if _, err := w.w.Write(w.hdr[:]); err != nil {
 		return pos, fmt.Errorf("write %s frame at offset %d: %w", fh.Type, pos, err)
@@ -50,13 +79,35 @@ func (w *Writer) WriteFrame(fh *FrameHeader, payload []byte) (int64, error) {
 	return pos, nil
 }
 
+// SetEndTag makes Finish write tag(EndTagInput(...)) into the END frame's
+// hash: a MAC over the whole stream but its DATA payloads (which carry
+// their own tags), so that no frame can be dropped, added, reordered or
+// changed without the key. Only for an encrypted stream.
+func (w *Writer) SetEndTag(tag func(input []byte) [32]byte) {
+	if w.transcript != nil {
+		w.endTag = tag
+	}
+}
+
+// EndTagInput is what an encrypted stream's END tag authenticates: the
+// SHA-256 of every byte from the stream header to the END frame, DATA
+// payloads left out, then the SHA-256 of the END payload.
+func EndTagInput(transcript, endPayload []byte) []byte {
+	p := sha256.Sum256(endPayload)
+	return append(append([]byte(nil), transcript...), p[:]...)
+}
+
 // Flush pushes buffered bytes to the underlying writer.
 func (w *Writer) Flush() error { return w.w.Flush() }
 
 // Finish writes the END frame carrying trailer (may be empty) and the tail,
 // then flushes.
 func (w *Writer) Finish(trailer []byte) error {
-	pos, err := w.WriteFrame(&FrameHeader{Type: FrameEnd}, trailer)
+	end := FrameHeader{Type: FrameEnd}
+	if w.endTag != nil {
+		end.Hash = w.endTag(EndTagInput(w.transcript.Sum(nil), trailer))
+	}
+	pos, err := w.WriteFrame(&end, trailer)
 	if err != nil {
 		return err
 	}

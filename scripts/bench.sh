@@ -9,6 +9,7 @@
 #   plain            criu dump -D / criu restore -D on tmpfs: the baseline
 #   plain+lz4        criu dump -D, then tar | lz4 -1 (restore: lz4 -d | tar, criu restore -D)
 #   gcs-CODEC        capture --codec CODEC --to ARCHIVE, serve --from ARCHIVE
+#   gcs-CODEC+key    the same encrypted: --key-file on both (AES-256-GCM)
 #   gcs-stdout       capture --codec none | cat > FILE, cat FILE | serve
 #   gcs-stdout|lz4   capture --codec none | lz4 -1 > FILE, lz4 -d FILE | serve
 #                    (the criu-image-streamer way)
@@ -41,7 +42,7 @@ case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
 MB=${BENCH_MB:-1024}
 MIX=${BENCH_MIX:-thirds}
 ROUNDS=${BENCH_ROUNDS:-3}
-VARIANTS=${BENCH_VARIANTS:-"plain plain+lz4 gcs-none gcs-lz4 gcs-zstd gcs-auto gcs-stdout gcs-stdout|lz4"}
+VARIANTS=${BENCH_VARIANTS:-"plain plain+lz4 gcs-none gcs-lz4 gcs-lz4+key gcs-zstd gcs-auto gcs-stdout gcs-stdout|lz4"}
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-XXXX")
 RESULTS=$WORK/results.tsv
@@ -58,6 +59,8 @@ if [ ! -x "$GCS" ]; then
 	have go || { echo "bench: no $GCS and no Go to build it" >&2; exit 1; }
 	CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 fi
+KEY=$WORK/key # gcs-CODEC+key variants encrypt with it (AES-256-GCM)
+(umask 077 && "$GCS" keygen >"$KEY")
 TARGET_BIN=${BENCH_TARGET:-$(dirname "$GCS")/e2e-target}
 if [ ! -x "$TARGET_BIN" ] || { have go && [ -z "${BENCH_TARGET:-}" ]; }; then
 	have go || { echo "bench: no target binary at $TARGET_BIN (BENCH_TARGET) and no Go to build it" >&2; exit 1; }
@@ -193,7 +196,12 @@ run_variant() {
 		;;
 	gcs-*)
 		codec=${v#gcs-}
-		timed "$d/cap.time" "$gcs" --images-dir "$img" --progress-fd 3 capture --codec "$codec" --to "$d/archive" 3>"$d/cap.progress" >"$d/cap.out" 2>&1 &
+		local key=()
+		if [[ $codec == *+key ]]; then
+			codec=${codec%+key}
+			key=(--key-file "$KEY")
+		fi
+		timed "$d/cap.time" "$gcs" --images-dir "$img" --progress-fd 3 capture --codec "$codec" "${key[@]}" --to "$d/archive" 3>"$d/cap.progress" >"$d/cap.out" 2>&1 &
 		local cap=$!
 		wait_line "$d/cap.progress" socket-init
 		t0=$(now)
@@ -205,7 +213,7 @@ run_variant() {
 		record_cpu "$run" capture "$d/cap.time"
 		wait_gone
 		t0=$(now)
-		timed "$d/srv.time" "$gcs" --images-dir "$d/rimg" --progress-fd 3 serve --from "$d/archive" 3>"$d/srv.progress" &
+		timed "$d/srv.time" "$gcs" --images-dir "$d/rimg" --progress-fd 3 serve "${key[@]}" --from "$d/archive" 3>"$d/srv.progress" &
 		local srv=$!
 		wait_line "$d/srv.progress" socket-init
 		"$CRIU" restore --stream -D "$d/rimg" --restore-detached -o restore.log
@@ -290,6 +298,12 @@ if [ "${BENCH_CODECS:-1}" = 1 ] && have go; then
 		awk '/^BenchmarkImage/ {name=$1; sub(/^BenchmarkImage\//, "", name); sub(/-1$/, "", name); mbs=""; ratio="";
 			for (i=1;i<=NF;i++) { if ($i=="MB/s") mbs=$(i-1); if ($i=="ratio") ratio=$(i-1) }
 			printf "  %-16s %9s MB/s %s\n", name, mbs, (ratio=="" ? "" : "ratio " ratio) }'
+	# Encryption (gcs-*+key) adds a seal after encoding and an open before
+	# decoding, per 4 MiB chunk, whatever the content.
+	go test -run '^$' -bench '^Benchmark(Seal|Open)$' -benchtime 3s -cpu 1 ./crypt/ |
+		awk '/^Benchmark/ {name=$1; sub(/^Benchmark/, "", name); sub(/-1$/, "", name); mbs="";
+			for (i=1;i<=NF;i++) if ($i=="MB/s") mbs=$(i-1)
+			printf "  %-16s %9s MB/s\n", "aes-256-gcm/" tolower(name), mbs }'
 fi
 
 # S3: checkpoint into and restore from MinIO on loopback, against one plain

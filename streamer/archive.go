@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -17,37 +18,72 @@ import (
 // chunk: 64 MiB indexes well over a petabyte of 4 MiB chunks).
 const maxManifest = 64 << 20
 
-// ReadManifest reads and checks a committed archive's manifest.
+// ReadManifest reads and checks a committed archive's manifest. An
+// encrypted archive's manifest is not authenticated here (that needs the
+// key: OpenArchive, CheckManifest); its metadata is readable without it.
 func ReadManifest(ctx context.Context, st store.Store) (*manifest.Manifest, error) {
+	m, _, err := readManifest(ctx, st)
+	return m, err
+}
+
+// CheckManifest reads an archive's manifest and, when it is encrypted,
+// authenticates it with key. A key given for a plain archive is refused.
+func CheckManifest(ctx context.Context, st store.Store, key *crypt.Key) (*manifest.Manifest, error) {
+	m, _, err := openManifest(ctx, st, key)
+	return m, err
+}
+
+func openManifest(ctx context.Context, st store.Store, key *crypt.Key) (*manifest.Manifest, *crypt.Session, error) {
+	m, doc, err := readManifest(ctx, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	seal, err := openSession(key, m.Encryption)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", st, err)
+	}
+	if seal != nil {
+		if err := checkManifestMAC(doc, seal); err != nil {
+			return nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
+		}
+	}
+	return m, seal, nil
+}
+
+func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []byte, error) {
 	info, err := st.Stat(ctx, manifest.ManifestName)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", st, manifest.ManifestName, errdefs.ErrNotFound)
+			return nil, nil, fmt.Errorf("%s: no complete checkpoint there (%s missing): %w", st, manifest.ManifestName, errdefs.ErrNotFound)
 		}
-		return nil, fmt.Errorf("%s: %w", st, err)
+		return nil, nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if info.Size > maxManifest {
-		return nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", st, manifest.ManifestName, info.Size, maxManifest)
+		return nil, nil, fmt.Errorf("%s: %s is %d bytes, over the limit of %d", st, manifest.ManifestName, info.Size, maxManifest)
 	}
 	r, err := st.Open(ctx, manifest.ManifestName, 0, -1)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", st, err)
+		return nil, nil, fmt.Errorf("%s: %w", st, err)
 	}
 	defer r.Close()
 	b, err := io.ReadAll(io.LimitReader(r, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: read %s: %w", st, manifest.ManifestName, err)
+		return nil, nil, fmt.Errorf("%s: read %s: %w", st, manifest.ManifestName, err)
 	}
 	m, err := manifest.Parse(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
+		return nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 	}
 	if len(m.Segments) == 0 && anyChunks(m) {
 		// Validate checks segment references only when segments are listed.
-		return nil, fmt.Errorf("%s/%s: chunks but no segments: %w", st, manifest.ManifestName, errdefs.ErrCorrupt)
+		return nil, nil, fmt.Errorf("%s/%s: chunks but no segments: %w", st, manifest.ManifestName, errdefs.ErrCorrupt)
 	}
 	if m.ChunkSize <= 0 || m.ChunkSize > codec.MaxChunk {
-		return nil, fmt.Errorf("%s/%s: chunk size %d out of range", st, manifest.ManifestName, m.ChunkSize)
+		return nil, nil, fmt.Errorf("%s/%s: chunk size %d out of range", st, manifest.ManifestName, m.ChunkSize)
+	}
+	sealed := 0 // what sealing adds to each stored chunk
+	if m.Encryption != nil {
+		sealed = crypt.Overhead
 	}
 	// An archive's chunks live in its segments: a manifest without them
 	// (Validate checks segment references only when "segments" is there)
@@ -55,19 +91,19 @@ func ReadManifest(ctx context.Context, st store.Store) (*manifest.Manifest, erro
 	for _, f := range m.Files {
 		for _, c := range f.Chunks {
 			if codec.ID(c.Codec) != codec.Zero && (c.Segment < 0 || c.Segment >= len(m.Segments)) {
-				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
+				return nil, nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d in segment %d, but the archive lists %d segments: %w",
 					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.Segment, len(m.Segments), errdefs.ErrCorrupt)
 			}
 			// The read-ahead budget is counted in chunks of chunk_size: a
 			// chunk larger than that would let a lying manifest hold many
 			// times --memory-limit.
-			if int(c.RawLen) > m.ChunkSize || int(c.Stored) > codec.MaxEncodedLen(codec.ID(c.Codec), m.ChunkSize) {
-				return nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d holds %d bytes stored as %d, over the chunk size of %d: %w",
+			if int(c.RawLen) > m.ChunkSize || int(c.Stored) > codec.MaxEncodedLen(codec.ID(c.Codec), m.ChunkSize)+sealed {
+				return nil, nil, fmt.Errorf("%s/%s: file %s: chunk at offset %d holds %d bytes stored as %d, over the chunk size of %d: %w",
 					st, manifest.ManifestName, manifest.PrintableName(f.Name), c.Offset, c.RawLen, c.Stored, m.ChunkSize, errdefs.ErrCorrupt)
 			}
 		}
 	}
-	return m, nil
+	return m, b, nil
 }
 
 // ArchiveSource serves files from an archive through its index, fetching
@@ -92,6 +128,8 @@ type ArchiveSource struct {
 	tokens   chan struct{} // the shared budget
 	pages    pagePool      // decoded chunks
 	payloads sync.Pool     // compressed payloads
+	seal     *crypt.Session
+	sums     digester
 	// Counters count the bytes written out (RawBytes) and the payload
 	// bytes read from the store (StoredBytes), for progress displays.
 	Counters Counters
@@ -99,12 +137,12 @@ type ArchiveSource struct {
 
 // OpenArchive reads the manifest of a committed archive.
 func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSource, error) {
-	m, err := ReadManifest(ctx, st)
+	m, seal, err := openManifest(ctx, st, opts.Key)
 	if err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts}
+	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: digester{seal}}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
@@ -180,7 +218,8 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		return fmt.Errorf("%s: %s at offset %d (file %s, chunk at file offset %d): %w", a.store, seg, c.Pos, f.Name, c.Offset, fmt.Errorf(format, args...))
 	}
 	if codec.ID(c.Codec) == codec.Zero {
-		if crc, hash := zeroSums(int(c.RawLen)); crc != c.Checksum || (a.opts.VerifyHashes && hash != c.Hash) {
+		// Encrypted: the authenticated index says zero; it has no CRC.
+		if crc, hash := a.sums.zero(int(c.RawLen)); (a.seal == nil && crc != c.Checksum) || (a.opts.VerifyHashes && hash != c.Hash) {
 			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", errdefs.ErrCorrupt)
 		}
 		return fetched{zero: int64(c.RawLen)}, nil
@@ -198,7 +237,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	// written out (or spliced) as it is.
 	raw := page.b[:c.RawLen]
 	payload := raw
-	if codec.ID(c.Codec) != codec.None {
+	if codec.ID(c.Codec) != codec.None || a.seal != nil {
 		v.payload = a.payloadBuf(int(c.Stored))
 		payload = *v.payload
 	} else if c.Stored != c.RawLen {
@@ -228,10 +267,17 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum {
 		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
 	}
-	if err := decodeChunk(raw, c.Codec, c.Checksum, payload); err != nil {
+	sum := c.Checksum
+	if a.seal != nil {
+		ch := crypt.Chunk{FileID: f.ID, Name: f.Name, Offset: uint64(c.Offset), RawLen: c.RawLen, Codec: c.Codec}
+		if payload, sum, err = openChunk(a.seal, payload, ch); err != nil {
+			return fail(where("%w", err))
+		}
+	}
+	if err := decodeChunk(raw, c.Codec, sum, payload); err != nil {
 		return fail(where("%w", err))
 	}
-	if a.opts.VerifyHashes && codec.ContentHash(raw) != c.Hash {
+	if a.opts.VerifyHashes && a.sums.content(raw) != c.Hash {
 		return fail(where("content hash mismatch: %w", errdefs.ErrCorrupt))
 	}
 	v.raw = raw

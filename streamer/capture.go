@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -34,6 +35,9 @@ type Options struct {
 	// flight per file (default: Workers). Object stores want more than
 	// there are cores, since each read mostly waits on the network.
 	Fetchers int
+	// Key opens encrypted checkpoints; readers given one refuse
+	// unencrypted input. Writers encrypt when their Output has a session.
+	Key *crypt.Key
 }
 
 const (
@@ -89,8 +93,10 @@ type Capture struct {
 	order  chan *item // every item, in submission order, for the writer
 	jobs   chan *item // DATA items, for the workers
 	tokens chan struct{}
-	bufs   *BufferPool // raw and encoded chunks alike
-	encDst bool        // the codec writes into a buffer of its own
+	bufs   *BufferPool    // raw and encoded chunks alike
+	encDst bool           // the codec writes into a buffer of its own
+	seal   *crypt.Session // the output's, when it is encrypted
+	sums   digester
 
 	mu     sync.Mutex
 	nextID uint32
@@ -145,8 +151,16 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkTee(out); err != nil {
+		return nil, err
+	}
+	seal := outputSession(out)
 	ctx, cancel := context.WithCancelCause(ctx)
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)
+	bufSize := max(opts.ChunkSize, encMax)
+	if seal != nil {
+		bufSize += crypt.Overhead // sealed in place
+	}
 	tokens := opts.chunkTokens(opts.ChunkSize + encMax)
 	// window: the items (so chunk buffers) that may wait between the
 	// producers and the writer, whatever order the workers finish in.
@@ -162,8 +176,10 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 		order:      make(chan *item, window),
 		jobs:       make(chan *item, window+1), // never full: see submit
 		tokens:     make(chan struct{}, tokens),
-		bufs:       NewBufferPool(max(opts.ChunkSize, encMax), 2*tokens),
+		bufs:       NewBufferPool(bufSize, 2*tokens),
 		encDst:     encMax > 0,
+		seal:       seal,
+		sums:       digester{seal},
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -267,7 +283,7 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 	var chunks uint32
 	first := true
 	for {
-		it := &item{kind: manifest.FrameData, fileID: id, off: off}
+		it := &item{kind: manifest.FrameData, fileID: id, name: name, off: off}
 		var buf []byte
 		small := min(smallRead, c.opts.ChunkSize)
 		if first {
@@ -334,6 +350,9 @@ func (c *Capture) encodeLoop() {
 }
 
 func (c *Capture) encode(it *item) error {
+	if c.seal != nil {
+		return c.sealChunk(it)
+	}
 	if it.sums.zero {
 		it.codec, it.stored = codec.Zero, nil
 		it.crc, it.hash = zeroSums(len(it.raw))
@@ -454,6 +473,9 @@ func (c *Capture) write(it *item) error {
 			return fmt.Errorf("write %s: %w", it.name, err)
 		}
 		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}}
+		if c.seal != nil {
+			c.files[it.fileID].file.ID = it.fileID // sealed chunks are bound to it
+		}
 	case manifest.FrameData:
 		fs := c.files[it.fileID]
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
@@ -471,7 +493,7 @@ func (c *Capture) write(it *item) error {
 		fs := c.files[it.fileID]
 		delete(c.files, it.fileID)
 		fs.file.Size = it.size
-		fs.file.Digest = FileDigest(fs.hashes, it.size)
+		fs.file.Digest = c.sums.digest(fs.hashes, it.size)
 		fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: it.fileID, Offset: uint64(it.size), RawLen: it.chunks, Hash: fs.file.Digest}
 		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
 			return fmt.Errorf("finish %s: %w", fs.file.Name, err)
@@ -504,7 +526,8 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 		return nil, errors.New("capture: files still open at close")
 	}
 	m := meta
-	m.Format = manifest.Version
+	m.Encryption = encryptionOf(c.seal)
+	m.Format = manifest.FormatOf(m.Encryption)
 	m.ChunkSize = c.opts.ChunkSize
 	m.Codec = c.opts.Codec.String()
 	m.Stats = c.man.Stats

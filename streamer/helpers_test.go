@@ -274,7 +274,7 @@ func checkManifest(t testing.TB, m *manifest.Manifest, want map[string][]byte, c
 	if m.Stats.RawBytes != raw {
 		t.Fatalf("manifest stats: %d raw bytes, chunks hold %d", m.Stats.RawBytes, raw)
 	}
-	if m.Format != manifest.Version || m.ChunkSize != chunkSize || m.Created.IsZero() {
+	if m.Format != manifest.VersionPlain || m.ChunkSize != chunkSize || m.Created.IsZero() {
 		t.Fatalf("manifest header fields: format %d chunk size %d created %v", m.Format, m.ChunkSize, m.Created)
 	}
 }

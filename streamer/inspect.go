@@ -27,7 +27,8 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &manifest.Manifest{Format: manifest.Version}
+	enc := rd.Header().Encryption
+	m := &manifest.Manifest{Format: manifest.FormatOf(enc), Encryption: enc}
 	files := map[uint32]*manifest.File{}
 	byName := map[string]manifest.File{}
 	var chunks, names int
@@ -98,7 +99,7 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 		for _, c := range f.Chunks {
 			hashes = append(hashes, c.Hash[:]...)
 		}
-		if FileDigest(hashes, f.Size) != f.Digest {
+		if a.sums.digest(hashes, f.Size) != f.Digest {
 			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -41,21 +42,32 @@ type StreamOutput struct {
 	// Trailer selects whether the END frame carries the manifest; only a
 	// single-shard stream has an index that means something on its own.
 	trailer bool
+	seal    *crypt.Session
 }
 
 // NewStreamOutput writes stream headers to every shard.
 func NewStreamOutput(shards []io.Writer) (*StreamOutput, error) {
+	return NewSealedStreamOutput(shards, nil)
+}
+
+// NewSealedStreamOutput writes an encrypted stream under seal (nil: a
+// plain one). A Capture writing to it seals every chunk.
+func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutput, error) {
 	id := rand.Uint64()
-	o := &StreamOutput{trailer: len(shards) == 1}
+	o := &StreamOutput{trailer: len(shards) == 1, seal: seal}
 	for i, w := range shards {
-		mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: uint16(i), ShardCount: uint16(len(shards)), StreamID: id})
+		mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: uint16(i), ShardCount: uint16(len(shards)), StreamID: id, Encryption: encryptionOf(seal)})
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
+		sealEnd(mw, seal)
 		o.shards = append(o.shards, mw)
 	}
 	return o, nil
 }
+
+// Sealed is the session the stream is encrypted under, or nil.
+func (o *StreamOutput) Sealed() *crypt.Session { return o.seal }
 
 // WriteFrame implements Output.
 func (o *StreamOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
@@ -88,7 +100,7 @@ func (o *StreamOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	var trailer []byte
 	if o.trailer {
 		var err error
-		if trailer, err = m.Marshal(); err != nil {
+		if trailer, err = marshalManifest(m, o.seal); err != nil {
 			return err
 		}
 	}
@@ -146,6 +158,7 @@ type ArchiveOutput struct {
 	curCount    *countingWriter
 	segments    []manifest.Segment
 	streamID    uint64
+	seal        *crypt.Session
 	// open files, re-announced at the start of every new segment
 	open map[uint32]openFile
 
@@ -184,6 +197,12 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 
 // NewArchiveOutput refuses to overwrite a committed archive.
 func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*ArchiveOutput, error) {
+	return NewSealedArchiveOutput(ctx, st, segmentSize, nil)
+}
+
+// NewSealedArchiveOutput writes an encrypted archive under seal (nil: a
+// plain one).
+func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int64, seal *crypt.Session) (*ArchiveOutput, error) {
 	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
@@ -195,9 +214,12 @@ func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*
 		segmentSize = DefaultSegmentSize
 	}
 	bg, cancel := context.WithCancelCause(context.Background())
-	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), open: map[uint32]openFile{},
+	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), seal: seal, open: map[uint32]openFile{},
 		slots: make(chan struct{}, DefaultCommitting), bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
 }
+
+// Sealed is the session the archive is encrypted under, or nil.
+func (a *ArchiveOutput) Sealed() *crypt.Session { return a.seal }
 
 // Committed returns how many segments have been committed so far.
 func (a *ArchiveOutput) Committed() int {
@@ -229,11 +251,12 @@ func (a *ArchiveOutput) openSegment(ctx context.Context) error {
 		return fmt.Errorf("create segment %s: %w", name, err)
 	}
 	cw := &countingWriter{w: w}
-	mw, err := manifest.NewWriter(cw, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID})
+	mw, err := manifest.NewWriter(cw, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID, Encryption: encryptionOf(a.seal)})
 	if err != nil {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("segment %s: %w", name, err)
 	}
+	sealEnd(mw, a.seal)
 	a.cur, a.curWriter, a.curCount = w, mw, cw
 	a.segments = append(a.segments, manifest.Segment{Name: name})
 	for _, f := range a.open {
@@ -372,7 +395,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("refusing to commit: %w", err)
 	}
-	doc, err := m.Marshal()
+	doc, err := marshalManifest(m, a.seal)
 	if err != nil {
 		return err
 	}

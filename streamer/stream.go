@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -57,6 +58,11 @@ type StreamSource struct {
 	// (codec none) payload stays where it was read and becomes the chunk;
 	// a compressed one is decoded into another and goes back.
 	pages pagePool
+
+	// seal opens the chunks of an encrypted stream; set (with sums) by the
+	// first shard's reader before any chunk is decoded.
+	seal *crypt.Session
+	sums digester
 
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -247,6 +253,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 	var readers sync.WaitGroup
 	var idMu sync.Mutex
 	var streamID uint64
+	var enc *manifest.Encryption
 	for i, r := range shards {
 		readers.Add(1)
 		go func() {
@@ -258,11 +265,22 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			}
 			h := rd.Header()
 			idMu.Lock()
-			if streamID == 0 {
-				streamID = h.StreamID
+			first := streamID == 0
+			if first {
+				streamID, enc = h.StreamID, h.Encryption
+				s.seal, err = openSession(s.opts.Key, enc)
+				s.sums = digester{s.seal}
 			}
-			same := streamID == h.StreamID
+			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption)
+			seal := s.seal
 			idMu.Unlock()
+			if seal != nil {
+				checkEnd(rd, seal)
+			}
+			if first && err != nil {
+				cancel(fmt.Errorf("%s: %w", names[i], err))
+				return
+			}
 			if !same {
 				cancel(fmt.Errorf("%s: shard belongs to another stream", names[i]))
 				return
@@ -403,7 +421,7 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
 		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), manifest.PrintableName(f.name), next, len(f.chunks), f.size, f.expect)
 	}
-	if FileDigest(hashes, f.size) != f.digest {
+	if s.sums.digest(hashes, f.size) != f.digest {
 		return fmt.Errorf("%w: %s: file digest mismatch", where(), manifest.PrintableName(f.name))
 	}
 	delete(s.pending, f.id)
@@ -468,11 +486,19 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	fr := j.frame
 	// The payload's buffer goes back once decoded, unless it is the chunk.
 	defer func() { s.putPage(j.page) }()
-	if codec.ID(fr.Codec) == codec.Zero {
-		if fr.StoredLen != 0 {
-			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", fr.StoredLen)
+	if s.seal != nil {
+		// Opened in place: the payload shrinks to its plaintext in the
+		// same buffer (a raw chunk read into a page stays the chunk).
+		ch := crypt.Chunk{FileID: fr.FileID, Name: j.rd.FileName(fr.FileID), Offset: fr.Offset, RawLen: fr.RawLen, Codec: fr.Codec}
+		if fr.Payload, fr.Checksum, err = openChunk(s.seal, fr.Payload, ch); err != nil {
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
 		}
-		if crc, hash := zeroSums(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
+	}
+	if codec.ID(fr.Codec) == codec.Zero {
+		if len(fr.Payload) != 0 {
+			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", len(fr.Payload))
+		}
+		if crc, hash := s.sums.zero(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
 			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
 		return nil, nil, nil
@@ -492,7 +518,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 		raw = make([]byte, fr.RawLen)
 	}
 	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-	if err == nil && s.opts.VerifyHashes && codec.ContentHash(raw) != fr.Hash {
+	if err == nil && s.opts.VerifyHashes && s.sums.content(raw) != fr.Hash {
 		err = errors.New("content hash mismatch")
 	}
 	if err != nil {

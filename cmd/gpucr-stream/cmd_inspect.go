@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
@@ -17,23 +18,35 @@ import (
 )
 
 var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
-	[]string{"@s3", "from"}, runInspect}
+	[]string{"@key", "@s3", "from"}, runInspect}
 
 type inspectResult struct {
-	Source    string               `json:"source"`
-	ID        string               `json:"id,omitempty"`
-	Created   time.Time            `json:"created,omitzero"`
-	Host      string               `json:"host,omitempty"`
-	Tool      string               `json:"tool,omitempty"`
-	CRIU      string               `json:"criu_version,omitempty"`
-	Codec     string               `json:"codec,omitempty"`
-	ChunkSize int                  `json:"chunk_size,omitempty"`
-	Stats     manifest.Stats       `json:"stats"`
-	Ratio     float64              `json:"ratio"`
-	Segments  int                  `json:"segments"`
-	GPUs      []manifest.GPU       `json:"gpus,omitempty"`
-	Labels    map[string]string    `json:"labels,omitempty"`
-	Files     []streamer.FileStats `json:"files"`
+	Source    string            `json:"source"`
+	ID        string            `json:"id,omitempty"`
+	Created   time.Time         `json:"created,omitzero"`
+	Host      string            `json:"host,omitempty"`
+	Tool      string            `json:"tool,omitempty"`
+	CRIU      string            `json:"criu_version,omitempty"`
+	Codec     string            `json:"codec,omitempty"`
+	ChunkSize int               `json:"chunk_size,omitempty"`
+	Stats     manifest.Stats    `json:"stats"`
+	Ratio     float64           `json:"ratio"`
+	Segments  int               `json:"segments"`
+	GPUs      []manifest.GPU    `json:"gpus,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	// Encryption: the key id and whether the metadata shown was
+	// authenticated (it is readable without the key, not trusted).
+	Encryption *inspectEncryption   `json:"encryption,omitempty"`
+	Files      []streamer.FileStats `json:"files"`
+}
+
+type inspectEncryption struct {
+	Cipher string `json:"cipher"`
+	KeyID  string `json:"key_id"`
+	// Authenticated: the manifest's MAC was checked with the key (an
+	// archive's; a stream's metadata is checked whole by verify).
+	Authenticated bool `json:"authenticated"`
+	keyGiven      bool
 }
 
 func runInspect(ctx context.Context, cfg *config, args []string) error {
@@ -45,13 +58,17 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := location.ReadManifest(ctx, loc, cfg.locationConfig())
+	m, authenticated, err := location.ReadManifest(ctx, loc, cfg.locationConfig())
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
 		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels,
 		Files: streamer.DescribeFiles(m)}
+	if e := m.Encryption; e != nil {
+		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
+			keyGiven: cfg.opts.Key != nil}
+	}
 	if cfg.jsonOut {
 		enc := json.NewEncoder(cfg.stdout)
 		enc.SetIndent("", "  ")
@@ -65,6 +82,16 @@ func printInspect(w io.Writer, r inspectResult) {
 	fmt.Fprintf(w, "checkpoint  %s\n", r.Source)
 	if !r.Created.IsZero() {
 		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
+	}
+	if e := r.Encryption; e != nil {
+		how := "metadata not authenticated: no key given"
+		switch {
+		case e.Authenticated:
+			how = "manifest authenticated"
+		case e.keyGiven:
+			how = "metadata not authenticated: a stream's is, by verify"
+		}
+		fmt.Fprintf(w, "encrypted   %s, key %s (%s)\n", e.Cipher, e.KeyID, how)
 	}
 	fmt.Fprintf(w, "files       %d, %s raw, %s stored (%.2fx), codec %s, %d segment(s)\n",
 		len(r.Files), humanBytes(r.Stats.RawBytes), humanBytes(r.Stats.StoredBytes), r.Ratio, r.Codec, r.Segments)

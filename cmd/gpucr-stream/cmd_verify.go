@@ -13,7 +13,7 @@ import (
 )
 
 var verifyCommand = command{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
-	[]string{"@decode", "@s3", "@tcp", "from"}, runVerify}
+	[]string{"@key", "@decode", "@s3", "@tcp", "from"}, runVerify}
 
 func runVerify(ctx context.Context, cfg *config, args []string) error {
 	from, err := srcArg(cfg, "verify", args)

@@ -31,6 +31,7 @@ type config struct {
 	segmentSize string
 	jsonOut     bool
 	noProgress  bool
+	keyFile     string
 
 	// checkpoint and restore
 	pid          int
@@ -54,6 +55,8 @@ type config struct {
 	s3PathStyle string
 	s3PartSize  string
 	s3Parallel  int
+	s3SSE       string
+	s3SSEKey    string
 	olderThan   string
 	dryRun      bool
 
@@ -133,6 +136,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
+	str(&c.keyFile, "key-file", "", "encryption key file (mode 0600; make one with: gpucr-stream keygen > FILE), else $GPUCR_KEY (64 hex digits or base64): captures encrypt with it, readers require it")
 	num(&c.pid, "pid", 0, "checkpoint: the process (tree root) to checkpoint")
 	str(&c.criu, "criu", "", "checkpoint/restore: the criu binary (default: criu on PATH, then /opt/gpucr-criu/bin/criu)")
 	boolean(&c.leaveRunning, "leave-running", "checkpoint: keep the process running afterwards")
@@ -152,6 +156,8 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.s3PathStyle, "s3-path-style", "auto", "S3 bucket addressing: auto, path or virtual")
 	str(&c.s3PartSize, "s3-part-size", "16MiB", "S3 multipart part size, 5MiB..5GiB")
 	num(&c.s3Parallel, "s3-parallel", 4, "S3 parts uploading at once, over all objects; each holds --s3-part-size of memory (ranged reads on restore: twice as many per file)")
+	str(&c.s3SSE, "s3-sse", "", "S3 server-side encryption of the objects written: none, s3 (SSE-S3), kms[:KEY-ID] (SSE-KMS), c (SSE-C, key from --s3-sse-key-file; https only)")
+	str(&c.s3SSEKey, "s3-sse-key-file", "", "S3 SSE-C key file (32 bytes, hex or base64, mode 0600), needed to write and to read SSE-C objects")
 	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)

@@ -102,7 +102,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
-		vramCommand, migrateCommand, receiveCommand, tokenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
 	}
 }
 
@@ -111,7 +111,8 @@ var flagGroups = map[string][]string{
 	"images": {"images-dir", "shard-fds", "ext-file-fds"},
 	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit"},
 	"decode": {"workers", "memory-limit", "spill-dir"},
-	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel"},
+	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel", "s3-sse", "s3-sse-key-file"},
+	"key":    {"key-file"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	"criu":   {"criu", "work-dir", "criu-opts"},
 	// the GPU fast path of checkpoint and gpu suspend --to
@@ -187,6 +188,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	err := cfg.finish()
 	if err == nil {
 		err = checkFlags(fs, c)
+	}
+	if err == nil && c.flagNames()["key-file"] {
+		err = cfg.loadKey()
 	}
 	if err == nil {
 		err = c.run(ctx, cfg, pos[1:])

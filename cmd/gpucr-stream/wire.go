@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/s3"
@@ -60,7 +61,23 @@ func (c *config) s3Settings() (s3.Config, error) {
 	if c.s3Parallel < 1 || c.s3Parallel > 256 {
 		return s3.Config{}, usagef("--s3-parallel %d: want 1..256", c.s3Parallel)
 	}
-	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel}, nil
+	sse, err := s3.LoadSSE(c.s3SSE, c.s3SSEKey)
+	if err != nil {
+		return s3.Config{}, usagef("--s3-sse, --s3-sse-key-file: %v", err)
+	}
+	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel, SSE: sse}, nil
+}
+
+// loadKey reads --key-file, else $GPUCR_KEY, into the pipeline's options:
+// location and checkpoint encrypt what they write with it and require it
+// of what they read. Only the commands that take --key-file load it.
+func (c *config) loadKey() error {
+	key, err := crypt.LoadKey(c.keyFile)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	c.opts.Key = key
+	return nil
 }
 
 // tcpSettings are the tcp:// flags: auth, timeout and streams.

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -46,6 +47,10 @@ type Server struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
 	log  *lockedBuffer
+
+	opts     Options
+	certsDir string // TLS: public.crt and private.key
+	kmsKey   string // KMS: MINIO_KMS_SECRET_KEY
 }
 
 // Find returns the path of the minio binary: $MINIO_BINARY, then PATH,
@@ -79,6 +84,25 @@ func Find() (string, error) {
 // binary (fails it under CI=true). The server is killed when t ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// Options add features to a test server.
+type Options struct {
+	// KMS gives the server a built-in KMS key (MINIO_KMS_SECRET_KEY), so
+	// that it accepts SSE-S3 and SSE-KMS (key id: KMSKeyID).
+	KMS bool
+	// TLS serves https with a new self-signed certificate (CAFile): MinIO
+	// accepts SSE-C only over TLS.
+	TLS bool
+}
+
+// KMSKeyID is the name of the KMS key of a server started with KMS.
+const KMSKeyID = "gpucr-test-key"
+
+// StartWith is Start with features.
+func StartWith(t testing.TB, o Options) *Server {
+	t.Helper()
 	bin, err := Find()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -92,6 +116,16 @@ func Start(t testing.TB) *Server {
 		user:    "test-" + randomHex(8),
 		pass:    randomHex(20),
 		log:     &lockedBuffer{},
+		opts:    o,
+	}
+	if o.TLS {
+		s.certsDir = t.TempDir()
+		if err := writeCert(s.certsDir); err != nil {
+			t.Fatalf("minio certificate: %v", err)
+		}
+	}
+	if o.KMS {
+		s.kmsKey = KMSKeyID + ":" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
 	}
 	t.Cleanup(func() {
 		s.Stop()
@@ -118,7 +152,11 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("minio already running")
 	}
-	cmd := exec.Command(s.bin, "server", s.dataDir, "--address", s.addr, "--console-address", s.console, "--quiet")
+	args := []string{"server", s.dataDir, "--address", s.addr, "--console-address", s.console, "--quiet"}
+	if s.certsDir != "" {
+		args = append(args, "--certs-dir", s.certsDir)
+	}
+	cmd := exec.Command(s.bin, args...)
 	env := []string{}
 	for _, kv := range os.Environ() {
 		// The caller's MinIO settings must not leak into the test server.
@@ -132,6 +170,9 @@ func (s *Server) start() error {
 		"MINIO_BROWSER=off",
 		"MINIO_UPDATE=off",
 	)
+	if s.kmsKey != "" {
+		cmd.Env = append(cmd.Env, "MINIO_KMS_SECRET_KEY="+s.kmsKey)
+	}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	// Die with the test binary even if it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -153,10 +194,10 @@ func (s *Server) start() error {
 
 // waitLive polls the liveness endpoint until it answers 200.
 func (s *Server) waitLive(exited <-chan struct{}) error {
-	client := &http.Client{Timeout: time.Second}
+	client := &http.Client{Timeout: time.Second, Transport: s.transport()}
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := client.Get("http://" + s.addr + "/minio/health/live")
+		resp, err := client.Get(s.Endpoint() + "/minio/health/live")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -205,8 +246,16 @@ func (s *Server) Restart(t testing.TB) {
 	t.Fatalf("restart minio: %v\n%s", err, s.log.tail(4000))
 }
 
-// Endpoint is the server's URL, http://127.0.0.1:PORT.
-func (s *Server) Endpoint() string { return "http://" + s.addr }
+// Endpoint is the server's URL, http://127.0.0.1:PORT (https with TLS).
+func (s *Server) Endpoint() string {
+	if s.certsDir != "" {
+		return "https://" + s.addr
+	}
+	return "http://" + s.addr
+}
+
+// CAFile is the certificate to trust (AWS_CA_BUNDLE) of a TLS server.
+func (s *Server) CAFile() string { return filepath.Join(s.certsDir, "public.crt") }
 
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return s.addr }
@@ -221,7 +270,7 @@ func (s *Server) SecretKey() string { return s.pass }
 // set-up and inspection.
 func (s *Server) Client(t testing.TB) *minio.Client {
 	t.Helper()
-	c, err := minio.New(s.addr, &minio.Options{Creds: credentials.NewStaticV4(s.user, s.pass, ""), Secure: false})
+	c, err := minio.New(s.addr, &minio.Options{Creds: credentials.NewStaticV4(s.user, s.pass, ""), Secure: s.certsDir != "", Transport: s.transport()})
 	if err != nil {
 		t.Fatalf("minio client: %v", err)
 	}

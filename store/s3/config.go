@@ -141,6 +141,8 @@ type Config struct {
 	// exponential backoff (default 6, about 12 s in all; negative: never;
 	// a refused connection at most twice).
 	MaxRetries int
+	// SSE asks the server to encrypt every object it stores (sse.go).
+	SSE SSE
 	// ContentMD5 also sends Content-MD5 with every upload. CRC32C
 	// (x-amz-checksum-crc32c) is always sent; some S3-compatible servers
 	// and object-lock buckets want MD5 as well.

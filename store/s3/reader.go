@@ -66,7 +66,7 @@ type s3Reader struct {
 }
 
 func (r *s3Reader) get() error {
-	opts := minio.GetObjectOptions{}
+	opts := minio.GetObjectOptions{ServerSideEncryption: readSSE(r.s.sse)}
 	if r.end > 0 {
 		if err := opts.SetRange(r.pos, r.end-1); err != nil {
 			return err

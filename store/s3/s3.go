@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/encrypt"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
@@ -31,6 +32,7 @@ import (
 // Commit; readers issue ranged GETs and resume after connection failures.
 type Store struct {
 	core       *minio.Core
+	sse        encrypt.ServerSide // nil: none asked for
 	transport  *http.Transport
 	bucket     string
 	root       string // "" or "prefix/"
@@ -75,6 +77,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s, err := sized(cfg, display)
 	if err != nil {
 		return nil, err
+	}
+	if s.sse, err = cfg.SSE.serverSide(secure); err != nil {
+		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
 	}
 	tr, err := s3Transport(secure)
 	if err != nil {
@@ -272,7 +277,7 @@ func (s *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error)
 	var info minio.ObjectInfo
 	err = s.retry(ctx, func(ctx context.Context) error {
 		var err error
-		info, err = s.core.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
+		info, err = s.core.StatObject(ctx, s.bucket, key, statOptions(s.sse))
 		return err
 	})
 	if err != nil {

@@ -207,7 +207,8 @@ func (w *s3Writer) sendPart() error {
 		err := w.s.retry(w.ctx, func(ctx context.Context) error {
 			var err error
 			id, err = w.s.core.NewMultipartUpload(ctx, w.s.bucket, w.key, minio.PutObjectOptions{
-				UserMetadata: map[string]string{hdrChecksumAlgo: "CRC32C"},
+				UserMetadata:         map[string]string{hdrChecksumAlgo: "CRC32C"},
+				ServerSideEncryption: w.s.sse,
 			})
 			return err
 		})
@@ -261,7 +262,7 @@ func (w *s3Writer) uploadPart(num int, data partBuf) {
 		hdr.Set(hdrChecksumCRC32C, crc)
 		var err error
 		part, err = w.s.core.PutObjectPart(ctx, w.s.bucket, w.key, w.uploadID, num, data.body(), int64(data.n),
-			minio.PutObjectPartOptions{Md5Base64: md5sum, CustomHeader: hdr, DisableContentSha256: true})
+			minio.PutObjectPartOptions{Md5Base64: md5sum, CustomHeader: hdr, DisableContentSha256: true, SSE: partSSE(w.s.sse)})
 		return err
 	})
 	if err == nil && part.ChecksumCRC32C != "" && part.ChecksumCRC32C != crc {
@@ -345,7 +346,7 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 	attempt := 0
 	err = w.s.retry(ctx, func(ctx context.Context) error {
 		attempt++
-		_, err := w.s.core.CompleteMultipartUpload(ctx, w.s.bucket, w.key, w.uploadID, complete, minio.PutObjectOptions{})
+		_, err := w.s.core.CompleteMultipartUpload(ctx, w.s.bucket, w.key, w.uploadID, complete, minio.PutObjectOptions{ServerSideEncryption: w.s.sse})
 		if err != nil && attempt > 1 && minio.ToErrorResponse(err).Code == "NoSuchUpload" {
 			// An earlier attempt may have completed it and lost the answer;
 			// the size check below decides.
@@ -366,7 +367,7 @@ func (w *s3Writer) putSmall(ctx context.Context) error {
 	crc, md5sum := checksums(data.pieces, w.s.md5)
 	err := w.s.retry(ctx, func(ctx context.Context) error {
 		_, err := w.s.core.PutObject(ctx, w.s.bucket, w.key, data.body(), int64(data.n), md5sum, "",
-			minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: crc}, DisableContentSha256: true})
+			minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: crc}, DisableContentSha256: true, ServerSideEncryption: w.s.sse})
 		return err
 	})
 	if err != nil {
@@ -382,7 +383,7 @@ func (w *s3Writer) checkSize(ctx context.Context) error {
 	var info minio.ObjectInfo
 	err := w.s.retry(ctx, func(ctx context.Context) error {
 		var err error
-		info, err = w.s.core.StatObject(ctx, w.s.bucket, w.key, minio.StatObjectOptions{})
+		info, err = w.s.core.StatObject(ctx, w.s.bucket, w.key, statOptions(w.s.sse))
 		return err
 	})
 	if err != nil {

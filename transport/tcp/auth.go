@@ -19,7 +19,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/big"
 	"net"
@@ -30,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 	"golang.org/x/sys/unix"
 )
@@ -77,7 +77,7 @@ func NewToken() string {
 // ReadTokenFile reads a shared secret: the file's content without
 // surrounding white space, at least 16 bytes.
 func ReadTokenFile(path string) ([]byte, error) {
-	b, err := readSecretFile(path)
+	b, err := crypt.ReadSecretFile(path, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
@@ -96,27 +96,6 @@ func ReadTokenFile(path string) ([]byte, error) {
 // proves first gives one to whoever it talks to), so the token must be
 // too strong to guess offline; `gpucr-stream token` makes 256 bits.
 const MinTokenBits = 128
-
-// readSecretFile reads a file that holds a secret, refusing one that
-// other users may read or write: they would hold the secret too.
-func readSecretFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("%s holds a secret but other users may read it (mode %04o): chmod 600 %s", path, perm, path)
-	}
-	return io.ReadAll(io.LimitReader(f, 1<<20))
-}
 
 // TokenBits estimates a secret's entropy in bits: its length times the
 // bits of the alphabet its characters come from, but no more than its size
@@ -180,7 +159,7 @@ func LoadAuth(tokenFile, certFile, keyFile, caFile string) (Auth, error) {
 		if err != nil {
 			return a, fmt.Errorf("--tls-cert: %w", err)
 		}
-		keyPEM, err := readSecretFile(keyFile)
+		keyPEM, err := crypt.ReadSecretFile(keyFile, 1<<20)
 		if err != nil {
 			return a, fmt.Errorf("--tls-key: %w", err)
 		}

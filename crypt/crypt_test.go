@@ -1,0 +1,297 @@
+package crypt
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+)
+
+func key(t testing.TB, b byte) *Key {
+	t.Helper()
+	k, err := NewKey(bytes.Repeat([]byte{b}, KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestParseKey(t *testing.T) {
+	raw := make([]byte, KeySize)
+	for i := range raw {
+		raw[i] = byte(i * 9)
+	}
+	want, _ := NewKey(raw)
+	for _, tc := range []struct {
+		what, text string
+		ok         bool
+	}{
+		{"hex", hex.EncodeToString(raw), true},
+		{"hex, upper case and a newline", strings.ToUpper(hex.EncodeToString(raw)) + "\n", true},
+		{"base64", base64.StdEncoding.EncodeToString(raw), true},
+		{"base64 without padding", base64.RawStdEncoding.EncodeToString(raw), true},
+		{"base64url", base64.URLEncoding.EncodeToString(raw), true},
+		{"31 bytes", hex.EncodeToString(raw[:31]), false},
+		{"33 bytes", hex.EncodeToString(append(raw, 0)), false},
+		{"passphrase", "correct horse battery staple", false},
+		{"empty", "", false},
+	} {
+		k, err := ParseKey(tc.text)
+		if tc.ok != (err == nil) {
+			t.Errorf("%s: %v", tc.what, err)
+			continue
+		}
+		if err == nil && k.ID() != want.ID() {
+			t.Errorf("%s: key id %s, want %s", tc.what, k.ID(), want.ID())
+		}
+		if err != nil && (!errors.Is(err, ErrKeyFile) || strings.Contains(err.Error(), tc.text) && tc.text != "") {
+			t.Errorf("%s: error %q does not wrap ErrKeyFile or echoes the input", tc.what, err)
+		}
+	}
+}
+
+func TestKeyID(t *testing.T) {
+	a, b := key(t, 1), key(t, 2)
+	if a.ID() == b.ID() || a.ID() != key(t, 1).ID() {
+		t.Fatalf("key ids %s %s", a.ID(), b.ID())
+	}
+	// The id is not a piece of the key.
+	if bytes.Contains(bytes.Repeat([]byte{1}, KeySize), a.id[:]) {
+		t.Fatal("key id is part of the key")
+	}
+	if len(a.ID().String()) != 16 {
+		t.Fatalf("key id %q", a.ID())
+	}
+}
+
+func TestLoadKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	text := GenerateKey()
+	for _, tc := range []struct {
+		what string
+		mode os.FileMode
+		ok   bool
+	}{
+		{"0600", 0o600, true},
+		{"0400", 0o400, true},
+		{"0640: group may read", 0o640, false},
+		{"0604: others may read", 0o604, false},
+		{"0620: group may write", 0o620, false},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(tc.what, " ", "_"))
+		if err := os.WriteFile(p, []byte(text+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		k, err := LoadKeyFile(p)
+		if tc.ok != (err == nil) {
+			t.Errorf("%s: %v", tc.what, err)
+		}
+		if err != nil && (!strings.Contains(err.Error(), p) || strings.Contains(err.Error(), text)) {
+			t.Errorf("%s: error %q does not name the file or shows the key", tc.what, err)
+		}
+		if err == nil {
+			want, _ := ParseKey(text)
+			if k.ID() != want.ID() {
+				t.Errorf("%s: wrong key", tc.what)
+			}
+		}
+	}
+	if _, err := LoadKeyFile(dir); err == nil {
+		t.Error("a directory was read as a key file")
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadKeyFile(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a FIFO as key file: %v", err)
+	}
+	// LoadKey: the file first, then GPUCR_KEY, else no key.
+	t.Setenv(EnvKey, "")
+	if k, err := LoadKey(""); k != nil || err != nil {
+		t.Errorf("LoadKey with nothing set: %v, %v", k, err)
+	}
+	t.Setenv(EnvKey, text)
+	if k, err := LoadKey(""); k == nil || err != nil {
+		t.Errorf("LoadKey from %s: %v", EnvKey, err)
+	}
+	t.Setenv(EnvKey, "nonsense")
+	if _, err := LoadKey(""); err == nil || !strings.Contains(err.Error(), EnvKey) || strings.Contains(err.Error(), "nonsense") {
+		t.Errorf("LoadKey with a bad %s: %v", EnvKey, err)
+	}
+}
+
+func TestOpenSession(t *testing.T) {
+	a, b := key(t, 1), key(t, 2)
+	s, err := NewSession(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Params()
+	if _, err := Open(nil, p); !errors.Is(err, ErrNoKey) || !strings.Contains(err.Error(), a.ID().String()) {
+		t.Errorf("no key: %v", err)
+	}
+	if _, err := Open(b, p); !errors.Is(err, ErrWrongKey) || !strings.Contains(err.Error(), a.ID().String()) || !strings.Contains(err.Error(), b.ID().String()) {
+		t.Errorf("wrong key: %v", err)
+	}
+	q := p
+	q.Cipher = 9
+	if _, err := Open(a, q); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Errorf("unknown cipher: %v", err)
+	}
+	s2, err := NewSession(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Params().Salt == p.Salt || s2.Params().StreamID == p.StreamID {
+		t.Fatal("two sessions drew the same salt or stream id")
+	}
+}
+
+func TestSealOpen(t *testing.T) {
+	k := key(t, 1)
+	s, _ := NewSession(k)
+	r, _ := Open(k, s.Params())
+	other, _ := NewSession(k)
+	enc := []byte("the encoded chunk, compressed or not")
+	crc := crc32.Checksum([]byte("raw"), crc32.MakeTable(crc32.Castagnoli))
+	c := Chunk{FileID: 3, Name: "pages-1.img", Offset: 4 << 20, RawLen: 1 << 20, Codec: 2}
+	buf := make([]byte, len(enc), len(enc)+Overhead)
+	copy(buf, enc)
+	sealed := s.Seal(buf[:0], buf, crc, c)
+	if len(sealed) != len(enc)+Overhead || &sealed[0] != &buf[0] {
+		t.Fatalf("sealed %d bytes, in place %v", len(sealed), &sealed[0] == &buf[0])
+	}
+	if bytes.Contains(sealed, enc[:8]) {
+		t.Fatal("sealed bytes hold the plain text")
+	}
+	fresh := func() []byte { return append([]byte(nil), sealed...) }
+	got, gotCRC, err := r.OpenChunk(fresh(), c)
+	if err != nil || !bytes.Equal(got, enc) || gotCRC != crc {
+		t.Fatalf("open: %q %08x %v", got, gotCRC, err)
+	}
+	// Anything the chunk is bound to, changed, fails.
+	for _, tc := range []struct {
+		what string
+		c    Chunk
+		s    *Session
+	}{
+		{"file id", Chunk{4, c.Name, c.Offset, c.RawLen, c.Codec}, r},
+		{"name", Chunk{c.FileID, "pages-2.img", c.Offset, c.RawLen, c.Codec}, r},
+		{"offset", Chunk{c.FileID, c.Name, c.Offset + 1, c.RawLen, c.Codec}, r},
+		{"raw length", Chunk{c.FileID, c.Name, c.Offset, c.RawLen - 1, c.Codec}, r},
+		{"codec", Chunk{c.FileID, c.Name, c.Offset, c.RawLen, 3}, r},
+		{"checkpoint", c, other},
+	} {
+		if _, _, err := tc.s.OpenChunk(fresh(), tc.c); !errors.Is(err, ErrAuth) || !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("%s changed: %v", tc.what, err)
+		}
+	}
+	for i := range sealed {
+		b := fresh()
+		b[i] ^= 0x80
+		if _, _, err := r.OpenChunk(b, c); !errors.Is(err, ErrAuth) {
+			t.Fatalf("byte %d flipped: %v", i, err)
+		}
+	}
+	for n := range Overhead {
+		if _, _, err := r.OpenChunk(fresh()[:n], c); !errors.Is(err, ErrAuth) {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+	}
+	if _, _, err := r.OpenChunk(fresh()[:len(sealed)-1], c); !errors.Is(err, ErrAuth) {
+		t.Fatalf("truncated: %v", err)
+	}
+}
+
+func TestHashesAreKeyed(t *testing.T) {
+	a, _ := NewSession(key(t, 1))
+	a2, _ := NewSession(key(t, 1))
+	b, _ := NewSession(key(t, 2))
+	data := []byte("1234")
+	if a.Hash(data) != a2.Hash(data) {
+		t.Error("one key, two checkpoints: content hashes differ (they identify chunks across checkpoints)")
+	}
+	if a.Hash(data) == b.Hash(data) {
+		t.Error("two keys give the same content hash")
+	}
+	if a.ZeroHash(10) != a.Hash(make([]byte, 10)) {
+		t.Error("ZeroHash differs from Hash of zeros")
+	}
+	h := a.Hash(data)
+	if a.Digest(h[:], 4) == b.Digest(h[:], 4) || a.Digest(h[:], 4) == a.Digest(h[:], 5) {
+		t.Error("digest not keyed or not bound to the size")
+	}
+	m := a.MAC("manifest", data)
+	if !a.CheckMAC("manifest", data, m[:]) || a.CheckMAC("other", data, m[:]) || a2.CheckMAC("manifest", data, m[:]) {
+		t.Error("MAC not bound to its label or checkpoint")
+	}
+}
+
+// FuzzOpenChunk: whatever the sealed bytes and the chunk identity, opening
+// never panics, and succeeds only for what was sealed.
+func FuzzOpenChunk(f *testing.F) {
+	k, _ := NewKey(bytes.Repeat([]byte{7}, KeySize))
+	s, _ := NewSession(k)
+	c := Chunk{FileID: 1, Name: "a.img", Offset: 0, RawLen: 5, Codec: 2}
+	good := s.Seal(nil, []byte("hello"), 99, c)
+	f.Add(good, uint32(1), "a.img", uint64(0), uint32(5), uint8(2))
+	f.Add(good[:Overhead], uint32(1), "a.img", uint64(0), uint32(5), uint8(2))
+	f.Add([]byte{}, uint32(0), "", uint64(0), uint32(0), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, id uint32, name string, off uint64, raw uint32, cd uint8) {
+		ch := Chunk{id, name, off, raw, cd}
+		in := append([]byte(nil), b...)
+		enc, crc, err := s.OpenChunk(in, ch)
+		if err != nil {
+			if !errors.Is(err, ErrAuth) {
+				t.Fatalf("error %v is not ErrAuth", err)
+			}
+			return
+		}
+		if ch != c || !bytes.Equal(b, good) || string(enc) != "hello" || crc != 99 {
+			t.Fatalf("opened something never sealed: %+v %q", ch, enc)
+		}
+	})
+}
+
+// TestVector is docs/FORMAT.md section 15.2's test vector.
+func TestVector(t *testing.T) {
+	kb := make([]byte, KeySize)
+	for i := range kb {
+		kb[i] = byte(i)
+	}
+	k, _ := NewKey(kb)
+	p := Params{Cipher: CipherAES256GCM, KeyID: k.ID(), StreamID: 0x0102030405060708}
+	for i := range p.Salt {
+		p.Salt[i] = 0xaa
+	}
+	s, err := Open(k, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := []byte("hello, world")
+	crc := crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli))
+	sealed := s.Seal(nil, raw, crc, Chunk{Name: "a.img", RawLen: uint32(len(raw))})
+	h := s.Hash(raw)
+	for _, c := range []struct{ what, got, want string }{
+		{"key id", k.ID().String(), "83a457ffea7efbdc"},
+		{"crc", hex.EncodeToString([]byte{byte(crc >> 24), byte(crc >> 16), byte(crc >> 8), byte(crc)}), "6999a41f"},
+		{"payload", hex.EncodeToString(sealed), "d825df9b688ebda9de711d073ac12847a608197af216bb8c71a0eccab9016755"},
+		{"keyed hash", hex.EncodeToString(h[:]), "09add0e948c7493c64ff4b9055cad35af37fd6d9f938b2c25f6f701158e8e8f9"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %s, want %s", c.what, c.got, c.want)
+		}
+	}
+}
