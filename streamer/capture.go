@@ -569,7 +569,21 @@ func FileDigest(chunkHashes []byte, size int64) [32]byte {
 	return codec.ContentHash(b)
 }
 
-var zeroSumCache sync.Map // int -> [2]any{crc, hash}
+// zeroSumCache holds the sums of the zero-chunk lengths seen, at most
+// maxZeroSums of them: an honest image has a few (the chunk size and the
+// tails of files), and a hostile stream that declares a new length in
+// every frame must not grow it without bound.
+var (
+	zeroSumCache sync.Map // int -> sums
+	zeroSumCount atomic.Int32
+)
+
+const maxZeroSums = 64
+
+// zeroBlock is MaxChunk zero bytes, allocated once and never written: its
+// pages stay the kernel's shared zero page, so it costs address space, not
+// memory, and no length needs an allocation of its own.
+var zeroBlock = sync.OnceValue(func() []byte { return make([]byte, codec.MaxChunk) })
 
 type sums struct {
 	crc  uint32
@@ -578,14 +592,20 @@ type sums struct {
 
 // zeroSums returns the checksum and hash of n zero bytes; zero chunks are
 // common (touched but unused memory) and all have the same few lengths.
+// Lengths over MaxChunk (refused by every reader) get zero sums.
 func zeroSums(n int) (uint32, [32]byte) {
 	if v, ok := zeroSumCache.Load(n); ok {
 		s := v.(sums)
 		return s.crc, s.hash
 	}
-	z := make([]byte, n)
+	if n < 0 || n > codec.MaxChunk {
+		return 0, [32]byte{}
+	}
+	z := zeroBlock()[:n]
 	s := sums{codec.Checksum(z), codec.ContentHash(z)}
-	zeroSumCache.Store(n, s)
+	if zeroSumCount.Add(1) <= maxZeroSums {
+		zeroSumCache.Store(n, s)
+	}
 	return s.crc, s.hash
 }
 
