@@ -10,6 +10,7 @@ package codec
 // (16 chunks of 1 KiB per call), so the result is bit for bit BLAKE3-256.
 
 import (
+	"encoding/binary"
 	"math/bits"
 
 	"lukechampine.com/blake3"
@@ -23,6 +24,29 @@ func contentHash(b []byte) [32]byte {
 	if len(b) <= guts.ChunkSize {
 		return blake3.Sum256(b) // one chunk: no goroutines there either
 	}
+	return treeHash(b, &guts.IV, 0)
+}
+
+// KeyedHash is BLAKE3-256 in keyed mode (what blake3.New(32, key) gives),
+// on the calling goroutine like ContentHash.
+func KeyedHash(key *[32]byte, b []byte) [32]byte {
+	if len(b) <= guts.ChunkSize {
+		h := blake3.New(32, key[:])
+		h.Write(b)
+		var out [32]byte
+		h.Sum(out[:0])
+		return out
+	}
+	var kw [8]uint32
+	for i := range kw {
+		kw[i] = binary.LittleEndian.Uint32(key[4*i:])
+	}
+	return treeHash(b, &kw, guts.FlagKeyedHash)
+}
+
+// treeHash hashes b (more than one chunk) with key words key and mode
+// flags, serially.
+func treeHash(b []byte, key *[8]uint32, flags uint32) [32]byte {
 	var (
 		stack   [64][8]uint32
 		counter uint64 // chunks hashed; its set bits say which stack slots hold a subtree
@@ -30,7 +54,7 @@ func contentHash(b []byte) [32]byte {
 	push := func(cv [8]uint32, height int) {
 		i := height
 		for counter&(1<<i) != 0 {
-			cv = guts.ChainingValue(guts.ParentNode(stack[i], cv, &guts.IV, 0))
+			cv = guts.ChainingValue(guts.ParentNode(stack[i], cv, key, flags))
 			i++
 		}
 		stack[i] = cv
@@ -45,18 +69,18 @@ func contentHash(b []byte) [32]byte {
 	for len(body) >= group {
 		// counter stays a multiple of MaxSIMD here: each group is a
 		// complete subtree of height log2(MaxSIMD).
-		n := guts.CompressBuffer((*[group]byte)(body), group, &guts.IV, counter, 0)
+		n := guts.CompressBuffer((*[group]byte)(body), group, key, counter, flags)
 		push(guts.ChainingValue(n), bits.TrailingZeros(guts.MaxSIMD))
 		body = body[group:]
 	}
 	for len(body) > 0 {
-		push(guts.ChainingValue(guts.CompressChunk(body[:guts.ChunkSize], &guts.IV, counter, 0)), 0)
+		push(guts.ChainingValue(guts.CompressChunk(body[:guts.ChunkSize], key, counter, flags)), 0)
 		body = body[guts.ChunkSize:]
 	}
-	n := guts.CompressChunk(tail, &guts.IV, counter, 0)
+	n := guts.CompressChunk(tail, key, counter, flags)
 	for i := bits.TrailingZeros64(counter); i < bits.Len64(counter); i++ {
 		if counter&(1<<i) != 0 {
-			n = guts.ParentNode(stack[i], guts.ChainingValue(n), &guts.IV, 0)
+			n = guts.ParentNode(stack[i], guts.ChainingValue(n), key, flags)
 		}
 	}
 	n.Flags |= guts.FlagRoot

@@ -20,9 +20,20 @@ func TestContentHashIsBLAKE3(t *testing.T) {
 	for range 40 {
 		lengths = append(lengths, r.IntN(len(buf)+1))
 	}
+	var key [32]byte
+	for i := range key {
+		key[i] = byte(r.Uint32())
+	}
 	for _, n := range lengths {
 		if got, want := contentHash(buf[:n]), blake3.Sum256(buf[:n]); got != want {
 			t.Errorf("length %d: contentHash %x, BLAKE3-256 %x", n, got, want)
+		}
+		h := blake3.New(32, key[:])
+		h.Write(buf[:n])
+		var want [32]byte
+		h.Sum(want[:0])
+		if got := KeyedHash(&key, buf[:n]); got != want {
+			t.Errorf("length %d: KeyedHash %x, keyed BLAKE3-256 %x", n, got, want)
 		}
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"lukechampine.com/blake3"
 )
@@ -342,28 +343,34 @@ func (s *Session) OpenChunk(sealed []byte, c Chunk) ([]byte, uint32, error) {
 	return pt[:n], binary.LittleEndian.Uint32(pt[n:]), nil
 }
 
-// Hash is the keyed BLAKE3-256 of a raw chunk, in place of the plain one.
+// Hash is the keyed BLAKE3-256 of a raw chunk, in place of the plain one
+// (on the calling goroutine, as codec.ContentHash).
 func (s *Session) Hash(raw []byte) [32]byte {
-	h := blake3.New(32, s.hashKey)
-	h.Write(raw)
-	var out [32]byte
-	h.Sum(out[:0])
-	return out
+	return codec.KeyedHash((*[32]byte)(s.hashKey), raw)
 }
 
-// ZeroHash is Hash of n zero bytes, cached: zero chunks are common.
+// ZeroHash is Hash of n zero bytes, cached for up to maxZeroHashes
+// lengths: zero chunks are common and have a few lengths in an honest
+// image, while a hostile one may declare a new length in every frame.
 func (s *Session) ZeroHash(n int) [32]byte {
 	s.zmu.Lock()
 	h, ok := s.zeros[n]
 	s.zmu.Unlock()
 	if !ok {
-		h = s.Hash(make([]byte, n))
+		if n < 0 || n > codec.MaxChunk {
+			return [32]byte{}
+		}
+		h = s.Hash(codec.Zeros(n))
 		s.zmu.Lock()
-		s.zeros[n] = h
+		if len(s.zeros) < maxZeroHashes {
+			s.zeros[n] = h
+		}
 		s.zmu.Unlock()
 	}
 	return h
 }
+
+const maxZeroHashes = 64
 
 // Digest is a file's digest in an encrypted checkpoint: keyed, so that no
 // one without the key can make a digest for a truncated or reordered list

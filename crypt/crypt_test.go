@@ -295,3 +295,20 @@ func TestVector(t *testing.T) {
 		}
 	}
 }
+
+// ZeroHash of many lengths (a hostile stream declares a new one in every
+// frame) keeps at most maxZeroHashes of them, and is right for all.
+func TestZeroHashBounded(t *testing.T) {
+	s, err := NewSession(key(t, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= 3*maxZeroHashes; n++ {
+		if got, want := s.ZeroHash(n*512), s.Hash(make([]byte, n*512)); got != want {
+			t.Fatalf("ZeroHash(%d) wrong", n*512)
+		}
+	}
+	if len(s.zeros) > maxZeroHashes {
+		t.Fatalf("%d zero lengths cached, want at most %d", len(s.zeros), maxZeroHashes)
+	}
+}

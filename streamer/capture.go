@@ -580,11 +580,6 @@ var (
 
 const maxZeroSums = 64
 
-// zeroBlock is MaxChunk zero bytes, allocated once and never written: its
-// pages stay the kernel's shared zero page, so it costs address space, not
-// memory, and no length needs an allocation of its own.
-var zeroBlock = sync.OnceValue(func() []byte { return make([]byte, codec.MaxChunk) })
-
 type sums struct {
 	crc  uint32
 	hash [32]byte
@@ -601,7 +596,7 @@ func zeroSums(n int) (uint32, [32]byte) {
 	if n < 0 || n > codec.MaxChunk {
 		return 0, [32]byte{}
 	}
-	z := zeroBlock()[:n]
+	z := codec.Zeros(n)
 	s := sums{codec.Checksum(z), codec.ContentHash(z)}
 	if zeroSumCount.Add(1) <= maxZeroSums {
 		zeroSumCache.Store(n, s)

@@ -10,12 +10,13 @@ import (
 // packages of a lower rank, so that dependencies flow one way.
 var rooms = map[string]int{
 	"errdefs": 0, "redact": 0, "transport/tcp/wire": 0, "store/miniotest": 0,
-	"codec": 1, "manifest": 1, "store": 1, "proc": 1, "crypt": 1,
-	"streamer": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
-	"capture": 3, "transport/tcp": 3, "store/s3": 3, "vram/vramtest": 3,
-	"location": 4, "catalog": 4,
-	"checkpoint":       5,
-	"cmd/gpucr-stream": 6,
+	"codec": 1, "manifest": 1, "store": 1, "proc": 1,
+	"crypt": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
+	"streamer": 3,
+	"capture": 4, "transport/tcp": 4, "store/s3": 4, "vram/vramtest": 4,
+	"location": 5, "catalog": 5,
+	"checkpoint": 6,
+	"cmd/gpucr-stream": 7,
 }
 
 func TestDependenciesFlowOneWay(t *testing.T) {
