@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 // TestExtractByteIdentical: images written by a plain `criu dump -D` are
@@ -127,7 +129,7 @@ func TestBadInputNeverRestores(t *testing.T) {
 		return b
 	}
 	newer := bytes.Clone(stream)
-	newer[8] = 2 // version field; checked before the header checksum
+	newer[8] = manifest.Version + 1 // version field; checked before the header checksum
 	garbage := make([]byte, 1<<20)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range garbage {
@@ -146,7 +148,7 @@ func TestBadInputNeverRestores(t *testing.T) {
 		{"flipped byte near the end", flip(len(stream) - 40), "-", 3, []string{"offset"}},
 		{"flipped last byte", flip(len(stream) - 1), "-", 3, []string{"tail"}},
 		{"truncated stream", stream[:len(stream)*2/3], "-", 3, []string{"truncated", "offset"}},
-		{"newer format version", newer, "-", 5, []string{"version 2", "upgrade"}},
+		{"newer format version", newer, "-", 5, []string{fmt.Sprintf("version %d", manifest.Version+1), "upgrade"}},
 		{"garbage on stdin", garbage, "-", 3, []string{"not a gpucr-stream stream", "offset 0"}},
 		{"empty stdin", nil, "-", 3, []string{"empty input"}},
 		{"missing archive", nil, filepath.Join(dir, "no-such-archive"), 4, []string{"no-such-archive"}},
