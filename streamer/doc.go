@@ -5,10 +5,12 @@
 // particular storage systems; those plug in through Output, store.Store and
 // the io interfaces.
 //
-// Size: about 2,500 lines, over the project's 1,500, on purpose for now.
-// Both directions share Options, Counters, the chunk sums and decode, and
-// the splice path (splice.go); the natural cut is the write side (Capture,
-// the Outputs, BufferPool) from the read side (the Sources, ReadManifest,
-// ScanStream, VerifyArchive), which changes the imports of every command
-// and is left until the restructure of cmd (issue 10) has landed.
+// Size: about 3,100 lines, twice the project's 1,500. Both directions share
+// Options, Counters, the chunk sums, sealing and decode, the page buffers
+// and the splice path (splice.go); the natural cut is the write side
+// (Capture, the Outputs, BufferPool) from the read side (the Sources,
+// ReadManifest, ScanStream, VerifyArchive), with the shared pieces in a
+// third package below both. It was not made in the restructure (issue 10)
+// because the cost, encryption and hardening changes (issues 13, 14) were
+// rewriting the same files at the same time; it is the next step here.
 package streamer
