@@ -305,33 +305,21 @@ static U handle_seq = 0x6770000000000000ULL; /* handles we give out for ours: ne
 		}                                                      \
 	} while (0)
 
-static int new_h(void)
-{
-	for (int i = 0; i < nh; i++)
-		if (!hs[i].live)
-			return memset(&hs[i], 0, sizeof hs[i]), i;
-	GROW(hs, nh, caph);
-	memset(&hs[nh], 0, sizeof hs[nh]);
-	return nh++;
-}
-static int new_m(void)
-{
-	for (int i = 0; i < nm; i++)
-		if (!ms[i].live)
-			return memset(&ms[i], 0, sizeof ms[i]), i;
-	GROW(ms, nm, capm);
-	memset(&ms[nm], 0, sizeof ms[nm]);
-	return nm++;
-}
-static int new_o(void)
-{
-	for (int i = 0; i < no; i++)
-		if (!os_[i].live)
-			return memset(&os_[i], 0, sizeof os_[i]), i;
-	GROW(os_, no, capo);
-	memset(&os_[no], 0, sizeof os_[no]);
-	return no++;
-}
+/* NEW_SLOT defines a function that returns a cleared slot of a table: a
+ * dead one reused, else a new one at the end (the table grows). */
+#define NEW_SLOT(fn, arr, n, cap)                                      \
+	static int fn(void)                                            \
+	{                                                              \
+		for (int i = 0; i < (n); i++)                          \
+			if (!(arr)[i].live)                            \
+				return memset(&(arr)[i], 0, sizeof(arr)[i]), i; \
+		GROW(arr, n, cap);                                     \
+		memset(&(arr)[n], 0, sizeof(arr)[n]);                  \
+		return (n)++;                                          \
+	}
+NEW_SLOT(new_h, hs, nh, caph)
+NEW_SLOT(new_m, ms, nm, capm)
+NEW_SLOT(new_o, os_, no, capo)
 static int find_h_app(CUmemGenericAllocationHandle app)
 {
 	for (int i = 0; i < nh; i++)
