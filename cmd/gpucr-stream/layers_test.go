@@ -13,9 +13,9 @@ var rooms = map[string]int{
 	"codec": 1, "manifest": 1, "store": 1, "proc": 1,
 	"crypt": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
 	"streamer": 3,
-	"capture": 4, "transport/tcp": 4, "store/s3": 4, "vram/vramtest": 4,
+	"capture":  4, "transport/tcp": 4, "store/s3": 4, "vram/vramtest": 4,
 	"location": 5, "catalog": 5,
-	"checkpoint": 6,
+	"checkpoint":       6,
 	"cmd/gpucr-stream": 7,
 }
 
