@@ -190,10 +190,10 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 		err = eerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+		return nil, fmt.Errorf("serve: %w", explainSource(src, err))
 	}
 	ms := time.Since(start).Milliseconds()
-	return &Stats{Shards: []ShardStats{{Size: res.Bytes, TransferMillis: ms}},
+	return &Stats{Shards: sourceShardStats(src, res.Bytes, ms),
 		Files: res.Served, RawBytes: res.Bytes, DurationMS: ms, Source: o.Loc.String()}, nil
 }
 
@@ -211,7 +211,7 @@ func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 	if stream := location.StreamOf(src); stream != nil {
 		list, err := stream.Files(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("extract: %w", err)
+			return nil, fmt.Errorf("extract: %w", explainSource(src, err))
 		}
 		for _, f := range list {
 			files++
@@ -224,6 +224,28 @@ func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	ms := time.Since(start).Milliseconds()
-	return &Stats{Shards: []ShardStats{{Size: bytes, TransferMillis: ms}},
+	return &Stats{Shards: sourceShardStats(src, bytes, ms),
 		Files: files, RawBytes: bytes, DurationMS: ms, Source: o.Loc.String()}, nil
+}
+
+// explainSource names where a criu-image-streamer stream is damaged.
+func explainSource(src streamer.Source, err error) error {
+	if l := location.LegacyOf(src); l != nil {
+		return l.Explain(err)
+	}
+	return err
+}
+
+// sourceShardStats is the statistics line's shards: for a stream of
+// criu-image-streamer the bytes read from each shard, as that tool reports
+// them; otherwise one entry of n bytes.
+func sourceShardStats(src streamer.Source, n, ms int64) []ShardStats {
+	if l := location.LegacyOf(src); l != nil {
+		var out []ShardStats
+		for _, st := range l.ShardStats() {
+			out = append(out, ShardStats{Size: st.Size, TransferMillis: st.Duration.Milliseconds()})
+		}
+		return out
+	}
+	return []ShardStats{{Size: n, TransferMillis: ms}}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/store"
@@ -273,6 +274,19 @@ func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions
 	if len(c.Shards) == 0 {
 		names[0] = "stdin"
 	}
+	return newStreamSource(ctx, rs, names, so)
+}
+
+// newStreamSource reads a gpucr-stream stream, or one that
+// criu-image-streamer wrote (told apart by their first bytes).
+func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so streamer.StreamOptions) (streamer.Source, error) {
+	rs, legacy, err := imagestreamer.Sniff(rs)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", names[0], err)
+	}
+	if legacy {
+		return imagestreamer.NewSource(ctx, rs, names, nil, so), nil
+	}
 	return streamer.NewStreamSource(ctx, rs, names, so), nil
 }
 
@@ -334,7 +348,11 @@ func (f streamFileLoc) source(ctx context.Context, _ *Config, so streamer.Stream
 	if err != nil {
 		return nil, err
 	}
-	src := streamer.NewStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
+	src, err := newStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
+	if err != nil {
+		file.Close()
+		return nil, err
+	}
 	return closeWith{src, file}, nil
 }
 
@@ -369,8 +387,21 @@ func StreamOf(src streamer.Source) *streamer.StreamSource {
 	switch s := src.(type) {
 	case *streamer.StreamSource:
 		return s
+	case *imagestreamer.Source:
+		return s.StreamSource
 	case closeWith:
 		return StreamOf(s.Source)
+	}
+	return nil
+}
+
+// LegacyOf returns the criu-image-streamer stream behind src, if it is one.
+func LegacyOf(src streamer.Source) *imagestreamer.Source {
+	switch s := src.(type) {
+	case *imagestreamer.Source:
+		return s
+	case closeWith:
+		return LegacyOf(s.Source)
 	}
 	return nil
 }
