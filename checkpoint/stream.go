@@ -56,6 +56,9 @@ type StreamOptions struct {
 	// Tool is recorded in the manifest (capture).
 	Tool  string
 	Hooks Hooks
+	// ConnectTimeout bounds the wait for CRIU to connect (capture, serve):
+	// zero means capture.DefaultConnectTimeout, negative no limit.
+	ConnectTimeout time.Duration
 }
 
 // Capture takes the images of `criu dump --stream -D ImagesDir` (and the
@@ -73,7 +76,7 @@ func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 	res, err := capture.IntakeWith(ctx, o.ImagesDir, c, capture.IntakeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Connected: func() { o.Hooks.line("checkpoint-start") },
-	}, Producers: o.Producers})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
 	if eerr := <-extErr; err == nil {
 		err = eerr
 	}
@@ -171,7 +174,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	go func() { extErr <- writeExtFiles(ctx, o.ExtFiles, src) }()
 	res, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
-	}, Producers: o.Producers})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
 	if err == nil && stream != nil {
 		// CRIU is done; the rest of the stream must still check out.
 		err = stream.Wait(ctx)

@@ -155,3 +155,35 @@ func TestExtractDamagedRealToolStream(t *testing.T) {
 		t.Errorf("error does not say where: %v", err)
 	}
 }
+
+// TestConnectTimeoutMessage: capture and serve stop waiting for a criu that
+// never comes, naming the socket and the flag.
+func TestConnectTimeoutMessage(t *testing.T) {
+	stream := filepath.Join(fixtureDir, "stream.img")
+	for _, c := range []struct {
+		cmd    string
+		socket string
+	}{{"capture", "streamer-capture.sock"}, {"serve", "streamer-serve.sock"}} {
+		t.Run(c.cmd, func(t *testing.T) {
+			dir, err := os.MkdirTemp("/tmp", "gct-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			args := []string{"--images-dir", dir, "--connect-timeout", "300ms", c.cmd}
+			if c.cmd == "serve" {
+				args = append(args, "--from", stream)
+			}
+			var stdout, stderr bytes.Buffer
+			err = run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, want := range []string{filepath.Join(dir, c.socket), "--connect-timeout", "300ms"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("%q does not name %q", err, want)
+				}
+			}
+		})
+	}
+}

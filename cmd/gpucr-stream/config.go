@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -21,6 +22,7 @@ type config struct {
 	progressFD  int
 	shardFDs    string
 	extFileFDs  string
+	connectWait string
 	to          string
 	from        string
 	codecSpec   string
@@ -80,6 +82,8 @@ type config struct {
 	extFiles  []extFile
 	segSize   int64
 	progress  io.Writer
+	// connectTimeout is --connect-timeout for the capture package (< 0: no limit).
+	connectTimeout time.Duration
 }
 
 type extFile struct {
@@ -126,6 +130,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	num(&c.progressFD, "progress-fd", 2, "descriptor for progress lines (socket-init, checkpoint-start, statistics JSON)")
 	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
 	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
+	str(&c.connectWait, "connect-timeout", "2m", "capture/serve: how long to wait for criu to connect to the socket after socket-init (0: forever)")
 	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory), s3://BUCKET/PREFIX/NAME")
 	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
 	str(&c.codecSpec, "codec", "lz4", "chunk codec: auto, none, lz4, zstd[:LEVEL], shuffle")
@@ -194,6 +199,12 @@ func (c *config) finish() error {
 	}
 	if c.workers < 0 {
 		return usagef("--workers must not be negative")
+	}
+	if c.connectTimeout, err = time.ParseDuration(c.connectWait); err != nil || c.connectTimeout < 0 {
+		return usagef("--connect-timeout %q: want a duration such as 30s or 5m (0: wait forever)", c.connectWait)
+	}
+	if c.connectTimeout == 0 {
+		c.connectTimeout = -1
 	}
 	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec}
 	if c.shardFDs != "" {

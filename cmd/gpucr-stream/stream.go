@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
+	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/checkpoint"
 )
 
@@ -32,7 +34,11 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 		return err
 	}
 	st, err := fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
-		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
+		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
+		ConnectTimeout: cfg.connectTimeout})
+	if errors.Is(err, capture.ErrNoCRIU) {
+		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
+	}
 	if err != nil {
 		return err
 	}
