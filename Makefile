@@ -83,7 +83,9 @@ fuzz:
 
 test: deps lint unit fuzz e2e
 
-demo: deps-demo binary
+# CRIU's install (mostly network waits) runs beside the build (mostly CPU).
+demo:
+	@$(MAKE) --no-print-directory -j2 deps-demo binary
 	@bash scripts/demo.sh
 
 # On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0

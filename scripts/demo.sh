@@ -31,7 +31,8 @@ prove() { # ask the target to check its memory; print its proof
 }
 
 say "start a target holding ${DEMO_MB:=256} MiB of model-like weights, zeros, random bytes and text"
-( cd "$WORK/run" && setsid "$TARGET_BIN" --dir "$WORK/run" --mb "$DEMO_MB" </dev/null >"$WORK/run/out.log" 2>&1 & )
+# setsid -f: not a job of this shell, whose "Killed" notice would only confuse
+(cd "$WORK/run" && setsid -f "$TARGET_BIN" --dir "$WORK/run" --mb "$DEMO_MB" </dev/null >"$WORK/run/out.log" 2>&1)
 for _ in $(seq 600); do [ -s "$WORK/run/ready" ] && break; sleep 0.05; done
 PID=$(cat "$WORK/run/ready")
 prove

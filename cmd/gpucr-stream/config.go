@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -244,8 +246,19 @@ func (c *config) needImagesDir(cmd string) error {
 	if c.imagesDir == "" {
 		return usagef("%s needs --images-dir DIR (the directory given to criu with -D)", cmd)
 	}
-	st, err := os.Stat(c.imagesDir)
-	if err != nil || !st.IsDir() {
+	// The sockets' paths must fit sun_path: say so before anything is
+	// written (a capture's stream header included).
+	for _, sock := range []string{capture.CaptureSocket, capture.ServeSocket} {
+		if p := filepath.Join(c.imagesDir, sock); len(p) >= capture.MaxSocketPath {
+			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), capture.MaxSocketPath-1)
+		}
+	}
+	// Created if missing, as criu-image-streamer does; private, since CRIU's
+	// images hold process memory.
+	if err := os.MkdirAll(c.imagesDir, 0o700); err != nil {
+		return usagef("--images-dir %s: %v", c.imagesDir, err)
+	}
+	if st, err := os.Stat(c.imagesDir); err != nil || !st.IsDir() {
 		return usagef("--images-dir %s: not a directory", c.imagesDir)
 	}
 	return nil
