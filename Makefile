@@ -74,8 +74,10 @@ unit:
 	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 # The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
+# Each test is named as it starts and ends (scripts/testsum); a failed
+# test's whole log is printed (E2E_VERBOSE=1: every test's).
 e2e: build
-	PATH=$(CRIU_PREFIX)/bin:$$PATH $(GO) test -count=1 -timeout 40m ./e2e/...
+	PATH=$(CRIU_PREFIX)/bin:$$PATH $(GO) run ./scripts/testsum $(if $(E2E_VERBOSE),-v) -- -count=1 -timeout 40m ./e2e/...
 
 # A short run of every fuzz target.
 fuzz:
