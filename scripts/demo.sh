@@ -4,7 +4,10 @@
 # it carries on with its memory intact. Run as root (`make demo`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CRIU=${CRIU:-$(bash scripts/install-criu.sh --check "${CRIU_PREFIX:-/opt/gpucr-criu}" 2>/dev/null)}
+if [ -z "${CRIU:-}" ] && ! CRIU=$(bash scripts/install-criu.sh --check "${CRIU_PREFIX:-/opt/gpucr-criu}" 2>/dev/null); then
+	echo "demo: no usable criu; run make deps-demo (or make demo, which runs it)" >&2
+	exit 1
+fi
 GCS=${GCS:-bin/gpucr-stream}
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 WORK=$(mktemp -d /tmp/gcs-demo-XXXX)

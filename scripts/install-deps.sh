@@ -38,12 +38,13 @@ if [ "$what" = test ]; then
 	fi
 fi
 
-if criu=$(bash scripts/install-criu.sh --check 2>/dev/null); then
+prefix=${CRIU_PREFIX:-/opt/gpucr-criu}
+if criu=$(bash scripts/install-criu.sh --check "$prefix" 2>/dev/null); then
 	say "criu: $criu"
 else
-	say "installing CRIU 4.2 (Debian forky's criu and the libraries it links) into ${CRIU_PREFIX:-/opt/gpucr-criu}"
-	quiet bash scripts/install-criu.sh "${CRIU_PREFIX:-/opt/gpucr-criu}"
-	say "criu: ${CRIU_PREFIX:-/opt/gpucr-criu}/bin/criu"
+	say "installing CRIU 4.2 (Debian forky's criu and the libraries it links) into $prefix"
+	quiet bash scripts/install-criu.sh "$prefix"
+	say "criu: $prefix/bin/criu"
 fi
 
 if [ "$what" = test ]; then
