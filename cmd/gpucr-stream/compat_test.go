@@ -216,3 +216,45 @@ func TestImagesDirCreated(t *testing.T) {
 		t.Error("created the too-long dir")
 	}
 }
+
+// TestRealToolOptions: criu-image-streamer's options, short and long, as
+// its drivers write them (before the command).
+func TestRealToolOptions(t *testing.T) {
+	stream := filepath.Join(fixtureDir, "stream.img")
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		err    string
+	}{
+		{"--version", []string{"--version"}, exitOK, "gpucr-stream " + version + "\n", ""},
+		{"-V", []string{"-V"}, exitOK, "gpucr-stream " + version + "\n", ""},
+		{"-V with a command", []string{"-D", "/tmp/x", "-V", "capture"}, exitOK, "gpucr-stream " + version + "\n", ""},
+		{"-D -p extract", []string{"-D", "DIR", "-p", "1", "extract", "--from", stream}, exitOK, `{"shards":[{"size":119675,`, ""},
+		{"-s on a command without shards", []string{"-s", "4", "checkpoint", "--pid", "1"}, exitUsage, "", "checkpoint does not take --shard-fds"},
+		{"-e NAME:FD", []string{"-D", "DIR", "-e", "nocolon", "extract"}, exitUsage, "", "NAME:FD"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append([]string(nil), tc.args...)
+			for i, a := range args {
+				if a == "DIR" {
+					args[i] = dir
+				}
+			}
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
+			if code := exitCode(err, false); code != tc.code {
+				t.Fatalf("exit %d (%v), want %d", code, err, tc.code)
+			}
+			if tc.code == exitOK && !strings.HasPrefix(stdout.String(), tc.stdout) {
+				t.Errorf("stdout %q, want it to start with %q", stdout.String(), tc.stdout)
+			}
+			if tc.err != "" && !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("error %q lacks %q", err, tc.err)
+			}
+		})
+	}
+}

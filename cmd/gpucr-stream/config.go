@@ -20,11 +20,13 @@ type config struct {
 	stdout, stderr io.Writer
 
 	help        bool
+	showVersion bool
 	imagesDir   string
 	progressFD  int
 	shardFDs    string
 	extFileFDs  string
 	connectWait string
+	tcpRemap    string
 	to          string
 	from        string
 	codecSpec   string
@@ -127,11 +129,11 @@ func (c *config) flagSet() *flag.FlagSet {
 		fs.BoolVar(p, name, def, usage)
 	}
 	fs.BoolVar(&c.help, "help", false, "show this help")
-	fs.BoolVar(&c.help, "h", false, "show this help")
 	str(&c.imagesDir, "images-dir", "", "CRIU images directory (-D) holding the streamer sockets")
 	num(&c.progressFD, "progress-fd", 2, "descriptor for progress lines (socket-init, checkpoint-start, statistics JSON)")
 	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
 	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
+	str(&c.tcpRemap, "tcp-listen-remap", "", "serve: move TCP listening ports of the image, OLD:NEW,... (as criu-image-streamer does)")
 	str(&c.connectWait, "connect-timeout", "2m", "capture/serve: how long to wait for criu to connect to the socket after socket-init (0: forever)")
 	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory), s3://BUCKET/PREFIX/NAME")
 	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
@@ -177,7 +179,24 @@ func (c *config) flagSet() *flag.FlagSet {
 	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
 	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
 	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default $TMPDIR; none: keep no copy)")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
+	// criu-image-streamer's short options share the long ones' values.
+	for short, long := range shortFlags {
+		fs.Var(fs.Lookup(long).Value, short, "short for --"+long)
+	}
 	return fs
+}
+
+// shortFlags are criu-image-streamer's short options, by the long flag
+// each stands for.
+var shortFlags = map[string]string{"D": "images-dir", "s": "shard-fds", "e": "ext-file-fds", "p": "progress-fd", "V": "version", "h": "help"}
+
+// longName is the flag a name given on the command line stands for.
+func longName(name string) string {
+	if long, ok := shortFlags[name]; ok {
+		return long
+	}
+	return name
 }
 
 func (c *config) finish() error {

@@ -121,7 +121,7 @@ var flagGroups = map[string][]string{
 
 // globalFlags apply to every command (drivers of criu-image-streamer pass
 // --progress-fd to all of them).
-var globalFlags = []string{"help", "h", "json", "no-progress", "progress-fd"}
+var globalFlags = []string{"help", "version", "json", "no-progress", "progress-fd"}
 
 // flagNames lists the flags c takes, its own and the global ones.
 func (c command) flagNames() map[string]bool {
@@ -170,6 +170,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		rest = fs.Args()[1:]
 	}
 	pos = append(pos, verbatim...)
+	if cfg.showVersion {
+		// How tools check that criu-image-streamer is installed.
+		return runVersion(ctx, cfg, nil)
+	}
 	if len(pos) == 0 {
 		printHelp(stdout, fs)
 		if cfg.help {
@@ -216,8 +220,8 @@ func checkFlags(fs *flag.FlagSet, c command) error {
 	allowed := c.flagNames()
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
-		if !allowed[f.Name] {
-			stray = append(stray, "--"+f.Name)
+		if !allowed[longName(f.Name)] {
+			stray = append(stray, "--"+longName(f.Name))
 		}
 	})
 	if len(stray) > 0 {

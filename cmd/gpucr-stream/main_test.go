@@ -121,7 +121,7 @@ func TestCommandFlagsExist(t *testing.T) {
 		}
 	}
 	fs.VisitAll(func(f *flag.Flag) {
-		if !used[f.Name] {
+		if !used[longName(f.Name)] {
 			t.Errorf("flag --%s belongs to no command", f.Name)
 		}
 	})
