@@ -52,6 +52,10 @@ type Hooks struct {
 	// Line takes the progress lines criu-image-streamer's users parse:
 	// socket-init, checkpoint-start.
 	Line func(string)
+	// Stats takes the statistics line of capture, serve and extract when
+	// criu-image-streamer writes it: capture's and extract's at the end,
+	// serve's before it listens.
+	Stats func(*Stats)
 	// Log takes diagnostic lines.
 	Log func(string)
 }
@@ -67,6 +71,12 @@ func (h Hooks) progress(p Progress) func() {
 	}
 	var once sync.Once
 	return func() { once.Do(done) }
+}
+
+func (h Hooks) stats(st *Stats) {
+	if h.Stats != nil {
+		h.Stats(st)
+	}
 }
 
 func (h Hooks) line(s string) {

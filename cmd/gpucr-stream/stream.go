@@ -33,15 +33,18 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	if err != nil {
 		return err
 	}
-	st, err := fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
+	var remap map[uint16]uint16
+	if cfg.tcpRemap != "" {
+		if remap, err = capture.ParseTCPRemap(cfg.tcpRemap); err != nil {
+			return usagef("--tcp-listen-remap: %v", err)
+		}
+	}
+	// The statistics line is written by the hooks, when the real tool writes it.
+	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
 		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
-		ConnectTimeout: cfg.connectTimeout})
+		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap})
 	if errors.Is(err, capture.ErrNoCRIU) {
 		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
 	}
-	if err != nil {
-		return err
-	}
-	cfg.statsLine(st)
-	return nil
+	return err
 }

@@ -128,6 +128,7 @@ func (c *config) hooks() checkpoint.Hooks {
 	return checkpoint.Hooks{
 		Progress: func(p checkpoint.Progress) func() { return startProgress(c, p).finish },
 		Line:     c.progressLine,
+		Stats:    c.statsLine,
 		Log:      c.logLine,
 	}
 }
