@@ -22,8 +22,10 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -140,10 +142,16 @@ type Result struct {
 	Producers int            `json:"producers,omitempty"`
 }
 
+// GoneTimeout is how long Checkpoint waits for the dumped tree to be reaped.
+var GoneTimeout = 10 * time.Second
+
 // Checkpoint dumps the tree of o.PID with CRIU into o.Dest. The manifest is
 // committed before CRIU kills the process; if anything fails before, the
 // process (and its GPU state) runs on.
 func Checkpoint(ctx context.Context, o Options) (*Result, error) {
+	if o.PID <= 0 || !proc.Exists(o.PID) {
+		return nil, fmt.Errorf("checkpoint: no process %d: %w", o.PID, errdefs.ErrNotFound)
+	}
 	criu, err := capture.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
@@ -154,6 +162,11 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
+	if cc == nil && o.CUDA.mode() == CUDAAuto {
+		o.Hooks.log(fmt.Sprintf("--cuda auto: no process of the tree of %d has the CUDA driver loaded; checkpointing with CRIU alone", o.PID))
+	}
+	// The tree as it is before the dump, to wait for it to be gone after.
+	tree, _ := proc.Tree(o.PID)
 	start := time.Now()
 	c, out, err := startCapture(ctx, o.Dest, o.Open)
 	if err != nil {
@@ -186,13 +199,18 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
 	}
 	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
-	if !o.LeaveRunning {
-		cc.fastCommit()
-	} else {
+	if o.LeaveRunning {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
 		if rerr != nil {
 			return nil, fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.PID, o.Dest, rerr)
+		}
+	} else {
+		cc.fastCommit()
+		// A restore right after needs the PIDs free: return once CRIU's
+		// kill has been reaped. The checkpoint is committed either way.
+		if err := proc.WaitGone(ctx, tree, true, GoneTimeout); err != nil {
+			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is not gone yet (%v): a restore into this PID space fails until its parent reaps it", o.PID, err))
 		}
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,

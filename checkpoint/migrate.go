@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -88,6 +89,9 @@ type migration struct {
 
 // Migrate moves the tree of o.PID to the receiver at o.Dest.
 func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
+	if o.PID <= 0 || !proc.Exists(o.PID) {
+		return nil, fmt.Errorf("migrate: no process %d: %w", o.PID, errdefs.ErrNotFound)
+	}
 	m, err := startMigration(ctx, o)
 	if err != nil {
 		return nil, err
