@@ -26,6 +26,9 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := cfg.refuseTerminal(dest); err != nil {
+		return err
+	}
 	fast, err := cfg.fastPathOptions()
 	if err != nil {
 		return err

@@ -22,15 +22,20 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	if len(args) > 0 {
 		return usagef("%s takes no arguments (got %q); use %s", name, args, use)
 	}
-	if err := cfg.needImagesDir(name); err != nil {
-		return err
-	}
 	// The location: DEST for capture, SRC for the others.
 	loc, err := parseLoc("--to", cfg.to)
 	if name != "capture" {
 		loc, err = parseLoc("source", cfg.from)
 	}
 	if err != nil {
+		return err
+	}
+	if name == "capture" {
+		if err := cfg.refuseTerminal(loc); err != nil {
+			return err
+		}
+	}
+	if err := cfg.needImagesDir(name); err != nil {
 		return err
 	}
 	var remap map[uint16]uint16

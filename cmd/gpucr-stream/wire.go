@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -43,6 +44,19 @@ func parseLoc(flag, s string) (location.Location, error) {
 		return loc, usagef("%s: %v", flag, err)
 	}
 	return loc, nil
+}
+
+// refuseTerminal refuses a binary stream to standard output when that is a
+// terminal, as compressors do: it would only garble the screen, and for
+// checkpoint the process would be gone with nothing kept.
+func (c *config) refuseTerminal(dest location.Location) error {
+	if dest.Kind != location.Stdio || len(c.shards) > 0 {
+		return nil
+	}
+	if f, ok := c.stdout.(*os.File); ok && isTerminal(f) {
+		return usagef("refusing to write a binary stream to a terminal: redirect standard output (> FILE, | ssh HOST ...) or give --to DIR, s3://BUCKET/PREFIX/NAME or tcp://HOST:PORT")
+	}
+	return nil
 }
 
 // s3Settings turns the --s3-* flags into the store's configuration; the
