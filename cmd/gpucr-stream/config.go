@@ -88,6 +88,9 @@ type config struct {
 	progress  io.Writer
 	// connectTimeout is --connect-timeout for the capture package (< 0: no limit).
 	connectTimeout time.Duration
+	// takes are the flags of the command being run (nil: all), onCmdLine
+	// those given on its command line; badFlag reads them.
+	takes, onCmdLine map[string]bool
 }
 
 type extFile struct {
@@ -199,30 +202,59 @@ func longName(name string) string {
 	return name
 }
 
+// badFlag reports a bad value of flag name, naming where it came from: the
+// command line, or its environment variable. A bad variable is ignored by
+// commands that do not take the flag ($GPUCR_CODEC must not break inspect).
+func (c *config) badFlag(name, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if c.onCmdLine[name] {
+		return usagef("--%s %s", name, msg)
+	}
+	if c.takes != nil && !c.takes[name] {
+		return nil
+	}
+	return usagef("$%s (--%s) %s", envName(name), name, msg)
+}
+
 func (c *config) finish() error {
 	spec, err := codec.ParseSpec(c.codecSpec)
 	if err != nil {
-		return usagef("--codec: %v", err)
+		if err := c.badFlag("codec", "%q: %v", c.codecSpec, err); err != nil {
+			return err
+		}
 	}
 	chunk, err := parseSize(c.chunkSize)
 	if err != nil || chunk < 4096 || chunk > codec.MaxChunk {
-		return usagef("--chunk-size %q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20)
+		if err := c.badFlag("chunk-size", "%q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20); err != nil {
+			return err
+		}
+		chunk = streamer.DefaultChunkSize
 	}
 	mem := int64(1 << 30)
 	if c.memoryLimit != "auto" {
-		if mem, err = parseSize(c.memoryLimit); err != nil || mem <= 0 {
-			return usagef("--memory-limit %q: want a size such as 512MiB, or auto", c.memoryLimit)
+		if m, err := parseSize(c.memoryLimit); err != nil || m <= 0 {
+			if err := c.badFlag("memory-limit", "%q: want a size such as 512MiB, or auto", c.memoryLimit); err != nil {
+				return err
+			}
+		} else {
+			mem, c.holdLimit = m, m
 		}
-		c.holdLimit = mem
 	}
 	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {
-		return usagef("--segment-size %q: want a size of at least 1MiB", c.segmentSize)
+		if err := c.badFlag("segment-size", "%q: want a size of at least 1MiB", c.segmentSize); err != nil {
+			return err
+		}
 	}
 	if c.workers < 0 {
-		return usagef("--workers must not be negative")
+		if err := c.badFlag("workers", "%d: must not be negative", c.workers); err != nil {
+			return err
+		}
+		c.workers = 0
 	}
 	if c.connectTimeout, err = time.ParseDuration(c.connectWait); err != nil || c.connectTimeout < 0 {
-		return usagef("--connect-timeout %q: want a duration such as 30s or 5m (0: wait forever)", c.connectWait)
+		if err := c.badFlag("connect-timeout", "%q: want a duration such as 30s or 5m (0: wait forever)", c.connectWait); err != nil {
+			return err
+		}
 	}
 	if c.connectTimeout == 0 {
 		c.connectTimeout = -1

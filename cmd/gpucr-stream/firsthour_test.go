@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -93,5 +95,64 @@ func TestRefuseTerminal(t *testing.T) {
 	}
 	if _, err := os.Stat(dir + "/a"); err == nil {
 		t.Error("the refused capture created its images dir")
+	}
+}
+
+// TestSmallerFirstHour: verify --json says failures in JSON; inspect on a
+// terminal stdin is a usage error; a bad $GPUCR_CODEC is named as such and
+// does not break a command that does not encode.
+func TestSmallerFirstHour(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(fixtureDir, "stream.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := filepath.Join(dir, "damaged.stream")
+	if err := os.WriteFile(damaged, b[:50000], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "good.stream")
+	if err := os.WriteFile(good, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tty := openPTY(t)
+	tests := []struct {
+		name   string
+		env    string // GPUCR_CODEC
+		args   []string
+		stdin  *os.File
+		code   int
+		stdout string
+		err    string
+	}{
+		{"verify --json, damaged", "", []string{"verify", "--json", damaged}, nil, exitCorrupt, `"ok":false`, "offset"},
+		{"verify --json, intact", "", []string{"verify", "--json", good}, nil, exitOK, `"ok":true`, ""},
+		{"inspect, terminal stdin", "", []string{"inspect"}, tty, exitUsage, "", "inspect needs SRC"},
+		{"verify, terminal stdin", "", []string{"verify"}, tty, exitUsage, "", "verify needs SRC"},
+		{"bad $GPUCR_CODEC, verify", "brotli", []string{"verify", good}, nil, exitOK, "ok:", ""},
+		{"bad $GPUCR_CODEC, capture", "brotli", []string{"--images-dir", dir + "/img", "capture", "--to", dir + "/ck"}, nil, exitUsage, "", "$GPUCR_CODEC"},
+		{"bad --codec, verify", "", []string{"verify", "--codec", "brotli", good}, nil, exitUsage, "", "--codec"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("GPUCR_CODEC", tc.env)
+			}
+			var stdin io.Reader = strings.NewReader("")
+			if tc.stdin != nil {
+				stdin = tc.stdin
+			}
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tc.args, stdin, &stdout, &stderr)
+			if code := exitCode(err, false); code != tc.code {
+				t.Fatalf("exit %d (%v), want %d", code, err, tc.code)
+			}
+			if !strings.Contains(stdout.String(), tc.stdout) {
+				t.Errorf("stdout %q lacks %q", stdout.String(), tc.stdout)
+			}
+			if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("error %v lacks %q", err, tc.err)
+			}
+		})
 	}
 }

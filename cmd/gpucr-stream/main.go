@@ -189,6 +189,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		printCommandHelp(stdout, fs, c)
 		return nil
 	}
+	cfg.takes, cfg.onCmdLine = c.flagNames(), map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { cfg.onCmdLine[longName(f.Name)] = true })
 	err := cfg.finish()
 	if err == nil {
 		err = checkFlags(fs, c)

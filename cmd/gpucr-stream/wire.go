@@ -225,6 +225,10 @@ func (c *config) extFileList() []checkpoint.ExtFile {
 func srcArg(cfg *config, cmd string, args []string) (string, error) {
 	switch len(args) {
 	case 0:
+		// Stdin by default, but not a terminal: nobody types a stream.
+		if f, ok := cfg.stdin.(*os.File); ok && cfg.from == "-" && isTerminal(f) {
+			return "", usagef("%s needs SRC (a checkpoint directory, s3://..., a stream file, or - with a stream on standard input)", cmd)
+		}
 		return cfg.from, nil
 	case 1:
 		return args[0], nil
