@@ -174,7 +174,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded})
 	defer done()
-	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu)}
+	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
 	phases := cc.queryGPUs(ctx, &meta)
 	// The fast path first (the processes' device memory into the capture,
 	// then released), so that the driver's checkpoint finds little to copy.
@@ -331,4 +331,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
+}
+
+// processOf describes the process being checkpointed, for ls and inspect.
+func processOf(pid int) *manifest.Process {
+	p := &manifest.Process{PID: pid}
+	p.Cmdline, _ = proc.Cmdline(pid)
+	return p
 }

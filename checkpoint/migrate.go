@@ -201,7 +201,7 @@ func (m *migration) dump(ctx context.Context) error {
 	m.out.OnFailure(func(err error) { c.Abort(err) })
 	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters})
 	defer done()
-	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu)}
+	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
 	phases := m.cc.queryGPUs(ctx, &meta)
 	// The downtime starts with the GPU lock: CUDA work stops there.
 	m.dumpStart = time.Now()

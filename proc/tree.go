@@ -100,3 +100,12 @@ func parentMap() map[int][]int {
 	}
 	return m
 }
+
+// Cmdline is the command line of pid, from /proc/PID/cmdline.
+func Cmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
+}

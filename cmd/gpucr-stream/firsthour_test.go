@@ -9,8 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // TestFirstHour: what a new user ran into in the first hour, as table
@@ -154,5 +159,50 @@ func TestSmallerFirstHour(t *testing.T) {
 				t.Errorf("error %v lacks %q", err, tc.err)
 			}
 		})
+	}
+}
+
+// TestProcessInLsInspect: the checkpointed process's PID and command line,
+// the checkpoint's id, and times with their zone, in ls and inspect alike.
+func TestProcessInLsInspect(t *testing.T) {
+	root := t.TempDir()
+	ctx := context.Background()
+	out, err := streamer.NewArchiveOutput(ctx, dir.New(filepath.Join(root, "job1")), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := streamer.NewCapture(ctx, out, streamer.Options{ChunkSize: 64 << 10, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile("inventory.img", strings.NewReader("inv"), false); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 11, 25, 14, 0, 0, 0, time.FixedZone("X", 3600))
+	m, err := c.Close(ctx, manifest.Manifest{Created: created, Process: &manifest.Process{PID: 4242, Cmdline: []string{"python", "train.py", "--epochs", "3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.ID) != 32 {
+		t.Errorf("manifest id %q, want 32 hex digits", m.ID)
+	}
+	lsOut, _, code := runCmd(t, "ls", root)
+	if code != 0 {
+		t.Fatalf("ls: exit %d", code)
+	}
+	inspOut, _, code := runCmd(t, "inspect", filepath.Join(root, "job1"))
+	if code != 0 {
+		t.Fatalf("inspect: exit %d", code)
+	}
+	for _, want := range []string{"2026-11-25T13:00:00Z", "4242", "python train.py --epochs 3"} {
+		if !strings.Contains(lsOut, want) {
+			t.Errorf("ls lacks %q:\n%s", want, lsOut)
+		}
+		if !strings.Contains(inspOut, want) {
+			t.Errorf("inspect lacks %q:\n%s", want, inspOut)
+		}
+	}
+	if !strings.Contains(inspOut, m.ID) {
+		t.Errorf("inspect lacks the id %s:\n%s", m.ID, inspOut)
 	}
 }
