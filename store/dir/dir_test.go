@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
@@ -69,5 +70,44 @@ func TestNoEmptyDirsLeft(t *testing.T) {
 	}
 	if _, err := os.Stat(root); err != nil {
 		t.Errorf("root removed: %v", err)
+	}
+}
+
+// TestRemoveTempEmptyDirs: gc's sweep removes empty directories old
+// enough (a failed checkpoint's segments/, then its own dir), never one in
+// use or the root.
+func TestRemoveTempEmptyDirs(t *testing.T) {
+	root := t.TempDir()
+	old := time.Now().Add(-2 * time.Hour)
+	mk := func(p string, age time.Time) {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(filepath.Join(root, p), age, age)
+	}
+	mk("failed/segments", old)
+	mk("failed", old)
+	mk("fresh/segments", time.Now())
+	mk("kept", old)
+	if err := os.WriteFile(filepath.Join(root, "kept", "manifest.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(filepath.Join(root, "kept"), old, old)
+	d := dir.New(root)
+	n, err := d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), true)
+	if err != nil || n != 2 {
+		t.Fatalf("dry run: %d, %v; want 2", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "failed/segments")); err != nil {
+		t.Fatal("dry run removed something")
+	}
+	n, err = d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), false)
+	if err != nil || n != 2 {
+		t.Fatalf("removed %d, %v; want 2", n, err)
+	}
+	for p, want := range map[string]bool{"failed": false, "fresh/segments": true, "kept/manifest.json": true, "": true} {
+		if _, err := os.Stat(filepath.Join(root, p)); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", p, err == nil, want)
+		}
 	}
 }
