@@ -338,7 +338,8 @@ func runCRIU(ctx context.Context, criu string, args []string) (out string, took 
 // needsShellJob recognises CRIU's complaints about a process attached to a
 // terminal, which --shell-job answers.
 func needsShellJob(log string) bool {
-	for _, s := range []string{"shell-job", "dangling tty", "Don't have tty to inherit session from"} {
+	// Every complaint of criu/tty.c is about a terminal --shell-job handles.
+	for _, s := range []string{"shell-job", "criu/tty.c", "Don't have tty to inherit session from"} {
 		if strings.Contains(log, s) {
 			return true
 		}

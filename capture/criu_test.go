@@ -58,6 +58,7 @@ func TestShellJobHint(t *testing.T) {
 	}{
 		{"(00.01) Error (criu/tty.c:2178): tty: Found dangling tty with sid 7 pgid 7 (pts) on peer fd 0.\n(00.01) Task attached to shell terminal. Consider using --shell-job option.\n", true},
 		{"(00.02) Error (criu/tty.c:1023): tty: Don't have tty to inherit session from, aborting\n", true},
+		{"(00.03) Error (criu/tty.c:410): tty: Found slave peer index 0 without correspond master peer\n", true},
 		{"(00.02) Error (criu/cr-dump.c:2093): Dumping FAILED.\n", false},
 	}
 	for i, tc := range tests {
