@@ -172,10 +172,11 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded})
-	defer done()
 	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
 	phases := cc.queryGPUs(ctx, &meta)
+	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
+		Total: dumpEstimate(tree, meta.GPUs)})
+	defer done()
 	// The fast path first (the processes' device memory into the capture,
 	// then released), so that the driver's checkpoint finds little to copy.
 	ps, err := cc.fastSuspend(ctx, o.FastPath, o.Dest, c, &meta, o.Hooks)
@@ -338,4 +339,15 @@ func processOf(pid int) *manifest.Process {
 	p := &manifest.Process{PID: pid}
 	p.Cmdline, _ = proc.Cmdline(pid)
 	return p
+}
+
+// dumpEstimate is about the raw bytes a dump of tree will produce: its
+// anonymous memory, and the device memory of its GPUs, which the CUDA
+// checkpoint moves into host memory before CRIU reads it.
+func dumpEstimate(tree []int, gpus []manifest.GPU) int64 {
+	n := proc.DumpEstimate(tree)
+	for _, g := range gpus {
+		n += g.Bytes
+	}
+	return n
 }

@@ -199,10 +199,11 @@ func (m *migration) dump(ctx context.Context) error {
 		return err
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
-	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters})
-	defer done()
 	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
 	phases := m.cc.queryGPUs(ctx, &meta)
+	tree, _ := proc.Tree(m.o.PID)
+	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
+	defer done()
 	// The downtime starts with the GPU lock: CUDA work stops there.
 	m.dumpStart = time.Now()
 	ps, err := m.cc.suspend(m.o.CUDA.LockTimeout)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
@@ -61,6 +62,9 @@ func verify(ctx context.Context, cfg *config, from string) (streamer.VerifyRepor
 		return rep, fmt.Errorf("verify: %w", err)
 	}
 	defer src.Close()
+	counters, total := location.SourceCounters(src)
+	bar := startProgress(cfg, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
+	defer bar.finish()
 	if a, ok := src.(*streamer.ArchiveSource); ok {
 		rep, err = streamer.VerifyArchive(ctx, a)
 	} else {
