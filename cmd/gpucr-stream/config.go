@@ -19,25 +19,26 @@ type config struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 
-	help        bool
-	showVersion bool
-	imagesDir   string
-	progressFD  int
-	shardFDs    string
-	extFileFDs  string
-	connectWait string
-	tcpRemap    string
-	to          string
-	from        string
-	codecSpec   string
-	workers     int
-	chunkSize   string
-	memoryLimit string
-	spillDir    string
-	segmentSize string
-	jsonOut     bool
-	noProgress  bool
-	keyFile     string
+	help         bool
+	showVersion  bool
+	imagesDir    string
+	progressFD   int
+	shardFDs     string
+	extFileFDs   string
+	connectWait  string
+	createBucket bool
+	tcpRemap     string
+	to           string
+	from         string
+	codecSpec    string
+	workers      int
+	chunkSize    string
+	memoryLimit  string
+	spillDir     string
+	segmentSize  string
+	jsonOut      bool
+	noProgress   bool
+	keyFile      string
 
 	// checkpoint and restore
 	pid          int
@@ -174,6 +175,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.s3SSE, "s3-sse", "", "S3 server-side encryption of the objects written: none, s3 (SSE-S3), kms[:KEY-ID] (SSE-KMS), c (SSE-C, key from --s3-sse-key-file; https only)")
 	str(&c.s3SSEKey, "s3-sse-key-file", "", "S3 SSE-C key file (32 bytes, hex or base64, mode 0600), needed to write and to read SSE-C objects")
 	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
+	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	num(&c.streams, "streams", 2, "tcp://: parallel connections carrying the stream's shards (1..64)")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -204,5 +205,39 @@ func TestProcessInLsInspect(t *testing.T) {
 	}
 	if !strings.Contains(inspOut, m.ID) {
 		t.Errorf("inspect lacks the id %s:\n%s", m.ID, inspOut)
+	}
+}
+
+// TestMissingBucket: writing to a bucket that does not exist says how to
+// make it; --create-bucket makes it; reading from one is "not found".
+func TestMissingBucket(t *testing.T) {
+	srv := miniotest.Start(t)
+	for _, k := range []string{"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_ENDPOINT_URL", srv.Endpoint())
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey())
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey())
+	dir, err := os.MkdirTemp("/tmp", "gmb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	_, errOut, code := runCmd(t, "--images-dir", dir, "capture", "--to", "s3://nobucket/job1")
+	if code != exitNotFound || !strings.Contains(errOut, "--create-bucket") {
+		t.Errorf("capture to a missing bucket: exit %d, %s", code, errOut)
+	}
+	_, errOut, code = runCmd(t, "verify", "s3://nobucket/job1")
+	if code != exitNotFound || strings.Contains(errOut, "--create-bucket") {
+		t.Errorf("verify from a missing bucket: exit %d, %s", code, errOut)
+	}
+	// Created, then the capture waits for CRIU (which does not come).
+	_, errOut, code = runCmd(t, "--images-dir", dir, "--connect-timeout", "200ms", "capture", "--create-bucket", "--to", "s3://newbucket/job1")
+	if code != exitFailure || !strings.Contains(errOut, "criu did not connect") {
+		t.Errorf("capture --create-bucket: exit %d, %s", code, errOut)
+	}
+	_, errOut, code = runCmd(t, "ls", "s3://newbucket/")
+	if code != exitOK {
+		t.Errorf("ls of the created bucket: exit %d, %s", code, errOut)
 	}
 }

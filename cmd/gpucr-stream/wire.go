@@ -79,7 +79,8 @@ func (c *config) s3Settings() (s3.Config, error) {
 	if err != nil {
 		return s3.Config{}, usagef("--s3-sse, --s3-sse-key-file: %v", err)
 	}
-	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel, SSE: sse}, nil
+	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel, SSE: sse,
+		CreateBucket: c.createBucket}, nil
 }
 
 // loadKey reads --key-file, else $GPUCR_KEY, into the pipeline's options:
