@@ -112,6 +112,13 @@ func OpenStore(ctx context.Context, loc Location, c Config) (st store.Store, clo
 	return loc.backend().store(ctx, &c)
 }
 
+// OpenDestStore opens a location to write one checkpoint into (cp DEST):
+// a directory, created on the first write, or s3://BUCKET/PREFIX/NAME
+// (--create-bucket applies).
+func OpenDestStore(ctx context.Context, loc Location, c Config) (st store.Store, close func(), err error) {
+	return loc.backend().destStore(ctx, &c)
+}
+
 // ReadManifest loads a checkpoint's description without decoding its data.
 // Given c.Options.Key, an encrypted archive's manifest is authenticated too
 // (a wrong key is refused) and authenticated says so; a stream's metadata
@@ -138,6 +145,7 @@ type backend interface {
 	output(ctx context.Context, c *Config) (*Output, error)
 	source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error)
 	store(ctx context.Context, c *Config) (store.Store, func(), error)
+	destStore(ctx context.Context, c *Config) (store.Store, func(), error)
 	manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error)
 }
 
@@ -170,6 +178,10 @@ func (u unsupported) source(context.Context, *Config, streamer.StreamOptions) (s
 
 func (u unsupported) store(context.Context, *Config) (store.Store, func(), error) {
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got %s", u.loc)
+}
+
+func (u unsupported) destStore(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("DEST %s: want a directory or s3://BUCKET/PREFIX/NAME", u.loc)
 }
 
 func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, bool, error) {
@@ -294,6 +306,10 @@ func (stdioLoc) store(context.Context, *Config) (store.Store, func(), error) {
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got -")
 }
 
+func (stdioLoc) destStore(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("DEST -: cp writes checkpoints to a directory or s3://BUCKET/PREFIX/NAME (capture writes streams)")
+}
+
 func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool, error) {
 	m, err := streamer.ScanStream(c.Stdin, "stdin")
 	return m, false, err
@@ -329,6 +345,10 @@ func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error)
 	if !st.IsDir() {
 		return nil, nil, errdefs.Usagef("%s: not a directory", a.loc)
 	}
+	return dir.New(a.loc.Path), func() {}, nil
+}
+
+func (a archiveLoc) destStore(context.Context, *Config) (store.Store, func(), error) {
 	return dir.New(a.loc.Path), func() {}, nil
 }
 

@@ -130,6 +130,14 @@ func (l s3Loc) store(ctx context.Context, c *Config) (store.Store, func(), error
 	return st, func() { st.Close() }, nil
 }
 
+func (l s3Loc) destStore(ctx context.Context, c *Config) (store.Store, func(), error) {
+	st, _, err := l.open(ctx, c, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, func() { st.Close() }, nil
+}
+
 func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
 	st, _, err := l.open(ctx, c, false)
 	if err != nil {

@@ -241,3 +241,38 @@ func TestMissingBucket(t *testing.T) {
 		t.Errorf("ls of the created bucket: exit %d, %s", code, errOut)
 	}
 }
+
+// TestCp: a checkpoint goes dir -> s3 -> dir, each copy verified; the last
+// one verifies on its own; a copy onto itself is "already there".
+func TestCp(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket(t, "cpb")
+	for _, k := range []string{"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_ENDPOINT_URL", srv.Endpoint())
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey())
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey())
+	root := t.TempDir()
+	writeArchive(t, dir.New(filepath.Join(root, "a")), "node1", 3<<20)
+	steps := [][]string{
+		{"cp", filepath.Join(root, "a"), "s3://cpb/fleet/job1"},
+		{"cp", "s3://cpb/fleet/job1", filepath.Join(root, "b")},
+		{"verify", filepath.Join(root, "b")},
+		{"cp", filepath.Join(root, "a"), filepath.Join(root, "b")},
+	}
+	for _, s := range steps {
+		out, errOut, code := runCmd(t, s...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", s, code, errOut)
+		}
+		t.Logf("%v: %s", s, strings.TrimSpace(out))
+	}
+	out, _, _ := runCmd(t, "cp", filepath.Join(root, "a"), filepath.Join(root, "b"))
+	if !strings.Contains(out, "already holds") {
+		t.Errorf("second copy: %q", out)
+	}
+	if _, errOut, code := runCmd(t, "cp", filepath.Join(root, "nothing"), filepath.Join(root, "c")); code != exitNotFound {
+		t.Errorf("cp of nothing: exit %d: %s", code, errOut)
+	}
+}
