@@ -31,7 +31,10 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	reaped := make(chan error, 1)
 	go func() { reaped <- tg.WaitGone(ctx) }()
 	start := time.Now()
-	gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive).ok(t, "checkpoint")
+	ck := gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive).ok(t, "checkpoint")
+	if !strings.Contains(ck.stderr, "--cuda auto: no process of the tree") {
+		t.Errorf("checkpoint does not say that --cuda auto found no CUDA process:\n%s", ck.stderr)
+	}
 	if took := time.Since(start); took > 8*time.Second {
 		t.Errorf("checkpoint took %v: it waited for a reaped process", took)
 	}
