@@ -273,7 +273,7 @@ func (c *Config) stdioWriters() ([]io.Writer, error) {
 func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
 	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
 		// Tests hand in readers, used as they are (see stdioWriters).
-		return streamer.NewStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so), nil
+		return newStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so)
 	}
 	files, names, err := ShardFiles(c.Shards, asFile(c.Stdin, os.Stdin))
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr-stream/checkpoint"
 )
 
@@ -54,6 +56,20 @@ func openFixture(t *testing.T, file string) *os.File {
 	return f
 }
 
+// handOver returns a descriptor of f's file for the command to own: it
+// closes the descriptors it is given, as the real process does, and must
+// not close one that f still owns (its number could be reused, and f would
+// then close someone else's file).
+func handOver(t *testing.T, f *os.File) int {
+	t.Helper()
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.CloseOnExec(fd)
+	return fd
+}
+
 // TestExtractRealToolStreams: `extract` of each stream written by
 // criu-image-streamer 1.0.0, driven with that tool's own options, writes
 // the files its extract wrote, byte for byte, and its statistics line.
@@ -83,7 +99,7 @@ func TestExtractRealToolStreams(t *testing.T) {
 			var want []int64
 			var fds []string
 			for _, s := range c.shards {
-				fds = append(fds, fmt.Sprint(openFixture(t, filepath.Join(fixtureDir, s)).Fd()))
+				fds = append(fds, fmt.Sprint(handOver(t, openFixture(t, filepath.Join(fixtureDir, s)))))
 				fi, _ := os.Stat(filepath.Join(fixtureDir, s))
 				want = append(want, fi.Size())
 			}
@@ -101,8 +117,9 @@ func TestExtractRealToolStreams(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { f.Close() })
 				extOut = f
-				args = append(args, "--ext-file-fds", fmt.Sprintf("%s:%d", c.ext, f.Fd()))
+				args = append(args, "--ext-file-fds", fmt.Sprintf("%s:%d", c.ext, handOver(t, f)))
 			}
 			args = append(args, "extract")
 			var stdout, stderr bytes.Buffer
