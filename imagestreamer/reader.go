@@ -75,6 +75,7 @@ type pending struct {
 
 // Reader merges the shards of one stream. It is not safe for concurrent use.
 type Reader struct {
+	ctx     context.Context
 	shards  []*shard
 	results chan pending
 	cancel  context.CancelFunc
@@ -97,10 +98,11 @@ type Reader struct {
 
 // NewReader starts reading the shards; names label them in errors. Close
 // must be called; it closes shards that are io.Closers to stop their
-// goroutines.
+// goroutines (a shard that may block must be one, as pipes and files are).
 func NewReader(ctx context.Context, shards []io.Reader, names []string) *Reader {
 	ctx, cancel := context.WithCancel(ctx)
 	r := &Reader{
+		ctx:     ctx,
 		results: make(chan pending, len(shards)),
 		cancel:  cancel,
 		start:   time.Now(),
@@ -117,20 +119,18 @@ func NewReader(ctx context.Context, shards []io.Reader, names []string) *Reader 
 			r.readShard(ctx, sh)
 		}()
 	}
-	// A shard blocked in Read is woken by closing it.
-	stop := context.AfterFunc(ctx, func() {
+	// A shard blocked in Read is woken by closing it. Never stopped (a stop
+	// racing the cancel could keep the shards open): Close cancels, so it
+	// always runs, and Close waits for it.
+	r.wg.Add(1)
+	context.AfterFunc(ctx, func() {
+		defer r.wg.Done()
 		for _, sr := range shards {
 			if c, ok := sr.(io.Closer); ok {
 				c.Close()
 			}
 		}
 	})
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		<-ctx.Done()
-		stop()
-	}()
 	return r
 }
 
@@ -262,7 +262,12 @@ func (r *Reader) receive() error {
 		}
 		return r.corrupt(first, "marker seq %d is missing from every shard", r.seq)
 	}
-	p := <-r.results
+	var p pending
+	select {
+	case p = <-r.results:
+	case <-r.ctx.Done():
+		return fmt.Errorf("reading the stream: %w", r.ctx.Err())
+	}
 	switch {
 	case p.err != nil:
 		return p.err

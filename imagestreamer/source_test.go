@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -242,4 +243,34 @@ func TestDetect(t *testing.T) {
 			t.Errorf("%q detected", b)
 		}
 	}
+}
+
+// TestCloseWhileWaiting: a source whose shard stalls, between markers or
+// inside a file's data, closes at once, with no goroutine left behind.
+func TestCloseWhileWaiting(t *testing.T) {
+	var between, inData []byte
+	between = AppendMarker(between, Marker{Seq: 0, Kind: Filename, Name: "a.img"})
+	inData = AppendMarker(append([]byte{}, between...), Marker{Seq: 1, Kind: FileData, Size: 3})
+	inData = append(inData, 'a') // 2 data bytes never come
+	for _, s := range [][]byte{between, inData} {
+		closeStalled(t, s)
+	}
+}
+
+func closeStalled(t *testing.T, s []byte) {
+	pr, pw := io.Pipe()
+	go func() { pw.Write(s) }() // then silence
+	src := NewSource(context.Background(), []io.Reader{pr}, []string{"live"}, nil, streamer.StreamOptions{})
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		src.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hangs on a stalled stream")
+	}
+	pw.Close()
 }
