@@ -269,6 +269,11 @@ func sourceStats(ctx context.Context, src streamer.Source, loc location.Location
 		}
 		st.StoredBytes = m.Stats.StoredBytes
 	}
+	if len(st.Shards) == 0 {
+		// A source of no known layout (tcp://), or an archive without
+		// segments: drivers still read one shard.
+		st.Shards = []ShardStats{{Size: st.StoredBytes, TransferMillis: ms}}
+	}
 	if st.StoredBytes > 0 {
 		st.Ratio = float64(st.RawBytes) / float64(st.StoredBytes)
 	}
