@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -15,15 +16,25 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// archiveIn captures a few files into st, in several segments.
-func archiveIn(t *testing.T, st store.Store, seed uint64) map[string][]byte {
+// archiveIn captures a few files into st, in several segments, encrypted
+// under key when it is not nil.
+func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
-	out, err := streamer.NewArchiveOutput(ctx, st, 1<<20)
+	opts := streamer.Options{ChunkSize: 256 << 10, Workers: 2}
+	var seal *crypt.Session
+	if len(key) > 0 {
+		var err error
+		if seal, err = crypt.NewSession(key[0]); err != nil {
+			t.Fatal(err)
+		}
+		opts.Key = key[0]
+	}
+	out, err := streamer.NewSealedArchiveOutput(ctx, st, 1<<20, seal)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := streamer.NewCapture(ctx, out, streamer.Options{ChunkSize: 256 << 10, Workers: 2})
+	c, err := streamer.NewCapture(ctx, out, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +122,36 @@ func TestCopy(t *testing.T) {
 	archiveIn(t, other, 2)
 	if _, err := Copy(ctx, src, other, streamer.Options{}, nil); !errors.Is(err, ErrOtherCheckpoint) {
 		t.Errorf("copy over another checkpoint: %v", err)
+	}
+}
+
+// TestCopyEncrypted: an encrypted checkpoint is copied as it is, checked
+// with the key, and refused without it.
+func TestCopyEncrypted(t *testing.T) {
+	ctx := context.Background()
+	key, err := crypt.NewKey(bytes.Repeat([]byte{7}, crypt.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := mem.New("src")
+	want := archiveIn(t, src, 4, key)
+	if _, err := Copy(ctx, src, mem.New("nokey"), streamer.Options{}, nil); err == nil {
+		t.Fatal("an encrypted checkpoint was copied without its key")
+	}
+	dst := mem.New("dst")
+	if _, err := Copy(ctx, src, dst, streamer.Options{Key: key}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := streamer.OpenArchive(ctx, dst, streamer.Options{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for n, b := range want {
+		var got bytes.Buffer
+		if _, err := a.Copy(ctx, n, &got); err != nil || !bytes.Equal(got.Bytes(), b) {
+			t.Errorf("%s in the encrypted copy: %v", n, err)
+		}
 	}
 }
 
