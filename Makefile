@@ -1,15 +1,25 @@
 # gpucr-stream: `make demo` runs a checkpoint and restore through a local
-# archive; `make test` runs everything CI runs. Both install what they need.
+# archive; `make test` runs everything CI runs. Both install what they need
+# (the demo only CRIU; the tests also Debian tools and MinIO). `make install`
+# puts gpucr-stream and a criu wrapper in $(PREFIX)/bin.
 GO        ?= go
 BIN       := bin/gpucr-stream
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 10s
 CRIU_PREFIX ?= /opt/gpucr-criu
+PREFIX    ?= /usr/local
+export CRIU_PREFIX
 
-.PHONY: build preload deps test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
+.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
 
-build: preload
+build: preload binary
+
+# binary is gpucr-stream alone (what the demo and install need: no C
+# compiler). `go mod download` fetches the modules silently, so the build
+# prints no download lines.
+binary:
+	@$(GO) mod download
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
 
 # The library GPU processes load for the fast path (docs/PRODUCERS.md,
@@ -21,9 +31,31 @@ $(PRELOAD): preload/gpucr_preload.c
 	@mkdir -p bin
 	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=default -o $@ $< -ldl -lpthread
 
-# deps installs the real components the tests and the demo use.
+# deps installs the real components the tests use; deps-demo only CRIU.
 deps:
-	bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh test
+
+deps-demo:
+	@bash scripts/install-deps.sh demo
+
+# install puts the binary in $(PREFIX)/bin and, where CRIU was installed into
+# $(CRIU_PREFIX) (not the system's), a link to its loader wrapper as
+# $(PREFIX)/bin/criu: the wrapper finds its prefix through the link.
+install: binary
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/gpucr-stream
+	@if [ -x $(CRIU_PREFIX)/bin/criu ]; then \
+		ln -sfn $(CRIU_PREFIX)/bin/criu $(DESTDIR)$(PREFIX)/bin/criu && \
+		echo "installed $(DESTDIR)$(PREFIX)/bin/criu -> $(CRIU_PREFIX)/bin/criu"; \
+	else \
+		echo "no CRIU in $(CRIU_PREFIX) (make deps-demo installs one); using the system's: $$(command -v criu || echo none)"; \
+	fi
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpucr-stream ($(VERSION))"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/gpucr-stream
+	@if [ -L $(DESTDIR)$(PREFIX)/bin/criu ] && [ "$$(readlink $(DESTDIR)$(PREFIX)/bin/criu)" = $(CRIU_PREFIX)/bin/criu ]; then \
+		rm -f $(DESTDIR)$(PREFIX)/bin/criu; fi
 
 # staticcheck, pinned: the one on PATH if there is one, else installed
 # into bin/tools. Its default checks, U1000 (unused code) included.
@@ -42,8 +74,10 @@ unit:
 	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 # The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
+# Each test is named as it starts and ends (scripts/testsum); a failed
+# test's whole log is printed (E2E_VERBOSE=1: every test's).
 e2e: build
-	PATH=$(CRIU_PREFIX)/bin:$$PATH $(GO) test -count=1 -timeout 40m ./e2e/...
+	PATH=$(CRIU_PREFIX)/bin:$$PATH $(GO) run ./scripts/testsum $(if $(E2E_VERBOSE),-v) -- -count=1 -timeout 40m ./e2e/...
 
 # A short run of every fuzz target.
 fuzz:
@@ -51,8 +85,10 @@ fuzz:
 
 test: deps lint unit fuzz e2e
 
-demo: deps build
-	bash scripts/demo.sh
+# CRIU's install (mostly network waits) runs beside the build (mostly CPU).
+demo:
+	@$(MAKE) --no-print-directory -j2 deps-demo binary
+	@bash scripts/demo.sh
 
 # On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0
 # (docs/BENCHMARKS.md#gpu): checkpoint and restore a PyTorch process with

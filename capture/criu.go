@@ -161,16 +161,29 @@ func workDirs(workDir string) (dir, images string, cleanup func(), err error) {
 	return dir, images, cleanup, nil
 }
 
+// finishWorkDir removes a temporary work dir after a success; after a
+// failure it keeps it, since CRIU's log there says why, and the error says
+// where it is.
+func finishWorkDir(err error, dir string, temporary bool, cleanup func()) error {
+	if err == nil {
+		cleanup()
+		return nil
+	}
+	if temporary {
+		return fmt.Errorf("%w (criu's log is kept in %s; remove that directory when done)", err, dir)
+	}
+	return err
+}
+
 // Dump runs `criu dump --stream` against an in-process intake feeding c,
 // with the post-dump action wired to BeforeKill. It returns after CRIU
 // exits; CRIU's exit code decides success.
-func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (DumpReport, error) {
-	var rep DumpReport
+func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpReport, err error) {
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err
 	}
-	defer cleanup()
+	defer func() { err = finishWorkDir(err, dir, o.WorkDir == "", cleanup) }()
 	rep.ImageDir, rep.LogPath = images, filepath.Join(images, "dump.log")
 	cm, err := newCommitter(dir)
 	if err != nil {
@@ -258,13 +271,12 @@ type RestoreReport struct {
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
 // it cannot be trusted.
-func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (RestoreReport, error) {
-	var rep RestoreReport
+func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (rep RestoreReport, err error) {
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err
 	}
-	defer cleanup()
+	defer func() { err = finishWorkDir(err, dir, o.WorkDir == "", cleanup) }()
 	rep.LogPath = filepath.Join(images, "restore.log")
 	pidfile := filepath.Join(dir, "restored.pid")
 	ctx, cancel := context.WithCancel(ctx)
@@ -323,6 +335,18 @@ func runCRIU(ctx context.Context, criu string, args []string) (out string, took 
 	return b.String(), time.Since(start), err
 }
 
+// needsShellJob recognises CRIU's complaints about a process attached to a
+// terminal, which --shell-job answers.
+func needsShellJob(log string) bool {
+	// Every complaint of criu/tty.c is about a terminal --shell-job handles.
+	for _, s := range []string{"shell-job", "criu/tty.c", "Don't have tty to inherit session from"} {
+		if strings.Contains(log, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // criuLogTail picks CRIU's error lines, which say why it failed.
 func criuLogTail(logPath, output string) string {
 	b, _ := os.ReadFile(logPath)
@@ -339,5 +363,9 @@ func criuLogTail(logPath, output string) string {
 	if msg == "" {
 		msg = strings.TrimSpace(output)
 	}
-	return fmt.Sprintf("log %s: %s", logPath, msg)
+	msg = fmt.Sprintf("log %s: %s", logPath, msg)
+	if needsShellJob(string(b) + output) {
+		msg += "; the process has a controlling terminal: pass criu's --shell-job through gpucr-stream as --criu-opts --shell-job (on restore too)"
+	}
+	return msg
 }

@@ -145,6 +145,9 @@ func SendPipe(conn *net.UnixConn, f *os.File) error {
 	return err
 }
 
+// MaxSocketPath is the size of sun_path: a socket's path must be shorter.
+const MaxSocketPath = 108
+
 // listen binds a fresh socket at path, removing a stale one first. The
 // socket is 0600 whatever the umask: whoever can connect can read the
 // process's memory (serve) or push images into its checkpoint (capture).
@@ -152,8 +155,8 @@ func SendPipe(conn *net.UnixConn, f *os.File) error {
 // the socket before bind, which creates the file with it, so there is no
 // moment when the file is open to others.
 func listen(path string) (*net.UnixListener, error) {
-	if len(path) >= 108 {
-		return nil, fmt.Errorf("socket path %s is %d bytes, over the 107 that sun_path holds: use a shorter --images-dir", path, len(path))
+	if len(path) >= MaxSocketPath {
+		return nil, fmt.Errorf("socket path %s is %d bytes, over the %d that sun_path holds: use a shorter --images-dir", path, len(path), MaxSocketPath-1)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)

@@ -60,6 +60,42 @@ type session struct {
 	ended         chan struct{} // closed once the session may end: no more connections
 	endedOnce     sync.Once
 	changed       chan struct{} // closed and replaced on every change
+	connectTimer  *time.Timer   // ends the wait for CRIU to connect; nil: no limit
+}
+
+// DefaultConnectTimeout is how long Intake and Serve wait for CRIU to
+// connect when their options leave it zero.
+const DefaultConnectTimeout = 2 * time.Minute
+
+// ErrNoCRIU means CRIU did not connect to the streamer socket in time.
+var ErrNoCRIU = errors.New("criu did not connect")
+
+// limitConnectWait aborts the session if no CRIU connection is identified
+// within d (d < 0: no limit). A connection that is open but has not sent its
+// first request yet gets another d.
+func (s *session) limitConnectWait(d time.Duration, path string) {
+	if d == 0 {
+		d = DefaultConnectTimeout
+	}
+	if d < 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.connectTimer = time.AfterFunc(d, func() {
+		s.mu.Lock()
+		waiting := !s.criuSeen
+		for _, k := range s.conns {
+			if k == connUnknown {
+				waiting = false
+				s.connectTimer.Reset(d)
+			}
+		}
+		s.mu.Unlock()
+		if waiting {
+			s.abort(fmt.Errorf("%w to %s within %s", ErrNoCRIU, path, d))
+		}
+	})
 }
 
 // countingReader tracks the socket offset for error messages.
@@ -245,6 +281,9 @@ func (s *session) finish() error {
 	s.fail(nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.connectTimer != nil {
+		s.connectTimer.Stop()
+	}
 	return s.err
 }
 
@@ -331,6 +370,10 @@ type IntakeOptions struct {
 	// have connected and closed cleanly. Producers that connect in time are
 	// waited for in any case.
 	Producers int
+	// ConnectTimeout bounds the wait for CRIU to connect: zero means
+	// DefaultConnectTimeout, negative no limit. Past it the intake fails
+	// with ErrNoCRIU.
+	ConnectTimeout time.Duration
 }
 
 // IntakeSession takes the images of one `criu dump --stream`, and the files
@@ -370,6 +413,7 @@ func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o Int
 	}
 	in := &IntakeSession{c: c, done: make(chan struct{})}
 	s, sctx := newSession(ctx, o.Producers)
+	s.limitConnectWait(o.ConnectTimeout, path)
 	in.sess = s
 	go func() {
 		defer close(in.done)
@@ -563,6 +607,8 @@ type ServeOptions struct {
 	// Producers is the number of producer connections serving waits for:
 	// it does not end until that many have connected and closed cleanly.
 	Producers int
+	// ConnectTimeout is IntakeOptions.ConnectTimeout for the restore.
+	ConnectTimeout time.Duration
 }
 
 // Serve listens on DIR/streamer-serve.sock for one `criu restore --stream`
@@ -588,6 +634,7 @@ func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOpti
 		o.Hooks.Listening()
 	}
 	s, sctx := newSession(ctx, o.Producers)
+	s.limitConnectWait(o.ConnectTimeout, path)
 	var requests, served atomic.Int64
 	var bytes atomic.Int64
 	s.acceptLoop(sctx, l, func(conn *net.UnixConn) {

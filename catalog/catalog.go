@@ -44,18 +44,21 @@ const parallel = 8
 
 // Entry is one complete checkpoint.
 type Entry struct {
-	Name        string    `json:"name"`
-	Location    string    `json:"location"`
-	Created     time.Time `json:"created,omitzero"`
-	Host        string    `json:"host,omitempty"`
-	Tool        string    `json:"tool,omitempty"`
-	CRIU        string    `json:"criu_version,omitempty"`
-	ID          string    `json:"id,omitempty"`
-	Files       int       `json:"files"`
-	Segments    int       `json:"segments"`
-	RawBytes    int64     `json:"raw_bytes"`
-	StoredBytes int64     `json:"stored_bytes"` // bytes in storage: segments and manifest
-	Ratio       float64   `json:"ratio"`
+	Name     string    `json:"name"`
+	Location string    `json:"location"`
+	Created  time.Time `json:"created,omitzero"`
+	Host     string    `json:"host,omitempty"`
+	Tool     string    `json:"tool,omitempty"`
+	CRIU     string    `json:"criu_version,omitempty"`
+	ID       string    `json:"id,omitempty"`
+	// PID and Cmdline are of the checkpointed process, where recorded.
+	PID         int      `json:"pid,omitempty"`
+	Cmdline     []string `json:"cmdline,omitempty"`
+	Files       int      `json:"files"`
+	Segments    int      `json:"segments"`
+	RawBytes    int64    `json:"raw_bytes"`
+	StoredBytes int64    `json:"stored_bytes"` // bytes in storage: segments and manifest
+	Ratio       float64  `json:"ratio"`
 	// Error says why the manifest could not be read.
 	Error string `json:"error,omitempty"`
 }
@@ -118,6 +121,9 @@ func (e *Entry) read(ctx context.Context, st store.Store) {
 	}
 	e.Created, e.Host, e.Tool, e.CRIU, e.ID = m.Created, m.Host, m.Tool, m.CRIUVersion, m.ID
 	e.Files, e.Segments, e.RawBytes = len(m.Files), len(m.Segments), m.Stats.RawBytes
+	if m.Process != nil {
+		e.PID, e.Cmdline = m.Process.PID, m.Process.Cmdline
+	}
 	if e.StoredBytes > 0 {
 		e.Ratio = float64(e.RawBytes) / float64(e.StoredBytes)
 	}

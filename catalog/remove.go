@@ -108,8 +108,9 @@ type GCResult struct {
 	// (HasUploads) and this was no dry run.
 	Uploads    int  `json:"incomplete_uploads"`
 	HasUploads bool `json:"-"`
-	// TempFiles are temporary files of killed writers, where the store
-	// has them (HasTempFiles).
+	// TempFiles are temporary files of killed writers and the empty
+	// directories failed checkpoints left, where the store has them
+	// (HasTempFiles).
 	TempFiles    int   `json:"temp_files"`
 	HasTempFiles bool  `json:"-"`
 	OlderThanMS  int64 `json:"older_than_ms"`

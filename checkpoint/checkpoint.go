@@ -22,8 +22,10 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -52,6 +54,10 @@ type Hooks struct {
 	// Line takes the progress lines criu-image-streamer's users parse:
 	// socket-init, checkpoint-start.
 	Line func(string)
+	// Stats takes the statistics line of capture, serve and extract when
+	// criu-image-streamer writes it: capture's and extract's at the end,
+	// serve's before it listens.
+	Stats func(*Stats)
 	// Log takes diagnostic lines.
 	Log func(string)
 }
@@ -67,6 +73,12 @@ func (h Hooks) progress(p Progress) func() {
 	}
 	var once sync.Once
 	return func() { once.Do(done) }
+}
+
+func (h Hooks) stats(st *Stats) {
+	if h.Stats != nil {
+		h.Stats(st)
+	}
 }
 
 func (h Hooks) line(s string) {
@@ -130,10 +142,16 @@ type Result struct {
 	Producers int            `json:"producers,omitempty"`
 }
 
+// GoneTimeout is how long Checkpoint waits for the dumped tree to be reaped.
+var GoneTimeout = 10 * time.Second
+
 // Checkpoint dumps the tree of o.PID with CRIU into o.Dest. The manifest is
 // committed before CRIU kills the process; if anything fails before, the
 // process (and its GPU state) runs on.
 func Checkpoint(ctx context.Context, o Options) (*Result, error) {
+	if o.PID <= 0 || !proc.Exists(o.PID) {
+		return nil, fmt.Errorf("checkpoint: no process %d: %w", o.PID, errdefs.ErrNotFound)
+	}
 	criu, err := capture.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
@@ -144,15 +162,21 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
+	if cc == nil && o.CUDA.mode() == CUDAAuto {
+		o.Hooks.log(fmt.Sprintf("--cuda auto: no process of the tree of %d has the CUDA driver loaded; checkpointing with CRIU alone", o.PID))
+	}
+	// The tree as it is before the dump, to wait for it to be gone after.
+	tree, _ := proc.Tree(o.PID)
 	start := time.Now()
 	c, out, err := startCapture(ctx, o.Dest, o.Open)
 	if err != nil {
 		return nil, err
 	}
-	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded})
-	defer done()
-	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu)}
+	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
 	phases := cc.queryGPUs(ctx, &meta)
+	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
+		Total: dumpEstimate(tree, meta.GPUs)})
+	defer done()
 	// The fast path first (the processes' device memory into the capture,
 	// then released), so that the driver's checkpoint finds little to copy.
 	ps, err := cc.fastSuspend(ctx, o.FastPath, o.Dest, c, &meta, o.Hooks)
@@ -176,13 +200,18 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
 	}
 	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
-	if !o.LeaveRunning {
-		cc.fastCommit()
-	} else {
+	if o.LeaveRunning {
 		ps, rerr := cc.resume()
 		phases = append(phases, ps...)
 		if rerr != nil {
 			return nil, fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.PID, o.Dest, rerr)
+		}
+	} else {
+		cc.fastCommit()
+		// A restore right after needs the PIDs free: return once CRIU's
+		// kill has been reaped. The checkpoint is committed either way.
+		if err := proc.WaitGone(ctx, tree, true, GoneTimeout); err != nil {
+			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is not gone yet (%v): a restore into this PID space fails until its parent reaps it", o.PID, err))
 		}
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
@@ -303,4 +332,22 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
+}
+
+// processOf describes the process being checkpointed, for ls and inspect.
+func processOf(pid int) *manifest.Process {
+	p := &manifest.Process{PID: pid}
+	p.Cmdline, _ = proc.Cmdline(pid)
+	return p
+}
+
+// dumpEstimate is about the raw bytes a dump of tree will produce: its
+// anonymous memory, and the device memory of its GPUs, which the CUDA
+// checkpoint moves into host memory before CRIU reads it.
+func dumpEstimate(tree []int, gpus []manifest.GPU) int64 {
+	n := proc.DumpEstimate(tree)
+	for _, g := range gpus {
+		n += g.Bytes
+	}
+	return n
 }

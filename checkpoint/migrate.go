@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -88,6 +89,9 @@ type migration struct {
 
 // Migrate moves the tree of o.PID to the receiver at o.Dest.
 func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
+	if o.PID <= 0 || !proc.Exists(o.PID) {
+		return nil, fmt.Errorf("migrate: no process %d: %w", o.PID, errdefs.ErrNotFound)
+	}
 	m, err := startMigration(ctx, o)
 	if err != nil {
 		return nil, err
@@ -195,10 +199,11 @@ func (m *migration) dump(ctx context.Context) error {
 		return err
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
-	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters})
-	defer done()
-	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu)}
+	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
 	phases := m.cc.queryGPUs(ctx, &meta)
+	tree, _ := proc.Tree(m.o.PID)
+	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
+	defer done()
 	// The downtime starts with the GPU lock: CUDA work stops there.
 	m.dumpStart = time.Now()
 	ps, err := m.cc.suspend(m.o.CUDA.LockTimeout)

@@ -82,6 +82,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	defer r.src.Close()
 	o.Hooks.log("receive: listening on " + l.Addr().String())
 	r.res.Listen = l.Addr().String()
+	defer r.progress()()
 	if o.Restore {
 		err = r.restore(ctx)
 	} else {
@@ -92,6 +93,36 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	}
 	r.res.TotalSecs = time.Since(r.start).Seconds()
 	return &r.res, nil
+}
+
+// progress reports the stream's counters from when a sender connects
+// (they exist only then) until the returned func is called.
+func (r *receiver) progress() (stop func()) {
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if c := r.src.Counters(); c != nil {
+				done := r.o.Hooks.progress(Progress{What: "receive", Counters: c})
+				<-quit
+				done()
+				return
+			}
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		wg.Wait()
+	}
 }
 
 // fill takes the session's numbers and milestones into the result.

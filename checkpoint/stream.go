@@ -56,6 +56,12 @@ type StreamOptions struct {
 	// Tool is recorded in the manifest (capture).
 	Tool  string
 	Hooks Hooks
+	// ConnectTimeout bounds the wait for CRIU to connect (capture, serve):
+	// zero means capture.DefaultConnectTimeout, negative no limit.
+	ConnectTimeout time.Duration
+	// TCPListenRemap moves TCP listening ports of the image, OLD to NEW
+	// (serve).
+	TCPListenRemap map[uint16]uint16
 }
 
 // Capture takes the images of `criu dump --stream -D ImagesDir` (and the
@@ -73,7 +79,7 @@ func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 	res, err := capture.IntakeWith(ctx, o.ImagesDir, c, capture.IntakeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Connected: func() { o.Hooks.line("checkpoint-start") },
-	}, Producers: o.Producers})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
 	if eerr := <-extErr; err == nil {
 		err = eerr
 	}
@@ -101,6 +107,7 @@ func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 			st.Shards = append(st.Shards, ShardStats{Size: s.Size, TransferMillis: elapsed.Milliseconds()})
 		}
 	}
+	o.Hooks.stats(st)
 	return st, nil
 }
 
@@ -141,60 +148,63 @@ func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
 }
 
 // Serve serves the images of o.Loc to `criu restore --stream -D
-// ImagesDir`, and the ext files to their descriptors.
+// ImagesDir`, and the ext files to their descriptors. As
+// criu-image-streamer does, a stream is read and checked whole before the
+// statistics line, and only then the socket listens (socket-init): drivers
+// read the lines in that order, and a stream damaged anywhere never starts
+// a restore. An archive is read in CRIU's order as it asks; its line comes
+// first too.
 func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	src, err := location.OpenSource(ctx, o.Loc, o.Open, streamer.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	stream := location.StreamOf(src)
-	var watch sync.WaitGroup
 	counters, total := location.SourceCounters(src)
-	if stream != nil {
-		// A broken stream must stop the wait for CRIU too, so that a restore
-		// started later finds no socket instead of a server that hangs.
-		watch.Add(1)
-		go func() {
-			defer watch.Done()
-			if err := stream.Wait(ctx); err != nil {
-				cancel(err)
-			}
-		}()
-	}
 	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
 	defer done()
-	extErr := make(chan error, 1)
-	go func() { extErr <- writeExtFiles(ctx, o.ExtFiles, src) }()
-	res, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
-		Listening: func() { o.Hooks.line("socket-init") },
-	}, Producers: o.Producers})
-	if err == nil && stream != nil {
-		// CRIU is done; the rest of the stream must still check out.
-		err = stream.Wait(ctx)
+	if stream := location.StreamOf(src); stream != nil {
+		if err := stream.Wait(ctx); err != nil {
+			return nil, fmt.Errorf("serve: %w", explainSource(src, err))
+		}
 	}
+	st, err := sourceStats(ctx, src, o.Loc, start)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", explainSource(src, err))
+	}
+	served, err := capture.RemapTCPListen(ctx, src, o.TCPListenRemap)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	o.Hooks.stats(st)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	extErr := make(chan error, 1)
+	go func() {
+		err := writeExtFiles(ctx, o.ExtFiles, served)
+		if err != nil {
+			cancel(err) // CRIU must not wait on a serve that failed
+		}
+		extErr <- err
+	}()
+	_, err = capture.ServeWith(ctx, o.ImagesDir, served, capture.ServeOptions{Hooks: capture.Hooks{
+		Listening: func() { o.Hooks.line("socket-init") },
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 			err = cause
 		}
 		cancel(err)
 	}
-	eerr := <-extErr
-	cancel(nil)
-	watch.Wait()
-	done()
-	if err == nil {
+	if eerr := <-extErr; err == nil {
 		err = eerr
 	}
+	done()
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	ms := time.Since(start).Milliseconds()
-	return &Stats{Shards: []ShardStats{{Size: res.Bytes, TransferMillis: ms}},
-		Files: res.Served, RawBytes: res.Bytes, DurationMS: ms, Source: o.Loc.String()}, nil
+	return st, nil
 }
 
 // Extract writes the image files of o.Loc into ImagesDir, and the ext
@@ -206,24 +216,74 @@ func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 		return nil, err
 	}
 	defer src.Close()
-	var files int
-	var bytes int64
+	counters, total := location.SourceCounters(src)
+	done := o.Hooks.progress(Progress{What: "extract", Counters: counters, Total: total})
+	defer done()
 	if stream := location.StreamOf(src); stream != nil {
-		list, err := stream.Files(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("extract: %w", err)
+		if _, err := stream.Files(ctx); err != nil {
+			return nil, fmt.Errorf("extract: %w", explainSource(src, err))
 		}
-		for _, f := range list {
-			files++
-			bytes += f.Size
-		}
-	} else if files, bytes, err = capture.WriteExtract(ctx, src, o.ImagesDir); err != nil {
+	} else if _, _, err = capture.WriteExtract(ctx, src, o.ImagesDir); err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	if err := writeExtFiles(ctx, o.ExtFiles, src); err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
+	done()
+	st, err := sourceStats(ctx, src, o.Loc, start)
+	if err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	o.Hooks.stats(st)
+	return st, nil
+}
+
+// sourceStats is the statistics line of a source read (serve, extract),
+// meaning what criu-image-streamer's means: each shard's size is the bytes
+// of its stream. An archive's "shards" are its segments, as capture
+// reports them.
+func sourceStats(ctx context.Context, src streamer.Source, loc location.Location, start time.Time) (*Stats, error) {
+	files, err := src.Files(ctx)
+	if err != nil {
+		return nil, err
+	}
 	ms := time.Since(start).Milliseconds()
-	return &Stats{Shards: []ShardStats{{Size: bytes, TransferMillis: ms}},
-		Files: files, RawBytes: bytes, DurationMS: ms, Source: o.Loc.String()}, nil
+	st := &Stats{Files: len(files), DurationMS: ms, Source: loc.String()}
+	for _, f := range files {
+		st.RawBytes += f.Size
+	}
+	if l := location.LegacyOf(src); l != nil {
+		for _, sh := range l.ShardStats() {
+			st.Shards = append(st.Shards, ShardStats{Size: sh.Size, TransferMillis: sh.Duration.Milliseconds()})
+			st.StoredBytes += sh.Size // stored raw, between its markers
+		}
+	} else if s := location.StreamOf(src); s != nil {
+		for _, n := range s.ShardBytes() {
+			st.Shards = append(st.Shards, ShardStats{Size: n, TransferMillis: ms})
+		}
+		st.StoredBytes = s.Counters.StoredBytes.Load()
+	} else if a, ok := src.(*streamer.ArchiveSource); ok {
+		m := a.Manifest()
+		for _, seg := range m.Segments {
+			st.Shards = append(st.Shards, ShardStats{Size: seg.Size, TransferMillis: ms})
+		}
+		st.StoredBytes = m.Stats.StoredBytes
+	}
+	if len(st.Shards) == 0 {
+		// A source of no known layout (tcp://), or an archive without
+		// segments: drivers still read one shard.
+		st.Shards = []ShardStats{{Size: st.StoredBytes, TransferMillis: ms}}
+	}
+	if st.StoredBytes > 0 {
+		st.Ratio = float64(st.RawBytes) / float64(st.StoredBytes)
+	}
+	return st, nil
+}
+
+// explainSource names where a criu-image-streamer stream is damaged.
+func explainSource(src streamer.Source, err error) error {
+	if l := location.LegacyOf(src); l != nil {
+		return l.Explain(err)
+	}
+	return err
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/store"
@@ -111,6 +112,13 @@ func OpenStore(ctx context.Context, loc Location, c Config) (st store.Store, clo
 	return loc.backend().store(ctx, &c)
 }
 
+// OpenDestStore opens a location to write one checkpoint into (cp DEST):
+// a directory, created on the first write, or s3://BUCKET/PREFIX/NAME
+// (--create-bucket applies).
+func OpenDestStore(ctx context.Context, loc Location, c Config) (st store.Store, close func(), err error) {
+	return loc.backend().destStore(ctx, &c)
+}
+
 // ReadManifest loads a checkpoint's description without decoding its data.
 // Given c.Options.Key, an encrypted archive's manifest is authenticated too
 // (a wrong key is refused) and authenticated says so; a stream's metadata
@@ -137,6 +145,7 @@ type backend interface {
 	output(ctx context.Context, c *Config) (*Output, error)
 	source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error)
 	store(ctx context.Context, c *Config) (store.Store, func(), error)
+	destStore(ctx context.Context, c *Config) (store.Store, func(), error)
 	manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error)
 }
 
@@ -169,6 +178,10 @@ func (u unsupported) source(context.Context, *Config, streamer.StreamOptions) (s
 
 func (u unsupported) store(context.Context, *Config) (store.Store, func(), error) {
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got %s", u.loc)
+}
+
+func (u unsupported) destStore(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("DEST %s: want a directory or s3://BUCKET/PREFIX/NAME", u.loc)
 }
 
 func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, bool, error) {
@@ -260,7 +273,7 @@ func (c *Config) stdioWriters() ([]io.Writer, error) {
 func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
 	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
 		// Tests hand in readers, used as they are (see stdioWriters).
-		return streamer.NewStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so), nil
+		return newStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so)
 	}
 	files, names, err := ShardFiles(c.Shards, asFile(c.Stdin, os.Stdin))
 	if err != nil {
@@ -273,11 +286,28 @@ func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions
 	if len(c.Shards) == 0 {
 		names[0] = "stdin"
 	}
+	return newStreamSource(ctx, rs, names, so)
+}
+
+// newStreamSource reads a gpucr-stream stream, or one that
+// criu-image-streamer wrote (told apart by their first bytes).
+func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so streamer.StreamOptions) (streamer.Source, error) {
+	rs, legacy, err := imagestreamer.Sniff(rs)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", names[0], err)
+	}
+	if legacy {
+		return imagestreamer.NewSource(ctx, rs, names, nil, so), nil
+	}
 	return streamer.NewStreamSource(ctx, rs, names, so), nil
 }
 
 func (stdioLoc) store(context.Context, *Config) (store.Store, func(), error) {
 	return nil, nil, errdefs.Usagef("want s3://BUCKET/PREFIX or a directory, got -")
+}
+
+func (stdioLoc) destStore(context.Context, *Config) (store.Store, func(), error) {
+	return nil, nil, errdefs.Usagef("DEST -: cp writes checkpoints to a directory or s3://BUCKET/PREFIX/NAME (capture writes streams)")
 }
 
 func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool, error) {
@@ -318,6 +348,10 @@ func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error)
 	return dir.New(a.loc.Path), func() {}, nil
 }
 
+func (a archiveLoc) destStore(context.Context, *Config) (store.Store, func(), error) {
+	return dir.New(a.loc.Path), func() {}, nil
+}
+
 func (a archiveLoc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
 	return c.archiveManifest(ctx, dir.New(a.loc.Path))
 }
@@ -334,7 +368,11 @@ func (f streamFileLoc) source(ctx context.Context, _ *Config, so streamer.Stream
 	if err != nil {
 		return nil, err
 	}
-	src := streamer.NewStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
+	src, err := newStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
+	if err != nil {
+		file.Close()
+		return nil, err
+	}
 	return closeWith{src, file}, nil
 }
 
@@ -369,8 +407,21 @@ func StreamOf(src streamer.Source) *streamer.StreamSource {
 	switch s := src.(type) {
 	case *streamer.StreamSource:
 		return s
+	case *imagestreamer.Source:
+		return s.StreamSource
 	case closeWith:
 		return StreamOf(s.Source)
+	}
+	return nil
+}
+
+// LegacyOf returns the criu-image-streamer stream behind src, if it is one.
+func LegacyOf(src streamer.Source) *imagestreamer.Source {
+	switch s := src.(type) {
+	case *imagestreamer.Source:
+		return s
+	case closeWith:
+		return LegacyOf(s.Source)
 	}
 	return nil
 }

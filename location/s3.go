@@ -22,7 +22,10 @@ type s3Loc struct{ unsupported }
 // bucket at once, so that a mistake is reported before any work starts: a
 // missing bucket is "not found" (exit 4), missing or refused credentials a
 // failure with a message that says which (exit 1).
-func (l s3Loc) open(ctx context.Context, c *Config) (*s3.Store, s3.Config, error) {
+//
+// Only an output (write) creates a missing bucket, when the S3 settings
+// say so (--create-bucket); otherwise its error says how.
+func (l s3Loc) open(ctx context.Context, c *Config, write bool) (*s3.Store, s3.Config, error) {
 	bucket, prefix, _ := strings.Cut(l.loc.Path, "/")
 	if bucket == "" {
 		return nil, s3.Config{}, errdefs.Usagef("%s: no bucket (want s3://BUCKET/PREFIX)", l.loc)
@@ -35,8 +38,12 @@ func (l s3Loc) open(ctx context.Context, c *Config) (*s3.Store, s3.Config, error
 		}
 	}
 	sc.Bucket, sc.Prefix = bucket, strings.Trim(prefix, "/")
+	sc.CreateBucket = sc.CreateBucket && write
 	st, err := s3.New(ctx, sc)
 	if err != nil {
+		if errors.Is(err, s3.ErrNoSuchBucket) && write {
+			return nil, sc, fmt.Errorf("%w; create it (--create-bucket does, in --s3-region)", err)
+		}
 		// A missing bucket wraps errdefs.ErrNotFound already; these three
 		// messages say enough on their own.
 		if errors.Is(err, s3.ErrNoSuchBucket) || errors.Is(err, s3.ErrNoCredentials) || errors.Is(err, s3.ErrBadCredentials) {
@@ -50,7 +57,7 @@ func (l s3Loc) open(ctx context.Context, c *Config) (*s3.Store, s3.Config, error
 // output is an archive whose segments upload while CRIU still dumps,
 // manifest last.
 func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
-	st, sc, err := l.open(ctx, c)
+	st, sc, err := l.open(ctx, c, true)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +105,7 @@ func capMemoryTo(pipeline, store int64) {
 // source reads chunks with ranged GETs in CRIU's order, a bounded window
 // ahead; nothing is staged on disk.
 func (l s3Loc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
-	st, sc, err := l.open(ctx, c)
+	st, sc, err := l.open(ctx, c, false)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +123,15 @@ func (l s3Loc) source(ctx context.Context, c *Config, so streamer.StreamOptions)
 }
 
 func (l s3Loc) store(ctx context.Context, c *Config) (store.Store, func(), error) {
-	st, _, err := l.open(ctx, c)
+	st, _, err := l.open(ctx, c, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, func() { st.Close() }, nil
+}
+
+func (l s3Loc) destStore(ctx context.Context, c *Config) (store.Store, func(), error) {
+	st, _, err := l.open(ctx, c, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,7 +139,7 @@ func (l s3Loc) store(ctx context.Context, c *Config) (store.Store, func(), error
 }
 
 func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
-	st, _, err := l.open(ctx, c)
+	st, _, err := l.open(ctx, c, false)
 	if err != nil {
 		return nil, false, err
 	}

@@ -33,13 +33,27 @@ func ShardFiles(fds []int, std *os.File) ([]*os.File, []string, error) {
 // pollable returns a file on fd that Go's poller manages when fd is a pipe
 // or socket, so that closing it wakes a goroutine blocked on it (a stalled
 // sender must not keep a failed restore alive). Terminals and regular
-// files are left as they are: O_NONBLOCK would leak into the shell.
+// files are left as they are: O_NONBLOCK would leak into the shell. For a
+// standard stream (orig) the new file is on a duplicate of fd: a second
+// *os.File owning fd 0 or 1 would close it when collected, and the number
+// would then be reused under os.Stdin or os.Stdout.
 func pollable(fd uintptr, name string, orig *os.File) *os.File {
 	var st unix.Stat_t
 	if unix.Fstat(int(fd), &st) == nil {
 		if t := st.Mode & unix.S_IFMT; t == unix.S_IFIFO || t == unix.S_IFSOCK {
-			if unix.SetNonblock(int(fd), true) == nil {
-				return os.NewFile(fd, name)
+			own := int(fd)
+			if orig != nil {
+				var err error
+				if own, err = unix.Dup(int(fd)); err != nil {
+					return orig
+				}
+				unix.CloseOnExec(own)
+			}
+			if unix.SetNonblock(own, true) == nil {
+				return os.NewFile(uintptr(own), name)
+			}
+			if own != int(fd) {
+				unix.Close(own)
 			}
 		}
 	}

@@ -56,6 +56,7 @@ type Manifest struct {
 	Codec       string            `json:"codec"`
 	ChunkSize   int               `json:"chunk_size"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	Process     *Process          `json:"process,omitempty"`
 	GPUs        []GPU             `json:"gpus,omitempty"`
 	// CUDA records, per CUDA process, which path its device memory took.
 	CUDA     []CUDAProcess `json:"cuda,omitempty"`
@@ -69,6 +70,12 @@ type Manifest struct {
 	MAC string `json:"mac,omitempty"`
 	// Checksum seals the document; it must stay the last field.
 	Checksum string `json:"checksum"`
+}
+
+// Process is the checkpointed process (the root of the dumped tree).
+type Process struct {
+	PID     int      `json:"pid"`
+	Cmdline []string `json:"cmdline,omitempty"`
 }
 
 // GPU records a device whose memory is in the checkpoint.

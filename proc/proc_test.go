@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -55,5 +56,26 @@ func TestSpaceAndMemory(t *testing.T) {
 	}
 	if AvailableMemory() <= 0 {
 		t.Fatal("no MemAvailable")
+	}
+}
+
+// TestDumpEstimate: this process's anonymous memory grows by what it
+// allocates and touches.
+func TestDumpEstimate(t *testing.T) {
+	self := []int{os.Getpid()}
+	before := DumpEstimate(self)
+	buf := make([]byte, 64<<20)
+	for i := range buf {
+		if i%4096 == 0 {
+			buf[i] = 1
+		}
+	}
+	after := DumpEstimate(self)
+	if before <= 0 || after-before < 48<<20 {
+		t.Errorf("estimate %d -> %d after touching 64 MiB", before, after)
+	}
+	runtime.KeepAlive(buf)
+	if got := DumpEstimate([]int{-1}); got != 0 {
+		t.Errorf("estimate of no process: %d", got)
 	}
 }

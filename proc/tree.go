@@ -100,3 +100,32 @@ func parentMap() map[int][]int {
 	}
 	return m
 }
+
+// Cmdline is the command line of pid, from /proc/PID/cmdline.
+func Cmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
+}
+
+// DumpEstimate is about the bytes CRIU dumps of the processes pids: their
+// anonymous memory (smaps_rollup's Anonymous), which is nearly all of an
+// image. 0 when it cannot be read.
+func DumpEstimate(pids []int) int64 {
+	var total int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Anonymous:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}

@@ -4,7 +4,10 @@
 # it carries on with its memory intact. Run as root (`make demo`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
+if [ -z "${CRIU:-}" ] && ! CRIU=$(bash scripts/install-criu.sh --check "${CRIU_PREFIX:-/opt/gpucr-criu}" 2>/dev/null); then
+	echo "demo: no usable criu; run make deps-demo (or make demo, which runs it)" >&2
+	exit 1
+fi
 GCS=${GCS:-bin/gpucr-stream}
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 WORK=$(mktemp -d /tmp/gcs-demo-XXXX)
@@ -31,7 +34,8 @@ prove() { # ask the target to check its memory; print its proof
 }
 
 say "start a target holding ${DEMO_MB:=256} MiB of model-like weights, zeros, random bytes and text"
-( cd "$WORK/run" && setsid "$TARGET_BIN" --dir "$WORK/run" --mb "$DEMO_MB" </dev/null >"$WORK/run/out.log" 2>&1 & )
+# setsid -f: not a job of this shell, whose "Killed" notice would only confuse
+(cd "$WORK/run" && setsid -f "$TARGET_BIN" --dir "$WORK/run" --mb "$DEMO_MB" </dev/null >"$WORK/run/out.log" 2>&1)
 for _ in $(seq 600); do [ -s "$WORK/run/ready" ] && break; sleep 0.05; done
 PID=$(cat "$WORK/run/ready")
 prove

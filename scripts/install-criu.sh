@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# install-criu.sh [PREFIX] -- make a working CRIU >= 4.0 available.
+# install-criu.sh [--check] [PREFIX] -- make a working CRIU >= 4.0 available
+# (--check: only say whether one is, installing nothing).
 #
 # Debian bookworm's criu 3.17 fails on recent kernels ("vdso: Unexpected rt
 # vDSO area bounds"), and trixie's 4.1.1 hangs on 6.18 kernels at the end of
@@ -15,6 +16,11 @@
 # Prints the path of a usable criu on stdout; progress goes to stderr.
 set -euo pipefail
 
+CHECK=0
+if [ "${1:-}" = --check ]; then
+	CHECK=1
+	shift
+fi
 PREFIX=${1:-/opt/gpucr-criu}
 SUITE=${GPUCR_CRIU_SUITE:-forky}
 SYSTEM_SOURCES=/etc/apt/sources.list.d/debian.sources
@@ -68,6 +74,7 @@ if usable "$WRAPPER"; then
 	echo "$WRAPPER"
 	exit 0
 fi
+[ $CHECK = 0 ] || exit 1
 
 [ "$(id -u)" -eq 0 ] || { log "must run as root (apt-get download, criu check)"; exit 1; }
 [ -r "$SYSTEM_SOURCES" ] || { log "$SYSTEM_SOURCES not found; need a Debian deb822 apt source"; exit 1; }

@@ -1,24 +1,55 @@
 #!/usr/bin/env bash
-# install-deps.sh -- install what the demo and the tests use on a fresh
-# machine: CRIU >= 4 (scripts/install-criu.sh), the pinned MinIO server, and
-# Debian tools (iproute2 for network namespaces, openssh for the ssh form).
+# install-deps.sh [demo|test] -- install what the demo or the tests use on a
+# fresh Debian machine, saying what, one line each; nothing else is printed
+# unless it fails.
+#   demo: CRIU >= 4 (scripts/install-criu.sh): all the demo runs besides Go.
+#   test: the same, Debian tools (iproute2 for network namespaces, openssh
+#         for the ssh form, lz4 and zstd for the pipe examples) and the
+#         pinned MinIO server for the S3 tests (built with Go: minutes, once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-test}
+case $what in demo | test) ;; *) echo "usage: install-deps.sh [demo|test]" >&2; exit 2 ;; esac
 if [ "$(id -u)" != 0 ]; then
 	echo "install-deps: run as root (CRIU needs it)" >&2
 	exit 1
 fi
-need=()
-for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd; do
-	command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-	echo "install-deps: apt-get install ${need[*]}" >&2
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+say() { printf 'install-deps: %s\n' "$*" >&2; }
+
+# quiet CMD... runs CMD with its output kept aside, shown only if it fails.
+quiet() {
+	local log rc=0
+	log=$(mktemp)
+	"$@" >"$log" 2>&1 || rc=$?
+	[ $rc = 0 ] || { cat "$log" >&2; say "failed: $*"; }
+	rm -f "$log"
+	return $rc
+}
+
+if [ "$what" = test ]; then
+	need=()
+	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd; do
+		command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
+	done
+	if [ ${#need[@]} -gt 0 ]; then
+		say "apt-get install ${need[*]} (for the network and pipe tests)"
+		quiet apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq "${need[@]}"
+	fi
 fi
-bash scripts/install-criu.sh >/dev/null
-if [ -f scripts/install-minio.sh ]; then
-	bash scripts/install-minio.sh >/dev/null
+
+prefix=${CRIU_PREFIX:-/opt/gpucr-criu}
+if criu=$(bash scripts/install-criu.sh --check "$prefix" 2>/dev/null); then
+	say "criu: $criu"
+else
+	say "installing CRIU 4.2 (Debian forky's criu and the libraries it links) into $prefix"
+	quiet bash scripts/install-criu.sh "$prefix"
+	say "criu: $prefix/bin/criu"
 fi
-echo "install-deps: ok" >&2
+
+if [ "$what" = test ]; then
+	if ! bash scripts/install-minio.sh --check >/dev/null 2>&1; then
+		say "building the pinned MinIO server for the S3 tests into /usr/local/bin/minio (a few minutes, once)"
+	fi
+	quiet bash scripts/install-minio.sh
+fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# install-minio.sh [DIR] -- make the pinned MinIO server the S3 tests use
-# available as DIR/minio (default /usr/local/bin/minio).
+# install-minio.sh [--check] [DIR] -- make the pinned MinIO server the S3
+# tests use available as DIR/minio (default /usr/local/bin/minio); --check
+# only says whether it is.
 #
 # MinIO's upstream repository is archived; the tests (store/s3, e2e) run against
 # one pinned build, made with `go install` from the Go module proxy. An
@@ -11,6 +12,11 @@
 set -euo pipefail
 
 VERSION=v0.0.0-20260212201848-7aac2a2c5b7c # keep in step with store/miniotest.Version
+CHECK=0
+if [ "${1:-}" = --check ]; then
+	CHECK=1
+	shift
+fi
 DIR=${1:-/usr/local/bin}
 BIN=$DIR/minio
 
@@ -27,8 +33,9 @@ if [ -x "$BIN" ]; then
 		echo "$BIN"
 		exit 0
 	fi
-	log "$BIN is version '${have:-unknown}', want $VERSION; reinstalling"
+	[ $CHECK = 1 ] || log "$BIN is version '${have:-unknown}', want $VERSION; reinstalling"
 fi
+[ $CHECK = 0 ] || exit 1
 
 command -v go >/dev/null || { log "go is required (go install github.com/minio/minio@$VERSION)"; exit 1; }
 mkdir -p "$DIR"

@@ -34,20 +34,26 @@ func CheckManifest(ctx context.Context, st store.Store, key *crypt.Key) (*manife
 }
 
 func openManifest(ctx context.Context, st store.Store, key *crypt.Key) (*manifest.Manifest, *crypt.Session, error) {
+	m, _, seal, err := openManifestDoc(ctx, st, key)
+	return m, seal, err
+}
+
+// openManifestDoc is openManifest that also returns the document's bytes.
+func openManifestDoc(ctx context.Context, st store.Store, key *crypt.Key) (*manifest.Manifest, []byte, *crypt.Session, error) {
 	m, doc, err := readManifest(ctx, st)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	seal, err := openSession(key, m.Encryption)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", st, err)
+		return nil, nil, nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if seal != nil {
 		if err := checkManifestMAC(doc, seal); err != nil {
-			return nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
+			return nil, nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 		}
 	}
-	return m, seal, nil
+	return m, doc, seal, nil
 }
 
 func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []byte, error) {
@@ -141,6 +147,22 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	if err != nil {
 		return nil, err
 	}
+	return newArchiveSource(st, m, seal, opts), nil
+}
+
+// OpenArchiveAt reads and checks the manifest of the archive in src (with
+// opts.Key when it is encrypted) and returns a source that reads the chunks
+// it lists from at, and the manifest's bytes: cp checks a copy before it
+// writes the manifest there.
+func OpenArchiveAt(ctx context.Context, src, at store.Store, opts Options) (*ArchiveSource, []byte, error) {
+	m, doc, seal, err := openManifestDoc(ctx, src, opts.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return newArchiveSource(at, m, seal, opts), doc, nil
+}
+
+func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session, opts Options) *ArchiveSource {
 	opts = opts.withDefaults()
 	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: digester{seal}}
 	for i := range m.Files {
@@ -158,7 +180,7 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 	a.parallel = min(a.parallel, a.window)
 	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
 	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
-	return a, nil
+	return a
 }
 
 // Manifest is the archive's manifest.

@@ -2,7 +2,9 @@ package streamer
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -537,6 +539,9 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	if m.Host == "" {
 		m.Host, _ = os.Hostname()
 	}
+	if m.ID == "" {
+		m.ID = newID()
+	}
 	m.Files = make([]manifest.File, 0, len(c.committed))
 	for _, f := range c.committed {
 		m.Files = append(m.Files, f.File)
@@ -664,4 +669,11 @@ func (p *BufferPool) Put(b []byte) {
 	if len(p.free) < p.idle {
 		p.free = append(p.free, b[:p.size])
 	}
+}
+
+// newID is a checkpoint id: 128 random bits in hex.
+func newID() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -279,6 +279,11 @@ func streamRoundTrip(t *testing.T, spec string, d *rtData, shards int) {
 		if err := l.src.Wait(ctx); err != nil {
 			t.Fatalf("%s: %v", l.kind, err)
 		}
+		for i, n := range l.src.ShardBytes() {
+			if n != int64(recorded[i].Len()) {
+				t.Errorf("%s: ShardBytes[%d] = %d, the shard is %d bytes", l.kind, i, n, recorded[i].Len())
+			}
+		}
 		checkSource(t, ctx, l.kind, l.src, want)
 		switch l.kind {
 		case "extract":

@@ -50,6 +50,8 @@ type StreamSource struct {
 	cleanup  []string
 	// extracted are the files written into extractDir so far.
 	extracted []string
+	// shardBytes is each shard\'s stream bytes read, known once it ended.
+	shardBytes []int64
 	// retired holds the page buffers of files replaced by a later copy:
 	// a Copy may still be handing them to a pipe, so they are unmapped
 	// only by Close.
@@ -177,6 +179,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		doneIDs:    map[uint32]bool{},
 		complete:   map[string]*streamFile{},
 		cancel:     cancel,
+		shardBytes: make([]int64, len(shards)),
 	}
 	s.pages = pagePool{size: DefaultChunkSize, keep: 2*s.opts.Workers + 2}
 	s.wg.Add(1)
@@ -289,7 +292,11 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 				cancel(fmt.Errorf("%s: stream has %d shards, %d given", names[i], h.ShardCount, len(shards)))
 				return
 			}
-			if err := s.readShard(ctx, rd, jobs); err != nil {
+			err = s.readShard(ctx, rd, jobs)
+			s.mu.Lock()
+			s.shardBytes[i] = rd.Pos()
+			s.mu.Unlock()
+			if err != nil {
 				cancel(err)
 			}
 		}()
@@ -621,6 +628,14 @@ func (s *StreamSource) wait(ctx context.Context, ready func() bool) error {
 // Wait blocks until the whole stream has been read and checked.
 func (s *StreamSource) Wait(ctx context.Context) error {
 	return s.wait(ctx, func() bool { return s.ended })
+}
+
+// ShardBytes returns the stream bytes read from each shard (headers and
+// frames, as they came): complete once Wait returned nil.
+func (s *StreamSource) ShardBytes() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int64(nil), s.shardBytes...)
 }
 
 // Err returns the error that stopped the stream, if any.

@@ -61,7 +61,7 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintf(cfg.stdout, ", aborted %d incomplete upload(s)", res.Uploads)
 	}
 	if res.HasTempFiles {
-		fmt.Fprintf(cfg.stdout, ", %d temporary file(s)", res.TempFiles)
+		fmt.Fprintf(cfg.stdout, ", %d temporary file(s) and empty dir(s)", res.TempFiles)
 	}
 	fmt.Fprintln(cfg.stdout)
 	return nil

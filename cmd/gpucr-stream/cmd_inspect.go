@@ -34,6 +34,7 @@ type inspectResult struct {
 	Segments  int               `json:"segments"`
 	GPUs      []manifest.GPU    `json:"gpus,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	Process   *manifest.Process `json:"process,omitempty"`
 	// Encryption: the key id and whether the metadata shown was
 	// authenticated (it is readable without the key, not trusted).
 	Encryption *inspectEncryption   `json:"encryption,omitempty"`
@@ -63,7 +64,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
-		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels,
+		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels, Process: m.Process,
 		Files: streamer.DescribeFiles(m)}
 	if e := m.Encryption; e != nil {
 		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
@@ -80,8 +81,14 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 
 func printInspect(w io.Writer, r inspectResult) {
 	fmt.Fprintf(w, "checkpoint  %s\n", r.Source)
+	if r.ID != "" {
+		fmt.Fprintf(w, "id          %s\n", manifest.PrintableName(r.ID))
+	}
 	if !r.Created.IsZero() {
-		fmt.Fprintf(w, "created     %s on %s by %s\n", r.Created.Format(time.RFC3339), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
+		fmt.Fprintf(w, "created     %s on %s by %s\n", formatTime(r.Created), manifest.PrintableName(r.Host), manifest.PrintableName(r.Tool))
+	}
+	if r.Process != nil {
+		fmt.Fprintf(w, "process     %d: %s\n", r.Process.PID, commandLine(r.Process.Cmdline, 0))
 	}
 	if e := r.Encryption; e != nil {
 		how := "metadata not authenticated: no key given"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/catalog"
 	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 var lsCommand = command{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
@@ -50,19 +51,23 @@ func printLs(w, errw io.Writer, loc location.Location, entries []lsEntry) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCREATED\tRAW\tSTORED\tRATIO\tHOST")
+	fmt.Fprintln(tw, "NAME\tCREATED\tRAW\tSTORED\tRATIO\tHOST\tPID\tCOMMAND")
 	for _, e := range entries {
 		name := e.Name
 		if name == "" {
 			name = "."
 		}
 		if e.Error != "" {
-			fmt.Fprintf(tw, "%s\t?\t?\t%s\t?\t?\n", name, humanBytes(e.StoredBytes))
+			fmt.Fprintf(tw, "%s\t?\t?\t%s\t?\t?\t?\t?\n", name, humanBytes(e.StoredBytes))
 			fmt.Fprintf(errw, "gpucr-stream: ls: %s: %s\n", e.Location, e.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2fx\t%s\n", name, e.Created.Local().Format("2006-01-02 15:04:05"),
-			humanBytes(e.RawBytes), humanBytes(e.StoredBytes), e.Ratio, e.Host)
+		pid := "-"
+		if e.PID > 0 {
+			pid = fmt.Sprint(e.PID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2fx\t%s\t%s\t%s\n", name, formatTime(e.Created),
+			humanBytes(e.RawBytes), humanBytes(e.StoredBytes), e.Ratio, manifest.PrintableName(e.Host), pid, commandLine(e.Cmdline, 40))
 	}
 	tw.Flush()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
@@ -21,16 +22,49 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	start := time.Now()
+	rep, err := verify(ctx, cfg, from)
+	if cfg.jsonOut {
+		// Scripts read the verdict from the JSON, failed or not; the exit
+		// code says it too.
+		res := verifyResult{OK: err == nil, Source: redact.URL(from), VerifyReport: rep, DurationMS: time.Since(start).Milliseconds()}
+		if err != nil {
+			res.Error = err.Error()
+		}
+		if jerr := json.NewEncoder(cfg.stdout).Encode(res); err == nil {
+			err = jerr
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cfg.stdout, "ok: %d files, %s checked in %s\n", rep.Files, humanBytes(rep.Bytes), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+type verifyResult struct {
+	OK     bool   `json:"ok"`
+	Source string `json:"source"`
+	Error  string `json:"error,omitempty"`
+	streamer.VerifyReport
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// verify decodes everything of from and checks it.
+func verify(ctx context.Context, cfg *config, from string) (streamer.VerifyReport, error) {
+	var rep streamer.VerifyReport
 	loc, err := parseLoc("source", from)
 	if err != nil {
-		return fmt.Errorf("verify: %w", err)
+		return rep, fmt.Errorf("verify: %w", err)
 	}
 	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), streamer.StreamOptions{Discard: true})
 	if err != nil {
-		return fmt.Errorf("verify: %w", err)
+		return rep, fmt.Errorf("verify: %w", err)
 	}
 	defer src.Close()
-	var rep streamer.VerifyReport
+	counters, total := location.SourceCounters(src)
+	bar := startProgress(cfg, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
+	defer bar.finish()
 	if a, ok := src.(*streamer.ArchiveSource); ok {
 		rep, err = streamer.VerifyArchive(ctx, a)
 	} else {
@@ -43,15 +77,7 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("verify %s: %w", redact.URL(from), err)
+		return rep, fmt.Errorf("verify %s: %w", redact.URL(from), err)
 	}
-	if cfg.jsonOut {
-		return json.NewEncoder(cfg.stdout).Encode(struct {
-			OK bool `json:"ok"`
-			streamer.VerifyReport
-			DurationMS int64 `json:"duration_ms"`
-		}{true, rep, time.Since(start).Milliseconds()})
-	}
-	fmt.Fprintf(cfg.stdout, "ok: %d files, %s checked in %s\n", rep.Files, humanBytes(rep.Bytes), time.Since(start).Round(time.Millisecond))
-	return nil
+	return rep, nil
 }

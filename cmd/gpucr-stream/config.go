@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -16,22 +19,26 @@ type config struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 
-	help        bool
-	imagesDir   string
-	progressFD  int
-	shardFDs    string
-	extFileFDs  string
-	to          string
-	from        string
-	codecSpec   string
-	workers     int
-	chunkSize   string
-	memoryLimit string
-	spillDir    string
-	segmentSize string
-	jsonOut     bool
-	noProgress  bool
-	keyFile     string
+	help         bool
+	showVersion  bool
+	imagesDir    string
+	progressFD   int
+	shardFDs     string
+	extFileFDs   string
+	connectWait  string
+	createBucket bool
+	tcpRemap     string
+	to           string
+	from         string
+	codecSpec    string
+	workers      int
+	chunkSize    string
+	memoryLimit  string
+	spillDir     string
+	segmentSize  string
+	jsonOut      bool
+	noProgress   bool
+	keyFile      string
 
 	// checkpoint and restore
 	pid          int
@@ -80,6 +87,14 @@ type config struct {
 	extFiles  []extFile
 	segSize   int64
 	progress  io.Writer
+	// connectTimeout is --connect-timeout for the capture package (< 0: no limit).
+	connectTimeout time.Duration
+	// takes are the flags of the command being run (nil: all), onCmdLine
+	// those given on its command line; badFlag reads them.
+	takes, onCmdLine map[string]bool
+	// streamerProtocol is set for capture, serve and extract, whose
+	// progress channel carries criu-image-streamer's lines.
+	streamerProtocol bool
 }
 
 type extFile struct {
@@ -121,11 +136,12 @@ func (c *config) flagSet() *flag.FlagSet {
 		fs.BoolVar(p, name, def, usage)
 	}
 	fs.BoolVar(&c.help, "help", false, "show this help")
-	fs.BoolVar(&c.help, "h", false, "show this help")
 	str(&c.imagesDir, "images-dir", "", "CRIU images directory (-D) holding the streamer sockets")
 	num(&c.progressFD, "progress-fd", 2, "descriptor for progress lines (socket-init, checkpoint-start, statistics JSON)")
 	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
 	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
+	str(&c.tcpRemap, "tcp-listen-remap", "", "serve: move TCP listening ports of the image, OLD:NEW,... (as criu-image-streamer does)")
+	str(&c.connectWait, "connect-timeout", "2m", "capture/serve: how long to wait for criu to connect to the socket after socket-init (0: forever)")
 	str(&c.to, "to", "-", "capture destination: - (stdout), a path or file:///path (archive directory), s3://BUCKET/PREFIX/NAME")
 	str(&c.from, "from", "-", "serve/extract source: - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
 	str(&c.codecSpec, "codec", "lz4", "chunk codec: auto, none, lz4, zstd[:LEVEL], shuffle")
@@ -159,6 +175,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.s3SSE, "s3-sse", "", "S3 server-side encryption of the objects written: none, s3 (SSE-S3), kms[:KEY-ID] (SSE-KMS), c (SSE-C, key from --s3-sse-key-file; https only)")
 	str(&c.s3SSEKey, "s3-sse-key-file", "", "S3 SSE-C key file (32 bytes, hex or base64, mode 0600), needed to write and to read SSE-C objects")
 	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
+	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	num(&c.streams, "streams", 2, "tcp://: parallel connections carrying the stream's shards (1..64)")
@@ -170,30 +187,82 @@ func (c *config) flagSet() *flag.FlagSet {
 	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
 	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
 	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default $TMPDIR; none: keep no copy)")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
+	// criu-image-streamer's short options share the long ones' values.
+	for short, long := range shortFlags {
+		fs.Var(fs.Lookup(long).Value, short, "short for --"+long)
+	}
 	return fs
+}
+
+// shortFlags are criu-image-streamer's short options, by the long flag
+// each stands for.
+var shortFlags = map[string]string{"D": "images-dir", "s": "shard-fds", "e": "ext-file-fds", "p": "progress-fd", "V": "version", "h": "help"}
+
+// longName is the flag a name given on the command line stands for.
+func longName(name string) string {
+	if long, ok := shortFlags[name]; ok {
+		return long
+	}
+	return name
+}
+
+// badFlag reports a bad value of flag name, naming where it came from: the
+// command line, or its environment variable. A bad variable is ignored by
+// commands that do not take the flag ($GPUCR_CODEC must not break inspect).
+func (c *config) badFlag(name, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if c.onCmdLine[name] {
+		return usagef("--%s %s", name, msg)
+	}
+	if c.takes != nil && !c.takes[name] {
+		return nil
+	}
+	return usagef("$%s (--%s) %s", envName(name), name, msg)
 }
 
 func (c *config) finish() error {
 	spec, err := codec.ParseSpec(c.codecSpec)
 	if err != nil {
-		return usagef("--codec: %v", err)
+		if err := c.badFlag("codec", "%q: %v", c.codecSpec, err); err != nil {
+			return err
+		}
 	}
 	chunk, err := parseSize(c.chunkSize)
 	if err != nil || chunk < 4096 || chunk > codec.MaxChunk {
-		return usagef("--chunk-size %q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20)
+		if err := c.badFlag("chunk-size", "%q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20); err != nil {
+			return err
+		}
+		chunk = streamer.DefaultChunkSize
 	}
 	mem := int64(1 << 30)
 	if c.memoryLimit != "auto" {
-		if mem, err = parseSize(c.memoryLimit); err != nil || mem <= 0 {
-			return usagef("--memory-limit %q: want a size such as 512MiB, or auto", c.memoryLimit)
+		if m, err := parseSize(c.memoryLimit); err != nil || m <= 0 {
+			if err := c.badFlag("memory-limit", "%q: want a size such as 512MiB, or auto", c.memoryLimit); err != nil {
+				return err
+			}
+		} else {
+			mem, c.holdLimit = m, m
 		}
-		c.holdLimit = mem
 	}
 	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {
-		return usagef("--segment-size %q: want a size of at least 1MiB", c.segmentSize)
+		if err := c.badFlag("segment-size", "%q: want a size of at least 1MiB", c.segmentSize); err != nil {
+			return err
+		}
 	}
 	if c.workers < 0 {
-		return usagef("--workers must not be negative")
+		if err := c.badFlag("workers", "%d: must not be negative", c.workers); err != nil {
+			return err
+		}
+		c.workers = 0
+	}
+	if c.connectTimeout, err = time.ParseDuration(c.connectWait); err != nil || c.connectTimeout < 0 {
+		if err := c.badFlag("connect-timeout", "%q: want a duration such as 30s or 5m (0: wait forever)", c.connectWait); err != nil {
+			return err
+		}
+	}
+	if c.connectTimeout == 0 {
+		c.connectTimeout = -1
 	}
 	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec}
 	if c.shardFDs != "" {
@@ -233,8 +302,19 @@ func (c *config) needImagesDir(cmd string) error {
 	if c.imagesDir == "" {
 		return usagef("%s needs --images-dir DIR (the directory given to criu with -D)", cmd)
 	}
-	st, err := os.Stat(c.imagesDir)
-	if err != nil || !st.IsDir() {
+	// The sockets' paths must fit sun_path: say so before anything is
+	// written (a capture's stream header included).
+	for _, sock := range []string{capture.CaptureSocket, capture.ServeSocket} {
+		if p := filepath.Join(c.imagesDir, sock); len(p) >= capture.MaxSocketPath {
+			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), capture.MaxSocketPath-1)
+		}
+	}
+	// Created if missing, as criu-image-streamer does; private, since CRIU's
+	// images hold process memory.
+	if err := os.MkdirAll(c.imagesDir, 0o700); err != nil {
+		return usagef("--images-dir %s: %v", c.imagesDir, err)
+	}
+	if st, err := os.Stat(c.imagesDir); err != nil || !st.IsDir() {
 		return usagef("--images-dir %s: not a directory", c.imagesDir)
 	}
 	return nil

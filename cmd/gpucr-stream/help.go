@@ -50,7 +50,7 @@ func printCommandHelp(w io.Writer, fs *flag.FlagSet, c command) {
 func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "h" && (only == nil || only[f.Name]) {
+		if _, short := shortFlags[f.Name]; !short && (only == nil || only[f.Name]) {
 			names = append(names, f.Name)
 		}
 	})
@@ -62,9 +62,15 @@ func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 			def = fmt.Sprintf(" (default %s)", f.DefValue)
 		}
 		env := "$" + envName(n)
-		if n == "help" {
+		if n == "help" || n == "version" {
 			env = ""
 		}
-		fmt.Fprintf(w, "  --%-14s %s%s %s\n", n, f.Usage, def, env)
+		name := "    --" + n
+		for short, long := range shortFlags {
+			if long == n {
+				name = "-" + short + ", --" + n
+			}
+		}
+		fmt.Fprintf(w, "  %-20s %s%s %s\n", name, f.Usage, def, env)
 	}
 }

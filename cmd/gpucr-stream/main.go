@@ -102,7 +102,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
-		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, rmCommand, gcCommand, versionCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, versionCommand, completionCommand,
 	}
 }
 
@@ -121,7 +121,7 @@ var flagGroups = map[string][]string{
 
 // globalFlags apply to every command (drivers of criu-image-streamer pass
 // --progress-fd to all of them).
-var globalFlags = []string{"help", "h", "json", "no-progress", "progress-fd"}
+var globalFlags = []string{"help", "version", "json", "no-progress", "progress-fd"}
 
 // flagNames lists the flags c takes, its own and the global ones.
 func (c command) flagNames() map[string]bool {
@@ -170,6 +170,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		rest = fs.Args()[1:]
 	}
 	pos = append(pos, verbatim...)
+	if cfg.showVersion {
+		// How tools check that criu-image-streamer is installed.
+		return runVersion(ctx, cfg, nil)
+	}
 	if len(pos) == 0 {
 		printHelp(stdout, fs)
 		if cfg.help {
@@ -185,6 +189,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		printCommandHelp(stdout, fs, c)
 		return nil
 	}
+	cfg.takes, cfg.onCmdLine = c.flagNames(), map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { cfg.onCmdLine[longName(f.Name)] = true })
 	err := cfg.finish()
 	if err == nil {
 		err = checkFlags(fs, c)
@@ -216,8 +222,8 @@ func checkFlags(fs *flag.FlagSet, c command) error {
 	allowed := c.flagNames()
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
-		if !allowed[f.Name] {
-			stray = append(stray, "--"+f.Name)
+		if !allowed[longName(f.Name)] {
+			stray = append(stray, "--"+longName(f.Name))
 		}
 	})
 	if len(stray) > 0 {

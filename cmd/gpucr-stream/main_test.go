@@ -66,8 +66,9 @@ func TestRunArgs(t *testing.T) {
 		{[]string{"frobnicate"}, exitUsage, "", "unknown command"},
 		{[]string{"--codec", "brotli", "version"}, exitUsage, "", "--codec"},
 		{[]string{"capture"}, exitUsage, "", "needs --images-dir"},
-		{[]string{"--images-dir", "/nonexistent-dir", "serve"}, exitUsage, "", "not a directory"},
-		{[]string{"capture", "--images-dir", "/nonexistent-dir"}, exitUsage, "", "not a directory"},
+		{[]string{"--images-dir", "/dev/null/img", "serve"}, exitUsage, "", "not a directory"},
+		{[]string{"capture", "--images-dir", "/dev/null/img"}, exitUsage, "", "not a directory"},
+		{[]string{"capture", "--images-dir", "/tmp/" + strings.Repeat("d", 100)}, exitUsage, "", "too long for a socket path"},
 		{[]string{"--chunk-size", "1", "version"}, exitUsage, "", "--chunk-size"},
 		{[]string{"--ext-file-fds", "nocolon", "version"}, exitUsage, "", "NAME:FD"},
 		{[]string{"checkpoint"}, exitUsage, "", "--pid"},
@@ -120,7 +121,7 @@ func TestCommandFlagsExist(t *testing.T) {
 		}
 	}
 	fs.VisitAll(func(f *flag.Flag) {
-		if !used[f.Name] {
+		if !used[longName(f.Name)] {
 			t.Errorf("flag --%s belongs to no command", f.Name)
 		}
 	})

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -55,4 +57,27 @@ func printGPUs(w io.Writer, pids []int, gpus []manifest.GPU) {
 		}
 	}
 	fmt.Fprintln(w)
+}
+
+// formatTime is how ls and inspect print times: RFC 3339 in UTC, so that
+// both say the same, with the zone.
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "?"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// commandLine joins a process's arguments for display, cut to max
+// characters (0: whole); "-" when unknown.
+func commandLine(args []string, max int) string {
+	// From a manifest: untrusted, so never control characters on a terminal.
+	s := manifest.PrintableName(strings.Join(args, " "))
+	if s == "" || s == `""` {
+		return "-"
+	}
+	if max > 0 && len(s) > max {
+		s = s[:max-3] + "..."
+	}
+	return s
 }

@@ -1,23 +1,44 @@
 package main
 
+// Progress on stderr: on a terminal one line redrawn in place (cut to the
+// terminal's width, whole where the width is unknown or 0); elsewhere a
+// plain line every plainEvery, so logs show long work going on. Where the
+// size is known (a process's memory, an archive's manifest) the line has
+// the total, percentage and ETA. Drivers of criu-image-streamer parse
+// stderr when it is the progress channel (--progress-fd 2): there no plain
+// lines are written.
+
 import (
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
-	pb "github.com/cheggaaa/pb/v3"
-	"github.com/gpucr/gpucr-stream/checkpoint"
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// bar draws a progress bar on a terminal stderr from live counters; on
-// anything else it does nothing, so logs and pipes stay clean.
+// plainEvery is how often a plain progress line is written when stderr is
+// not a terminal.
+var plainEvery = 5 * time.Second
+
 type bar struct {
-	pb     *pb.ProgressBar
-	update func()
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	w        io.Writer
+	tty      *os.File // nil: plain lines
+	what     string
+	c        *streamer.Counters
+	total    int64
+	uploaded func() int64
+	start    time.Time
+	drawn    bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
 }
 
 func isTerminal(f *os.File) bool {
@@ -26,57 +47,106 @@ func isTerminal(f *os.File) bool {
 }
 
 func startProgress(cfg *config, p checkpoint.Progress) *bar {
-	b := &bar{}
-	what, c, total := p.What, p.Counters, p.Total
-	errFile, ok := cfg.stderr.(*os.File)
-	if c == nil || cfg.noProgress || cfg.jsonOut || !ok || !isTerminal(errFile) {
+	b := &bar{w: cfg.stderr, what: p.What, c: p.Counters, total: p.Total, uploaded: p.Uploaded, start: time.Now()}
+	if p.Counters == nil || cfg.noProgress || cfg.jsonOut {
 		return b
 	}
-	tmpl := `{{string . "what"}} {{counters . }} {{speed . }} {{string . "ratio"}}{{string . "extra"}}`
-	if total > 0 {
-		tmpl = `{{string . "what"}} {{bar . }} {{percent . }} {{speed . }}{{string . "extra"}}`
-	}
-	uploaded := p.Uploaded
-	b.pb = pb.New64(total).SetTemplateString(tmpl).Set(pb.Bytes, true).SetWriter(errFile).Set("what", what)
-	b.pb.Start()
-	b.update = func() {
-		raw := c.RawBytes.Load()
-		b.pb.SetCurrent(raw)
-		if st := c.StoredBytes.Load(); st > 0 && total == 0 {
-			b.pb.Set("ratio", fmt.Sprintf("%.2fx", float64(raw)/float64(st)))
-		}
-		if uploaded != nil {
-			// Bytes the object store acknowledged: they trail the
-			// captured bytes by the parts in flight.
-			b.pb.Set("extra", " uploaded "+humanBytes(uploaded()))
-		}
+	every := plainEvery
+	if f, ok := cfg.stderr.(*os.File); ok && isTerminal(f) {
+		b.tty, every = f, 200*time.Millisecond
+	} else if cfg.progress == cfg.stderr && cfg.streamerProtocol {
+		return b // stderr carries criu-image-streamer's lines
 	}
 	b.stop = make(chan struct{})
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		t := time.NewTicker(200 * time.Millisecond)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-b.stop:
 				return
 			case <-t.C:
-				b.update()
+				b.draw(false)
 			}
 		}
 	}()
 	return b
 }
 
-// finish stops the bar; it may be called more than once.
-func (b *bar) finish() {
-	if b.pb == nil {
+// draw writes the line: in place on a terminal, else as a new line.
+func (b *bar) draw(final bool) {
+	line := b.line(time.Since(b.start), final)
+	if b.tty == nil {
+		fmt.Fprintf(b.w, "gpucr-stream: %s\n", line)
 		return
 	}
-	close(b.stop)
-	b.wg.Wait()
-	b.update() // the final totals
-	b.pb.Finish()
-	b.pb = nil
+	if width := termWidth(b.tty); width > 1 && len(line) > width-1 {
+		line = line[:width-1]
+	}
+	fmt.Fprintf(b.w, "\r\033[K%s", line)
+	b.drawn = true
+	if final {
+		fmt.Fprintln(b.w)
+	}
+}
+
+// line is what the bar says after elapsed.
+func (b *bar) line(elapsed time.Duration, final bool) string {
+	raw := b.c.RawBytes.Load()
+	var s strings.Builder
+	fmt.Fprintf(&s, "%s %s", b.what, humanBytes(raw))
+	if b.total > 0 {
+		pct := float64(raw) * 100 / float64(b.total)
+		if !final {
+			pct = min(pct, 99) // the total is an estimate for a process
+		}
+		fmt.Fprintf(&s, " / %s %3.0f%%", humanBytes(b.total), pct)
+	}
+	secs := elapsed.Seconds()
+	if secs > 0 {
+		rate := float64(raw) / secs
+		fmt.Fprintf(&s, " %s/s", humanBytes(int64(rate)))
+		if b.total > raw && rate > 0 && !final {
+			eta := time.Duration(float64(b.total-raw) / rate * float64(time.Second))
+			fmt.Fprintf(&s, " ETA %s", eta.Round(time.Second))
+		}
+	}
+	if st := b.c.StoredBytes.Load(); st > 0 {
+		fmt.Fprintf(&s, " %.2fx", float64(raw)/float64(st))
+	}
+	if b.uploaded != nil {
+		// Bytes the object store acknowledged: they trail the captured
+		// bytes by the parts in flight.
+		fmt.Fprintf(&s, " uploaded %s", humanBytes(b.uploaded()))
+	}
+	if final {
+		fmt.Fprintf(&s, " in %s", elapsed.Round(time.Millisecond))
+	}
+	return s.String()
+}
+
+// termWidth is the terminal's width in columns; 0 when unknown.
+func termWidth(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil {
+		return 0
+	}
+	return int(ws.Col)
+}
+
+// finish stops the bar and, where it drew, leaves the final totals; it may
+// be called more than once.
+func (b *bar) finish() {
+	b.once.Do(func() {
+		if b.stop == nil {
+			return
+		}
+		close(b.stop)
+		b.wg.Wait()
+		if b.tty != nil || time.Since(b.start) >= plainEvery {
+			b.draw(true)
+		}
+	})
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
+	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/checkpoint"
 )
 
@@ -20,9 +22,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	if len(args) > 0 {
 		return usagef("%s takes no arguments (got %q); use %s", name, args, use)
 	}
-	if err := cfg.needImagesDir(name); err != nil {
-		return err
-	}
+	cfg.streamerProtocol = true
 	// The location: DEST for capture, SRC for the others.
 	loc, err := parseLoc("--to", cfg.to)
 	if name != "capture" {
@@ -31,11 +31,26 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	if err != nil {
 		return err
 	}
-	st, err := fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
-		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
-	if err != nil {
+	if name == "capture" {
+		if err := cfg.refuseTerminal(loc); err != nil {
+			return err
+		}
+	}
+	if err := cfg.needImagesDir(name); err != nil {
 		return err
 	}
-	cfg.statsLine(st)
-	return nil
+	var remap map[uint16]uint16
+	if cfg.tcpRemap != "" {
+		if remap, err = capture.ParseTCPRemap(cfg.tcpRemap); err != nil {
+			return usagef("--tcp-listen-remap: %v", err)
+		}
+	}
+	// The statistics line is written by the hooks, when the real tool writes it.
+	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
+		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
+		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap})
+	if errors.Is(err, capture.ErrNoCRIU) {
+		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
+	}
+	return err
 }

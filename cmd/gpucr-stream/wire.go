@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -45,6 +46,19 @@ func parseLoc(flag, s string) (location.Location, error) {
 	return loc, nil
 }
 
+// refuseTerminal refuses a binary stream to standard output when that is a
+// terminal, as compressors do: it would only garble the screen, and for
+// checkpoint the process would be gone with nothing kept.
+func (c *config) refuseTerminal(dest location.Location) error {
+	if dest.Kind != location.Stdio || len(c.shards) > 0 {
+		return nil
+	}
+	if f, ok := c.stdout.(*os.File); ok && isTerminal(f) {
+		return usagef("refusing to write a binary stream to a terminal: redirect standard output (> FILE, | ssh HOST ...) or give --to DIR, s3://BUCKET/PREFIX/NAME or tcp://HOST:PORT")
+	}
+	return nil
+}
+
 // s3Settings turns the --s3-* flags into the store's configuration; the
 // bucket and prefix come from the location. Credentials are not flags:
 // they come from the environment or the shared credentials file (s3.New),
@@ -65,7 +79,8 @@ func (c *config) s3Settings() (s3.Config, error) {
 	if err != nil {
 		return s3.Config{}, usagef("--s3-sse, --s3-sse-key-file: %v", err)
 	}
-	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel, SSE: sse}, nil
+	return s3.Config{Endpoint: c.s3Endpoint, Region: c.s3Region, PathStyle: style, PartSize: part, Parallel: c.s3Parallel, SSE: sse,
+		CreateBucket: c.createBucket}, nil
 }
 
 // loadKey reads --key-file, else $GPUCR_KEY, into the pipeline's options:
@@ -128,6 +143,7 @@ func (c *config) hooks() checkpoint.Hooks {
 	return checkpoint.Hooks{
 		Progress: func(p checkpoint.Progress) func() { return startProgress(c, p).finish },
 		Line:     c.progressLine,
+		Stats:    c.statsLine,
 		Log:      c.logLine,
 	}
 }
@@ -210,6 +226,10 @@ func (c *config) extFileList() []checkpoint.ExtFile {
 func srcArg(cfg *config, cmd string, args []string) (string, error) {
 	switch len(args) {
 	case 0:
+		// Stdin by default, but not a terminal: nobody types a stream.
+		if f, ok := cfg.stdin.(*os.File); ok && cfg.from == "-" && isTerminal(f) {
+			return "", usagef("%s needs SRC (a checkpoint directory, s3://..., a stream file, or - with a stream on standard input)", cmd)
+		}
 		return cfg.from, nil
 	case 1:
 		return args[0], nil

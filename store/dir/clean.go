@@ -20,15 +20,23 @@ const tempInfix = ".tmp-"
 var tempRE = regexp.MustCompile(`^\..+` + regexp.QuoteMeta(tempInfix) + `[0-9]+$`)
 
 // RemoveTemp removes the temporary files of writers that died before they
-// committed, last modified before cutoff; with dryRun it only counts them.
+// committed, and the directories below the root that are empty (what
+// failed or interrupted checkpoints left, a segments/ of nothing), last
+// modified before cutoff; with dryRun it only counts them.
 func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (int, error) {
 	n := 0
+	var dirs []string // old enough, as found before anything was removed
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if e.IsDir() && p != d.root {
+			if info, err := e.Info(); err == nil && !info.ModTime().After(cutoff) {
+				dirs = append(dirs, p)
+			}
 		}
 		if e.IsDir() || !tempRE.MatchString(e.Name()) {
 			return nil
@@ -45,7 +53,27 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (
 		n++
 		return nil
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	// Deepest first, so that a directory emptied by its children's removal
+	// goes too; Remove fails on one that is not empty.
+	gone := map[string]bool{} // removed, or would be in a dry run
+	for i := len(dirs) - 1; i >= 0; i-- {
+		entries, err := os.ReadDir(dirs[i])
+		if err != nil {
+			continue
+		}
+		empty := true
+		for _, e := range entries {
+			empty = empty && gone[filepath.Join(dirs[i], e.Name())]
+		}
+		if empty && (dryRun || os.Remove(dirs[i]) == nil) {
+			gone[dirs[i]] = true
+			n++
+		}
+	}
+	return n, nil
 }
 
 // RemoveEmptyDirs removes the directories of the given object-name

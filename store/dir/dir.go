@@ -41,6 +41,7 @@ func (d *Store) path(name string) (string, error) {
 }
 
 type dirWriter struct {
+	d     *Store
 	f     *os.File
 	final string
 	n     int64
@@ -63,7 +64,7 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
-	return &dirWriter{f: f, final: p}, nil
+	return &dirWriter{d: d, f: f, final: p}, nil
 }
 
 func (w *dirWriter) Write(b []byte) (int, error) {
@@ -80,6 +81,7 @@ func (w *dirWriter) Commit(ctx context.Context) error {
 	fail := func(err error) error {
 		w.f.Close()
 		os.Remove(w.f.Name())
+		w.d.prune(filepath.Dir(w.final))
 		return fmt.Errorf("commit %s: %w", w.final, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -110,7 +112,21 @@ func (w *dirWriter) Abort(ctx context.Context) error {
 	}
 	w.done = true
 	w.f.Close()
-	return os.Remove(w.f.Name())
+	err := os.Remove(w.f.Name())
+	w.d.prune(filepath.Dir(w.final))
+	return err
+}
+
+// prune removes dir and its parents while they are empty, up to (not
+// including) the root: an aborted or deleted object leaves no empty
+// directories (a failed checkpoint's segments/) behind.
+func (d *Store) prune(dir string) {
+	for dir != d.root && strings.HasPrefix(dir, d.root+string(filepath.Separator)) {
+		if os.Remove(dir) != nil {
+			return // not empty, or gone
+		}
+		dir = filepath.Dir(dir)
+	}
 }
 
 func syncDir(dir string) error {
@@ -314,5 +330,6 @@ func (d *Store) Delete(ctx context.Context, name string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", p, err)
 	}
+	d.prune(filepath.Dir(p))
 	return nil
 }

@@ -1,7 +1,11 @@
 package dir_test
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
@@ -10,4 +14,100 @@ import (
 
 func TestDirConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return dir.New(t.TempDir()) })
+}
+
+// TestNoEmptyDirsLeft: an aborted write and the last delete in a directory
+// leave no empty directories below the root (a failed checkpoint's
+// segments/); the root itself stays.
+func TestNoEmptyDirsLeft(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "root")
+	d := dir.New(root)
+	w, err := d.Create(ctx, "ck/segments/000.seg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("x"))
+	if err := w.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "ck")); !os.IsNotExist(err) {
+		t.Fatalf("aborted write left %s/ck: %v", root, err)
+	}
+	for _, name := range []string{"ck/segments/000.seg", "ck/segments/001.seg", "ck/manifest.json"} {
+		w, err := d.Create(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(name))
+		if err := w.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name string
+		gone string // a directory that must be gone after this delete ("" none)
+		kept string
+	}{
+		{"ck/segments/000.seg", "", "ck/segments"},
+		{"ck/segments/001.seg", "ck/segments", "ck"},
+		{"ck/manifest.json", "ck", ""},
+	}
+	for _, s := range steps {
+		if err := d.Delete(ctx, s.name); err != nil {
+			t.Fatal(err)
+		}
+		if s.gone != "" {
+			if _, err := os.Stat(filepath.Join(root, s.gone)); !os.IsNotExist(err) {
+				t.Errorf("after deleting %s: %s still there (%v)", s.name, s.gone, err)
+			}
+		}
+		if s.kept != "" {
+			if _, err := os.Stat(filepath.Join(root, s.kept)); err != nil {
+				t.Errorf("after deleting %s: %s gone too early", s.name, s.kept)
+			}
+		}
+	}
+	if _, err := os.Stat(root); err != nil {
+		t.Errorf("root removed: %v", err)
+	}
+}
+
+// TestRemoveTempEmptyDirs: gc's sweep removes empty directories old
+// enough (a failed checkpoint's segments/, then its own dir), never one in
+// use or the root.
+func TestRemoveTempEmptyDirs(t *testing.T) {
+	root := t.TempDir()
+	old := time.Now().Add(-2 * time.Hour)
+	mk := func(p string, age time.Time) {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(filepath.Join(root, p), age, age)
+	}
+	mk("failed/segments", old)
+	mk("failed", old)
+	mk("fresh/segments", time.Now())
+	mk("kept", old)
+	if err := os.WriteFile(filepath.Join(root, "kept", "manifest.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(filepath.Join(root, "kept"), old, old)
+	d := dir.New(root)
+	n, err := d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), true)
+	if err != nil || n != 2 {
+		t.Fatalf("dry run: %d, %v; want 2", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "failed/segments")); err != nil {
+		t.Fatal("dry run removed something")
+	}
+	n, err = d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), false)
+	if err != nil || n != 2 {
+		t.Fatalf("removed %d, %v; want 2", n, err)
+	}
+	for p, want := range map[string]bool{"failed": false, "fresh/segments": true, "kept/manifest.json": true, "": true} {
+		if _, err := os.Stat(filepath.Join(root, p)); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", p, err == nil, want)
+		}
+	}
 }

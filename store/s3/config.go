@@ -106,6 +106,9 @@ type Config struct {
 	// the server.
 	Region    string
 	PathStyle PathStyle
+	// CreateBucket creates the bucket when it does not exist (in Region);
+	// without it a missing bucket is ErrNoSuchBucket.
+	CreateBucket bool
 	// Insecure uses plain http for an Endpoint given without a scheme.
 	Insecure bool
 	// Warn receives warnings (a plain http endpoint, once per endpoint

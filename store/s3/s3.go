@@ -106,7 +106,16 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("s3://%s at %s: %w", cfg.Bucket, display, err)
 	}
 	s.core.SetAppInfo("gpucr-stream", "1")
-	if err := s.checkBucket(ctx, keyID); err != nil {
+	err = s.checkBucket(ctx, keyID)
+	if errors.Is(err, ErrNoSuchBucket) && cfg.CreateBucket {
+		err = s.retry(ctx, func(ctx context.Context) error {
+			return s.core.MakeBucket(ctx, s.bucket, minio.MakeBucketOptions{Region: s3Region(cfg)})
+		})
+		if err != nil {
+			err = fmt.Errorf("s3: create bucket %s at %s: %w", s.bucket, s.endpoint, err)
+		}
+	}
+	if err != nil {
 		tr.CloseIdleConnections()
 		return nil, err
 	}

@@ -178,6 +178,30 @@ func TestS3MissingBucket(t *testing.T) {
 	}
 }
 
+// TestS3CreateBucket: CreateBucket makes a missing bucket, which then
+// holds objects; a second New finds it.
+func TestS3CreateBucket(t *testing.T) {
+	srv := miniotest.Start(t)
+	ctx := context.Background()
+	cfg := testConfig(srv, "made-by-gpucr", "x")
+	cfg.CreateBucket = true
+	for range 2 {
+		st, err := New(ctx, cfg)
+		if err != nil {
+			t.Fatalf("New with CreateBucket: %v", err)
+		}
+		w, err := st.Create(ctx, "obj")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte("hello"))
+		if err := w.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+	}
+}
+
 func TestS3Unreachable(t *testing.T) {
 	cfg := Config{Endpoint: "http://127.0.0.1:1", Bucket: "bkt", AccessKey: "k", SecretKey: "s3cr3t-value", MaxRetries: 1}
 	_, err := New(context.Background(), cfg)

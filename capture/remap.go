@@ -1,0 +1,175 @@
+package capture
+
+// --tcp-listen-remap, as criu-image-streamer's serve does it: the TCP
+// sockets that listen on port OLD in the image listen on NEW after the
+// restore. CRIU keeps them in files.img: an image header (two magics),
+// then entries of a 4-byte little-endian length and a protobuf FileEntry;
+// listening TCP sockets are entries with an InetSkEntry in state LISTEN.
+// Only the entries that change are re-encoded; the rest are copied as they
+// are.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	fdinfo "github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+const (
+	imgCommonMagic = 0x54564319 // criu/include/magic.h
+	filesMagic     = 0x56303138
+	tcpListen      = 10 // netinet/tcp.h
+	ipprotoTCP     = 6
+	// maxFilesImg bounds what is read of files.img (a few KiB in practice).
+	maxFilesImg = 64 << 20
+)
+
+// ParseTCPRemap reads OLD:NEW,... into a map of ports.
+func ParseTCPRemap(s string) (map[uint16]uint16, error) {
+	out := map[uint16]uint16{}
+	for _, item := range strings.Split(s, ",") {
+		o, n, ok := strings.Cut(strings.TrimSpace(item), ":")
+		old, err1 := strconv.ParseUint(o, 10, 16)
+		nw, err2 := strconv.ParseUint(n, 10, 16)
+		if !ok || err1 != nil || err2 != nil || old == 0 || nw == 0 {
+			return nil, fmt.Errorf("%q is not OLD_PORT:NEW_PORT", item)
+		}
+		if _, dup := out[uint16(old)]; dup {
+			return nil, fmt.Errorf("port %d remapped twice", old)
+		}
+		out[uint16(old)] = uint16(nw)
+	}
+	return out, nil
+}
+
+// RemapTCPListen returns src with files.img patched so that the TCP
+// sockets listening on each OLD port of remaps listen on NEW. A port of
+// remaps that no socket listens on is an error naming the ports that do.
+func RemapTCPListen(ctx context.Context, src streamer.Source, remaps map[uint16]uint16) (streamer.Source, error) {
+	if len(remaps) == 0 {
+		return src, nil
+	}
+	const name = "files.img"
+	var buf bytes.Buffer
+	if _, err := src.Copy(ctx, name, &limitWriter{&buf, maxFilesImg}); err != nil {
+		return nil, fmt.Errorf("tcp listen remap: read %s: %w", name, err)
+	}
+	patched, err := PatchTCPListen(buf.Bytes(), remaps)
+	if err != nil {
+		return nil, fmt.Errorf("tcp listen remap: %s: %w", name, err)
+	}
+	return &replaced{Source: src, name: name, data: patched}, nil
+}
+
+// PatchTCPListen rewrites a files.img.
+func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
+	if len(img) < 8 || binary.LittleEndian.Uint32(img) != imgCommonMagic || binary.LittleEndian.Uint32(img[4:]) != filesMagic {
+		return nil, fmt.Errorf("not a CRIU files image (bad magic at offset 0): %w", errdefs.ErrCorrupt)
+	}
+	out := append([]byte(nil), img[:8]...)
+	left := map[uint16]bool{}
+	for p := range remaps {
+		left[p] = true
+	}
+	var listening []int
+	for off := 8; off < len(img); {
+		if len(img)-off < 4 {
+			return nil, fmt.Errorf("entry length truncated at offset %d: %w", off, errdefs.ErrCorrupt)
+		}
+		n := int(binary.LittleEndian.Uint32(img[off:]))
+		if n > len(img)-off-4 {
+			return nil, fmt.Errorf("entry of %d bytes at offset %d runs past the end (%d bytes): %w", n, off, len(img), errdefs.ErrCorrupt)
+		}
+		raw := img[off+4 : off+4+n]
+		var fe fdinfo.FileEntry
+		// Partial: CRIU's own readers do not insist on proto2's required fields.
+		if err := (proto.UnmarshalOptions{AllowPartial: true}).Unmarshal(raw, &fe); err != nil {
+			return nil, fmt.Errorf("entry at offset %d: %v: %w", off, err, errdefs.ErrCorrupt)
+		}
+		isk := fe.GetIsk()
+		if isk != nil && isk.GetProto() == ipprotoTCP && isk.GetState() == tcpListen {
+			port := isk.GetSrcPort()
+			listening = append(listening, int(port))
+			if nw, ok := remaps[uint16(port)]; ok && port <= 0xffff {
+				v := uint32(nw)
+				isk.SrcPort = &v
+				delete(left, uint16(port))
+				var err error
+				if raw, err = (proto.MarshalOptions{AllowPartial: true}).Marshal(&fe); err != nil {
+					return nil, fmt.Errorf("entry at offset %d: %w", off, err)
+				}
+			}
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(raw)))
+		out = append(out, raw...)
+		off += 4 + n
+	}
+	if len(left) > 0 {
+		var missing []int
+		for p := range left {
+			missing = append(missing, int(p))
+		}
+		slices.Sort(missing)
+		slices.Sort(listening)
+		return nil, fmt.Errorf("no TCP socket listens on port %v in the image (listening ports: %v)", missing, listening)
+	}
+	return out, nil
+}
+
+// replaced serves data in place of src's file name.
+type replaced struct {
+	streamer.Source
+	name string
+	data []byte
+}
+
+func (r *replaced) Stat(ctx context.Context, name string) (manifest.File, error) {
+	f, err := r.Source.Stat(ctx, name)
+	if err == nil && name == r.name {
+		f.Size = int64(len(r.data))
+	}
+	return f, err
+}
+
+func (r *replaced) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	if name != r.name {
+		return r.Source.Copy(ctx, name, w)
+	}
+	n, err := w.Write(r.data)
+	return int64(n), err
+}
+
+func (r *replaced) Files(ctx context.Context) ([]manifest.File, error) {
+	fs, err := r.Source.Files(ctx)
+	for i := range fs {
+		if fs[i].Name == r.name {
+			fs[i].Size = int64(len(r.data))
+		}
+	}
+	return fs, err
+}
+
+// limitWriter fails writes past n bytes.
+type limitWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (l *limitWriter) Write(b []byte) (int, error) {
+	if int64(len(b)) > l.n {
+		return 0, fmt.Errorf("larger than %d bytes", maxFilesImg)
+	}
+	l.n -= int64(len(b))
+	return l.w.Write(b)
+}

@@ -1,0 +1,130 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// CopyResult is what Copy did.
+type CopyResult struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	ID          string `json:"id"`
+	Segments    int    `json:"segments"`
+	// Kept are segments already in the destination with the right size,
+	// from a copy that was cut short; they are verified like the others.
+	Kept  int   `json:"kept"`
+	Bytes int64 `json:"bytes"` // copied now
+	// Verified is the raw bytes checked in the destination.
+	Verified int64 `json:"verified_bytes"`
+	// Already is set when the destination held this checkpoint already.
+	Already bool `json:"already,omitempty"`
+}
+
+// ErrOtherCheckpoint means the destination holds a different checkpoint.
+var ErrOtherCheckpoint = errors.New("the destination holds another checkpoint")
+
+// Copy copies the checkpoint in src to dst, between any two stores: the
+// segments first (one already in dst with the size the manifest gives is
+// kept, so a copy that was cut short resumes), then every chunk is read
+// back from dst and checked against the manifest, and only then the
+// manifest is written, byte for byte: dst holds the complete checkpoint or
+// none. progress, if not nil, counts the bytes copied (RawBytes).
+func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, progress *streamer.Counters) (*CopyResult, error) {
+	res := &CopyResult{Source: src.String(), Destination: dst.String()}
+	// Chunks are read back from dst: the check that matters is of what dst
+	// holds. An encrypted archive is copied as it is, and checked with
+	// opts.Key.
+	a, raw, err := streamer.OpenArchiveAt(ctx, src, dst, streamer.Options{Workers: opts.Workers, MemoryLimit: opts.MemoryLimit,
+		VerifyHashes: true, Key: opts.Key})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	m := a.Manifest()
+	res.ID, res.Segments = m.ID, len(m.Segments)
+	if theirs, err := streamer.ReadManifest(ctx, dst); err == nil {
+		if theirs.ID == m.ID && theirs.Checksum == m.Checksum {
+			res.Already = true
+			return res, nil
+		}
+		return nil, fmt.Errorf("%s: %w (id %s, not %s): remove it first (gpucr-stream rm)", dst, ErrOtherCheckpoint, theirs.ID, m.ID)
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	if progress == nil {
+		progress = &streamer.Counters{}
+	}
+	for _, seg := range m.Segments {
+		if info, err := dst.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
+			res.Kept++
+			continue
+		}
+		n, err := copyObject(ctx, src, dst, seg, progress)
+		res.Bytes += n
+		if err != nil {
+			return res, err
+		}
+	}
+	rep, err := streamer.VerifyArchive(ctx, a)
+	if err != nil {
+		return res, fmt.Errorf("verify the copy in %s: %w", dst, err)
+	}
+	res.Verified = rep.Bytes
+	w, err := dst.Create(ctx, manifest.ManifestName)
+	if err != nil {
+		return res, err
+	}
+	if _, err := w.Write(raw); err != nil {
+		w.Abort(ctx)
+		return res, fmt.Errorf("write %s/%s: %w", dst, manifest.ManifestName, err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		return res, fmt.Errorf("commit %s/%s: %w", dst, manifest.ManifestName, err)
+	}
+	return res, nil
+}
+
+// copyObject copies one segment, checking its size before it commits.
+func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment, progress *streamer.Counters) (int64, error) {
+	r, err := src.Open(ctx, seg.Name, 0, -1)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	w, err := dst.Create(ctx, seg.Name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(w, &countingReader{r, progress})
+	if err == nil && n != seg.Size {
+		err = fmt.Errorf("%s/%s: %d bytes, the manifest says %d: %w", src, seg.Name, n, seg.Size, errdefs.ErrCorrupt)
+	}
+	if err != nil {
+		w.Abort(ctx)
+		return n, fmt.Errorf("copy %s: %w", seg.Name, err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		return n, fmt.Errorf("copy %s: %w", seg.Name, err)
+	}
+	return n, nil
+}
+
+// countingReader counts what it reads, for a progress display.
+type countingReader struct {
+	r io.Reader
+	c *streamer.Counters
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.c.RawBytes.Add(int64(n))
+	return n, err
+}

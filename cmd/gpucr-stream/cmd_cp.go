@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/gpucr/gpucr-stream/catalog"
+	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+var cpCommand = command{"cp", "copy a checkpoint between locations (directory, s3://): cp SRC DEST; verified before its manifest is written, resumable", "SRC DEST",
+	[]string{"@key", "@s3", "workers", "memory-limit", "create-bucket"}, runCp}
+
+func runCp(ctx context.Context, cfg *config, args []string) error {
+	if len(args) != 2 {
+		return usagef("cp takes SRC and DEST, got %d arguments", len(args))
+	}
+	srcLoc, err := parseLoc("SRC", args[0])
+	if err != nil {
+		return err
+	}
+	dstLoc, err := parseLoc("DEST", args[1])
+	if err != nil {
+		return err
+	}
+	src, closeSrc, err := location.OpenStore(ctx, srcLoc, cfg.locationConfig())
+	if err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	defer closeSrc()
+	dst, closeDst, err := location.OpenDestStore(ctx, dstLoc, cfg.locationConfig())
+	if err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	defer closeDst()
+	var counters streamer.Counters
+	var total int64
+	if m, err := streamer.ReadManifest(ctx, src); err == nil {
+		for _, s := range m.Segments {
+			total += s.Size
+		}
+	}
+	bar := startProgress(cfg, checkpoint.Progress{What: "cp", Counters: &counters, Total: total})
+	res, err := catalog.Copy(ctx, src, dst, cfg.opts, &counters)
+	bar.finish()
+	if err != nil {
+		return fmt.Errorf("cp %s %s: %w", srcLoc, dstLoc, err)
+	}
+	res.Source, res.Destination = srcLoc.String(), dstLoc.String()
+	if cfg.jsonOut {
+		return json.NewEncoder(cfg.stdout).Encode(res)
+	}
+	if res.Already {
+		fmt.Fprintf(cfg.stdout, "%s already holds checkpoint %s\n", res.Destination, res.ID)
+		return nil
+	}
+	fmt.Fprintf(cfg.stdout, "copied %s to %s: %d segment(s) (%d kept from an earlier try), %s copied, %s verified\n",
+		res.Source, res.Destination, res.Segments, res.Kept, humanBytes(res.Bytes), humanBytes(res.Verified))
+	return nil
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+func TestProgressLine(t *testing.T) {
+	var c streamer.Counters
+	c.RawBytes.Store(1 << 30)
+	c.StoredBytes.Store(1 << 29)
+	tests := []struct {
+		name    string
+		total   int64
+		final   bool
+		want    []string
+		notWant []string
+	}{
+		{"known size", 4 << 30, false, []string{"checkpoint 1.0 GiB / 4.0 GiB  25%", "512.0 MiB/s", "ETA 6s", "2.00x"}, []string{"p/s"}},
+		{"unknown size", 0, false, []string{"checkpoint 1.0 GiB 512.0 MiB/s"}, []string{"%", "ETA"}},
+		{"estimate passed", 1 << 29, false, []string{" 99%"}, []string{"ETA"}},
+		{"done", 1 << 29, true, []string{"200%", "in 2s"}, []string{"ETA"}},
+	}
+	for _, tc := range tests {
+		b := &bar{what: "checkpoint", c: &c, total: tc.total}
+		got := b.line(2*time.Second, tc.final)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", tc.name, got, w)
+			}
+		}
+		for _, w := range tc.notWant {
+			if strings.Contains(got, w) {
+				t.Errorf("%s: %q has %q", tc.name, got, w)
+			}
+		}
+	}
+}
+
+// TestProgressZeroColumns: a terminal that reports 0 columns still gets
+// the whole line (pb drew nothing there).
+func TestProgressZeroColumns(t *testing.T) {
+	tty := openPTY(t)
+	if err := unix.IoctlSetWinsize(int(tty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 0, Col: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var c streamer.Counters
+	c.RawBytes.Store(3 << 20)
+	var out bytes.Buffer
+	b := &bar{w: &out, tty: tty, what: "verify", c: &c, start: time.Now().Add(-time.Second)}
+	b.draw(false)
+	if !strings.Contains(out.String(), "verify 3.0 MiB") {
+		t.Errorf("drew %q", out.String())
+	}
+	if err := unix.IoctlSetWinsize(int(tty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 24, Col: 12}); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	b.draw(false)
+	if line := strings.TrimPrefix(out.String(), "\r\033[K"); len(line) > 11 {
+		t.Errorf("a 12-column terminal got %d characters: %q", len(line), line)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the bar's goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestProgressPlainLines: with stderr not a terminal, a plain line every
+// plainEvery; none where stderr carries criu-image-streamer's lines.
+func TestProgressPlainLines(t *testing.T) {
+	old := plainEvery
+	plainEvery = 20 * time.Millisecond
+	defer func() { plainEvery = old }()
+	for _, tc := range []struct {
+		name     string
+		protocol bool
+		want     bool
+	}{{"checkpoint", false, true}, {"serve with -p 2", true, false}} {
+		var errOut syncBuffer
+		cfg := newConfig(nil, nil, &errOut)
+		cfg.progress, cfg.streamerProtocol = &errOut, tc.protocol
+		var c streamer.Counters
+		c.RawBytes.Store(5 << 20)
+		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})
+		time.Sleep(150 * time.Millisecond)
+		b.finish()
+		lines := strings.Count(errOut.String(), "gpucr-stream: checkpoint 5.0 MiB / 10.0 MiB")
+		if got := lines >= 2; got != tc.want {
+			t.Errorf("%s: %d plain lines:\n%s", tc.name, lines, errOut.String())
+		}
+	}
+}
+
+// TestProgressVerifyExtract: verify and extract show progress; extract
+// keeps stderr clean when it is the criu-image-streamer progress channel.
+func TestProgressVerifyExtract(t *testing.T) {
+	old := plainEvery
+	plainEvery = 10 * time.Microsecond // shorter than any verify: a final line at least
+	defer func() { plainEvery = old }()
+	stream := fixtureDir + "/stream.img"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"verify", stream}, "gpucr-stream: verify "},
+		{[]string{"-D", t.TempDir(), "-p", "1", "extract", "--from", stream}, "gpucr-stream: extract "},
+		{[]string{"-D", t.TempDir(), "extract", "--from", stream}, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), tc.args, strings.NewReader(""), &stdout, &stderr); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		got := stderr.String()
+		if tc.want == "" && strings.Contains(got, "gpucr-stream: ") || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("%v: stderr %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
