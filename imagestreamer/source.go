@@ -126,31 +126,7 @@ func reframe(rd *Reader, w io.Writer, external map[string]bool) error {
 	if err != nil {
 		return err
 	}
-	type file struct {
-		id     uint32
-		off    int64
-		hashes []byte
-	}
-	files := map[string]*file{}
-	nextID := uint32(0)
-	buf := make([]byte, 0, chunkSize)
-	var buffered *file // whose bytes buf holds
-	flush := func() error {
-		if len(buf) == 0 {
-			return nil
-		}
-		f := buffered
-		h := codec.ContentHash(buf)
-		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(codec.None), FileID: f.id, Offset: uint64(f.off),
-			RawLen: uint32(len(buf)), Checksum: codec.Checksum(buf), Hash: h}
-		if _, err := mw.WriteFrame(&fh, buf); err != nil {
-			return err
-		}
-		f.off += int64(len(buf))
-		f.hashes = append(f.hashes, h[:]...)
-		buf = buf[:0]
-		return nil
-	}
+	r := &reframer{rd: rd, mw: mw, external: external, files: map[string]*reframed{}, buf: make([]byte, 0, chunkSize)}
 	for {
 		ev, err := rd.Next()
 		if err == io.EOF {
@@ -161,54 +137,106 @@ func reframe(rd *Reader, w io.Writer, external map[string]bool) error {
 		}
 		switch ev.Kind {
 		case Open:
-			if f := files[ev.Name]; f != nil {
-				return fmt.Errorf("file %s opened twice", ev.Name) // the Reader allows no such thing
-			}
-			files[ev.Name] = &file{id: nextID}
-			fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: nextID}
-			if external[ev.Name] {
-				fh.Flags = manifest.FileFlagExternal
-			}
-			nextID++
-			if _, err := mw.WriteFrame(&fh, []byte(ev.Name)); err != nil {
-				return err
-			}
+			err = r.open(ev.Name)
 		case Data:
-			f := files[ev.Name]
-			if buffered != f {
-				if err := flush(); err != nil {
-					return err
-				}
-				buffered = f
-			}
-			for left := ev.Size; left > 0; {
-				n := min(left, int64(cap(buf)-len(buf)))
-				k, err := io.ReadFull(rd, buf[len(buf):len(buf)+int(n)])
-				buf = buf[:len(buf)+k]
-				if err != nil {
-					return rd.fail(err)
-				}
-				left -= n
-				if len(buf) == cap(buf) {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-			}
+			err = r.data(ev.Name, ev.Size)
 		case Close:
-			f := files[ev.Name]
-			if buffered == f {
-				if err := flush(); err != nil {
-					return err
-				}
-				buffered = nil
-			}
-			delete(files, ev.Name)
-			fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: f.id, Offset: uint64(f.off),
-				RawLen: uint32(len(f.hashes) / 32), Hash: streamer.FileDigest(f.hashes, f.off)}
-			if _, err := mw.WriteFrame(&fh, nil); err != nil {
+			err = r.close(ev.Name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// reframer writes the real tool's events as our frames: a file's bytes
+// are gathered into chunks of chunkSize (the tool's own pieces are
+// whatever CRIU's pipe writes were).
+type reframer struct {
+	rd       *Reader
+	mw       *manifest.Writer
+	external map[string]bool
+	files    map[string]*reframed
+	nextID   uint32
+	buf      []byte
+	buffered *reframed // whose bytes buf holds
+}
+
+// reframed is a file being written: its id, bytes so far, chunk hashes.
+type reframed struct {
+	id     uint32
+	off    int64
+	hashes []byte
+}
+
+func (r *reframer) open(name string) error {
+	if r.files[name] != nil {
+		return fmt.Errorf("file %s opened twice", name) // the Reader allows no such thing
+	}
+	r.files[name] = &reframed{id: r.nextID}
+	fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: r.nextID}
+	if r.external[name] {
+		fh.Flags = manifest.FileFlagExternal
+	}
+	r.nextID++
+	_, err := r.mw.WriteFrame(&fh, []byte(name))
+	return err
+}
+
+func (r *reframer) data(name string, size int64) error {
+	f := r.files[name]
+	if r.buffered != f {
+		if err := r.flush(); err != nil {
+			return err
+		}
+		r.buffered = f
+	}
+	for left := size; left > 0; {
+		n := min(left, int64(cap(r.buf)-len(r.buf)))
+		k, err := io.ReadFull(r.rd, r.buf[len(r.buf):len(r.buf)+int(n)])
+		r.buf = r.buf[:len(r.buf)+k]
+		if err != nil {
+			return r.rd.fail(err)
+		}
+		left -= n
+		if len(r.buf) == cap(r.buf) {
+			if err := r.flush(); err != nil {
 				return err
 			}
 		}
 	}
+	return nil
+}
+
+func (r *reframer) close(name string) error {
+	f := r.files[name]
+	if r.buffered == f {
+		if err := r.flush(); err != nil {
+			return err
+		}
+		r.buffered = nil
+	}
+	delete(r.files, name)
+	fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: f.id, Offset: uint64(f.off),
+		RawLen: uint32(len(f.hashes) / 32), Hash: streamer.FileDigest(f.hashes, f.off)}
+	_, err := r.mw.WriteFrame(&fh, nil)
+	return err
+}
+
+// flush writes the gathered bytes as one DATA frame of the buffered file.
+func (r *reframer) flush() error {
+	if len(r.buf) == 0 {
+		return nil
+	}
+	f := r.buffered
+	h := codec.ContentHash(r.buf)
+	fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(codec.None), FileID: f.id, Offset: uint64(f.off),
+		RawLen: uint32(len(r.buf)), Checksum: codec.Checksum(r.buf), Hash: h}
+	if _, err := r.mw.WriteFrame(&fh, r.buf); err != nil {
+		return err
+	}
+	f.off += int64(len(r.buf))
+	f.hashes = append(f.hashes, h[:]...)
+	r.buf = r.buf[:0]
+	return nil
 }
