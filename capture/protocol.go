@@ -4,11 +4,12 @@
 // producers (extra files on descriptors, an on-disk images directory) into
 // image files.
 //
-// Size: about 1,650 lines, over the project's 1,500: both sides of the
+// Size: about 1,900 lines, over the project's 1,500: both sides of the
 // socket protocol, the producers beside CRIU on the same sockets, and
 // running criu with its post-dump commit hook belong together (a session
-// serves CRIU and producers at once); running criu (criu.go, 340 lines)
-// is the part that could stand alone.
+// serves CRIU and producers at once); running criu (criu.go) and the
+// files.img port remap of --tcp-listen-remap (remap.go) are the parts
+// that could stand alone.
 package capture
 
 import (
