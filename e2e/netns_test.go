@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -121,6 +122,40 @@ func emptyDir(t *testing.T, dir string) {
 	}
 	if len(names) > 0 {
 		t.Errorf("%s is not empty: %v", dir, names)
+	}
+}
+
+// onlyKeptCRIULogs checks that a failed run left nothing in dir but the
+// CRIU work dirs its error names as kept for their logs (issue 11: the log
+// that says why stays), and that those hold no image data.
+func onlyKeptCRIULogs(t *testing.T, dir, errText string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if !strings.Contains(errText, "criu's log is kept in "+p) {
+			t.Errorf("%s left behind, and the error does not name it as a kept CRIU log: %s", p, errText)
+			continue
+		}
+		logs := 0
+		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if strings.HasSuffix(q, ".log") {
+				logs++
+			}
+			if info, err := d.Info(); err == nil && info.Mode().IsRegular() && strings.HasSuffix(q, ".img") && info.Size() > 1<<20 {
+				t.Errorf("kept CRIU log dir holds image data: %s (%d bytes)", q, info.Size())
+			}
+			return nil
+		})
+		if logs == 0 {
+			t.Errorf("kept CRIU log dir %s holds no log", p)
+		}
 	}
 }
 
@@ -343,6 +378,7 @@ func TestMigrateLinkCut(t *testing.T) {
 				t.Fatal("migrate succeeded over a cut link")
 			}
 			t.Logf("migrate failed %v after the cut: %v", time.Since(cut).Round(time.Millisecond), err)
+			migErr := err.Error()
 			if !strings.Contains(err.Error(), "not migrated and keeps running here") {
 				t.Errorf("migrate does not say the process was resumed: %v", err)
 			}
@@ -366,7 +402,7 @@ func TestMigrateLinkCut(t *testing.T) {
 			if in, err := NetnsOf(tg.PID(), e.net.A); err != nil || !in {
 				t.Errorf("target left namespace %s: %v", e.net.A, err)
 			}
-			emptyDir(t, tmp)
+			onlyKeptCRIULogs(t, tmp, migErr)
 			emptyDir(t, keep)
 		})
 	}
