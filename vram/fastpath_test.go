@@ -312,6 +312,9 @@ func TestFastPathRoundTrip(t *testing.T) {
 		t.Fatalf("copied %d bytes into %d files, want %d into 3", s.Bytes(), len(st.files), before.Bytes)
 	}
 	checkRecords(t, tg, st.files)
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
 	after := tg.report(t)
 	if !after.Parked || !after.Released || after.DeviceUsed != 0 {
 		t.Fatalf("report after release: %+v, want parked, released, no device memory in use", after)
@@ -365,8 +368,9 @@ func TestFastPathFaults(t *testing.T) {
 			if err == nil {
 				// What follows the release failed (CRIU, the driver, the
 				// commit): the undo refills from the kept copy.
-				if r := tg.report(t); !r.Released {
-					t.Fatalf("not released: %+v", r)
+				// The owning connection is still held: ask through it.
+				if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Released || len(r.Kept) != 3 {
+					t.Fatalf("not released with a kept copy of 3 files: %+v %v", r, err)
 				}
 				if err := s.Undo(ctx); err != nil {
 					t.Fatal(err)
