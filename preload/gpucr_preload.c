@@ -1550,8 +1550,10 @@ static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, 
 
 /* say writes a decision taken on our own to stderr and, replacing what was
  * there, to preload-PID.status next to the control socket. */
+static int said; /* say spoke since the last park: recover says how it ended */
 static void say(const char *state, const char *fmt, ...)
 {
+	said = 1;
 	char msg[1024];
 	va_list ap;
 	va_start(ap, fmt);
@@ -1687,6 +1689,8 @@ static int do_recover(int *fds, int nfds, char *err, size_t n)
 		keep_clear(1);
 		parked = 0;
 		gate_open();
+		if (said)
+			say("resumed", "recover: the device memory is back, the program runs on");
 	}
 	return 0;
 }
@@ -1697,7 +1701,7 @@ static void on_orphan(void)
 {
 	char err[512] = "";
 	if (driver_next) {
-		say("waiting", "gpucr-stream went away after handing the process to the driver's checkpoint; the program stays "
+		say("waiting", "gpucr-stream's connection ended (gpucr-stream died?) after it handed the process to the driver's checkpoint; the program stays "
 			       "paused with its device memory %s: run `gpucr-stream gpu resume --pid %d` (it restores the driver's "
 			       "state, then the memory from the kept copy%s%s)",
 		    released ? "released" : "in place", getpid(), nkeep ? " " : "", nkeep ? keep_paths[0] : "");
@@ -1705,12 +1709,12 @@ static void on_orphan(void)
 	}
 	int was = released;
 	if (do_recover(NULL, 0, err, sizeof err) < 0) {
-		say("NOT RESUMED", "gpucr-stream went away with the device memory released, and the kept copy cannot refill it: "
+		say("NOT RESUMED", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released, and the kept copy cannot refill it: "
 				   "%s. The program stays paused: it never runs on wrong memory",
 		    err);
 		return;
 	}
-	say("resumed", "gpucr-stream went away before the driver's checkpoint; %s, the program runs on",
+	say("resumed", "gpucr-stream's connection ended (gpucr-stream died?) before the driver's checkpoint; %s, the program runs on",
 	    was ? "the device memory was mapped again and refilled from the kept copy" : "the device memory was never released");
 }
 
@@ -1730,6 +1734,7 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		int rc = cmd_park(atol(line + 4), err, n);
 		if (rc == 0) {
 			*owns = 1;
+			said = 0;
 			keep_clear(0);
 		}
 		return rc;
@@ -1884,7 +1889,7 @@ static void atfork_child(void)
 	atomic_store(&cuda_ready, 0);
 	ctl_fd = -1;
 	nh = nm = no = nctx = 0;
-	parked = released = unfilled = 0;
+	parked = released = unfilled = said = 0;
 	keep_clear(0);
 	incapable[0] = 0;
 	atomic_store(&wrapped, 0);

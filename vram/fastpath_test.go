@@ -647,6 +647,9 @@ func TestFastPathOrphaned(t *testing.T) {
 				if err != nil || len(done) != 1 {
 					t.Fatalf("recover: %v %v", done, err)
 				}
+				if b, _ := os.ReadFile(status); !strings.HasPrefix(string(b), "resumed: recover") {
+					t.Fatalf("status after recover: %q", b)
+				}
 			}
 			tg.mustBeIntact(t)
 			if r := tg.report(t); r.Parked || r.Released || r.DeviceUsed != used || len(r.Kept) != 0 {
