@@ -182,7 +182,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	ps, err := cc.fastSuspend(ctx, o.FastPath, o.Dest, c, &meta, o.Hooks)
 	phases = append(phases, ps...)
 	if err == nil {
-		ps, err = cc.suspend(o.CUDA.LockTimeout)
+		ps, err = cc.suspend(ctx, o.CUDA.LockTimeout)
 		phases = append(phases, ps...)
 	}
 	if err != nil {

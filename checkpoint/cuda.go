@@ -161,15 +161,25 @@ func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest
 // suspend moves the GPU state of cc's processes into host memory (lock,
 // then checkpoint), so that CRIU can dump them. On failure Suspend has
 // undone its steps, and the memory the fast path released comes back: the
-// processes run on.
-func (cc *cudaCheckpoint) suspend(lockTimeout time.Duration) ([]Phase, error) {
+// processes run on. The fast path's libraries hear of the driver's lock
+// before it, and are detached after the checkpoint (fastpath.go).
+func (cc *cudaCheckpoint) suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
+	}
+	if cc.fast != nil {
+		if err := cc.fast.BeforeDriver(ctx); err != nil {
+			return nil, errGPUUndone(err, cc.pids, cc.fastUndo())
+		}
 	}
 	var err error
 	cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
 	if err != nil && cc.fast != nil {
 		err = errGPUUndone(err, cc.pids, cc.fastUndo())
+	} else if err == nil && cc.fast != nil {
+		if err = cc.fast.Detach(ctx); err != nil {
+			err = cc.undo(err)
+		}
 	}
 	return TimingPhases(cc.sus.Timings), err
 }

@@ -210,7 +210,7 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	if err != nil {
 		return phases, errGPUUndone(err, pids, cc.fastUndo())
 	}
-	ps, err := cc.suspend(o.LockTimeout)
+	ps, err := cc.suspend(ctx, o.LockTimeout)
 	phases = append(phases, ps...)
 	if err != nil {
 		return phases, err

@@ -128,6 +128,16 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, res *GPUSt
 		var t vram.Timings
 		_, t, err = vram.ResumeRestored(drv, pids, o.Pairs)
 		res.Phases = TimingPhases(t)
+		if err == nil {
+			// A process the fast path left parked (gpucr-stream died after
+			// the driver's lock) gets its memory back from the kept copy.
+			start := time.Now()
+			var rec []int
+			rec, err = vram.FastRecover(ctx, vram.PreloadDir(), pids)
+			if len(rec) > 0 {
+				res.Phases = append(res.Phases, Phase{"vram refill", time.Since(start).Seconds()})
+			}
+		}
 	}
 	return err
 }

@@ -206,7 +206,7 @@ func (m *migration) dump(ctx context.Context) error {
 	defer done()
 	// The downtime starts with the GPU lock: CUDA work stops there.
 	m.dumpStart = time.Now()
-	ps, err := m.cc.suspend(m.o.CUDA.LockTimeout)
+	ps, err := m.cc.suspend(ctx, m.o.CUDA.LockTimeout)
 	phases = append(phases, ps...)
 	var rep capture.DumpReport
 	if err != nil {

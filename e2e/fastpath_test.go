@@ -27,6 +27,10 @@ import (
 
 type fastEnv struct {
 	gcs, criu, dir, fakeLib, target, sockDir string
+	// cudaState holds the fake driver's process states (GPUCR_FAKE_CUDA_STATE):
+	// they outlive a killed gpucr-stream, and the target's calls while
+	// locked are recorded in its violation file.
+	cudaState string
 }
 
 func setupFast(t *testing.T) *fastEnv {
@@ -40,10 +44,17 @@ func setupFast(t *testing.T) *fastEnv {
 	root := ModuleRoot(t)
 	dir := ShortTempDir(t)
 	e := &fastEnv{gcs: gcs, criu: criu, dir: dir, fakeLib: filepath.Join(dir, "lib", "libcuda.so.1"),
-		target: filepath.Join(dir, "fp_target"), sockDir: filepath.Join(dir, "run")}
-	if err := os.MkdirAll(filepath.Dir(e.fakeLib), 0o755); err != nil {
-		t.Fatal(err)
+		target: filepath.Join(dir, "fp_target"), sockDir: filepath.Join(dir, "run"), cudaState: filepath.Join(dir, "cudastate")}
+	for _, d := range []string{filepath.Dir(e.fakeLib), e.cudaState} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(filepath.Join(e.cudaState, "violation")); err == nil {
+			t.Errorf("the target called the driver while it was locked:\n%s", b)
+		}
+	})
 	// `run` finds the library next to the binary.
 	lib := filepath.Join(filepath.Dir(gcs), "libgpucr-preload.so")
 	for _, s := range [][]string{
@@ -59,7 +70,8 @@ func setupFast(t *testing.T) *fastEnv {
 }
 
 func (e *fastEnv) env() []string {
-	return append(os.Environ(), "GPUCR_PRELOAD_DIR="+e.sockDir, "GPUCR_LIBCUDA="+e.fakeLib, "LD_LIBRARY_PATH="+filepath.Dir(e.fakeLib))
+	return append(os.Environ(), "GPUCR_PRELOAD_DIR="+e.sockDir, "GPUCR_LIBCUDA="+e.fakeLib, "LD_LIBRARY_PATH="+filepath.Dir(e.fakeLib),
+		"GPUCR_FAKE_CUDA_STATE="+e.cudaState)
 }
 
 // start runs the target under `gpucr-stream run` in its own session, as
@@ -295,5 +307,123 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 	}
 	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
 		t.Fatalf("after resume: %q", r)
+	}
+}
+
+// gpucr-stream killed (SIGKILL) between the release and the commit, at each
+// step (GPUCR_TEST_PAUSE stops it there): before the driver's lock the
+// library maps the memory back, refills it from the kept copy and lets the
+// program run by itself; after it the program stays paused, locked by the
+// driver, until `gpu resume --pid` restores the driver's state and has the
+// library refill. A damaged kept copy leaves the program paused, and it
+// says so.
+func TestFastPathKilled(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name, step string
+		damage     bool
+		state      string // the library's status file ("": none)
+		runs       bool   // the program runs on without gpu resume
+	}{
+		{"before the driver", "released", false, "resumed", true},
+		{"after the driver's checkpoint", "checkpointed", false, "waiting", false},
+		{"before CRIU", "detached", false, "", false},
+		{"damaged kept copy", "released", true, "NOT RESUMED", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			name = strings.ReplaceAll(name, "'", "")
+			pid, tdir, _ := e.start(t, "k-"+name)
+			keepDir := filepath.Join(e.dir, "keep-"+name)
+			marker := filepath.Join(e.dir, "paused-"+name)
+			if err := os.MkdirAll(keepDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.CommandContext(ctx, e.gcs, "checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+name),
+				"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--no-progress", "--vram-files", "3", "--vram-keep-dir", keepDir)
+			cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE="+tc.step+":"+marker)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan struct{})
+			go func() { cmd.Wait(); close(exited) }()
+			for end := time.Now().Add(20 * time.Second); !fileExists(marker); time.Sleep(10 * time.Millisecond) {
+				select {
+				case <-exited:
+					t.Fatalf("checkpoint ended before %s: %s", tc.step, stderr.String())
+				default:
+				}
+				if time.Now().After(end) {
+					cmd.Process.Kill()
+					<-exited
+					t.Fatalf("checkpoint never reached %s: %s", tc.step, stderr.String())
+				}
+			}
+			kept, _ := filepath.Glob(filepath.Join(keepDir, "gpucr-vram-keep-*", "vram-*.bin"))
+			if len(kept) != 3 {
+				t.Fatalf("kept copy: %v", kept)
+			}
+			if tc.damage {
+				for _, k := range kept {
+					if err := os.Truncate(k, 30); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			cmd.Process.Kill() // SIGKILL
+			<-exited
+			status := filepath.Join(e.sockDir, "preload-"+strconv.Itoa(pid)+".status")
+			var said []byte
+			for end := time.Now().Add(5 * time.Second); tc.state != "" && time.Now().Before(end) && len(said) == 0; time.Sleep(10 * time.Millisecond) {
+				said, _ = os.ReadFile(status)
+			}
+			if !strings.HasPrefix(string(said), tc.state) || (tc.state == "") != (len(said) == 0) {
+				t.Fatalf("status file %q, want %q", said, tc.state)
+			}
+			if tc.state != "" {
+				out, _ := os.ReadFile(filepath.Join(tdir, "out"))
+				if !strings.Contains(string(out), "gpucr-preload["+strconv.Itoa(pid)+"]: "+tc.state+":") {
+					t.Fatalf("the target said nothing on stderr: %q", out)
+				}
+			}
+			if tc.runs {
+				if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+					t.Fatalf("after gpucr-stream was killed: %q (%s)", r, said)
+				}
+				if left, _ := filepath.Glob(filepath.Join(keepDir, "*", "*")); len(left) != 0 {
+					t.Fatalf("kept copy left after the refill: %v", left)
+				}
+				return
+			}
+			if r := fastCheck(t, tdir, 300*time.Millisecond); r != "" {
+				t.Fatalf("the program ran: %q (%s)", r, said)
+			}
+			out, err := e.gcsRun(ctx, "gpu", "resume", "--pid", strconv.Itoa(pid), "--json")
+			if tc.damage {
+				if err == nil || !strings.Contains(err.Error(), "it stays parked") {
+					t.Fatalf("gpu resume with a damaged kept copy: %v %s", err, out)
+				}
+				if r := fastCheck(t, tdir, 300*time.Millisecond); r != "" {
+					t.Fatalf("the program ran on a damaged copy: %q", r)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ph phases
+			if json.Unmarshal(out, &ph) != nil || !ph.has("gpu restore") || !ph.has("gpu unlock") || !ph.has("vram refill") {
+				t.Fatalf("gpu resume: %s", out)
+			}
+			if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+				t.Fatalf("after gpu resume: %q", r)
+			}
+			if left, _ := filepath.Glob(filepath.Join(keepDir, "*", "*")); len(left) != 0 {
+				t.Fatalf("kept copy left after the refill: %v", left)
+			}
+		})
 	}
 }

@@ -69,6 +69,31 @@
  *   failure after release (CRIU, destination, driver): driver Restore/Unlock
  *     as today, then remap + copyin from the copy gpucr-stream kept, then
  *     unpark: the program never runs with its memory missing.
+ *
+ * Surviving gpucr-stream's death (SIGKILL between the release and the
+ * commit). The connection that parks the process owns it until it says
+ * `detach`. Before `release` (refused otherwise) gpucr-stream hands over the
+ * kept copy with `keep` (read-only descriptors of its files; their paths
+ * come from /proc/self/fd). Before the driver's lock it says `driver`: from
+ * then on the driver may hold the process locked, and a CUDA call of ours
+ * would block (or fail) until its restore and unlock. Before CRIU it says
+ * `detach` (CRIU refuses a socket connected outside the tree, and must not
+ * find the kept files open: the descriptors are closed, the paths kept).
+ * If the owning connection ends without `detach`, gpucr-stream died:
+ *   - `driver` not said: the driver never saw the process. The library
+ *     remaps the memory at the same addresses, refills it from the kept
+ *     descriptors (the copy-in checks: magic, every piece once, nothing
+ *     else, end records), unparks, and removes the kept files.
+ *   - `driver` said: no CUDA call is safe. The process stays parked;
+ *     `gpucr-stream gpu resume --pid P` restores and unlocks the driver,
+ *     then sends `recover` (with descriptors of the kept files).
+ * `recover` (also what gpucr-stream's own undo sends) remaps if released,
+ * refills from the descriptors that came with it (else the kept ones, else
+ * the kept paths opened again), unparks, and removes the kept files. A kept
+ * copy that is missing or does not pass the checks leaves the process
+ * parked: never running on wrong memory. Every decision taken without
+ * gpucr-stream is said on stderr and in preload-PID.status next to the
+ * socket.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -286,6 +311,11 @@ static int no, capo;
 static CUcontext ctxs[16];
 static int nctx;
 static int parked, released;
+/* The copy gpucr-stream kept (see the top): descriptors until `detach`,
+ * paths until the process runs again. */
+static int keep_fds[64], nkeep;
+static char *keep_paths[64];
+static int driver_next, detached;
 /* unfilled: memory was mapped again but not yet copied in: the program
  * must not run on it. */
 static int unfilled;
@@ -1015,10 +1045,23 @@ static void cmd_report(char *out, size_t n)
 		own += os_[i].live;
 	snprintf(out, n,
 		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
-		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu}\n",
+		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu,"
+		 "\"driver\":%s,\"detached\":%s,\"kept\":[",
 		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
-		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr);
+		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr,
+		 driver_next ? "true" : "false", detached ? "true" : "false");
 	pthread_mutex_unlock(&tab_mu);
+	/* The kept files' paths, as far as they fit (with room for the end). */
+	for (int i = 0; i < nkeep; i++) {
+		char p[4096];
+		json_str(p, sizeof p, keep_paths[i]);
+		size_t k = strlen(out);
+		if (k + strlen(p) + 8 >= n)
+			break;
+		snprintf(out + k, n - k, "%s\"%s\"", i ? "," : "", p);
+	}
+	size_t k = strlen(out);
+	snprintf(out + k, n - k, "]}\n");
 }
 
 static int sync_all(char *err, size_t n)
@@ -1503,59 +1546,271 @@ static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, 
 	return rc;
 }
 
+/* ---- the kept copy, and recovery without gpucr-stream ---- */
+
+/* say writes a decision taken on our own to stderr and, replacing what was
+ * there, to preload-PID.status next to the control socket. */
+static int said; /* say spoke since the last park: recover says how it ended */
+static void say(const char *state, const char *fmt, ...)
+{
+	said = 1;
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "gpucr-preload[%d]: %s: %s\n", getpid(), state, msg);
+	char path[sizeof sock_path + 16], tmp[sizeof path + 8];
+	size_t k = strlen(sock_path);
+	if (k < 5 || strcmp(sock_path + k - 5, ".sock"))
+		return;
+	snprintf(path, sizeof path, "%.*s.status", (int)(k - 5), sock_path);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	char line[1200];
+	snprintf(line, sizeof line, "%s: %s\n", state, msg);
+	int ok = write_all(fd, line, strlen(line)) == 0;
+	close(fd);
+	if (ok)
+		rename(tmp, path);
+}
+
+static void keep_close_fds(void)
+{
+	for (int i = 0; i < nkeep; i++)
+		if (keep_fds[i] >= 0)
+			close(keep_fds[i]);
+	for (int i = 0; i < nkeep; i++)
+		keep_fds[i] = -1;
+}
+
+/* keep_clear forgets the kept copy; with rm it removes its files (and
+ * their directory, if that is then empty): the memory is back. */
+static void keep_clear(int rm)
+{
+	keep_close_fds();
+	for (int i = 0; i < nkeep; i++) {
+		if (rm && keep_paths[i][0] == '/')
+			unlink(keep_paths[i]);
+		if (rm && i == nkeep - 1) {
+			char *sl = strrchr(keep_paths[i], '/');
+			if (sl && sl != keep_paths[i]) {
+				*sl = 0;
+				rmdir(keep_paths[i]);
+			}
+		}
+		free(keep_paths[i]);
+		keep_paths[i] = NULL;
+	}
+	nkeep = 0;
+	driver_next = detached = 0;
+}
+
+/* cmd_keep takes the descriptors of the kept copy (the library owns them
+ * now) and learns their paths. */
+static int cmd_keep(int *fds, int *nfds, char *err, size_t n)
+{
+	if (!parked || released) {
+		snprintf(err, n, "%s", parked ? "memory is released already" : "not parked");
+		return -1;
+	}
+	if (*nfds == 0) {
+		snprintf(err, n, "keep without descriptors");
+		return -1;
+	}
+	keep_clear(0);
+	for (int i = 0; i < *nfds; i++) {
+		char link[64], path[4096];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fds[i]);
+		ssize_t k = readlink(link, path, sizeof path - 1);
+		path[k > 0 ? k : 0] = 0;
+		keep_fds[i] = fds[i];
+		keep_paths[i] = strdup(path);
+		if (!keep_paths[i])
+			abort();
+	}
+	nkeep = *nfds;
+	*nfds = 0;
+	return 0;
+}
+
+/* keep_open gives copies of the kept descriptors, rewound; after `detach`
+ * it opens the kept paths again. The caller's job closes them. */
+static int keep_open(int *out, char *err, size_t n)
+{
+	if (nkeep == 0) {
+		snprintf(err, n, "no kept copy of the released memory (gpucr-stream gpu resume --pid PID --from SRC brings it from a checkpoint)");
+		return -1;
+	}
+	for (int i = 0; i < nkeep; i++) {
+		int fd = keep_fds[i] >= 0 ? dup(keep_fds[i]) : open(keep_paths[i], O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || lseek(fd, 0, SEEK_SET) < 0) {
+			snprintf(err, n, "kept copy %s: %s", keep_paths[i], strerror(errno));
+			for (int k = 0; k < i; k++)
+				close(out[k]);
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		out[i] = fd;
+	}
+	return nkeep;
+}
+
+/* do_recover brings the memory back and lets the program run: remap if
+ * released, refill from fds (else the kept copy), unpark. On failure the
+ * program stays parked. It owns fds. */
+static int do_recover(int *fds, int nfds, char *err, size_t n)
+{
+	int own[64];
+	if (!parked || !(released || unfilled)) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		nfds = 0;
+	} else {
+		if (nfds == 0) {
+			if ((nfds = keep_open(own, err, n)) < 0)
+				return -1;
+			fds = own;
+		}
+		if (released && do_remap(err, n) < 0) {
+			for (int i = 0; i < nfds; i++)
+				close(fds[i]);
+			return -1;
+		}
+		long long bytes;
+		if (run_job(0, fds, nfds, err, n, &bytes) < 0)
+			return -1;
+		unfilled = 0;
+	}
+	if (parked) {
+		keep_clear(1);
+		parked = 0;
+		gate_open();
+		if (said)
+			say("resumed", "recover: the device memory is back, the program runs on");
+	}
+	return 0;
+}
+
+/* on_orphan runs when the connection that parked the process ended
+ * without `detach`: gpucr-stream is gone (the top of this file). */
+static void on_orphan(void)
+{
+	char err[512] = "";
+	if (driver_next) {
+		say("waiting", "gpucr-stream's connection ended (gpucr-stream died?) after it handed the process to the driver's checkpoint; the program stays "
+			       "paused with its device memory %s: run `gpucr-stream gpu resume --pid %d` (it restores the driver's "
+			       "state, then the memory from the kept copy%s%s)",
+		    released ? "released" : "in place", getpid(), nkeep ? " " : "", nkeep ? keep_paths[0] : "");
+		return;
+	}
+	int was = released;
+	if (do_recover(NULL, 0, err, sizeof err) < 0) {
+		say("NOT RESUMED", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released, and the kept copy cannot refill it: "
+				   "%s. The program stays paused: it never runs on wrong memory",
+		    err);
+		return;
+	}
+	say("resumed", "gpucr-stream's connection ended (gpucr-stream died?) before the driver's checkpoint; %s, the program runs on",
+	    was ? "the device memory was mapped again and refilled from the kept copy" : "the device memory was never released");
+}
+
+static int need_parked(char *err, size_t n)
+{
+	if (parked)
+		return 0;
+	snprintf(err, n, "not parked");
+	return -1;
+}
+
+/* dispatch runs one command; *owns says whether this connection owns the
+ * park (its end without `detach` is gpucr-stream's death). */
+static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, long long *bytes, int *owns)
+{
+	if (!strncmp(line, "park", 4)) {
+		int rc = cmd_park(atol(line + 4), err, n);
+		if (rc == 0) {
+			*owns = 1;
+			said = 0;
+			keep_clear(0);
+		}
+		return rc;
+	}
+	if (!strcmp(line, "unpark")) {
+		if (released || unfilled) {
+			snprintf(err, n, "memory is %s: %s first", released ? "released" : "mapped again but not refilled",
+				 released ? "remap and copy in" : "copy in");
+			return -1;
+		}
+		keep_clear(0);
+		parked = 0;
+		gate_open();
+		return 0;
+	}
+	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
+		return cmd_copy(line, fds, nfds, err, n, bytes);
+	if (!strcmp(line, "keep"))
+		return cmd_keep(fds, nfds, err, n);
+	if (!strcmp(line, "recover")) {
+		int k = *nfds;
+		*nfds = 0;
+		return do_recover(fds, k, err, n);
+	}
+	if (need_parked(err, n) < 0)
+		return -1;
+	if (!strcmp(line, "release")) {
+		if (nkeep == 0) {
+			snprintf(err, n, "no kept copy: keep comes before release");
+			return -1;
+		}
+		return do_release(err, n);
+	}
+	if (!strcmp(line, "remap"))
+		return do_remap(err, n);
+	if (!strcmp(line, "driver")) {
+		driver_next = 1;
+		return 0;
+	}
+	if (!strcmp(line, "detach")) {
+		keep_close_fds(); /* CRIU must not find them open */
+		detached = 1;
+		*owns = 0;
+		return 0;
+	}
+	snprintf(err, n, "unknown command %.40s", line);
+	return -1;
+}
+
 static void serve_conn(int c)
 {
-	char line[256], out[1024], err[512];
-	int fds[64], nfds;
+	static char out[16384];
+	char line[256], err[512];
+	int fds[64], nfds, owns = 0;
 	while (recv_cmd(c, line, sizeof line, fds, &nfds) == 0) {
 		err[0] = 0;
 		long long bytes = 0;
 		int rc = 0;
-		if (!strcmp(line, "report")) {
+		if (!strcmp(line, "report"))
 			cmd_report(out, sizeof out);
-		} else if (!strncmp(line, "park", 4)) {
-			rc = cmd_park(atol(line + 4), err, sizeof err);
-		} else if (!strcmp(line, "unpark")) {
-			if (released || unfilled) {
-				snprintf(err, sizeof err, "memory is %s: %s first", released ? "released" : "mapped again but not refilled",
-					 released ? "remap and copy in" : "copy in");
-				rc = -1;
-			} else {
-				parked = 0;
-				gate_open();
-			}
-		} else if (!strcmp(line, "copyout") || !strcmp(line, "copyin")) {
-			rc = cmd_copy(line, fds, &nfds, err, sizeof err, &bytes);
-		} else if (!strcmp(line, "release")) {
-			if (!parked) {
-				snprintf(err, sizeof err, "not parked");
-				rc = -1;
-			} else {
-				rc = do_release(err, sizeof err);
-			}
-		} else if (!strcmp(line, "remap")) {
-			if (!parked) {
-				snprintf(err, sizeof err, "not parked");
-				rc = -1;
-			} else {
-				rc = do_remap(err, sizeof err);
-			}
-		} else {
-			snprintf(err, sizeof err, "unknown command %.40s", line);
-			rc = -1;
-		}
+		else
+			rc = dispatch(line, fds, &nfds, err, sizeof err, &bytes, &owns);
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
 		if (rc < 0) {
 			char e[512];
 			json_str(e, sizeof e, err);
 			snprintf(out, sizeof out, "err %s\n", e);
-		} else if (strncmp(line, "report", 6)) {
+		} else if (strcmp(line, "report")) {
 			snprintf(out, sizeof out, "ok {\"bytes\":%lld}\n", bytes);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
 	}
+	if (owns && parked && !detached)
+		on_orphan();
 }
 
 static void *control_main(void *arg)
@@ -1634,7 +1889,8 @@ static void atfork_child(void)
 	atomic_store(&cuda_ready, 0);
 	ctl_fd = -1;
 	nh = nm = no = nctx = 0;
-	parked = released = unfilled = 0;
+	parked = released = unfilled = said = 0;
+	keep_clear(0);
 	incapable[0] = 0;
 	atomic_store(&wrapped, 0);
 	atomic_store(&gate_closed, 0);

@@ -27,6 +27,14 @@ import (
 // A copy of every VRAM file is kept on the side (KeepDir) until the
 // checkpoint is committed: a failure after the release maps the memory back
 // and refills it from that copy before the program runs again.
+//
+// gpucr-stream may die (SIGKILL) in the middle. The connections that parked
+// the processes stay open until Detach, right before CRIU; the library
+// holds descriptors of the kept copy (Keep, before the release). If a
+// connection ends before BeforeDriver announced the driver's lock, the
+// library refills from them and unparks by itself; after it, the process
+// waits, parked, for `gpu resume --pid` (FastRecover after the driver's
+// restore and unlock). docs/PRODUCERS.md section 3 lists the states.
 
 // PutFunc stores one VRAM file of a checkpoint (the capture's WriteFile).
 type PutFunc func(ctx context.Context, name string, r io.Reader) error
@@ -136,6 +144,9 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	for _, fp := range s.procs {
 		t := time.Now()
 		err := s.copyOut(ctx, fp, put)
+		if err == nil {
+			err = keep(ctx, fp)
+		}
 		s.Timings.CopyOut += time.Since(t)
 		if err != nil {
 			return s, s.undo(ctx, err)
@@ -150,12 +161,70 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 			return s, s.undo(ctx, err)
 		}
 	}
-	// CRIU must not find a connection to a process outside the tree.
+	// The connections stay until Detach: their end without it tells the
+	// library that gpucr-stream is gone.
+	testPause("released")
+	return s, nil
+}
+
+// keep hands fp's library the kept copy, now complete.
+func keep(ctx context.Context, fp *fastProc) error {
+	fs, err := openAll(fp.keep)
+	if err != nil {
+		return fmt.Errorf("process %d: kept copy: %w", fp.PID, err)
+	}
+	defer closeAll(fs)
+	return fp.p.Keep(ctx, fs)
+}
+
+func openAll(paths []string) ([]*os.File, error) {
+	var fs []*os.File
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			closeAll(fs)
+			return nil, err
+		}
+		fs = append(fs, f)
+	}
+	return fs, nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
+// BeforeDriver tells every library that the driver's lock comes next:
+// should gpucr-stream die from now on, the processes wait for `gpu resume
+// --pid` instead of refilling themselves (their CUDA calls would block on
+// the driver's lock).
+func (s *FastSuspension) BeforeDriver(ctx context.Context) error {
 	for _, fp := range s.procs {
+		if err := fp.p.Driver(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Detach lets go of the processes before CRIU dumps them: CRIU must find
+// no connection to a process outside the tree, nor the kept files open in
+// the processes. The libraries keep the kept copy's paths for `gpu resume`.
+func (s *FastSuspension) Detach(ctx context.Context) error {
+	testPause("checkpointed")
+	var errs []error
+	for _, fp := range s.procs {
+		if fp.p == nil {
+			continue
+		}
+		errs = append(errs, fp.p.Detach(ctx))
 		fp.p.Close()
 		fp.p = nil
 	}
-	return s, nil
+	testPause("detached")
+	return errors.Join(errs...)
 }
 
 // pipePair makes a pipe with a large buffer (fewer wake-ups per GB).
@@ -265,64 +334,98 @@ func (s *FastSuspension) Undo(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// refill sends recover: remap, copy in from the kept copy, unpark, all in
+// the library, which has done it already if the owning connection ended
+// before the driver's lock (recover then finds it running).
 func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
-	// A fresh connection: the last one may be out of step after a failure
-	// (the library answers one connection at a time, after the last).
-	if fp.p != nil {
-		fp.p.Close()
-	}
-	p, err := DialPreload(ctx, s.opts.Dir, fp.PID)
-	if err != nil {
-		return err
-	}
-	fp.p = p
-	defer func() { fp.p.Close(); fp.p = nil }()
-	if fp.released {
-		t := time.Now()
-		err := fp.p.Remap(ctx)
-		if err == nil {
-			err = copyInFiles(ctx, fp.p, fp.keep)
+	// The owning connection while it is in step (its end would look like
+	// gpucr-stream's death), else a fresh one (the library answers one
+	// connection at a time, after the last).
+	if fp.p == nil || fp.p.broken {
+		if fp.p != nil {
+			fp.p.Close()
 		}
-		s.Timings.Refill += time.Since(t)
-		if err != nil {
-			// The program stays parked: it never runs without its memory.
-			return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
-		}
-		fp.released = false
-	}
-	if err := fp.p.Unpark(ctx); err != nil {
-		return err
-	}
-	fp.parked = false
-	return nil
-}
-
-func copyInFiles(ctx context.Context, p *Preload, paths []string) error {
-	var fs []*os.File
-	defer func() {
-		for _, f := range fs {
-			f.Close()
-		}
-	}()
-	for _, path := range paths {
-		f, err := os.Open(path)
+		p, err := DialPreload(ctx, s.opts.Dir, fp.PID)
 		if err != nil {
 			return err
 		}
-		fs = append(fs, f)
+		fp.p = p
 	}
-	_, err := p.CopyIn(ctx, fs)
-	return err
+	defer func() { fp.p.Close(); fp.p = nil }()
+	t := time.Now()
+	var fs []*os.File
+	if fp.released {
+		// Where they cannot be opened, the library tries its own.
+		fs, _ = openAll(fp.keep)
+		defer closeAll(fs)
+	}
+	err := fp.p.Recover(ctx, fs)
+	s.Timings.Refill += time.Since(t)
+	if err != nil {
+		// The program stays parked: it never runs without its memory.
+		return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
+	}
+	fp.released, fp.parked = false, false
+	return nil
 }
 
 // Commit is for a checkpoint that is committed and whose processes are
-// gone (or dumped): the kept copy goes.
+// gone (or dumped): the kept copy goes. Connections still held are
+// detached: the processes stay parked, their memory in the checkpoint.
 func (s *FastSuspension) Commit() {
 	if s == nil {
 		return
 	}
 	s.done = true
+	_ = s.Detach(context.Background())
 	s.removeKeep()
+}
+
+// FastRecover is `gpu resume --pid` for processes that run with the
+// library, after the driver's restore and unlock: a process left parked by
+// a gpucr-stream that died after the driver's lock (or by a failed refill)
+// gets its memory back from the kept copy and runs on. Processes without
+// the library, or not parked, are left alone. It returns those it resumed.
+func FastRecover(ctx context.Context, dir string, pids []int) ([]int, error) {
+	var done []int
+	var errs []error
+	for _, pid := range pids {
+		ok, err := recoverOne(ctx, dir, pid)
+		if ok {
+			done = append(done, pid)
+		}
+		errs = append(errs, err)
+	}
+	return done, errors.Join(errs...)
+}
+
+func recoverOne(ctx context.Context, dir string, pid int) (bool, error) {
+	if !HasPreload(pid) {
+		return false, nil
+	}
+	p, err := DialPreload(ctx, dir, pid)
+	if errors.Is(err, ErrNoPreload) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer p.Close()
+	r, err := p.Report(ctx)
+	if err != nil || !r.Parked {
+		return false, err
+	}
+	if (r.Released || r.Unfilled) && len(r.Kept) == 0 {
+		return false, fmt.Errorf("process %d is parked with its device memory not back and no kept copy: bring it from its checkpoint with `gpu resume --pid %d --from SRC`", pid, pid)
+	}
+	// gpucr-stream may open what the process cannot (root's files); where
+	// it cannot either, the library tries.
+	fs, _ := openAll(r.Kept)
+	defer closeAll(fs)
+	if err := p.Recover(ctx, fs); err != nil {
+		return false, fmt.Errorf("%w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", err, pid)
+	}
+	return true, nil
 }
 
 func (s *FastSuspension) removeKeep() {

@@ -85,6 +85,7 @@ type target struct {
 	pid     int
 	dir     string // its files
 	sockDir string
+	out     string // its stdout and stderr
 	regions []region
 	cmd     *exec.Cmd
 }
@@ -107,8 +108,14 @@ func startTarget(t testing.TB, env ...string) *target {
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
 		"GPUCR_PRELOAD_DIR="+tg.sockDir)
 	cmd.Env = append(cmd.Env, env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its output in a file: the library speaks on its stderr.
+	out, err := os.Create(filepath.Join(base, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	tg.out = out.Name()
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +127,8 @@ func startTarget(t testing.TB, env ...string) *target {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("target not ready: %s", out.String())
+			b, _ := os.ReadFile(tg.out)
+			t.Fatalf("target not ready: %s", b)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -312,6 +320,9 @@ func TestFastPathRoundTrip(t *testing.T) {
 		t.Fatalf("copied %d bytes into %d files, want %d into 3", s.Bytes(), len(st.files), before.Bytes)
 	}
 	checkRecords(t, tg, st.files)
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
 	after := tg.report(t)
 	if !after.Parked || !after.Released || after.DeviceUsed != 0 {
 		t.Fatalf("report after release: %+v, want parked, released, no device memory in use", after)
@@ -365,8 +376,9 @@ func TestFastPathFaults(t *testing.T) {
 			if err == nil {
 				// What follows the release failed (CRIU, the driver, the
 				// commit): the undo refills from the kept copy.
-				if r := tg.report(t); !r.Released {
-					t.Fatalf("not released: %+v", r)
+				// The owning connection is still held: ask through it.
+				if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Released || len(r.Kept) != 3 {
+					t.Fatalf("not released with a kept copy of 3 files: %+v %v", r, err)
 				}
 				if err := s.Undo(ctx); err != nil {
 					t.Fatal(err)
@@ -548,4 +560,170 @@ func FuzzCopyIn(f *testing.F) {
 			t.Fatalf("unpark after a refused copy-in: %v", err)
 		}
 	})
+}
+
+// gpucr-stream dies between the release and the commit: its connections
+// end without Detach. Before the driver's lock was announced the library
+// refills from the kept copy and unparks by itself; after it, the process
+// waits, parked, until FastRecover (gpu resume --pid) after the driver's
+// restore. A damaged or missing kept copy leaves it parked, and it says so.
+func TestFastPathOrphaned(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		driver bool                         // BeforeDriver was said
+		damage func(t *testing.T, k string) // the kept file with most ranges
+		detach bool                         // Detach before the end (CRIU's turn)
+		state  string                       // what the status file says
+		runs   bool                         // the program runs on by itself
+	}{
+		{name: "before the driver", state: "resumed", runs: true},
+		{name: "after the driver", driver: true, state: "waiting"},
+		{name: "damaged kept copy", damage: truncate, state: "NOT RESUMED"},
+		{name: "kept copy garbage", damage: garble, state: "NOT RESUMED"},
+		{name: "kept copy removed", damage: remove, state: "resumed", runs: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := startTarget(t)
+			used := tg.report(t).DeviceUsed
+			st := newStore()
+			o := fastOpts(tg, t)
+			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.driver {
+				if err := s.BeforeDriver(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			keep := s.procs[0].keep
+			if tc.damage != nil {
+				big := keep[0]
+				for _, k := range keep {
+					if fi, err := os.Stat(k); err == nil && fi.Size() > mustSize(t, big) {
+						big = k
+					}
+				}
+				tc.damage(t, big)
+			}
+			// gpucr-stream dies: its connection ends, nothing else.
+			s.procs[0].p.conn.Close()
+			status := PreloadStatusFile(tg.sockDir, tg.pid)
+			var said []byte
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && len(said) == 0; time.Sleep(5 * time.Millisecond) {
+				said, _ = os.ReadFile(status)
+			}
+			if !strings.HasPrefix(string(said), tc.state+":") {
+				t.Fatalf("status file: %q, want %q", said, tc.state)
+			}
+			if out, _ := os.ReadFile(tg.out); !strings.Contains(string(out), "gpucr-preload["+strconv.Itoa(tg.pid)+"]: "+tc.state+":") {
+				t.Fatalf("the process said nothing on stderr: %q", out)
+			}
+			if !tc.runs {
+				if r := tg.check(t, 200*time.Millisecond); r != "" {
+					t.Fatalf("the target ran: %q (%s)", r, said)
+				}
+				// Released, or (a refill that failed) mapped again but not
+				// refilled: never running.
+				if r := tg.report(t); !r.Parked || !(r.Released || r.Unfilled) || r.Driver != tc.driver || len(r.Kept) != 3 {
+					t.Fatalf("report: %+v", r)
+				}
+				if tc.state == "waiting" && !strings.Contains(string(said), "gpu resume --pid "+strconv.Itoa(tg.pid)) {
+					t.Fatalf("the status does not say what to run: %s", said)
+				}
+				if tc.damage != nil {
+					if _, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err == nil {
+						t.Fatal("recover from a damaged kept copy succeeded")
+					}
+					// Repaired (as it went into the checkpoint), it comes back.
+					for i, k := range keep {
+						if err := os.WriteFile(k, st.files[s.procs[0].Files[i]], 0o600); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				done, err := FastRecover(ctx, tg.sockDir, []int{tg.pid})
+				if err != nil || len(done) != 1 {
+					t.Fatalf("recover: %v %v", done, err)
+				}
+				if b, _ := os.ReadFile(status); !strings.HasPrefix(string(b), "resumed: recover") {
+					t.Fatalf("status after recover: %q", b)
+				}
+			}
+			tg.mustBeIntact(t)
+			if r := tg.report(t); r.Parked || r.Released || r.DeviceUsed != used || len(r.Kept) != 0 {
+				t.Fatalf("after: %+v, want running with %d bytes of device memory", r, used)
+			}
+			if ents, _ := os.ReadDir(o.KeepDir); len(ents) != 0 {
+				t.Fatalf("kept copy left behind: %d files", len(ents))
+			}
+			// Nothing more to do for the undo of the dead gpucr-stream's
+			// state (a second recover finds the process running).
+			if done, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err != nil || len(done) != 0 {
+				t.Fatalf("second recover: %v %v", done, err)
+			}
+		})
+	}
+}
+
+func mustSize(t *testing.T, path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+func truncate(t *testing.T, k string) {
+	if err := os.Truncate(k, mustSize(t, k)-100); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// garble overwrites the first record's header: its range is not a piece.
+func garble(t *testing.T, k string) {
+	f, err := os.OpenFile(k, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{1, 2, 3, 4, 5, 6, 7, 8}, 8); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// remove unlinks the file: the library holds it open, so it still refills.
+func remove(t *testing.T, k string) {
+	if err := os.Remove(k); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// After Detach the library holds only the paths: a kept copy removed then
+// cannot refill the process, which stays parked; recover says so.
+func TestFastRecoverMissing(t *testing.T) {
+	ctx := context.Background()
+	tg := startTarget(t)
+	o := fastOpts(tg, t)
+	s, err := FastSuspend(ctx, []int{tg.pid}, newStore().put, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := tg.report(t); !r.Detached || len(r.Kept) != 3 {
+		t.Fatalf("report: %+v", r)
+	}
+	s.Commit() // removes the kept copy
+	if _, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err == nil || !strings.Contains(err.Error(), "No such file") || !strings.Contains(err.Error(), "--from") {
+		t.Fatalf("recover without the kept copy: %v", err)
+	}
+	if r := tg.report(t); !r.Parked || !r.Released {
+		t.Fatalf("report: %+v", r)
+	}
+	if r := tg.check(t, 200*time.Millisecond); r != "" {
+		t.Fatalf("the target ran: %q", r)
+	}
 }

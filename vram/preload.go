@@ -72,6 +72,12 @@ type PreloadReport struct {
 	Unfilled bool `json:"unfilled"`
 	// DeviceUsed is the device's used memory as the driver reports it.
 	DeviceUsed int64 `json:"device_used"`
+	// Driver: the driver's lock was announced (no CUDA call of the library
+	// is safe until its restore and unlock); Detached: the owner let go
+	// before CRIU. Kept are the paths of the kept copy it knows.
+	Driver   bool     `json:"driver"`
+	Detached bool     `json:"detached"`
+	Kept     []string `json:"kept"`
 }
 
 // Preload is a connection to one process's library.
@@ -79,6 +85,9 @@ type Preload struct {
 	PID  int
 	conn *net.UnixConn
 	rd   *bufio.Reader
+	// broken: a command got no answer, so the next answer on this
+	// connection may be an old one.
+	broken bool
 }
 
 // DialPreload connects to the library of pid through its socket in dir.
@@ -111,11 +120,16 @@ func (p *Preload) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, e
 		}
 		oob = syscall.UnixRights(ints...)
 	}
+	if p.broken {
+		return nil, fmt.Errorf("process %d: %s: the connection is out of step after an earlier failure", p.PID, cmd)
+	}
 	if _, _, err := p.conn.WriteMsgUnix([]byte(cmd+"\n"), oob, nil); err != nil {
+		p.broken = true
 		return nil, fmt.Errorf("process %d: %s: %w", p.PID, cmd, ctxErr(ctx, err))
 	}
 	line, err := p.rd.ReadString('\n')
 	if err != nil {
+		p.broken = true
 		return nil, fmt.Errorf("process %d: %s: no answer: %w", p.PID, cmd, ctxErr(ctx, err))
 	}
 	line = strings.TrimSuffix(line, "\n")
@@ -167,6 +181,51 @@ func (p *Preload) Unpark(ctx context.Context) error {
 func (p *Preload) Release(ctx context.Context) error {
 	_, err := p.do(ctx, "release", nil)
 	return err
+}
+
+// Keep hands the library read-only descriptors of the copy kept of the
+// device memory (it must come before Release): should this connection end
+// without Detach (gpucr-stream died), the library refills from it itself.
+func (p *Preload) Keep(ctx context.Context, files []*os.File) error {
+	if len(files) == 0 || len(files) > 64 {
+		return fmt.Errorf("process %d: keep: %d files, want 1..64", p.PID, len(files))
+	}
+	_, err := p.do(ctx, "keep", files)
+	return err
+}
+
+// Driver says the driver's lock comes next: from now on, should this
+// connection end without Detach, the library makes no CUDA call and waits
+// for Recover (`gpu resume --pid`).
+func (p *Preload) Driver(ctx context.Context) error {
+	_, err := p.do(ctx, "driver", nil)
+	return err
+}
+
+// Detach lets go of the park before CRIU dumps the process: the library
+// closes the kept copy's descriptors (it keeps their paths for Recover),
+// and the end of this connection is no longer gpucr-stream's death.
+func (p *Preload) Detach(ctx context.Context) error {
+	_, err := p.do(ctx, "detach", nil)
+	return err
+}
+
+// Recover brings a parked process back: it maps what was released again,
+// refills it from files (none: the kept copy the library knows) with the
+// checks of CopyIn, and unparks it. A process that is not parked is left
+// alone. On failure it stays parked.
+func (p *Preload) Recover(ctx context.Context, files []*os.File) error {
+	if len(files) > 64 {
+		return fmt.Errorf("process %d: recover: %d files, want at most 64", p.PID, len(files))
+	}
+	_, err := p.do(ctx, "recover", files)
+	return err
+}
+
+// PreloadStatusFile is where the library of pid says what it did on its
+// own after gpucr-stream went away (next to its socket in dir).
+func PreloadStatusFile(dir string, pid int) string {
+	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".status")
 }
 
 // Remap recreates and maps what Release freed (contents undefined).

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@ typedef unsigned long long U;
 #define OK 0
 #define BAD 1
 
+static int locked(const char *call);
+#define LOCKED 999
 #define TOTAL (1ULL << 40)
 static atomic_llong phys; /* bytes of live physical allocations */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -40,7 +43,7 @@ static __thread void *cur;
 CUresult cuCtxSetCurrent(void *c) { cur = c; return OK; }
 CUresult cuCtxGetCurrent(void **c) { *c = cur; return OK; }
 CUresult cuCtxGetDevice(int *d) { if (!cur) return 201; *d = (int)((uintptr_t)cur - 0x1000); return OK; }
-CUresult cuCtxSynchronize(void) { return OK; }
+CUresult cuCtxSynchronize(void) { return locked("cuCtxSynchronize") ? LOCKED : OK; }
 CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) { *tot = TOTAL; *fr = TOTAL - atomic_load(&phys); return OK; }
 CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int opt) { (void)prop; *g = opt ? 2 << 20 : 64 << 10; return OK; }
 
@@ -58,6 +61,8 @@ CUresult cuMemAddressFree(U ptr, size_t size) { return munmap((void *)ptr, size)
 CUresult cuMemCreate(U *h, size_t size, const void *prop, U flags)
 {
 	(void)prop; (void)flags;
+	if (locked("cuMemCreate"))
+		return LOCKED;
 	int fd = memfd_create("fakevram", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, size) < 0)
 		return 2;
@@ -94,6 +99,8 @@ CUresult cuMemRelease(U h)
 CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
 {
 	(void)flags;
+	if (locked("cuMemMap"))
+		return LOCKED;
 	pthread_mutex_lock(&mu);
 	struct h *x = geth(h);
 	int fd = x ? x->fd : -1;
@@ -129,8 +136,8 @@ CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
 CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st) { (void)st; memcpy(d, (void *)s, n); return OK; }
-CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st; memcpy((void *)d, s, n); return OK; }
+CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st) { (void)st; if (locked("cuMemcpyDtoHAsync")) return LOCKED; memcpy(d, (void *)s, n); return OK; }
+CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st; if (locked("cuMemcpyHtoDAsync")) return LOCKED; memcpy((void *)d, s, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoD_v2(U d, const void *s, size_t n) { memcpy((void *)d, s, n); return OK; }
 CUresult cuMemsetD8_v2(U d, unsigned char c, size_t n) { memset((void *)d, c, n); return OK; }
@@ -185,7 +192,11 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int 
 }
 
 /* The process checkpoint API, as gpucr-stream (not the target) calls it:
- * a state per pid in this process's memory; no device state moves. */
+ * a state per pid (0 running, 1 locked, 2 checkpointed); no device state
+ * moves. In this process's memory, or with GPUCR_FAKE_CUDA_STATE=DIR in
+ * DIR/PID, so that it outlives a killed gpucr-stream and the target sees
+ * it: then a memory call of the target while it is locked fails, as the
+ * real driver's would block, and is recorded in DIR/violation. */
 static struct {
 	int pid, state;
 } pstate[64];
@@ -198,8 +209,61 @@ static int *state_of(int pid)
 		}
 	return &pstate[63].state;
 }
-CUresult cuCheckpointProcessGetState(int pid, int *st) { *st = *state_of(pid); return OK; }
-CUresult cuCheckpointProcessLock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 0) return BAD; *s = 1; return OK; }
-CUresult cuCheckpointProcessCheckpoint(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 2; return OK; }
-CUresult cuCheckpointProcessRestore(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 2) return BAD; *s = 1; return OK; }
-CUresult cuCheckpointProcessUnlock(int pid, void *a) { (void)a; int *s = state_of(pid); if (*s != 1) return BAD; *s = 0; return OK; }
+static int get_state(int pid)
+{
+	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
+	if (!d)
+		return *state_of(pid);
+	char path[4096], b[4] = "0";
+	snprintf(path, sizeof path, "%s/%d", d, pid);
+	FILE *f = fopen(path, "r");
+	if (f) {
+		if (!fgets(b, sizeof b, f))
+			b[0] = '0';
+		fclose(f);
+	}
+	return b[0] - '0';
+}
+static void set_state(int pid, int st)
+{
+	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
+	if (!d) {
+		*state_of(pid) = st;
+		return;
+	}
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%d", d, pid);
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fprintf(f, "%d\n", st);
+		fclose(f);
+	}
+}
+static CUresult step(int pid, int from, int to)
+{
+	if (get_state(pid) != from)
+		return BAD;
+	set_state(pid, to);
+	return OK;
+}
+CUresult cuCheckpointProcessGetState(int pid, int *st) { *st = get_state(pid); return OK; }
+CUresult cuCheckpointProcessLock(int pid, void *a) { (void)a; return step(pid, 0, 1); }
+CUresult cuCheckpointProcessCheckpoint(int pid, void *a) { (void)a; return step(pid, 1, 2); }
+CUresult cuCheckpointProcessRestore(int pid, void *a) { (void)a; return step(pid, 2, 1); }
+CUresult cuCheckpointProcessUnlock(int pid, void *a) { (void)a; return step(pid, 1, 0); }
+
+/* locked says whether this process may not call the driver now. */
+static int locked(const char *call)
+{
+	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
+	if (!d || get_state(getpid()) == 0)
+		return 0;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/violation", d);
+	FILE *f = fopen(path, "a");
+	if (f) {
+		fprintf(f, "%d: %s while locked\n", getpid(), call);
+		fclose(f);
+	}
+	return 1;
+}
