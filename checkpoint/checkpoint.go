@@ -81,6 +81,17 @@ func (h Hooks) stats(st *Stats) {
 	}
 }
 
+// openSource opens a source and starts its progress (what: "restore",
+// "extract"); the caller defers the source's Close and done.
+func (h Hooks) openSource(ctx context.Context, what string, loc location.Location, open location.Config,
+	so streamer.StreamOptions) (src streamer.Source, done func(), err error) {
+	if src, err = location.OpenSource(ctx, loc, open, so); err != nil {
+		return nil, nil, err
+	}
+	counters, total := location.SourceCounters(src)
+	return src, h.progress(Progress{What: what, Counters: counters, Total: total}), nil
+}
+
 func (h Hooks) line(s string) {
 	if h.Line != nil {
 		h.Line(s)
@@ -291,13 +302,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	start := time.Now()
-	src, err := location.OpenSource(ctx, o.Src, o.Open, streamer.StreamOptions{})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, streamer.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	counters, total := location.SourceCounters(src)
-	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
 	defer done()
 	var recorded []manifest.GPU
 	var cudaProcs []manifest.CUDAProcess

@@ -156,13 +156,11 @@ func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
 // first too.
 func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, err := location.OpenSource(ctx, o.Loc, o.Open, streamer.StreamOptions{})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, streamer.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	counters, total := location.SourceCounters(src)
-	done := o.Hooks.progress(Progress{What: "restore", Counters: counters, Total: total})
 	defer done()
 	if stream := location.StreamOf(src); stream != nil {
 		if err := stream.Wait(ctx); err != nil {
@@ -211,13 +209,11 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 // files to their descriptors.
 func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, err := location.OpenSource(ctx, o.Loc, o.Open, streamer.StreamOptions{ExtractDir: o.ImagesDir})
+	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, streamer.StreamOptions{ExtractDir: o.ImagesDir})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	counters, total := location.SourceCounters(src)
-	done := o.Hooks.progress(Progress{What: "extract", Counters: counters, Total: total})
 	defer done()
 	if stream := location.StreamOf(src); stream != nil {
 		if _, err := stream.Files(ctx); err != nil {
