@@ -205,11 +205,12 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	m, rep, err := dump(ctx, c, meta, capture.DumpOptions{
 		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
 		ExtraArgs: o.CRIU.Args, Producers: o.Producers,
-	})
+	}, cc)
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
 	}
+	phases = append(phases, cc.fastStorePhases()...)
 	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
 	if o.LeaveRunning {
 		ps, rerr := cc.resume()
@@ -218,12 +219,18 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.PID, o.Dest, rerr)
 		}
 	} else {
-		cc.fastCommit()
+		// The kept copy goes while CRIU's kill is reaped (both only wait).
+		removed := make(chan struct{})
+		go func() {
+			defer close(removed)
+			cc.fastCommit()
+		}()
 		// A restore right after needs the PIDs free: return once CRIU's
 		// kill has been reaped. The checkpoint is committed either way.
 		if err := proc.WaitGone(ctx, tree, true, GoneTimeout); err != nil {
 			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is not gone yet (%v): a restore into this PID space fails until its parent reaps it", o.PID, err))
 		}
+		<-removed
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
@@ -254,10 +261,17 @@ func abortCapture(ctx context.Context, c *streamer.Capture, cause error) {
 // the image is durable (or the receiver holds it, verified) before CRIU
 // kills the process; if the commit fails, CRIU resumes it. A dump that
 // never reached the commit point aborts c.
-func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions) (*manifest.Manifest, capture.DumpReport, error) {
+//
+// The fast path's store (cc's, nil-safe) writes into c beside CRIU: the
+// commit waits for it, and fails with it; an abort stops it and waits for
+// it before closing c (Close wants every WriteFile returned).
+func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions, cc *cudaCheckpoint) (*manifest.Manifest, capture.DumpReport, error) {
 	var m *manifest.Manifest
 	var closed bool
 	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
+		if err := cc.fastWait(ctx); err != nil {
+			return err
+		}
 		closed = true
 		var err error
 		m, err = c.Close(ctx, meta)
@@ -265,7 +279,13 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 	}
 	rep, err := capture.Dump(ctx, o, c)
 	if !closed {
-		abortCapture(ctx, c, errors.New("checkpoint did not complete"))
+		cause := errors.New("checkpoint did not complete")
+		c.Abort(cause)
+		if serr := cc.fastWait(ctx); serr != nil && err != nil && !errors.Is(err, serr) {
+			// A failed store aborted c: say so, not only CRIU's end.
+			err = fmt.Errorf("%w (%w)", err, serr)
+		}
+		abortCapture(ctx, c, cause)
 	}
 	return m, rep, err
 }

@@ -40,19 +40,21 @@ const (
 type FastPath struct {
 	Mode FastPathMode // "" is FastPathAuto
 	// Files per CUDA process: files in the checkpoint and copy threads in
-	// the library, 1..64 (0: 8).
+	// the library, 1..64 (0: vram.DefaultFiles).
 	Files int
 	// KeepDir receives the copy of device memory kept until the commit,
 	// for an undo ("": $TMPDIR).
 	KeepDir string
 }
 
-// fastSuspend moves the device memory of cc's processes into c when every
-// one of them runs with the library and can, and dest is one a restore
-// reads a manifest from (an archive, S3); else it does nothing and the
-// driver's checkpoint takes it all, as without the library. It records the
-// path each process took in meta. On failure it has undone its steps: the
-// processes run on.
+// fastSuspend moves the device memory of cc's processes out of the device
+// when every one of them runs with the library and can, and dest is one a
+// restore reads a manifest from (an archive, S3); else it does nothing and
+// the driver's checkpoint takes it all, as without the library. It returns
+// once the memory is released, with the VRAM files still being stored into
+// c (from the kept copy): the commit waits for them (fastWait, in dump). It
+// records the path each process took in meta. On failure it has undone its
+// steps: the processes run on.
 func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest location.Location, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
@@ -67,7 +69,16 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest loca
 	}
 	cc.keepDir = keep
 	put := func(ctx context.Context, name string, r io.Reader) error {
+		// A cancelled store (an undo, another file failed) also ends a
+		// WriteFile that waits for room in c.
+		stop := context.AfterFunc(ctx, func() { c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, context.Cause(ctx))) })
+		defer stop()
 		_, err := c.WriteFile(name, r, true)
+		if err != nil {
+			// The checkpoint fails: CRIU's dump into c stops now, not
+			// at the commit.
+			c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, err))
+		}
 		return err
 	}
 	start := time.Now()
@@ -84,9 +95,30 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest loca
 	cc.recordPaths(meta)
 	if d := time.Since(start).Seconds(); d > 0 {
 		n := cc.fast.Bytes()
-		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s)", float64(n)/(1<<30), d, float64(n)/d/1e9))
+		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s), stored into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
 	}
 	return phases, nil
+}
+
+// fastWait waits for the fast path's store into the capture (nil-safe);
+// call it before the capture's Close.
+func (cc *cudaCheckpoint) fastWait(ctx context.Context) error {
+	if cc == nil || cc.fast == nil {
+		return nil
+	}
+	if err := cc.fast.Wait(ctx); err != nil {
+		return fmt.Errorf("GPU fast path: %w", err)
+	}
+	return nil
+}
+
+// fastStorePhases times the store, which ran beside the driver's
+// checkpoint and CRIU's dump (after fastWait).
+func (cc *cudaCheckpoint) fastStorePhases() []Phase {
+	if cc == nil || cc.fast == nil {
+		return nil
+	}
+	return []Phase{{"vram store (beside the dump)", cc.fast.Timings.Store.Seconds()}}
 }
 
 // fastPossible says whether the fast path can be taken: f allows it, dest
@@ -179,11 +211,13 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 }
 
 // suspendTo is `gpu suspend --to DEST` for processes that run with the
-// library: their device memory goes into a checkpoint at o.To (committed),
-// is released, and the driver's lock and checkpoint free the rest (the
-// context), so the processes stay alive with no device memory. On failure
-// everything is put back and they run on.
-func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
+// library: their device memory is released as soon as the library has
+// copied it into the kept copy (res.MemoryReleasedSecs, from start), the
+// driver's lock and checkpoint free the rest (the context;
+// res.DeviceFreedSecs) while the VRAM files are stored, and it returns
+// once the checkpoint at o.To is committed: the processes stay alive with
+// no device memory. On failure everything is put back and they run on.
+func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions, start time.Time, res *GPUStepResult) ([]Phase, error) {
 	if o.FastPath.Mode == FastPathOff {
 		return nil, errdefs.Usagef("gpu suspend --to needs the fast path (--fast-path auto)")
 	}
@@ -204,16 +238,29 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 		abortCapture(ctx, c, err)
 		return phases, err
 	}
+	res.MemoryReleasedSecs = time.Since(start).Seconds()
+	o.Hooks.log(fmt.Sprintf("device memory released after %.2f s", res.MemoryReleasedSecs))
+	ps, err := cc.suspend(ctx, o.LockTimeout)
+	phases = append(phases, ps...)
+	if err != nil {
+		// suspend has undone the fast path (the store stopped first).
+		abortCapture(ctx, c, err)
+		return phases, err
+	}
+	res.DeviceFreedSecs = time.Since(start).Seconds()
+	o.Hooks.log(fmt.Sprintf("device freed (the driver holds the context in host memory) after %.2f s; storing the VRAM files", res.DeviceFreedSecs))
+	err = cc.fastWait(ctx)
+	phases = append(phases, cc.fastStorePhases()...)
+	if err != nil {
+		c.Abort(err)
+		abortCapture(ctx, c, err)
+		return phases, cc.undo(err)
+	}
 	t := time.Now()
 	_, err = c.Close(ctx, meta)
 	phases = append(phases, Phase{"commit", time.Since(t).Seconds()})
 	if err != nil {
-		return phases, errGPUUndone(err, pids, cc.fastUndo())
-	}
-	ps, err := cc.suspend(ctx, o.LockTimeout)
-	phases = append(phases, ps...)
-	if err != nil {
-		return phases, err
+		return phases, cc.undo(err)
 	}
 	cc.fastCommit()
 	return phases, nil

@@ -57,6 +57,12 @@ type GPUStepResult struct {
 	PIDs    []int   `json:"pids,omitempty"`
 	Phases  []Phase `json:"phases,omitempty"`
 	Seconds float64 `json:"seconds"`
+	// suspend --to: when the fast path had released the device memory,
+	// and when the driver's checkpoint had freed the rest, in seconds from
+	// the start; the command returns (Seconds) once the checkpoint is
+	// committed.
+	MemoryReleasedSecs float64 `json:"memory_released_seconds,omitempty"`
+	DeviceFreedSecs    float64 `json:"device_freed_seconds,omitempty"`
 }
 
 // GPUStep runs one of the driver's checkpoint steps on o.PID (what
@@ -87,7 +93,7 @@ func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepRe
 	case "unlock":
 		err = drv.Unlock(o.PID)
 	case "suspend", "resume":
-		err = treeStep(ctx, drv, o, res)
+		err = treeStep(ctx, drv, o, start, res)
 	default:
 		return nil, errdefs.Usagef("gpu: unknown action %q", o.Action)
 	}
@@ -100,7 +106,7 @@ func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepRe
 
 // treeStep suspends or resumes every CUDA process of o.PID's tree; with
 // o.To or o.From, through the fast path.
-func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, res *GPUStepResult) error {
+func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time.Time, res *GPUStepResult) error {
 	found, _, err := CUDA{FindProcs: o.FindProcs}.find(o.PID)
 	if err != nil {
 		return err
@@ -117,7 +123,7 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, res *GPUSt
 	res.PIDs = pids
 	switch {
 	case o.Action == "suspend" && o.To.Kind != location.Stdio:
-		res.Phases, err = suspendTo(ctx, drv, pids, o)
+		res.Phases, err = suspendTo(ctx, drv, pids, o, start, res)
 	case o.Action == "resume" && o.From.Kind != location.Stdio:
 		res.Phases, err = resumeFrom(ctx, drv, pids, o)
 	case o.Action == "suspend":

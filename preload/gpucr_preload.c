@@ -60,10 +60,14 @@
  *
  * Order (gpucr-stream's side is vram/fastpath.go):
  *   checkpoint: park (gate closed, in-flight calls drained, contexts synced)
- *     -> copyout -> release (unmap + release physical memory; reservations,
- *     handles' properties, access kept) -> driver Lock -> driver Checkpoint
- *     (small now) -> CRIU dump. The driver's lock finds threads waiting in the
- *     gate, outside the driver.
+ *     -> copyout (into the kept copy: regular files gpucr-stream created;
+ *     only write(2), so a short write or ENOSPC fails the job, and nothing
+ *     blocks on a reader) -> keep -> release (unmap + release physical
+ *     memory; reservations, handles' properties, access kept) -> driver
+ *     Lock -> driver Checkpoint (small now) -> CRIU dump. gpucr-stream stores
+ *     the kept files into the checkpoint from the release on, beside the
+ *     driver's steps and CRIU, and commits once they are in. The driver's
+ *     lock finds threads waiting in the gate, outside the driver.
  *   restore: CRIU restore -> driver Restore -> driver Unlock (threads still
  *     wait in the gate) -> remap -> copyin -> unpark.
  *   failure after release (CRIU, destination, driver): driver Restore/Unlock
@@ -71,7 +75,8 @@
  *     unpark: the program never runs with its memory missing.
  *
  * Surviving gpucr-stream's death (SIGKILL between the release and the
- * commit). The connection that parks the process owns it until it says
+ * commit, also while it still stores the kept files: they are complete
+ * before `keep`, and the store only reads them). The connection that parks the process owns it until it says
  * `detach`. Before `release` (refused otherwise) gpucr-stream hands over the
  * kept copy with `keep` (read-only descriptors of its files; their paths
  * come from /proc/self/fd). Before the driver's lock it says `driver`: from
@@ -89,7 +94,8 @@
  *     then sends `recover` (with descriptors of the kept files).
  * `recover` (also what gpucr-stream's own undo sends) remaps if released,
  * refills from the descriptors that came with it (else the kept ones, else
- * the kept paths opened again), unparks, and removes the kept files. A kept
+ * the kept paths opened again), unparks, and then removes the kept files
+ * (the program runs meanwhile). A kept
  * copy that is missing or does not pass the checks leaves the process
  * parked: never running on wrong memory. Every decision taken without
  * gpucr-stream is said on stderr and in preload-PID.status next to the
@@ -945,6 +951,10 @@ static int write_all(int fd, const void *b, size_t n)
 				continue;
 			return -1;
 		}
+		if (w == 0) { /* a full file system may say nothing: do not spin */
+			errno = ENOSPC;
+			return -1;
+		}
 		p += w;
 		n -= w;
 	}
@@ -1290,7 +1300,10 @@ out:
 		if (buf[b])
 			r_FreeHost(buf[b]);
 	}
-	close(w->fd);
+	/* Copy out writes the kept copy (a regular file): a delayed write
+	 * error shows at close, and must fail the job. */
+	if (close(w->fd) < 0 && j->out)
+		job_fail(j, "close: %s", strerror(errno));
 	return NULL;
 }
 
@@ -1686,9 +1699,11 @@ static int do_recover(int *fds, int nfds, char *err, size_t n)
 		unfilled = 0;
 	}
 	if (parked) {
-		keep_clear(1);
 		parked = 0;
 		gate_open();
+		/* After the gate: freeing GBs of tmpfs need not hold the
+		 * program back. */
+		keep_clear(1);
 		if (said)
 			say("resumed", "recover: the device memory is back, the program runs on");
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,22 +20,32 @@ import (
 // the control state. Order (and why) in preload/gpucr_preload.c and
 // docs/PRODUCERS.md section 3:
 //
-//	checkpoint: park every process -> copy out -> release -> (caller) driver
-//	            lock + checkpoint -> CRIU dump
+//	checkpoint: park every process -> copy out (the library writes the
+//	            kept copy, KeepDir) -> keep -> release -> store starts
+//	            -> (caller) driver lock + checkpoint -> CRIU dump
+//	            -> (caller) Wait for the store -> commit
 //	restore:    (caller) CRIU restore -> driver restore + unlock -> remap ->
 //	            copy in -> unpark
 //
-// A copy of every VRAM file is kept on the side (KeepDir) until the
-// checkpoint is committed: a failure after the release maps the memory back
-// and refills it from that copy before the program runs again.
+// The library's copy threads write the VRAM files straight into the kept
+// copy (regular files gpucr-stream creates and hands over; no pipe, no
+// read here), so the device is free once the pinned copies and the page
+// cache writes are done. The store (the kept files into put, the capture)
+// runs after the release, beside the driver's checkpoint and CRIU's dump;
+// the caller waits for it (Wait) before it commits. The kept copy stays
+// until the commit: a failure after the release (also of the store) maps
+// the memory back and refills it from that copy before the program runs
+// again.
 //
-// gpucr-stream may die (SIGKILL) in the middle. The connections that parked
-// the processes stay open until Detach, right before CRIU; the library
-// holds descriptors of the kept copy (Keep, before the release). If a
-// connection ends before BeforeDriver announced the driver's lock, the
-// library refills from them and unparks by itself; after it, the process
-// waits, parked, for `gpu resume --pid` (FastRecover after the driver's
-// restore and unlock). docs/PRODUCERS.md section 3 lists the states.
+// gpucr-stream may die (SIGKILL) in the middle, also while the store runs.
+// The connections that parked the processes stay open until Detach, right
+// before CRIU; the library holds descriptors of the kept copy (Keep,
+// before the release). If a connection ends before BeforeDriver announced
+// the driver's lock, the library refills from them and unparks by itself;
+// after it, the process waits, parked, for `gpu resume --pid` (FastRecover
+// after the driver's restore and unlock). The store only reads the kept
+// copy: its death changes nothing for them. docs/PRODUCERS.md section 3
+// lists the states.
 
 // PutFunc stores one VRAM file of a checkpoint (the capture's WriteFile).
 type PutFunc func(ctx context.Context, name string, r io.Reader) error
@@ -47,13 +58,19 @@ type FastOptions struct {
 	// Dir holds the control sockets (PreloadDir()).
 	Dir string
 	// Files per process: copy threads in the library, files in the
-	// checkpoint (default 8).
+	// checkpoint (default DefaultFiles).
 	Files int
 	// ParkTimeout bounds the wait for CUDA calls in flight (default 10s).
 	ParkTimeout time.Duration
 	// KeepDir receives the copy kept for an undo (required).
 	KeepDir string
 }
+
+// DefaultFiles is the files (and copy threads) per process. One thread
+// writes the page cache (tmpfs) at about 3 GB/s: 16, the cores of the
+// H100 host, leave room to the 55 GB/s of pinned copies at 2 x 32 MiB of
+// pinned memory each.
+const DefaultFiles = 16
 
 // FastProc is one process that took the fast path, for the manifest.
 type FastProc struct {
@@ -62,9 +79,10 @@ type FastProc struct {
 	Bytes int64
 }
 
-// FastTimings are the fast path's steps, summed over the processes.
+// FastTimings are the fast path's steps, summed over the processes. Store
+// runs beside the driver's checkpoint and CRIU's dump (set by Wait).
 type FastTimings struct {
-	Park, CopyOut, Release, Refill time.Duration
+	Park, CopyOut, Release, Store, Refill time.Duration
 }
 
 type fastProc struct {
@@ -80,6 +98,12 @@ type FastSuspension struct {
 	procs   []*fastProc
 	Timings FastTimings
 	done    bool
+	// The store after the release; stopStore cancels it, storeDone closes
+	// once every goroutine of it has returned (storeErr, storeDur set).
+	stopStore func(error)
+	storeDone chan struct{}
+	storeErr  error
+	storeDur  time.Duration
 }
 
 // FastCheck reports on the library of every pid; it returns an error
@@ -108,12 +132,14 @@ func FastCheck(ctx context.Context, dir string, pids []int) ([]PreloadReport, er
 }
 
 // FastSuspend parks every process (all before any copy, so that none runs
-// on while another is copied), copies each one's device memory into put
-// (and KeepDir), and releases it. On failure it undoes what it did and
-// returns the error joined with any error of the undo.
+// on while another is copied), has each library copy its device memory
+// into KeepDir, hands it the kept copy and releases the memory. Then it
+// starts storing the kept files into put and returns: the device is free,
+// the store runs on until Wait (or Undo, or Commit). On failure it undoes
+// what it did and returns the error joined with any error of the undo.
 func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*FastSuspension, error) {
 	if o.Files <= 0 {
-		o.Files = 8
+		o.Files = DefaultFiles
 	}
 	if o.ParkTimeout <= 0 {
 		o.ParkTimeout = 10 * time.Second
@@ -143,7 +169,7 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	}
 	for _, fp := range s.procs {
 		t := time.Now()
-		err := s.copyOut(ctx, fp, put)
+		err := s.copyOut(ctx, fp)
 		if err == nil {
 			err = keep(ctx, fp)
 		}
@@ -163,8 +189,84 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	}
 	// The connections stay until Detach: their end without it tells the
 	// library that gpucr-stream is gone.
+	s.startStore(ctx, put)
 	testPause("released")
 	return s, nil
+}
+
+// errUndone stops a store whose checkpoint is being undone.
+var errUndone = errors.New("fast path: the checkpoint is undone")
+
+// startStore stores every kept file into put, all at once (the capture
+// bounds its memory). The first failure cancels the others.
+func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	s.stopStore, s.storeDone = cancel, make(chan struct{})
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for _, fp := range s.procs {
+		for k, name := range fp.Files {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := storeFile(ctx, put, name, fp.keep[k]); err != nil {
+					failed.Store(true)
+					cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
+				}
+			}()
+		}
+	}
+	go func() {
+		wg.Wait()
+		s.storeDur = time.Since(start)
+		if failed.Load() {
+			s.storeErr = context.Cause(ctx)
+		}
+		cancel(nil)
+		close(s.storeDone)
+	}()
+}
+
+// storeFile puts one kept file; a cancelled store ends at its next read.
+func storeFile(ctx context.Context, put PutFunc, name, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	testHoldStore()
+	return put(ctx, name, ctxReader{ctx, f})
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if c.ctx.Err() != nil {
+		return 0, context.Cause(c.ctx)
+	}
+	return c.r.Read(p)
+}
+
+// Wait waits for the store that FastSuspend started and returns its error
+// (the first file that failed); call it before the capture's commit. If
+// ctx ends first, the store is cancelled (and waited for). Again: the same
+// answer.
+func (s *FastSuspension) Wait(ctx context.Context) error {
+	if s == nil || s.storeDone == nil {
+		return nil
+	}
+	select {
+	case <-s.storeDone:
+	case <-ctx.Done():
+		s.stopStore(context.Cause(ctx))
+		<-s.storeDone
+	}
+	s.Timings.Store = s.storeDur
+	return s.storeErr
 }
 
 // keep hands fp's library the kept copy, now complete.
@@ -240,60 +342,26 @@ func pipePair() (r, w *os.File, err error) {
 	return r, w, nil
 }
 
-func (s *FastSuspension) copyOut(parent context.Context, fp *fastProc, put PutFunc) error {
-	n := s.opts.Files
-	ctx, cancel := context.WithCancelCause(parent)
-	defer cancel(nil)
-	var rs, ws []*os.File
-	defer func() {
-		for _, f := range append(rs, ws...) {
-			f.Close()
-		}
-	}()
-	for k := 0; k < n; k++ {
-		r, w, err := pipePair()
+// copyOut has fp's library write its device memory into the kept copy:
+// files created here (0600, in KeepDir) whose descriptors it writes to.
+func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
+	var ws []*os.File
+	defer func() { closeAll(ws) }()
+	for k := 0; k < s.opts.Files; k++ {
+		name := fmt.Sprintf("vram-%d-%02d.bin", fp.PID, k)
+		path := filepath.Join(s.opts.KeepDir, name)
+		fp.Files = append(fp.Files, name)
+		fp.keep = append(fp.keep, path)
+		w, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 		if err != nil {
 			return fmt.Errorf("process %d: copy out: %w", fp.PID, err)
 		}
-		rs, ws = append(rs, r), append(ws, w)
-		name := fmt.Sprintf("vram-%d-%02d.bin", fp.PID, k)
-		fp.Files = append(fp.Files, name)
-		fp.keep = append(fp.keep, filepath.Join(s.opts.KeepDir, name))
+		ws = append(ws, w)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for k := 0; k < n; k++ {
-		wg.Add(1)
-		go func(k int) {
-			defer wg.Done()
-			defer rs[k].Close() // on failure the library's write fails (EPIPE), not blocks
-			keep, err := os.OpenFile(fp.keep[k], os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-			if err != nil {
-				errs[k] = err
-				cancel(err)
-				return
-			}
-			err = put(ctx, fp.Files[k], io.TeeReader(rs[k], keep))
-			if cerr := keep.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				errs[k] = fmt.Errorf("%s: %w", fp.Files[k], err)
-				cancel(err)
-			}
-		}(k)
-	}
-	// Not ctx: a failed put ends the copy by closing its pipe (the
-	// library's write fails), which keeps the control line in step.
-	nb, err := fp.p.CopyOut(parent, ws)
-	for _, w := range ws {
-		w.Close() // the library has its own copies: EOF once it is done
-	}
-	ws = nil
-	wg.Wait()
+	nb, err := fp.p.CopyOut(ctx, ws)
 	fp.Bytes = nb
-	if err := errors.Join(append([]error{err}, errs...)...); err != nil {
-		return fmt.Errorf("process %d: copy out: %w", fp.PID, err)
+	if err != nil {
+		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)
 	}
 	return nil
 }
@@ -309,12 +377,18 @@ func (s *FastSuspension) undo(ctx context.Context, cause error) error {
 // Undo brings every process back as it was, in reverse order: what was
 // released is mapped again and refilled from the kept copy, then the
 // process is unparked. For a checkpoint that failed after FastSuspend, and
-// for --leave-running after the commit. A second call does nothing.
+// for --leave-running after the commit. A store still running is
+// cancelled first, and waited for after the refill: the refill reads the
+// kept copy through its own descriptors, and must not wait on a
+// destination that stalls. A second call does nothing.
 func (s *FastSuspension) Undo(ctx context.Context) error {
 	if s == nil || s.done {
 		return nil
 	}
 	s.done = true
+	if s.stopStore != nil {
+		s.stopStore(errUndone)
+	}
 	// The undo runs even when the checkpoint was cancelled.
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
@@ -329,6 +403,9 @@ func (s *FastSuspension) Undo(ctx context.Context) error {
 		if err := s.refill(ctx, fp); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if s.storeDone != nil {
+		<-s.storeDone
 	}
 	s.removeKeep()
 	return errors.Join(errs...)
@@ -377,6 +454,7 @@ func (s *FastSuspension) Commit() {
 		return
 	}
 	s.done = true
+	_ = s.Wait(context.Background()) // done before the commit: returns at once
 	_ = s.Detach(context.Background())
 	s.removeKeep()
 }
@@ -428,12 +506,20 @@ func recoverOne(ctx context.Context, dir string, pid int) (bool, error) {
 	return true, nil
 }
 
+// removeKeep removes the kept copy, a file per goroutine: freeing the
+// pages of GBs of tmpfs takes a while, and scales with the cores.
 func (s *FastSuspension) removeKeep() {
+	var wg sync.WaitGroup
 	for _, fp := range s.procs {
 		for _, k := range fp.keep {
-			os.Remove(k)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				os.Remove(k)
+			}()
 		}
 	}
+	wg.Wait()
 }
 
 // Procs are the processes moved out, with their files.

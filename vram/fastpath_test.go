@@ -191,11 +191,21 @@ type memStore struct {
 	files map[string][]byte
 	// failAfter: a put fails after reading that many bytes (-1: never).
 	failAfter int64
+	// block, if not nil, holds every put until it is closed (or the
+	// store is cancelled).
+	block chan struct{}
 }
 
 func newStore() *memStore { return &memStore{files: map[string][]byte{}, failAfter: -1} }
 
 func (m *memStore) put(ctx context.Context, name string, r io.Reader) error {
+	if m.block != nil {
+		select {
+		case <-m.block:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
 	var b bytes.Buffer
 	if m.failAfter >= 0 {
 		if _, err := io.CopyN(&b, r, m.failAfter); err != nil {
@@ -312,25 +322,57 @@ func TestFastPathRoundTrip(t *testing.T) {
 		t.Fatalf("report before: %+v (regions %d bytes)", before, want)
 	}
 	st := newStore()
-	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+	st.block = make(chan struct{})
+	o := fastOpts(tg, t)
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Bytes() != before.Bytes || len(st.files) != 3 {
-		t.Fatalf("copied %d bytes into %d files, want %d into 3", s.Bytes(), len(st.files), before.Bytes)
+	// The device is free while nothing is stored yet: the library wrote
+	// the kept copy, the store reads it after the release.
+	if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Parked || !r.Released || r.DeviceUsed != 0 || len(r.Kept) != 3 {
+		t.Fatalf("report after the release: %+v %v, want parked, released, no device memory in use, 3 kept files", r, err)
 	}
-	checkRecords(t, tg, st.files)
+	st.mu.Lock()
+	stored := len(st.files)
+	st.mu.Unlock()
+	if stored != 0 {
+		t.Fatalf("%d files stored before the store was let go", stored)
+	}
+	kept := map[string][]byte{}
+	for i, k := range s.procs[0].keep {
+		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("kept file %s: %v %v, want mode 0600", k, fi, err)
+		}
+		b, err := os.ReadFile(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept[s.procs[0].Files[i]] = b
+	}
+	checkRecords(t, tg, kept)
+	close(st.block)
 	if err := s.Detach(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := tg.report(t)
-	if !after.Parked || !after.Released || after.DeviceUsed != 0 {
-		t.Fatalf("report after release: %+v, want parked, released, no device memory in use", after)
+	if err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Bytes() != before.Bytes || len(st.files) != 3 || s.Timings.Store <= 0 {
+		t.Fatalf("copied %d bytes into %d files (store %v), want %d into 3", s.Bytes(), len(st.files), s.Timings.Store, before.Bytes)
+	}
+	for name, b := range kept {
+		if !bytes.Equal(st.files[name], b) {
+			t.Fatalf("%s: stored %d bytes that are not the kept copy's %d", name, len(st.files[name]), len(b))
+		}
 	}
 	if r := tg.check(t, 200*time.Millisecond); r != "" {
 		t.Fatalf("a parked target answered: %q", r)
 	}
 	s.Commit()
+	if ents, _ := os.ReadDir(o.KeepDir); len(ents) != 0 {
+		t.Fatalf("kept copy left after the commit: %d files", len(ents))
+	}
 	procs := s.Procs()
 	if len(procs) != 1 || procs[0].PID != tg.pid || len(procs[0].Files) != 3 {
 		t.Fatalf("procs %+v", procs)
@@ -351,13 +393,18 @@ func TestFastPathFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name, fault string
 		failAfter   int64 // a put fails (-1: none)
+		full        bool  // a kept file is /dev/full (ENOSPC)
 		wantSuspend bool  // FastSuspend succeeds
+		wantStore   bool  // and its store too
+		want        string
 	}{
-		{"park", "park", -1, false},
-		{"copy out", "copyout", -1, false},
-		{"destination", "", 1 << 20, false},
-		{"release", "release", -1, false},
-		{"after release", "", -1, true},
+		{"park", "park", -1, false, false, false, "injected"},
+		{"copy out", "copyout", -1, false, false, false, "injected"},
+		{"no space for the kept copy", "", -1, true, false, false, "No space left on device"},
+		{"release", "release", -1, false, false, false, "injected"},
+		{"store after release", "", 1 << 20, false, true, false, "injected destination failure"},
+		{"store fails at once", "", 0, false, true, false, "injected destination failure"},
+		{"after release", "", -1, false, true, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var env []string
@@ -369,20 +416,36 @@ func TestFastPathFaults(t *testing.T) {
 			st := newStore()
 			st.failAfter = tc.failAfter
 			o := fastOpts(tg, t)
+			if tc.full {
+				// The file system fills up under the library's writes.
+				if err := os.MkdirAll(o.KeepDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink("/dev/full", filepath.Join(o.KeepDir, fmt.Sprintf("vram-%d-01.bin", tg.pid))); err != nil {
+					t.Fatal(err)
+				}
+			}
 			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
 			if (err == nil) != tc.wantSuspend {
 				t.Fatalf("suspend: %v", err)
 			}
 			if err == nil {
-				// What follows the release failed (CRIU, the driver, the
-				// commit): the undo refills from the kept copy.
 				// The owning connection is still held: ask through it.
 				if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Released || len(r.Kept) != 3 {
 					t.Fatalf("not released with a kept copy of 3 files: %+v %v", r, err)
 				}
-				if err := s.Undo(ctx); err != nil {
-					t.Fatal(err)
+				err = s.Wait(ctx)
+				if (err == nil) != tc.wantStore {
+					t.Fatalf("store: %v", err)
 				}
+				// What follows the release failed (the store, CRIU, the
+				// driver, the commit): the undo refills from the kept copy.
+				if uerr := s.Undo(ctx); uerr != nil {
+					t.Fatal(uerr)
+				}
+			}
+			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 			tg.mustBeIntact(t)
 			r := tg.report(t)
@@ -393,6 +456,30 @@ func TestFastPathFaults(t *testing.T) {
 				t.Fatalf("kept copy left behind: %d files", len(ents))
 			}
 		})
+	}
+}
+
+// An undo while the store is held up (a destination that stalls) stops
+// the store and refills at once.
+func TestFastPathUndoStalledStore(t *testing.T) {
+	ctx := context.Background()
+	tg := startTarget(t)
+	st := newStore()
+	st.block = make(chan struct{}) // never let go
+	o := fastOpts(tg, t)
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx); !errors.Is(err, errUndone) {
+		t.Fatalf("store after the undo: %v, want %v", err, errUndone)
+	}
+	tg.mustBeIntact(t)
+	if ents, _ := os.ReadDir(o.KeepDir); len(ents) != 0 {
+		t.Fatalf("kept copy left behind: %d files", len(ents))
 	}
 }
 
@@ -562,8 +649,8 @@ func FuzzCopyIn(f *testing.F) {
 	})
 }
 
-// gpucr-stream dies between the release and the commit: its connections
-// end without Detach. Before the driver's lock was announced the library
+// gpucr-stream dies between the release and the commit, while it stores
+// the VRAM files from the kept copy: its connections end without Detach. Before the driver's lock was announced the library
 // refills from the kept copy and unparks by itself; after it, the process
 // waits, parked, until FastRecover (gpu resume --pid) after the driver's
 // restore. A damaged or missing kept copy leaves it parked, and it says so.
@@ -587,10 +674,23 @@ func TestFastPathOrphaned(t *testing.T) {
 			tg := startTarget(t)
 			used := tg.report(t).DeviceUsed
 			st := newStore()
+			st.block = make(chan struct{}) // the store is in flight
 			o := fastOpts(tg, t)
 			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
 			if err != nil {
 				t.Fatal(err)
+			}
+			defer func() {
+				close(st.block)
+				_ = s.Wait(ctx) // the test's own goroutines, not the library's
+			}()
+			keptBytes := map[string][]byte{}
+			for _, k := range s.procs[0].keep {
+				b, err := os.ReadFile(k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				keptBytes[k] = b
 			}
 			if tc.driver {
 				if err := s.BeforeDriver(ctx); err != nil {
@@ -637,8 +737,8 @@ func TestFastPathOrphaned(t *testing.T) {
 						t.Fatal("recover from a damaged kept copy succeeded")
 					}
 					// Repaired (as it went into the checkpoint), it comes back.
-					for i, k := range keep {
-						if err := os.WriteFile(k, st.files[s.procs[0].Files[i]], 0o600); err != nil {
+					for _, k := range keep {
+						if err := os.WriteFile(k, keptBytes[k], 0o600); err != nil {
 							t.Fatal(err)
 						}
 					}

@@ -10,8 +10,10 @@ import (
 // when GPUCR_TEST_PAUSE is STEP:FILE: it writes FILE and sleeps until it is
 // killed. The end-to-end tests kill it there (SIGKILL) to prove that the
 // library brings the program back without it. Steps: released (after the
-// release, before the driver's lock), checkpointed (after the driver's
-// checkpoint, before Detach), detached (before CRIU).
+// release, the store started, before the driver's lock), checkpointed
+// (after the driver's checkpoint, before Detach), detached (before CRIU).
+// While a pause is asked for, the store never ends (testHoldStore): every
+// step is then one where gpucr-stream dies with VRAM files in flight.
 func testPause(step string) {
 	v := os.Getenv("GPUCR_TEST_PAUSE")
 	at, file, ok := strings.Cut(v, ":")
@@ -19,6 +21,17 @@ func testPause(step string) {
 		return
 	}
 	if err := os.WriteFile(file, []byte(step+"\n"), 0o600); err != nil {
+		return
+	}
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+// testHoldStore blocks a store goroutine for good while GPUCR_TEST_PAUSE
+// is set (testPause).
+func testHoldStore() {
+	if os.Getenv("GPUCR_TEST_PAUSE") == "" {
 		return
 	}
 	for {

@@ -75,6 +75,10 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 		return nil
 	}
 	fmt.Fprintf(cfg.stdout, "gpu %s of %d done in %.3fs\n", action, res.PID, res.Seconds)
+	if res.MemoryReleasedSecs > 0 {
+		fmt.Fprintf(cfg.stdout, "  device memory released after %.3fs, device freed after %.3fs, checkpoint committed after %.3fs\n",
+			res.MemoryReleasedSecs, res.DeviceFreedSecs, res.Seconds)
+	}
 	for _, p := range res.Phases {
 		fmt.Fprintf(cfg.stdout, "  %-30s %7.3fs\n", p.Name, p.Secs)
 	}

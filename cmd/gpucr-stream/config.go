@@ -163,7 +163,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.lockTimeout, "lock-timeout", "10s", "checkpoint: how long the CUDA lock may wait for GPU work in flight (0: the driver's default)")
 	num(&c.producers, "producers", 0, "checkpoint/restore/capture/serve: VRAM producers the image waits for before it is complete (see vram push/pull)")
 	str(&c.fastPath, "fast-path", "auto", "checkpoint, gpu suspend --to: CUDA processes started with gpucr-stream run move their device memory through the pipeline themselves: auto (when every CUDA process of the tree can), off (the driver's checkpoint only)")
-	num(&c.vramFiles, "vram-files", 8, "checkpoint, gpu suspend --to: fast path: files (and copy threads) per CUDA process, 1..64")
+	num(&c.vramFiles, "vram-files", 16, "checkpoint, gpu suspend --to: fast path: files (and copy threads) per CUDA process, 1..64")
 	str(&c.vramKeepDir, "vram-keep-dir", "", "checkpoint, gpu suspend --to: fast path: where the copy of device memory kept until the commit goes (for an undo; default $TMPDIR)")
 	str(&c.criuOpts, "criu-opts", "", "checkpoint/restore: extra criu arguments, space-separated (e.g. --tcp-established)")
 	// S3 and archive management (s3.go, ls.go)
