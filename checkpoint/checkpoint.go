@@ -268,9 +268,10 @@ func abortCapture(ctx context.Context, c *streamer.Capture, cause error) {
 func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions, cc *cudaCheckpoint) (*manifest.Manifest, capture.DumpReport, error) {
 	var m *manifest.Manifest
 	var closed bool
+	var storeErr error
 	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
-		if err := cc.fastWait(ctx); err != nil {
-			return err
+		if storeErr = cc.fastWait(ctx); storeErr != nil {
+			return storeErr
 		}
 		closed = true
 		var err error
@@ -281,7 +282,7 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 	if !closed {
 		cause := errors.New("checkpoint did not complete")
 		c.Abort(cause)
-		if serr := cc.fastWait(ctx); serr != nil && err != nil && !errors.Is(err, serr) {
+		if serr := cc.fastWait(ctx); serr != nil && storeErr == nil && err != nil {
 			// A failed store aborted c: say so, not only CRIU's end.
 			err = fmt.Errorf("%w (%w)", err, serr)
 		}

@@ -95,7 +95,7 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest loca
 	cc.recordPaths(meta)
 	if d := time.Since(start).Seconds(); d > 0 {
 		n := cc.fast.Bytes()
-		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s), stored into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
+		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
 	}
 	return phases, nil
 }

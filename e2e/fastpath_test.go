@@ -125,8 +125,13 @@ func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
 }
 
 func (e *fastEnv) gcsRun(ctx context.Context, args ...string) ([]byte, error) {
+	return e.gcsRunEnv(ctx, nil, args...)
+}
+
+// gcsRunEnv runs gpucr-stream with env added to e.env().
+func (e *fastEnv) gcsRunEnv(ctx context.Context, env []string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, e.gcs, args...)
-	cmd.Env = e.env()
+	cmd.Env = append(e.env(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -188,7 +193,7 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 		t.Fatal(err)
 	}
 	var ck phases
-	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || !ck.has("gpu checkpoint") {
+	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || !ck.has("vram store (beside the dump)") || !ck.has("gpu checkpoint") {
 		t.Fatalf("checkpoint took no fast path: %s (%v)", out, err)
 	}
 	waitGone()
@@ -236,32 +241,39 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	}
 }
 
-// A dump that fails after the release (CRIU refuses its options): the
-// driver's state is undone, the memory mapped back and refilled from the
-// kept copy, and the program runs on; --leave-running refills the same way.
+// A dump that fails after the release (CRIU refuses its options), or the
+// store of the VRAM files into the checkpoint (beside the driver's
+// checkpoint and CRIU): the driver's state is undone, the memory mapped
+// back and refilled from the kept copy, and the program runs on;
+// --leave-running refills the same way.
 func TestFastPathUndo(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
 	for _, tc := range []struct {
 		name  string
 		args  []string
-		fails bool
+		env   []string
+		fails string // what the error says ("": it succeeds)
 	}{
-		{"criu fails", []string{"--criu-opts", "--no-such-criu-option"}, true},
-		{"leave running", []string{"--leave-running"}, false},
+		{"criu fails", []string{"--criu-opts", "--no-such-criu-option"}, nil, "restored and unlocked"},
+		{"store fails", nil, []string{"GPUCR_TEST_FAULT=store"}, "injected store failure"},
+		{"leave running", []string{"--leave-running"}, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pid, tdir, _ := e.start(t, strings.ReplaceAll(tc.name, " ", "-"))
 			args := append([]string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+tc.name),
 				"--work-dir", filepath.Join(e.dir, "w-"+tc.name), "--criu", e.criu, "--json", "--no-progress", "--vram-keep-dir", e.dir}, tc.args...)
-			out, err := e.gcsRun(ctx, args...)
-			if (err != nil) != tc.fails {
+			out, err := e.gcsRunEnv(ctx, tc.env, args...)
+			if (err != nil) != (tc.fails != "") {
 				t.Fatalf("checkpoint: %v %s", err, out)
 			}
-			if err != nil && !strings.Contains(err.Error(), "restored and unlocked") {
-				t.Fatalf("the error does not say the GPU state was put back: %v", err)
+			if err != nil && (!strings.Contains(err.Error(), "restored and unlocked") || !strings.Contains(err.Error(), tc.fails)) {
+				t.Fatalf("the error does not say what failed (%q) and that the GPU state was put back: %v", tc.fails, err)
 			}
-			if !tc.fails {
+			if err != nil {
+				t.Logf("checkpoint failed as it should: %v", err)
+			}
+			if tc.fails == "" {
 				var ck phases
 				if json.Unmarshal(out, &ck) != nil || !ck.has("vram refill") {
 					t.Fatalf("no refill phase: %s", out)
@@ -283,14 +295,36 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
 	pid, tdir, _ := e.start(t, "s")
+	// The store fails after the release: the memory comes back from the
+	// kept copy, and the process runs on.
+	out, err := e.gcsRunEnv(ctx, []string{"GPUCR_TEST_FAULT=store"}, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-f"), "--json", "--vram-keep-dir", e.dir)
+	if err == nil || !strings.Contains(err.Error(), "injected store failure") || !strings.Contains(err.Error(), "restored and unlocked") {
+		t.Fatalf("suspend with a failing store: %v %s", err, out)
+	}
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after a failed suspend: %q", r)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
+		t.Fatalf("kept copy left: %v", ents)
+	}
 	ar := filepath.Join(e.dir, "ar-s")
-	out, err := e.gcsRun(ctx, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", ar, "--json", "--vram-keep-dir", e.dir)
+	out, err = e.gcsRun(ctx, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", ar, "--json", "--vram-keep-dir", e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ph phases
-	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy out") || !ph.has("commit") || !ph.has("gpu checkpoint") {
+	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy out") || !ph.has("vram store (beside the dump)") || !ph.has("commit") || !ph.has("gpu checkpoint") {
 		t.Fatalf("suspend: %s", out)
+	}
+	// The device is free before the checkpoint is committed; the command
+	// returns after the commit.
+	var times struct {
+		Released float64 `json:"memory_released_seconds"`
+		Freed    float64 `json:"device_freed_seconds"`
+		Total    float64 `json:"seconds"`
+	}
+	if json.Unmarshal(out, &times) != nil || times.Released <= 0 || times.Freed < times.Released || times.Total < times.Freed {
+		t.Fatalf("suspend timings: %s", out)
 	}
 	if r := fastCheck(t, tdir, 300*time.Millisecond); r != "" {
 		t.Fatalf("a suspended process answered: %q", r)
@@ -311,7 +345,9 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 }
 
 // gpucr-stream killed (SIGKILL) between the release and the commit, at each
-// step (GPUCR_TEST_PAUSE stops it there): before the driver's lock the
+// step (GPUCR_TEST_PAUSE stops it there, and holds the store of the VRAM
+// files from the kept copy: it is in flight at every step): before the
+// driver's lock the
 // library maps the memory back, refills it from the kept copy and lets the
 // program run by itself; after it the program stays paused, locked by the
 // driver, until `gpu resume --pid` restores the driver's state and has the

@@ -236,6 +236,9 @@ func storeFile(ctx context.Context, put PutFunc, name, path string) error {
 	}
 	defer f.Close()
 	testHoldStore()
+	if err := testStoreFault(); err != nil {
+		return err
+	}
 	return put(ctx, name, ctxReader{ctx, f})
 }
 

@@ -1,6 +1,7 @@
 package vram
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"time"
@@ -37,4 +38,13 @@ func testHoldStore() {
 	for {
 		time.Sleep(time.Hour)
 	}
+}
+
+// testStoreFault fails the store of every VRAM file when GPUCR_TEST_FAULT
+// is "store": the end-to-end tests' destination failure after the release.
+func testStoreFault() error {
+	if os.Getenv("GPUCR_TEST_FAULT") == "store" {
+		return errors.New("injected store failure (GPUCR_TEST_FAULT=store)")
+	}
+	return nil
 }
