@@ -3,12 +3,14 @@ package vram
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -17,17 +19,32 @@ import (
 )
 
 // BenchmarkFastPathSink measures the Go side of the fast path's copy out
-// without a GPU: 8 pipes fed as fast as writes go (the library's copy
-// threads), read by FastSuspend's consumers: into io.Discard, with the kept
-// copy (tee) or not, into a capture (codec none, archive in
-// GPUCR_BENCH_DIR, default a temp dir; /dev/shm isolates the pipeline from
-// the disk). GPUCR_BENCH_MIB sets the bytes per iteration (default 1024).
+// without a GPU, the old flow against the new in one run. A fake writer
+// stands for the library's 8 copy threads, writing 32 MiB buffers as fast
+// as write(2) goes.
 //
-//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=13000 go test -run X -bench FastPathSink -benchtime 1x ./vram/
+//   - pipe/...: the old flow: the threads write pipes, read by consumers
+//     that tee into the kept copy (keep-*) and store into io.Discard or a
+//     capture; the device is busy until the last byte is stored.
+//   - file/...: the new flow: the threads write the kept files themselves
+//     (the device is free once they are done: release-GB/s), then the
+//     files are stored, one reader each, into io.Discard or a capture.
+//
+// SetBytes makes MB/s the whole flow's (written and stored); release-GB/s
+// is the rate at which the device would be freed. The capture has codec
+// none, its archive in GPUCR_BENCH_DIR (default a temp dir; /dev/shm
+// isolates the pipeline from the disk; the kept copy goes there too).
+// GPUCR_BENCH_MIB sets the bytes per iteration (default 1024),
+// GPUCR_BENCH_FILES the writers (default 8).
+//
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench FastPathSink -benchtime 3x ./vram/
 func BenchmarkFastPathSink(b *testing.B) {
-	mib := 1024
+	mib, files := 1024, 8
 	if v := os.Getenv("GPUCR_BENCH_MIB"); v != "" {
 		fmt.Sscan(v, &mib)
+	}
+	if v := os.Getenv("GPUCR_BENCH_FILES"); v != "" {
+		fmt.Sscan(v, &files)
 	}
 	base := os.Getenv("GPUCR_BENCH_DIR")
 	if base == "" {
@@ -35,41 +52,132 @@ func BenchmarkFastPathSink(b *testing.B) {
 	}
 	buf := make([]byte, 32<<20)
 	rand.Read(buf)
+	total := int64(mib) << 20
 	for _, tc := range []struct {
-		name          string
-		capture, keep bool
+		name           string
+		files, capture bool
 	}{
-		{"discard", false, false}, {"discard+keep", false, true}, {"capture", true, false}, {"capture+keep", true, true},
+		{"pipe+keep/discard", false, false}, {"pipe+keep/capture", false, true},
+		{"file/discard", true, false}, {"file/capture", true, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			b.SetBytes(int64(mib) << 20)
+			b.SetBytes(total)
+			var busy time.Duration
 			for i := 0; i < b.N; i++ {
 				dir, err := os.MkdirTemp(base, "gpucr-bench-")
 				if err != nil {
 					b.Fatal(err)
 				}
-				sinkPipes(b, buf, int64(mib)<<20, 8, dir, tc.capture, tc.keep)
+				c := benchCapture(b, dir, tc.capture)
+				t := time.Now()
+				if tc.files {
+					busy += sinkFiles(b, buf, total, files, dir, c)
+				} else {
+					sinkPipes(b, buf, total, files, dir, c)
+					busy += time.Since(t)
+				}
+				if c != nil {
+					if _, err := c.Close(context.Background(), manifest.Manifest{}); err != nil {
+						b.Fatal(err)
+					}
+				}
 				b.StopTimer()
 				os.RemoveAll(dir)
 				b.StartTimer()
 			}
+			b.ReportMetric(float64(total)*float64(b.N)/busy.Seconds()/1e9, "release-GB/s")
 		})
 	}
 }
 
-func sinkPipes(b *testing.B, buf []byte, total int64, n int, dir string, capture, keep bool) {
+// benchCapture is a capture into an archive in dir (codec none), or nil.
+func benchCapture(b *testing.B, dir string, capture bool) *streamer.Capture {
+	if !capture {
+		return nil
+	}
 	ctx := context.Background()
-	var c *streamer.Capture
-	if capture {
-		spec, _ := codec.ParseSpec("none")
-		out, err := streamer.NewArchiveOutput(ctx, dirstore.New(filepath.Join(dir, "ar")), 256<<20)
+	spec, _ := codec.ParseSpec("none")
+	out, err := streamer.NewArchiveOutput(ctx, dirstore.New(filepath.Join(dir, "ar")), 256<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := streamer.NewCapture(ctx, out, streamer.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// benchPut stores r into c, or reads it to its end without c.
+func benchPut(c *streamer.Capture) PutFunc {
+	return func(ctx context.Context, name string, r io.Reader) error {
+		if c == nil {
+			_, err := io.Copy(io.Discard, r)
+			return err
+		}
+		_, err := c.WriteFile(name, r, true)
+		return err
+	}
+}
+
+// writeAll is one of the library's copy threads: total bytes into w.
+func writeAll(w io.Writer, buf []byte, total int64) error {
+	for left := total; left > 0; {
+		m := min(left, int64(len(buf)))
+		if _, err := w.Write(buf[:m]); err != nil {
+			return err
+		}
+		left -= m
+	}
+	return nil
+}
+
+// sinkFiles is the new flow: n writers fill the kept files, then
+// FastSuspension's store reads them into c. It returns the writers' time
+// (the device is free after it).
+func sinkFiles(b *testing.B, buf []byte, total int64, n int, dir string, c *streamer.Capture) time.Duration {
+	t := time.Now()
+	s := &FastSuspension{}
+	fp := &fastProc{}
+	var ws []*os.File
+	for k := 0; k < n; k++ {
+		path := filepath.Join(dir, fmt.Sprintf("keep-%02d", k))
+		w, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if c, err = streamer.NewCapture(ctx, out, streamer.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30}); err != nil {
-			b.Fatal(err)
-		}
+		ws = append(ws, w)
+		fp.Files, fp.keep = append(fp.Files, fmt.Sprintf("vram-%02d.bin", k)), append(fp.keep, path)
 	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for k, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = writeAll(w, buf, total/int64(n))
+			if err := w.Close(); errs[k] == nil {
+				errs[k] = err
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	busy := time.Since(t)
+	s.procs = []*fastProc{fp}
+	s.startStore(context.Background(), benchPut(c))
+	if err := s.Wait(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return busy
+}
+
+// sinkPipes is the old flow: n writers into pipes, consumers tee them into
+// the kept copy and store them into c.
+func sinkPipes(b *testing.B, buf []byte, total int64, n int, dir string, c *streamer.Capture) {
+	put := benchPut(c)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for k := 0; k < n; k++ {
@@ -81,43 +189,22 @@ func sinkPipes(b *testing.B, buf []byte, total int64, n int, dir string, capture
 		go func() { // the library's copy thread
 			defer wg.Done()
 			defer w.Close()
-			for left := total / int64(n); left > 0; {
-				m := min(left, int64(len(buf)))
-				if _, err := w.Write(buf[:m]); err != nil {
-					return
-				}
-				left -= m
-			}
+			_ = writeAll(w, buf, total/int64(n))
 		}()
-		go func(k int) { // FastSuspend's consumer
+		go func() { // the old copyOut's consumer
 			defer wg.Done()
 			defer r.Close()
-			var src io.Reader = r
-			if keep {
-				f, err := os.Create(filepath.Join(dir, fmt.Sprintf("keep-%d", k)))
-				if err != nil {
-					errs[k] = err
-					return
-				}
-				defer f.Close()
-				src = io.TeeReader(r, f)
+			f, err := os.Create(filepath.Join(dir, fmt.Sprintf("keep-%d", k)))
+			if err != nil {
+				errs[k] = err
+				return
 			}
-			if c != nil {
-				_, errs[k] = c.WriteFile(fmt.Sprintf("vram-%02d.bin", k), src, true)
-			} else {
-				_, errs[k] = io.Copy(io.Discard, src)
-			}
-		}(k)
+			defer f.Close()
+			errs[k] = put(context.Background(), fmt.Sprintf("vram-%02d.bin", k), io.TeeReader(r, f))
+		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	if c != nil {
-		if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
-			b.Fatal(err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
 	}
 }
