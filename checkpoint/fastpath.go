@@ -252,7 +252,6 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	err = cc.fastWait(ctx)
 	phases = append(phases, cc.fastStorePhases()...)
 	if err != nil {
-		c.Abort(err)
 		abortCapture(ctx, c, err)
 		return phases, cc.undo(err)
 	}
