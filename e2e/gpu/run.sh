@@ -198,8 +198,11 @@ for r in rows:
         r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
         (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
     if p.get("vram_copy_out"):
-        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs | remap %.2fs, copy in %.2fs, refill %.2fs" % (
-            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
+        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs, store %.2fs (beside the dump) | remap %.2fs, copy in %.2fs, refill %.2fs" % (
+            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_store"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
+    if r.get("memory_released_seconds"):
+        print("          gpu suspend: device memory released after %.2fs, device freed after %.2fs" % (
+            r["memory_released_seconds"], r.get("device_freed_seconds", 0)))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -608,6 +611,7 @@ phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoin
   "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
   "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0),
   "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+  "vram_store": ph.get("vram store (beside the dump)", 0),
   "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0), "vram_refill": ph.get("vram refill", 0)}
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
@@ -657,7 +661,9 @@ rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
 print(json.dumps({"round": sys.argv[3], "ok": sys.argv[4] == "true", "checkpoint_total": float(sys.argv[5]), "restore_total": float(sys.argv[6]),
   "phases": {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "commit": ph.get("commit", 0),
     "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+    "vram_store": ph.get("vram store (beside the dump)", 0),
     "gpu_restore": rp.get("gpu restore", 0), "unlock": rp.get("gpu unlock", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)},
+  "memory_released_seconds": s.get("memory_released_seconds", 0), "device_freed_seconds": s.get("device_freed_seconds", 0),
   "note": "gpu suspend --to / resume --from; device memory of the process while suspended: %s" % sys.argv[7]}))
 ' "$WORK/logs/$ROUND-suspend.json" "$WORK/logs/$ROUND-resume.json" "$ROUND" "$ok" "$ts" "$tr" "${used:-none}")"
 	rm -rf "$ar"
