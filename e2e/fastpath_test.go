@@ -352,7 +352,7 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 // program run by itself; after it the program stays paused, locked by the
 // driver, until `gpu resume --pid` restores the driver's state and has the
 // library refill. A damaged kept copy leaves the program paused, and it
-// says so.
+// says so. `gpu suspend --to` follows the same protocol.
 func TestFastPathKilled(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
@@ -361,11 +361,14 @@ func TestFastPathKilled(t *testing.T) {
 		damage     bool
 		state      string // the library's status file ("": none)
 		runs       bool   // the program runs on without gpu resume
+		suspend    bool   // gpu suspend --to, not checkpoint
 	}{
-		{"before the driver", "released", false, "resumed", true},
-		{"after the driver's checkpoint", "checkpointed", false, "waiting", false},
-		{"before CRIU", "detached", false, "", false},
-		{"damaged kept copy", "released", true, "NOT RESUMED", false},
+		{"before the driver", "released", false, "resumed", true, false},
+		{"after the driver's checkpoint", "checkpointed", false, "waiting", false, false},
+		{"before CRIU", "detached", false, "", false, false},
+		{"damaged kept copy", "released", true, "NOT RESUMED", false, false},
+		{"gpu suspend before the driver", "released", false, "resumed", true, true},
+		{"gpu suspend after the driver's checkpoint", "checkpointed", false, "waiting", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := strings.ReplaceAll(tc.name, " ", "-")
@@ -376,8 +379,13 @@ func TestFastPathKilled(t *testing.T) {
 			if err := os.MkdirAll(keepDir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.CommandContext(ctx, e.gcs, "checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+name),
-				"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--no-progress", "--vram-files", "3", "--vram-keep-dir", keepDir)
+			args := []string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+name),
+				"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--no-progress", "--vram-files", "3", "--vram-keep-dir", keepDir}
+			if tc.suspend {
+				args = []string{"gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+name),
+					"--no-progress", "--vram-files", "3", "--vram-keep-dir", keepDir}
+			}
+			cmd := exec.CommandContext(ctx, e.gcs, args...)
 			cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE="+tc.step+":"+marker)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
