@@ -70,20 +70,21 @@
  *     lock finds threads waiting in the gate, outside the driver.
  *   restore: CRIU restore -> driver Restore -> driver Unlock (threads still
  *     wait in the gate) -> remap -> copyin -> unpark.
- *   failure after release (CRIU, destination, driver): driver Restore/Unlock
- *     as today, then remap + copyin from the copy gpucr-stream kept, then
- *     unpark: the program never runs with its memory missing.
+ *   failure after release (the store, CRIU, destination, driver): driver
+ *     Restore/Unlock as today, then remap + copyin from the copy gpucr-stream
+ *     kept, then unpark: the program never runs with its memory missing.
  *
- * Surviving gpucr-stream's death (SIGKILL between the release and the
- * commit, also while it still stores the kept files: they are complete
- * before `keep`, and the store only reads them). The connection that parks the process owns it until it says
- * `detach`. Before `release` (refused otherwise) gpucr-stream hands over the
- * kept copy with `keep` (read-only descriptors of its files; their paths
- * come from /proc/self/fd). Before the driver's lock it says `driver`: from
- * then on the driver may hold the process locked, and a CUDA call of ours
- * would block (or fail) until its restore and unlock. Before CRIU it says
- * `detach` (CRIU refuses a socket connected outside the tree, and must not
- * find the kept files open: the descriptors are closed, the paths kept).
+ * Surviving gpucr-stream's death (SIGKILL between the release and the commit,
+ * also while it still stores the kept files: they are complete before `keep`,
+ * and the store only reads them). The connection that parks the process owns
+ * it until it says `detach`. Before `release` (refused otherwise)
+ * gpucr-stream hands over the kept copy with `keep` (read-only descriptors of
+ * its files; their paths come from /proc/self/fd). Before the driver's lock
+ * it says `driver`: from then on the driver may hold the process locked, and
+ * a CUDA call of ours would block (or fail) until its restore and unlock.
+ * Before CRIU it says `detach` (CRIU refuses a socket connected outside the
+ * tree, and must not find the kept files open: the descriptors are closed,
+ * the paths kept).
  * If the owning connection ends without `detach`, gpucr-stream died:
  *   - `driver` not said: the driver never saw the process. The library
  *     remaps the memory at the same addresses, refills it from the kept
@@ -94,12 +95,11 @@
  *     then sends `recover` (with descriptors of the kept files).
  * `recover` (also what gpucr-stream's own undo sends) remaps if released,
  * refills from the descriptors that came with it (else the kept ones, else
- * the kept paths opened again), unparks, and then removes the kept files
- * (the program runs meanwhile). A kept
- * copy that is missing or does not pass the checks leaves the process
- * parked: never running on wrong memory. Every decision taken without
- * gpucr-stream is said on stderr and in preload-PID.status next to the
- * socket.
+ * the kept paths opened again), unparks, and then removes the kept files (the
+ * program runs meanwhile). A kept copy that is missing or does not pass the
+ * checks leaves the process parked: never running on wrong memory. Every
+ * decision taken without gpucr-stream is said on stderr and in
+ * preload-PID.status next to the socket.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
