@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -48,17 +50,17 @@ type FastPath struct {
 }
 
 // fastSuspend moves the device memory of cc's processes into c when every
-// one of them runs with the library and can, and dest is one a restore
-// reads a manifest from (an archive, S3); else it does nothing and the
-// driver's checkpoint takes it all, as without the library. It records the
-// path each process took in meta. On failure it has undone its steps: the
-// processes run on.
-func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest location.Location, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
+// one of them runs with the library and can, and carried says that what
+// restores c brings the VRAM files back (fastCarried; migrate: a receiver
+// that restores); else it does nothing and the driver's checkpoint takes
+// it all, as without the library. It records the path each process took
+// in meta. On failure it has undone its steps: the processes run on.
+func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried bool, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	if !cc.fastPossible(ctx, f, dest, h) {
+	if !cc.fastPossible(ctx, f, carried, h) {
 		return nil, nil
 	}
 	keep, err := os.MkdirTemp(f.KeepDir, "gpucr-vram-keep-")
@@ -89,12 +91,20 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest loca
 	return phases, nil
 }
 
-// fastPossible says whether the fast path can be taken: f allows it, dest
-// is an archive or S3 (a stream destination keeps the driver path: the
-// restore finds the files through the manifest), and every process has the
-// library loaded and says it can.
-func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, dest location.Location, h Hooks) bool {
-	if f.Mode == FastPathOff || (dest.Kind != location.Archive && dest.Kind != location.S3) {
+// fastCarried says whether a checkpoint into dest can carry the fast
+// path's files: an archive or S3, whose restore finds them through the
+// manifest. A stream destination keeps the driver path: what reads it may
+// be criu restore or extract, which would leave the processes parked with
+// no device memory (migrate decides by the receiver instead).
+func fastCarried(dest location.Location) bool {
+	return dest.Kind == location.Archive || dest.Kind == location.S3
+}
+
+// fastPossible says whether the fast path can be taken: f allows it, the
+// destination carries the files, and every process has the library loaded
+// and says it can.
+func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried bool, h Hooks) bool {
+	if f.Mode == FastPathOff || !carried {
 		return false
 	}
 	for _, pid := range cc.pids {
@@ -178,6 +188,57 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 	return ps, nil
 }
 
+// fastProcs are the CUDA records of the checkpoint src holds: an
+// archive's manifest; for a stream, which carries no manifest a restore
+// reads (the copy migrate keeps), the processes whose VRAM files it holds,
+// by their names (vram-PID-KK.bin, flagged external). The library checks
+// that a copy-in brings every piece of its memory, so a file that is
+// missing fails the restore rather than losing memory.
+func fastProcs(ctx context.Context, src streamer.Source) ([]manifest.CUDAProcess, error) {
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		return a.Manifest().CUDA, nil
+	}
+	files, err := src.Files(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var procs []manifest.CUDAProcess
+	at := map[int]int{}
+	for _, f := range files { // sorted by name
+		pid, ok := vramFilePID(f.Name)
+		if !ok || !f.External {
+			continue
+		}
+		i, seen := at[pid]
+		if !seen {
+			i = len(procs)
+			at[pid] = i
+			procs = append(procs, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload})
+		}
+		procs[i].Files = append(procs[i].Files, f.Name)
+		procs[i].Bytes += f.Size
+	}
+	return procs, nil
+}
+
+// vramFilePID is the PID in a fast-path file's name, vram-PID-KK.bin.
+func vramFilePID(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "vram-")
+	if !ok {
+		return 0, false
+	}
+	p, k, ok := strings.Cut(strings.TrimSuffix(rest, ".bin"), "-")
+	if !ok || !strings.HasSuffix(rest, ".bin") || len(k) != 2 || !digits(p) || !digits(k) {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
 // suspendTo is `gpu suspend --to DEST` for processes that run with the
 // library: their device memory goes into a checkpoint at o.To (committed),
 // is released, and the driver's lock and checkpoint free the rest (the
@@ -196,7 +257,7 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	}
 	cc := &cudaCheckpoint{drv: drv, pids: pids}
 	meta := manifest.Manifest{Tool: o.Tool}
-	phases, err := cc.fastSuspend(ctx, o.FastPath, o.To, c, &meta, o.Hooks)
+	phases, err := cc.fastSuspend(ctx, o.FastPath, fastCarried(o.To), c, &meta, o.Hooks)
 	if err == nil && cc.fast == nil {
 		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (a stream destination?)", o.To)
 	}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
@@ -36,7 +38,7 @@ func TestFastPathNotTaken(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cc := &cudaCheckpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
 			var meta manifest.Manifest
-			ps, err := cc.fastSuspend(context.Background(), tc.f, tc.dest, nil, &meta, Hooks{})
+			ps, err := cc.fastSuspend(context.Background(), tc.f, fastCarried(tc.dest), nil, &meta, Hooks{})
 			if err != nil || ps != nil || cc.fast != nil {
 				t.Fatalf("phases %v, err %v, fast %v: want nothing done", ps, err, cc.fast)
 			}
@@ -80,6 +82,44 @@ func TestGPUStepFastPathRefusals(t *testing.T) {
 			}
 			if _, serr := os.Stat(ar.Path); serr == nil {
 				t.Errorf("a refused suspend --to left %s", ar.Path)
+			}
+		})
+	}
+}
+
+// listSource is a stream source that only lists files.
+type listSource struct {
+	streamer.Source
+	files []manifest.File
+}
+
+func (s listSource) Files(context.Context) ([]manifest.File, error) { return s.files, nil }
+
+// TestFastProcsFromStream: a stream (the copy migrate keeps) carries no
+// manifest a restore reads; its fast-path processes are those whose VRAM
+// files it holds, by name, flagged external. Anything else is not one.
+func TestFastProcsFromStream(t *testing.T) {
+	ext := func(name string, size int64) manifest.File {
+		return manifest.File{Name: name, Size: size, External: true}
+	}
+	tests := []struct {
+		name  string
+		files []manifest.File
+		want  []manifest.CUDAProcess
+	}{
+		{"none", []manifest.File{{Name: "pages-1.img"}, {Name: "inventory.img"}}, nil},
+		{"two processes", []manifest.File{ext("vram-12-00.bin", 5), ext("vram-12-01.bin", 7), {Name: "pages-1.img"}, ext("vram-9-00.bin", 3)},
+			[]manifest.CUDAProcess{{PID: 12, Path: manifest.CUDAPathPreload, Files: []string{"vram-12-00.bin", "vram-12-01.bin"}, Bytes: 12},
+				{PID: 9, Path: manifest.CUDAPathPreload, Files: []string{"vram-9-00.bin"}, Bytes: 3}}},
+		{"not external", []manifest.File{{Name: "vram-12-00.bin", Size: 5}}, nil},
+		{"not the pattern", []manifest.File{ext("vram-12-0.bin", 1), ext("vram-12-000.bin", 1), ext("vram--00.bin", 1), ext("vram-0-00.bin", 1),
+			ext("vram-+1-00.bin", 1), ext("vram-12-00.img", 1), ext("12-00.bin", 1), ext("vram-12-00.bin.x", 1), ext("vram-1x-00.bin", 1)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := fastProcs(context.Background(), listSource{files: tc.files})
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("fastProcs = %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
 	}
