@@ -93,10 +93,17 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 
 // fastCarried says whether a checkpoint into dest can carry the fast
 // path's files: an archive or S3, whose restore finds them through the
-// manifest. A stream destination keeps the driver path: what reads it may
-// be criu restore or extract, which would leave the processes parked with
-// no device memory (migrate decides by the receiver instead).
+// manifest, or a stream (stdout, a stream file), whose restore finds them
+// by name (fastProcs). tcp:// keeps the driver path: the receiver may
+// serve an external criu restore, which would leave the processes parked
+// with no device memory (migrate asks the receiver instead).
 func fastCarried(dest location.Location) bool {
+	return archived(dest) || dest.Kind == location.Stdio || dest.Kind == location.StreamFile
+}
+
+// archived says whether dest is an archive (local or S3): what `gpu resume
+// --from` reads.
+func archived(dest location.Location) bool {
 	return dest.Kind == location.Archive || dest.Kind == location.S3
 }
 
@@ -257,9 +264,9 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	}
 	cc := &cudaCheckpoint{drv: drv, pids: pids}
 	meta := manifest.Manifest{Tool: o.Tool}
-	phases, err := cc.fastSuspend(ctx, o.FastPath, fastCarried(o.To), c, &meta, o.Hooks)
+	phases, err := cc.fastSuspend(ctx, o.FastPath, archived(o.To), c, &meta, o.Hooks)
 	if err == nil && cc.fast == nil {
-		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (a stream destination?)", o.To)
+		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (gpu resume --from reads an archive: a directory or s3://)", o.To)
 	}
 	if err != nil {
 		abortCapture(ctx, c, err)

@@ -17,8 +17,9 @@ import (
 )
 
 // TestFastPathNotTaken: without the library in the process, with the fast
-// path off, or into a destination a restore reads no manifest from, the
-// fast path does nothing and the manifest records the driver's path.
+// path off, or into a destination that may not restore the VRAM files
+// (tcp://), the fast path does nothing and the manifest records the
+// driver's path.
 func TestFastPathNotTaken(t *testing.T) {
 	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
 	pid := os.Getpid() // a process without libgpucr-preload
@@ -30,8 +31,6 @@ func TestFastPathNotTaken(t *testing.T) {
 	}{
 		{"no library", FastPath{}, archive},
 		{"off", FastPath{Mode: FastPathOff}, archive},
-		{"stdout", FastPath{}, location.Location{Kind: location.Stdio, Raw: "-"}},
-		{"stream file", FastPath{}, location.Location{Kind: location.StreamFile, Path: "f", Raw: "f"}},
 		{"tcp", FastPath{}, location.Location{Kind: location.TCP, Path: "h:1", Raw: "tcp://h:1"}},
 	}
 	for _, tc := range tests {
@@ -122,5 +121,26 @@ func TestFastProcsFromStream(t *testing.T) {
 				t.Fatalf("fastProcs = %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestFastCarried: the destinations whose restore brings the VRAM files
+// back take the fast path; gpu suspend --to needs an archive, which gpu
+// resume --from reads.
+func TestFastCarried(t *testing.T) {
+	for _, tc := range []struct {
+		kind              location.Kind
+		carried, archived bool
+	}{
+		{location.Archive, true, true},
+		{location.S3, true, true},
+		{location.Stdio, true, false},
+		{location.StreamFile, true, false},
+		{location.TCP, false, false},
+	} {
+		l := location.Location{Kind: tc.kind}
+		if fastCarried(l) != tc.carried || archived(l) != tc.archived {
+			t.Errorf("kind %d: carried %v, archived %v; want %v, %v", tc.kind, fastCarried(l), archived(l), tc.carried, tc.archived)
+		}
 	}
 }
