@@ -335,7 +335,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		procs, err := fastProcs(ctx, src)
 		if err == nil {
 			var ps []Phase
-			ps, err = fastRestore(ctx, src, procs)
+			ps, err = fastRestore(ctx, src, procs, cudaPIDs)
 			phases = append(phases, ps...)
 		}
 		if err != nil {

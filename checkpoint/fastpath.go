@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -167,8 +168,11 @@ func (cc *cudaCheckpoint) fastCommit() {
 
 // fastRestore brings back the device memory of the restored processes that
 // took the fast path (procs, from the manifest), after the driver's restore
-// and unlock. Those that fail stay parked.
-func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess) ([]Phase, error) {
+// and unlock. Those that fail stay parked. It touches only the restored
+// CUDA processes, pids: a record naming any other (a damaged or hostile
+// checkpoint) is an error, never a copy into an unrelated process that
+// runs with the library.
+func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var errs []error
 	get := func(ctx context.Context, name string, w io.Writer) error {
@@ -177,6 +181,10 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 	}
 	for _, p := range procs {
 		if p.Path != manifest.CUDAPathPreload {
+			continue
+		}
+		if !slices.Contains(pids, p.PID) {
+			errs = append(errs, fmt.Errorf("the checkpoint records process %d on the fast path, but it is not one of the restored CUDA processes %v", p.PID, pids))
 			continue
 		}
 		r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
@@ -305,6 +313,6 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 	if err != nil {
 		return phases, err
 	}
-	ps, err := fastRestore(ctx, src, a.Manifest().CUDA)
+	ps, err := fastRestore(ctx, src, a.Manifest().CUDA, pids)
 	return append(phases, ps...), err
 }

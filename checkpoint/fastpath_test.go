@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -142,5 +143,21 @@ func TestFastCarried(t *testing.T) {
 		if fastCarried(l) != tc.carried || archived(l) != tc.archived {
 			t.Errorf("kind %d: carried %v, archived %v; want %v, %v", tc.kind, fastCarried(l), archived(l), tc.carried, tc.archived)
 		}
+	}
+}
+
+// TestFastRestoreOnlyRestored: a fast-path record naming a process that is
+// not one of the restored CUDA processes is refused before anything
+// reaches that process's library.
+func TestFastRestoreOnlyRestored(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("GPUCR_PRELOAD_DIR", dir)
+	procs := []manifest.CUDAProcess{{PID: 4242, Path: manifest.CUDAPathPreload, Files: []string{"vram-4242-00.bin"}}}
+	_, err := fastRestore(context.Background(), listSource{}, procs, []int{4343})
+	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
+		t.Fatalf("fastRestore of another process: %v", err)
+	}
+	if errors.Is(err, vram.ErrNoPreload) {
+		t.Fatalf("fastRestore dialled process 4242: %v", err)
 	}
 }
