@@ -33,13 +33,13 @@ type fastReceiver struct {
 }
 
 // startReceiver runs `receive --listen 127.0.0.1:0 --restore` with the fast
-// path's environment and waits until it listens.
-func (e *fastEnv) startReceiver(ctx context.Context, t *testing.T, tok string, args ...string) *fastReceiver {
+// path's environment (and env) and waits until it listens.
+func (e *fastEnv) startReceiver(ctx context.Context, t *testing.T, env []string, tok string, args ...string) *fastReceiver {
 	t.Helper()
 	r := &fastReceiver{done: make(chan error, 1)}
 	cmd := exec.CommandContext(ctx, e.gcs, append([]string{"receive", "--listen", "127.0.0.1:0", "--token-file", tok, "--net-timeout", "3s",
 		"--restore", "--json", "--no-progress"}, args...)...)
-	cmd.Env = e.env()
+	cmd.Env = append(e.env(), env...)
 	cmd.Stdout = &r.stdout
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
@@ -100,6 +100,27 @@ func TestFastPathMigrate(t *testing.T) {
 	if err := os.WriteFile(tokFile, tok, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// restoreKept restores the image migrate kept (named in its error
+	// migErr) and checks that the process runs with its memory.
+	restoreKept := func(t *testing.T, migErr error, keep string, pid int, tdir, name string) {
+		t.Helper()
+		kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(migErr.Error())
+		if kept == nil || filepath.Dir(kept[1]) != keep {
+			t.Fatalf("migrate does not name the kept image in %s: %v", keep, migErr)
+		}
+		out, err := e.gcsRun(ctx, "restore", "--from", kept[1], "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "w-restore-"+name), "--json", "--no-progress")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rs phases
+		if err := json.Unmarshal(out, &rs); err != nil || rs.PID != pid || !rs.has("vram copy in") {
+			t.Fatalf("restore from the kept image: %s (%v)", out, err)
+		}
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+			t.Fatalf("after the restore from the kept image: %q", r)
+		}
+	}
 	noKeptVRAM := func(t *testing.T) {
 		t.Helper()
 		if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
@@ -115,7 +136,7 @@ func TestFastPathMigrate(t *testing.T) {
 			t.Fatalf("before: %q", r)
 		}
 		keep := mkdir(t, filepath.Join(e.dir, "keep-moved"))
-		recv := e.startReceiver(ctx, t, tokFile, "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-moved"))
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-moved"))
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "moved", "--keep-dir", keep, "--streams", "2")...)
 		if err != nil {
 			t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(ctx))
@@ -151,7 +172,7 @@ func TestFastPathMigrate(t *testing.T) {
 	t.Run("criu fails on the sender", func(t *testing.T) {
 		pid, tdir, _ := e.start(t, "sendfail")
 		keep := mkdir(t, filepath.Join(e.dir, "keep-sendfail"))
-		recv := e.startReceiver(ctx, t, tokFile, "--criu", e.criu)
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu)
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "sendfail", "--keep-dir", keep, "--criu-opts", "--no-such-criu-option")...)
 		if err == nil || !strings.Contains(err.Error(), "keeps running here") || !strings.Contains(err.Error(), "restored and unlocked") ||
 			!strings.Contains(err.Error(), "GPU fast path: ") {
@@ -172,7 +193,7 @@ func TestFastPathMigrate(t *testing.T) {
 	t.Run("receiver refuses", func(t *testing.T) {
 		pid, tdir, _ := e.start(t, "recvfail")
 		keep := mkdir(t, filepath.Join(e.dir, "keep-recvfail"))
-		recv := e.startReceiver(ctx, t, tokFile, "--criu", e.criu, "--memory-limit", "1MiB", "--spill-dir", filepath.Join(e.dir, "no-such-dir"))
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu, "--memory-limit", "1MiB", "--spill-dir", filepath.Join(e.dir, "no-such-dir"))
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "recvfail", "--keep-dir", keep, "--codec", "none")...)
 		if err == nil || !strings.Contains(err.Error(), "keeps running here") || !strings.Contains(err.Error(), "GPU fast path: ") {
 			t.Fatalf("migrate (fast path) to a receiver that cannot hold it: %v %s", err, out)
@@ -197,7 +218,7 @@ func TestFastPathMigrate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		recv := e.startReceiver(ctx, t, tokFile, "--criu", falseBin)
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", falseBin)
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "kept", "--keep-dir", keep)...)
 		if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
 			t.Fatalf("migrate to a failing restore: %v %s", err, out)
@@ -205,24 +226,39 @@ func TestFastPathMigrate(t *testing.T) {
 		if rerr := recv.wait(ctx); rerr == nil {
 			t.Fatal("receiver succeeded with a failing criu")
 		}
-		kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
-		if kept == nil || filepath.Dir(kept[1]) != keep {
-			t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
-		}
 		waitGone()
 		noKeptVRAM(t)
-		out, err = e.gcsRun(ctx, "restore", "--from", kept[1], "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "w-kept-restore"), "--json", "--no-progress")
-		if err != nil {
-			t.Fatal(err)
+		restoreKept(t, err, keep, pid, tdir, "kept")
+	})
+
+	// The copy-in fails on the receiver (it looks for the library's
+	// control socket in the wrong directory): the restored process, parked
+	// with no device memory, is killed there, and the sender's kept copy
+	// brings it back here.
+	t.Run("copy in fails on the receiver", func(t *testing.T) {
+		pid, tdir, waitGone := e.start(t, "copyin")
+		keep := mkdir(t, filepath.Join(e.dir, "keep-copyin"))
+		recv := e.startReceiver(ctx, t, []string{"GPUCR_PRELOAD_DIR=" + filepath.Join(e.dir, "elsewhere")}, tokFile,
+			"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-copyin"))
+		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "copyin", "--keep-dir", keep)...)
+		if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") || !strings.Contains(err.Error(), "its device memory is not") {
+			t.Fatalf("migrate to a receiver whose copy-in fails: %v %s", err, out)
 		}
-		var rs phases
-		if err := json.Unmarshal(out, &rs); err != nil || rs.PID != pid || !rs.has("vram copy in") {
-			t.Fatalf("restore from the kept image: %s (%v)", out, err)
+		if rerr := recv.wait(ctx); rerr == nil || !strings.Contains(rerr.Error(), "it was killed here") {
+			t.Fatalf("receiver: %v", rerr)
 		}
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-			t.Fatalf("after the restore from the kept image: %q", r)
+		waitGone()
+		// The restored process (same PID) is gone too.
+		if werr := WaitPIDGone(ctx, pid); werr != nil {
+			t.Fatalf("the receiver's restored process: %v", werr)
 		}
+		// The fake driver keeps its process states by PID outside the
+		// process: the receiver's restore left this PID's running, where
+		// the real driver's state is in the image, checkpointed (2).
+		if werr := os.WriteFile(filepath.Join(e.cudaState, strconv.Itoa(pid)), []byte("2\n"), 0o644); werr != nil {
+			t.Fatal(werr)
+		}
+		restoreKept(t, err, keep, pid, tdir, "copyin")
 	})
 
 	// --leave-running: the source gets its device memory back from the
@@ -230,7 +266,7 @@ func TestFastPathMigrate(t *testing.T) {
 	// receiver, in the same PID space, cannot restore over it.
 	t.Run("leave running", func(t *testing.T) {
 		pid, tdir, _ := e.start(t, "leave")
-		recv := e.startReceiver(ctx, t, tokFile, "--criu", e.criu)
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu)
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "leave", "--leave-running")...)
 		if err == nil || !strings.Contains(err.Error(), "still running here") || !strings.Contains(err.Error(), "GPU fast path: ") {
 			t.Fatalf("migrate --leave-running (fast path) into this PID space: %v %s", err, out)
