@@ -22,7 +22,8 @@ import (
 // receiver copies them in after its CRIU and driver restore; a failure
 // before the commit refills the source; a restore that fails on the
 // receiver leaves the sender's kept copy, from which `restore` brings the
-// device memory back too.
+// device memory back too; a migrate killed after the release leaves the
+// library to refill the source.
 
 // fastReceiver is a `receive --restore` on a loopback port.
 type fastReceiver struct {
@@ -259,6 +260,47 @@ func TestFastPathMigrate(t *testing.T) {
 			t.Fatal(werr)
 		}
 		restoreKept(t, err, keep, pid, tdir, "copyin")
+	})
+
+	// migrate killed (SIGKILL) after the release, before the driver's
+	// lock: the library refills the source from the kept copy by itself
+	// and it runs on; the receiver, its stream cut, restores nothing.
+	t.Run("killed after the release", func(t *testing.T) {
+		pid, tdir, _ := e.start(t, "killed")
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu)
+		marker := filepath.Join(e.dir, "paused-killed")
+		cmd := exec.CommandContext(ctx, e.gcs, e.migrateArgs(pid, recv, tokFile, "killed", "--keep-dir", "none")...)
+		cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE=released:"+marker)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		for end := time.Now().Add(20 * time.Second); !fileExists(marker); time.Sleep(10 * time.Millisecond) {
+			select {
+			case <-exited:
+				t.Fatal("migrate ended before the release")
+			default:
+			}
+			if time.Now().After(end) {
+				cmd.Process.Kill()
+				<-exited
+				t.Fatal("migrate never reached the release")
+			}
+		}
+		cmd.Process.Kill()
+		<-exited
+		if rerr := recv.wait(ctx); rerr == nil || !strings.Contains(rerr.Error(), "nothing is restored") {
+			t.Fatalf("receiver: %v", rerr)
+		}
+		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+			t.Fatalf("after migrate was killed: %q", r)
+		}
+		status, _ := os.ReadFile(filepath.Join(e.sockDir, "preload-"+strconv.Itoa(pid)+".status"))
+		if !strings.HasPrefix(string(status), "resumed") {
+			t.Fatalf("the library's status %q, want resumed", status)
+		}
+		noKeptVRAM(t)
 	})
 
 	// --leave-running: the source gets its device memory back from the
