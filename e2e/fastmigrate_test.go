@@ -147,8 +147,9 @@ func TestFastPathMigrate(t *testing.T) {
 		}
 		var mres struct {
 			phases
-			RestoredPID int    `json:"restored_pid"`
-			DowntimeTo  string `json:"downtime_to"`
+			RestoredPID  int     `json:"restored_pid"`
+			DowntimeTo   string  `json:"downtime_to"`
+			DowntimeSecs float64 `json:"downtime_seconds"`
 		}
 		if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != "restored" ||
 			!mres.has("vram copy out") || !mres.has("vram release") || !mres.has("gpu checkpoint") {
@@ -165,6 +166,7 @@ func TestFastPathMigrate(t *testing.T) {
 		}
 		emptyDir(t, keep)
 		noKeptVRAM(t)
+		t.Logf("downtime %.3fs; migrate phases %+v; receive phases %+v", mres.DowntimeSecs, mres.Phases, rres.Phases)
 	})
 
 	// CRIU fails on the sender after the release: the source's driver
