@@ -8,10 +8,10 @@
 // too (cuda.go), with the GPU fast path for processes that run with
 // libgpucr-preload (fastpath.go).
 //
-// Size: about 1,900 lines, over the project's 1,500. The GPU half (cuda.go,
-// fastpath.go, gpu.go: some 680 lines) is the cut, into a package beside
-// this one; it waits until the fast path also serves migrate (issue 12),
-// which will change how that half and Migrate meet.
+// Size: about 2,050 lines, over the project's 1,500. The GPU half (cuda.go,
+// fastpath.go, gpu.go: some 770 lines) is the cut, into a package beside
+// this one; now that migrate takes the fast path too, through the same
+// cudaCheckpoint calls as Checkpoint, the cut can be made.
 package checkpoint
 
 import (
@@ -190,7 +190,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	defer done()
 	// The fast path first (the processes' device memory into the capture,
 	// then released), so that the driver's checkpoint finds little to copy.
-	ps, err := cc.fastSuspend(ctx, o.FastPath, o.Dest, c, &meta, o.Hooks)
+	ps, err := cc.fastSuspend(ctx, o.FastPath, fastCarried(o.Dest), c, &meta, o.Hooks)
 	phases = append(phases, ps...)
 	if err == nil {
 		ps, err = cc.suspend(ctx, o.CUDA.LockTimeout)
@@ -330,9 +330,8 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer src.Close()
 	defer done()
 	var recorded []manifest.GPU
-	var cudaProcs []manifest.CUDAProcess
 	if a, ok := src.(*streamer.ArchiveSource); ok {
-		recorded, cudaProcs = a.Manifest().GPUs, a.Manifest().CUDA
+		recorded = a.Manifest().GPUs
 	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err != nil {
@@ -354,8 +353,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	// Those that took the fast path wait, parked, for their memory.
 	if o.CUDA.mode() != CUDAOff {
-		ps, err := fastRestore(ctx, src, cudaProcs)
-		phases = append(phases, ps...)
+		procs, err := fastProcs(ctx, src)
+		if err == nil {
+			var ps []Phase
+			ps, err = fastRestore(ctx, src, procs, cudaPIDs)
+			phases = append(phases, ps...)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("restore from %s: process %d restored, but its device memory is not: %w", o.Src, rep.PID, err)
 		}

@@ -16,6 +16,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -48,19 +51,20 @@ type FastPath struct {
 }
 
 // fastSuspend moves the device memory of cc's processes out of the device
-// when every one of them runs with the library and can, and dest is one a
-// restore reads a manifest from (an archive, S3); else it does nothing and
-// the driver's checkpoint takes it all, as without the library. It returns
-// once the memory is released, with the VRAM files still being stored into
-// c (from the kept copy): the commit waits for them (fastWait, in dump). It
-// records the path each process took in meta. On failure it has undone its
-// steps: the processes run on.
-func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, dest location.Location, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
+// when every one of them runs with the library and can, and carried says
+// that what restores c brings the VRAM files back (fastCarried; migrate: a
+// receiver that restores); else it does nothing and the driver's checkpoint
+// takes it all, as without the library. It returns once the memory is
+// released, with the VRAM files still being stored into c (from the kept
+// copy): the commit waits for them (fastWait, in dump). It records the path
+// each process took in meta. On failure it has undone its steps: the
+// processes run on.
+func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried bool, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	if !cc.fastPossible(ctx, f, dest, h) {
+	if !cc.fastPossible(ctx, f, carried, h) {
 		return nil, nil
 	}
 	keep, err := os.MkdirTemp(f.KeepDir, "gpucr-vram-keep-")
@@ -121,12 +125,27 @@ func (cc *cudaCheckpoint) fastStorePhases() []Phase {
 	return []Phase{{"vram store (beside the dump)", cc.fast.Timings.Store.Seconds()}}
 }
 
-// fastPossible says whether the fast path can be taken: f allows it, dest
-// is an archive or S3 (a stream destination keeps the driver path: the
-// restore finds the files through the manifest), and every process has the
-// library loaded and says it can.
-func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, dest location.Location, h Hooks) bool {
-	if f.Mode == FastPathOff || (dest.Kind != location.Archive && dest.Kind != location.S3) {
+// fastCarried says whether a checkpoint into dest can carry the fast
+// path's files: an archive or S3, whose restore finds them through the
+// manifest, or a stream (stdout, a stream file), whose restore finds them
+// by name (fastProcs). tcp:// keeps the driver path: the receiver may
+// serve an external criu restore, which would leave the processes parked
+// with no device memory (migrate asks the receiver instead).
+func fastCarried(dest location.Location) bool {
+	return archived(dest) || dest.Kind == location.Stdio || dest.Kind == location.StreamFile
+}
+
+// archived says whether dest is an archive (local or S3): what `gpu resume
+// --from` reads.
+func archived(dest location.Location) bool {
+	return dest.Kind == location.Archive || dest.Kind == location.S3
+}
+
+// fastPossible says whether the fast path can be taken: f allows it, the
+// destination carries the files, and every process has the library loaded
+// and says it can.
+func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried bool, h Hooks) bool {
+	if f.Mode == FastPathOff || !carried {
 		return false
 	}
 	for _, pid := range cc.pids {
@@ -182,8 +201,11 @@ func (cc *cudaCheckpoint) fastCommit() {
 
 // fastRestore brings back the device memory of the restored processes that
 // took the fast path (procs, from the manifest), after the driver's restore
-// and unlock. Those that fail stay parked.
-func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess) ([]Phase, error) {
+// and unlock. Those that fail stay parked. It touches only the restored
+// CUDA processes, pids: a record naming any other (a damaged or hostile
+// checkpoint) is an error, never a copy into an unrelated process that
+// runs with the library.
+func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var errs []error
 	get := func(ctx context.Context, name string, w io.Writer) error {
@@ -192,6 +214,10 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 	}
 	for _, p := range procs {
 		if p.Path != manifest.CUDAPathPreload {
+			continue
+		}
+		if !slices.Contains(pids, p.PID) {
+			errs = append(errs, fmt.Errorf("the checkpoint records process %d on the fast path, but it is not one of the restored CUDA processes %v", p.PID, pids))
 			continue
 		}
 		r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
@@ -208,6 +234,57 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)
 	}
 	return ps, nil
+}
+
+// fastProcs are the CUDA records of the checkpoint src holds: an
+// archive's manifest; for a stream, which carries no manifest a restore
+// reads (the copy migrate keeps), the processes whose VRAM files it holds,
+// by their names (vram-PID-KK.bin, flagged external). The library checks
+// that a copy-in brings every piece of its memory, so a file that is
+// missing fails the restore rather than losing memory.
+func fastProcs(ctx context.Context, src streamer.Source) ([]manifest.CUDAProcess, error) {
+	if a, ok := src.(*streamer.ArchiveSource); ok {
+		return a.Manifest().CUDA, nil
+	}
+	files, err := src.Files(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var procs []manifest.CUDAProcess
+	at := map[int]int{}
+	for _, f := range files { // sorted by name
+		pid, ok := vramFilePID(f.Name)
+		if !ok || !f.External {
+			continue
+		}
+		i, seen := at[pid]
+		if !seen {
+			i = len(procs)
+			at[pid] = i
+			procs = append(procs, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload})
+		}
+		procs[i].Files = append(procs[i].Files, f.Name)
+		procs[i].Bytes += f.Size
+	}
+	return procs, nil
+}
+
+// vramFilePID is the PID in a fast-path file's name, vram-PID-KK.bin.
+func vramFilePID(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "vram-")
+	if !ok {
+		return 0, false
+	}
+	p, k, ok := strings.Cut(strings.TrimSuffix(rest, ".bin"), "-")
+	if !ok || !strings.HasSuffix(rest, ".bin") || len(k) != 2 || !digits(p) || !digits(k) {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // suspendTo is `gpu suspend --to DEST` for processes that run with the
@@ -230,9 +307,9 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	}
 	cc := &cudaCheckpoint{drv: drv, pids: pids}
 	meta := manifest.Manifest{Tool: o.Tool}
-	phases, err := cc.fastSuspend(ctx, o.FastPath, o.To, c, &meta, o.Hooks)
+	phases, err := cc.fastSuspend(ctx, o.FastPath, archived(o.To), c, &meta, o.Hooks)
 	if err == nil && cc.fast == nil {
-		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (a stream destination?)", o.To)
+		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (gpu resume --from reads an archive: a directory or s3://)", o.To)
 	}
 	if err != nil {
 		abortCapture(ctx, c, err)
@@ -283,6 +360,6 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 	if err != nil {
 		return phases, err
 	}
-	ps, err := fastRestore(ctx, src, a.Manifest().CUDA)
+	ps, err := fastRestore(ctx, src, a.Manifest().CUDA, pids)
 	return append(phases, ps...), err
 }

@@ -5,18 +5,22 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // TestFastPathNotTaken: without the library in the process, with the fast
-// path off, or into a destination a restore reads no manifest from, the
-// fast path does nothing and the manifest records the driver's path.
+// path off, or into a destination that may not restore the VRAM files
+// (tcp://), the fast path does nothing and the manifest records the
+// driver's path.
 func TestFastPathNotTaken(t *testing.T) {
 	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
 	pid := os.Getpid() // a process without libgpucr-preload
@@ -28,15 +32,13 @@ func TestFastPathNotTaken(t *testing.T) {
 	}{
 		{"no library", FastPath{}, archive},
 		{"off", FastPath{Mode: FastPathOff}, archive},
-		{"stdout", FastPath{}, location.Location{Kind: location.Stdio, Raw: "-"}},
-		{"stream file", FastPath{}, location.Location{Kind: location.StreamFile, Path: "f", Raw: "f"}},
 		{"tcp", FastPath{}, location.Location{Kind: location.TCP, Path: "h:1", Raw: "tcp://h:1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cc := &cudaCheckpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
 			var meta manifest.Manifest
-			ps, err := cc.fastSuspend(context.Background(), tc.f, tc.dest, nil, &meta, Hooks{})
+			ps, err := cc.fastSuspend(context.Background(), tc.f, fastCarried(tc.dest), nil, &meta, Hooks{})
 			if err != nil || ps != nil || cc.fast != nil {
 				t.Fatalf("phases %v, err %v, fast %v: want nothing done", ps, err, cc.fast)
 			}
@@ -82,5 +84,80 @@ func TestGPUStepFastPathRefusals(t *testing.T) {
 				t.Errorf("a refused suspend --to left %s", ar.Path)
 			}
 		})
+	}
+}
+
+// listSource is a stream source that only lists files.
+type listSource struct {
+	streamer.Source
+	files []manifest.File
+}
+
+func (s listSource) Files(context.Context) ([]manifest.File, error) { return s.files, nil }
+
+// TestFastProcsFromStream: a stream (the copy migrate keeps) carries no
+// manifest a restore reads; its fast-path processes are those whose VRAM
+// files it holds, by name, flagged external. Anything else is not one.
+func TestFastProcsFromStream(t *testing.T) {
+	ext := func(name string, size int64) manifest.File {
+		return manifest.File{Name: name, Size: size, External: true}
+	}
+	tests := []struct {
+		name  string
+		files []manifest.File
+		want  []manifest.CUDAProcess
+	}{
+		{"none", []manifest.File{{Name: "pages-1.img"}, {Name: "inventory.img"}}, nil},
+		{"two processes", []manifest.File{ext("vram-12-00.bin", 5), ext("vram-12-01.bin", 7), {Name: "pages-1.img"}, ext("vram-9-00.bin", 3)},
+			[]manifest.CUDAProcess{{PID: 12, Path: manifest.CUDAPathPreload, Files: []string{"vram-12-00.bin", "vram-12-01.bin"}, Bytes: 12},
+				{PID: 9, Path: manifest.CUDAPathPreload, Files: []string{"vram-9-00.bin"}, Bytes: 3}}},
+		{"not external", []manifest.File{{Name: "vram-12-00.bin", Size: 5}}, nil},
+		{"not the pattern", []manifest.File{ext("vram-12-0.bin", 1), ext("vram-12-000.bin", 1), ext("vram--00.bin", 1), ext("vram-0-00.bin", 1),
+			ext("vram-+1-00.bin", 1), ext("vram-12-00.img", 1), ext("12-00.bin", 1), ext("vram-12-00.bin.x", 1), ext("vram-1x-00.bin", 1)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := fastProcs(context.Background(), listSource{files: tc.files})
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("fastProcs = %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFastCarried: the destinations whose restore brings the VRAM files
+// back take the fast path; gpu suspend --to needs an archive, which gpu
+// resume --from reads.
+func TestFastCarried(t *testing.T) {
+	for _, tc := range []struct {
+		kind              location.Kind
+		carried, archived bool
+	}{
+		{location.Archive, true, true},
+		{location.S3, true, true},
+		{location.Stdio, true, false},
+		{location.StreamFile, true, false},
+		{location.TCP, false, false},
+	} {
+		l := location.Location{Kind: tc.kind}
+		if fastCarried(l) != tc.carried || archived(l) != tc.archived {
+			t.Errorf("kind %d: carried %v, archived %v; want %v, %v", tc.kind, fastCarried(l), archived(l), tc.carried, tc.archived)
+		}
+	}
+}
+
+// TestFastRestoreOnlyRestored: a fast-path record naming a process that is
+// not one of the restored CUDA processes is refused before anything
+// reaches that process's library.
+func TestFastRestoreOnlyRestored(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("GPUCR_PRELOAD_DIR", dir)
+	procs := []manifest.CUDAProcess{{PID: 4242, Path: manifest.CUDAPathPreload, Files: []string{"vram-4242-00.bin"}}}
+	_, err := fastRestore(context.Background(), listSource{}, procs, []int{4343})
+	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
+		t.Fatalf("fastRestore of another process: %v", err)
+	}
+	if errors.Is(err, vram.ErrNoPreload) {
+		t.Fatalf("fastRestore dialled process 4242: %v", err)
 	}
 }

@@ -6,6 +6,13 @@ package checkpoint
 // source is gone, confirm, and wait for the receiver's restore. Until the
 // commit a failure leaves the process running here; after it, the local
 // copy is what is not lost.
+//
+// The GPU fast path (fastpath.go) is taken as for a checkpoint when the
+// receiver restores (it brings the VRAM files back after the driver's
+// restore; one that serves an external criu restore would leave the
+// processes parked): the VRAM files go first into the stream, the commit
+// tells the receiver which processes took it, and a failure before the
+// commit refills the source's device memory from the copy kept here.
 
 import (
 	"context"
@@ -40,8 +47,11 @@ type MigrateOptions struct {
 	KeepDir string
 	NoKeep  bool
 	CUDA    CUDA
-	Tool    string
-	Hooks   Hooks
+	// FastPath moves the device memory of CUDA processes that run with
+	// libgpucr-preload through the stream (fastpath.go).
+	FastPath FastPath
+	Tool     string
+	Hooks    Hooks
 }
 
 // MigrateResult is a migration's outcome.
@@ -204,13 +214,19 @@ func (m *migration) dump(ctx context.Context) error {
 	tree, _ := proc.Tree(m.o.PID)
 	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
 	defer done()
-	// The downtime starts with the GPU lock: CUDA work stops there.
+	// The downtime starts where CUDA work stops: the fast path's park, or
+	// the GPU lock.
 	m.dumpStart = time.Now()
-	ps, err := m.cc.suspend(ctx, m.o.CUDA.LockTimeout)
+	ps, err := m.cc.fastSuspend(ctx, m.o.FastPath, m.info.Restores, c, &meta, m.o.Hooks)
 	phases = append(phases, ps...)
+	if err == nil {
+		ps, err = m.cc.suspend(ctx, m.o.CUDA.LockTimeout)
+		phases = append(phases, ps...)
+	}
 	var rep capture.DumpReport
 	if err != nil {
-		// A failed suspend has undone its steps, and CRIU does not run.
+		// A failed fastSuspend or suspend has undone its steps (the
+		// device memory is back), and CRIU does not run.
 		abortCapture(ctx, c, err)
 	} else {
 		m.man, rep, err = dump(ctx, c, meta, capture.DumpOptions{
@@ -232,9 +248,11 @@ func (m *migration) dump(ctx context.Context) error {
 }
 
 // recordDump notes a committed dump in the result; with LeaveRunning the
-// source runs on at once, GPU included, while the receiver restores its
-// copy.
+// source runs on at once, GPU included (the fast path refills its device
+// memory from the kept copy), while the receiver restores its copy;
+// otherwise CRIU has killed it and the fast path's kept copy goes.
 func (m *migration) recordDump(phases []Phase, rep capture.DumpReport) {
+	phases = append(phases, m.cc.fastStorePhases()...)
 	m.res.Phases = append(phases,
 		Phase{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
 		Phase{"receiver verifies (commit)", rep.Commit.Seconds()})
@@ -244,6 +262,8 @@ func (m *migration) recordDump(phases []Phase, rep capture.DumpReport) {
 		if err != nil {
 			m.gpuErr = fmt.Errorf("resuming the GPU state of the source failed: %w (retry with `gpucr-stream gpu resume --pid %d`)", err, m.o.PID)
 		}
+	} else {
+		m.cc.fastCommit()
 	}
 	if m.keep != nil {
 		m.res.KeptImage = m.keep.Name()
@@ -262,7 +282,7 @@ func (m *migration) handOver(ctx context.Context) error {
 	if !m.o.LeaveRunning {
 		m.waitSourceGone(ctx)
 	}
-	if err := m.out.Confirm(ctx, tcp.CommitInfo{LeftRunning: m.o.LeaveRunning, GPUs: m.man.GPUs}); err != nil {
+	if err := m.out.Confirm(ctx, tcp.CommitInfo{LeftRunning: m.o.LeaveRunning, GPUs: m.man.GPUs, CUDA: m.man.CUDA}); err != nil {
 		return m.lost(err)
 	}
 	if !m.info.Restores {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -173,6 +175,14 @@ func (r *receiver) restore(ctx context.Context) error {
 	}
 	criuSecs := time.Since(rstart).Seconds()
 	report, cudaPIDs, t, err := finishRestore(r.o.CUDA, rep, err, pairs)
+	var fast []Phase
+	if err == nil && r.o.CUDA.mode() != CUDAOff {
+		// Those that took the fast path wait, parked, for their memory.
+		if fast, err = fastRestore(ctx, r.src, ci.CUDA, cudaPIDs); err != nil {
+			err = fmt.Errorf("process %d restored, but its device memory is not: %w; %s", rep.PID, err, killRestored(rep.PID))
+			report = tcp.Report{Served: rep.Served, Error: err.Error()}
+		}
+	}
 	report.RestoreSecs = time.Since(rstart).Seconds()
 	r.report(report)
 	if err != nil {
@@ -182,7 +192,28 @@ func (r *receiver) restore(ctx context.Context) error {
 	r.res.PID, r.res.CUDAPIDs = rep.PID, cudaPIDs
 	r.res.Phases = append(r.res.Phases, Phase{"criu restore", criuSecs})
 	r.res.Phases = append(r.res.Phases, TimingPhases(t)...)
+	r.res.Phases = append(r.res.Phases, fast...)
 	return nil
+}
+
+// killRestored kills the tree of a restored process whose device memory
+// could not be brought back: parked, it could never run on, and the
+// sender (told the restore failed) keeps the image to restore it from.
+func killRestored(pid int) string {
+	tree, err := proc.Tree(pid)
+	if err != nil {
+		return fmt.Sprintf("it could not be killed here (%v): kill it before restoring the sender's copy", err)
+	}
+	var errs []error
+	for _, p := range tree {
+		if err := unix.Kill(p, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill %d: %w", p, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Sprintf("killing it here failed (%v): kill it before restoring the sender's copy", err)
+	}
+	return "it was killed here"
 }
 
 // serve serves the checkpoint to an external `criu restore --stream`; a

@@ -471,3 +471,48 @@ func TestFastPathKilled(t *testing.T) {
 		})
 	}
 }
+
+// A fast-path checkpoint into a stream (--to -): the VRAM files travel in
+// it, and `restore --from` the stream finds them by name (a stream carries
+// no manifest a restore reads) and copies them in.
+func TestFastPathStream(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	pid, tdir, waitGone := e.start(t, "st")
+	stream := filepath.Join(e.dir, "ck.stream")
+	f, err := os.Create(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, e.gcs, "checkpoint", "--pid", strconv.Itoa(pid), "--to", "-", "--work-dir", filepath.Join(e.dir, "w"),
+		"--criu", e.criu, "--no-progress", "--vram-files", "2", "--vram-keep-dir", e.dir)
+	cmd.Env = e.env()
+	cmd.Stdout = f
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	f.Close()
+	if err != nil {
+		t.Fatalf("checkpoint --to -: %v: %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "vram copy out") {
+		t.Fatalf("checkpoint --to - took no fast path: %s", stderr.String())
+	}
+	waitGone()
+	out, err := e.gcsRun(ctx, "inspect", stream)
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("vram-%d-01.bin", pid)) {
+		t.Fatalf("the stream holds no VRAM files: %v %s", err, out)
+	}
+	out, err = e.gcsRun(ctx, "restore", "--from", stream, "--work-dir", filepath.Join(e.dir, "w2"), "--criu", e.criu, "--json", "--no-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs phases
+	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid {
+		t.Fatalf("restore: %s (%v)", out, err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after restore: %q", r)
+	}
+}

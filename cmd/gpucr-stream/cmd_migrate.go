@@ -10,7 +10,7 @@ import (
 )
 
 var migrateCommand = command{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
-	[]string{"@key", "@encode", "@tcp", "@criu", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate}
+	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate}
 
 type (
 	migrateResult = checkpoint.MigrateResult
@@ -36,9 +36,13 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	fast, err := cfg.fastPathOptions()
+	if err != nil {
+		return err
+	}
 	res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{PID: cfg.pid, Dest: dest, TCP: t, Stream: cfg.opts,
 		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, KeepDir: cfg.keepDir, NoKeep: cfg.keepDir == "none",
-		CUDA: cuda, Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
+		CUDA: cuda, FastPath: fast, Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
 	if err != nil {
 		return err
 	}

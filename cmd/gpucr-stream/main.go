@@ -115,7 +115,7 @@ var flagGroups = map[string][]string{
 	"key":    {"key-file"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	"criu":   {"criu", "work-dir", "criu-opts"},
-	// the GPU fast path of checkpoint and gpu suspend --to
+	// the GPU fast path of checkpoint, migrate and gpu suspend --to
 	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }
 

@@ -41,6 +41,13 @@
 #              receive --restore on 127.0.0.1:PORT, gpucr-stream migrate
 #              --to tcp://127.0.0.1:PORT; the process comes back with its PID
 #              (same PID namespace); the downtime is what counts
+#   migratefast
+#              the migrate round on the GPU fast path: the target runs under
+#              gpucr-stream run; the VRAM files go in the migration stream
+#              (--codec FAST_CODEC, the kept copy in VRAM_KEEP_DIR) and the
+#              receiver copies them in after its driver restore. The round
+#              fails unless migrate took the fast path ("vram copy out") and
+#              the receiver copied in ("vram copy in").
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again. After
 # every restore the target proves itself: every tensor checksum matches
@@ -58,7 +65,9 @@
 # VRAM_KEEP_DIR (fast path: the copy kept until the commit, /dev/shm),
 # GPU_MAP_ROUND (round whose restore remaps the GPU
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
-# the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512).
+# the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512),
+# RECV_SPILL_DIR (migrate rounds: where the receiver spills what it holds
+# beyond its memory limit until the restore; empty: its default, $TMPDIR).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -77,6 +86,7 @@ TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
 FAST_CODEC=${FAST_CODEC:-none}
 VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-/dev/shm}
 TCHILDREN=0
+RECV_SPILL_DIR=${RECV_SPILL_DIR:-}
 RECV_PID=
 T_START=$(date +%s.%N)
 
@@ -251,7 +261,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | migratefast) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	esac
 	t0=$(now)
@@ -696,13 +706,15 @@ stop_receiver() {
 	RECV_PID=
 }
 
-# round_migrate: live migration on this host over loopback. A receiver
-# (receive --restore) listens on 127.0.0.1; migrate --pid sends the target
-# to it; the receiver restores it with the same PID (one PID namespace).
-# Downtime: from the start of the dump (GPU lock first) to the receiver's
-# report that the process runs (GPU restored and unlocked).
+# round_migrate [fast]: live migration on this host over loopback. A
+# receiver (receive --restore) listens on 127.0.0.1; migrate --pid sends the
+# target to it; the receiver restores it with the same PID (one PID
+# namespace). Downtime: from the start of the dump (the fast path's park, or
+# the GPU lock) to the receiver's report that the process runs (GPU
+# restored and unlocked, device memory copied in). fast: the target runs
+# with the library and the migration must take the fast path.
 round_migrate() {
-	local tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=$WORK/keep port t0 tm mrc=0 rrc
+	local fast=${1:-} tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=$WORK/keep port t0 tm mrc=0 rrc
 	local mj=$WORK/logs/$ROUND-migrate.json me=$WORK/logs/$ROUND-migrate.err
 	local rj=$WORK/logs/$ROUND-receive.json re=$WORK/logs/$ROUND-receive.err
 	rm -rf "$w" "$w2" "$keep" "$tok"
@@ -715,10 +727,12 @@ round_migrate() {
 		log "$ROUND: no free port"
 		return 1
 	}
-	local copts=()
+	local copts=() mopts=() ropts=()
 	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
+	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR")
+	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
 	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
-		"${copts[@]}" >"$rj" 2>"$re" &
+		"${copts[@]}" "${ropts[@]}" >"$rj" 2>"$re" &
 	RECV_PID=$!
 	local i=0
 	until grep -q "receive: listening on" "$re" 2>/dev/null; do
@@ -733,7 +747,7 @@ round_migrate() {
 	log "$ROUND: receiver $RECV_PID: $(grep -m1 "receive: listening on" "$re")"
 	t0=$(now)
 	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
-		--keep-dir "$keep" --json "${copts[@]}" >"$mj" 2>"$me" || mrc=$?
+		--keep-dir "$keep" --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
 	tm=$(since "$t0")
 	# Once migrate has its report, the receiver is about done; after a
 	# failed migrate it may still wait for a sender.
@@ -769,6 +783,10 @@ round_migrate() {
 	if [ "$DEVICE" = cuda ] && [ "$ncuda" != "$want" ]; then
 		note="${note:+$note; }cuda_pids has $ncuda entries, want $want"
 	fi
+	if [ -n "$fast" ] && [ "$DEVICE" = cuda ]; then
+		grep -q '"vram copy out"' "$mj" || note="${note:+$note; }migrate did not take the fast path ($(grep -m1 "fast path" "$me"))"
+		grep -q '"vram copy in"' "$rj" || note="${note:+$note; }the receiver copied no device memory in"
+	fi
 	check_tree "$ROUND: after migrate"
 	local before=$COUNTER
 	if prove after && [ "$COUNTER" -gt "$before" ]; then
@@ -792,7 +810,9 @@ rp = {p["name"]: p["seconds"] for p in r.get("phases") or []}
 phases = {}
 for key, src, name in (("lock", mp, "gpu lock"), ("gpu_checkpoint", mp, "gpu checkpoint"),
                        ("dump", mp, "criu dump + transfer"), ("commit", mp, "receiver verifies (commit)"),
-                       ("criu_restore", rp, "criu restore"), ("gpu_restore", rp, "gpu restore"), ("unlock", rp, "gpu unlock")):
+                       ("criu_restore", rp, "criu restore"), ("gpu_restore", rp, "gpu restore"), ("unlock", rp, "gpu unlock"),
+                       ("vram_park", mp, "vram park"), ("vram_copy_out", mp, "vram copy out"), ("vram_release", mp, "vram release"),
+                       ("vram_remap", rp, "vram remap"), ("vram_copy_in", rp, "vram copy in")):
     if name in src:
         phases[key] = src[name]
 raw, wire, down = m.get("raw_bytes", 0), m.get("wire_bytes", 0), m.get("downtime_seconds", 0)
@@ -863,6 +883,7 @@ while [ $# -gt 0 ]; do
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
 	migrate) round_migrate ;;
+	migratefast) round_migrate fast ;;
 	*) round_gcs "$base" ;;
 	esac
 	rc=$?

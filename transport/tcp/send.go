@@ -46,6 +46,10 @@ type CommitInfo struct {
 	// dump): a multi-stream checkpoint carries no manifest, and the
 	// receiver needs them to restore the GPU state (--gpu-map).
 	GPUs []manifest.GPU `json:"gpus,omitempty"`
+	// CUDA are the manifest's records of the path each CUDA process's
+	// device memory took: a receiver restores the VRAM files of those that
+	// took the fast path after the driver's restore (migrate).
+	CUDA []manifest.CUDAProcess `json:"cuda,omitempty"`
 }
 
 // AckInfo travels with ACK: what the receiver verified.
@@ -470,7 +474,7 @@ func (t *Output) Commit(ctx context.Context, m *manifest.Manifest) error {
 	t.acked = true
 	t.mu.Unlock()
 	if t.opts.AutoCommit {
-		if err := t.Confirm(ctx, CommitInfo{GPUs: m.GPUs}); err != nil {
+		if err := t.Confirm(ctx, CommitInfo{GPUs: m.GPUs, CUDA: m.CUDA}); err != nil {
 			return err
 		}
 		for _, c := range t.conns {
