@@ -314,6 +314,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		recorded, cudaProcs = a.Manifest().GPUs, a.Manifest().CUDA
 	}
 	pairs, err := o.GPUMap.For(recorded)
+	if err == nil {
+		err = o.CUDA.checkMap(ctx, pairs, recorded)
+	}
 	if err != nil {
 		return nil, err
 	}

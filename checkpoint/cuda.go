@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -39,6 +40,8 @@ type CUDA struct {
 	// tests hand in fakes.
 	OpenDriver func() (vram.Driver, error)
 	FindProcs  func(root int) ([]vram.Usage, []int, error)
+	// HostGPUs defaults to vram.HostGPUs (the GPUs a --gpu-map may name).
+	HostGPUs func(ctx context.Context) ([]vram.HostGPU, error)
 }
 
 func (c CUDA) mode() CUDAMode {
@@ -292,6 +295,58 @@ func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
 		pairs = append(pairs, vram.GPUPair{Old: old, New: m.AllTo})
 	}
 	return pairs, nil
+}
+
+// checkMap refuses, before CRIU runs, a map the driver's restore would
+// fail on later, leaving a restored process stuck in the checkpointed
+// state: a new GPU this host lacks, or one with less free memory than the
+// checkpoint recorded for the GPUs mapped onto it. recorded nil checks the
+// GPUs only (a receiver before any sender). Without nvidia-smi nothing
+// is checked: the driver's restore decides.
+func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []manifest.GPU) error {
+	if len(pairs) == 0 || c.mode() == CUDAOff {
+		return nil
+	}
+	list := c.HostGPUs
+	if list == nil {
+		list = vram.HostGPUs
+	}
+	host, err := list(ctx)
+	if err != nil {
+		return nil
+	}
+	free := map[vram.UUID]int64{}
+	var names []string
+	for _, g := range host {
+		free[g.UUID] = g.Free
+		names = append(names, g.UUID.String())
+	}
+	need := map[vram.UUID]int64{}
+	for _, p := range pairs {
+		if _, ok := free[p.New]; !ok {
+			return errdefs.Usagef("--gpu-map: GPU %s is not on this host (its GPUs: %s)", p.New, strings.Join(names, ", "))
+		}
+		for _, g := range recorded {
+			if u, err := vram.ParseUUID(g.UUID); err == nil && u == p.Old {
+				need[p.New] += g.Bytes
+			}
+		}
+	}
+	for _, p := range pairs {
+		if n := need[p.New]; n > free[p.New] {
+			return errdefs.Usagef("--gpu-map %s=%s: GPU %s has %d MiB free, the checkpoint's memory mapped onto it needs %d MiB", p.Old, p.New, p.New, free[p.New]>>20, n>>20)
+		}
+	}
+	return nil
+}
+
+// targets are m's new GPUs as pairs (Old is zero for all=NEW), for
+// checkMap before the checkpoint's GPUs are known.
+func (m GPUMap) targets() []vram.GPUPair {
+	if m.All {
+		return []vram.GPUPair{{New: m.AllTo}}
+	}
+	return m.Pairs
 }
 
 // TimingPhases lists the non-zero driver steps.

@@ -71,6 +71,11 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 		if r.criu, err = capture.FindCRIU(o.CRIU.Path); err != nil {
 			return nil, err
 		}
+		// A map onto a GPU this host lacks fails now, before a sender
+		// stops its process for nothing.
+		if err = o.CUDA.checkMap(ctx, o.GPUMap.targets(), nil); err != nil {
+			return nil, fmt.Errorf("receive: %w", err)
+		}
 	}
 	r.start = time.Now()
 	l, err := tcp.Listen(ctx, o.Listen, tcp.ListenOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Reports: true, Restores: o.Restore,
@@ -165,6 +170,9 @@ func (r *receiver) restore(ctx context.Context) error {
 	rstart := time.Now()
 	var rep capture.RestoreReport
 	pairs, err := r.o.GPUMap.For(ci.GPUs)
+	if err == nil {
+		err = r.o.CUDA.checkMap(ctx, pairs, ci.GPUs)
+	}
 	if err == nil {
 		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args}, r.src)
 		if err != nil {
