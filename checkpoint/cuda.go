@@ -226,7 +226,7 @@ func (cc *cudaCheckpoint) cudaPIDs() []int {
 
 // cudaRestore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
-func cudaRestore(c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
+func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
 	var t vram.Timings
 	if c.mode() == CUDAOff {
 		return nil, t, nil
@@ -254,6 +254,25 @@ func cudaRestore(c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, e
 		}
 	}
 	resumed, t, err := vram.ResumeRestored(drv, pids, pairs)
+	if err != nil && len(pairs) > 0 && errors.Is(err, vram.ErrUnsupported) {
+		// Driver 580 on two H100s refused (CUDA_ERROR_INVALID_VALUE) a
+		// map that named only the GPU the process used (GPU0=GPU1) and
+		// took the same move as the permutation GPU0=GPU1,GPU1=GPU0: it
+		// wants every GPU the process sees mapped. Complete the map with
+		// this host's GPUs and ask once more; the refused processes are
+		// still checkpointed, the others only wait for their unlock.
+		if host, herr := c.hostUUIDs(ctx); herr == nil {
+			if full := completePairs(pairs, host); len(full) > len(pairs) {
+				var t2 vram.Timings
+				resumed, t2, err = vram.ResumeRestored(drv, pids, full)
+				t.Restore += t2.Restore
+				t.Unlock += t2.Unlock
+				if err != nil {
+					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, pairsString(full))
+				}
+			}
+		}
+	}
 	if err != nil {
 		return resumed, t, fmt.Errorf("%w; the restored process stays suspended: retry with `gpucr-stream gpu resume --pid PID`", err)
 	}
@@ -338,6 +357,61 @@ func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []man
 		}
 	}
 	return nil
+}
+
+// hostUUIDs lists this host's GPUs.
+func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
+	list := c.HostGPUs
+	if list == nil {
+		list = vram.HostGPUs
+	}
+	gpus, err := list(ctx)
+	var out []vram.UUID
+	for _, g := range gpus {
+		out = append(out, g.UUID)
+	}
+	return out, err
+}
+
+// completePairs extends pairs to a permutation of host: every GPU of the
+// host that the map does not move stays where it is if it can, and the
+// rest take the GPUs the map freed, in the host's order (GPU0=GPU1 on two
+// GPUs becomes GPU0=GPU1,GPU1=GPU0).
+func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
+	olds, news := map[vram.UUID]bool{}, map[vram.UUID]bool{}
+	for _, p := range pairs {
+		olds[p.Old], news[p.New] = true, true
+	}
+	var fromFree, toFree []vram.UUID
+	for _, g := range host {
+		if !olds[g] && !news[g] {
+			pairs = append(pairs, vram.GPUPair{Old: g, New: g})
+			continue
+		}
+		if !olds[g] {
+			fromFree = append(fromFree, g)
+		}
+		if !news[g] {
+			toFree = append(toFree, g)
+		}
+	}
+	out := append([]vram.GPUPair(nil), pairs...)
+	for i := 0; i < len(fromFree) && i < len(toFree); i++ {
+		out = append(out, vram.GPUPair{Old: fromFree[i], New: toFree[i]})
+	}
+	return out
+}
+
+// pairsString prints pairs as --gpu-map takes them.
+func pairsString(pairs []vram.GPUPair) string {
+	var b strings.Builder
+	for i, p := range pairs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(p.Old.String() + "=" + p.New.String())
+	}
+	return b.String()
 }
 
 // targets are m's new GPUs as pairs (Old is zero for all=NEW), for

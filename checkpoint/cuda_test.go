@@ -42,7 +42,7 @@ func TestFinishRestore(t *testing.T) {
 			cuda := CUDA{Mode: CUDAMode(c.cuda), OpenDriver: func() (vram.Driver, error) { return f, nil }, FindProcs: vramtest.Find(pid)}
 			rep := capture.RestoreReport{PID: pid}
 			rep.Served = 7
-			report, cudaPIDs, tm, err := finishRestore(cuda, rep, c.criuErr, nil)
+			report, cudaPIDs, tm, err := finishRestore(context.Background(), cuda, rep, c.criuErr, nil)
 			p := strconv.Itoa(pid)
 			if got, want := f.Log(), strings.ReplaceAll(c.calls, "P", p); got != want {
 				t.Errorf("driver calls %q, want %q", got, want)

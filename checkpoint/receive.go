@@ -180,7 +180,7 @@ func (r *receiver) restore(ctx context.Context) error {
 		}
 	}
 	criuSecs := time.Since(rstart).Seconds()
-	report, cudaPIDs, t, err := finishRestore(r.o.CUDA, rep, err, pairs)
+	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
 	report.RestoreSecs = time.Since(rstart).Seconds()
 	r.report(report)
 	if err != nil {
@@ -239,12 +239,12 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+func finishRestore(ctx context.Context, c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
 	var t vram.Timings
 	if err == nil {
-		if cudaPIDs, t, err = cudaRestore(c, rep.PID, pairs); err != nil {
+		if cudaPIDs, t, err = cudaRestore(ctx, c, rep.PID, pairs); err != nil {
 			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)
 		}
 	}

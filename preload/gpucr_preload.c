@@ -309,9 +309,6 @@ static int nm, capm;
 static struct orec *os_;
 static int no, capo;
 static CUcontext ctxs[16];
-/* ctx_dev: the device ordinal each context reported when noted (-1:
- * unknown); remap compares it with what the context reports then. */
-static int ctx_dev[16];
 static int nctx;
 static int parked, released;
 /* The copy gpucr-stream kept (see the top): descriptors until `detach`,
@@ -368,13 +365,9 @@ static void note_ctx(void)
 	for (int i = 0; i < nctx; i++)
 		if (ctxs[i] == c)
 			return;
-	if (nctx < 16) {
-		CUdevice d = -1;
-		if (!r_CtxGetDevice || r_CtxGetDevice(&d) != CUDA_SUCCESS)
-			d = -1;
-		ctx_dev[nctx] = d;
+	if (nctx < 16)
 		ctxs[nctx++] = c;
-	} else
+	else
 		mark_incapable("more than 16 CUDA contexts");
 }
 static CUcontext cur_ctx(void)
@@ -1426,55 +1419,12 @@ static int do_release(char *err, size_t n)
 	return rc;
 }
 
-/* follow_devices: after a driver restore onto other GPUs (--gpu-map) a
- * context may report another device ordinal than when its memory was
- * allocated. Each allocation's properties and access name an ordinal, so
- * they are translated the way the contexts moved (all at once: a swap
- * 0<->1 is two moves), and the memory is recreated where the context now
- * is. Contexts that did not move leave the records alone. */
-static void follow_devices(void)
-{
-	int from[16], to[16], n = 0;
-	for (int i = 0; i < nctx; i++) {
-		CUdevice d = -1;
-		if (ctx_dev[i] < 0 || r_CtxSetCurrent(ctxs[i]) != CUDA_SUCCESS || r_CtxGetDevice(&d) != CUDA_SUCCESS)
-			continue;
-		if (d != ctx_dev[i]) {
-			fprintf(stderr, "gpucr-preload: pid %d: context %d was on device %d, now on %d: its memory follows\n",
-				getpid(), i, ctx_dev[i], d);
-			from[n] = ctx_dev[i];
-			to[n++] = d;
-		}
-		ctx_dev[i] = d;
-	}
-	if (!n)
-		return;
-#define FOLLOW(loc)                                               \
-	do {                                                      \
-		if ((loc).type == 1)                              \
-			for (int k_ = 0; k_ < n; k_++)            \
-				if ((loc).id == from[k_]) {       \
-					(loc).id = to[k_];        \
-					break;                    \
-				}                                 \
-	} while (0)
-	for (int i = 0; i < nh; i++)
-		if (hs[i].live)
-			FOLLOW(hs[i].prop.location);
-	for (int i = 0; i < nm; i++)
-		if (ms[i].live)
-			for (int j = 0; j < ms[i].nacc; j++)
-				FOLLOW(ms[i].acc[j].location);
-#undef FOLLOW
-}
-
 /* remap recreates what release took: a physical allocation per handle
  * with its properties, mapped where it was, with its access. Idempotent:
  * what is present stays. */
 static int do_remap(char *err, size_t n)
 {
 	pthread_mutex_lock(&tab_mu);
-	follow_devices();
 	if (nctx)
 		r_CtxSetCurrent(ctxs[0]);
 	int rc = 0;

@@ -663,8 +663,11 @@ round_gcs() {
 			keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
 			crit_errors "$WORK/w2/img/restore.log"
 			if [ -e "/proc/$TPID" ] && [ "$DEVICE" = cuda ]; then
+				# On the fast path the device memory comes from the archive too.
+				local from=()
+				case $ROUND in *fast*) from=(--from "$ar") ;; esac
 				log "$ROUND: restored process $TPID is there; resuming its GPU state without --gpu-map"
-				"$GCS" gpu resume --pid "$TPID" 2>&1 | tee -a "$RUNLOG"
+				"$GCS" gpu resume --pid "$TPID" "${from[@]}" 2>&1 | tee -a "$RUNLOG"
 				note="$note; RESTORE FAILED, resumed by gpu resume: $(tail -c 300 "$WORK/logs/$ROUND-restore.err" | tr '\n"' '  ')"
 			else
 				return 1
