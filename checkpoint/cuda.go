@@ -326,11 +326,7 @@ func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []man
 	if len(pairs) == 0 || c.mode() == CUDAOff {
 		return nil
 	}
-	list := c.HostGPUs
-	if list == nil {
-		list = vram.HostGPUs
-	}
-	host, err := list(ctx)
+	host, err := c.hostGPUs(ctx)
 	if err != nil {
 		return nil
 	}
@@ -359,13 +355,17 @@ func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []man
 	return nil
 }
 
-// hostUUIDs lists this host's GPUs.
-func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
-	list := c.HostGPUs
-	if list == nil {
-		list = vram.HostGPUs
+// hostGPUs lists this host's GPUs (c.HostGPUs, else nvidia-smi).
+func (c CUDA) hostGPUs(ctx context.Context) ([]vram.HostGPU, error) {
+	if c.HostGPUs != nil {
+		return c.HostGPUs(ctx)
 	}
-	gpus, err := list(ctx)
+	return vram.HostGPUs(ctx)
+}
+
+// hostUUIDs lists this host's GPUs by UUID.
+func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
+	gpus, err := c.hostGPUs(ctx)
 	var out []vram.UUID
 	for _, g := range gpus {
 		out = append(out, g.UUID)
