@@ -63,7 +63,8 @@
 #              with a message naming the GPU, and the target run on
 #   nccl       e2e/gpu/nccl_pair.py: two processes (GPU 0 and 1) in one
 #              NCCL communicator, all_reduce in a loop; the auto round on
-#              that tree (the driver may refuse it: the round says how)
+#              that tree, with CRIU's --tcp-established (the ranks' loopback
+#              connections). The driver may refuse it: the round says how
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again. After
 # every restore the target proves itself: every tensor checksum matches
@@ -561,6 +562,15 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 	$ok
 }
 
+# round_criu_opts: CRIU_OPTS, and for the nccl round --tcp-established
+# (the ranks talk over loopback TCP, NCCL's bootstrap, inside the tree:
+# CRIU refuses the connected sockets without it).
+round_criu_opts() {
+	local o=$CRIU_OPTS
+	[ "${ROUND%%-*}" = nccl ] && o="${o:+$o }--tcp-established"
+	echo "$o"
+}
+
 # round_gcs CODEC [leave]: checkpoint into an archive, restore from it.
 round_gcs() {
 	local codec=$1 leave=${2:-} ar=$WORK/ar-$ROUND t0 tck trs
@@ -568,7 +578,9 @@ round_gcs() {
 	mkdir -p "$WORK/w" "$WORK/w2"
 	local extra=()
 	[ -n "$leave" ] && extra+=(--leave-running)
-	[ -n "$CRIU_OPTS" ] && extra+=(--criu-opts "$CRIU_OPTS")
+	local co
+	co=$(round_criu_opts)
+	[ -n "$co" ] && extra+=(--criu-opts "$co")
 	case $ROUND in *fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
@@ -577,6 +589,12 @@ round_gcs() {
 		DUMP_FAILED=1
 		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
 		crit_errors "$WORK/w/img/dump.log"
+		if grep -q "undoing the GPU step of .* failed too" "$WORK/logs/$ROUND-checkpoint.err"; then
+			# The driver did not give the processes their GPU back: they
+			# stay checkpointed and would never answer a proof.
+			log "$ROUND: the GPU step could not be undone: the target is stuck, no proof asked"
+			return 1
+		fi
 		# The undo must have left the target running with its memory intact.
 		prove after-failed-checkpoint
 		return 1
@@ -655,7 +673,7 @@ round_gcs() {
 			rextra+=(--gpu-map "all=$uuid")
 			note="restored with --gpu-map all=$uuid (onto the same GPU)"
 		fi
-		[ -n "$CRIU_OPTS" ] && rextra+=(--criu-opts "$CRIU_OPTS")
+		[ -n "$co" ] && rextra+=(--criu-opts "$co")
 		t0=$(now)
 		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
 			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
