@@ -382,10 +382,11 @@ func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
 	for _, p := range pairs {
 		olds[p.Old], news[p.New] = true, true
 	}
+	out := append([]vram.GPUPair(nil), pairs...)
 	var fromFree, toFree []vram.UUID
 	for _, g := range host {
 		if !olds[g] && !news[g] {
-			pairs = append(pairs, vram.GPUPair{Old: g, New: g})
+			out = append(out, vram.GPUPair{Old: g, New: g})
 			continue
 		}
 		if !olds[g] {
@@ -395,7 +396,6 @@ func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
 			toFree = append(toFree, g)
 		}
 	}
-	out := append([]vram.GPUPair(nil), pairs...)
 	for i := 0; i < len(fromFree) && i < len(toFree); i++ {
 		out = append(out, vram.GPUPair{Old: fromFree[i], New: toFree[i]})
 	}
