@@ -334,6 +334,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		recorded = a.Manifest().GPUs
 	}
 	pairs, err := o.GPUMap.For(recorded)
+	if err == nil {
+		err = o.CUDA.checkMap(ctx, pairs, recorded)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +349,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	phases := []Phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
-	cudaPIDs, t, err := cudaRestore(o.CUDA, rep.PID, pairs)
+	cudaPIDs, t, err := cudaRestore(ctx, o.CUDA, rep.PID, pairs)
 	phases = append(phases, TimingPhases(t)...)
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", o.Src, rep.PID, err)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -39,6 +40,8 @@ type CUDA struct {
 	// tests hand in fakes.
 	OpenDriver func() (vram.Driver, error)
 	FindProcs  func(root int) ([]vram.Usage, []int, error)
+	// HostGPUs defaults to vram.HostGPUs (the GPUs a --gpu-map may name).
+	HostGPUs func(ctx context.Context) ([]vram.HostGPU, error)
 }
 
 func (c CUDA) mode() CUDAMode {
@@ -223,7 +226,7 @@ func (cc *cudaCheckpoint) cudaPIDs() []int {
 
 // cudaRestore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
-func cudaRestore(c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
+func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
 	var t vram.Timings
 	if c.mode() == CUDAOff {
 		return nil, t, nil
@@ -251,6 +254,25 @@ func cudaRestore(c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, e
 		}
 	}
 	resumed, t, err := vram.ResumeRestored(drv, pids, pairs)
+	if err != nil && len(pairs) > 0 && errors.Is(err, vram.ErrUnsupported) {
+		// Driver 580 on two H100s refused (CUDA_ERROR_INVALID_VALUE) a
+		// map that named only the GPU the process used (GPU0=GPU1) and
+		// took the same move as the permutation GPU0=GPU1,GPU1=GPU0: it
+		// wants every GPU the process sees mapped. Complete the map with
+		// this host's GPUs and ask once more; the refused processes are
+		// still checkpointed, the others only wait for their unlock.
+		if host, herr := c.hostUUIDs(ctx); herr == nil {
+			if full := completePairs(pairs, host); len(full) > len(pairs) {
+				var t2 vram.Timings
+				resumed, t2, err = vram.ResumeRestored(drv, pids, full)
+				t.Restore += t2.Restore
+				t.Unlock += t2.Unlock
+				if err != nil {
+					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, pairsString(full))
+				}
+			}
+		}
+	}
 	if err != nil {
 		return resumed, t, fmt.Errorf("%w; the restored process stays suspended: retry with `gpucr-stream gpu resume --pid PID`", err)
 	}
@@ -292,6 +314,113 @@ func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
 		pairs = append(pairs, vram.GPUPair{Old: old, New: m.AllTo})
 	}
 	return pairs, nil
+}
+
+// checkMap refuses, before CRIU runs, a map the driver's restore would
+// fail on later, leaving a restored process stuck in the checkpointed
+// state: a new GPU this host lacks, or one with less free memory than the
+// checkpoint recorded for the GPUs mapped onto it. recorded nil checks the
+// GPUs only (a receiver before any sender). Without nvidia-smi nothing
+// is checked: the driver's restore decides.
+func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []manifest.GPU) error {
+	if len(pairs) == 0 || c.mode() == CUDAOff {
+		return nil
+	}
+	host, err := c.hostGPUs(ctx)
+	if err != nil {
+		return nil
+	}
+	free := map[vram.UUID]int64{}
+	var names []string
+	for _, g := range host {
+		free[g.UUID] = g.Free
+		names = append(names, g.UUID.String())
+	}
+	need := map[vram.UUID]int64{}
+	for _, p := range pairs {
+		if _, ok := free[p.New]; !ok {
+			return errdefs.Usagef("--gpu-map: GPU %s is not on this host (its GPUs: %s)", p.New, strings.Join(names, ", "))
+		}
+		for _, g := range recorded {
+			if u, err := vram.ParseUUID(g.UUID); err == nil && u == p.Old {
+				need[p.New] += g.Bytes
+			}
+		}
+	}
+	for _, p := range pairs {
+		if n := need[p.New]; n > free[p.New] {
+			return errdefs.Usagef("--gpu-map %s=%s: GPU %s has %d MiB free, the checkpoint's memory mapped onto it needs %d MiB", p.Old, p.New, p.New, free[p.New]>>20, n>>20)
+		}
+	}
+	return nil
+}
+
+// hostGPUs lists this host's GPUs (c.HostGPUs, else nvidia-smi).
+func (c CUDA) hostGPUs(ctx context.Context) ([]vram.HostGPU, error) {
+	if c.HostGPUs != nil {
+		return c.HostGPUs(ctx)
+	}
+	return vram.HostGPUs(ctx)
+}
+
+// hostUUIDs lists this host's GPUs by UUID.
+func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
+	gpus, err := c.hostGPUs(ctx)
+	var out []vram.UUID
+	for _, g := range gpus {
+		out = append(out, g.UUID)
+	}
+	return out, err
+}
+
+// completePairs extends pairs to a permutation of host: every GPU of the
+// host that the map does not move stays where it is if it can, and the
+// rest take the GPUs the map freed, in the host's order (GPU0=GPU1 on two
+// GPUs becomes GPU0=GPU1,GPU1=GPU0).
+func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
+	olds, news := map[vram.UUID]bool{}, map[vram.UUID]bool{}
+	for _, p := range pairs {
+		olds[p.Old], news[p.New] = true, true
+	}
+	out := append([]vram.GPUPair(nil), pairs...)
+	var fromFree, toFree []vram.UUID
+	for _, g := range host {
+		if !olds[g] && !news[g] {
+			out = append(out, vram.GPUPair{Old: g, New: g})
+			continue
+		}
+		if !olds[g] {
+			fromFree = append(fromFree, g)
+		}
+		if !news[g] {
+			toFree = append(toFree, g)
+		}
+	}
+	for i := 0; i < len(fromFree) && i < len(toFree); i++ {
+		out = append(out, vram.GPUPair{Old: fromFree[i], New: toFree[i]})
+	}
+	return out
+}
+
+// pairsString prints pairs as --gpu-map takes them.
+func pairsString(pairs []vram.GPUPair) string {
+	var b strings.Builder
+	for i, p := range pairs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(p.Old.String() + "=" + p.New.String())
+	}
+	return b.String()
+}
+
+// targets are m's new GPUs as pairs (Old is zero for all=NEW), for
+// checkMap before the checkpoint's GPUs are known.
+func (m GPUMap) targets() []vram.GPUPair {
+	if m.All {
+		return []vram.GPUPair{{New: m.AllTo}}
+	}
+	return m.Pairs
 }
 
 // TimingPhases lists the non-zero driver steps.

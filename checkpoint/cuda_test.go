@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,7 +43,7 @@ func TestFinishRestore(t *testing.T) {
 			cuda := CUDA{Mode: CUDAMode(c.cuda), OpenDriver: func() (vram.Driver, error) { return f, nil }, FindProcs: vramtest.Find(pid)}
 			rep := capture.RestoreReport{PID: pid}
 			rep.Served = 7
-			report, cudaPIDs, tm, err := finishRestore(cuda, rep, c.criuErr, nil)
+			report, cudaPIDs, tm, err := finishRestore(context.Background(), cuda, rep, c.criuErr, nil)
 			p := strconv.Itoa(pid)
 			if got, want := f.Log(), strings.ReplaceAll(c.calls, "P", p); got != want {
 				t.Errorf("driver calls %q, want %q", got, want)
@@ -135,5 +136,125 @@ func TestGPUStep(t *testing.T) {
 	}
 	if _, err := GPUStep(context.Background(), f, GPUStepOptions{Action: "frob", PID: pid}); !errors.Is(err, errdefs.ErrUsage) {
 		t.Fatalf("unknown action: %v", err)
+	}
+}
+
+// uuidN is a GPU UUID whose bytes are all n.
+func uuidN(n byte) vram.UUID {
+	var u vram.UUID
+	for i := range u {
+		u[i] = n
+	}
+	return u
+}
+
+func pr(o, n vram.UUID) vram.GPUPair { return vram.GPUPair{Old: o, New: n} }
+
+func TestCompletePairs(t *testing.T) {
+	a, b, c := uuidN(0xa), uuidN(0xb), uuidN(0xc)
+	for _, tc := range []struct {
+		name        string
+		pairs, want []vram.GPUPair
+		host        []vram.UUID
+	}{
+		{"one of two", []vram.GPUPair{pr(a, b)}, []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.UUID{a, b}},
+		{"swap stays", []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.UUID{a, b}},
+		{"third stays", []vram.GPUPair{pr(a, b)}, []vram.GPUPair{pr(a, b), pr(c, c), pr(b, a)}, []vram.UUID{a, b, c}},
+		{"onto itself", []vram.GPUPair{pr(a, a)}, []vram.GPUPair{pr(a, a), pr(b, b)}, []vram.UUID{a, b}},
+		{"new not here", []vram.GPUPair{pr(a, c)}, []vram.GPUPair{pr(a, c), pr(b, b)}, []vram.UUID{a, b}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := completePairs(tc.pairs, tc.host)
+			if pairsString(got) != pairsString(tc.want) {
+				t.Fatalf("completePairs = %s, want %s", pairsString(got), pairsString(tc.want))
+			}
+		})
+	}
+}
+
+// permDriver refuses, as driver 580 did on two H100s, a map that does
+// not name every GPU of the host.
+type permDriver struct {
+	*vramtest.Fake
+	gpus  int
+	tries []int
+}
+
+func (d *permDriver) Restore(pid int, pairs []vram.GPUPair) error {
+	d.tries = append(d.tries, len(pairs))
+	if len(pairs) > 0 && len(pairs) != d.gpus {
+		return fmt.Errorf("%w: CUDA_ERROR_INVALID_VALUE", vram.ErrUnsupported)
+	}
+	return d.Fake.Restore(pid, pairs)
+}
+
+func TestCUDARestoreCompletesMap(t *testing.T) {
+	a, b := uuidN(0xa), uuidN(0xb)
+	host := func(context.Context) ([]vram.HostGPU, error) {
+		return []vram.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 80 << 30}}, nil
+	}
+	for _, tc := range []struct {
+		name      string
+		gpus      int
+		wantTries []int
+		wantErr   bool
+	}{
+		{"completed", 2, []int{1, 2}, false},
+		{"refused both times", 3, []int{1, 2}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const pid = 4242
+			fake := vramtest.NewFake(pid)
+			fake.States[pid] = vram.StateCheckpointed
+			d := &permDriver{Fake: fake, gpus: tc.gpus}
+			c := CUDA{OpenDriver: func() (vram.Driver, error) { return d, nil }, FindProcs: vramtest.Find(pid), HostGPUs: host}
+			resumed, _, err := cudaRestore(context.Background(), c, pid, []vram.GPUPair{pr(a, b)})
+			if fmt.Sprint(d.tries) != fmt.Sprint(tc.wantTries) {
+				t.Fatalf("restore tries with %v pairs, want %v", d.tries, tc.wantTries)
+			}
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "completed to every GPU") {
+					t.Fatalf("err = %v, want the completed map named", err)
+				}
+				return
+			}
+			if err != nil || len(resumed) != 1 || fake.StateOf(pid) != vram.StateRunning {
+				t.Fatalf("resumed %v, state %v, err %v", resumed, fake.StateOf(pid), err)
+			}
+		})
+	}
+}
+
+func TestCheckMap(t *testing.T) {
+	a, b, ghost := uuidN(0xa), uuidN(0xb), uuidN(0xe)
+	host := func(context.Context) ([]vram.HostGPU, error) {
+		return []vram.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 1 << 30}}, nil
+	}
+	rec := []manifest.GPU{{UUID: a.String(), Bytes: 7 << 30}, {UUID: b.String(), Bytes: 512 << 20}}
+	for _, tc := range []struct {
+		name     string
+		pairs    []vram.GPUPair
+		recorded []manifest.GPU
+		want     string // "" : no error
+	}{
+		{"fits", []vram.GPUPair{pr(b, a)}, rec, ""},
+		{"missing GPU", []vram.GPUPair{pr(a, ghost)}, rec, "GPU " + ghost.String() + " is not on this host"},
+		{"too little free", []vram.GPUPair{pr(a, b)}, rec, "has 1024 MiB free, the checkpoint's memory mapped onto it needs 7168 MiB"},
+		{"swap sums per target", []vram.GPUPair{pr(a, b), pr(b, a)}, rec, "needs 7168 MiB"},
+		{"receiver before a sender", []vram.GPUPair{{New: b}}, nil, ""},
+		{"no map", nil, rec, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CUDA{HostGPUs: host}.checkMap(context.Background(), tc.pairs, tc.recorded)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("checkMap: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrUsage) {
+				t.Fatalf("checkMap = %v, want a usage error with %q", err, tc.want)
+			}
+		})
 	}
 }

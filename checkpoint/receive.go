@@ -73,6 +73,11 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 		if r.criu, err = capture.FindCRIU(o.CRIU.Path); err != nil {
 			return nil, err
 		}
+		// A map onto a GPU this host lacks fails now, before a sender
+		// stops its process for nothing.
+		if err = o.CUDA.checkMap(ctx, o.GPUMap.targets(), nil); err != nil {
+			return nil, fmt.Errorf("receive: %w", err)
+		}
 	}
 	r.start = time.Now()
 	l, err := tcp.Listen(ctx, o.Listen, tcp.ListenOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Reports: true, Restores: o.Restore,
@@ -168,13 +173,16 @@ func (r *receiver) restore(ctx context.Context) error {
 	var rep capture.RestoreReport
 	pairs, err := r.o.GPUMap.For(ci.GPUs)
 	if err == nil {
+		err = r.o.CUDA.checkMap(ctx, pairs, ci.GPUs)
+	}
+	if err == nil {
 		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args}, r.src)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
 	}
 	criuSecs := time.Since(rstart).Seconds()
-	report, cudaPIDs, t, err := finishRestore(r.o.CUDA, rep, err, pairs)
+	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
 	var fast []Phase
 	if err == nil && r.o.CUDA.mode() != CUDAOff {
 		// Those that took the fast path wait, parked, for their memory.
@@ -262,12 +270,12 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+func finishRestore(ctx context.Context, c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
 	var t vram.Timings
 	if err == nil {
-		if cudaPIDs, t, err = cudaRestore(c, rep.PID, pairs); err != nil {
+		if cudaPIDs, t, err = cudaRestore(ctx, c, rep.PID, pairs); err != nil {
 			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)
 		}
 	}

@@ -94,3 +94,33 @@ func smiQuery(ctx context.Context, query string, fields int) ([][]string, error)
 	}
 	return out, nil
 }
+
+// HostGPU is a GPU of this host, as a --gpu-map target.
+type HostGPU struct {
+	UUID UUID
+	Name string
+	Free int64 // device memory free now, bytes
+}
+
+// HostGPUs asks nvidia-smi for this host's GPUs and their free memory.
+func HostGPUs(ctx context.Context) ([]HostGPU, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	recs, err := smiQuery(ctx, "--query-gpu=uuid,name,memory.free", 3)
+	if err != nil {
+		return nil, err
+	}
+	var out []HostGPU
+	for _, r := range recs {
+		u, err := ParseUUID(r[0])
+		if err != nil {
+			return nil, fmt.Errorf("nvidia-smi --query-gpu: %w", err)
+		}
+		mib, err := strconv.ParseInt(r[2], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("nvidia-smi --query-gpu: free memory of %s: %q is not a number", r[0], r[2])
+		}
+		out = append(out, HostGPU{UUID: u, Name: r[1], Free: mib << 20})
+	}
+	return out, nil
+}

@@ -49,6 +49,30 @@
 #              fails unless migrate took the fast path ("vram copy out") and
 #              the receiver copied in ("vram copy in").
 #
+# Two GPUs (issue 15; skipped, saying so, where nvidia-smi lists fewer):
+#   remap, remapfast
+#              the target on GPU 0, restored with --gpu-map GPU0=GPU1
+#              (remapfast: on the fast path); nvidia-smi must then show its
+#              memory on GPU 1 and none on GPU 0
+#   span, spanfast
+#              the target holds tensors on both GPUs (--devices 0,1: the
+#              random tensors on 0, the weights on 1, a product on each),
+#              restored in place; its memory must be on both again
+#   spanswap, spanswapfast
+#              the same, restored with --gpu-map GPU0=GPU1,GPU1=GPU0: what
+#              each GPU held must now be on the other
+#   migrateremap
+#              the migrate round with a receiver that maps GPU 0 onto GPU 1
+#   badmap     the target on GPU 0, checkpoint --leave-running; restore with
+#              a map onto a GPU this host lacks, then onto GPU 1 while a
+#              hog holds all but HOG_LEAVE_MIB of it, and a receiver with a
+#              map onto a GPU this host lacks: each must fail before CRIU
+#              with a message naming the GPU, and the target run on
+#   nccl       e2e/gpu/nccl_pair.py: two processes (GPU 0 and 1) in one
+#              NCCL communicator, all_reduce in a loop; the auto round on
+#              that tree, with CRIU's --tcp-established (the ranks' loopback
+#              connections). The driver may refuse it: the round says how
+#
 # A round name with a suffix (auto-2, tree-2) runs that round again. After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
@@ -67,7 +91,9 @@
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
 # the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512),
 # RECV_SPILL_DIR (migrate rounds: where the receiver spills what it holds
-# beyond its memory limit until the restore; empty: its default, $TMPDIR).
+# beyond its memory limit until the restore; empty: its default, $TMPDIR),
+# HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
+# (nccl: device memory of each rank, 1024).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -85,6 +111,9 @@ TREE_CHILDREN=${TREE_CHILDREN:-2}
 TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
 FAST_CODEC=${FAST_CODEC:-none}
 VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-/dev/shm}
+HOG_LEAVE_MIB=${HOG_LEAVE_MIB:-512}
+NCCL_MIB=${NCCL_MIB:-1024}
+HOG_PID=
 TCHILDREN=0
 RECV_SPILL_DIR=${RECV_SPILL_DIR:-}
 RECV_PID=
@@ -130,7 +159,7 @@ read -r _ MY_PGID MY_SID <<<"$(proc_ids $$)"
 
 # is_target PID: the pid runs torch_target.py (a pid that was reused, or a
 # zombie, is not ours to kill).
-is_target() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "torch_target\.py"; }
+is_target() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "torch_target\.py\|nccl_pair\.py"; }
 
 # tree_pids: the target (TPID) and the children listed in TDIR.
 tree_pids() {
@@ -180,6 +209,7 @@ finish() {
 	local rc=$1 t
 	# Whatever is still running of ours goes.
 	[ -n "$RECV_PID" ] && kill -9 "$RECV_PID" 2>/dev/null
+	[ -n "$HOG_PID" ] && kill -9 "$HOG_PID" 2>/dev/null
 	for t in "$WORK"/t-*; do
 		[ -s "$t/ready" ] && kill_tree "$(cat "$t/ready")" "$t" nowait
 	done
@@ -222,9 +252,10 @@ def med(kind, key):
     v = [r[key] for r in rows if r.get("ok") and r["round"].split("-")[0] == kind and r.get(key)]
     return (statistics.median(v), len(v)) if v else (0, 0)
 print()
-for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "fasttree", "fastsuspend", "tree", "migrate"):
+for kind in ("baseline", "auto", "lz4", "none", "fast", "fastexp", "fastleave", "fasttree", "fastsuspend", "tree", "migrate",
+             "remap", "remapfast", "span", "spanfast", "spanswap", "spanswapfast", "migrateremap", "nccl"):
     (c, n), (rs, _) = med(kind, "checkpoint_total"), med(kind, "restore_total")
-    if n and kind == "migrate":
+    if n and kind.startswith("migrate"):
         print("median of %d %-8s: downtime   %6.2fs (checkpoint to restored, GPU included)" % (n, kind, c))
     elif n:
         print("median of %d %-8s: checkpoint %6.2fs  restore %6.2fs" % (n, kind, c, rs))
@@ -247,8 +278,56 @@ log "gpucr-stream GPU e2e: rounds [$ROUNDS], $GIB_RANDOM GiB random fp32 + $GIB_
 		nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,memory.used --format=csv,noheader
 		"$GCS" gpu info
 	fi
-	"$PY" -c 'import torch; print("torch", torch.__version__)'
+	"$PY" -c 'import torch; print("torch", torch.__version__, "cuda devices", torch.cuda.device_count() if torch.cuda.is_available() else 0)'
 } 2>&1 | tee -a "$RUNLOG"
+GPU_UUIDS=()
+[ "$DEVICE" = cuda ] && mapfile -t GPU_UUIDS < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
+NGPU=${#GPU_UUIDS[@]}
+log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
+
+# two_gpu ROUND: whether the round needs two GPUs.
+two_gpu() {
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl) return 0 ;; esac
+	return 1
+}
+
+# gpu_mem PID: "MiB-on-GPU0 MiB-on-GPU1 ..." nvidia-smi shows for the
+# process (0 where none).
+gpu_mem() {
+	local i out=() m
+	for i in "${!GPU_UUIDS[@]}"; do
+		m=$(nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits |
+			awk -F', ' -v p="$1" -v u="${GPU_UUIDS[$i]}" '$1 == p && $2 == u { s += $3 } END { print s + 0 }')
+		out+=("$m")
+	done
+	echo "${out[*]}"
+}
+
+# check_placement LABEL BEFORE AFTER: the GPU memory of the target moved as
+# the round says (remap: all of GPU 0's onto GPU 1; span: on both again;
+# spanswap: each GPU's onto the other, within 10% or 600 MiB).
+check_placement() {
+	local label=$1 b=($2) a=($3)
+	local verdict
+	verdict=$(awk -v r="${ROUND%%-*}" -v b0="${b[0]}" -v b1="${b[1]}" -v a0="${a[0]}" -v a1="${a[1]}" 'function near(x, y) { d = x - y; if (d < 0) d = -d; return d <= 600 || d <= 0.1 * y }
+	BEGIN {
+		if (r ~ /^remap|^migrateremap/) ok = b0 > 0 && b1 == 0 && a0 == 0 && a1 > 0
+		else if (r ~ /^spanswap/) ok = b0 > 0 && b1 > 0 && near(a0, b1) && near(a1, b0)
+		else if (r ~ /^span/) ok = a0 > 0 && a1 > 0 && near(a0, b0) && near(a1, b1)
+		else ok = 1
+		print ok ? "ok" : "WRONG"
+	}')
+	log "$label: GPU memory of $TPID in MiB per GPU: before [${b[*]}], after [${a[*]}]: $verdict"
+	[ "$verdict" = ok ]
+}
+
+# remap_spec: the --gpu-map of the round (empty: none).
+remap_spec() {
+	case ${ROUND%%-*} in
+	remap | remapfast | migrateremap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]}" ;;
+	spanswap | spanswapfast) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]},${GPU_UUIDS[1]}=${GPU_UUIDS[0]}" ;;
+	esac
+}
 
 # start_target ROUND [CHILDREN]: a fresh target in its own session (with
 # CHILDREN CUDA children in it); sets TPID, TDIR, TCHILDREN, TPGID, TSID.
@@ -261,16 +340,24 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | migratefast) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | migratefast | remapfast | spanfast | spanswapfast) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
+	esac
+	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}")
+	case ${1%%-*} in
+	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
+	nccl)
+		script=nccl_pair.py args=(--mib "$NCCL_MIB")
+		TCHILDREN=1
+		;;
 	esac
 	t0=$(now)
 	# oneDNN must not use AMX on the CPU side: CRIU 4.1 does not restore a
 	# process's AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM), and the
 	# restored process dies of SIGILL at its next AMX instruction.
 	ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 \
-		setsid "${pre[@]}" "$PY" "$ROOT/e2e/gpu/torch_target.py" --dir "$TDIR" --device "$DEVICE" \
-		--gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}" \
+		NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+		setsid "${pre[@]}" "$PY" "$ROOT/e2e/gpu/$script" --dir "$TDIR" "${args[@]}" \
 		</dev/null >>"$TDIR/target.out" 2>&1 &
 	TPID=$!
 	local waited=0
@@ -290,7 +377,8 @@ start_target() {
 		check_tree "start" || log "start: the tree is not one session and group led by the target"
 	fi
 	if [ "$DEVICE" = cuda ]; then
-		nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
+		nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
+		[ "$NGPU" -ge 2 ] && PLACED=$(gpu_mem "$TPID")
 		local p
 		for p in $(tree_pids); do
 			log "cuda state of $p: $("$GCS" gpu state --pid "$p" 2>&1)"
@@ -487,6 +575,15 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 	$ok
 }
 
+# round_criu_opts: CRIU_OPTS, and for the nccl round --tcp-established
+# (the ranks talk over loopback TCP, NCCL's bootstrap, inside the tree:
+# CRIU refuses the connected sockets without it).
+round_criu_opts() {
+	local o=$CRIU_OPTS
+	[ "${ROUND%%-*}" = nccl ] && o="${o:+$o }--tcp-established"
+	echo "$o"
+}
+
 # round_gcs CODEC [leave]: checkpoint into an archive, restore from it.
 round_gcs() {
 	local codec=$1 leave=${2:-} ar=$WORK/ar-$ROUND t0 tck trs
@@ -494,8 +591,10 @@ round_gcs() {
 	mkdir -p "$WORK/w" "$WORK/w2"
 	local extra=()
 	[ -n "$leave" ] && extra+=(--leave-running)
-	[ -n "$CRIU_OPTS" ] && extra+=(--criu-opts "$CRIU_OPTS")
-	case $ROUND in fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
+	local co
+	co=$(round_criu_opts)
+	[ -n "$co" ] && extra+=(--criu-opts "$co")
+	case $ROUND in *fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -503,6 +602,12 @@ round_gcs() {
 		DUMP_FAILED=1
 		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
 		crit_errors "$WORK/w/img/dump.log"
+		if grep -q "undoing the GPU step of .* failed too" "$WORK/logs/$ROUND-checkpoint.err"; then
+			# The driver did not give the processes their GPU back: they
+			# stay checkpointed and would never answer a proof.
+			log "$ROUND: the GPU step could not be undone: the target is stuck, no proof asked"
+			return 1
+		fi
 		# The undo must have left the target running with its memory intact.
 		prove after-failed-checkpoint
 		return 1
@@ -520,7 +625,7 @@ round_gcs() {
 		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
 		cuda_ok=false
 	fi
-	case $ROUND in fast*)
+	case $ROUND in *fast*)
 		if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$WORK/logs/$ROUND-checkpoint.json"; then
 			log "$ROUND: the checkpoint did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-checkpoint.err"))"
 			cuda_ok=false
@@ -570,13 +675,18 @@ round_gcs() {
 	else
 		wait_tree_gone "$ROUND"
 		local rextra=()
-		if [ "$ROUND" = "$GPU_MAP_ROUND" ] && [ "$DEVICE" = cuda ]; then
+		local spec
+		spec=$(remap_spec)
+		if [ -n "$spec" ]; then
+			rextra+=(--gpu-map "$spec")
+			note="restored with --gpu-map $spec"
+		elif [ "$ROUND" = "$GPU_MAP_ROUND" ] && [ "$DEVICE" = cuda ]; then
 			local uuid
 			uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 			rextra+=(--gpu-map "all=$uuid")
 			note="restored with --gpu-map all=$uuid (onto the same GPU)"
 		fi
-		[ -n "$CRIU_OPTS" ] && rextra+=(--criu-opts "$CRIU_OPTS")
+		[ -n "$co" ] && rextra+=(--criu-opts "$co")
 		t0=$(now)
 		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
 			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
@@ -584,8 +694,11 @@ round_gcs() {
 			keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
 			crit_errors "$WORK/w2/img/restore.log"
 			if [ -e "/proc/$TPID" ] && [ "$DEVICE" = cuda ]; then
+				# On the fast path the device memory comes from the archive too.
+				local from=()
+				case $ROUND in *fast*) from=(--from "$ar") ;; esac
 				log "$ROUND: restored process $TPID is there; resuming its GPU state without --gpu-map"
-				"$GCS" gpu resume --pid "$TPID" 2>&1 | tee -a "$RUNLOG"
+				"$GCS" gpu resume --pid "$TPID" "${from[@]}" 2>&1 | tee -a "$RUNLOG"
 				note="$note; RESTORE FAILED, resumed by gpu resume: $(tail -c 300 "$WORK/logs/$ROUND-restore.err" | tr '\n"' '  ')"
 			else
 				return 1
@@ -603,6 +716,11 @@ round_gcs() {
 			local c1=$COUNTER
 			prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
 		fi
+		if two_gpu "$ROUND" && ! check_placement "$ROUND: after restore" "$PLACED" "$(gpu_mem "$TPID")"; then
+			ok=false
+			note="${note:+$note; }GPU memory not where the map puts it"
+		fi
+		[ -s "$TDIR/target.out" ] && grep -a "gpucr-preload" "$TDIR/target.out" | tail -5 | tee -a "$RUNLOG"
 	fi
 	if ! $cuda_ok; then
 		ok=false
@@ -731,6 +849,9 @@ round_migrate() {
 	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
 	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR")
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
+	local spec
+	spec=$(remap_spec)
+	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
 	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
 		"${copts[@]}" "${ropts[@]}" >"$rj" 2>"$re" &
 	RECV_PID=$!
@@ -794,6 +915,9 @@ round_migrate() {
 		local c1=$COUNTER
 		prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
 	fi
+	if two_gpu "$ROUND" && ! check_placement "$ROUND: after migrate" "$PLACED" "$(gpu_mem "$TPID")"; then
+		note="${note:+$note; }GPU memory not where the receiver's map puts it"
+	fi
 	[ -n "$note" ] && ok=false
 	emit "$(python3 -c '
 import json, sys
@@ -828,6 +952,78 @@ print(json.dumps({"round": rnd, "ok": ok, "raw_bytes": raw, "stored_bytes": wire
 	$ok
 }
 
+# badmap_try LABEL WANT CMD...: gpucr-stream CMD must fail (within 60 s)
+# with WANT and the GPU it names in its message; then the target must
+# still prove itself. Counts failures in BADMAP_FAILS.
+badmap_try() {
+	local label=$1 want=$2 rc=0 err=$WORK/logs/$ROUND-${1// /_}.err t0
+	shift 2
+	t0=$(now)
+	timeout 60 "$GCS" "$@" >/dev/null 2>"$err" || rc=$?
+	local msg
+	msg=$(grep -v "^$" "$err" | tail -3 | tr '\n' ' ')
+	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$want" "$err"; then
+		log "$ROUND: $label: refused (exit $rc) in $(since "$t0")s: $msg"
+	else
+		log "$ROUND: $label: WRONG: exit $rc, want a failure saying \"$want\": $msg"
+		BADMAP_FAILS=$((BADMAP_FAILS + 1))
+	fi
+	local before=$COUNTER
+	prove "after-$label" && [ "$COUNTER" -gt "$before" ] || {
+		log "$ROUND: $label: the target does not run on"
+		BADMAP_FAILS=$((BADMAP_FAILS + 1))
+	}
+}
+
+# round_badmap: maps that cannot work fail before CRIU, naming the GPU,
+# and the target runs on. A checkpoint --leave-running gives the restores
+# an archive (the target keeps its PID, so a restore that got as far as
+# CRIU would fail there instead: the message tells which).
+round_badmap() {
+	local ar=$WORK/ar-$ROUND ghost=GPU-00000000-1111-2222-3333-444444444444 tok=$WORK/token
+	BADMAP_FAILS=0
+	rm -rf "$ar" "$WORK/w" "$WORK/w2" "$tok"
+	mkdir -p "$WORK/w" "$WORK/w2"
+	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --leave-running --work-dir "$WORK/w" --criu "$CRIU" --json \
+		>"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
+		log "$ROUND: checkpoint --leave-running failed: $(tail -c 2000 "$WORK/logs/$ROUND-checkpoint.err")"
+		return 1
+	fi
+	log "$ROUND: checkpoint --leave-running: $(cat "$WORK/logs/$ROUND-checkpoint.json")"
+	badmap_try "missing GPU" "not on this host" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" \
+		--gpu-map "${GPU_UUIDS[0]}=$ghost"
+	# A hog takes all but HOG_LEAVE_MIB of GPU 1.
+	rm -f "$WORK/hog.ready"
+	"$PY" -c 'import sys, time, torch
+free, _ = torch.cuda.mem_get_info(1)
+x = torch.empty(free - (int(sys.argv[1]) << 20), dtype=torch.uint8, device="cuda:1")
+open(sys.argv[2], "w").write("%d\n" % (free >> 20))
+time.sleep(600)' "$HOG_LEAVE_MIB" "$WORK/hog.ready" >"$WORK/logs/$ROUND-hog.out" 2>&1 &
+	HOG_PID=$!
+	local i=0
+	while [ ! -s "$WORK/hog.ready" ] && kill -0 "$HOG_PID" 2>/dev/null && [ $i -lt 600 ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	log "$ROUND: hog $HOG_PID on GPU 1 ($(cat "$WORK/hog.ready" 2>/dev/null || echo "NOT READY") MiB were free): $(nvidia-smi --query-gpu=index,memory.used,memory.free --format=csv,noheader | tr '\n' ';')"
+	badmap_try "GPU 1 full" "MiB free" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" \
+		--gpu-map "${GPU_UUIDS[0]}=${GPU_UUIDS[1]}"
+	kill -9 "$HOG_PID" 2>/dev/null
+	wait "$HOG_PID" 2>/dev/null
+	HOG_PID=
+	(umask 077 && "$GCS" token >"$tok")
+	badmap_try "receiver, missing GPU" "not on this host" receive --restore --listen "127.0.0.1:$(free_port)" \
+		--token-file "$tok" --criu "$CRIU" --work-dir "$WORK/w2" --gpu-map "${GPU_UUIDS[0]}=$ghost"
+	local ok=false
+	[ $BADMAP_FAILS -eq 0 ] && ok=true
+	emit "$(python3 -c '
+import json, sys
+print(json.dumps({"round": sys.argv[1], "ok": sys.argv[2] == "true", "note": "%s of 3 bad maps not refused as they should be" % sys.argv[3]}))
+' "$ROUND" "$ok" "$BADMAP_FAILS")"
+	rm -rf "$ar" "$tok"
+	$ok
+}
+
 CRIU_OPTS=${CRIU_OPTS:-}
 # If CRIU refuses the first dump, the rounds are tried again once with these
 # options (what a process with external sockets, locks or unlinked files
@@ -845,6 +1041,10 @@ while [ $# -gt 0 ]; do
 		break
 	fi
 	base=${ROUND%%-*} # auto-2 runs the auto round again
+	if two_gpu "$base" && [ "$NGPU" -lt 2 ]; then
+		log "round $ROUND: SKIPPED: it needs 2 GPUs, nvidia-smi lists $NGPU"
+		continue
+	fi
 	if [ "$base" = probe ]; then
 		# The quiescence probe starts its own targets.
 		log "=== round $ROUND"
@@ -875,7 +1075,10 @@ while [ $# -gt 0 ]; do
 	}
 	DUMP_FAILED=0
 	case $base in
-	fast | fastexp) round_gcs "$FAST_CODEC" ;;
+	fast | fastexp | remapfast | spanfast | spanswapfast) round_gcs "$FAST_CODEC" ;;
+	remap | span | spanswap | nccl) round_gcs auto ;;
+	migrateremap) round_migrate ;;
+	badmap) round_badmap ;;
 	fastleave) round_gcs "$FAST_CODEC" leave ;;
 	fasttree) round_gcs "$FAST_CODEC" ;;
 	fastsuspend) round_suspend ;;

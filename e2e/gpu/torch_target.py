@@ -10,6 +10,11 @@ content and keeps computing:
     (normal, per-layer scale 0.01..0.05, plus norm vectors near 1.0),
     --gib-weights GiB in 128 MiB layers.
 
+With --devices 0,1 (CUDA only) the process spans several GPUs: the random
+tensors go to the first device, the weights to the last (so the amounts
+differ and a swap of the GPUs shows in nvidia-smi), and every device also
+holds a small product pair of its own, so a product is checked on each.
+
 At start it stores a checksum of every tensor (two 64-bit sums over the raw
 bit patterns, one position-weighted, computed on the device) and a reference
 product x @ W0. Then it loops: every --period seconds it computes x @ W0
@@ -102,36 +107,52 @@ def allocated(dev, nbytes):
 
 
 class Worker:
-    """The tensors of one process, their checksums and its x @ W0 loop."""
+    """The tensors of one process, their checksums and its x @ W0 loop (one
+    product per (x, W) pair in extra, on the devices the pairs live on)."""
 
-    def __init__(self, dev, tensors, w0, x, chunk):
+    def __init__(self, dev, tensors, w0, x, chunk, extra=(), devs=None):
         self.dev = dev
+        self.devs = devs or [dev]
         self.tensors = tensors  # (name, tensor)
-        sync(dev)
-        self.cs = Checksummer(dev, chunk)
-        self.sums = {name: self.cs(t) for name, t in tensors}
+        self.sync()
+        self.cs = {str(d): Checksummer(d, chunk) for d in self.devs}
+        self.sums = {name: self.sum(t) for name, t in tensors}
         self.w0, self.x = w0, x
         self.ref = (x @ w0) if w0 is not None else None
-        sync(dev)
+        self.extra = [(xx, ww, xx @ ww) for xx, ww in extra]
+        self.sync()
         self.nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         self.counter = 0
         self.matmul_ok = True
         self.first_error = ""
 
+    def sync(self):
+        for d in self.devs:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
+    def sum(self, t):
+        return self.cs.get(str(t.device), self.cs[str(self.devs[0])])(t)
+
+    def check(self, x, w, ref, what):
+        y = x @ w
+        if not torch.equal(y, ref):
+            self.matmul_ok = False
+            if not self.first_error:
+                d = (y.float() - ref.float()).abs().max().item()
+                self.first_error = "%s differs from the reference at step %d (max abs diff %g)" % (what, self.counter, d)
+
     def step(self):
         if self.ref is not None:
-            y = self.x @ self.w0
-            if not torch.equal(y, self.ref):
-                self.matmul_ok = False
-                if not self.first_error:
-                    d = (y.float() - self.ref.float()).abs().max().item()
-                    self.first_error = "x @ W0 differs from the reference at step %d (max abs diff %g)" % (self.counter, d)
-        sync(self.dev)
+            self.check(self.x, self.w0, self.ref, "x @ W0")
+        for x, w, ref in self.extra:
+            self.check(x, w, ref, "x @ W on %s" % x.device)
+        self.sync()
         self.counter += 1
 
     def proof(self):
         t = time.time()
-        bad = [name for name, tt in self.tensors if self.cs(tt) != self.sums[name]]
+        bad = [name for name, tt in self.tensors if self.sum(tt) != self.sums[name]]
         return {
             "pid": os.getpid(),
             "counter": self.counter,
@@ -142,6 +163,7 @@ class Worker:
             "matmul_ok": self.matmul_ok,
             "error": self.first_error,
             "allocated": allocated(self.dev, self.nbytes),
+            "allocated_per_device": {str(d): allocated(d, 0) for d in self.devs},
             "verify_seconds": time.time() - t,
             "time": time.time(),
         }
@@ -309,6 +331,7 @@ def main():
     p.add_argument("--gib-random", type=float, default=4.0)
     p.add_argument("--gib-weights", type=float, default=6.0)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--devices", default="", help="CUDA ordinals to spread over, e.g. 0,1 (default: --device alone)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--period", type=float, default=0.05)
     p.add_argument("--side", type=int, default=8192, help="weight matrices are side x side (8192: 128 MiB in bf16)")
@@ -326,6 +349,15 @@ def main():
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("CUDA is not available", file=sys.stderr)
         sys.exit(3)
+    devs = [dev]
+    if args.devices:
+        if dev.type != "cuda" or args.child_of or args.children:
+            p.error("--devices needs --device cuda and no children")
+        devs = [torch.device("cuda", int(i)) for i in args.devices.split(",")]
+        if max(d.index for d in devs) >= torch.cuda.device_count():
+            print("--devices %s: this host has %d CUDA devices" % (args.devices, torch.cuda.device_count()), file=sys.stderr)
+            sys.exit(3)
+        dev = devs[0]
     if args.child_of:
         child_main(args, dev)
         return
@@ -339,24 +371,39 @@ def main():
     per = (512 << 20) // 4
     for i in range(n_rand):
         tensors.append(("random%03d" % i, torch.randn(per, generator=gen, device=dev, dtype=torch.float32)))
+    wdev = devs[-1]
+    if wdev != dev:
+        gen = torch.Generator(device=wdev)
+        gen.manual_seed(args.seed + 1)
     side = args.side
     n_layers = int(args.gib_weights * 2**30 / (side * side * 2) + 0.5)
     for i in range(n_layers):
         scale = 0.01 + 0.04 * ((i * 7919) % 97) / 96.0
-        w = torch.randn(side, side, generator=gen, device=dev, dtype=torch.float32) * scale
+        w = torch.randn(side, side, generator=gen, device=wdev, dtype=torch.float32) * scale
         tensors.append(("layer%03d.weight" % i, w.to(torch.bfloat16)))
         del w
         if i % 8 == 0:
-            norm = 1.0 + 0.05 * torch.randn(side, generator=gen, device=dev, dtype=torch.float32)
+            norm = 1.0 + 0.05 * torch.randn(side, generator=gen, device=wdev, dtype=torch.float32)
             tensors.append(("layer%03d.norm" % i, norm.to(torch.bfloat16)))
     w0 = next(t for name, t in tensors if name.endswith(".weight")) if n_layers else None
-    x = torch.randn(256, side, generator=gen, device=dev, dtype=torch.float32).to(torch.bfloat16)
-    wk = Worker(dev, tensors, w0, x, CHUNK)
+    x = torch.randn(256, side, generator=gen, device=wdev, dtype=torch.float32).to(torch.bfloat16)
+    extra = []
+    if len(devs) > 1:
+        # A product pair on every device, checksummed with the rest.
+        for d in devs:
+            g = torch.Generator(device=d)
+            g.manual_seed(args.seed + 7 + d.index)
+            xx = torch.randn(256, 2048, generator=g, device=d, dtype=torch.float32).to(torch.bfloat16)
+            ww = torch.randn(2048, 2048, generator=g, device=d, dtype=torch.float32).to(torch.bfloat16)
+            tensors += [("pair%d.x" % d.index, xx), ("pair%d.w" % d.index, ww)]
+            extra.append((xx, ww))
+    wk = Worker(dev, tensors, w0, x, CHUNK, extra, devs)
     nbytes = wk.nbytes
     info = {
         "tensors": len(tensors),
         "tensor_bytes": nbytes,
         "device": str(dev),
+        "devices": [str(d) for d in devs],
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "allocated": allocated(dev, nbytes),
         "reserved": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else nbytes,

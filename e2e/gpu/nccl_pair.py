@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Two processes talking over NCCL, for the GPU end-to-end test's `nccl`
+round (e2e/gpu/run.sh): can a pair that shares a communicator be
+checkpointed and restored?
+
+Rank 0 (this process, cuda:0) starts rank 1 (this script again, cuda:1)
+by fork + exec in its session, as torch_target.py starts its children. Each
+rank holds --mib MiB of float32 random tensors (checksummed as
+torch_target.py does) and loops: all_reduce of a vector of its rank + 1,
+which must sum to 3 everywhere, and a counter. The files in --dir follow
+torch_target.py's protocol (ready, proof.json on SIGUSR1 with rank 1 as
+child 0: ready-child-0, proof-child-0.json), so run.sh proves it the same
+way. NCCL_NVLS_ENABLE=0 is forced (no NVLink multicast on shared hosts).
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_target import Checksummer, write_atomic  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--mib", type=int, default=1024)
+    p.add_argument("--period", type=float, default=0.05)
+    a = p.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    dev = torch.device("cuda", a.rank)
+    torch.cuda.set_device(dev)
+    child = None
+    if a.rank == 0:
+        for f in ("ready-child-0", "proof-child-0.json", "store"):
+            try:
+                os.unlink(os.path.join(a.dir, f))
+            except FileNotFoundError:
+                pass
+        out = open(os.path.join(a.dir, "child-0.out"), "ab")
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--dir", a.dir, "--rank", "1",
+                                  "--mib", str(a.mib), "--period", str(a.period)],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, close_fds=True)
+    dist.init_process_group("nccl", init_method="file://" + os.path.join(a.dir, "store"), rank=a.rank, world_size=2,
+                            device_id=dev)
+    g = torch.Generator(device=dev)
+    g.manual_seed(99 + a.rank)
+    per = (256 << 20) // 4
+    tensors = [("rank%d.random%02d" % (a.rank, i), torch.randn(per, generator=g, device=dev)) for i in range(max(1, a.mib // 256))]
+    cs = Checksummer(dev)
+    sums = {n: cs(t) for n, t in tensors}
+    vec = torch.empty(1 << 20, device=dev)
+    state = {"prove": False, "stop": False, "counter": 0, "ok": True, "error": ""}
+    signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
+    signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
+
+    def step():
+        vec.fill_(a.rank + 1)
+        dist.all_reduce(vec)
+        torch.cuda.synchronize(dev)
+        if state["ok"] and not bool((vec == 3).all()):
+            state["ok"] = False
+            state["error"] = "rank %d: all_reduce gave %s at step %d, want 3" % (a.rank, vec[:4].tolist(), state["counter"])
+        state["counter"] += 1
+
+    def proof():
+        t = time.time()
+        bad = [n for n, tt in tensors if cs(tt) != sums[n]]
+        return {"pid": os.getpid(), "counter": state["counter"], "tensors": len(tensors),
+                "tensor_bytes": sum(tt.numel() * 4 for _, tt in tensors), "checksums_ok": not bad, "mismatched": bad,
+                "matmul_ok": state["ok"], "error": state["error"], "verify_seconds": time.time() - t, "time": time.time()}
+
+    step()
+    if a.rank == 1:
+        write_atomic(os.path.join(a.dir, "ready-child-0"), "%d\n" % os.getpid())
+    else:
+        while not os.path.exists(os.path.join(a.dir, "ready-child-0")):
+            if child.poll() is not None:
+                print("rank 1 exited with %s before it was ready" % child.returncode, flush=True)
+                sys.exit(3)
+            time.sleep(0.05)
+        write_atomic(os.path.join(a.dir, "ready"), "%d\n" % os.getpid())
+    print("rank %d ready: %d MiB on %s, pid %d" % (a.rank, a.mib, dev, os.getpid()), flush=True)
+    while not state["stop"]:
+        # Both ranks must step: a proof is asked of rank 0, which passes
+        # it on and waits for rank 1's answer while stepping.
+        step()
+        if state["prove"]:
+            state["prove"] = False
+            if a.rank == 1:
+                write_atomic(os.path.join(a.dir, "proof-child-0.json"), json.dumps(proof()))
+            else:
+                t_ask = time.time()
+                try:
+                    os.unlink(os.path.join(a.dir, "proof-child-0.json"))
+                except FileNotFoundError:
+                    pass
+                os.kill(child.pid, signal.SIGUSR1)
+                mine = proof()
+                kid, path = None, os.path.join(a.dir, "proof-child-0.json")
+                while kid is None and time.time() < t_ask + 120:
+                    step()
+                    if os.path.exists(path):
+                        kid = json.load(open(path))
+                    time.sleep(a.period)
+                if kid is None:
+                    kid = {"pid": child.pid, "counter": 0, "checksums_ok": False, "matmul_ok": False,
+                           "error": "rank 1: no proof within 120s", "mismatched": []}
+                kid["ok"] = bool(kid["checksums_ok"] and kid["matmul_ok"] and not kid["error"])
+                mine["children"] = [kid]
+                mine["checksums_ok"] = mine["checksums_ok"] and kid["checksums_ok"]
+                mine["matmul_ok"] = mine["matmul_ok"] and kid["matmul_ok"]
+                mine["error"] = "; ".join(filter(None, [mine["error"], kid["error"]]))
+                write_atomic(os.path.join(a.dir, "proof.json"), json.dumps(mine))
+                print("proof: counter %d, ok %s, rank 1 %s" % (mine["counter"], mine["checksums_ok"] and mine["matmul_ok"], kid["ok"]), flush=True)
+        time.sleep(a.period)
+    if child:
+        child.terminate()
+        child.wait()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
