@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -441,4 +443,30 @@ func errGPUUndone(cause error, pids []int, undoErr error) error {
 		return fmt.Errorf("%w; undoing the GPU step of %v failed too: %v", cause, pids, undoErr)
 	}
 	return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, pids)
+}
+
+// checkDumpable refuses, before any GPU step, a CUDA tree that CRIU would
+// refuse to dump after it: one holding established TCP connections without
+// --tcp-established (or --tcp-close) in criuArgs. Undoing the driver's
+// checkpoint is not always possible (driver 580 refused it for an NCCL
+// pair, leaving both processes frozen), so the refusal must come first.
+func (cc *cudaCheckpoint) checkDumpable(tree []int, criuArgs []string) error {
+	if cc == nil || len(cc.pids) == 0 || slices.ContainsFunc(criuArgs, func(a string) bool {
+		return a == "--tcp-established" || a == "--tcp-close"
+	}) {
+		return nil
+	}
+	conns := proc.EstablishedTCP(tree)
+	if len(conns) == 0 {
+		return nil
+	}
+	list := make([]string, 0, 3)
+	for i, c := range conns {
+		if i == 3 {
+			list = append(list, fmt.Sprintf("and %d more", len(conns)-3))
+			break
+		}
+		list = append(list, c.String())
+	}
+	return errdefs.Usagef("the tree holds established TCP connections (%s), which CRIU dumps only with --criu-opts --tcp-established; refused before the GPU step, which the driver may not be able to undo", strings.Join(list, ", "))
 }

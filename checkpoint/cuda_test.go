@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -256,5 +258,47 @@ func TestCheckMap(t *testing.T) {
 				t.Fatalf("checkMap = %v, want a usage error with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestCheckDumpable: a CUDA tree holding an established TCP connection is
+// refused before the GPU step unless CRIU is told to dump it; a tree
+// without CUDA processes is left to CRIU.
+func TestCheckDumpable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	self := []int{os.Getpid()}
+	cuda := &cudaCheckpoint{pids: self}
+	if err := cuda.checkDumpable(self, nil); err != nil {
+		t.Fatalf("a listener alone: %v", err)
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		name    string
+		cc      *cudaCheckpoint
+		args    []string
+		refused bool
+	}{
+		{"cuda", cuda, nil, true},
+		{"cuda-other-opts", cuda, []string{"--shell-job"}, true},
+		{"cuda-tcp-established", cuda, []string{"--shell-job", "--tcp-established"}, false},
+		{"cuda-tcp-close", cuda, []string{"--tcp-close"}, false},
+		{"no-cuda", nil, nil, false},
+	} {
+		err := tc.cc.checkDumpable(self, tc.args)
+		if tc.refused != (err != nil) {
+			t.Errorf("%s: refused=%v, got %v", tc.name, tc.refused, err)
+			continue
+		}
+		if err != nil && (!errors.Is(err, errdefs.ErrUsage) || !strings.Contains(err.Error(), c.LocalAddr().String()) || !strings.Contains(err.Error(), "--tcp-established")) {
+			t.Errorf("%s: the error must be a usage error naming the connection and the option: %v", tc.name, err)
+		}
 	}
 }

@@ -137,6 +137,9 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
+	if err := cc.checkDumpable(tree, o.CRIU.Args); err != nil {
+		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
 	var seal *crypt.Session
 	if o.Stream.Key != nil {
 		if seal, err = crypt.NewSession(o.Stream.Key); err != nil {
