@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
@@ -127,6 +128,43 @@ func BenchmarkCapture(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(m.Stats.Ratio(), "ratio")
+		})
+	}
+}
+
+// BenchmarkCaptureArchiveWriters captures (codec none) into an archive in
+// a directory, GPUCR_BENCH_DIR (default a temp dir; /dev/shm keeps the
+// disk out), with one payload writer and with DefaultWriters: the ratio is
+// what the several writers buy, and grows with cores.
+//
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench CaptureArchiveWriters -benchtime 3x ./streamer/
+func BenchmarkCaptureArchiveWriters(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_MIB", 1024)
+	base := os.Getenv("GPUCR_BENCH_DIR")
+	if base == "" {
+		base = b.TempDir()
+	}
+	benchTemplate()
+	for _, writers := range []int{1, DefaultWriters()} {
+		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+			b.SetBytes(total)
+			for range b.N {
+				b.StopTimer()
+				root, err := os.MkdirTemp(base, "gpucr-bench-")
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := NewArchiveOutput(context.Background(), dir.New(root), 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.SetWriters(writers)
+				b.StartTimer()
+				captureBench(b, out, Options{Codec: mustSpec(b, "none")}, total)
+				b.StopTimer()
+				os.RemoveAll(root)
+				b.StartTimer()
+			}
 		})
 	}
 }
