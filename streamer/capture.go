@@ -450,7 +450,7 @@ func (c *Capture) dropRaw(it *item) {
 // writeLoop writes the items in submission order, each once it is
 // encoded. Waiting for the oldest keeps the later ones in the order queue,
 // so a chunk that is slow to encode holds back the producers: it cannot
-// let the others pile up. An item whose payload an asyncOutput took is
+// let the others pile up. An item whose payload an AsyncOutput took is
 // released when its write ends, so its buffer and token stay held until
 // then, and memory stays bounded by the tokens.
 func (c *Capture) writeLoop() {
@@ -492,7 +492,7 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
 			RawLen: uint32(it.rawLen), StoredLen: uint32(stored), Checksum: it.crc, Hash: it.hash}
 		var loc Location
-		if ao, ok := c.out.(asyncOutput); ok {
+		if ao, ok := c.out.(AsyncOutput); ok {
 			// From here the item is the output's until done: read nothing
 			// of its buffers.
 			name, off := fs.file.Name, it.off

@@ -34,14 +34,16 @@ type Output interface {
 	Abort(ctx context.Context) error
 }
 
-// asyncOutput is an Output that can write a DATA frame's payload after
+// AsyncOutput is an Output that can write a DATA frame's payload after
 // WriteFrameAsync returns, several at once (ArchiveOutput into a store
-// that writes at offsets). The frame's place, its Location, is decided at
+// that writes at offsets); a Capture uses it when its Output has it, and
+// an Output that wraps another passes it on. The frame's place, its Location, is decided at
 // once and in order, as by WriteFrame. done is called exactly once, from
 // any goroutine, when payload is no longer needed, with the write's error
 // (which also fails the output's later calls); it is not called when
 // WriteFrameAsync returns an error. Commit and Abort wait for every write.
-type asyncOutput interface {
+type AsyncOutput interface {
+	Output
 	WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error)
 }
 
@@ -194,12 +196,12 @@ type ArchiveOutput struct {
 	// open files, re-announced at the start of every new segment
 	open map[uint32]openFile
 
-	// background commits
 	// payload writes
 	writers    int           // at once; 1: every byte from the caller's goroutine
 	writeSlots chan struct{} // writers of them, made at the first write
 	writes     sync.WaitGroup
 
+	// background commits
 	slots     chan struct{}   // DefaultCommitting of them
 	bg        context.Context // canceled by Abort
 	bgCancel  context.CancelCauseFunc
@@ -460,7 +462,7 @@ func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader
 }
 
 // WriteFrameAsync is WriteFrame for a frame whose payload may be written
-// after it returns (see asyncOutput): a DATA payload of minAsyncPayload
+// after it returns (see AsyncOutput): a DATA payload of minAsyncPayload
 // bytes or more, into a store that writes at offsets, goes to a payload
 // writer once one of Writers is free; any other frame is written at once
 // and done called before it returns.
