@@ -92,6 +92,19 @@ func (o *Output) Sealed() *crypt.Session {
 	return nil
 }
 
+// WriteFrameAsync implements streamer.AsyncOutput: an archive's payload
+// writes run on its own writers, any other output's at once.
+func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
+	if a, ok := o.Output.(streamer.AsyncOutput); ok {
+		return a.WriteFrameAsync(ctx, fh, payload, done)
+	}
+	loc, err := o.Output.WriteFrame(ctx, fh, payload)
+	if err == nil {
+		done(nil)
+	}
+	return loc, err
+}
+
 // session starts the encryption session of one output: nil without a key.
 func (c *Config) session() (*crypt.Session, error) {
 	if c.Options.Key == nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -52,5 +53,63 @@ func TestOpenRefusals(t *testing.T) {
 	// A file is a store's directory only if it is one.
 	if _, _, err := OpenStore(ctx, Location{Kind: Archive, Path: file, Raw: file}, Config{}); !errors.Is(err, errdefs.ErrUsage) {
 		t.Errorf("store of a file as an archive: %v", err)
+	}
+}
+
+// fakeOutput records what a location.Output passes on to it.
+type fakeOutput struct {
+	streamer.Output // nil: only WriteFrame is called
+	frames          int
+	err             error
+}
+
+func (f *fakeOutput) WriteFrame(context.Context, *manifest.FrameHeader, []byte) (streamer.Location, error) {
+	f.frames++
+	return streamer.Location{Pos: 7}, f.err
+}
+
+type fakeAsync struct {
+	fakeOutput
+	async int
+}
+
+func (f *fakeAsync) WriteFrameAsync(_ context.Context, _ *manifest.FrameHeader, _ []byte, done func(error)) (streamer.Location, error) {
+	f.async++
+	return streamer.Location{Pos: 9}, nil // done is the archive's to call, later
+}
+
+// An Output passes payload writes on to an archive that writes them on
+// its own goroutines, and writes any other output's frames at once.
+func TestOutputWriteFrameAsync(t *testing.T) {
+	var _ streamer.AsyncOutput = (*Output)(nil)
+	boom := errors.New("boom")
+	async := &fakeAsync{}
+	for _, tc := range []struct {
+		name     string
+		inner    streamer.Output
+		wantPos  int64
+		wantDone int
+		wantErr  error
+	}{
+		{"archive", async, 9, 0, nil},
+		{"stream", &fakeOutput{}, 7, 1, nil},
+		{"stream fails", &fakeOutput{err: boom}, 7, 0, boom},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &Output{Output: tc.inner}
+			dones := 0
+			loc, err := o.WriteFrameAsync(context.Background(), &manifest.FrameHeader{Type: manifest.FrameData}, []byte("x"), func(err error) {
+				if err != nil {
+					t.Errorf("done(%v)", err)
+				}
+				dones++
+			})
+			if !errors.Is(err, tc.wantErr) || loc.Pos != tc.wantPos || dones != tc.wantDone {
+				t.Fatalf("WriteFrameAsync = %+v, %v with done called %d times; want pos %d, %v, %d", loc, err, dones, tc.wantPos, tc.wantErr, tc.wantDone)
+			}
+		})
+	}
+	if async.async != 1 || async.frames != 0 {
+		t.Fatalf("the archive got %d payload writes and %d frames, want 1 and 0", async.async, async.frames)
 	}
 }

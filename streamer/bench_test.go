@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
@@ -127,6 +128,101 @@ func BenchmarkCapture(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(m.Stats.Ratio(), "ratio")
+		})
+	}
+}
+
+// BenchmarkCaptureArchiveWriters captures (codec none) into an archive in
+// a directory, GPUCR_BENCH_DIR (default a temp dir; /dev/shm keeps the
+// disk out), with one payload writer and with DefaultWriters: the ratio is
+// what the several writers buy, and grows with cores.
+//
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench CaptureArchiveWriters -benchtime 3x ./streamer/
+func BenchmarkCaptureArchiveWriters(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_MIB", 1024)
+	base := os.Getenv("GPUCR_BENCH_DIR")
+	if base == "" {
+		base = b.TempDir()
+	}
+	benchTemplate()
+	for _, writers := range []int{1, DefaultWriters()} {
+		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+			b.SetBytes(total)
+			for range b.N {
+				b.StopTimer()
+				root, err := os.MkdirTemp(base, "gpucr-bench-")
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := NewArchiveOutput(context.Background(), dir.New(root), 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.SetWriters(writers)
+				b.StartTimer()
+				captureBench(b, out, Options{Codec: mustSpec(b, "none")}, total)
+				b.StopTimer()
+				os.RemoveAll(root)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkArchiveWriters isolates the archive's writing: 4 MiB DATA
+// payloads (ready, as a capture's encoded chunks are) into an archive in
+// GPUCR_BENCH_DIR, with one payload writer and with DefaultWriters.
+//
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench 'ArchiveWriters' -benchtime 3x ./streamer/
+func BenchmarkArchiveWriters(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_MIB", 1024)
+	base := os.Getenv("GPUCR_BENCH_DIR")
+	if base == "" {
+		base = b.TempDir()
+	}
+	const chunk = 4 << 20
+	payloads := make([][]byte, 16)
+	for i := range payloads {
+		payloads[i] = mixedData(chunk, uint64(i))
+	}
+	ctx := context.Background()
+	for _, writers := range []int{1, DefaultWriters()} {
+		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+			b.SetBytes(total)
+			for range b.N {
+				b.StopTimer()
+				root, err := os.MkdirTemp(base, "gpucr-bench-")
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := NewArchiveOutput(ctx, dir.New(root), 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.SetWriters(writers)
+				b.StartTimer()
+				fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: 1}
+				if _, err := out.WriteFrame(ctx, &fh, []byte("vram.bin")); err != nil {
+					b.Fatal(err)
+				}
+				for off := int64(0); off < total; off += chunk {
+					p := payloads[(off/chunk)%int64(len(payloads))]
+					fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 1, Offset: uint64(off), RawLen: chunk}
+					if _, err := out.WriteFrameAsync(ctx, &fh, p, func(error) {}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				fh = manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: 1, Offset: uint64(total)}
+				if _, err := out.WriteFrame(ctx, &fh, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := out.Commit(ctx, &manifest.Manifest{ChunkSize: chunk, Codec: "none"}); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				os.RemoveAll(root)
+				b.StartTimer()
+			}
 		})
 	}
 }

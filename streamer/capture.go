@@ -450,7 +450,9 @@ func (c *Capture) dropRaw(it *item) {
 // writeLoop writes the items in submission order, each once it is
 // encoded. Waiting for the oldest keeps the later ones in the order queue,
 // so a chunk that is slow to encode holds back the producers: it cannot
-// let the others pile up.
+// let the others pile up. An item whose payload an AsyncOutput took is
+// released when its write ends, so its buffer and token stay held until
+// then, and memory stays bounded by the tokens.
 func (c *Capture) writeLoop() {
 	defer close(c.writerDone)
 	for it := range c.order {
@@ -458,21 +460,27 @@ func (c *Capture) writeLoop() {
 			<-it.done
 		}
 		if c.ctx.Err() == nil {
-			if err := c.write(it); err != nil {
+			taken, err := c.write(it)
+			if err != nil {
 				c.fail(err)
+			}
+			if taken {
+				continue
 			}
 		}
 		c.release(it)
 	}
 }
 
-func (c *Capture) write(it *item) error {
+// write writes one item; taken says the output took the item's payload
+// and will release the item itself.
+func (c *Capture) write(it *item) (taken bool, err error) {
 	ctx := c.ctx
 	switch it.kind {
 	case manifest.FrameFile:
 		fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: it.fileID, Flags: it.flags, RawLen: uint32(len(it.name))}
 		if _, err := c.out.WriteFrame(ctx, &fh, []byte(it.name)); err != nil {
-			return fmt.Errorf("write %s: %w", it.name, err)
+			return false, fmt.Errorf("write %s: %w", it.name, err)
 		}
 		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}}
 		if c.seal != nil {
@@ -480,17 +488,32 @@ func (c *Capture) write(it *item) error {
 		}
 	case manifest.FrameData:
 		fs := c.files[it.fileID]
+		stored := len(it.stored)
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
-			RawLen: uint32(it.rawLen), StoredLen: uint32(len(it.stored)), Checksum: it.crc, Hash: it.hash}
-		loc, err := c.out.WriteFrame(ctx, &fh, it.stored)
+			RawLen: uint32(it.rawLen), StoredLen: uint32(stored), Checksum: it.crc, Hash: it.hash}
+		var loc Location
+		if ao, ok := c.out.(AsyncOutput); ok {
+			// From here the item is the output's until done: read nothing
+			// of its buffers.
+			name, off := fs.file.Name, it.off
+			loc, err = ao.WriteFrameAsync(ctx, &fh, it.stored, func(err error) {
+				if err != nil {
+					c.fail(fmt.Errorf("write %s at offset %d: %w", name, off, err))
+				}
+				c.release(it)
+			})
+			taken = err == nil
+		} else {
+			loc, err = c.out.WriteFrame(ctx, &fh, it.stored)
+		}
 		if err != nil {
-			return fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)
+			return false, fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)
 		}
 		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
 			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
 		fs.hashes = append(fs.hashes, it.hash[:]...)
-		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(len(it.stored)))
-		c.Counters.StoredBytes.Add(int64(len(it.stored)))
+		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(stored))
+		c.Counters.StoredBytes.Add(int64(stored))
 	case manifest.FrameFileEnd:
 		fs := c.files[it.fileID]
 		delete(c.files, it.fileID)
@@ -498,7 +521,7 @@ func (c *Capture) write(it *item) error {
 		fs.file.Digest = c.sums.digest(fs.hashes, it.size)
 		fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: it.fileID, Offset: uint64(it.size), RawLen: it.chunks, Hash: fs.file.Digest}
 		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
-			return fmt.Errorf("finish %s: %w", fs.file.Name, err)
+			return false, fmt.Errorf("finish %s: %w", fs.file.Name, err)
 		}
 		// A name written twice: the later open wins, whichever ends last.
 		if old, ok := c.committed[fs.file.Name]; !ok || old.id < it.fileID {
@@ -506,7 +529,7 @@ func (c *Capture) write(it *item) error {
 		}
 		c.Counters.Files.Add(1)
 	}
-	return nil
+	return taken, nil
 }
 
 // Close waits for every written file to pass through the pipeline, then

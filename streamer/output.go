@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -30,6 +32,19 @@ type Output interface {
 	Commit(ctx context.Context, m *manifest.Manifest) error
 	// Abort discards what was written where that is possible.
 	Abort(ctx context.Context) error
+}
+
+// AsyncOutput is an Output that can write a DATA frame's payload after
+// WriteFrameAsync returns, several at once (ArchiveOutput into a store
+// that writes at offsets); a Capture uses it when its Output has it, and
+// an Output that wraps another passes it on. The frame's place, its Location, is decided at
+// once and in order, as by WriteFrame. done is called exactly once, from
+// any goroutine, when payload is no longer needed, with the write's error
+// (which also fails the output's later calls); it is not called when
+// WriteFrameAsync returns an error. Commit and Abort wait for every write.
+type AsyncOutput interface {
+	Output
+	WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error)
 }
 
 // StreamOutput writes one stream over one or more shards (pipes, stdout, a
@@ -129,6 +144,17 @@ func (o *StreamOutput) Abort(ctx context.Context) error {
 	return nil
 }
 
+// minAsyncPayload is the smallest DATA payload an ArchiveOutput writes
+// on a payload writer: below it the flush and the goroutine cost more than
+// the copy, and the payload goes through the segment's buffer.
+const minAsyncPayload = 64 << 10
+
+// DefaultWriters is how many DATA payloads an ArchiveOutput writes at once
+// into a store that writes at offsets (store.WriterAt): a single writer
+// copies about 2.4 GB/s into /dev/shm, less than a GPU's copy out, while
+// memory copies into the page cache scale with cores.
+func DefaultWriters() int { return min(runtime.GOMAXPROCS(0), 8) }
+
 // DefaultSegmentSize keeps segments large enough that per-object overhead
 // does not matter and small enough for parallel transfers.
 const DefaultSegmentSize = 256 << 20
@@ -150,17 +176,30 @@ const DefaultCommitting = 2
 // The first failed commit fails every later WriteFrame and Commit; the
 // manifest is written only after every segment committed; Abort stops the
 // commits in flight and deletes every segment.
+//
+// Into a store that writes at offsets, WriteFrameAsync hands a large DATA
+// payload to one of Writers goroutines: the caller's goroutine still
+// places every frame in order (the header is written and the payload's
+// room skipped, see manifest.Writer.WriteDataHeader), so the bytes are
+// those of one writer. A segment is committed only once every payload
+// write into it ended; the first failed write fails the output like a
+// failed commit, and no segment with a hole is committed.
 type ArchiveOutput struct {
 	store       store.Store
 	segmentSize int64
 	cur         store.ObjectWriter
 	curWriter   *manifest.Writer
-	curCount    *countingWriter
+	curSink     *segmentSink
 	segments    []manifest.Segment
 	streamID    uint64
 	seal        *crypt.Session
 	// open files, re-announced at the start of every new segment
 	open map[uint32]openFile
+
+	// payload writes
+	writers    int           // at once; 1: every byte from the caller's goroutine
+	writeSlots chan struct{} // writers of them, made at the first write
+	writes     sync.WaitGroup
 
 	// background commits
 	slots     chan struct{}   // DefaultCommitting of them
@@ -182,17 +221,48 @@ type openFile struct {
 	name []byte
 }
 
-// countingWriter counts the bytes the object writer accepted, so that a
-// segment's size is checked before it is committed.
-type countingWriter struct {
-	w io.Writer
-	n int64
+// segmentSink is what a segment's manifest.Writer writes into. It counts
+// the bytes the object writer accepted, payload writes included, so that a
+// segment's size is checked before it is committed. With at set it writes
+// everything at offsets and skips the payloads that payload writers fill
+// (manifest.Skipper); only the caller's goroutine calls Write and Skip.
+type segmentSink struct {
+	w        store.ObjectWriter
+	at       store.WriterAt // w, when payloads are written on their own
+	off      int64          // where Write writes next, with at
+	n        atomic.Int64
+	payloads sync.WaitGroup // payload writes into the segment in flight
 }
 
-func (c *countingWriter) Write(b []byte) (int, error) {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
+func (s *segmentSink) Write(b []byte) (int, error) {
+	var n int
+	var err error
+	if s.at != nil {
+		n, err = s.at.WriteAt(b, s.off)
+		s.off += int64(n)
+	} else {
+		n, err = s.w.Write(b)
+	}
+	s.n.Add(int64(n))
 	return n, err
+}
+
+func (s *segmentSink) Skip(n int64) error {
+	if s.at == nil {
+		return errors.New("segment is written in order: no room can be left")
+	}
+	s.off += n
+	return nil
+}
+
+// writePayload writes a DATA payload at off, as one of the payload writers.
+func (s *segmentSink) writePayload(p []byte, off int64) error {
+	n, err := s.at.WriteAt(p, off)
+	s.n.Add(int64(n))
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return err
 }
 
 // NewArchiveOutput refuses to overwrite a committed archive.
@@ -215,7 +285,18 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 	}
 	bg, cancel := context.WithCancelCause(context.Background())
 	return &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), seal: seal, open: map[uint32]openFile{},
-		slots: make(chan struct{}, DefaultCommitting), bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
+		writers: DefaultWriters(), slots: make(chan struct{}, DefaultCommitting), bg: bg, bgCancel: cancel, failed: make(chan struct{})}, nil
+}
+
+// SetWriters sets how many DATA payloads WriteFrameAsync writes at once
+// (n <= 0: DefaultWriters); 1 writes every byte from the caller's
+// goroutine, as into a store that cannot write at offsets. Call it before
+// the first WriteFrame.
+func (a *ArchiveOutput) SetWriters(n int) {
+	if n <= 0 {
+		n = DefaultWriters()
+	}
+	a.writers = n
 }
 
 // Sealed is the session the archive is encrypted under, or nil.
@@ -250,14 +331,17 @@ func (a *ArchiveOutput) openSegment(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create segment %s: %w", name, err)
 	}
-	cw := &countingWriter{w: w}
-	mw, err := manifest.NewWriter(cw, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID, Encryption: encryptionOf(a.seal)})
+	sink := &segmentSink{w: w}
+	if a.writers > 1 {
+		sink.at, _ = w.(store.WriterAt)
+	}
+	mw, err := manifest.NewWriter(sink, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID, Encryption: encryptionOf(a.seal)})
 	if err != nil {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("segment %s: %w", name, err)
 	}
 	sealEnd(mw, a.seal)
-	a.cur, a.curWriter, a.curCount = w, mw, cw
+	a.cur, a.curWriter, a.curSink = w, mw, sink
 	a.segments = append(a.segments, manifest.Segment{Name: name})
 	for _, f := range a.open {
 		fh := f.fh
@@ -279,16 +363,21 @@ func (a *ArchiveOutput) closeSegment(ctx context.Context, wait bool) error {
 		return fmt.Errorf("finish segment %s: %w", seg.Name, err)
 	}
 	seg.Size = a.curWriter.Pos()
-	w, name := a.cur, seg.Name
-	a.cur, a.curWriter = nil, nil
-	if got := a.curCount.n; got != seg.Size {
-		a.orphans = append(a.orphans, w)
-		return fmt.Errorf("segment %s: %d bytes written, the object took %d; not committing", name, seg.Size, got)
-	}
+	w, sink, name, size := a.cur, a.curSink, seg.Name, seg.Size
+	a.cur, a.curWriter, a.curSink = nil, nil, nil
 	// A failed commit is cleaned up after the failure is reported: by
 	// Abort, or after setFailure in the background, never while the
 	// pipeline (and CRIU, and the frozen process) waits.
 	commit := func(ctx context.Context) error {
+		// Nothing with a hole is committed: every payload write into the
+		// segment ends first, and none may have failed.
+		sink.payloads.Wait()
+		if err := a.failure(); err != nil {
+			return err
+		}
+		if got := sink.n.Load(); got != size {
+			return fmt.Errorf("segment %s: %d bytes written, the object took %d; not committing", name, size, got)
+		}
 		if err := w.Commit(ctx); err != nil {
 			return fmt.Errorf("commit segment %s: %w", name, err)
 		}
@@ -346,22 +435,97 @@ func (a *ArchiveOutput) commitInBackground(ctx context.Context, w store.ObjectWr
 	return nil
 }
 
-// WriteFrame implements Output. FILE frames are repeated in each segment
-// that carries the file's data, so every segment decodes on its own.
-func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+// nextSegment makes the current segment the one the next frame goes
+// into: it commits a full one and opens a new one.
+func (a *ArchiveOutput) nextSegment(ctx context.Context) error {
 	if err := a.failure(); err != nil {
-		return Location{}, err
+		return err
 	}
 	if a.cur != nil && a.curWriter.Pos() >= a.segmentSize {
 		if err := a.closeSegment(ctx, false); err != nil {
-			return Location{}, err
+			return err
 		}
 	}
 	if a.cur == nil {
-		if err := a.openSegment(ctx); err != nil {
-			return Location{}, err
-		}
+		return a.openSegment(ctx)
 	}
+	return nil
+}
+
+// WriteFrame implements Output. FILE frames are repeated in each segment
+// that carries the file's data, so every segment decodes on its own.
+func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+	if err := a.nextSegment(ctx); err != nil {
+		return Location{}, err
+	}
+	return a.writeFrame(fh, payload)
+}
+
+// WriteFrameAsync is WriteFrame for a frame whose payload may be written
+// after it returns (see AsyncOutput): a DATA payload of minAsyncPayload
+// bytes or more, into a store that writes at offsets, goes to a payload
+// writer once one of Writers is free; any other frame is written at once
+// and done called before it returns.
+func (a *ArchiveOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+	if err := a.nextSegment(ctx); err != nil {
+		return Location{}, err
+	}
+	if fh.Type != manifest.FrameData || len(payload) < minAsyncPayload || a.curSink.at == nil {
+		loc, err := a.writeFrame(fh, payload)
+		if err == nil {
+			done(nil)
+		}
+		return loc, err
+	}
+	slots, err := a.writeSlot(ctx)
+	if err != nil {
+		return Location{}, err
+	}
+	seg, sink := len(a.segments)-1, a.curSink
+	name := a.segments[seg].Name
+	pos, err := a.curWriter.WriteDataHeader(fh, len(payload))
+	if err != nil {
+		<-slots
+		return Location{}, fmt.Errorf("segment %s: %w", name, err)
+	}
+	off := pos + manifest.FrameSize
+	a.writes.Add(1)
+	sink.payloads.Add(1)
+	go func() {
+		err := sink.writePayload(payload, off)
+		if err != nil {
+			err = fmt.Errorf("segment %s: write %d bytes at offset %d: %w", name, len(payload), off, err)
+			a.setFailure(err)
+		}
+		<-slots
+		// done before the waits end: when Commit or Abort returns, every
+		// payload is back with its owner.
+		done(err)
+		sink.payloads.Done()
+		a.writes.Done()
+	}()
+	return Location{Segment: seg, Pos: pos}, nil
+}
+
+// writeSlot waits until fewer than Writers payload writes are in flight
+// and takes a slot, which the write gives back on the returned channel.
+func (a *ArchiveOutput) writeSlot(ctx context.Context) (chan struct{}, error) {
+	if a.writeSlots == nil {
+		a.writeSlots = make(chan struct{}, a.writers)
+	}
+	select {
+	case a.writeSlots <- struct{}{}:
+		return a.writeSlots, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	case <-a.bg.Done():
+		return nil, context.Cause(a.bg)
+	case <-a.failed:
+		return nil, a.failure()
+	}
+}
+
+func (a *ArchiveOutput) writeFrame(fh *manifest.FrameHeader, payload []byte) (Location, error) {
 	pos, err := a.curWriter.WriteFrame(fh, payload)
 	if err != nil {
 		return Location{}, fmt.Errorf("segment %s: %w", a.segments[len(a.segments)-1].Name, err)
@@ -376,8 +540,9 @@ func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader
 }
 
 // Commit closes the last segment, waits until every segment is committed,
-// then writes the manifest.
+// then writes the manifest. It returns after every payload write ended.
 func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
+	defer a.writes.Wait()
 	if err := a.failure(); err != nil {
 		return err
 	}
@@ -433,7 +598,8 @@ var AbortTimeout = 10 * time.Second
 // Abort stops the commits in flight and removes the segments written so
 // far; with no manifest they were never a checkpoint, so this is cleanup,
 // not a correctness step. Everything is removed in parallel, within
-// AbortTimeout; a second Abort returns the first one's result.
+// AbortTimeout, once the payload writes in flight ended; a second Abort
+// returns the first one's result.
 func (a *ArchiveOutput) Abort(ctx context.Context) error {
 	a.abortOnce.Do(func() { a.abortErr = a.abort(ctx) })
 	return a.abortErr
@@ -443,6 +609,9 @@ func (a *ArchiveOutput) abort(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, AbortTimeout)
 	defer cancel()
 	a.bgCancel(errAborted)
+	// A payload write cannot be stopped, and would land in a file that is
+	// being removed: let those in flight end (a local write does).
+	a.writes.Wait()
 	var mu sync.Mutex
 	var first error
 	record := func(err error) {

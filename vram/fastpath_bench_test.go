@@ -30,6 +30,9 @@ import (
 //     (the device is free once they are done: release-GB/s), then the
 //     files are stored, one reader each, into io.Discard or a capture.
 //
+// file/capture/writers=1 writes every payload from the capture's write
+// loop, file/capture with the archive's payload writers (DefaultWriters).
+//
 // SetBytes makes MB/s the whole flow's (written and stored); release-GB/s
 // is the rate at which the device would be freed. The capture has codec
 // none, its archive in GPUCR_BENCH_DIR (default a temp dir; /dev/shm
@@ -56,9 +59,10 @@ func BenchmarkFastPathSink(b *testing.B) {
 	for _, tc := range []struct {
 		name           string
 		files, capture bool
+		writers        int // the archive's payload writers; 0: its default
 	}{
-		{"pipe+keep/discard", false, false}, {"pipe+keep/capture", false, true},
-		{"file/discard", true, false}, {"file/capture", true, true},
+		{"pipe+keep/discard", false, false, 0}, {"pipe+keep/capture", false, true, 0},
+		{"file/discard", true, false, 0}, {"file/capture/writers=1", true, true, 1}, {"file/capture", true, true, 0},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(total)
@@ -68,7 +72,7 @@ func BenchmarkFastPathSink(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := benchCapture(b, dir, tc.capture)
+				c := benchCapture(b, dir, tc.capture, tc.writers)
 				t := time.Now()
 				if tc.files {
 					busy += sinkFiles(b, buf, total, files, dir, c)
@@ -90,8 +94,9 @@ func BenchmarkFastPathSink(b *testing.B) {
 	}
 }
 
-// benchCapture is a capture into an archive in dir (codec none), or nil.
-func benchCapture(b *testing.B, dir string, capture bool) *streamer.Capture {
+// benchCapture is a capture into an archive in dir (codec none) with
+// writers payload writers, or nil.
+func benchCapture(b *testing.B, dir string, capture bool, writers int) *streamer.Capture {
 	if !capture {
 		return nil
 	}
@@ -101,6 +106,7 @@ func benchCapture(b *testing.B, dir string, capture bool) *streamer.Capture {
 	if err != nil {
 		b.Fatal(err)
 	}
+	out.SetWriters(writers)
 	c, err := streamer.NewCapture(ctx, out, streamer.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30})
 	if err != nil {
 		b.Fatal(err)
