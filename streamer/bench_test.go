@@ -296,8 +296,10 @@ func copyToPipeReader(ctx context.Context, a Source, f manifest.File) error {
 // BenchmarkArchiveDirPipe serves a local archive (store/dir, in
 // GPUCR_BENCH_DIR, default /dev/shm) of the thirds image (a third random,
 // zeros, text: bench.sh's target) into a pipe read by another goroutine, as
-// CRIU reads it, by vmsplice. cpu-s/GiB counts the whole process,
-// reader-cpu-s/GiB the reader alone (CRIU's part: its copy out of the pipe).
+// CRIU reads it, by vmsplice, with each read-ahead window of
+// GPUCR_BENCH_READAHEAD (e.g. "2 4 0": 0 is the default rule). cpu-s/GiB
+// counts the whole process, reader-cpu-s/GiB the reader alone (CRIU's
+// part: its copy out of the pipe).
 func BenchmarkArchiveDirPipe(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	root := os.Getenv("GPUCR_BENCH_DIR")
@@ -328,21 +330,43 @@ func BenchmarkArchiveDirPipe(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(spec, func(b *testing.B) {
-			readerCPU.Store(0)
-			stageCPU(b, total, false, func() {
-				a, err := OpenArchive(ctx, st, Options{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, f := range m.Files {
-					if err := copyToPipeReader(ctx, a, f); err != nil {
-						b.Fatalf("Copy(%s): %v", f.Name, err)
+		for _, ra := range benchReadAheads(b) {
+			b.Run(fmt.Sprintf("%s/readahead=%d", spec, ra), func(b *testing.B) {
+				defer func(v int) { readAhead = v }(readAhead)
+				readAhead = ra
+				readerCPU.Store(0)
+				stageCPU(b, total, false, func() {
+					a, err := OpenArchive(ctx, st, Options{})
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				a.Close()
+					for _, f := range m.Files {
+						if err := copyToPipeReader(ctx, a, f); err != nil {
+							b.Fatalf("Copy(%s): %v", f.Name, err)
+						}
+					}
+					a.Close()
+				})
+				b.ReportMetric(float64(readerCPU.Load())/1e9/(float64(total)*float64(b.N)/(1<<30)), "reader-cpu-s/GiB")
 			})
-			b.ReportMetric(float64(readerCPU.Load())/1e9/(float64(total)*float64(b.N)/(1<<30)), "reader-cpu-s/GiB")
-		})
+		}
 	}
+}
+
+// benchReadAheads are the read-ahead windows BenchmarkArchiveDirPipe
+// compares (GPUCR_BENCH_READAHEAD, chunks; 0 is the default rule).
+func benchReadAheads(b *testing.B) []int {
+	v := os.Getenv("GPUCR_BENCH_READAHEAD")
+	if v == "" {
+		return []int{0}
+	}
+	var ras []int
+	for _, f := range strings.Fields(v) {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			b.Fatalf("GPUCR_BENCH_READAHEAD: %v", err)
+		}
+		ras = append(ras, n)
+	}
+	return ras
 }
