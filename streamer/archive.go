@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -174,14 +176,29 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	a.tokens = make(chan struct{}, budget)
 	a.parallel = max(opts.Workers, opts.Fetchers)
 	// Enough read-ahead to keep every fetcher busy while CRIU drains the
-	// pipe, and no more: the read-ahead hides the store's latency, a
-	// deeper one would only hold memory.
-	a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
+	// pipe, and no more. A store with latency to hide (Fetchers set: S3)
+	// reads four chunks a core or two per fetcher ahead. A local one
+	// answers at once: a chunk per core keeps the decoders busy, and a
+	// deeper read-ahead costs CPU, CRIU's included, besides memory: each
+	// chunk read ahead is a fresh buffer that the kernel zeroes and a
+	// fetcher fills, and the later CRIU copies it out, the likelier it has
+	// left the cache (docs/BENCHMARKS.md, issue 13).
+	a.window = max(2, min(budget, opts.Workers))
+	if opts.Fetchers > 0 {
+		a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))
+	}
+	if readAhead > 0 {
+		a.window = max(2, min(budget, readAhead))
+	}
 	a.parallel = min(a.parallel, a.window)
 	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
 	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a
 }
+
+// readAhead overrides the read-ahead window, in chunks, to measure other
+// depths on other machines (GPUCR_READAHEAD=N).
+var readAhead, _ = strconv.Atoi(os.Getenv("GPUCR_READAHEAD"))
 
 // Manifest is the archive's manifest.
 func (a *ArchiveSource) Manifest() *manifest.Manifest { return a.man }

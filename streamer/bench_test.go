@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store/dir"
@@ -354,6 +359,9 @@ func benchIntoPipe(b *testing.B, spec string, total int64, files []manifest.File
 	}
 }
 
+// readerCPU counts the CPU time of the pipe readers (CRIU's part).
+var readerCPU atomic.Int64
+
 func copyToPipeReader(ctx context.Context, a Source, f manifest.File) error {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -362,7 +370,13 @@ func copyToPipeReader(ctx context.Context, a Source, f manifest.File) error {
 	GrowPipe(w.Fd())
 	read := make(chan int64, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var ru0, ru1 syscall.Rusage
+		syscall.Getrusage(unix.RUSAGE_THREAD, &ru0)
 		n, _ := io.CopyBuffer(struct{ io.Writer }{io.Discard}, struct{ io.Reader }{r}, make([]byte, 1<<20))
+		syscall.Getrusage(unix.RUSAGE_THREAD, &ru1)
+		readerCPU.Add(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
 		r.Close()
 		read <- n
 	}()
@@ -372,4 +386,82 @@ func copyToPipeReader(ctx context.Context, a Source, f manifest.File) error {
 		err = fmt.Errorf("%d bytes copied, %d read, want %d", n, got, f.Size)
 	}
 	return err
+}
+
+// BenchmarkArchiveDirPipe serves a local archive (store/dir, in
+// GPUCR_BENCH_DIR, default /dev/shm) of the thirds image (a third random,
+// zeros, text: bench.sh's target) into a pipe read by another goroutine, as
+// CRIU reads it, by vmsplice, with each read-ahead window of
+// GPUCR_BENCH_READAHEAD (e.g. "2 4 0": 0 is the default rule). cpu-s/GiB
+// counts the whole process, reader-cpu-s/GiB the reader alone (CRIU's
+// part: its copy out of the pipe).
+func BenchmarkArchiveDirPipe(b *testing.B) {
+	total := benchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	root := os.Getenv("GPUCR_BENCH_DIR")
+	if root == "" {
+		root = "/dev/shm"
+	}
+	img := thirdsData(64<<20, 5)
+	ctx := context.Background()
+	for _, spec := range benchCodecs() {
+		d, err := os.MkdirTemp(root, "gpucr-bench-*")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(d)
+		st := dir.New(d)
+		out, err := NewArchiveOutput(ctx, st, 64<<20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := NewCapture(ctx, out, Options{Codec: mustSpec(b, spec)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.WriteFile("pages-1.img", &repeatReader{tmpl: img, n: total}, false); err != nil {
+			b.Fatal(err)
+		}
+		m, err := c.Close(ctx, manifest.Manifest{Tool: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, ra := range benchReadAheads(b) {
+			b.Run(fmt.Sprintf("%s/readahead=%d", spec, ra), func(b *testing.B) {
+				defer func(v int) { readAhead = v }(readAhead)
+				readAhead = ra
+				readerCPU.Store(0)
+				stageCPU(b, total, false, func() {
+					a, err := OpenArchive(ctx, st, Options{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, f := range m.Files {
+						if err := copyToPipeReader(ctx, a, f); err != nil {
+							b.Fatalf("Copy(%s): %v", f.Name, err)
+						}
+					}
+					a.Close()
+				})
+				b.ReportMetric(float64(readerCPU.Load())/1e9/(float64(total)*float64(b.N)/(1<<30)), "reader-cpu-s/GiB")
+			})
+		}
+	}
+}
+
+// benchReadAheads are the read-ahead windows BenchmarkArchiveDirPipe
+// compares (GPUCR_BENCH_READAHEAD, chunks; 0 is the default rule).
+func benchReadAheads(b *testing.B) []int {
+	v := os.Getenv("GPUCR_BENCH_READAHEAD")
+	if v == "" {
+		return []int{0}
+	}
+	var ras []int
+	for _, f := range strings.Fields(v) {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			b.Fatalf("GPUCR_BENCH_READAHEAD: %v", err)
+		}
+		ras = append(ras, n)
+	}
+	return ras
 }
