@@ -71,6 +71,9 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 		st.Close()
 		return nil, err
 	}
+	// One segment at a time: an upload already runs Parallel parts at
+	// once, and lanes would multiply the parts held in memory.
+	out.SetLanes(1)
 	// Parts in flight, the part being filled of the segment being written
 	// and of those committing in the background (s3.Config.MaxInflight).
 	capMemoryTo(c.Options.MemoryLimit, int64(sc.Parallel+1+streamer.DefaultCommitting)*st.PartSize())

@@ -2,7 +2,6 @@ package manifest
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -849,105 +848,5 @@ func TestIsSegmentName(t *testing.T) {
 		if got := IsSegmentName(tc.name); got != tc.want {
 			t.Errorf("IsSegmentName(%q) = %v", tc.name, got)
 		}
-	}
-}
-
-// holeWriter is a positioned sink: Write puts bytes at its offset, Skip
-// leaves a hole that fill writes later.
-type holeWriter struct {
-	buf []byte
-	off int
-}
-
-func (h *holeWriter) at(off, n int) []byte {
-	if end := off + n; end > len(h.buf) {
-		h.buf = append(h.buf, make([]byte, end-len(h.buf))...)
-	}
-	return h.buf[off : off+n]
-}
-
-func (h *holeWriter) Write(b []byte) (int, error) {
-	copy(h.at(h.off, len(b)), b)
-	h.off += len(b)
-	return len(b), nil
-}
-
-func (h *holeWriter) Skip(n int64) error {
-	h.at(h.off, int(n))
-	h.off += int(n)
-	return nil
-}
-
-// TestWriteDataHeader: DATA payloads left out and written into their
-// holes afterwards give the bytes WriteFrame gives, plain and encrypted
-// (whose END tag leaves DATA payloads out).
-func TestWriteDataHeader(t *testing.T) {
-	payloads := [][]byte{bytes.Repeat([]byte("a"), 100), {}, bytes.Repeat([]byte("bc"), 70000), []byte("d")}
-	for _, tc := range []struct {
-		name string
-		h    Header
-	}{
-		{"plain", Header{StreamID: 7}},
-		{"encrypted", Header{Encryption: &Encryption{Cipher: 1, KeyID: KeyID{1}, StreamID: 42}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			write := func(w io.Writer, data func(mw *Writer, fh *FrameHeader, p []byte) (int64, error)) {
-				mw, err := NewWriter(w, tc.h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				mw.SetEndTag(func(in []byte) [32]byte { return sha256.Sum256(in) })
-				if _, err := mw.WriteFrame(&FrameHeader{Type: FrameFile, FileID: 1}, []byte("f")); err != nil {
-					t.Fatal(err)
-				}
-				for i, p := range payloads {
-					fh := FrameHeader{Type: FrameData, FileID: 1, Offset: uint64(i), RawLen: uint32(len(p)), Checksum: crc(p)}
-					if _, err := data(mw, &fh, p); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if _, err := mw.WriteFrame(&FrameHeader{Type: FrameFileEnd, FileID: 1}, nil); err != nil {
-					t.Fatal(err)
-				}
-				if err := mw.Finish(nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var want bytes.Buffer
-			write(&want, (*Writer).WriteFrame)
-			var hw holeWriter
-			var later []func()
-			write(&hw, func(mw *Writer, fh *FrameHeader, p []byte) (int64, error) {
-				pos, err := mw.WriteDataHeader(fh, len(p))
-				if err == nil && fh.StoredLen != uint32(len(p)) {
-					t.Errorf("WriteDataHeader left StoredLen %d, want %d", fh.StoredLen, len(p))
-				}
-				later = append(later, func() { copy(hw.buf[pos+FrameSize:], p) })
-				return pos, err
-			})
-			for i := len(later) - 1; i >= 0; i-- {
-				later[i]()
-			}
-			if !bytes.Equal(hw.buf, want.Bytes()) {
-				t.Fatalf("with payloads written later: %d bytes, differ from WriteFrame's %d", len(hw.buf), want.Len())
-			}
-		})
-	}
-}
-
-// WriteDataHeader needs a DATA frame and a writer that skips.
-func TestWriteDataHeaderRefuses(t *testing.T) {
-	var buf bytes.Buffer
-	mw, _ := NewWriter(&buf, Header{})
-	if _, err := mw.WriteDataHeader(&FrameHeader{Type: FrameData}, 10); err == nil {
-		t.Error("WriteDataHeader on a writer that cannot skip succeeded")
-	}
-	var hw holeWriter
-	mw, _ = NewWriter(&hw, Header{})
-	if _, err := mw.WriteDataHeader(&FrameHeader{Type: FrameFile}, 10); err == nil {
-		t.Error("WriteDataHeader of a FILE frame succeeded")
-	}
-	if mw.Pos() != HeaderSize {
-		t.Errorf("refused WriteDataHeader moved Pos to %d", mw.Pos())
 	}
 }

@@ -11,10 +11,9 @@ import (
 // Writer writes one stream: header, frames, END frame and tail. It is not
 // safe for concurrent use; the pipeline's ordered writer owns it.
 type Writer struct {
-	w     *bufio.Writer
-	under io.Writer // what w writes into
-	pos   int64
-	hdr   [FrameSize]byte
+	w   *bufio.Writer
+	pos int64
+	hdr [FrameSize]byte
 	// transcript and endTag: an encrypted stream's END frame authenticates
 	// everything before it (EndTagInput).
 	transcript hash.Hash
@@ -38,7 +37,7 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if _, err := bw.Write(hb); err != nil {
 		return nil, fmt.Errorf("write stream header: %w", err)
 	}
-	wr := &Writer{w: bw, under: w, pos: HeaderSize}
+	wr := &Writer{w: bw, pos: HeaderSize}
 	if h.Encryption != nil {
 		wr.transcript = sha256.New()
 		wr.transcript.Write(hb)
@@ -58,22 +57,7 @@ func (w *Writer) Pos() int64 { return w.pos }
 // WriteFrame writes a frame and returns the offset of its header. For
 // frames other than DATA it fills in StoredLen and the payload checksum.
 func (w *Writer) WriteFrame(fh *FrameHeader, payload []byte) (int64, error) {
-	pos, err := w.writeHeader(fh, len(payload), payload)
-	if err != nil {
-		return pos, err
-	}
-	if _, err := w.w.Write(payload); err != nil {
-		return pos, fmt.Errorf("write %s frame payload at offset %d: %w", fh.Type, pos, err)
-	}
-	w.pos += FrameSize + int64(len(payload))
-	return pos, nil
-}
-
-// writeHeader writes the header of a frame with an n-byte payload into the
-// buffer; payload (of a frame other than DATA) is checksummed and
-// transcribed, not written.
-func (w *Writer) writeHeader(fh *FrameHeader, n int, payload []byte) (int64, error) {
-	fh.StoredLen = uint32(n)
+	fh.StoredLen = uint32(len(payload))
 	if fh.Type != FrameData {
 		fh.Checksum = PayloadChecksum(payload)
 	}
@@ -84,41 +68,14 @@ func (w *Writer) writeHeader(fh *FrameHeader, n int, payload []byte) (int64, err
 			w.transcript.Write(payload)
 		}
 	}
+	pos := w.pos
 	if _, err := w.w.Write(w.hdr[:]); err != nil {
-		return w.pos, fmt.Errorf("write %s frame at offset %d: %w", fh.Type, w.pos, err)
-	}
-	return w.pos, nil
-}
-
-// Skipper is a writer under a Writer that can leave a range for others to
-// fill: Skip moves the offset of its next byte n bytes on.
-type Skipper interface {
-	Skip(n int64) error
-}
-
-// WriteDataHeader writes the header of a DATA frame whose n-byte payload
-// the caller writes: everything up to the header's end is flushed out, the
-// Skipper given to NewWriter skips n bytes, and the caller writes the
-// payload at the returned offset plus FrameSize by its own means (a
-// positioned write). The stream's bytes, and an encrypted stream's END
-// tag (which leaves DATA payloads out), are those WriteFrame would have
-// produced.
-func (w *Writer) WriteDataHeader(fh *FrameHeader, n int) (int64, error) {
-	s, ok := w.under.(Skipper)
-	if !ok || fh.Type != FrameData {
-		return w.pos, fmt.Errorf("write %s frame header at offset %d: the payload can only be left out of a DATA frame on a writer that skips", fh.Type, w.pos)
-	}
-	pos, err := w.writeHeader(fh, n, nil)
-	if err != nil {
-		return pos, err
-	}
-	if err := w.w.Flush(); err != nil {
 		return pos, fmt.Errorf("write %s frame at offset %d: %w", fh.Type, pos, err)
 	}
-	if err := s.Skip(int64(n)); err != nil {
-		return pos, fmt.Errorf("skip %s frame payload at offset %d: %w", fh.Type, pos+FrameSize, err)
+	if _, err := w.w.Write(payload); err != nil {
+		return pos, fmt.Errorf("write %s frame payload at offset %d: %w", fh.Type, pos, err)
 	}
-	w.pos += FrameSize + int64(n)
+	w.pos += FrameSize + int64(len(payload))
 	return pos, nil
 }
 

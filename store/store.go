@@ -40,20 +40,6 @@ type ObjectWriter interface {
 	Abort(ctx context.Context) error
 }
 
-// WriterAt is an ObjectWriter that can also write at offsets, from several
-// goroutines at once: a local file, memory. Object stores, which take an
-// object's bytes in order, do not implement it; callers check with a type
-// assertion and fall back to Write.
-type WriterAt interface {
-	ObjectWriter
-	// WriteAt writes p at off, as io.WriterAt does; calls may run
-	// concurrently and in any order. An object is written either with
-	// WriteAt or with Write, not both. Its size is the end of its furthest
-	// byte; Commit refuses (and leaves nothing) an object whose bytes
-	// written do not add up to its size: a hole was never written.
-	WriteAt(p []byte, off int64) (int, error)
-}
-
 // ObjectInfo describes a stored object.
 type ObjectInfo struct {
 	Name     string

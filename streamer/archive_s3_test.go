@@ -76,28 +76,39 @@ func (w *gateWriter) Commit(ctx context.Context) error {
 
 // Segments are committed in the background, a bounded number at once, and
 // the writer goes on filling the next segment meanwhile; the manifest is
-// written only after the last of them.
+// written only after the last of them. Each lane has DefaultCommitting
+// slots, and the others share one more for each other lane.
 func TestArchiveCommitsInBackground(t *testing.T) {
+	for _, lanes := range []int{1, 3} {
+		t.Run(fmt.Sprintf("lanes=%d", lanes), func(t *testing.T) { testCommitsInBackground(t, lanes) })
+	}
+}
+
+func testCommitsInBackground(t *testing.T, lanes int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	store := newGateStore("bg")
+	store := newGateStore(t.Name())
 	out, err := NewArchiveOutput(ctx, store, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	out.SetLanes(lanes)
+	bound := int64(DefaultCommitting + lanes - 1)
 	c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "none")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := smallData(12<<20, 7)
+	// More than the lanes hold: segments in commit, each lane's finished
+	// one waiting for a slot, its queue and its current one.
+	data := smallData(12<<20*lanes, 7)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.WriteFile("pages-1.img", bytes.NewReader(data), false)
 		done <- err
 	}()
-	// With every commit held, the writer gets DefaultCommitting segments
-	// ahead and then waits; it is not stuck on the first one.
-	for range DefaultCommitting {
+	// With every commit held, the lanes get bound segments ahead and then
+	// wait; they are not stuck on the first one.
+	for range bound {
 		select {
 		case <-store.started:
 		case <-ctx.Done():
@@ -105,8 +116,8 @@ func TestArchiveCommitsInBackground(t *testing.T) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	if n := store.inflight.Load(); n != DefaultCommitting {
-		t.Fatalf("%d commits in flight, want %d", n, DefaultCommitting)
+	if n := store.inflight.Load(); n != bound {
+		t.Fatalf("%d commits in flight, want %d", n, bound)
 	}
 	select {
 	case err := <-done:
@@ -133,8 +144,8 @@ func TestArchiveCommitsInBackground(t *testing.T) {
 	if len(m.Segments) < 10 {
 		t.Fatalf("%d segments for 12 MiB in 1 MiB segments", len(m.Segments))
 	}
-	if got := store.maxSeen.Load(); got > DefaultCommitting {
-		t.Fatalf("%d segment commits in flight at once, bound is %d", got, DefaultCommitting)
+	if got := store.maxSeen.Load(); got > bound {
+		t.Fatalf("%d segment commits in flight at once, bound is %d", got, bound)
 	}
 	if store.early.Load() {
 		t.Fatal("manifest created while a segment commit was still running")

@@ -137,21 +137,22 @@ func BenchmarkCapture(b *testing.B) {
 	}
 }
 
-// BenchmarkCaptureArchiveWriters captures (codec none) into an archive in
+// BenchmarkCaptureArchiveLanes captures (codec none) into an archive in
 // a directory, GPUCR_BENCH_DIR (default a temp dir; /dev/shm keeps the
-// disk out), with one payload writer and with DefaultWriters: the ratio is
-// what the several writers buy, and grows with cores.
+// disk out), with one lane (one segment written at a time) and with
+// DefaultLanes: the ratio is what writing several segments at once buys,
+// and grows with cores.
 //
-//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench CaptureArchiveWriters -benchtime 3x ./streamer/
-func BenchmarkCaptureArchiveWriters(b *testing.B) {
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench CaptureArchiveLanes -benchtime 3x ./streamer/
+func BenchmarkCaptureArchiveLanes(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_MIB", 1024)
 	base := os.Getenv("GPUCR_BENCH_DIR")
 	if base == "" {
 		base = b.TempDir()
 	}
 	benchTemplate()
-	for _, writers := range []int{1, DefaultWriters()} {
-		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+	for _, lanes := range []int{1, DefaultLanes()} {
+		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
 			b.SetBytes(total)
 			for range b.N {
 				b.StopTimer()
@@ -163,7 +164,7 @@ func BenchmarkCaptureArchiveWriters(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				out.SetWriters(writers)
+				out.SetLanes(lanes)
 				b.StartTimer()
 				captureBench(b, out, Options{Codec: mustSpec(b, "none")}, total)
 				b.StopTimer()
@@ -174,12 +175,12 @@ func BenchmarkCaptureArchiveWriters(b *testing.B) {
 	}
 }
 
-// BenchmarkArchiveWriters isolates the archive's writing: 4 MiB DATA
+// BenchmarkArchiveLanes isolates the archive's writing: 4 MiB DATA
 // payloads (ready, as a capture's encoded chunks are) into an archive in
-// GPUCR_BENCH_DIR, with one payload writer and with DefaultWriters.
+// GPUCR_BENCH_DIR, with one lane and with DefaultLanes.
 //
-//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench 'ArchiveWriters' -benchtime 3x ./streamer/
-func BenchmarkArchiveWriters(b *testing.B) {
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench '^BenchmarkArchiveLanes' -benchtime 3x ./streamer/
+func BenchmarkArchiveLanes(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_MIB", 1024)
 	base := os.Getenv("GPUCR_BENCH_DIR")
 	if base == "" {
@@ -191,8 +192,8 @@ func BenchmarkArchiveWriters(b *testing.B) {
 		payloads[i] = mixedData(chunk, uint64(i))
 	}
 	ctx := context.Background()
-	for _, writers := range []int{1, DefaultWriters()} {
-		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+	for _, lanes := range []int{1, DefaultLanes()} {
+		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
 			b.SetBytes(total)
 			for range b.N {
 				b.StopTimer()
@@ -204,7 +205,7 @@ func BenchmarkArchiveWriters(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				out.SetWriters(writers)
+				out.SetLanes(lanes)
 				b.StartTimer()
 				fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: 1}
 				if _, err := out.WriteFrame(ctx, &fh, []byte("vram.bin")); err != nil {

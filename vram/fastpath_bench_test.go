@@ -30,8 +30,8 @@ import (
 //     (the device is free once they are done: release-GB/s), then the
 //     files are stored, one reader each, into io.Discard or a capture.
 //
-// file/capture/writers=1 writes every payload from the capture's write
-// loop, file/capture with the archive's payload writers (DefaultWriters).
+// file/capture/lanes=1 writes one segment of the archive at a time,
+// file/capture several at once (streamer.DefaultLanes).
 //
 // SetBytes makes MB/s the whole flow's (written and stored); release-GB/s
 // is the rate at which the device would be freed. The capture has codec
@@ -59,10 +59,10 @@ func BenchmarkFastPathSink(b *testing.B) {
 	for _, tc := range []struct {
 		name           string
 		files, capture bool
-		writers        int // the archive's payload writers; 0: its default
+		lanes          int // segments the archive writes at once; 0: its default
 	}{
 		{"pipe+keep/discard", false, false, 0}, {"pipe+keep/capture", false, true, 0},
-		{"file/discard", true, false, 0}, {"file/capture/writers=1", true, true, 1}, {"file/capture", true, true, 0},
+		{"file/discard", true, false, 0}, {"file/capture/lanes=1", true, true, 1}, {"file/capture", true, true, 0},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(total)
@@ -72,7 +72,7 @@ func BenchmarkFastPathSink(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := benchCapture(b, dir, tc.capture, tc.writers)
+				c := benchCapture(b, dir, tc.capture, tc.lanes)
 				t := time.Now()
 				if tc.files {
 					busy += sinkFiles(b, buf, total, files, dir, c)
@@ -95,8 +95,8 @@ func BenchmarkFastPathSink(b *testing.B) {
 }
 
 // benchCapture is a capture into an archive in dir (codec none) with
-// writers payload writers, or nil.
-func benchCapture(b *testing.B, dir string, capture bool, writers int) *streamer.Capture {
+// lanes lanes, or nil.
+func benchCapture(b *testing.B, dir string, capture bool, lanes int) *streamer.Capture {
 	if !capture {
 		return nil
 	}
@@ -106,7 +106,7 @@ func benchCapture(b *testing.B, dir string, capture bool, writers int) *streamer
 	if err != nil {
 		b.Fatal(err)
 	}
-	out.SetWriters(writers)
+	out.SetLanes(lanes)
 	c, err := streamer.NewCapture(ctx, out, streamer.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30})
 	if err != nil {
 		b.Fatal(err)

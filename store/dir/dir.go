@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -45,11 +44,9 @@ type dirWriter struct {
 	d     *Store
 	f     *os.File
 	final string
-	n     atomic.Int64 // bytes written, by Write and WriteAt
+	n     int64
 	done  bool
 }
-
-var _ store.WriterAt = (*dirWriter)(nil)
 
 // Create implements store.Store.
 func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
@@ -72,15 +69,7 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 
 func (w *dirWriter) Write(b []byte) (int, error) {
 	n, err := w.f.Write(b)
-	w.n.Add(int64(n))
-	return n, err
-}
-
-// WriteAt implements store.WriterAt: pwrite(2) into the temporary file,
-// safe from several goroutines. Commit's size check catches a hole.
-func (w *dirWriter) WriteAt(b []byte, off int64) (int, error) {
-	n, err := w.f.WriteAt(b, off)
-	w.n.Add(int64(n))
+	w.n += int64(n)
 	return n, err
 }
 
@@ -102,8 +91,8 @@ func (w *dirWriter) Commit(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
-	if n := w.n.Load(); st.Size() != n {
-		return fail(fmt.Errorf("wrote %d bytes but the file holds %d", n, st.Size()))
+	if st.Size() != w.n {
+		return fail(fmt.Errorf("wrote %d bytes but the file holds %d", w.n, st.Size()))
 	}
 	if err := w.f.Sync(); err != nil {
 		return fail(err)

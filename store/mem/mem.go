@@ -23,9 +23,8 @@ type Store struct {
 
 	mu   sync.Mutex
 	objs map[string][]byte
-	// FailWrite, when set, is asked before every Write or WriteAt to an
-	// object with the offset the bytes go to (for Write, the bytes written
-	// so far).
+	// FailWrite, when set, is asked before every Write to an object with
+	// the bytes written to it so far.
 	FailWrite func(name string, written int64) error
 	// FailCommit, when set, is asked before an object is committed.
 	FailCommit func(name string) error
@@ -39,15 +38,9 @@ func (s *Store) String() string { return "mem://" + s.name }
 type writer struct {
 	s    *Store
 	name string
-
-	mu   sync.Mutex
-	data []byte
-	next int64 // where the next Write goes
-	n    int64 // bytes written, by Write and WriteAt
+	buf  bytes.Buffer
 	done bool
 }
-
-var _ store.WriterAt = (*writer)(nil)
 
 // Create starts an object.
 func (s *Store) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
@@ -61,48 +54,24 @@ func (s *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 }
 
 func (w *writer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	off := w.next
-	w.mu.Unlock()
-	n, err := w.WriteAt(p, off)
-	w.mu.Lock()
-	w.next += int64(n)
-	w.mu.Unlock()
-	return n, err
-}
-
-// WriteAt implements store.WriterAt; FailWrite is asked with off.
-func (w *writer) WriteAt(p []byte, off int64) (int, error) {
 	w.s.mu.Lock()
-	fw := w.s.FailWrite
+	fw, done := w.s.FailWrite, w.done
 	w.s.mu.Unlock()
-	if off < 0 {
-		return 0, fmt.Errorf("write %s at negative offset %d", w.name, off)
+	if done {
+		return 0, fmt.Errorf("write to finished object %s", w.name)
 	}
 	if fw != nil {
-		if err := fw(w.name, off); err != nil {
+		if err := fw(w.name, int64(w.buf.Len())); err != nil {
 			return 0, err
 		}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return 0, fmt.Errorf("write to finished object %s", w.name)
-	}
-	if end := off + int64(len(p)); end > int64(len(w.data)) {
-		w.data = append(w.data, make([]byte, end-int64(len(w.data)))...)
-	}
-	copy(w.data[off:], p)
-	w.n += int64(len(p))
-	return len(p), nil
+	return w.buf.Write(p)
 }
 
 func (w *writer) Commit(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("commit %s: %w", w.name, err)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
 	if w.done {
@@ -114,16 +83,13 @@ func (w *writer) Commit(ctx context.Context) error {
 		}
 	}
 	w.done = true
-	if w.n != int64(len(w.data)) {
-		return fmt.Errorf("commit %s: %d bytes written but the object holds %d", w.name, w.n, len(w.data))
-	}
-	w.s.objs[w.name] = bytes.Clone(w.data)
+	w.s.objs[w.name] = bytes.Clone(w.buf.Bytes())
 	return nil
 }
 
 func (w *writer) Abort(ctx context.Context) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
 	w.done = true
 	return nil
 }

@@ -23,9 +23,6 @@
 //     makes Create, or else the writer's Commit, fail; and it makes Open,
 //     or else the first Read, fail.
 //   - Different objects can be written concurrently.
-//   - A store whose writers implement store.WriterAt takes an object's
-//     pieces at their offsets, out of order and from several goroutines,
-//     and refuses to commit one with a hole.
 package storetest
 
 import (
@@ -71,8 +68,6 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"CanceledOpen", testCanceledOpen},
 		{"Large", testLarge},
 		{"Concurrent", testConcurrent},
-		{"WriteAt", testWriteAt},
-		{"WriteAtHole", testWriteAtHole},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -587,90 +582,4 @@ func testConcurrent(t *testing.T, s store.Store) {
 	for i := range n {
 		mustHold(t, s, fmt.Sprintf("con/%d", i), datas[i])
 	}
-}
-
-// writerAt creates name and returns its writer if the store writes at
-// offsets; the WriteAt tests skip stores that do not (object stores).
-func writerAt(t *testing.T, s store.Store, name string) store.WriterAt {
-	t.Helper()
-	ctx := ctxT(t)
-	w, err := s.Create(ctx, name)
-	if err != nil {
-		t.Fatalf("Create(%q): %v", name, err)
-	}
-	wa, ok := w.(store.WriterAt)
-	if !ok {
-		_ = w.Abort(ctx)
-		t.Skipf("%s does not write at offsets (no store.WriterAt)", s)
-	}
-	return wa
-}
-
-// testWriteAt fills an object's pieces in a shuffled order from several
-// goroutines, as an archive's payload writers do, then reads it back.
-func testWriteAt(t *testing.T, s store.Store) {
-	const name = "at/00000.seg"
-	data := randomBytes(30, 5<<20+4321)
-	w := writerAt(t, s, name)
-	type piece struct{ off, end int }
-	var pieces []piece
-	for off, i := 0, 0; off < len(data); i++ {
-		k := min(len(data)-off, 1+(i*7919+i*i*104729)%(700<<10))
-		pieces = append(pieces, piece{off, off + k})
-		off += k
-	}
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(pieces), func(i, j int) { pieces[i], pieces[j] = pieces[j], pieces[i] })
-	// The last piece first: the object has its full size, and holes, at once.
-	last := slices.IndexFunc(pieces, func(p piece) bool { return p.end == len(data) })
-	pieces[0], pieces[last] = pieces[last], pieces[0]
-	first := pieces[0]
-	if n, err := w.WriteAt(data[first.off:first.end], int64(first.off)); err != nil || n != first.end-first.off {
-		t.Fatalf("WriteAt(%d bytes at %d) = %d, %v", first.end-first.off, first.off, n, err)
-	}
-	work := make(chan piece)
-	errs := make(chan error, 4)
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() {
-			for p := range work {
-				if n, err := w.WriteAt(data[p.off:p.end], int64(p.off)); err != nil || n != p.end-p.off {
-					errs <- fmt.Errorf("WriteAt(%d bytes at %d) = %d, %v", p.end-p.off, p.off, n, err)
-					return
-				}
-			}
-		})
-	}
-	for _, p := range pieces[1:] {
-		work <- p
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		_ = w.Abort(ctxT(t))
-		t.Fatal(err)
-	}
-	mustNotExist(t, s, name, "before Commit")
-	if err := w.Commit(ctxT(t)); err != nil {
-		t.Fatalf("Commit(%q): %v", name, err)
-	}
-	mustHold(t, s, name, data)
-}
-
-// testWriteAtHole: an object with bytes never written is not committed.
-func testWriteAtHole(t *testing.T, s store.Store) {
-	const name = "at/hole"
-	w := writerAt(t, s, name)
-	data := randomBytes(31, 300<<10)
-	for _, r := range [][2]int{{0, 100 << 10}, {200 << 10, 300 << 10}} {
-		if _, err := w.WriteAt(data[r[0]:r[1]], int64(r[0])); err != nil {
-			_ = w.Abort(ctxT(t))
-			t.Fatalf("WriteAt at %d: %v", r[0], err)
-		}
-	}
-	if err := w.Commit(ctxT(t)); err == nil {
-		t.Errorf("Commit of an object with a hole at [%d, %d) succeeded", 100<<10, 200<<10)
-	}
-	_ = w.Abort(ctxT(t))
-	mustNotExist(t, s, name, "after a refused Commit")
 }
