@@ -428,6 +428,24 @@ func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, paylo
 	return t.out.WriteFrame(ctx, fh, payload)
 }
 
+// WriteFrameAsync implements streamer.AsyncOutput: each connection's
+// shard is written on a goroutine of its own (see streamer.StreamOutput),
+// so the streams copy in parallel.
+func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
+	if err := t.Err(); err != nil {
+		return streamer.Location{}, err
+	}
+	return t.out.WriteFrameAsync(ctx, fh, payload, func(err error) {
+		// The connection's failure says more than the shard's write.
+		if err != nil {
+			if e := t.Err(); e != nil {
+				err = e
+			}
+		}
+		done(err)
+	})
+}
+
 // Commit ends every shard and waits until the receiver has acknowledged
 // the whole stream as received and verified. With AutoCommit it then also
 // sends COMMIT.
