@@ -578,7 +578,12 @@ func (t *Output) Cancel(reason string) {
 	t.aborted = true
 	t.mu.Unlock()
 	if t.out != nil {
+		// The shards' writes in progress end once their bytes are queued
+		// on the connections; on a link that stopped moving, the closed
+		// connections end them (and say the abort).
+		stuck := time.AfterFunc(2*time.Second, func() { t.fail(fmt.Errorf("aborted: %s", reason)) })
 		_ = t.out.Abort(context.Background())
+		stuck.Stop()
 	}
 	if t.Err() == nil {
 		var wg sync.WaitGroup
