@@ -1107,7 +1107,7 @@ while [ $# -gt 0 ]; do
 	[ $rc -ne 0 ] && FAILED=$((FAILED + 1))
 	log "round $ROUND: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
 	kill_tree "$TPID" "$TDIR"
-	rm -rf "$WORK/img" "$WORK"/ar-* "$WORK/keep"
+	rm -rf "$WORK/img" "$WORK"/ar-* "${MIGRATE_KEEP_DIR:-$WORK}/gpucr-migrate-keep"
 done
 log "failed rounds: $FAILED"
 finish $([ $FAILED -eq 0 ] && echo 0 || echo 1)
