@@ -175,7 +175,6 @@ func (o *StreamOutput) writeFrameQueued(ctx context.Context, fh *manifest.FrameH
 	end := fh.Type == manifest.FrameFileEnd
 	for i := range o.shards {
 		h := *fh
-		// A frame on some shards but not the others: the stream is broken.
 		_, err := o.place(ctx, i, int64(len(p)), func(w *manifest.Writer) error {
 			if _, err := w.WriteFrame(&h, p); err != nil {
 				return err
@@ -187,6 +186,7 @@ func (o *StreamOutput) writeFrameQueued(ctx context.Context, fh *manifest.FrameH
 			return nil
 		}, nil)
 		if err != nil {
+			// On some shards but not the others: the stream is broken.
 			o.setFailure(err)
 			return Location{}, err
 		}
