@@ -435,15 +435,7 @@ func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 	if err := t.Err(); err != nil {
 		return streamer.Location{}, err
 	}
-	return t.out.WriteFrameAsync(ctx, fh, payload, func(err error) {
-		// The connection's failure says more than the shard's write.
-		if err != nil {
-			if e := t.Err(); e != nil {
-				err = e
-			}
-		}
-		done(err)
-	})
+	return t.out.WriteFrameAsync(ctx, fh, payload, done)
 }
 
 // Commit ends every shard and waits until the receiver has acknowledged
