@@ -3,6 +3,7 @@ package streamer
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -22,6 +23,65 @@ func (t TeeOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, pay
 	}
 	h = *fh
 	return t.Copy.WriteFrame(ctx, &h, payload)
+}
+
+// WriteFrameAsync implements AsyncOutput: when both outputs are
+// AsyncOutputs they write the frame at once, and done is called when both
+// have, with the first error; otherwise it is WriteFrame.
+func (t TeeOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+	p, pok := t.Primary.(AsyncOutput)
+	c, cok := t.Copy.(AsyncOutput)
+	if !pok || !cok {
+		loc, err := t.WriteFrame(ctx, fh, payload)
+		if err == nil {
+			done(nil)
+		}
+		return loc, err
+	}
+	w := &teeWrite{left: 2, done: done, over: make(chan struct{})}
+	h := *fh
+	if _, err := p.WriteFrameAsync(ctx, &h, payload, w.end); err != nil {
+		return Location{}, err
+	}
+	h = *fh
+	loc, err := c.WriteFrameAsync(ctx, &h, payload, w.end)
+	if err != nil {
+		// Primary holds payload until its write ends; the caller gets it
+		// back with the error, and done is not called.
+		w.mu.Lock()
+		w.done = nil
+		w.mu.Unlock()
+		w.end(err)
+		<-w.over
+		return Location{}, err
+	}
+	return loc, nil
+}
+
+// teeWrite is one frame written by both sides of a tee.
+type teeWrite struct {
+	mu   sync.Mutex
+	left int
+	err  error
+	done func(error)   // nil: the frame was refused, nobody to tell
+	over chan struct{} // closed when both sides ended
+}
+
+func (w *teeWrite) end(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.left--
+	last, done, first := w.left == 0, w.done, w.err
+	w.mu.Unlock()
+	if !last {
+		return
+	}
+	if done != nil {
+		done(first)
+	}
+	close(w.over)
 }
 
 // Commit implements Output.

@@ -92,6 +92,9 @@
 # the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512),
 # RECV_SPILL_DIR (migrate rounds: where the receiver spills what it holds
 # beyond its memory limit until the restore; empty: its default, $TMPDIR),
+# MIGRATE_STREAMS (migrate rounds: --streams of migrate; empty: its default),
+# MIGRATE_KEEP_DIR (migrate rounds: the sender's local copy goes into a
+# directory made in it, e.g. /dev/shm; empty: under WORK),
 # HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
 # (nccl: device memory of each rank, 1024).
 set -u -o pipefail
@@ -116,6 +119,8 @@ NCCL_MIB=${NCCL_MIB:-1024}
 HOG_PID=
 TCHILDREN=0
 RECV_SPILL_DIR=${RECV_SPILL_DIR:-}
+MIGRATE_STREAMS=${MIGRATE_STREAMS:-}
+MIGRATE_KEEP_DIR=${MIGRATE_KEEP_DIR:-}
 RECV_PID=
 T_START=$(date +%s.%N)
 
@@ -832,7 +837,7 @@ stop_receiver() {
 # restored and unlocked, device memory copied in). fast: the target runs
 # with the library and the migration must take the fast path.
 round_migrate() {
-	local fast=${1:-} tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=$WORK/keep port t0 tm mrc=0 rrc
+	local fast=${1:-} tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=${MIGRATE_KEEP_DIR:-$WORK}/gpucr-migrate-keep port t0 tm mrc=0 rrc
 	local mj=$WORK/logs/$ROUND-migrate.json me=$WORK/logs/$ROUND-migrate.err
 	local rj=$WORK/logs/$ROUND-receive.json re=$WORK/logs/$ROUND-receive.err
 	rm -rf "$w" "$w2" "$keep" "$tok"
@@ -849,6 +854,7 @@ round_migrate() {
 	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
 	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR")
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
+	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
 	local spec
 	spec=$(remap_spec)
 	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
@@ -1101,7 +1107,7 @@ while [ $# -gt 0 ]; do
 	[ $rc -ne 0 ] && FAILED=$((FAILED + 1))
 	log "round $ROUND: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
 	kill_tree "$TPID" "$TDIR"
-	rm -rf "$WORK/img" "$WORK"/ar-* "$WORK/keep"
+	rm -rf "$WORK/img" "$WORK"/ar-* "${MIGRATE_KEEP_DIR:-$WORK}/gpucr-migrate-keep"
 done
 log "failed rounds: $FAILED"
 finish $([ $FAILED -eq 0 ] && echo 0 || echo 1)

@@ -3,12 +3,17 @@ package tcp
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -61,4 +66,128 @@ func BenchmarkTCPTransfer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// migrateSize is what BenchmarkMigrateTransfer moves: GPUCR_BENCH_MIB
+// (default 1024; the GPU host's fast path moves about 13 GiB).
+func migrateSize() int64 {
+	if v, err := strconv.Atoi(os.Getenv("GPUCR_BENCH_MIB")); err == nil && v > 0 {
+		return int64(v) << 20
+	}
+	return 1 << 30
+}
+
+// syncOutput hides WriteFrameAsync: the capture writes every frame on its
+// one ordered writer, as before the asynchronous StreamOutput.
+type syncOutput struct{ streamer.Output }
+
+func (s syncOutput) Sealed() *crypt.Session {
+	if o, ok := s.Output.(interface{ Sealed() *crypt.Session }); ok {
+		return o.Sealed()
+	}
+	return nil
+}
+
+// BenchmarkMigrateTransfer is migrate's transfer without CRIU or a GPU:
+// four files of incompressible data (the fast path stores its VRAM files
+// at once) through a capture (codec none) into the TCP output over
+// loopback, teed into a local copy as migrate keeps it (keep=file, in
+// $TMPDIR), to a receiver that holds everything in memory. write=sync
+// writes every frame on the capture's one writer, write=async each shard
+// (and the copy) on its own.
+func BenchmarkMigrateTransfer(b *testing.B) {
+	size := migrateSize()
+	block := make([]byte, 4<<20)
+	rand.Read(block)
+	spec, _ := codec.ParseSpec("none")
+	for _, keep := range []bool{false, true} {
+		for _, streams := range []int{1, 2, 4, 8} {
+			for _, async := range []bool{false, true} {
+				name := fmt.Sprintf("keep=%v/streams=%d/write=%s", keep, streams, map[bool]string{false: "sync", true: "async"}[async])
+				b.Run(name, func(b *testing.B) {
+					b.SetBytes(size)
+					for range b.N {
+						migrateOnce(b, size, block, spec, streams, keep, async)
+					}
+				})
+			}
+		}
+	}
+}
+
+func migrateOnce(b *testing.B, size int64, block []byte, spec codec.Spec, streams int, keep, async bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	l, err := Listen(ctx, "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := NewSource(ctx, l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: size + 512<<20}})
+	defer src.Close()
+	out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer out.Close()
+	var o streamer.Output = out
+	if keep {
+		f, err := os.CreateTemp("", "gpucr-bench-keep-*.stream")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.Remove(f.Name())
+		defer f.Close()
+		k, err := streamer.NewStreamOutput([]io.Writer{f})
+		if err != nil {
+			b.Fatal(err)
+		}
+		o = streamer.TeeOutput{Primary: out, Copy: k}
+	}
+	if !async {
+		o = syncOutput{o}
+	}
+	c, err := streamer.NewCapture(ctx, o, streamer.Options{Codec: spec})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const files = 4
+	var wg sync.WaitGroup
+	errs := make([]error, files)
+	for i := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.WriteFile(fmt.Sprintf("vram-%d.bin", i), &blockReader{block: block, left: size / files}, true)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := src.WaitCommitted(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// blockReader reads block over and over, left bytes in all.
+type blockReader struct {
+	block []byte
+	off   int
+	left  int64
+}
+
+func (r *blockReader) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > r.left {
+		p = p[:r.left]
+	}
+	n := copy(p, r.block[r.off:])
+	r.off = (r.off + n) % len(r.block)
+	r.left -= int64(n)
+	return n, nil
 }

@@ -428,6 +428,16 @@ func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, paylo
 	return t.out.WriteFrame(ctx, fh, payload)
 }
 
+// WriteFrameAsync implements streamer.AsyncOutput: each connection's
+// shard is written on a goroutine of its own (see streamer.StreamOutput),
+// so the streams copy in parallel.
+func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
+	if err := t.Err(); err != nil {
+		return streamer.Location{}, err
+	}
+	return t.out.WriteFrameAsync(ctx, fh, payload, done)
+}
+
 // Commit ends every shard and waits until the receiver has acknowledged
 // the whole stream as received and verified. With AutoCommit it then also
 // sends COMMIT.
@@ -560,7 +570,12 @@ func (t *Output) Cancel(reason string) {
 	t.aborted = true
 	t.mu.Unlock()
 	if t.out != nil {
+		// The shards' writes in progress end once their bytes are queued
+		// on the connections; on a link that stopped moving, the closed
+		// connections end them (and say the abort).
+		stuck := time.AfterFunc(2*time.Second, func() { t.fail(fmt.Errorf("aborted: %s", reason)) })
 		_ = t.out.Abort(context.Background())
+		stuck.Stop()
 	}
 	if t.Err() == nil {
 		var wg sync.WaitGroup
