@@ -124,6 +124,14 @@ func openLib(path string) (*libcuda, error) {
 	return l, nil
 }
 
+// call calls the driver's fn. Arguments may be Go pointers converted to
+// uintptr (out parameters): uintptrescapes moves what they point to onto
+// the heap for the call, as it does for purego.SyscallN. Without it a
+// pointer to a stack variable goes stale when the stack grows on the way
+// into SyscallN, and the driver's answer lands in the old stack (seen: a
+// state read back as the -1 it was set to).
+//
+//go:uintptrescapes
 func call(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return uintptr(uint32(r))

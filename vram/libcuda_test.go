@@ -43,3 +43,37 @@ func TestOpenNotACUDALibrary(t *testing.T) {
 		t.Errorf("error %q does not say it is not a CUDA library", err)
 	}
 }
+
+// TestStateAcrossStackGrowth reads the state through the fake driver at
+// every stack depth around a growth of the goroutine's stack: the driver
+// writes its answer through a pointer, which must not be left pointing
+// into a stack the runtime has moved (a state read back as -1 once).
+func TestStateAcrossStackGrowth(t *testing.T) {
+	l, err := OpenLibrary(filepath.Join(buildPreload(t), "lib", "libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GPUCR_FAKE_CUDA_STATE", "") // the fake's in-memory states
+	os.Unsetenv("GPUCR_FAKE_CUDA_STATE")
+	for depth := 0; depth < 2000; depth++ {
+		done := make(chan State)
+		go func() { done <- stateAtDepth(l, depth) }()
+		if st := <-done; st != StateRunning {
+			t.Fatalf("at stack depth %d: state %v, want running", depth, st)
+		}
+	}
+}
+
+// stateAtDepth calls l.State n frames deep, each frame a little stack.
+func stateAtDepth(l Driver, n int) State {
+	var pad [64]byte
+	if n > 0 {
+		pad[n%64] = byte(n)
+		return stateAtDepth(l, n-1) + State(pad[0]&0)
+	}
+	st, err := l.State(4242)
+	if err != nil {
+		return StateFailed
+	}
+	return st
+}
