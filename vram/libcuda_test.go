@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -53,8 +54,8 @@ func TestStateAcrossStackGrowth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("GPUCR_FAKE_CUDA_STATE", "") // the fake's in-memory states
-	os.Unsetenv("GPUCR_FAKE_CUDA_STATE")
+	t.Setenv("GPUCR_FAKE_CUDA_STATE", "") // restored after the test
+	os.Unsetenv("GPUCR_FAKE_CUDA_STATE")  // the fake's in-memory states
 	for depth := 0; depth < 2000; depth++ {
 		done := make(chan State)
 		go func() { done <- stateAtDepth(l, depth) }()
@@ -69,7 +70,9 @@ func stateAtDepth(l Driver, n int) State {
 	var pad [64]byte
 	if n > 0 {
 		pad[n%64] = byte(n)
-		return stateAtDepth(l, n-1) + State(pad[0]&0)
+		st := stateAtDepth(l, n-1)
+		runtime.KeepAlive(&pad) // keep the frame its size
+		return st
 	}
 	st, err := l.State(4242)
 	if err != nil {
