@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -212,6 +213,10 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 		_, err := src.Copy(ctx, name, w)
 		return err
 	}
+	// Every process is refilled at once, as they were copied out; the
+	// phases are the longest process's.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, p := range procs {
 		if p.Path != manifest.CUDAPathPreload {
 			continue
@@ -220,12 +225,19 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 			errs = append(errs, fmt.Errorf("the checkpoint records process %d on the fast path, but it is not one of the restored CUDA processes %v", p.PID, pids))
 			continue
 		}
-		r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
-		remap, copyIn = remap+r, copyIn+c
-		if err != nil {
-			errs = append(errs, err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
+			mu.Lock()
+			defer mu.Unlock()
+			remap, copyIn = max(remap, r), max(copyIn, c)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
 	}
+	wg.Wait()
 	if remap == 0 && copyIn == 0 && len(errs) == 0 {
 		return nil, nil
 	}

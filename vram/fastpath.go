@@ -79,8 +79,10 @@ type FastProc struct {
 	Bytes int64
 }
 
-// FastTimings are the fast path's steps, summed over the processes. Store
-// runs beside the driver's checkpoint and CRIU's dump (set by Wait).
+// FastTimings are the fast path's steps: park, release and refill summed
+// over the processes, copy out (all processes at once) and store as the
+// time they took. Store runs beside the driver's checkpoint and CRIU's
+// dump (set by Wait).
 type FastTimings struct {
 	Park, CopyOut, Release, Store, Refill time.Duration
 }
@@ -167,16 +169,26 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		}
 		fp.parked = true
 	}
-	for _, fp := range s.procs {
-		t := time.Now()
-		err := s.copyOut(ctx, fp)
-		if err == nil {
-			err = keep(ctx, fp)
-		}
-		s.Timings.CopyOut += time.Since(t)
-		if err != nil {
-			return s, s.undo(ctx, err)
-		}
+	// Every process copies out at once: each library has its own copy
+	// threads and pinned buffers, and a tree's processes (tensor-parallel
+	// ranks) usually sit on different GPUs.
+	t := time.Now()
+	errs := make([]error, len(s.procs))
+	var wg sync.WaitGroup
+	for i, fp := range s.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.copyOut(ctx, fp)
+			if errs[i] == nil {
+				errs[i] = keep(ctx, fp)
+			}
+		}()
+	}
+	wg.Wait()
+	s.Timings.CopyOut += time.Since(t)
+	if err := errors.Join(errs...); err != nil {
+		return s, s.undo(ctx, err)
 	}
 	for _, fp := range s.procs {
 		t := time.Now()

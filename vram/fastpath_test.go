@@ -827,3 +827,39 @@ func TestFastRecoverMissing(t *testing.T) {
 		t.Fatalf("the target ran: %q", r)
 	}
 }
+
+// TestFastPathTwoProcesses: two processes (a tree's ranks) are copied out
+// at once, both released, stored, and each comes back intact.
+func TestFastPathTwoProcesses(t *testing.T) {
+	a := startTarget(t)
+	b := startTarget(t, "GPUCR_PRELOAD_DIR="+a.sockDir) // one socket dir
+	ctx := context.Background()
+	st := newStore()
+	o := fastOpts(a, t)
+	s, err := FastSuspend(ctx, []int{a.pid, b.pid}, st.put, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fp := range s.procs {
+		if r, err := fp.p.Report(ctx); err != nil || !r.Released || r.DeviceUsed != 0 {
+			t.Fatalf("process %d after the release: %+v %v", fp.PID, r, err)
+		}
+	}
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Commit()
+	procs := s.Procs()
+	if len(procs) != 2 || len(st.files) != 6 {
+		t.Fatalf("procs %+v, %d files stored, want 2 processes and 6 files", procs, len(st.files))
+	}
+	for i, tg := range []*target{a, b} {
+		if _, _, _, err := FastResume(ctx, a.sockDir, procs[i].PID, procs[i].Files, st.get); err != nil {
+			t.Fatalf("resume %d: %v", procs[i].PID, err)
+		}
+		tg.mustBeIntact(t)
+	}
+}
