@@ -189,7 +189,8 @@ func (tg *target) report(t testing.TB) PreloadReport {
 type memStore struct {
 	mu    sync.Mutex
 	files map[string][]byte
-	// failAfter: a put fails after reading that many bytes (-1: never).
+	// failAfter: a put fails after reading that many bytes, or at the
+	// end of a shorter file (-1: never).
 	failAfter int64
 	// block, if not nil, holds every put until it is closed (or the
 	// store is cancelled).
@@ -208,7 +209,9 @@ func (m *memStore) put(ctx context.Context, name string, r io.Reader) error {
 	}
 	var b bytes.Buffer
 	if m.failAfter >= 0 {
-		if _, err := io.CopyN(&b, r, m.failAfter); err != nil {
+		// A file shorter than failAfter fails at its end: which file's
+		// error comes first is up to the scheduler.
+		if _, err := io.CopyN(&b, r, m.failAfter); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 		return errors.New("injected destination failure")
