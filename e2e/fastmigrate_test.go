@@ -131,43 +131,59 @@ func TestFastPathMigrate(t *testing.T) {
 
 	// Moved: the receiver restores the process and copies its device
 	// memory in; the sender's copies (the fast path's, the image) go.
-	t.Run("moved", func(t *testing.T) {
-		pid, tdir, waitGone := e.start(t, "moved")
-		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-			t.Fatalf("before: %q", r)
-		}
-		keep := mkdir(t, filepath.Join(e.dir, "keep-moved"))
-		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-moved"))
-		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "moved", "--keep-dir", keep, "--streams", "2")...)
-		if err != nil {
-			t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(ctx))
-		}
-		if err := recv.wait(ctx); err != nil {
-			t.Fatalf("receive: %v", err)
-		}
-		var mres struct {
-			phases
-			RestoredPID  int     `json:"restored_pid"`
-			DowntimeTo   string  `json:"downtime_to"`
-			DowntimeSecs float64 `json:"downtime_seconds"`
-		}
-		if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != "restored" ||
-			!mres.has("vram copy out") || !mres.has("vram release") || !mres.has("gpu checkpoint") {
-			t.Fatalf("migrate took no fast path or did not restore: %s (%v)", out, err)
-		}
-		var rres phases
-		if err := json.Unmarshal([]byte(recv.stdout.String()), &rres); err != nil || rres.PID != pid || !rres.has("vram copy in") || !rres.has("gpu restore") {
-			t.Fatalf("receive: %s (%v)", recv.stdout.String(), err)
-		}
-		waitGone() // the source, reaped here
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-			t.Fatalf("after the migration: %q", r)
-		}
-		emptyDir(t, keep)
-		noKeptVRAM(t)
-		t.Logf("downtime %.3fs; migrate phases %+v; receive phases %+v", mres.DowntimeSecs, mres.Phases, rres.Phases)
-	})
+	// Encrypted: the same with --key-file on both sides (the VRAM files
+	// sealed like every other file of the stream).
+	key, err := e.gcsRun(ctx, "keygen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(e.dir, "key")
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		key  []string
+	}{{"moved", nil}, {"moved encrypted", []string{"--key-file", keyFile}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			pid, tdir, waitGone := e.start(t, name)
+			if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+				t.Fatalf("before: %q", r)
+			}
+			keep := mkdir(t, filepath.Join(e.dir, "keep-"+name))
+			recv := e.startReceiver(ctx, t, nil, tokFile, append([]string{"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-"+name)}, tc.key...)...)
+			out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, name, append([]string{"--keep-dir", keep, "--streams", "2"}, tc.key...)...)...)
+			if err != nil {
+				t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(ctx))
+			}
+			if err := recv.wait(ctx); err != nil {
+				t.Fatalf("receive: %v", err)
+			}
+			var mres struct {
+				phases
+				RestoredPID  int     `json:"restored_pid"`
+				DowntimeTo   string  `json:"downtime_to"`
+				DowntimeSecs float64 `json:"downtime_seconds"`
+			}
+			if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != "restored" ||
+				!mres.has("vram copy out") || !mres.has("vram release") || !mres.has("gpu checkpoint") {
+				t.Fatalf("migrate took no fast path or did not restore: %s (%v)", out, err)
+			}
+			var rres phases
+			if err := json.Unmarshal([]byte(recv.stdout.String()), &rres); err != nil || rres.PID != pid || !rres.has("vram copy in") || !rres.has("gpu restore") {
+				t.Fatalf("receive: %s (%v)", recv.stdout.String(), err)
+			}
+			waitGone() // the source, reaped here
+			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+			if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+				t.Fatalf("after the migration: %q", r)
+			}
+			emptyDir(t, keep)
+			noKeptVRAM(t)
+			t.Logf("downtime %.3fs; migrate phases %+v; receive phases %+v", mres.DowntimeSecs, mres.Phases, rres.Phases)
+		})
+	}
 
 	// CRIU fails on the sender after the release: the source's driver
 	// state and device memory come back, it runs on, and the receiver
