@@ -27,6 +27,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // Phase is one timed step of a checkpoint or restore.
@@ -273,6 +274,7 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 	var closed bool
 	var storeErr error
 	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
+		vram.PauseForTest("post-dump")
 		if storeErr = cc.fastWait(ctx); storeErr != nil {
 			return storeErr
 		}

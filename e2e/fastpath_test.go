@@ -366,6 +366,7 @@ func TestFastPathKilled(t *testing.T) {
 		{"before the driver", "released", false, "resumed", true, false},
 		{"after the driver's checkpoint", "checkpointed", false, "waiting", false, false},
 		{"before CRIU", "detached", false, "", false, false},
+		{"during CRIU's dump", "post-dump", false, "", false, false},
 		{"damaged kept copy", "released", true, "NOT RESUMED", false, false},
 		{"gpu suspend before the driver", "released", false, "resumed", true, true},
 		{"gpu suspend after the driver's checkpoint", "checkpointed", false, "waiting", false, true},
@@ -419,6 +420,12 @@ func TestFastPathKilled(t *testing.T) {
 			}
 			cmd.Process.Kill() // SIGKILL
 			<-exited
+			// Killed before its commit: no checkpoint is there (CRIU's
+			// post-dump action failed with it, so CRIU resumed the
+			// process instead of killing it).
+			if fileExists(filepath.Join(e.dir, "ar-"+name, "manifest.json")) {
+				t.Fatalf("a manifest was committed by a checkpoint killed at %s", tc.step)
+			}
 			status := filepath.Join(e.sockDir, "preload-"+strconv.Itoa(pid)+".status")
 			var said []byte
 			for end := time.Now().Add(5 * time.Second); tc.state != "" && time.Now().Before(end) && len(said) == 0; time.Sleep(10 * time.Millisecond) {

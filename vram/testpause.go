@@ -12,10 +12,17 @@ import (
 // killed. The end-to-end tests kill it there (SIGKILL) to prove that the
 // library brings the program back without it. Steps: released (after the
 // release, the store started, before the driver's lock), checkpointed
-// (after the driver's checkpoint, before Detach), detached (before CRIU).
+// (after the driver's checkpoint, before Detach), detached (before CRIU),
+// post-dump (CRIU's post-dump action: every image taken, the process still
+// frozen, nothing committed; PauseForTest from checkpoint).
 // While a pause is asked for, the store never ends (testHoldStore): every
 // step is then one where gpucr-stream dies with VRAM files in flight.
-func testPause(step string) {
+func testPause(step string) { PauseForTest(step) }
+
+// PauseForTest is testPause for the steps other packages reach (the
+// checkpoint's post-dump); it does nothing unless GPUCR_TEST_PAUSE names
+// step.
+func PauseForTest(step string) {
 	v := os.Getenv("GPUCR_TEST_PAUSE")
 	at, file, ok := strings.Cut(v, ":")
 	if !ok || at != step {
