@@ -110,17 +110,7 @@ func TestFastPathMigrate(t *testing.T) {
 			t.Fatalf("migrate does not name the kept image in %s: %v", keep, migErr)
 		}
 		out, err := e.gcsRun(ctx, "restore", "--from", kept[1], "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "w-restore-"+name), "--json", "--no-progress")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rs phases
-		if err := json.Unmarshal(out, &rs); err != nil || rs.PID != pid || !rs.has("vram copy in") {
-			t.Fatalf("restore from the kept image: %s (%v)", out, err)
-		}
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-			t.Fatalf("after the restore from the kept image: %q", r)
-		}
+		mustRestoreFast(t, out, err, pid, tdir)
 	}
 	noKeptVRAM := func(t *testing.T) {
 		t.Helper()
@@ -286,28 +276,8 @@ func TestFastPathMigrate(t *testing.T) {
 	t.Run("killed after the release", func(t *testing.T) {
 		pid, tdir, _ := e.start(t, "killed")
 		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", e.criu)
-		marker := filepath.Join(e.dir, "paused-killed")
-		cmd := exec.CommandContext(ctx, e.gcs, e.migrateArgs(pid, recv, tokFile, "killed", "--keep-dir", "none")...)
-		cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE=released:"+marker)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		for end := time.Now().Add(20 * time.Second); !fileExists(marker); time.Sleep(10 * time.Millisecond) {
-			select {
-			case <-exited:
-				t.Fatal("migrate ended before the release")
-			default:
-			}
-			if time.Now().After(end) {
-				cmd.Process.Kill()
-				<-exited
-				t.Fatal("migrate never reached the release")
-			}
-		}
-		cmd.Process.Kill()
-		<-exited
+		kill := e.runPaused(ctx, t, "released", e.migrateArgs(pid, recv, tokFile, "killed", "--keep-dir", "none")...)
+		kill()
 		if rerr := recv.wait(ctx); rerr == nil || !strings.Contains(rerr.Error(), "nothing is restored") {
 			t.Fatalf("receiver: %v", rerr)
 		}

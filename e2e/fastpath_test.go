@@ -124,6 +124,57 @@ func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
 	return ""
 }
 
+// runPaused starts gpucr-stream with GPUCR_TEST_PAUSE=step (vram/testpause.go)
+// and returns once it stopped there; kill ends it with SIGKILL. It fails
+// the test if the command ends, or does not get there in 20 s, first.
+func (e *fastEnv) runPaused(ctx context.Context, t *testing.T, step string, args ...string) (kill func()) {
+	t.Helper()
+	marker := filepath.Join(t.TempDir(), "paused")
+	cmd := exec.CommandContext(ctx, e.gcs, args...)
+	cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE="+step+":"+marker)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	kill = func() {
+		cmd.Process.Kill() // SIGKILL
+		<-exited
+	}
+	for end := time.Now().Add(20 * time.Second); !fileExists(marker); time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-exited:
+			t.Fatalf("gpucr-stream %s ended before %s: %s", args[0], step, stderr.String())
+		default:
+		}
+		if time.Now().After(end) {
+			kill()
+			t.Fatalf("gpucr-stream %s never reached %s: %s", args[0], step, stderr.String())
+		}
+	}
+	return kill
+}
+
+// mustRestoreFast checks a restore's result (out, err of `restore --json`):
+// it brought pid back through the fast path's copy in, and the program
+// proves its memory.
+func mustRestoreFast(t *testing.T, out []byte, err error, pid int, tdir string) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs phases
+	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid {
+		t.Fatalf("restore: %s (%v)", out, err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+		t.Fatalf("after restore: %q", r)
+	}
+}
+
 func (e *fastEnv) gcsRun(ctx context.Context, args ...string) ([]byte, error) {
 	return e.gcsRunEnv(ctx, nil, args...)
 }
@@ -228,17 +279,7 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 		}
 	}
 	out, err = restore("w2", keyArgs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rs phases
-	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid {
-		t.Fatalf("restore: %s (%v)", out, err)
-	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-		t.Fatalf("after restore: %q", r)
-	}
+	mustRestoreFast(t, out, err, pid, tdir)
 }
 
 // A dump that fails after the release (CRIU refuses its options), or the
@@ -376,7 +417,6 @@ func TestFastPathKilled(t *testing.T) {
 			name = strings.ReplaceAll(name, "'", "")
 			pid, tdir, _ := e.start(t, "k-"+name)
 			keepDir := filepath.Join(e.dir, "keep-"+name)
-			marker := filepath.Join(e.dir, "paused-"+name)
 			if err := os.MkdirAll(keepDir, 0o700); err != nil {
 				t.Fatal(err)
 			}
@@ -386,27 +426,7 @@ func TestFastPathKilled(t *testing.T) {
 				args = []string{"gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+name),
 					"--no-progress", "--vram-files", "3", "--vram-keep-dir", keepDir}
 			}
-			cmd := exec.CommandContext(ctx, e.gcs, args...)
-			cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE="+tc.step+":"+marker)
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan struct{})
-			go func() { cmd.Wait(); close(exited) }()
-			for end := time.Now().Add(20 * time.Second); !fileExists(marker); time.Sleep(10 * time.Millisecond) {
-				select {
-				case <-exited:
-					t.Fatalf("checkpoint ended before %s: %s", tc.step, stderr.String())
-				default:
-				}
-				if time.Now().After(end) {
-					cmd.Process.Kill()
-					<-exited
-					t.Fatalf("checkpoint never reached %s: %s", tc.step, stderr.String())
-				}
-			}
+			kill := e.runPaused(ctx, t, tc.step, args...)
 			kept, _ := filepath.Glob(filepath.Join(keepDir, "gpucr-vram-keep-*", "vram-*.bin"))
 			if len(kept) != 3 {
 				t.Fatalf("kept copy: %v", kept)
@@ -418,8 +438,7 @@ func TestFastPathKilled(t *testing.T) {
 					}
 				}
 			}
-			cmd.Process.Kill() // SIGKILL
-			<-exited
+			kill()
 			// Killed before its commit: no checkpoint is there (CRIU's
 			// post-dump action failed with it, so CRIU resumed the
 			// process instead of killing it).
@@ -511,15 +530,5 @@ func TestFastPathStream(t *testing.T) {
 		t.Fatalf("the stream holds no VRAM files: %v %s", err, out)
 	}
 	out, err = e.gcsRun(ctx, "restore", "--from", stream, "--work-dir", filepath.Join(e.dir, "w2"), "--criu", e.criu, "--json", "--no-progress")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rs phases
-	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid {
-		t.Fatalf("restore: %s (%v)", out, err)
-	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
-		t.Fatalf("after restore: %q", r)
-	}
+	mustRestoreFast(t, out, err, pid, tdir)
 }
