@@ -100,13 +100,12 @@ type ArchiveOutput struct {
 	laneWG   sync.WaitGroup
 
 	// background commits
-	slots     chan struct{}
-	bg        context.Context // canceled by Abort
-	bgCancel  context.CancelCauseFunc
-	wg        sync.WaitGroup
-	failed    chan struct{} // closed with the first failure
+	slots    chan struct{}
+	bg       context.Context // canceled by Abort
+	bgCancel context.CancelCauseFunc
+	wg       sync.WaitGroup
+	firstFailure
 	mu        sync.Mutex
-	commitErr error
 	committed int                   // segments committed so far
 	segDone   map[int]chan struct{} // closed when a background commit ends
 	abortOnce sync.Once
@@ -183,7 +182,7 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 		segmentSize = DefaultSegmentSize
 	}
 	a := &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), seal: seal, nLanes: DefaultLanes(),
-		open: map[uint32]openFile{}, failed: make(chan struct{}), segDone: map[int]chan struct{}{}}
+		open: map[uint32]openFile{}, firstFailure: newFirstFailure(), segDone: map[int]chan struct{}{}}
 	// Every segment starts with the same header (and KEY frame): where its
 	// first frame goes is known before any segment is created.
 	probe, err := a.newWriter(io.Discard)
@@ -222,21 +221,6 @@ func (a *ArchiveOutput) Committed() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.committed
-}
-
-func (a *ArchiveOutput) failure() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.commitErr
-}
-
-func (a *ArchiveOutput) setFailure(err error) {
-	a.mu.Lock()
-	if a.commitErr == nil {
-		a.commitErr = err
-		close(a.failed)
-	}
-	a.mu.Unlock()
 }
 
 // WriteFrame implements Output. A large DATA payload is written before it

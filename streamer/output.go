@@ -2,6 +2,7 @@ package streamer
 
 import (
 	"context"
+	"sync"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -34,4 +35,30 @@ type Output interface {
 type AsyncOutput interface {
 	Output
 	WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error)
+}
+
+// firstFailure keeps an output's first failure, which every later call
+// returns; failed is closed with it, for waits to select on.
+type firstFailure struct {
+	failMu sync.Mutex
+	err    error
+	failed chan struct{}
+}
+
+func newFirstFailure() firstFailure { return firstFailure{failed: make(chan struct{})} }
+
+func (f *firstFailure) failure() error {
+	f.failMu.Lock()
+	defer f.failMu.Unlock()
+	return f.err
+}
+
+// setFailure records err unless a failure came first.
+func (f *firstFailure) setFailure(err error) {
+	f.failMu.Lock()
+	defer f.failMu.Unlock()
+	if f.err == nil {
+		f.err = err
+		close(f.failed)
+	}
 }

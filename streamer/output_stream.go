@@ -44,9 +44,7 @@ type StreamOutput struct {
 	// asynchronous mode, from the first WriteFrameAsync on
 	chains []shardChain // nil while synchronous
 	writes sync.WaitGroup
-	mu     sync.Mutex
-	err    error         // the first failure
-	failed chan struct{} // closed with it
+	firstFailure
 }
 
 // shardChain orders the writes of one shard; only the placing goroutine
@@ -74,7 +72,7 @@ func NewStreamOutput(shards []io.Writer) (*StreamOutput, error) {
 // plain one). A Capture writing to it seals every chunk.
 func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutput, error) {
 	id := rand.Uint64()
-	o := &StreamOutput{trailer: len(shards) == 1, seal: seal}
+	o := &StreamOutput{trailer: len(shards) == 1, seal: seal, firstFailure: newFirstFailure()}
 	for i, w := range shards {
 		mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: uint16(i), ShardCount: uint16(len(shards)), StreamID: id, Encryption: encryptionOf(seal)})
 		if err != nil {
@@ -150,7 +148,6 @@ func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHe
 // startChains switches to asynchronous writes, where the synchronous ones
 // left the shards.
 func (o *StreamOutput) startChains() {
-	o.failed = make(chan struct{})
 	o.chains = make([]shardChain, len(o.shards))
 	for i, s := range o.shards {
 		o.chains[i] = shardChain{slots: make(chan struct{}, shardQueue), pos: s.Pos()}
@@ -239,21 +236,6 @@ func (o *StreamOutput) place(ctx context.Context, i int, n int64, write func(*ma
 		}
 	}()
 	return pos, nil
-}
-
-func (o *StreamOutput) failure() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.err
-}
-
-func (o *StreamOutput) setFailure(err error) {
-	o.mu.Lock()
-	if o.err == nil {
-		o.err = err
-		close(o.failed)
-	}
-	o.mu.Unlock()
 }
 
 // Commit writes the END frame and tail of every shard; asynchronously,
