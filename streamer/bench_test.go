@@ -146,11 +146,20 @@ func BenchmarkCapture(b *testing.B) {
 //	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench CaptureArchiveLanes -benchtime 3x ./streamer/
 func BenchmarkCaptureArchiveLanes(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_MIB", 1024)
+	benchTemplate()
+	benchLanes(b, total, func(b *testing.B, out *ArchiveOutput) {
+		captureBench(b, out, Options{Codec: mustSpec(b, "none")}, total)
+	})
+}
+
+// benchLanes runs write total bytes into a fresh archive in
+// GPUCR_BENCH_DIR (default a temp dir) per iteration, with one lane and
+// with DefaultLanes; only write is timed.
+func benchLanes(b *testing.B, total int64, write func(b *testing.B, out *ArchiveOutput)) {
 	base := os.Getenv("GPUCR_BENCH_DIR")
 	if base == "" {
 		base = b.TempDir()
 	}
-	benchTemplate()
 	for _, lanes := range []int{1, DefaultLanes()} {
 		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
 			b.SetBytes(total)
@@ -166,7 +175,7 @@ func BenchmarkCaptureArchiveLanes(b *testing.B) {
 				}
 				out.SetLanes(lanes)
 				b.StartTimer()
-				captureBench(b, out, Options{Codec: mustSpec(b, "none")}, total)
+				write(b, out)
 				b.StopTimer()
 				os.RemoveAll(root)
 				b.StartTimer()
@@ -182,55 +191,32 @@ func BenchmarkCaptureArchiveLanes(b *testing.B) {
 //	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=4096 go test -run X -bench '^BenchmarkArchiveLanes' -benchtime 3x ./streamer/
 func BenchmarkArchiveLanes(b *testing.B) {
 	total := benchMiB("GPUCR_BENCH_MIB", 1024)
-	base := os.Getenv("GPUCR_BENCH_DIR")
-	if base == "" {
-		base = b.TempDir()
-	}
 	const chunk = 4 << 20
 	payloads := make([][]byte, 16)
 	for i := range payloads {
 		payloads[i] = mixedData(chunk, uint64(i))
 	}
 	ctx := context.Background()
-	for _, lanes := range []int{1, DefaultLanes()} {
-		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
-			b.SetBytes(total)
-			for range b.N {
-				b.StopTimer()
-				root, err := os.MkdirTemp(base, "gpucr-bench-")
-				if err != nil {
-					b.Fatal(err)
-				}
-				out, err := NewArchiveOutput(ctx, dir.New(root), 0)
-				if err != nil {
-					b.Fatal(err)
-				}
-				out.SetLanes(lanes)
-				b.StartTimer()
-				fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: 1}
-				if _, err := out.WriteFrame(ctx, &fh, []byte("vram.bin")); err != nil {
-					b.Fatal(err)
-				}
-				for off := int64(0); off < total; off += chunk {
-					p := payloads[(off/chunk)%int64(len(payloads))]
-					fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 1, Offset: uint64(off), RawLen: chunk}
-					if _, err := out.WriteFrameAsync(ctx, &fh, p, func(error) {}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				fh = manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: 1, Offset: uint64(total)}
-				if _, err := out.WriteFrame(ctx, &fh, nil); err != nil {
-					b.Fatal(err)
-				}
-				if err := out.Commit(ctx, &manifest.Manifest{ChunkSize: chunk, Codec: "none"}); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				os.RemoveAll(root)
-				b.StartTimer()
+	benchLanes(b, total, func(b *testing.B, out *ArchiveOutput) {
+		fh := manifest.FrameHeader{Type: manifest.FrameFile, FileID: 1}
+		if _, err := out.WriteFrame(ctx, &fh, []byte("vram.bin")); err != nil {
+			b.Fatal(err)
+		}
+		for off := int64(0); off < total; off += chunk {
+			p := payloads[(off/chunk)%int64(len(payloads))]
+			fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 1, Offset: uint64(off), RawLen: chunk}
+			if _, err := out.WriteFrameAsync(ctx, &fh, p, func(error) {}); err != nil {
+				b.Fatal(err)
 			}
-		})
-	}
+		}
+		fh = manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: 1, Offset: uint64(total)}
+		if _, err := out.WriteFrame(ctx, &fh, nil); err != nil {
+			b.Fatal(err)
+		}
+		if err := out.Commit(ctx, &manifest.Manifest{ChunkSize: chunk, Codec: "none"}); err != nil {
+			b.Fatal(err)
+		}
+	})
 }
 
 func BenchmarkStreamSource(b *testing.B) {
