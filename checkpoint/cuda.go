@@ -270,7 +270,7 @@ func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([
 				t.Restore += t2.Restore
 				t.Unlock += t2.Unlock
 				if err != nil {
-					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, pairsString(full))
+					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, vram.FormatGPUMap(full))
 				}
 			}
 		}
@@ -402,18 +402,6 @@ func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
 		out = append(out, vram.GPUPair{Old: fromFree[i], New: toFree[i]})
 	}
 	return out
-}
-
-// pairsString prints pairs as --gpu-map takes them.
-func pairsString(pairs []vram.GPUPair) string {
-	var b strings.Builder
-	for i, p := range pairs {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(p.Old.String() + "=" + p.New.String())
-	}
-	return b.String()
 }
 
 // targets are m's new GPUs as pairs (Old is zero for all=NEW), for

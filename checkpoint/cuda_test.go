@@ -167,8 +167,8 @@ func TestCompletePairs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := completePairs(tc.pairs, tc.host)
-			if pairsString(got) != pairsString(tc.want) {
-				t.Fatalf("completePairs = %s, want %s", pairsString(got), pairsString(tc.want))
+			if vram.FormatGPUMap(got) != vram.FormatGPUMap(tc.want) {
+				t.Fatalf("completePairs = %s, want %s", vram.FormatGPUMap(got), vram.FormatGPUMap(tc.want))
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -230,6 +231,18 @@ func ParseGPUMap(s string) ([]GPUPair, error) {
 		out = append(out, GPUPair{o, n})
 	}
 	return out, nil
+}
+
+// FormatGPUMap writes pairs as ParseGPUMap reads them.
+func FormatGPUMap(pairs []GPUPair) string {
+	var b strings.Builder
+	for i, p := range pairs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(p.Old.String() + "=" + p.New.String())
+	}
+	return b.String()
 }
 
 // Driver is the CUDA driver's process checkpoint API. Every call names

@@ -59,6 +59,9 @@ func TestUUID(t *testing.T) {
 	if err != nil || len(pairs) != 2 || pairs[0].Old != u || pairs[0].New[15] != 1 || pairs[1].New != u {
 		t.Fatalf("ParseGPUMap: %v %v", pairs, err)
 	}
+	if back, err := ParseGPUMap(FormatGPUMap(pairs)); err != nil || len(back) != 2 || back[0] != pairs[0] || back[1] != pairs[1] {
+		t.Fatalf("ParseGPUMap(FormatGPUMap(%v)) = %v %v", pairs, back, err)
+	}
 	if _, err := ParseGPUMap(s); err == nil {
 		t.Error("ParseGPUMap without '=' accepted")
 	}
