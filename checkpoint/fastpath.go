@@ -17,8 +17,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -265,7 +263,7 @@ func fastProcs(ctx context.Context, src streamer.Source) ([]manifest.CUDAProcess
 	var procs []manifest.CUDAProcess
 	at := map[int]int{}
 	for _, f := range files { // sorted by name
-		pid, ok := vramFilePID(f.Name)
+		pid, ok := vram.FilePID(f.Name)
 		if !ok || !f.External {
 			continue
 		}
@@ -279,24 +277,6 @@ func fastProcs(ctx context.Context, src streamer.Source) ([]manifest.CUDAProcess
 		procs[i].Bytes += f.Size
 	}
 	return procs, nil
-}
-
-// vramFilePID is the PID in a fast-path file's name, vram-PID-KK.bin.
-func vramFilePID(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(name, "vram-")
-	if !ok {
-		return 0, false
-	}
-	p, k, ok := strings.Cut(strings.TrimSuffix(rest, ".bin"), "-")
-	if !ok || !strings.HasSuffix(rest, ".bin") || len(k) != 2 || !digits(p) || !digits(k) {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(p)
-	return pid, err == nil && pid > 0
-}
-
-func digits(s string) bool {
-	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // suspendTo is `gpu suspend --to DEST` for processes that run with the

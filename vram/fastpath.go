@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -357,13 +359,35 @@ func pipePair() (r, w *os.File, err error) {
 	return r, w, nil
 }
 
+// fileName is the k-th VRAM file of process pid, vram-PID-KK.bin.
+func fileName(pid, k int) string { return fmt.Sprintf("vram-%d-%02d.bin", pid, k) }
+
+// FilePID is the PID in a VRAM file's name (fileName): how a restore
+// finds the fast path's files in a stream, which has no manifest.
+func FilePID(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "vram-")
+	if !ok {
+		return 0, false
+	}
+	p, k, ok := strings.Cut(strings.TrimSuffix(rest, ".bin"), "-")
+	if !ok || !strings.HasSuffix(rest, ".bin") || len(k) != 2 || !digits(p) || !digits(k) {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
 // copyOut has fp's library write its device memory into the kept copy:
 // files created here (0600, in KeepDir) whose descriptors it writes to.
 func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 	var ws []*os.File
 	defer func() { closeAll(ws) }()
 	for k := 0; k < s.opts.Files; k++ {
-		name := fmt.Sprintf("vram-%d-%02d.bin", fp.PID, k)
+		name := fileName(fp.PID, k)
 		path := filepath.Join(s.opts.KeepDir, name)
 		fp.Files = append(fp.Files, name)
 		fp.keep = append(fp.keep, path)

@@ -866,3 +866,15 @@ func TestFastPathTwoProcesses(t *testing.T) {
 		tg.mustBeIntact(t)
 	}
 }
+
+// TestFileName: every name copy out gives a file is one FilePID reads
+// back, for every file count --vram-files allows.
+func TestFileName(t *testing.T) {
+	for _, pid := range []int{1, 42, 4194304} {
+		for k := 0; k < 64; k++ {
+			if got, ok := FilePID(fileName(pid, k)); !ok || got != pid {
+				t.Fatalf("FilePID(%q) = %d %v, want %d", fileName(pid, k), got, ok, pid)
+			}
+		}
+	}
+}
