@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -208,17 +206,7 @@ func (r *receiver) restore(ctx context.Context) error {
 // could not be brought back: parked, it could never run on, and the
 // sender (told the restore failed) keeps the image to restore it from.
 func killRestored(pid int) string {
-	tree, err := proc.Tree(pid)
-	if err != nil {
-		return fmt.Sprintf("it could not be killed here (%v): kill it before restoring the sender's copy", err)
-	}
-	var errs []error
-	for _, p := range tree {
-		if err := unix.Kill(p, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("kill %d: %w", p, err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := proc.KillTree(pid); err != nil {
 		return fmt.Sprintf("killing it here failed (%v): kill it before restoring the sender's copy", err)
 	}
 	return "it was killed here"

@@ -79,3 +79,26 @@ func TestDumpEstimate(t *testing.T) {
 		t.Errorf("estimate of no process: %d", got)
 	}
 }
+
+// TestKillTree kills a process and its child.
+func TestKillTree(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var tree []int
+	for end := time.Now().Add(5 * time.Second); len(tree) < 2 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		tree, _ = Tree(cmd.Process.Pid)
+	}
+	if len(tree) < 2 {
+		t.Fatalf("the shell's child never showed: %v", tree)
+	}
+	if err := KillTree(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if err := WaitGone(context.Background(), tree[1:], false, 5*time.Second); err != nil {
+		t.Fatalf("the child outlived KillTree: %v", err)
+	}
+}

@@ -4,12 +4,14 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 )
@@ -128,4 +130,20 @@ func DumpEstimate(pids []int) int64 {
 		}
 	}
 	return total
+}
+
+// KillTree sends SIGKILL to root and every descendant (processes already
+// gone are no error).
+func KillTree(root int) error {
+	tree, err := Tree(root)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range tree {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill %d: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
 }
