@@ -89,7 +89,9 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
-		phases = []Phase{{"vram park", t.Park.Seconds()}, {"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
+		phases = []Phase{{"vram stage (process running)", t.Stage.Seconds()}, {"vram park", t.Park.Seconds()},
+			{"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
+		phases = append(phases, copyPhases("copy out", t.Copy)...)
 	}
 	if err != nil {
 		os.RemoveAll(keep)
@@ -206,6 +208,7 @@ func (cc *cudaCheckpoint) fastCommit() {
 // runs with the library.
 func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
+	var slowest vram.CopyStats
 	var errs []error
 	get := func(ctx context.Context, name string, w io.Writer) error {
 		_, err := src.Copy(ctx, name, w)
@@ -226,10 +229,13 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, _, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
+			r, c, cs, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, r), max(copyIn, c)
+			if cs.Work >= slowest.Work {
+				slowest = cs
+			}
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -239,7 +245,7 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 	if remap == 0 && copyIn == 0 && len(errs) == 0 {
 		return nil, nil
 	}
-	ps := []Phase{{"vram remap", remap.Seconds()}, {"vram copy in", copyIn.Seconds()}}
+	ps := append([]Phase{{"vram remap", remap.Seconds()}, {"vram copy in", copyIn.Seconds()}}, copyPhases("copy in", slowest)...)
 	if err := errors.Join(errs...); err != nil {
 		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)
 	}
@@ -354,4 +360,23 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 	}
 	ps, err := fastRestore(ctx, src, a.Manifest().CUDA, pids)
 	return append(phases, ps...), err
+}
+
+// copyPhases are the parts of the slowest process's copy (what the copy
+// threads' sums are, as a mean per thread): what bounds the VRAM phase, the
+// device or the files.
+func copyPhases(what string, c vram.CopyStats) []Phase {
+	if c.Workers == 0 {
+		return nil
+	}
+	io, w := "writes", time.Duration(c.Workers)
+	if what == "copy in" {
+		io = "reads"
+	}
+	return []Phase{
+		{"vram " + what + ": pinned buffers", c.Setup.Seconds()},
+		{"vram " + what + ": device waits per thread", (c.Wait / w).Seconds()},
+		{"vram " + what + ": " + io + " per thread", (c.IO / w).Seconds()},
+		{"vram " + what + ": freeing buffers", c.Teardown.Seconds()},
+	}
 }

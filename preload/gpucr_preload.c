@@ -1038,6 +1038,8 @@ static void json_str(char *out, size_t n, const char *s)
 	out[k] = 0;
 }
 
+static int staged_count(void);
+
 static void cmd_report(char *out, size_t n)
 {
 	pthread_mutex_lock(&tab_mu);
@@ -1056,10 +1058,10 @@ static void cmd_report(char *out, size_t n)
 	snprintf(out, n,
 		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
 		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu,"
-		 "\"driver\":%s,\"detached\":%s,\"kept\":[",
+		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"kept\":[",
 		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
 		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr,
-		 driver_next ? "true" : "false", detached ? "true" : "false");
+		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count());
 	pthread_mutex_unlock(&tab_mu);
 	/* The kept files' paths, as far as they fit (with room for the end). */
 	for (int i = 0; i < nkeep; i++) {
@@ -1110,12 +1112,160 @@ struct job {
 	char err[256];
 	pthread_mutex_t err_mu;
 	atomic_llong bytes;
+	/* Where a job's time goes, for the reply: the slowest worker's
+	 * setup (pinned buffers, streams), copy and teardown, and summed over
+	 * the workers the time blocked on the device and in read/write. */
+	double setup, work, teardown;
+	atomic_llong wait_ns, io_ns;
+	atomic_int staged;
 };
 struct worker {
 	struct job *j;
-	int fd;
+	int fd, idx;
 	pthread_t t;
 };
+
+/* Staged copy buffers. `stage N` allocates the pinned buffers and streams of
+ * N copy workers while the program still runs, so that the copy out after
+ * park does not wait for the driver to pin a gigabyte (worker i takes slot
+ * i). Whatever a job leaves is freed at its end, and a stage no copy took
+ * at unpark or when the connection ends: pinned host memory must not be
+ * there at the driver's checkpoint, which would carry it into the dump.
+ * Only the control thread stages and frees; workers take their slot while
+ * it waits for them. */
+/* What a command answers with besides ok: a copy's bytes and where its
+ * time went (seconds; wait and io are summed over the workers). */
+struct stats {
+	long long bytes;
+	double setup, work, teardown, wait, io;
+	int workers, staged;
+};
+
+static double mono(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static size_t buf_size(void);
+
+struct stage {
+	void *buf[2];
+	CUstream st[2];
+	size_t size;
+};
+static struct stage staged[64];
+
+static void stage_free(struct stage *sg)
+{
+	for (int b = 0; b < 2; b++) {
+		if (sg->st[b]) {
+			r_StreamSync(sg->st[b]);
+			r_StreamDestroy(sg->st[b]);
+		}
+		if (sg->buf[b])
+			r_FreeHost(sg->buf[b]);
+	}
+	memset(sg, 0, sizeof *sg);
+}
+
+/* stage_alloc fills sg with two pinned buffers of size bytes and two
+ * streams; on failure it frees what it took and returns the CUresult. */
+static CUresult stage_alloc(struct stage *sg, size_t size)
+{
+	CUresult r = CUDA_SUCCESS;
+	sg->size = size;
+	for (int b = 0; b < 2 && r == CUDA_SUCCESS; b++)
+		if ((r = r_HostAlloc(&sg->buf[b], size, 0)) == CUDA_SUCCESS)
+			r = r_StreamCreate(&sg->st[b], CU_STREAM_NON_BLOCKING);
+	if (r != CUDA_SUCCESS)
+		stage_free(sg);
+	return r;
+}
+
+static void unstage_all(void)
+{
+	for (int i = 0; i < 64; i++)
+		if (staged[i].buf[0])
+			stage_free(&staged[i]);
+}
+
+static int staged_count(void)
+{
+	int k = 0;
+	for (int i = 0; i < 64; i++)
+		k += staged[i].buf[0] != NULL;
+	return k;
+}
+
+struct stager {
+	struct stage *sg;
+	size_t size;
+	CUresult r;
+	pthread_t t;
+};
+
+static void *stager_main(void *arg)
+{
+	struct stager *a = arg;
+	internal = 1;
+	r_CtxSetCurrent(ctxs[0]);
+	a->r = stage_alloc(a->sg, a->size);
+	return NULL;
+}
+
+/* cmd_stage stages k workers' buffers, allocated at once by k threads as a
+ * job's workers would. GPUCR_PRELOAD_STAGE=0 stages nothing (the workers
+ * then allocate their own), to measure what staging saves. */
+static int cmd_stage(int k, char *err, size_t n, struct stats *st)
+{
+	if (k < 1 || k > 64) {
+		snprintf(err, n, "stage %d: want 1..64 workers", k);
+		return -1;
+	}
+	if (released || driver_next) {
+		snprintf(err, n, "stage: too late (memory released or the driver's step announced)");
+		return -1;
+	}
+	const char *e = getenv("GPUCR_PRELOAD_STAGE");
+	if ((e && !strcmp(e, "0")) || !nctx)
+		return 0;
+	double t0 = mono();
+	struct stager a[64];
+	int started = 0;
+	for (int i = 0; i < k; i++) {
+		if (staged[i].buf[0])
+			stage_free(&staged[i]);
+		a[i] = (struct stager){&staged[i], buf_size(), CUDA_SUCCESS, 0};
+		if (pthread_create(&a[i].t, NULL, stager_main, &a[i]) != 0)
+			break;
+		started++;
+	}
+	CUresult r = CUDA_SUCCESS;
+	for (int i = 0; i < started; i++) {
+		pthread_join(a[i].t, NULL);
+		if (a[i].r != CUDA_SUCCESS)
+			r = a[i].r;
+	}
+	if (r != CUDA_SUCCESS || started < k) {
+		unstage_all();
+		snprintf(err, n, "stage: pinned buffers of %zu bytes: CUresult %d", buf_size(), r);
+		return -1;
+	}
+	st->workers = st->staged = k;
+	st->setup = mono() - t0;
+	return 0;
+}
+
+
+static void job_time(struct job *j, double *max, double d)
+{
+	pthread_mutex_lock(&j->err_mu);
+	if (d > *max)
+		*max = d;
+	pthread_mutex_unlock(&j->err_mu);
+}
 
 static void job_fail(struct job *j, const char *fmt, ...)
 {
@@ -1187,14 +1337,18 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 			}
 			if (i > 0) {
 				int pb = b ^ 1;
+				double t0 = mono();
 				if ((r = r_StreamSync(st[pb])) != CUDA_SUCCESS) {
 					job_fail(j, "copy to host: CUresult %d", r);
 					return;
 				}
+				double t1 = mono();
 				if (write_all(w->fd, buf[pb], plen[pb]) < 0) {
 					job_fail(j, "write: %s", strerror(errno));
 					return;
 				}
+				atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+				atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
 				atomic_fetch_add(&j->bytes, plen[pb]);
 			}
 		}
@@ -1241,14 +1395,18 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 			r_CtxSetCurrent(c);
 		for (size_t off = 0; off < hdr[1];) {
 			size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
+			double t0 = mono();
 			if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
 				job_fail(j, "copy to device: CUresult %d", r);
 				return;
 			}
+			double t1 = mono();
 			if (read_full(w->fd, buf[b], len)) {
 				job_fail(j, "VRAM file: truncated in range %#llx", (unsigned long long)hdr[0]);
 				return;
 			}
+			atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+			atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
 			if ((r = r_HtoDAsync(hdr[0] + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
 				job_fail(j, "copy %#llx to device: CUresult %d", (unsigned long long)hdr[0] + off, r);
 				return;
@@ -1272,34 +1430,30 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	struct job *j = w->j;
 	internal = 1;
-	void *buf[2] = {NULL, NULL};
-	CUstream st[2] = {NULL, NULL};
+	double t0 = mono();
 	CUresult r;
 	if (nctx)
 		r_CtxSetCurrent(ctxs[0]);
-	for (int b = 0; b < 2; b++) {
-		if ((r = r_HostAlloc(&buf[b], j->buf, 0)) != CUDA_SUCCESS) {
-			job_fail(j, "cuMemHostAlloc(%zu): CUresult %d", j->buf, r);
-			goto out;
-		}
-		if ((r = r_StreamCreate(&st[b], CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-			job_fail(j, "cuStreamCreate: CUresult %d", r);
-			goto out;
-		}
+	struct stage sg = {0};
+	if (staged[w->idx].buf[0] && staged[w->idx].size == j->buf) {
+		sg = staged[w->idx];
+		memset(&staged[w->idx], 0, sizeof sg);
+		atomic_fetch_add(&j->staged, 1);
+	} else if ((r = stage_alloc(&sg, j->buf)) != CUDA_SUCCESS) {
+		job_fail(j, "pinned buffers of %zu bytes and their streams: CUresult %d", j->buf, r);
+		goto out;
 	}
+	double t1 = mono();
+	job_time(j, &j->setup, t1 - t0);
 	if (j->out)
-		copy_out(w, buf, st);
+		copy_out(w, sg.buf, sg.st);
 	else
-		copy_in(w, buf, st);
+		copy_in(w, sg.buf, sg.st);
+	t0 = mono();
+	job_time(j, &j->work, t0 - t1);
+	stage_free(&sg);
+	job_time(j, &j->teardown, mono() - t0);
 out:
-	for (int b = 0; b < 2; b++) {
-		if (st[b]) {
-			r_StreamSync(st[b]);
-			r_StreamDestroy(st[b]);
-		}
-		if (buf[b])
-			r_FreeHost(buf[b]);
-	}
 	/* Copy out writes the kept copy (a regular file): a delayed write
 	 * error shows at close, and must fail the job. */
 	if (close(w->fd) < 0 && j->out)
@@ -1314,7 +1468,7 @@ static size_t buf_size(void)
 	return (size_t)(v > 0 && v <= 1024 ? v : 32) << 20;
 }
 
-static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *bytes)
+static int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 {
 	struct job j;
 	memset(&j, 0, sizeof j);
@@ -1348,6 +1502,7 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *
 	for (int i = 0; i < nfds; i++) {
 		ws[i].j = &j;
 		ws[i].fd = fds[i];
+		ws[i].idx = i;
 		if (pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) != 0) {
 			job_fail(&j, "pthread_create failed");
 			for (int k = i; k < nfds; k++)
@@ -1375,7 +1530,9 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, long long *
 		}
 	free(j.first);
 	free((void *)j.seen);
-	*bytes = atomic_load(&j.bytes);
+	unstage_all();
+	*st = (struct stats){atomic_load(&j.bytes), j.setup, j.work, j.teardown, atomic_load(&j.wait_ns) / 1e9,
+			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.staged)};
 	if (atomic_load(&j.failed)) {
 		snprintf(err, n, "%s", j.err);
 		return -1;
@@ -1537,7 +1694,7 @@ static int cmd_park(long ms, char *err, size_t n)
 
 /* cmd_copy runs copyout or copyin over the descriptors that came with the
  * line; the workers close them (*nfds is set to 0 once they own them). */
-static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, long long *bytes)
+static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st)
 {
 	int outdir = line[4] == 'o';
 	if (!parked) {
@@ -1552,7 +1709,7 @@ static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		snprintf(err, n, "%s", outdir ? "memory is released" : "memory is released: remap first");
 		return -1;
 	}
-	int rc = run_job(outdir, fds, *nfds, err, n, bytes);
+	int rc = run_job(outdir, fds, *nfds, err, n, st);
 	*nfds = 0;
 	if (rc == 0 && !outdir)
 		unfilled = 0;
@@ -1693,8 +1850,8 @@ static int do_recover(int *fds, int nfds, char *err, size_t n)
 				close(fds[i]);
 			return -1;
 		}
-		long long bytes;
-		if (run_job(0, fds, nfds, err, n, &bytes) < 0)
+		struct stats st;
+		if (run_job(0, fds, nfds, err, n, &st) < 0)
 			return -1;
 		unfilled = 0;
 	}
@@ -1743,7 +1900,7 @@ static int need_parked(char *err, size_t n)
 
 /* dispatch runs one command; *owns says whether this connection owns the
  * park (its end without `detach` is gpucr-stream's death). */
-static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, long long *bytes, int *owns)
+static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st, int *owns)
 {
 	if (!strncmp(line, "park", 4)) {
 		int rc = cmd_park(atol(line + 4), err, n);
@@ -1761,12 +1918,15 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 			return -1;
 		}
 		keep_clear(0);
+		unstage_all();
 		parked = 0;
 		gate_open();
 		return 0;
 	}
 	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
-		return cmd_copy(line, fds, nfds, err, n, bytes);
+		return cmd_copy(line, fds, nfds, err, n, st);
+	if (!strncmp(line, "stage ", 6))
+		return cmd_stage(atoi(line + 6), err, n, st);
 	if (!strcmp(line, "keep"))
 		return cmd_keep(fds, nfds, err, n);
 	if (!strcmp(line, "recover")) {
@@ -1806,12 +1966,12 @@ static void serve_conn(int c)
 	int fds[64], nfds, owns = 0;
 	while (recv_cmd(c, line, sizeof line, fds, &nfds) == 0) {
 		err[0] = 0;
-		long long bytes = 0;
+		struct stats st = {0};
 		int rc = 0;
 		if (!strcmp(line, "report"))
 			cmd_report(out, sizeof out);
 		else
-			rc = dispatch(line, fds, &nfds, err, sizeof err, &bytes, &owns);
+			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
 		if (rc < 0) {
@@ -1819,11 +1979,15 @@ static void serve_conn(int c)
 			json_str(e, sizeof e, err);
 			snprintf(out, sizeof out, "err %s\n", e);
 		} else if (strcmp(line, "report")) {
-			snprintf(out, sizeof out, "ok {\"bytes\":%lld}\n", bytes);
+			snprintf(out, sizeof out,
+				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
+				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d}\n",
+				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
 	}
+	unstage_all();
 	if (owns && parked && !detached)
 		on_orphan();
 }

@@ -86,7 +86,12 @@ type FastProc struct {
 // time they took. Store runs beside the driver's checkpoint and CRIU's
 // dump (set by Wait).
 type FastTimings struct {
+	// Stage is the staging of the copy threads' pinned buffers, before
+	// the park (the processes still run).
+	Stage                                 time.Duration
 	Park, CopyOut, Release, Store, Refill time.Duration
+	// Copy is the copy out of the process that took longest.
+	Copy CopyStats
 }
 
 type fastProc struct {
@@ -94,6 +99,7 @@ type fastProc struct {
 	p                *Preload
 	parked, released bool
 	keep             []string
+	copy             CopyStats
 }
 
 // FastSuspension is the state of the processes FastSuspend moved out.
@@ -162,6 +168,14 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		}
 		s.procs = append(s.procs, &fastProc{FastProc: FastProc{PID: pid}, p: p})
 	}
+	// Staging is an optimization only: a library without it, or that
+	// could not pin the memory now, allocates in the copy (and fails
+	// there if it must).
+	t := time.Now()
+	for _, fp := range s.procs {
+		_ = fp.p.Stage(ctx, o.Files)
+	}
+	s.Timings.Stage = time.Since(t)
 	for _, fp := range s.procs {
 		t := time.Now()
 		err := fp.p.Park(ctx, o.ParkTimeout)
@@ -174,7 +188,7 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	// Every process copies out at once: each library has its own copy
 	// threads and pinned buffers, and a tree's processes (tensor-parallel
 	// ranks) usually sit on different GPUs.
-	t := time.Now()
+	t = time.Now()
 	errs := make([]error, len(s.procs))
 	var wg sync.WaitGroup
 	for i, fp := range s.procs {
@@ -189,6 +203,11 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	}
 	wg.Wait()
 	s.Timings.CopyOut += time.Since(t)
+	for _, fp := range s.procs {
+		if fp.copy.Work >= s.Timings.Copy.Work {
+			s.Timings.Copy = fp.copy
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return s, s.undo(ctx, err)
 	}
@@ -397,8 +416,8 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 		}
 		ws = append(ws, w)
 	}
-	nb, err := fp.p.CopyOut(ctx, ws)
-	fp.Bytes = nb
+	cs, err := fp.p.CopyOut(ctx, ws)
+	fp.Bytes, fp.copy = cs.Bytes, cs
 	if err != nil {
 		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)
 	}
@@ -587,27 +606,27 @@ func (s *FastSuspension) Bytes() int64 {
 // from the checkpoint), and unparks it. Call it after the driver's restore
 // and unlock. On failure the process stays parked, its memory not
 // refilled: it does not run on with missing memory.
-func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, n int64, err error) {
+func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs CopyStats, err error) {
 	p, err := DialPreload(ctx, dir, pid)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, cs, err
 	}
 	defer p.Close()
 	t := time.Now()
 	if err := p.Remap(ctx); err != nil {
-		return time.Since(t), 0, 0, err
+		return time.Since(t), 0, cs, err
 	}
 	remap = time.Since(t)
 	t = time.Now()
-	n, err = copyInFrom(ctx, p, files, get)
+	cs, err = copyInFrom(ctx, p, files, get)
 	copyIn = time.Since(t)
 	if err != nil {
-		return remap, copyIn, n, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+		return remap, copyIn, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
 	}
-	return remap, copyIn, n, p.Unpark(ctx)
+	return remap, copyIn, cs, p.Unpark(ctx)
 }
 
-func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (int64, error) {
+func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (CopyStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var rs, ws []*os.File
@@ -619,7 +638,7 @@ func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (i
 	for range files {
 		r, w, err := pipePair()
 		if err != nil {
-			return 0, err
+			return CopyStats{}, err
 		}
 		rs, ws = append(rs, r), append(ws, w)
 	}

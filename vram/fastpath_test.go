@@ -333,8 +333,12 @@ func TestFastPathRoundTrip(t *testing.T) {
 	}
 	// The device is free while nothing is stored yet: the library wrote
 	// the kept copy, the store reads it after the release.
-	if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Parked || !r.Released || r.DeviceUsed != 0 || len(r.Kept) != 3 {
-		t.Fatalf("report after the release: %+v %v, want parked, released, no device memory in use, 3 kept files", r, err)
+	if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Parked || !r.Released || r.DeviceUsed != 0 || len(r.Kept) != 3 || r.Staged != 0 {
+		t.Fatalf("report after the release: %+v %v, want parked, released, no device memory in use, 3 kept files, no pinned buffers left", r, err)
+	}
+	// Every copy thread took the buffers staged before the park.
+	if c := s.Timings.Copy; c.Workers != 3 || c.Staged != 3 || c.Bytes != before.Bytes || c.Work <= 0 {
+		t.Fatalf("copy out: %+v, want 3 workers on staged buffers copying %d bytes", c, before.Bytes)
 	}
 	st.mu.Lock()
 	stored := len(st.files)
@@ -380,8 +384,8 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if len(procs) != 1 || procs[0].PID != tg.pid || len(procs[0].Files) != 3 {
 		t.Fatalf("procs %+v", procs)
 	}
-	if _, _, n, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get); err != nil || n != before.Bytes {
-		t.Fatalf("resume: %d bytes, %v", n, err)
+	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get); err != nil || cs.Bytes != before.Bytes {
+		t.Fatalf("resume: %d bytes, %v", cs.Bytes, err)
 	}
 	// Same addresses (the target reads back through its own pointers), same
 	// bytes, and the kernel thread's counter matches its launches.
@@ -389,6 +393,65 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if r := tg.report(t); r.Parked || r.Released || r.DeviceUsed != before.DeviceUsed {
 		t.Fatalf("report after resume: %+v", r)
 	}
+}
+
+// TestStageFreed: staged pinned buffers that no copy takes are freed at
+// unpark and when the connection that staged them ends (pinned host memory
+// at the driver's checkpoint would go into the dump), and staging after the
+// release is refused.
+func TestStageFreed(t *testing.T) {
+	tg := startTarget(t)
+	ctx := context.Background()
+	staged := func() int {
+		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		r, err := p.Report(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Staged
+	}
+	for _, end := range []string{"unpark", "close"} {
+		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Stage(ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := p.Report(ctx); err != nil || r.Staged != 4 {
+			t.Fatalf("%s: after stage 4: %+v %v", end, r, err)
+		}
+		if end == "unpark" {
+			if err := p.Park(ctx, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Unpark(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := p.Report(ctx); err != nil || r.Staged != 0 {
+				t.Fatalf("after unpark: %d staged (%v), want 0", r.Staged, err)
+			}
+		}
+		p.Close()
+		if n := staged(); n != 0 {
+			t.Fatalf("%s: %d copy threads' buffers still staged, want 0", end, n)
+		}
+	}
+	if err := func() error {
+		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return p.Stage(ctx, 65)
+	}(); err == nil || !strings.Contains(err.Error(), "want 1..64") {
+		t.Fatalf("stage 65: %v, want refused", err)
+	}
+	tg.mustBeIntact(t)
 }
 
 func TestFastPathFaults(t *testing.T) {

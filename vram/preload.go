@@ -78,6 +78,9 @@ type PreloadReport struct {
 	Driver   bool     `json:"driver"`
 	Detached bool     `json:"detached"`
 	Kept     []string `json:"kept"`
+	// Staged counts the copy threads whose pinned buffers are staged
+	// (Stage), not yet taken by a copy.
+	Staged int `json:"staged"`
 }
 
 // Preload is a connection to one process's library.
@@ -234,34 +237,67 @@ func (p *Preload) Remap(ctx context.Context) error {
 	return err
 }
 
+// Stage has the library allocate the pinned buffers and streams of
+// workers copy threads now, while the program still runs, so that the copy
+// out after Park starts at once. What no copy takes is freed at Unpark or
+// when the connection ends. A library that stages nothing (no context yet,
+// or GPUCR_PRELOAD_STAGE=0) answers ok too; its workers allocate their own.
+func (p *Preload) Stage(ctx context.Context, workers int) error {
+	_, err := p.do(ctx, "stage "+strconv.Itoa(workers), nil)
+	return err
+}
+
+// CopyStats are what a copy moved and where its time went: the slowest
+// worker's setup (its pinned buffers and streams, unless staged), copy and
+// teardown; and, summed over the workers, the time they waited on the
+// device and the time they spent writing (copy out) or reading (copy in)
+// their files.
+type CopyStats struct {
+	Bytes int64
+	// Workers copied; Staged of them found their buffers staged.
+	Workers, Staged       int
+	Setup, Work, Teardown time.Duration
+	Wait, IO              time.Duration
+}
+
 // CopyOut writes every live mapping into the files (one copy thread each,
 // the format of docs/PRODUCERS.md "VRAM files"); the library closes its
-// copies of them when done. It returns the bytes of device memory copied.
-func (p *Preload) CopyOut(ctx context.Context, files []*os.File) (int64, error) {
+// copies of them when done.
+func (p *Preload) CopyOut(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "copyout", files)
 }
 
 // CopyIn reads files in that format and writes their ranges back.
-func (p *Preload) CopyIn(ctx context.Context, files []*os.File) (int64, error) {
+func (p *Preload) CopyIn(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "copyin", files)
 }
 
-func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (int64, error) {
+func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (CopyStats, error) {
 	if len(files) == 0 || len(files) > 64 {
-		return 0, fmt.Errorf("process %d: %s: %d files, want 1..64", p.PID, cmd, len(files))
+		return CopyStats{}, fmt.Errorf("process %d: %s: %d files, want 1..64", p.PID, cmd, len(files))
 	}
 	js, err := p.do(ctx, cmd, files)
 	if err != nil {
-		return 0, err
+		return CopyStats{}, err
 	}
 	var r struct {
-		Bytes int64 `json:"bytes"`
+		Bytes     int64   `json:"bytes"`
+		Workers   int     `json:"workers"`
+		Staged    int     `json:"staged"`
+		SetupS    float64 `json:"setup_s"`
+		WorkS     float64 `json:"work_s"`
+		TeardownS float64 `json:"teardown_s"`
+		WaitS     float64 `json:"wait_s"`
+		IOS       float64 `json:"io_s"`
 	}
 	if err := json.Unmarshal(js, &r); err != nil {
-		return 0, fmt.Errorf("process %d: %s: %w", p.PID, cmd, err)
+		return CopyStats{}, fmt.Errorf("process %d: %s: %w", p.PID, cmd, err)
 	}
-	return r.Bytes, nil
+	return CopyStats{Bytes: r.Bytes, Workers: r.Workers, Staged: r.Staged, Setup: secs(r.SetupS), Work: secs(r.WorkS),
+		Teardown: secs(r.TeardownS), Wait: secs(r.WaitS), IO: secs(r.IOS)}, nil
 }
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // FindPreload finds the library: next to the running binary (where make
 // build puts it), else the install dir.

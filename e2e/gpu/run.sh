@@ -86,6 +86,8 @@
 # PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
 # script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
+# VRAM_FILES (fast path: --vram-files, the copy threads and kept files;
+# empty: the default),
 # VRAM_KEEP_DIR (fast path: the copy kept until the commit, /dev/shm),
 # GPU_MAP_ROUND (round whose restore remaps the GPU
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
@@ -245,6 +247,8 @@ for r in rows:
     if p.get("vram_copy_out"):
         print("          fast path: park %.2fs, copy out %.2fs, release %.2fs, store %.2fs (beside the dump) | remap %.2fs, copy in %.2fs, refill %.2fs" % (
             g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_store"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
+    if r.get("vram_detail"):
+        print("          " + ", ".join("%s %.3fs" % (k[5:], v) for k, v in r["vram_detail"].items()))
     if r.get("memory_released_seconds"):
         print("          gpu suspend: device memory released after %.2fs, device freed after %.2fs" % (
             r["memory_released_seconds"], r.get("device_freed_seconds", 0)))
@@ -599,7 +603,7 @@ round_gcs() {
 	local co
 	co=$(round_criu_opts)
 	[ -n "$co" ] && extra+=(--criu-opts "$co")
-	case $ROUND in *fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR") ;; esac
+	case $ROUND in *fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR" ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -750,7 +754,8 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
   "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
-  "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0)}))
+  "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0),
+  "vram_detail": {k: v for d in (ph, rp) for k, v in d.items() if k.startswith(("vram copy out:", "vram copy in:", "vram stage"))}}))
 ' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN")"
 	rm -rf "$ar"
 	$ok
@@ -852,7 +857,7 @@ round_migrate() {
 	}
 	local copts=() mopts=() ropts=()
 	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
-	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR")
+	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR" ${VRAM_FILES:+--vram-files "$VRAM_FILES"})
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
 	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
 	local spec
