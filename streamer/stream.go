@@ -50,8 +50,10 @@ type StreamSource struct {
 	// files, created as spilling reaches them (spillAtLocked).
 	spills    []spillFile
 	spillNext int // round-robin counter: the next chunk's file is spillNext % spillMax
-	spillMax  int
-	cleanup   []string
+	// spillMax is min(GOMAXPROCS, maxSpillFiles): more files than writes
+	// that can run at once buy nothing.
+	spillMax int
+	cleanup  []string
 	// extracted are the files written into extractDir so far.
 	extracted []string
 	// shardBytes is each shard\'s stream bytes read, known once it ended.
@@ -82,8 +84,9 @@ type spillFile struct {
 	end int64
 }
 
-// maxSpillFiles caps how many files a stream spills into (a variable for
-// the benchmark that compares one file against several).
+// maxSpillFiles caps how many files a stream spills into (8 tmpfs files
+// written at once took 18.7 GB/s, one 3.5); a variable for the benchmark
+// that compares one file against several.
 var maxSpillFiles = 8
 
 type streamFile struct {
