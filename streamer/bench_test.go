@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
@@ -451,4 +452,99 @@ func benchReadAheads(b *testing.B) []int {
 		ras = append(ras, n)
 	}
 	return ras
+}
+
+// BenchmarkStreamSpill receives GPUCR_BENCH_SPILL_MIB (default 1024) of
+// 4 MiB chunks stored raw (as most of a GPU process's memory goes) on 4
+// shards with a 1 MiB budget, so that every chunk spills into
+// GPUCR_BENCH_SPILL_DIR (default a temp dir; /dev/shm keeps the disk out):
+// into one spill file, and into the default number (min(GOMAXPROCS, 8)).
+// The ratio is what several files buy, and grows with cores. Only the
+// receive is timed, not the removal of the spilled bytes at Close.
+//
+//	GPUCR_BENCH_SPILL_DIR=/dev/shm GPUCR_BENCH_SPILL_MIB=4096 go test -run X -bench StreamSpill -benchtime 3x ./streamer/
+func BenchmarkStreamSpill(b *testing.B) {
+	const chunk, shards = 4 << 20, 4
+	total := benchMiB("GPUCR_BENCH_SPILL_MIB", 1024) / (shards * chunk) * (shards * chunk)
+	dir := os.Getenv("GPUCR_BENCH_SPILL_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	type payload struct {
+		raw  []byte
+		crc  uint32
+		hash [32]byte
+	}
+	payloads := make([]payload, 16)
+	for i := range payloads {
+		raw := mixedData(chunk, uint64(i))
+		payloads[i] = payload{raw, codec.Checksum(raw), codec.ContentHash(raw)}
+	}
+	// writeShard sends shard i: one file of total/shards bytes.
+	writeShard := func(w io.Writer, i int) error {
+		mw, err := manifest.NewWriter(w, manifest.Header{ShardCount: shards, StreamID: 9})
+		if err != nil {
+			return err
+		}
+		id := uint32(i)
+		if _, err := mw.WriteFrame(&manifest.FrameHeader{Type: manifest.FrameFile, FileID: id}, fmt.Appendf(nil, "vram-%d.bin", i)); err != nil {
+			return err
+		}
+		size := total / shards
+		var hashes []byte
+		for off := int64(0); off < size; off += chunk {
+			p := payloads[(off/chunk+int64(i))%int64(len(payloads))]
+			fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: id, Offset: uint64(off), RawLen: chunk,
+				Codec: uint8(codec.None), Checksum: p.crc, Hash: p.hash}
+			if _, err := mw.WriteFrame(&fh, p.raw); err != nil {
+				return err
+			}
+			hashes = append(hashes, p.hash[:]...)
+		}
+		end := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: id, Offset: uint64(size), RawLen: uint32(size / chunk), Hash: FileDigest(hashes, size)}
+		if _, err := mw.WriteFrame(&end, nil); err != nil {
+			return err
+		}
+		return mw.Finish(nil)
+	}
+	defer func(n int) { maxSpillFiles = n }(maxSpillFiles)
+	for _, files := range []int{1, min(runtime.GOMAXPROCS(0), maxSpillFiles)} {
+		b.Run(fmt.Sprintf("files=%d", files), func(b *testing.B) {
+			maxSpillFiles = files
+			ctx := context.Background()
+			b.SetBytes(total)
+			for range b.N {
+				readers := make([]io.Reader, shards)
+				names := make([]string, shards)
+				var senders sync.WaitGroup
+				for i := range shards {
+					pr, pw := io.Pipe()
+					readers[i], names[i] = pr, fmt.Sprintf("shard %d", i)
+					senders.Add(1)
+					go func() {
+						defer senders.Done()
+						pw.CloseWithError(writeShard(pw, i))
+					}()
+				}
+				src := NewStreamSource(ctx, readers, names, StreamOptions{Options: Options{MemoryLimit: 1 << 20}, SpillDir: dir})
+				err := src.Wait(ctx)
+				b.StopTimer()
+				for _, r := range readers {
+					r.(*io.PipeReader).Close() // a failed receive leaves its senders blocked
+				}
+				senders.Wait()
+				src.mu.Lock()
+				used := len(src.spills)
+				src.mu.Unlock()
+				src.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if used != files {
+					b.Fatalf("%d spill files, want %d", used, files)
+				}
+				b.StartTimer()
+			}
+		})
+	}
 }

@@ -1,0 +1,108 @@
+package streamer
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// spillFDs counts this process's open files that live (or lived, being
+// unlinked) in dir.
+func spillFDs(t *testing.T, dir string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(target, dir+"/") {
+			n++
+		}
+	}
+	return n
+}
+
+// A stream spilling far past its budget on several decoders spreads the
+// chunks over several spill files (one file's writes serialize on its
+// inode lock), each unlinked at once and all closed by Close; what it
+// serves, by write and by splice out of those files, is exact.
+func TestStreamSpillFiles(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // spillMax = 4 on any machine
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const chunk = minSpliceChunk
+	files := map[string][]byte{
+		"pages-1.img":   mixedData(12*chunk+1000, 11),
+		"pages-2.img":   mixedData(5*chunk, 12),
+		"inventory.img": smallData(3000, 1),
+	}
+	var buf bytes.Buffer
+	out, err := NewStreamOutput([]io.Writer{&buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2, Codec: mustSpec(t, "lz4")}, files)
+	dir := t.TempDir()
+	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"},
+		StreamOptions{Options: Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
+	closed := false
+	defer func() {
+		if !closed { // Close twice would free the page buffers twice
+			src.Close()
+		}
+	}()
+	if err := src.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	src.mu.Lock()
+	spills := len(src.spills)
+	used := map[*os.File]int64{} // spilled bytes per file
+	for _, f := range src.complete {
+		for _, c := range f.chunks {
+			if c.fd != nil {
+				used[c.fd] += c.n
+			}
+		}
+	}
+	src.mu.Unlock()
+	if spills != 4 || len(used) != spills {
+		t.Fatalf("%d spill files, %d of them holding chunks; want 4, all used", spills, len(used))
+	}
+	var spilled int64
+	for _, n := range used {
+		spilled += n
+	}
+	if spilled < 10*chunk {
+		t.Fatalf("%d bytes spilled with a budget of %d: want most of the image", spilled, 2*chunk)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Fatalf("spill dir holds %d entries (%v): spill files must be unlinked", len(ents), err)
+	}
+	if n := spillFDs(t, dir); n != spills {
+		t.Fatalf("%d open files in the spill dir, want %d", n, spills)
+	}
+
+	checkSource(t, ctx, "spill", src, files)
+	for name, want := range files {
+		got, err := copyThroughPipe(ctx, src, name, false, -1)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s into a pipe: %d bytes, want %d, equal %v (%v)", name, len(got), len(want), bytes.Equal(got, want), err)
+		}
+	}
+
+	closed = true
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := spillFDs(t, dir); n != 0 {
+		t.Fatalf("%d spill files still open after Close", n)
+	}
+}
