@@ -77,7 +77,7 @@ type cudaCheckpoint struct {
 	// fast: the device memory the fast path moved out (nil: the driver
 	// takes it all); keepDir holds its copy until the commit (fastpath.go).
 	fast    *vram.FastSuspension
-	keepDir string
+	keepDir *vram.KeepDir
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
 }

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -45,7 +44,8 @@ type FastPath struct {
 	// the library, 1..64 (0: vram.DefaultFiles).
 	Files int
 	// KeepDir receives the copy of device memory kept until the commit,
-	// for an undo ("": $TMPDIR).
+	// for an undo ("": a tmpfs of huge pages of its own where it can, else
+	// $TMPDIR; vram.NewKeepDir).
 	KeepDir string
 }
 
@@ -63,12 +63,16 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	if !cc.fastPossible(ctx, f, carried, h) {
+	need, ok := cc.fastPossible(ctx, f, carried, h)
+	if !ok {
 		return nil, nil
 	}
-	keep, err := os.MkdirTemp(f.KeepDir, "gpucr-vram-keep-")
+	keep, err := vram.NewKeepDir(f.KeepDir, need)
 	if err != nil {
 		return nil, fmt.Errorf("fast path: %w", err)
+	}
+	if keep.Why != "" {
+		h.log(fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
 	}
 	cc.keepDir = keep
 	put := func(ctx context.Context, name string, r io.Reader) error {
@@ -85,7 +89,7 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 		return err
 	}
 	start := time.Now()
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep})
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep.Path})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
@@ -94,7 +98,7 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 		phases = append(phases, copyPhases("copy out", t.Copy)...)
 	}
 	if err != nil {
-		os.RemoveAll(keep)
+		keep.Remove()
 		return phases, err
 	}
 	cc.recordPaths(meta)
@@ -144,21 +148,25 @@ func archived(dest location.Location) bool {
 
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
-// and says it can.
-func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried bool, h Hooks) bool {
+// and says it can. need is the device memory it would move.
+func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried bool, h Hooks) (need int64, ok bool) {
 	if f.Mode == FastPathOff || !carried {
-		return false
+		return 0, false
 	}
 	for _, pid := range cc.pids {
 		if !vram.HasPreload(pid) {
-			return false
+			return 0, false
 		}
 	}
-	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), cc.pids); err != nil {
+	reps, err := vram.FastCheck(ctx, vram.PreloadDir(), cc.pids)
+	if err != nil {
 		h.log(fmt.Sprintf("GPU fast path not taken: %v", err))
-		return false
+		return 0, false
 	}
-	return true
+	for _, r := range reps {
+		need += r.Bytes
+	}
+	return need, true
 }
 
 // recordPaths records in meta which path each CUDA process's device memory
@@ -186,7 +194,9 @@ func (cc *cudaCheckpoint) fastUndo() error {
 		return nil
 	}
 	err := cc.fast.Undo(context.Background())
-	os.RemoveAll(cc.keepDir)
+	if rerr := cc.keepDir.Remove(); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 	return err
 }
 
@@ -197,7 +207,7 @@ func (cc *cudaCheckpoint) fastCommit() {
 		return
 	}
 	cc.fast.Commit()
-	os.RemoveAll(cc.keepDir)
+	cc.keepDir.Remove()
 }
 
 // fastRestore brings back the device memory of the restored processes that

@@ -181,15 +181,22 @@ func (e *fastEnv) gcsRun(ctx context.Context, args ...string) ([]byte, error) {
 
 // gcsRunEnv runs gpucr-stream with env added to e.env().
 func (e *fastEnv) gcsRunEnv(ctx context.Context, env []string, args ...string) ([]byte, error) {
+	out, _, err := e.gcsRunStderr(ctx, env, args...)
+	return out, err
+}
+
+// gcsRunStderr is gcsRunEnv that returns what gpucr-stream said on stderr
+// too.
+func (e *fastEnv) gcsRunStderr(ctx context.Context, env []string, args ...string) ([]byte, string, error) {
 	cmd := exec.CommandContext(ctx, e.gcs, args...)
 	cmd.Env = append(e.env(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("gpucr-stream %v: %v: %s", args, err, stderr.String())
+		return out, stderr.String(), fmt.Errorf("gpucr-stream %v: %v: %s", args, err, stderr.String())
 	}
-	return out, nil
+	return out, stderr.String(), nil
 }
 
 type phases struct {
@@ -217,7 +224,9 @@ func TestFastPathCheckpointRestore(t *testing.T) {
 
 // fastCheckpointRestore checkpoints and restores a fast-path process; keyed,
 // with --key-file: the device memory the fast path moves is sealed like the
-// rest, and the restore needs the key.
+// rest, and the restore needs the key. The plain one keeps its copy where
+// gpucr-stream does by default: a tmpfs of its own (as root), unmounted
+// after the commit.
 func fastCheckpointRestore(t *testing.T, keyed bool) {
 	e := setupFast(t)
 	ctx := testCtx(t)
@@ -238,10 +247,23 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 		t.Fatalf("before: %q", r)
 	}
 	ar := filepath.Join(e.dir, "ar")
-	out, err := e.gcsRun(ctx, append([]string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "w"),
-		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "3", "--vram-keep-dir", e.dir}, keyArgs...)...)
+	args := []string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "w"),
+		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "3"}
+	if keyed {
+		args = append(args, "--vram-keep-dir", e.dir)
+	}
+	out, stderr, err := e.gcsRunStderr(ctx, nil, append(args, keyArgs...)...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !keyed && strings.Contains(stderr, "not a tmpfs") {
+		t.Fatalf("the kept copy did not get a tmpfs of its own: %s", stderr)
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), e.sockDir) {
+		t.Fatalf("a mount left under %s after the commit:\n%s", e.sockDir, mi)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(e.sockDir, "vram-keep-*")); len(ents) != 0 {
+		t.Fatalf("kept copy's directory left after the commit: %v", ents)
 	}
 	var ck phases
 	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || !ck.has("vram store (beside the dump)") || !ck.has("gpu checkpoint") {

@@ -397,10 +397,17 @@ func TestFastPathRoundTrip(t *testing.T) {
 
 // TestStageFreed: staged pinned buffers that no copy takes are freed at
 // unpark and when the connection that staged them ends (pinned host memory
-// at the driver's checkpoint would go into the dump), and staging after the
-// release is refused.
+// at the driver's checkpoint would go into the dump), with buffers the
+// library maps and registers and with cuMemHostAlloc's where the driver
+// cannot register.
 func TestStageFreed(t *testing.T) {
-	tg := startTarget(t)
+	for _, env := range [][]string{nil, {"GPUCR_FAKE_NO_REGISTER=1"}} {
+		t.Run(fmt.Sprint("env=", env), func(t *testing.T) { testStageFreed(t, env) })
+	}
+}
+
+func testStageFreed(t *testing.T, env []string) {
+	tg := startTarget(t, env...)
 	ctx := context.Background()
 	staged := func() int {
 		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
@@ -450,6 +457,25 @@ func TestStageFreed(t *testing.T) {
 		return p.Stage(ctx, 65)
 	}(); err == nil || !strings.Contains(err.Error(), "want 1..64") {
 		t.Fatalf("stage 65: %v, want refused", err)
+	}
+	// A whole round on them.
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Commit()
+	if c := s.Timings.Copy; c.Staged != 3 {
+		t.Fatalf("copy out: %+v, want 3 workers on staged buffers", c)
+	}
+	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get); err != nil || cs.Bytes != s.Bytes() {
+		t.Fatalf("resume: %+v %v", cs, err)
 	}
 	tg.mustBeIntact(t)
 }

@@ -88,7 +88,8 @@
 # script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
 # VRAM_FILES (fast path: --vram-files, the copy threads and kept files;
 # empty: the default),
-# VRAM_KEEP_DIR (fast path: the copy kept until the commit, /dev/shm),
+# VRAM_KEEP_DIR (fast path: the copy kept until the commit; empty:
+# gpucr-stream's default, a tmpfs of huge pages of its own),
 # GPU_MAP_ROUND (round whose restore remaps the GPU
 # onto itself with --gpu-map, lz4; empty: none), TREE_CHILDREN (children of
 # the target in tree rounds, 2), TREE_CHILD_MIB (device memory of each, 512),
@@ -115,7 +116,7 @@ GPU_MAP_ROUND=${GPU_MAP_ROUND-lz4}
 TREE_CHILDREN=${TREE_CHILDREN:-2}
 TREE_CHILD_MIB=${TREE_CHILD_MIB:-512}
 FAST_CODEC=${FAST_CODEC:-none}
-VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-/dev/shm}
+VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-}
 HOG_LEAVE_MIB=${HOG_LEAVE_MIB:-512}
 NCCL_MIB=${NCCL_MIB:-1024}
 HOG_PID=
@@ -603,7 +604,7 @@ round_gcs() {
 	local co
 	co=$(round_criu_opts)
 	[ -n "$co" ] && extra+=(--criu-opts "$co")
-	case $ROUND in *fast*) extra+=(--vram-keep-dir "$VRAM_KEEP_DIR" ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
+	case $ROUND in *fast*) extra+=(${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -768,7 +769,7 @@ round_suspend() {
 	local ar=$WORK/ar-$ROUND t0 ts tr used ok=false
 	rm -rf "$ar"
 	t0=$(now)
-	if ! "$GCS" gpu suspend --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR" --json \
+	if ! "$GCS" gpu suspend --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" ${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"} --json \
 		>"$WORK/logs/$ROUND-suspend.json" 2>"$WORK/logs/$ROUND-suspend.err"; then
 		log "$ROUND: gpu suspend failed: $(tail -c 2000 "$WORK/logs/$ROUND-suspend.err")"
 		prove after-failed-suspend
@@ -857,7 +858,7 @@ round_migrate() {
 	}
 	local copts=() mopts=() ropts=()
 	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
-	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" --vram-keep-dir "$VRAM_KEEP_DIR" ${VRAM_FILES:+--vram-files "$VRAM_FILES"})
+	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" ${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"})
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
 	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
 	local spec

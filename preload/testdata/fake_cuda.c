@@ -133,6 +133,10 @@ CUresult cuMemFree_v2(U p) { (void)p; return OK; }
 CUresult cuMemAllocManaged(U *p, size_t size, unsigned f) { (void)f; return cuMemAlloc_v2(p, size); }
 CUresult cuMemHostAlloc(void **p, size_t size, unsigned f) { (void)f; *p = malloc(size); return *p ? OK : 2; }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
+/* GPUCR_FAKE_NO_REGISTER: a driver that cannot register host memory (the
+ * library then allocates its pinned buffers with cuMemHostAlloc). */
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) { (void)p; (void)n; (void)f; return getenv("GPUCR_FAKE_NO_REGISTER") ? 1 : OK; }
+CUresult cuMemHostUnregister(void *p) { (void)p; return OK; }
 CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
 CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
@@ -163,7 +167,7 @@ static const struct {
 	{"cuMemRelease", cuMemRelease}, {"cuMemMap", cuMemMap}, {"cuMemUnmap", cuMemUnmap},
 	{"cuMemSetAccess", cuMemSetAccess}, {"cuMemAlloc", cuMemAlloc_v2}, {"cuMemAllocPitch", cuMemAllocPitch_v2},
 	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemHostAlloc", cuMemHostAlloc},
-	{"cuMemFreeHost", cuMemFreeHost}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
+	{"cuMemFreeHost", cuMemFreeHost}, {"cuMemHostRegister", cuMemHostRegister_v2}, {"cuMemHostUnregister", cuMemHostUnregister}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
 	{"cuStreamSynchronize", cuStreamSynchronize}, {"cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2},
 	{"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2}, {"cuMemcpyDtoH", cuMemcpyDtoH_v2}, {"cuMemcpyHtoD", cuMemcpyHtoD_v2},
 	{"cuMemsetD8", cuMemsetD8_v2}, {"cuLaunchKernel", cuLaunchKernel}, {NULL, NULL},

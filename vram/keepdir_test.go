@@ -1,0 +1,98 @@
+package vram
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountOptions is the fstype and super options of the mount at dir, if
+// dir is a mount point.
+func mountOptions(t *testing.T, dir string) (string, bool) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 4 && f[4] == dir {
+			_, rest, _ := strings.Cut(l, " - ")
+			return rest, true
+		}
+	}
+	return "", false
+}
+
+func TestKeepDir(t *testing.T) {
+	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
+	t.Setenv("TMPDIR", t.TempDir())
+	refuse := func(string, int64) error { return unix.EPERM }
+	avail, err := memAvailable()
+	if err != nil || avail <= 0 {
+		t.Fatalf("memAvailable: %d %v", avail, err)
+	}
+	for _, tc := range []struct {
+		name    string
+		base    string
+		need    int64
+		refuse  bool
+		mounted bool
+		why     string // in Why
+		under   string // Path's parent
+	}{
+		{name: "user's dir", base: t.TempDir(), need: 1 << 20},
+		{name: "own tmpfs", need: 1 << 20, mounted: os.Geteuid() == 0, why: map[bool]string{true: "", false: "mount"}[os.Geteuid() == 0]},
+		{name: "too big for memory", need: avail, why: "three quarters"},
+		{name: "mount refused", need: 1 << 20, refuse: true, why: "operation not permitted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.refuse {
+				old := mountKeep
+				mountKeep = refuse
+				defer func() { mountKeep = old }()
+			}
+			k, err := NewKeepDir(tc.base, tc.need)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent := filepath.Dir(k.Path)
+			switch {
+			case tc.base != "":
+				if parent != tc.base || k.Mounted || k.Why != "" {
+					t.Fatalf("%+v, want a dir in %s as it is", k, tc.base)
+				}
+			case tc.mounted:
+				if parent != PreloadDir() || !k.Mounted {
+					t.Fatalf("%+v, want a tmpfs of its own under %s", k, PreloadDir())
+				}
+				opts, ok := mountOptions(t, k.Path)
+				if !ok || !strings.HasPrefix(opts, "tmpfs ") || !strings.Contains(opts, "huge=always") {
+					t.Fatalf("mount at %s: %q (%v), want a tmpfs with huge=always", k.Path, opts, ok)
+				}
+			default:
+				if parent != os.Getenv("TMPDIR") || k.Mounted || !strings.Contains(k.Why, tc.why) {
+					t.Fatalf("%+v, want a dir in $TMPDIR and why %q", k, tc.why)
+				}
+				if ents, _ := os.ReadDir(PreloadDir()); len(ents) != 0 {
+					t.Fatalf("%d entries left in %s after the fallback", len(ents), PreloadDir())
+				}
+			}
+			if err := os.WriteFile(filepath.Join(k.Path, "vram-1-00.bin"), make([]byte, 3<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Remove(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(k.Path); !os.IsNotExist(err) {
+				t.Fatalf("%s after Remove: %v, want gone", k.Path, err)
+			}
+			if _, ok := mountOptions(t, k.Path); ok {
+				t.Fatalf("%s still mounted after Remove", k.Path)
+			}
+		})
+	}
+}
