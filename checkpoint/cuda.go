@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -77,7 +78,7 @@ type cudaCheckpoint struct {
 	// fast: the device memory the fast path moved out (nil: the driver
 	// takes it all); keepDir holds its copy until the commit (fastpath.go).
 	fast    *vram.FastSuspension
-	keepDir *vram.KeepDir
+	keepDir *scratch.Dir
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
 }

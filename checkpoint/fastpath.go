@@ -22,6 +22,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 )
@@ -45,7 +46,7 @@ type FastPath struct {
 	Files int
 	// KeepDir receives the copy of device memory kept until the commit,
 	// for an undo ("": a tmpfs of huge pages of its own where it can, else
-	// $TMPDIR; vram.NewKeepDir).
+	// $TMPDIR; package scratch).
 	KeepDir string
 }
 
@@ -67,9 +68,9 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 	if !ok {
 		return nil, nil
 	}
-	keep, err := vram.NewKeepDir(f.KeepDir, need)
+	keep, err := scratch.New(vram.PreloadDir(), f.KeepDir, "gpucr-vram-keep-", need)
 	if err != nil {
-		return nil, fmt.Errorf("fast path: %w", err)
+		return nil, fmt.Errorf("fast path: kept copy: %w", err)
 	}
 	if keep.Why != "" {
 		h.log(fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))

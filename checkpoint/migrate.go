@@ -27,8 +27,10 @@ import (
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // MigrateOptions are a migration's.
@@ -43,7 +45,8 @@ type MigrateOptions struct {
 	CRIU         CRIU
 	LeaveRunning bool
 	// KeepDir is where the image is kept until the receiver confirms the
-	// restore (empty: $TMPDIR); NoKeep keeps no copy.
+	// restore (empty: a tmpfs of huge pages of its own where it can, else
+	// $TMPDIR; package scratch); NoKeep keeps no copy.
 	KeepDir string
 	NoKeep  bool
 	CUDA    CUDA
@@ -75,6 +78,9 @@ type MigrateResult struct {
 	TotalSecs   float64 `json:"total_seconds"`
 	LeftRunning bool    `json:"left_running"`
 	KeptImage   string  `json:"kept_image,omitempty"`
+	// KeptInMemory: the local copy went on a tmpfs of its own (package
+	// scratch), not into --keep-dir or $TMPDIR.
+	KeptInMemory bool `json:"kept_in_memory,omitempty"`
 	// CUDA processes suspended for the dump, and their GPUs.
 	CUDAPIDs []int          `json:"cuda_pids,omitempty"`
 	GPUs     []manifest.GPU `json:"gpus,omitempty"`
@@ -90,9 +96,12 @@ type migration struct {
 	info   tcp.ReceiverInfo
 	output streamer.Output // out, or out and the local copy
 	keep   *os.File
-	man    *manifest.Manifest
-	gpuErr error // resuming the source's GPU state failed (LeaveRunning)
-	res    MigrateResult
+	// keepDir holds keep: a tmpfs of its own unless the user named one
+	// (package scratch).
+	keepDir *scratch.Dir
+	man     *manifest.Manifest
+	gpuErr  error // resuming the source's GPU state failed (LeaveRunning)
+	res     MigrateResult
 
 	start, dumpStart, dumped time.Time
 }
@@ -164,13 +173,20 @@ func (m *migration) openKeep() error {
 	if m.o.LeaveRunning || m.o.NoKeep {
 		return nil
 	}
-	dir := m.o.KeepDir
-	if dir == "" {
-		dir = os.TempDir()
-	}
-	keep, err := os.CreateTemp(dir, fmt.Sprintf("gpucr-migrate-%d-%s-*.stream", m.o.PID, m.out.Session()))
+	dir, err := scratch.New(vram.PreloadDir(), m.o.KeepDir, "gpucr-migrate-keep-", proc.DumpEstimate(m.tree))
 	if err != nil {
 		m.out.Cancel("sender could not create its local copy")
+		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)
+	}
+	m.keepDir = dir
+	m.res.KeptInMemory = dir.Mounted
+	if dir.Why != "" {
+		m.o.Hooks.log(fmt.Sprintf("migrate: the local copy goes into %s, not a tmpfs of huge pages of its own: %s", dir.Path, dir.Why))
+	}
+	keep, err := os.CreateTemp(dir.Path, fmt.Sprintf("gpucr-migrate-%d-%s-*.stream", m.o.PID, m.out.Session()))
+	if err != nil {
+		m.out.Cancel("sender could not create its local copy")
+		dir.Remove()
 		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)
 	}
 	m.keep = keep
@@ -192,12 +208,14 @@ func (m *migration) closeKeep() {
 	}
 }
 
-// dropKeep removes the local copy.
+// dropKeep removes the local copy, and its directory.
 func (m *migration) dropKeep() {
 	if m.keep != nil {
 		m.keep.Close()
-		os.Remove(m.keep.Name())
 		m.keep = nil
+		if err := m.keepDir.Remove(); err != nil {
+			m.o.Hooks.log(fmt.Sprintf("migrate: %v", err))
+		}
 	}
 }
 
@@ -331,6 +349,9 @@ func (m *migration) lost(err error) error {
 		return fmt.Errorf("migrate %d: %w; the source process is still here (--leave-running), but %w", pid, err, m.gpuErr)
 	case m.o.LeaveRunning:
 		return fmt.Errorf("migrate %d: %w; the source process is still running here (--leave-running)", pid, err)
+	case m.res.KeptImage != "" && m.keepDir.Mounted:
+		return fmt.Errorf("migrate %d: %w; the source process is gone, its image is kept at %s: restore it with `gpucr-stream restore --from %s` (it is in memory, on a tmpfs mounted at %s: restore it or copy it to disk before the host restarts; `umount %s` once done)",
+			pid, err, m.res.KeptImage, m.res.KeptImage, m.keepDir.Path, m.keepDir.Path)
 	case m.res.KeptImage != "":
 		return fmt.Errorf("migrate %d: %w; the source process is gone, its image is kept at %s: restore it with `gpucr-stream restore --from %s`", pid, err, m.res.KeptImage, m.res.KeptImage)
 	}

@@ -106,7 +106,7 @@ func TestFastPathMigrate(t *testing.T) {
 	restoreKept := func(t *testing.T, migErr error, keep string, pid int, tdir, name string) {
 		t.Helper()
 		kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(migErr.Error())
-		if kept == nil || filepath.Dir(kept[1]) != keep {
+		if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
 			t.Fatalf("migrate does not name the kept image in %s: %v", keep, migErr)
 		}
 		out, err := e.gcsRun(ctx, "restore", "--from", kept[1], "--criu", e.criu, "--work-dir", filepath.Join(e.dir, "w-restore-"+name), "--json", "--no-progress")

@@ -262,7 +262,7 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), e.sockDir) {
 		t.Fatalf("a mount left under %s after the commit:\n%s", e.sockDir, mi)
 	}
-	if ents, _ := filepath.Glob(filepath.Join(e.sockDir, "vram-keep-*")); len(ents) != 0 {
+	if ents, _ := filepath.Glob(filepath.Join(e.sockDir, "gpucr-vram-keep-*")); len(ents) != 0 {
 		t.Fatalf("kept copy's directory left after the commit: %v", ents)
 	}
 	var ck phases

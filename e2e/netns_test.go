@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -104,6 +105,7 @@ type migrateJSON struct {
 	DowntimeSecs float64 `json:"downtime_seconds"`
 	DowntimeTo   string  `json:"downtime_to"`
 	KeptImage    string  `json:"kept_image"`
+	KeptInMemory bool    `json:"kept_in_memory"`
 	Phases       []struct {
 		Name string  `json:"name"`
 		Secs float64 `json:"seconds"`
@@ -162,12 +164,15 @@ func onlyKeptCRIULogs(t *testing.T, dir, errText string) {
 // TestMigrateNetns moves the target from namespace A to namespace B over
 // two TLS streams with real CRIU on both sides; it carries on intact in B.
 func TestMigrateNetns(t *testing.T) {
+	// The sender keeps its copy where it does by default: on a tmpfs of
+	// its own (as root), mounted under the library's directory.
+	run := t.TempDir()
+	t.Setenv("GPUCR_PRELOAD_DIR", run)
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 96)
-	keep := mkdir(t, filepath.Join(e.dir, "keep"))
 	var rout, mout bytes.Buffer
 	recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--json")
-	m := e.migrate(tg, &mout, "--streams", "2", "--json", "--keep-dir", keep)
+	m := e.migrate(tg, &mout, "--streams", "2", "--json")
 	if err := m.wait(e.ctx); err != nil {
 		t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
 	}
@@ -194,7 +199,13 @@ func TestMigrateNetns(t *testing.T) {
 	if in, err := NetnsOf(tg.PID(), e.net.B); err != nil || !in {
 		t.Errorf("restored target is not in namespace %s: %v", e.net.B, err)
 	}
-	emptyDir(t, keep) // confirmed: the sender's copy is gone
+	if !res.KeptInMemory && os.Geteuid() == 0 {
+		t.Errorf("the sender's copy was not on a tmpfs of its own: %+v", res)
+	}
+	emptyDir(t, run) // confirmed: the sender's copy is gone, and its tmpfs
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), run) {
+		t.Errorf("a mount left under %s after the migration:\n%s", run, mi)
+	}
 	provenRestore(e.ctx, t, tg, before)
 	t.Logf("downtime %.2fs, %d MiB raw, %d MiB on the wire; phases %+v", res.DowntimeSecs, res.RawBytes>>20, res.WireBytes>>20, res.Phases)
 }
@@ -475,42 +486,12 @@ func TestMigrateRefusals(t *testing.T) {
 // from which the process is restored here; with --leave-running the source
 // simply runs on.
 func TestMigrateRestoreFails(t *testing.T) {
-	t.Run("image-kept", func(t *testing.T) {
-		e := newMigrateEnv(t)
-		tg, before := e.startTarget("target", 64)
-		keep := mkdir(t, filepath.Join(e.dir, "keep"))
-		falseBin, err := exec.LookPath("false")
-		if err != nil {
-			t.Fatal(err)
-		}
-		recv := e.startReceiver(nil, "--restore", "--criu", falseBin)
-		m := e.migrate(tg, io.Discard, "--keep-dir", keep)
-		err = m.wait(e.ctx)
-		if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
-			t.Fatalf("migrate to a failing restore: %v", err)
-		}
-		if rerr := recv.wait(e.ctx); rerr == nil {
-			t.Fatal("receiver succeeded with a failing criu")
-		}
-		kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
-		if kept == nil || filepath.Dir(kept[1]) != keep {
-			t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
-		}
-		if err := tg.WaitGone(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		var out []byte
-		InNetns(t, e.net.A, func() {
-			out, err = exec.CommandContext(e.ctx, e.bin, "restore", "--from", kept[1], "--criu", e.criu).Output()
-		})
-		if err != nil {
-			t.Fatalf("restore from the kept image: %v", err)
-		}
-		if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
-			t.Fatalf("restore from the kept image printed %q", out)
-		}
-		provenRestore(e.ctx, t, tg, before)
-	})
+	// The image kept: in the directory given, and by default on a tmpfs of
+	// its own (as root), which stays mounted with the image until the user
+	// is done with it.
+	for _, given := range []bool{true, false} {
+		t.Run(map[bool]string{true: "image-kept", false: "image-kept-default"}[given], func(t *testing.T) { migrateImageKept(t, given) })
+	}
 	t.Run("leave-running", func(t *testing.T) {
 		e := newMigrateEnv(t)
 		tg, before := e.startTarget("target", 64)
@@ -532,6 +513,62 @@ func TestMigrateRestoreFails(t *testing.T) {
 			t.Fatalf("source after migrate --leave-running: %v", err)
 		}
 	})
+}
+
+// migrateImageKept migrates to a receiver whose restore fails: the source
+// is gone, the image kept (in --keep-dir when given, else on a tmpfs of
+// its own), and a restore from it brings the process back.
+func migrateImageKept(t *testing.T, given bool) {
+	run := t.TempDir()
+	t.Setenv("GPUCR_PRELOAD_DIR", run)
+	e := newMigrateEnv(t)
+	tg, before := e.startTarget("target", 64)
+	keep := mkdir(t, filepath.Join(e.dir, "keep"))
+	keepArgs := []string{"--keep-dir", keep}
+	if !given {
+		keep, keepArgs = run, nil
+	}
+	falseBin, err := exec.LookPath("false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := e.startReceiver(nil, "--restore", "--criu", falseBin)
+	m := e.migrate(tg, io.Discard, keepArgs...)
+	err = m.wait(e.ctx)
+	if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
+		t.Fatalf("migrate to a failing restore: %v", err)
+	}
+	if rerr := recv.wait(e.ctx); rerr == nil {
+		t.Fatal("receiver succeeded with a failing criu")
+	}
+	kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
+	if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
+		t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
+	}
+	if err := tg.WaitGone(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	InNetns(t, e.net.A, func() {
+		out, err = exec.CommandContext(e.ctx, e.bin, "restore", "--from", kept[1], "--criu", e.criu).Output()
+	})
+	if err != nil {
+		t.Fatalf("restore from the kept image: %v", err)
+	}
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
+		t.Fatalf("restore from the kept image printed %q", out)
+	}
+	provenRestore(e.ctx, t, tg, before)
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	dir := filepath.Dir(kept[1])
+	if mounted := strings.Contains(string(mi), " "+dir+" "); mounted != !given {
+		t.Fatalf("kept image's directory %s mounted: %v, want %v", dir, mounted, !given)
+	}
+	if !given {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestCaptureToTCP: the criu-image-streamer form over the network. The

@@ -186,7 +186,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.listen, "listen", "", "receive: HOST:PORT to accept one checkpoint on")
 	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
 	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
-	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default $TMPDIR; none: keep no copy)")
+	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR; none: keep no copy)")
 	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	// criu-image-streamer's short options share the long ones' values.
 	for short, long := range shortFlags {

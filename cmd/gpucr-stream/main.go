@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -59,8 +60,14 @@ func exitCode(err error, interrupted bool) int {
 	return exitFailure
 }
 func main() {
-	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis.
-	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
+	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis;
+	// %c in FILE is the command (two of them at once, a sender and a
+	// receiver, need two files). Not for run: the profiler's SIGPROF timer
+	// would survive its exec and kill the program.
+	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" && (len(os.Args) < 2 || os.Args[1] != "run") {
+		if len(os.Args) > 1 {
+			p = strings.ReplaceAll(p, "%c", filepath.Base(os.Args[1]))
+		}
 		if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
 			code := realMain()
 			pprof.StopCPUProfile()

@@ -97,7 +97,7 @@
 # beyond its memory limit until the restore; empty: its default, $TMPDIR),
 # MIGRATE_STREAMS (migrate rounds: --streams of migrate; empty: its default),
 # MIGRATE_KEEP_DIR (migrate rounds: the sender's local copy goes into a
-# directory made in it, e.g. /dev/shm; empty: under WORK),
+# directory made in it, e.g. /dev/shm; empty: under WORK; none: no copy),
 # HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
 # (nccl: device memory of each rank, 1024).
 set -u -o pipefail
@@ -844,6 +844,7 @@ stop_receiver() {
 # with the library and the migration must take the fast path.
 round_migrate() {
 	local fast=${1:-} tok=$WORK/token w=$WORK/w w2=$WORK/w2 keep=${MIGRATE_KEEP_DIR:-$WORK}/gpucr-migrate-keep port t0 tm mrc=0 rrc
+	[ "$MIGRATE_KEEP_DIR" = none ] && keep=$WORK/gpucr-migrate-keep
 	local mj=$WORK/logs/$ROUND-migrate.json me=$WORK/logs/$ROUND-migrate.err
 	local rj=$WORK/logs/$ROUND-receive.json re=$WORK/logs/$ROUND-receive.err
 	rm -rf "$w" "$w2" "$keep" "$tok"
@@ -880,7 +881,7 @@ round_migrate() {
 	log "$ROUND: receiver $RECV_PID: $(grep -m1 "receive: listening on" "$re")"
 	t0=$(now)
 	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
-		--keep-dir "$keep" --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
+		--keep-dir "$([ "$MIGRATE_KEEP_DIR" = none ] && echo none || echo "$keep")" --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
 	tm=$(since "$t0")
 	# Once migrate has its report, the receiver is about done; after a
 	# failed migrate it may still wait for a sender.

@@ -1,4 +1,4 @@
-package vram
+package scratch
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,13 +28,13 @@ func mountOptions(t *testing.T, dir string) (string, bool) {
 	return "", false
 }
 
-func TestKeepDir(t *testing.T) {
-	t.Setenv("GPUCR_PRELOAD_DIR", t.TempDir())
+func TestNew(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "run")
 	t.Setenv("TMPDIR", t.TempDir())
 	refuse := func(string, int64) error { return unix.EPERM }
-	avail, err := memAvailable()
-	if err != nil || avail <= 0 {
-		t.Fatalf("memAvailable: %d %v", avail, err)
+	avail := proc.AvailableMemory()
+	if avail <= 0 {
+		t.Fatal("no MemAvailable")
 	}
 	for _, tc := range []struct {
 		name    string
@@ -51,11 +52,11 @@ func TestKeepDir(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.refuse {
-				old := mountKeep
-				mountKeep = refuse
-				defer func() { mountKeep = old }()
+				old := mount
+				mount = refuse
+				defer func() { mount = old }()
 			}
-			k, err := NewKeepDir(tc.base, tc.need)
+			k, err := New(root, tc.base, "gpucr-test-", tc.need)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,8 +67,8 @@ func TestKeepDir(t *testing.T) {
 					t.Fatalf("%+v, want a dir in %s as it is", k, tc.base)
 				}
 			case tc.mounted:
-				if parent != PreloadDir() || !k.Mounted {
-					t.Fatalf("%+v, want a tmpfs of its own under %s", k, PreloadDir())
+				if parent != root || !k.Mounted {
+					t.Fatalf("%+v, want a tmpfs of its own under %s", k, root)
 				}
 				opts, ok := mountOptions(t, k.Path)
 				if !ok || !strings.HasPrefix(opts, "tmpfs ") || !strings.Contains(opts, "huge=always") {
@@ -77,8 +78,8 @@ func TestKeepDir(t *testing.T) {
 				if parent != os.Getenv("TMPDIR") || k.Mounted || !strings.Contains(k.Why, tc.why) {
 					t.Fatalf("%+v, want a dir in $TMPDIR and why %q", k, tc.why)
 				}
-				if ents, _ := os.ReadDir(PreloadDir()); len(ents) != 0 {
-					t.Fatalf("%d entries left in %s after the fallback", len(ents), PreloadDir())
+				if ents, _ := os.ReadDir(root); len(ents) != 0 {
+					t.Fatalf("%d entries left in %s after the fallback", len(ents), root)
 				}
 			}
 			if err := os.WriteFile(filepath.Join(k.Path, "vram-1-00.bin"), make([]byte, 3<<20), 0o600); err != nil {
