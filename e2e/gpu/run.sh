@@ -97,7 +97,8 @@
 # beyond its memory limit until the restore; empty: its default, $TMPDIR),
 # MIGRATE_STREAMS (migrate rounds: --streams of migrate; empty: its default),
 # MIGRATE_KEEP_DIR (migrate rounds: the sender's local copy goes into a
-# directory made in it, e.g. /dev/shm; empty: under WORK; none: no copy),
+# directory made in it, e.g. /dev/shm; empty: gpucr-stream's default, a
+# tmpfs of huge pages of its own; none: no copy),
 # HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
 # (nccl: device memory of each rank, 1024).
 set -u -o pipefail
@@ -881,7 +882,7 @@ round_migrate() {
 	log "$ROUND: receiver $RECV_PID: $(grep -m1 "receive: listening on" "$re")"
 	t0=$(now)
 	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
-		--keep-dir "$([ "$MIGRATE_KEEP_DIR" = none ] && echo none || echo "$keep")" --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
+		${MIGRATE_KEEP_DIR:+--keep-dir "$([ "$MIGRATE_KEEP_DIR" = none ] && echo none || echo "$keep")"} --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
 	tm=$(since "$t0")
 	# Once migrate has its report, the receiver is about done; after a
 	# failed migrate it may still wait for a sender.
