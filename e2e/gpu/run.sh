@@ -35,6 +35,9 @@
 #   fastsuspend
 #              gpucr-stream gpu suspend --to ARCHIVE (the process stays alive
 #              with no device memory), then gpu resume --from ARCHIVE
+#   fastfault  faults after the fast path's release, one target: a failed
+#              store, CRIU refusing its options, gpucr-stream killed after
+#              the release; after each the target must run on intact
 #   probe      e2e/gpu/quiesce_probe.py with the default allocator and with
 #              expandable segments (the quiescence order, step by step)
 #   migrate    live migration on this host over loopback: gpucr-stream
@@ -351,7 +354,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | migratefast | remapfast | spanfast | spanswapfast) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	esac
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}")
@@ -763,6 +766,56 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
 	$ok
 }
 
+# round_fault: faults after the fast path released the device memory, on
+# one target: the store into the checkpoint fails (GPUCR_TEST_FAULT=store),
+# CRIU refuses its options after the driver's checkpoint, and gpucr-stream
+# is killed (SIGKILL) right after the release (GPUCR_TEST_PAUSE), leaving
+# the library to refill on its own. After each the target must run on
+# with every tensor intact.
+round_fault() {
+	local ar=$WORK/ar-$ROUND t0 step rc notes=() ok=true
+	local args=(checkpoint --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --criu "$CRIU" --work-dir "$WORK/w" --json --no-progress)
+	for step in store criu kill; do
+		rm -rf "$ar" "$WORK/w" "$WORK/paused"
+		t0=$(now)
+		rc=0
+		case $step in
+		store) GPUCR_TEST_FAULT=store "$GCS" "${args[@]}" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
+		criu) "$GCS" "${args[@]}" --criu-opts --no-such-criu-option >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
+		kill)
+			GPUCR_TEST_PAUSE=released:$WORK/paused "$GCS" "${args[@]}" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" &
+			local gp=$! i=0
+			while [ ! -e "$WORK/paused" ] && kill -0 "$gp" 2>/dev/null && [ $i -lt 600 ]; do
+				sleep 0.1
+				i=$((i + 1))
+			done
+			kill -KILL "$gp" 2>/dev/null
+			wait "$gp" 2>/dev/null || rc=$?
+			[ -e "$WORK/paused" ] || rc=0 # it never paused: a failure below
+			;;
+		esac
+		local tf
+		tf=$(since "$t0")
+		log "$ROUND: $step: exit $rc after ${tf}s: $(tail -c 600 "$WORK/logs/$ROUND-$step.err")"
+		local before=$COUNTER sok=true
+		if [ $rc -eq 0 ]; then
+			notes+=("$step: the checkpoint did not fail")
+			sok=false
+		fi
+		if ! prove "after-$step" || [ "$COUNTER" -le "$before" ]; then
+			notes+=("$step: the target did not run on intact")
+			sok=false
+		fi
+		$sok && notes+=("$step: failed after ${tf}s, the target ran on intact") || ok=false
+	done
+	emit "$(python3 -c '
+import json, sys
+print(json.dumps({"round": sys.argv[1], "ok": sys.argv[2] == "true", "note": sys.argv[3]}))
+' "$ROUND" "$ok" "$(IFS=';'; echo "${notes[*]}")")"
+	rm -rf "$ar"
+	$ok
+}
+
 # round_suspend: gpu suspend --to an archive (device memory out, released,
 # then the driver's lock + checkpoint), the device memory the process holds
 # meanwhile, gpu resume --from it; the target proves itself after.
@@ -1096,6 +1149,7 @@ while [ $# -gt 0 ]; do
 	fastleave) round_gcs "$FAST_CODEC" leave ;;
 	fasttree) round_gcs "$FAST_CODEC" ;;
 	fastsuspend) round_suspend ;;
+	fastfault) round_fault ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
