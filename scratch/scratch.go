@@ -17,7 +17,9 @@
 // the copy goes into $TMPDIR. A directory the user names is used as it is.
 // A copy that must outlive the process that made it (a gpucr-stream killed
 // meanwhile; a migration whose receiver failed) stays in its mount; Remove
-// takes both away.
+// takes both away. Mounts that such a run left behind, once emptied (the
+// library refilled from the kept copy and removed it; the user removed a
+// kept image) and untouched for a while, are unmounted by the next New.
 package scratch
 
 import (
@@ -26,6 +28,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/proc"
 	"golang.org/x/sys/unix"
@@ -84,6 +88,7 @@ func mounted(root, prefix string, need int64) (*Dir, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
+	sweep(root, prefix)
 	d, err := os.MkdirTemp(root, prefix)
 	if err != nil {
 		return nil, err
@@ -125,4 +130,38 @@ func (d *Dir) Remove() error {
 		return fmt.Errorf("remove %s: %w", d.Path, err)
 	}
 	return nil
+}
+
+// staleAfter is how long an empty mount must have been untouched before
+// sweep takes it: a run that just mounted its own creates its files at once.
+var staleAfter = 10 * time.Minute
+
+// sweep unmounts and removes what runs killed before their Remove left
+// under root: directories named prefix* that are mount points, empty, and
+// untouched for staleAfter. Anything else is left alone.
+func sweep(root, prefix string) {
+	var rst unix.Stat_t
+	if unix.Stat(root, &rst) != nil {
+		return
+	}
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(root, e.Name())
+		var st unix.Stat_t
+		if unix.Stat(p, &st) != nil || st.Dev == rst.Dev { // not a mount point
+			continue
+		}
+		if time.Since(time.Unix(st.Mtim.Unix())) < staleAfter {
+			continue
+		}
+		if sub, err := os.ReadDir(p); err != nil || len(sub) != 0 {
+			continue
+		}
+		if unix.Unmount(p, unix.MNT_DETACH) == nil {
+			os.Remove(p)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/proc"
 	"golang.org/x/sys/unix"
@@ -95,5 +96,57 @@ func TestNew(t *testing.T) {
 				t.Fatalf("%s still mounted after Remove", k.Path)
 			}
 		})
+	}
+}
+
+// TestSweep: a mount a killed run left, emptied and old, goes at the next
+// New; one just made, one still holding a copy, and a directory that is no
+// mount stay.
+func TestSweep(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI runs the tests as root: mounting a tmpfs needs it")
+		}
+		t.Skip("mounting a tmpfs needs root")
+	}
+	root := filepath.Join(t.TempDir(), "run")
+	mk := func() *Dir {
+		d, err := New(root, "", "gpucr-test-", 1<<20)
+		if err != nil || !d.Mounted {
+			t.Fatalf("New: %+v %v", d, err)
+		}
+		return d
+	}
+	old := time.Now().Add(-time.Hour)
+	stale, fresh, full := mk(), mk(), mk()
+	defer fresh.Remove()
+	defer full.Remove()
+	if err := os.WriteFile(filepath.Join(full.Path, "kept"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(root, "gpucr-test-plain")
+	if err := os.Mkdir(plain, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{stale.Path, full.Path, plain} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := mk()
+	defer next.Remove()
+	if _, ok := mountOptions(t, stale.Path); ok {
+		t.Fatalf("stale empty mount %s not swept", stale.Path)
+	}
+	if _, err := os.Stat(stale.Path); !os.IsNotExist(err) {
+		t.Fatalf("stale mount's directory %s: %v, want removed", stale.Path, err)
+	}
+	for _, p := range []string{fresh.Path, full.Path} {
+		if _, ok := mountOptions(t, p); !ok {
+			t.Fatalf("%s swept, want kept", p)
+		}
+	}
+	if _, err := os.Stat(plain); err != nil {
+		t.Fatalf("a directory that is no mount was touched: %v", err)
 	}
 }
