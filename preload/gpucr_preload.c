@@ -27,9 +27,10 @@
  *
  * 3. A control thread on a unix socket (GPUCR_PRELOAD_DIR, default
  *    /run/gpucr-stream, mode 0700; preload-PID.sock, mode 0600, peers of
- *    our uid or root only) that answers gpucr-stream: report, park, copyout
- *    (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark. The data
- *    format of copyout/copyin is in docs/PRODUCERS.md ("VRAM files").
+ *    our uid or root only) that answers gpucr-stream: report, stage, park,
+ *    copyout (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark. The
+ *    data format of copyout/copyin is in docs/PRODUCERS.md ("VRAM files");
+ *    a copy answers with where its time went.
  *
  * Quiescence: the gate, and the order with respect to the driver's lock.
  *
@@ -59,7 +60,8 @@
  * capability checks above.
  *
  * Order (gpucr-stream's side is vram/fastpath.go):
- *   checkpoint: park (gate closed, in-flight calls drained, contexts synced)
+ *   checkpoint: stage (the copy threads' pinned buffers, the program still
+ *     running) -> park (gate closed, in-flight calls drained, contexts synced)
  *     -> copyout (into the kept copy: regular files gpucr-stream created;
  *     only write(2), so a short write or ENOSPC fails the job, and nothing
  *     blocks on a reader) -> keep -> release (unmap + release physical
@@ -1122,7 +1124,7 @@ struct job {
 	 * the workers the time blocked on the device and in read/write. */
 	double setup, work, teardown;
 	atomic_llong wait_ns, io_ns;
-	atomic_int staged;
+	atomic_int nstaged; /* workers that took staged buffers */
 };
 struct worker {
 	struct job *j;
@@ -1130,14 +1132,6 @@ struct worker {
 	pthread_t t;
 };
 
-/* Staged copy buffers. `stage N` allocates the pinned buffers and streams of
- * N copy workers while the program still runs, so that the copy out after
- * park does not wait for the driver to pin a gigabyte (worker i takes slot
- * i). Whatever a job leaves is freed at its end, and a stage no copy took
- * at unpark or when the connection ends: pinned host memory must not be
- * there at the driver's checkpoint, which would carry it into the dump.
- * Only the control thread stages and frees; workers take their slot while
- * it waits for them. */
 /* What a command answers with besides ok: a copy's bytes and where its
  * time went (seconds; wait and io are summed over the workers). */
 struct stats {
@@ -1155,6 +1149,14 @@ static double mono(void)
 
 static size_t buf_size(void);
 
+/* Staged copy buffers. `stage N` allocates the pinned buffers and streams of
+ * N copy workers while the program still runs, so that the copy out after
+ * park does not wait for the driver to pin a gigabyte (worker i takes slot
+ * i). Whatever a job leaves is freed at its end, and a stage no copy took
+ * at unpark or when the connection ends: pinned host memory must not be
+ * there at the driver's checkpoint, which would carry it into the dump.
+ * Only the control thread stages and frees; workers take their slot while
+ * it waits for them. */
 struct stage {
 	void *buf[2];
 	int mapped[2]; /* our own mapping, registered; else cuMemHostAlloc's */
@@ -1293,7 +1295,6 @@ static int cmd_stage(int k, char *err, size_t n, struct stats *st)
 	st->setup = mono() - t0;
 	return 0;
 }
-
 
 static void job_time(struct job *j, double *max, double d)
 {
@@ -1474,7 +1475,7 @@ static void *worker_main(void *arg)
 	if (staged[w->idx].buf[0] && staged[w->idx].size == j->buf) {
 		sg = staged[w->idx];
 		memset(&staged[w->idx], 0, sizeof sg);
-		atomic_fetch_add(&j->staged, 1);
+		atomic_fetch_add(&j->nstaged, 1);
 	} else if ((r = stage_alloc(&sg, j->buf)) != CUDA_SUCCESS) {
 		job_fail(j, "pinned buffers of %zu bytes and their streams: CUresult %d", j->buf, r);
 		goto out;
@@ -1568,7 +1569,7 @@ static int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stat
 	free((void *)j.seen);
 	unstage_all();
 	*st = (struct stats){atomic_load(&j.bytes), j.setup, j.work, j.teardown, atomic_load(&j.wait_ns) / 1e9,
-			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.staged)};
+			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged)};
 	if (atomic_load(&j.failed)) {
 		snprintf(err, n, "%s", j.err);
 		return -1;
