@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -313,10 +314,14 @@ func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (rep Re
 	}
 	switch {
 	case serveErr != nil && criuErr == nil:
+		// The whole tree: a child of a detached restore would live on
+		// without its root.
 		if rep.PID > 0 {
-			syscall.Kill(rep.PID, syscall.SIGKILL)
+			if err := proc.KillTree(rep.PID); err != nil {
+				return rep, fmt.Errorf("serving failed: %w; killing the restored tree of %d failed: %v", serveErr, rep.PID, err)
+			}
 		}
-		return rep, fmt.Errorf("serving failed, restored process %d killed: %w", rep.PID, serveErr)
+		return rep, fmt.Errorf("serving failed, restored tree of process %d killed: %w", rep.PID, serveErr)
 	case criuErr != nil && serveErr != nil && !errors.Is(serveErr, context.Canceled):
 		return rep, fmt.Errorf("criu restore: %w; serve: %w", criuErr, serveErr)
 	case criuErr != nil:

@@ -2,17 +2,21 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
 )
@@ -267,5 +271,63 @@ func TestProducerFailureKeepsProcess(t *testing.T) {
 	}
 	if err := after.Check(before); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRestoreFailureKillsTree: serving fails after CRIU restored the tree
+// (a producer that pulls aborts): the restore fails, says the restored tree
+// was killed, and nothing of it runs on. (This target's child also exits
+// on its own once its parent is gone; proc's tests prove that KillTree
+// takes children that would not.)
+func TestRestoreFailureKillsTree(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tg, _ := startedTarget(ctx, t, dir, 32)
+	archive := filepath.Join(dir, "archive")
+	if r := gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive, "--work-dir", mkdir(t, filepath.Join(dir, "w"))); r.code != 0 {
+		t.Fatalf("checkpoint: exit %d: %s", r.code, r.stderr)
+	}
+	if err := tg.WaitGone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	work := mkdir(t, filepath.Join(dir, "w2"))
+	rs := startGCS(ctx, t, gcsOpts{}, "restore", "--from", archive, "--work-dir", work, "--producers", "1")
+	// CRIU needs no producer: it restores the tree while serving waits, and
+	// writes its pidfile as it exits.
+	waitForFile(ctx, t, filepath.Join(work, "restored.pid"))
+	waitRunning(ctx, t, tg.PID(), tg.ChildPID())
+	time.Sleep(500 * time.Millisecond)
+	cl, err := capture.DialPull(ctx, filepath.Join(work, "img"), "failing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Abort()
+	if err := rs.wait(ctx); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("restore with a failing producer: %v, want the restored tree killed", err)
+	}
+	mustBeGone(ctx, t, tg)
+}
+
+// waitRunning waits until every pid runs, untraced (CRIU let go of it).
+func waitRunning(ctx context.Context, t testing.TB, pids ...int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		up := 0
+		for _, p := range pids {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err == nil && tracerPID(p) == 0 {
+				up++
+			}
+		}
+		if up == len(pids) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("pids %v not running after a minute", pids)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
