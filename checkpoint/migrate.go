@@ -116,7 +116,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, err
 	}
 	defer m.out.Close()
-	if err := m.openKeep(); err != nil {
+	if err := m.openKeep(ctx); err != nil {
 		return nil, err
 	}
 	defer m.closeKeep()
@@ -169,11 +169,11 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 // copy of the image stays here until the receiver confirms the restore,
 // so that whatever happens there after the source is killed, the process
 // is not lost.
-func (m *migration) openKeep() error {
+func (m *migration) openKeep(ctx context.Context) error {
 	if m.o.LeaveRunning || m.o.NoKeep {
 		return nil
 	}
-	dir, err := scratch.New(vram.PreloadDir(), m.o.KeepDir, "gpucr-migrate-keep-", proc.DumpEstimate(m.tree))
+	dir, err := scratch.New(vram.PreloadDir(), m.o.KeepDir, "gpucr-migrate-keep-", m.keepEstimate(ctx))
 	if err != nil {
 		m.out.Cancel("sender could not create its local copy")
 		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)
@@ -199,6 +199,21 @@ func (m *migration) openKeep() error {
 	}
 	m.output = streamer.TeeOutput{Primary: m.out, Copy: keepOut}
 	return nil
+}
+
+// keepEstimate is the memory the local copy may need beside what is there
+// now: the tree's host memory and twice its device memory (the copy holds
+// it, and on the fast path the kept copy of it sits in memory until the
+// commit too). Unknown device memory counts as none.
+func (m *migration) keepEstimate(ctx context.Context) int64 {
+	n := proc.DumpEstimate(m.tree)
+	if m.cc != nil {
+		gpus, _ := vram.GPUs(ctx, m.cc.pids)
+		for _, g := range gpus {
+			n += 2 * g.Bytes
+		}
+	}
+	return n
 }
 
 // closeKeep closes the local copy's file, which stays.
