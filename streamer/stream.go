@@ -54,6 +54,7 @@ type StreamSource struct {
 	// that can run at once buy nothing.
 	spillMax int
 	cleanup  []string
+	closed   bool // Close ran
 	// extracted are the files written into extractDir so far.
 	extracted []string
 	// shardBytes is each shard\'s stream bytes read, known once it ended.
@@ -766,6 +767,12 @@ func (s *StreamSource) Close() error {
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Once: a second release would free the page buffers again, and the
+	// addresses may belong to new mappings by then.
+	if s.closed {
+		return nil
+	}
+	s.closed = true
 	for _, f := range s.complete {
 		s.releaseLocked(f)
 	}

@@ -52,12 +52,7 @@ func TestStreamSpillFiles(t *testing.T) {
 	dir := t.TempDir()
 	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"},
 		StreamOptions{Options: Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
-	closed := false
-	defer func() {
-		if !closed { // Close twice would free the page buffers twice
-			src.Close()
-		}
-	}()
+	defer src.Close() // a second Close does nothing (TestStreamSourceCloseTwice)
 	if err := src.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +93,36 @@ func TestStreamSpillFiles(t *testing.T) {
 		}
 	}
 
-	closed = true
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if n := spillFDs(t, dir); n != 0 {
 		t.Fatalf("%d spill files still open after Close", n)
+	}
+}
+
+// TestStreamSourceCloseTwice: a second Close releases nothing again (it
+// would free page buffers twice and count the memory they held twice).
+func TestStreamSourceCloseTwice(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const chunk = minSpliceChunk
+	files := map[string][]byte{"pages-1.img": mixedData(4*chunk, 21), "inventory.img": smallData(3000, 2)}
+	var buf bytes.Buffer
+	out, err := NewStreamOutput([]io.Writer{&buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2}, files)
+	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: Options{Workers: 2}})
+	checkSource(t, ctx, "held", src, files)
+	for i := 0; i < 2; i++ {
+		if err := src.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if src.memUsed != 0 || src.metaUsed != 0 || len(src.retired) != 0 {
+			t.Fatalf("after Close #%d: %d bytes of chunks and %d of metadata counted, %d buffers retired; want none",
+				i+1, src.memUsed, src.metaUsed, len(src.retired))
+		}
 	}
 }
