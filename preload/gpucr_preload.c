@@ -457,15 +457,26 @@ static struct ent *find_by_real(void *p);
 		gate_leave();                                   \
 		return r;                                       \
 	}
-#define G1(n) GATED_N(n, (U a), (a))
-#define G2(n) GATED_N(n, (U a, U b), (a, b))
-#define G3(n) GATED_N(n, (U a, U b, U c), (a, b, c))
-#define G4(n) GATED_N(n, (U a, U b, U c, U d), (a, b, c, d))
-#define G5(n) GATED_N(n, (U a, U b, U c, U d, U e), (a, b, c, d, e))
-#define G6(n) GATED_N(n, (U a, U b, U c, U d, U e, U f), (a, b, c, d, e, f))
-#define G9(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i), (a, b, c, d, e, f, g, h, i))
-#define G10(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j), (a, b, c, d, e, f, g, h, i, j))
-#define G11(n) GATED_N(n, (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j, U k), (a, b, c, d, e, f, g, h, i, j, k))
+/* The argument lists of the wrappers, by count (every argument is integer
+ * class, so U carries any of them). */
+#define ARGS1 (U a)
+#define ARGS2 (U a, U b)
+#define ARGS3 (U a, U b, U c)
+#define ARGS4 (U a, U b, U c, U d)
+#define ARGS5 (U a, U b, U c, U d, U e)
+#define ARGS6 (U a, U b, U c, U d, U e, U f)
+#define ARGS9 (U a, U b, U c, U d, U e, U f, U g, U h, U i)
+#define ARGS10 (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j)
+#define ARGS11 (U a, U b, U c, U d, U e, U f, U g, U h, U i, U j, U k)
+#define CALL1 (a)
+#define CALL2 (a, b)
+#define CALL3 (a, b, c)
+#define CALL4 (a, b, c, d)
+#define CALL5 (a, b, c, d, e)
+#define CALL6 (a, b, c, d, e, f)
+#define CALL9 (a, b, c, d, e, f, g, h, i)
+#define CALL10 (a, b, c, d, e, f, g, h, i, j)
+#define CALL11 (a, b, c, d, e, f, g, h, i, j, k)
 
 /* The work-submitting entry points, by argument count. */
 #define GATED_LIST(X)                                                                                   \
@@ -493,7 +504,7 @@ static struct ent *find_by_real(void *p);
 	X(4, cuStreamWriteValue32_v2_ptsz) X(4, cuStreamWriteValue64_v2_ptsz) X(4, cuStreamBatchMemOp_v2_ptsz) \
 	X(9, cuMemcpyBatchAsync) X(9, cuMemcpyBatchAsync_ptsz) X(5, cuMemcpy3DBatchAsync) X(5, cuMemcpy3DBatchAsync_ptsz)
 
-#define DEF_GATED(n, name) G##n(name)
+#define DEF_GATED(n, name) GATED_N(name, ARGS##n, CALL##n)
 GATED_LIST(DEF_GATED)
 
 /* Entry points whose memory this library cannot recreate: passed through,
@@ -519,13 +530,7 @@ GATED_LIST(DEF_GATED)
 	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemExportToShareableHandle)         \
 	X(3, cuMemImportFromShareableHandle) X(2, cuMemPoolCreate) X(2, cuArrayCreate_v2)                      \
 	X(2, cuArray3DCreate_v2) X(3, cuMipmappedArrayCreate)
-#define DEF_INCAP(n, name) INCAPABLE_N(name, GARGS##n, GCALL##n)
-#define GARGS2 (U a, U b)
-#define GARGS3 (U a, U b, U c)
-#define GARGS4 (U a, U b, U c, U d)
-#define GCALL2 (a, b)
-#define GCALL3 (a, b, c)
-#define GCALL4 (a, b, c, d)
+#define DEF_INCAP(n, name) INCAPABLE_N(name, ARGS##n, CALL##n)
 INCAPABLE_LIST(DEF_INCAP)
 
 static size_t granularity(const CUmemAllocationProp *p)
