@@ -74,7 +74,9 @@ type cudaCheckpoint struct {
 	drv  vram.Driver
 	pids []int
 	gpus []vram.GPUInfo
-	sus  *vram.Suspension
+	// queried: gpus holds nvidia-smi's answer (gpuInfo asks once).
+	queried bool
+	sus     *vram.Suspension
 	// fast: the device memory the fast path moved out (nil: the driver
 	// takes it all); keepDir holds its copy until the commit (fastpath.go).
 	fast    *vram.FastSuspension
@@ -159,9 +161,23 @@ func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest
 	}
 	// Ask nvidia-smi while the processes still hold the GPU.
 	q := time.Now()
-	cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+	cc.gpuInfo(ctx)
 	meta.GPUs = cc.manifestGPUs()
 	return []Phase{{"gpu query (nvidia-smi)", time.Since(q).Seconds()}}
+}
+
+// gpuInfo is which GPUs cc's processes use and the memory each holds
+// there, asked of nvidia-smi once (a migration asks before it opens its
+// local copy, the dump again later); nil-safe, nil when it cannot tell.
+func (cc *cudaCheckpoint) gpuInfo(ctx context.Context) []vram.GPUInfo {
+	if cc == nil {
+		return nil
+	}
+	if !cc.queried {
+		cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+		cc.queried = true
+	}
+	return cc.gpus
 }
 
 // suspend moves the GPU state of cc's processes into host memory (lock,

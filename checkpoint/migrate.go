@@ -207,11 +207,8 @@ func (m *migration) openKeep(ctx context.Context) error {
 // commit too). Unknown device memory counts as none.
 func (m *migration) keepEstimate(ctx context.Context) int64 {
 	n := proc.DumpEstimate(m.tree)
-	if m.cc != nil {
-		gpus, _ := vram.GPUs(ctx, m.cc.pids)
-		for _, g := range gpus {
-			n += 2 * g.Bytes
-		}
+	for _, g := range m.cc.gpuInfo(ctx) {
+		n += 2 * g.Bytes
 	}
 	return n
 }
