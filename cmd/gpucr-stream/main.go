@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -64,17 +63,28 @@ func main() {
 	// %c in FILE is the command (two of them at once, a sender and a
 	// receiver, need two files). Not for run: the profiler's SIGPROF timer
 	// would survive its exec and kill the program.
-	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" && (len(os.Args) < 2 || os.Args[1] != "run") {
-		if len(os.Args) > 1 {
-			p = strings.ReplaceAll(p, "%c", filepath.Base(os.Args[1]))
-		}
-		if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
-			code := realMain()
-			pprof.StopCPUProfile()
-			os.Exit(code)
+	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
+		if cmd := commandOf(os.Args[1:]); cmd != "run" {
+			p = strings.ReplaceAll(p, "%c", cmd)
+			if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
+				code := realMain()
+				pprof.StopCPUProfile()
+				os.Exit(code)
+			}
 		}
 	}
 	os.Exit(realMain())
+}
+
+// commandOf is the first argument that names a command: global flags and
+// their values may come before it (`--images-dir DIR capture`).
+func commandOf(args []string) string {
+	for _, a := range args {
+		if _, ok := lookupCommand(a); ok {
+			return a
+		}
+	}
+	return "none"
 }
 func realMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -167,3 +167,23 @@ func TestCommandFlags(t *testing.T) {
 		})
 	}
 }
+
+// The profile's command is found behind global flags: `--images-dir DIR
+// capture` once named every profile "--images-dir", so that serve's
+// overwrote capture's, and `--json run` would have profiled a target.
+func TestCommandOf(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"capture", "--codec", "none"}, "capture"},
+		{[]string{"--images-dir", "/tmp/x", "--progress-fd", "3", "serve", "--from", "a"}, "serve"},
+		{[]string{"--json", "run", "--", "python3"}, "run"},
+		{[]string{"--version"}, "none"},
+		{nil, "none"},
+	} {
+		if got := commandOf(tc.args); got != tc.want {
+			t.Errorf("commandOf(%q) = %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
