@@ -30,7 +30,7 @@ func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map
 		}
 		opts.Key = key[0]
 	}
-	out, err := streamer.NewSealedArchiveOutput(ctx, st, 1<<20, seal)
+	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, streamer.Format{Seal: seal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,8 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 		}
 	}
 	start := time.Now()
-	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams, Seal: seal})
+	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams,
+		Format: streamer.Format{Seal: seal, ChunkHashes: o.Stream.ChunkHashes}})
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
@@ -192,7 +193,7 @@ func (m *migration) openKeep(ctx context.Context) error {
 	m.keep = keep
 	// The copy shares the stream's session: a tee writes the same sealed
 	// frames to both.
-	keepOut, err := streamer.NewSealedStreamOutput([]io.Writer{keep}, m.out.Sealed())
+	keepOut, err := streamer.NewStreamOutputAs([]io.Writer{keep}, m.out.Format())
 	if err != nil {
 		m.dropKeep()
 		return err

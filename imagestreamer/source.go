@@ -2,11 +2,11 @@ package imagestreamer
 
 // Design: rather than a second buffering, spilling and extracting engine, a
 // criu-image-streamer stream is re-framed on the fly into a one-shard
-// gpucr-stream stream (raw chunks, each with its CRC-32C and BLAKE3 hash,
-// and a digest per file) and read by streamer.StreamSource through a pipe.
-// Serving, the memory budget, spilling and extraction are then the ones
-// gpucr-stream's own streams use. The legacy format has no checksums: the
-// hashes computed here only protect the bytes from here on.
+// gpucr-stream stream (raw chunks, each with its CRC-32C, and a digest per
+// file: format 3, without chunk hashes) and read by streamer.StreamSource
+// through a pipe. Serving, the memory budget, spilling and extraction are
+// then the ones gpucr-stream's own streams use. The legacy format has no
+// checksums: those computed here only protect the bytes from here on.
 
 import (
 	"context"
@@ -122,7 +122,7 @@ func (s *Source) Close() error {
 
 // reframe writes the image rd describes as a gpucr-stream stream.
 func reframe(rd *Reader, w io.Writer, external map[string]bool) error {
-	mw, err := manifest.NewWriter(w, manifest.Header{ShardCount: 1, StreamID: 1})
+	mw, err := manifest.NewWriter(w, manifest.Header{ShardCount: 1, StreamID: 1, NoChunkHashes: true})
 	if err != nil {
 		return err
 	}
@@ -162,11 +162,13 @@ type reframer struct {
 	buffered *reframed // whose bytes buf holds
 }
 
-// reframed is a file being written: its id, bytes so far, chunk hashes.
+// reframed is a file being written: its id, bytes and chunks so far, and
+// what its digest covers of them.
 type reframed struct {
-	id     uint32
-	off    int64
-	hashes []byte
+	id      uint32
+	off     int64
+	chunks  uint32
+	covered []byte
 }
 
 func (r *reframer) open(name string) error {
@@ -218,7 +220,7 @@ func (r *reframer) close(name string) error {
 	}
 	delete(r.files, name)
 	fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: f.id, Offset: uint64(f.off),
-		RawLen: uint32(len(f.hashes) / 32), Hash: streamer.FileDigest(f.hashes, f.off)}
+		RawLen: f.chunks, Hash: streamer.FileDigest(f.covered, f.off)}
 	_, err := r.mw.WriteFrame(&fh, nil)
 	return err
 }
@@ -229,14 +231,14 @@ func (r *reframer) flush() error {
 		return nil
 	}
 	f := r.buffered
-	h := codec.ContentHash(r.buf)
 	fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(codec.None), FileID: f.id, Offset: uint64(f.off),
-		RawLen: uint32(len(r.buf)), Checksum: codec.Checksum(r.buf), Hash: h}
+		RawLen: uint32(len(r.buf)), Checksum: codec.Checksum(r.buf)}
 	if _, err := r.mw.WriteFrame(&fh, r.buf); err != nil {
 		return err
 	}
 	f.off += int64(len(r.buf))
-	f.hashes = append(f.hashes, h[:]...)
+	f.covered = streamer.AppendDigestCRC(f.covered, fh.Checksum, fh.RawLen)
+	f.chunks++
 	r.buf = r.buf[:0]
 	return nil
 }

@@ -48,7 +48,7 @@ func TestKeyedLocations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if out.Sealed() == nil || out.Sealed().Params().KeyID != key.ID() {
+			if seal := out.Format().Seal; seal == nil || seal.Params().KeyID != key.ID() {
 				t.Fatal("output opened with a key is not sealed under it")
 			}
 			capt, err := streamer.NewCapture(ctx, out, c.Options)

@@ -66,8 +66,8 @@ type TCPConfig struct {
 
 // Output is an opened DEST.
 type Output struct {
-	// Output is sealed (streamer.NewSealedStreamOutput and the like) when
-	// Config.Options.Key was set.
+	// Output is sealed (streamer.Format) when Config.Options.Key was set,
+	// and hashes its chunks when Config.Options.ChunkHashes was.
 	streamer.Output
 	// Sizes reports per-shard bytes of a stream destination (stdio,
 	// tcp://); nil for archives, whose segments say it.
@@ -83,13 +83,13 @@ func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 	return loc.backend().output(ctx, &c)
 }
 
-// Sealed is the session the output encrypts under, or nil: a capture
-// writing into it seals every chunk.
-func (o *Output) Sealed() *crypt.Session {
-	if s, ok := o.Output.(interface{ Sealed() *crypt.Session }); ok {
-		return s.Sealed()
+// Format is what the output writes: a capture writing into it seals every
+// chunk when it is sealed.
+func (o *Output) Format() streamer.Format {
+	if f, ok := o.Output.(interface{ Format() streamer.Format }); ok {
+		return f.Format()
 	}
-	return nil
+	return streamer.Format{}
 }
 
 // WriteFrameAsync implements streamer.AsyncOutput: an archive's payload
@@ -105,12 +105,16 @@ func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 	return loc, err
 }
 
-// session starts the encryption session of one output: nil without a key.
-func (c *Config) session() (*crypt.Session, error) {
+// format is what one output writes: sealed under a new session when
+// there is a key.
+func (c *Config) format() (streamer.Format, error) {
+	f := streamer.Format{ChunkHashes: c.Options.ChunkHashes}
 	if c.Options.Key == nil {
-		return nil, nil
+		return f, nil
 	}
-	return crypt.NewSession(c.Options.Key)
+	var err error
+	f.Seal, err = crypt.NewSession(c.Options.Key)
+	return f, err
 }
 
 // OpenSource opens a SRC. so are the stream source's own options
@@ -251,11 +255,11 @@ func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	seal, err := c.session()
+	format, err := c.format()
 	if err != nil {
 		return nil, err
 	}
-	out, err := streamer.NewSealedStreamOutput(ws, seal)
+	out, err := streamer.NewStreamOutputAs(ws, format)
 	if err != nil {
 		return nil, err
 	}
@@ -332,11 +336,11 @@ func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool
 type archiveLoc struct{ unsupported }
 
 func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
-	seal, err := c.session()
+	format, err := c.format()
 	if err != nil {
 		return nil, err
 	}
-	out, err := streamer.NewSealedArchiveOutput(ctx, dir.New(a.loc.Path), c.SegmentSize, seal)
+	out, err := streamer.NewArchiveOutputAs(ctx, dir.New(a.loc.Path), c.SegmentSize, format)
 	if err != nil {
 		return nil, err
 	}

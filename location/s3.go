@@ -61,12 +61,12 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	seal, err := c.session()
+	format, err := c.format()
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
-	out, err := streamer.NewSealedArchiveOutput(ctx, st, c.SegmentSize, seal)
+	out, err := streamer.NewArchiveOutputAs(ctx, st, c.SegmentSize, format)
 	if err != nil {
 		st.Close()
 		return nil, err

@@ -27,11 +27,11 @@ func (l tcpLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	seal, err := c.session()
+	format, err := c.format()
 	if err != nil {
 		return nil, err
 	}
-	out, err := tcp.Dial(ctx, l.loc.Path, tcp.SendOptions{Auth: t.Auth, Timeout: t.Timeout, Streams: t.Streams, AutoCommit: true, Seal: seal})
+	out, err := tcp.Dial(ctx, l.loc.Path, tcp.SendOptions{Auth: t.Auth, Timeout: t.Timeout, Streams: t.Streams, AutoCommit: true, Format: format})
 	if err != nil {
 		return nil, err
 	}

@@ -65,6 +65,9 @@ type Manifest struct {
 	Files    []File        `json:"files"`
 	// Encryption is set for an encrypted checkpoint (format 2).
 	Encryption *Encryption `json:"encryption,omitempty"`
+	// NoChunkHashes: the chunks carry only their CRC-32C, no BLAKE3 hash
+	// (format 3; never encrypted).
+	NoChunkHashes bool `json:"no_chunk_hashes,omitempty"`
 	// MAC authenticates an encrypted checkpoint's manifest (MarshalMAC);
 	// it must come right before Checksum.
 	MAC string `json:"mac,omitempty"`
@@ -167,7 +170,7 @@ type Chunk struct {
 	Stored   uint32 `json:"stored"`
 	Codec    uint8  `json:"codec"`
 	Checksum uint32 `json:"crc"`
-	Hash     Hash   `json:"hash"`
+	Hash     Hash   `json:"hash,omitzero"` // zero, and left out, without chunk hashes
 	Segment  int    `json:"seg"`
 	Pos      int64  `json:"pos"`
 }
@@ -212,13 +215,8 @@ func PrintableName(name string) string {
 // an offset) is caught while the file stays plain JSON.
 const checksumKey = `"checksum": "`
 
-// FormatOf is the format version a manifest is written with.
-func FormatOf(e *Encryption) int {
-	if e != nil {
-		return VersionEncrypted
-	}
-	return VersionPlain
-}
+// FormatVersion is the format version the manifest is written with.
+func (m *Manifest) FormatVersion() int { return int(VersionOf(m.Encryption != nil, m.NoChunkHashes)) }
 
 // Marshal encodes an unencrypted manifest as indented JSON, sealed with its
 // checksum.
@@ -230,7 +228,7 @@ func (m *Manifest) MarshalMAC(mac func(input []byte) []byte) ([]byte, error) {
 	c := *m
 	c.Checksum = ""
 	c.MAC = ""
-	c.Format = FormatOf(m.Encryption)
+	c.Format = m.FormatVersion()
 	if m.Encryption != nil {
 		if mac == nil {
 			return nil, errors.New("manifest: encrypted manifest needs a MAC key")
@@ -297,6 +295,9 @@ func Parse(b []byte) (*Manifest, error) {
 	}
 	if m.Encryption != nil && m.Format < VersionEncrypted {
 		return nil, fmt.Errorf("manifest: format %d cannot be encrypted: %w", m.Format, errdefs.ErrCorrupt)
+	}
+	if m.NoChunkHashes && (m.Format < VersionNoChunkHashes || m.Encryption != nil) {
+		return nil, fmt.Errorf("manifest: no_chunk_hashes in a format %d manifest (encrypted: %t): %w", m.Format, m.Encryption != nil, errdefs.ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)

@@ -13,22 +13,46 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
-// Version is the newest format version this code reads. Writers write
-// VersionPlain unless the checkpoint is encrypted, so that readers of
-// version 1 still read every unencrypted checkpoint.
-const Version = 2
+// Version is the newest format version this code reads. Writers write the
+// oldest version that can say what a checkpoint is (VersionOf), so that an
+// older reader reads every checkpoint it can read right and refuses the
+// others as newer.
+const Version = 3
 
 const (
-	// VersionPlain is the version of an unencrypted stream or manifest.
+	// VersionPlain is the version of an unencrypted stream or manifest
+	// whose chunks carry BLAKE3 hashes.
 	VersionPlain = 1
 	// VersionEncrypted is the version of an encrypted one: a reader of
 	// version 1 refuses it as newer instead of misreading ciphertext.
 	VersionEncrypted = 2
+	// VersionNoChunkHashes is the version of an unencrypted checkpoint
+	// whose chunks carry only their CRC-32C: a reader of version 1 or 2
+	// refuses it as newer instead of calling every chunk corrupt.
+	VersionNoChunkHashes = 3
 )
 
-// HeaderFlagEncrypted (version 2) says a KEY frame follows the header and
-// every DATA payload is sealed.
-const HeaderFlagEncrypted = 1
+const (
+	// HeaderFlagEncrypted (version 2 and later) says a KEY frame follows
+	// the header and every DATA payload is sealed.
+	HeaderFlagEncrypted = 1
+	// HeaderFlagNoChunkHashes (version 3) says DATA frames carry no
+	// BLAKE3 hash (the field is zero) and file digests cover the chunks'
+	// CRC-32C and lengths instead (docs/FORMAT.md section 8).
+	HeaderFlagNoChunkHashes = 2
+)
+
+// VersionOf is the version a checkpoint is written as: encrypted ones
+// always hash their chunks (keyed).
+func VersionOf(encrypted, noChunkHashes bool) uint16 {
+	switch {
+	case encrypted:
+		return VersionEncrypted
+	case noChunkHashes:
+		return VersionNoChunkHashes
+	}
+	return VersionPlain
+}
 
 const (
 	// StreamMagic opens every stream, shard and segment.
@@ -60,6 +84,9 @@ type Header struct {
 	// Encryption, when set, is written as the KEY frame that follows the
 	// 32 bytes (Writer) or was read from it (Reader). Not part of Marshal.
 	Encryption *Encryption
+	// NoChunkHashes: the stream's chunks carry no BLAKE3 hash. Written
+	// (Writer) and read (UnmarshalHeader) as HeaderFlagNoChunkHashes.
+	NoChunkHashes bool
 }
 
 // Marshal returns the 32-byte encoding.
@@ -115,6 +142,10 @@ func UnmarshalHeader(b []byte) (Header, error) {
 	h.StreamID = binary.LittleEndian.Uint64(b[20:])
 	if h.ShardCount == 0 || h.ShardIndex >= h.ShardCount {
 		return h, fmt.Errorf("stream header: shard %d of %d is impossible", h.ShardIndex, h.ShardCount)
+	}
+	h.NoChunkHashes = h.Version >= VersionNoChunkHashes && h.Flags&HeaderFlagNoChunkHashes != 0
+	if h.NoChunkHashes && h.Flags&HeaderFlagEncrypted != 0 {
+		return h, fmt.Errorf("stream header: flags %#x: an encrypted stream always hashes its chunks", h.Flags)
 	}
 	return h, nil
 }

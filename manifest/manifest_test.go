@@ -17,8 +17,9 @@ import (
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []Header{
 		{Version: Version, ShardCount: 1},
-		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 7},
-		{Version: Version, ShardIndex: math.MaxUint16 - 1, ShardCount: math.MaxUint16, StreamID: math.MaxUint64, Flags: math.MaxUint32},
+		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 5},
+		{Version: Version, ShardCount: 1, Flags: HeaderFlagNoChunkHashes | 0xf0, NoChunkHashes: true},
+		{Version: VersionEncrypted, ShardIndex: math.MaxUint16 - 1, ShardCount: math.MaxUint16, StreamID: math.MaxUint64, Flags: math.MaxUint32},
 	} {
 		b := h.Marshal()
 		if len(b) != HeaderSize {
@@ -73,7 +74,7 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 		{"truncated", good[:31], nil, []string{"31 bytes", "want 32"}},
 		{"bad magic", mod(func(b []byte) []byte { b[0] = 'X'; return b }), ErrNotStream, []string{"bad magic", `"XPUCRSTM"`}},
 		{"unprintable magic", mod(func(b []byte) []byte { copy(b, "\x00\x01PK\x03\x04\xff\n"); return b }), ErrNotStream, []string{`"..PK...."`}},
-		{"newer version", mod(func(b []byte) []byte { b[8] = 3; return resumHeader(b) }), ErrNewerVersion, []string{"version 3", "up to 2", "upgrade"}},
+		{"newer version", mod(func(b []byte) []byte { b[8] = 4; return resumHeader(b) }), ErrNewerVersion, []string{"version 4", "up to 3", "upgrade"}},
 		{"much newer version, stale checksum", mod(func(b []byte) []byte { b[8], b[9] = 0x34, 0x12; return b }), ErrNewerVersion, []string{"version 4660"}},
 		{"version zero", mod(func(b []byte) []byte { b[8] = 0; return resumHeader(b) }), nil, []string{"version 0"}},
 		{"header length", mod(func(b []byte) []byte { b[10] = 33; return resumHeader(b) }), nil, []string{"length 33", "want 32"}},
@@ -81,6 +82,10 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 		{"stored checksum", mod(func(b []byte) []byte { b[31] ^= 0x80; return b }), nil, []string{"checksum mismatch"}},
 		{"zero shards", mod(func(b []byte) []byte { b[18] = 0; return resumHeader(b) }), nil, []string{"shard 0 of 0"}},
 		{"shard index past count", mod(func(b []byte) []byte { b[16] = 1; return resumHeader(b) }), nil, []string{"shard 1 of 1"}},
+		{"encrypted without chunk hashes", mod(func(b []byte) []byte {
+			b[12] = HeaderFlagEncrypted | HeaderFlagNoChunkHashes
+			return resumHeader(b)
+		}), nil, []string{"flags 0x3", "encrypted stream always hashes its chunks"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := UnmarshalHeader(tc.in)
@@ -467,7 +472,7 @@ func TestReaderErrors(t *testing.T) {
 		{"truncated header", cut(20), io.ErrUnexpectedEOF, []string{"stream header", at(0)}},
 		{"bad magic", replace(0, []byte("GPUCRSTX")), ErrNotStream, []string{at(0), "bad magic"}},
 		{"tail magic first", replace(0, []byte(TailMagic)), ErrNotStream, []string{at(0)}},
-		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 2"}},
+		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 3"}},
 		{"header checksum", flip(24, 0x10), errdefs.ErrCorrupt, []string{at(0), "checksum mismatch"}},
 		{"frame header checksum", flip(firstData.Pos+9, 1), errdefs.ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
 		{"frame stored checksum", flip(bigData.Pos+63, 1), errdefs.ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
@@ -658,6 +663,32 @@ func goodManifest() *Manifest {
 	return m
 }
 
+// A manifest without chunk hashes is format 3 and leaves the chunks'
+// hashes out; a format 1 reader refuses it as newer.
+func TestManifestNoChunkHashes(t *testing.T) {
+	m := goodManifest()
+	m.NoChunkHashes = true
+	m.Files[0].Chunks[0].Hash = Hash{}
+	b, err := m.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Format != VersionNoChunkHashes || !got.NoChunkHashes {
+		t.Fatalf("format %d, no_chunk_hashes %v", got.Format, got.NoChunkHashes)
+	}
+	if bytes.Contains(b, []byte(`"hash"`)) || !bytes.Contains(b, []byte(`"no_chunk_hashes": true`)) {
+		t.Fatalf("document:\n%s", b)
+	}
+	m.NoChunkHashes = false
+	if b, _ := m.Marshal(); !bytes.Contains(b, []byte(`"format": 1`)) {
+		t.Fatalf("with chunk hashes, not format 1:\n%s", b)
+	}
+}
+
 func TestManifestRoundTrip(t *testing.T) {
 	m := goodManifest()
 	if err := m.Validate(); err != nil {
@@ -738,9 +769,11 @@ func TestParseErrors(t *testing.T) {
 		{"empty", nil, nil, []string{"not valid JSON"}},
 		{"array", []byte("[]"), nil, []string{"not valid JSON"}},
 		{"no format", []byte(`{"files":[]}`), nil, []string{"format 0"}},
-		{"newer format", []byte(`{"format":3,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 3", "up to 2"}},
+		{"newer format", []byte(`{"format":4,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 4", "up to 3"}},
 		{"newer format, unknown shape", []byte(`{"format":99,"files":"a string now"}`), ErrNewerVersion, []string{"format 99"}},
 		{"format not a number", []byte(`{"format":"1"}`), nil, []string{"not valid JSON"}},
+		{"no chunk hashes in format 1", seal([]byte(`{"format":1,"no_chunk_hashes":true,"files":[]}`)), nil, []string{"no_chunk_hashes in a format 1 manifest"}},
+		{"no chunk hashes, encrypted", seal([]byte(`{"format":3,"encryption":{"cipher":1},"no_chunk_hashes":true,"files":[]}`)), nil, []string{"no_chunk_hashes in a format 3 manifest (encrypted: true)"}},
 		{"wrong field type", seal([]byte(`{"format":1,"files":[{"name":1}]}`)), nil, []string{"manifest:"}},
 		{"bad hash", seal([]byte(`{"format":1,"files":[{"name":"a","digest":"zz"}]}`)), nil, []string{"hash", "64 hex digits"}},
 		{"bad hash hex", seal([]byte(`{"format":1,"files":[{"name":"a","digest":"` + strings.Repeat("g", 64) + `"}]}`)), nil, []string{"invalid byte"}},

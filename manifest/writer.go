@@ -20,13 +20,15 @@ type Writer struct {
 	endTag     func(input []byte) [32]byte
 }
 
-// NewWriter writes the stream header to w.
+// NewWriter writes the stream header to w: h's version and flags follow
+// from its Encryption and NoChunkHashes (VersionOf).
 func NewWriter(w io.Writer, h Header) (*Writer, error) {
-	h.Version = VersionPlain
+	h.Version = VersionOf(h.Encryption != nil, h.NoChunkHashes)
 	if h.Encryption != nil {
-		h.Version = VersionEncrypted
 		h.Flags |= HeaderFlagEncrypted
 		h.StreamID = h.Encryption.StreamID
+	} else if h.NoChunkHashes {
+		h.Flags |= HeaderFlagNoChunkHashes
 	}
 	if h.ShardCount == 0 {
 		h.ShardCount = 1

@@ -166,7 +166,7 @@ func OpenArchiveAt(ctx context.Context, src, at store.Store, opts Options) (*Arc
 
 func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session, opts Options) *ArchiveSource {
 	opts = opts.withDefaults()
-	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: digester{seal}}
+	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: digester{seal, m.NoChunkHashes}}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}

@@ -33,7 +33,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -87,7 +86,7 @@ type ArchiveOutput struct {
 	store       store.Store
 	segmentSize int64
 	streamID    uint64
-	seal        *crypt.Session
+	format      Format
 	nLanes      int
 	start       int64 // offset of a segment's first frame, after its header
 
@@ -163,14 +162,14 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// NewArchiveOutput refuses to overwrite a committed archive.
+// NewArchiveOutput writes a plain archive without chunk hashes; it, like
+// NewArchiveOutputAs, refuses to overwrite a committed archive.
 func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*ArchiveOutput, error) {
-	return NewSealedArchiveOutput(ctx, st, segmentSize, nil)
+	return NewArchiveOutputAs(ctx, st, segmentSize, Format{})
 }
 
-// NewSealedArchiveOutput writes an encrypted archive under seal (nil: a
-// plain one).
-func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int64, seal *crypt.Session) (*ArchiveOutput, error) {
+// NewArchiveOutputAs writes an archive in format f.
+func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, f Format) (*ArchiveOutput, error) {
 	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
@@ -181,7 +180,7 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 	if segmentSize <= 0 {
 		segmentSize = DefaultSegmentSize
 	}
-	a := &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), seal: seal, nLanes: DefaultLanes(),
+	a := &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), format: f, nLanes: DefaultLanes(),
 		open: map[uint32]openFile{}, firstFailure: newFirstFailure(), segDone: map[int]chan struct{}{}}
 	// Every segment starts with the same header (and KEY frame): where its
 	// first frame goes is known before any segment is created.
@@ -195,11 +194,11 @@ func NewSealedArchiveOutput(ctx context.Context, st store.Store, segmentSize int
 }
 
 func (a *ArchiveOutput) newWriter(w io.Writer) (*manifest.Writer, error) {
-	mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: 0, ShardCount: 1, StreamID: a.streamID, Encryption: encryptionOf(a.seal)})
+	mw, err := manifest.NewWriter(w, a.format.header(0, 1, a.streamID))
 	if err != nil {
 		return nil, err
 	}
-	sealEnd(mw, a.seal)
+	sealEnd(mw, a.format.Seal)
 	return mw, nil
 }
 
@@ -213,8 +212,8 @@ func (a *ArchiveOutput) SetLanes(n int) {
 	a.nLanes = n
 }
 
-// Sealed is the session the archive is encrypted under, or nil.
-func (a *ArchiveOutput) Sealed() *crypt.Session { return a.seal }
+// Format is what the archive is written as.
+func (a *ArchiveOutput) Format() Format { return a.format }
 
 // Committed returns how many segments have been committed so far.
 func (a *ArchiveOutput) Committed() int {
@@ -546,7 +545,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("refusing to commit: %w", err)
 	}
-	doc, err := marshalManifest(m, a.seal)
+	doc, err := marshalManifest(m, a.format.Seal)
 	if err != nil {
 		return err
 	}

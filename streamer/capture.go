@@ -40,6 +40,10 @@ type Options struct {
 	// Key opens encrypted checkpoints; readers given one refuse
 	// unencrypted input. Writers encrypt when their Output has a session.
 	Key *crypt.Key
+	// ChunkHashes makes the outputs opened with these options (package
+	// location, migrate) hash every chunk with BLAKE3 (Format); a Capture
+	// writes what its Output's format says.
+	ChunkHashes bool
 }
 
 const (
@@ -141,8 +145,8 @@ type item struct {
 }
 
 type fileState struct {
-	file   manifest.File
-	hashes []byte
+	file     manifest.File
+	digested []byte // what its digest covers of each chunk written (digester.chunk)
 }
 
 // NewCapture starts the workers and the ordered writer. The pipeline stops
@@ -156,7 +160,8 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 	if err := checkTee(out); err != nil {
 		return nil, err
 	}
-	seal := outputSession(out)
+	format := outputFormat(out)
+	seal := format.Seal
 	ctx, cancel := context.WithCancelCause(ctx)
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)
 	bufSize := max(opts.ChunkSize, encMax)
@@ -181,7 +186,7 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 		bufs:       NewBufferPool(bufSize, 2*tokens),
 		encDst:     encMax > 0,
 		seal:       seal,
-		sums:       digester{seal},
+		sums:       format.digester(),
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -357,12 +362,12 @@ func (c *Capture) encode(it *item) error {
 	}
 	if it.sums.zero {
 		it.codec, it.stored = codec.Zero, nil
-		it.crc, it.hash = zeroSums(len(it.raw))
+		it.crc, it.hash = c.sums.zero(len(it.raw))
 		c.dropRaw(it)
 		return nil
 	}
 	it.crc = it.sums.crc
-	it.hash = codec.ContentHash(it.raw)
+	it.hash = c.sums.content(it.raw)
 	var dst []byte
 	if c.encDst {
 		it.encBuf = c.bufs.Get()
@@ -511,14 +516,14 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		}
 		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
 			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
-		fs.hashes = append(fs.hashes, it.hash[:]...)
+		fs.digested = c.sums.chunk(fs.digested, it.crc, fh.RawLen, it.hash)
 		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(stored))
 		c.Counters.StoredBytes.Add(int64(stored))
 	case manifest.FrameFileEnd:
 		fs := c.files[it.fileID]
 		delete(c.files, it.fileID)
 		fs.file.Size = it.size
-		fs.file.Digest = c.sums.digest(fs.hashes, it.size)
+		fs.file.Digest = c.sums.digest(fs.digested, it.size)
 		fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: it.fileID, Offset: uint64(it.size), RawLen: it.chunks, Hash: fs.file.Digest}
 		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
 			return false, fmt.Errorf("finish %s: %w", fs.file.Name, err)
@@ -552,7 +557,8 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	}
 	m := meta
 	m.Encryption = encryptionOf(c.seal)
-	m.Format = manifest.FormatOf(m.Encryption)
+	m.NoChunkHashes = c.sums.noChunkHashes
+	m.Format = m.FormatVersion()
 	m.ChunkSize = c.opts.ChunkSize
 	m.Codec = c.opts.Codec.String()
 	m.Stats = c.man.Stats
@@ -588,12 +594,13 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 // Abort stops the pipeline with err and discards the output.
 func (c *Capture) Abort(err error) { c.fail(err) }
 
-// FileDigest identifies a whole file from its chunk hashes, so that it can
-// be computed in parallel and checked without rehashing the data.
-func FileDigest(chunkHashes []byte, size int64) [32]byte {
-	b := make([]byte, len(chunkHashes)+8)
-	copy(b, chunkHashes)
-	binary.LittleEndian.PutUint64(b[len(chunkHashes):], uint64(size))
+// FileDigest identifies a whole file from what digester.chunk took of
+// each of its chunks (their hashes, or their CRC-32C and lengths), so that
+// it can be computed in parallel and checked without rehashing the data.
+func FileDigest(chunks []byte, size int64) [32]byte {
+	b := make([]byte, len(chunks)+8)
+	copy(b, chunks)
+	binary.LittleEndian.PutUint64(b[len(chunks):], uint64(size))
 	return codec.ContentHash(b)
 }
 

@@ -27,8 +27,9 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	enc := rd.Header().Encryption
-	m := &manifest.Manifest{Format: manifest.FormatOf(enc), Encryption: enc}
+	h := rd.Header()
+	m := &manifest.Manifest{Encryption: h.Encryption, NoChunkHashes: h.NoChunkHashes}
+	m.Format = m.FormatVersion()
 	files := map[uint32]*manifest.File{}
 	byName := map[string]manifest.File{}
 	var chunks, names int
@@ -87,19 +88,19 @@ type VerifyReport struct {
 }
 
 // VerifyArchive decodes every chunk of every file and checks its CRC-32C,
-// its BLAKE3 content hash, and every file digest. Open the source with
-// VerifyHashes set.
+// its BLAKE3 content hash (where chunks have one), and every file digest.
+// Open the source with VerifyHashes set.
 func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) {
 	var rep VerifyReport
 	if !a.opts.VerifyHashes {
 		return rep, fmt.Errorf("verify: archive source opened without VerifyHashes")
 	}
 	for _, f := range a.man.Files {
-		hashes := make([]byte, 0, 32*len(f.Chunks))
+		digested := make([]byte, 0, 32*len(f.Chunks))
 		for _, c := range f.Chunks {
-			hashes = append(hashes, c.Hash[:]...)
+			digested = a.sums.chunk(digested, c.Checksum, c.RawLen, c.Hash)
 		}
-		if a.sums.digest(hashes, f.Size) != f.Digest {
+		if a.sums.digest(digested, f.Size) != f.Digest {
 			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)

@@ -166,7 +166,7 @@ func TestArchiveLanesReadBack(t *testing.T) {
 				seal = testSession(t, k)
 			}
 			st := stores[tc.store](t)
-			out, err := NewSealedArchiveOutput(ctx, st, 512<<10, seal)
+			out, err := NewArchiveOutputAs(ctx, st, 512<<10, Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}

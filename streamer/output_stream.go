@@ -25,7 +25,6 @@ import (
 	"math/rand/v2"
 	"sync"
 
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -39,7 +38,7 @@ type StreamOutput struct {
 	// Trailer selects whether the END frame carries the manifest; only a
 	// single-shard stream has an index that means something on its own.
 	trailer bool
-	seal    *crypt.Session
+	format  Format
 
 	// asynchronous mode, from the first WriteFrameAsync on
 	chains []shardChain // nil while synchronous
@@ -63,29 +62,30 @@ const shardQueue = 8
 // errStreamAborted fails the writes still queued when Abort is called.
 var errStreamAborted = errors.New("stream aborted")
 
-// NewStreamOutput writes stream headers to every shard.
+// NewStreamOutput writes the headers of a plain stream without chunk
+// hashes to every shard.
 func NewStreamOutput(shards []io.Writer) (*StreamOutput, error) {
-	return NewSealedStreamOutput(shards, nil)
+	return NewStreamOutputAs(shards, Format{})
 }
 
-// NewSealedStreamOutput writes an encrypted stream under seal (nil: a
-// plain one). A Capture writing to it seals every chunk.
-func NewSealedStreamOutput(shards []io.Writer, seal *crypt.Session) (*StreamOutput, error) {
+// NewStreamOutputAs writes a stream in format f. A Capture writing to it
+// seals every chunk when f is sealed.
+func NewStreamOutputAs(shards []io.Writer, f Format) (*StreamOutput, error) {
 	id := rand.Uint64()
-	o := &StreamOutput{trailer: len(shards) == 1, seal: seal, firstFailure: newFirstFailure()}
+	o := &StreamOutput{trailer: len(shards) == 1, format: f, firstFailure: newFirstFailure()}
 	for i, w := range shards {
-		mw, err := manifest.NewWriter(w, manifest.Header{ShardIndex: uint16(i), ShardCount: uint16(len(shards)), StreamID: id, Encryption: encryptionOf(seal)})
+		mw, err := manifest.NewWriter(w, f.header(uint16(i), uint16(len(shards)), id))
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
-		sealEnd(mw, seal)
+		sealEnd(mw, f.Seal)
 		o.shards = append(o.shards, mw)
 	}
 	return o, nil
 }
 
-// Sealed is the session the stream is encrypted under, or nil.
-func (o *StreamOutput) Sealed() *crypt.Session { return o.seal }
+// Format is what the stream is written as.
+func (o *StreamOutput) Format() Format { return o.format }
 
 // WriteFrame implements Output. Once the output writes asynchronously, a
 // FILE or FILE-END frame is queued on every shard (its payload copied)
@@ -244,7 +244,7 @@ func (o *StreamOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	var trailer []byte
 	if o.trailer {
 		var err error
-		if trailer, err = marshalManifest(m, o.seal); err != nil {
+		if trailer, err = marshalManifest(m, o.format.Seal); err != nil {
 			if o.chains != nil {
 				o.setFailure(err)
 				o.writes.Wait()

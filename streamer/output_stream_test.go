@@ -22,7 +22,7 @@ import (
 // synchronous way.
 type syncOnly struct{ Output }
 
-func (s syncOnly) Sealed() *crypt.Session { return outputSession(s.Output) }
+func (s syncOnly) Format() Format { return outputFormat(s.Output) }
 
 // liveShards are pipes that a stream source reads while the capture
 // writes; every byte is also recorded.
@@ -113,7 +113,7 @@ func TestStreamOutputAsync(t *testing.T) {
 				var got [2][]*bytes.Buffer
 				for i, async := range []bool{false, true} {
 					live := newLiveShards(ctx, shards, keyIf(seal, k))
-					so, err := NewSealedStreamOutput(live.ws, seal)
+					so, err := NewStreamOutputAs(live.ws, Format{Seal: seal})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -308,11 +308,11 @@ func TestTeeOutputAsync(t *testing.T) {
 			a, b := make(chan struct{}), make(chan struct{})
 			peer.ws[1] = &handshakeWriter{me: a, partner: b, w: peer.ws[1]}
 			local.ws[0] = &handshakeWriter{me: b, partner: a, w: local.ws[0]}
-			primary, err := NewSealedStreamOutput(peer.ws, seal)
+			primary, err := NewStreamOutputAs(peer.ws, Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}
-			cp, err := NewSealedStreamOutput(local.ws, seal)
+			cp, err := NewStreamOutputAs(local.ws, Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}

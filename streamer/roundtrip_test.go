@@ -141,9 +141,13 @@ func TestRoundTrip(t *testing.T) {
 	d := rtDataOnce()
 	for _, spec := range roundTripCodecs {
 		t.Run(spec, func(t *testing.T) {
-			t.Run("stream-1", func(t *testing.T) { streamRoundTrip(t, spec, d, 1) })
-			t.Run("stream-3", func(t *testing.T) { streamRoundTrip(t, spec, d, 3) })
-			t.Run("archive", func(t *testing.T) { archiveRoundTrip(t, spec, d) })
+			// Format 3 (the default) and format 1, whose chunks carry BLAKE3 hashes.
+			for _, f := range []Format{{}, {ChunkHashes: true}} {
+				suffix := map[bool]string{false: "", true: "+hashes"}[f.ChunkHashes]
+				t.Run("stream-1"+suffix, func(t *testing.T) { streamRoundTrip(t, spec, f, d, 1) })
+				t.Run("stream-3"+suffix, func(t *testing.T) { streamRoundTrip(t, spec, f, d, 3) })
+				t.Run("archive"+suffix, func(t *testing.T) { archiveRoundTrip(t, spec, f, d) })
+			}
 		})
 	}
 }
@@ -207,12 +211,12 @@ func waitComplete(ctx context.Context, s *StreamSource, name string, size int64)
 	}
 }
 
-func streamRoundTrip(t *testing.T, spec string, d *rtData, shards int) {
+func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
 	lives := []*liveSource{
-		startLive(ctx, t, "memory", StreamOptions{Options: Options{Workers: 2}}, shards),
+		startLive(ctx, t, "memory", StreamOptions{Options: Options{Workers: 2, VerifyHashes: true}}, shards),
 		startLive(ctx, t, "early", StreamOptions{Options: Options{Workers: 2}, ServeEarly: true}, shards),
 		startLive(ctx, t, "spill", StreamOptions{Options: Options{Workers: 2, MemoryLimit: 1 << 20}, SpillDir: t.TempDir(), ServeEarly: true}, shards),
 		startLive(ctx, t, "extract", StreamOptions{Options: Options{Workers: 2}, ExtractDir: t.TempDir()}, shards),
@@ -227,7 +231,7 @@ func streamRoundTrip(t *testing.T, spec string, d *rtData, shards int) {
 		}
 		writers[i] = io.MultiWriter(ws...)
 	}
-	out, err := NewStreamOutput(writers)
+	out, err := NewStreamOutputAs(writers, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +276,9 @@ func streamRoundTrip(t *testing.T, spec string, d *rtData, shards int) {
 		}
 	}
 	checkManifest(t, m, want, rtChunk)
+	if m.NoChunkHashes == f.ChunkHashes {
+		t.Fatalf("written as %+v, the manifest says no_chunk_hashes %v", f, m.NoChunkHashes)
+	}
 	if got := c.Counters.Files.Load(); got != int64(len(want)+1) {
 		t.Errorf("Counters.Files = %d, want %d", got, len(want)+1)
 	}
@@ -329,12 +336,12 @@ func streamRoundTrip(t *testing.T, spec string, d *rtData, shards int) {
 	}
 }
 
-func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
+func archiveRoundTrip(t *testing.T, spec string, f Format, d *rtData) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
 	store := mem.New(t.Name())
-	out, err := NewArchiveOutput(ctx, store, 3<<20)
+	out, err := NewArchiveOutputAs(ctx, store, 3<<20, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,6 +363,9 @@ func archiveRoundTrip(t *testing.T, spec string, d *rtData) {
 		t.Fatal(err)
 	}
 	checkManifest(t, m, want, rtChunk)
+	if m.NoChunkHashes == f.ChunkHashes {
+		t.Fatalf("written as %+v, the manifest says no_chunk_hashes %v", f, m.NoChunkHashes)
+	}
 	if len(m.Segments) < 2 && len(d.files["pages-1.img"]) > 8<<20 {
 		t.Errorf("%d segments of at most 3 MiB for over 8 MiB", len(m.Segments))
 	}

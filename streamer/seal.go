@@ -15,35 +15,18 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
-// sealedOutput is an Output that writes an encrypted checkpoint.
-type sealedOutput interface {
-	Sealed() *crypt.Session
+// Format implements formattedOutput: both outputs must write the same
+// frames, so they must share one format (and session, or both have none).
+func (t TeeOutput) Format() Format {
+	return outputFormat(t.Primary)
 }
 
-// outputSession is the session an output writes under, or nil.
-func outputSession(out Output) *crypt.Session {
-	if s, ok := out.(sealedOutput); ok {
-		return s.Sealed()
-	}
-	return nil
-}
-
-// Sealed implements sealedOutput: both outputs must write the same
-// sealed frames, so they must share one session (or both have none).
-func (t TeeOutput) Sealed() *crypt.Session {
-	p, c := outputSession(t.Primary), outputSession(t.Copy)
-	if p != c {
-		return nil
-	}
-	return p
-}
-
-// errTeeSessions is returned when a TeeOutput's outputs disagree.
-var errTeeSessions = errors.New("capture: the outputs of a tee must share one encryption session")
+// errTeeFormats is returned when a TeeOutput's outputs disagree.
+var errTeeFormats = errors.New("capture: the outputs of a tee must share one format and encryption session")
 
 func checkTee(out Output) error {
-	if t, ok := out.(TeeOutput); ok && outputSession(t.Primary) != outputSession(t.Copy) {
-		return errTeeSessions
+	if t, ok := out.(TeeOutput); ok && outputFormat(t.Primary) != outputFormat(t.Copy) {
+		return errTeeFormats
 	}
 	return nil
 }
@@ -70,34 +53,6 @@ func openSession(key *crypt.Key, e *manifest.Encryption) (*crypt.Session, error)
 		return nil, nil
 	}
 	return crypt.Open(key, crypt.Params{Cipher: e.Cipher, KeyID: crypt.KeyID(e.KeyID), Salt: e.Salt, StreamID: e.StreamID})
-}
-
-// sums computes content hashes and file digests: plain BLAKE3, or keyed
-// when the checkpoint is encrypted (a plain hash of a small chunk would
-// give its content away).
-type digester struct{ seal *crypt.Session }
-
-func (h digester) content(raw []byte) [32]byte {
-	if h.seal != nil {
-		return h.seal.Hash(raw)
-	}
-	return codec.ContentHash(raw)
-}
-
-// zero returns the CRC-32C and hash of n zero bytes.
-func (h digester) zero(n int) (uint32, [32]byte) {
-	crc, hash := zeroSums(n)
-	if h.seal != nil {
-		hash = h.seal.ZeroHash(n)
-	}
-	return crc, hash
-}
-
-func (h digester) digest(chunkHashes []byte, size int64) [32]byte {
-	if h.seal != nil {
-		return h.seal.Digest(chunkHashes, size)
-	}
-	return FileDigest(chunkHashes, size)
 }
 
 // sealChunk is the capture stage after encoding: it hides the codec's

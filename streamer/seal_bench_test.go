@@ -45,7 +45,7 @@ func BenchmarkCaptureSealed(b *testing.B) {
 					if sealed {
 						seal = benchKey(b)
 					}
-					out, err := NewSealedStreamOutput([]io.Writer{io.Discard}, seal)
+					out, err := NewStreamOutputAs([]io.Writer{io.Discard}, Format{Seal: seal})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -70,7 +70,7 @@ func BenchmarkStreamSourceSealed(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				var buf bytes.Buffer
-				out, _ := NewSealedStreamOutput([]io.Writer{&buf}, seal)
+				out, _ := NewStreamOutputAs([]io.Writer{&buf}, Format{Seal: seal})
 				m := captureBench(b, out, Options{Codec: mustSpec(b, spec)}, total)
 				ctx := context.Background()
 				b.SetBytes(total)

@@ -47,7 +47,7 @@ func sealedStream(t testing.TB, k *crypt.Key, spec string, files map[string][]by
 		bufs[i] = &bytes.Buffer{}
 		ws[i] = bufs[i]
 	}
-	out, err := NewSealedStreamOutput(ws, testSession(t, k))
+	out, err := NewStreamOutputAs(ws, Format{Seal: testSession(t, k)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func readStream(ctx context.Context, shards [][]byte, so StreamOptions) *StreamS
 func sealedArchive(t testing.TB, k *crypt.Key, spec string, files map[string][]byte) (*mem.Store, *manifest.Manifest) {
 	t.Helper()
 	st := mem.New("sealed")
-	out, err := NewSealedArchiveOutput(context.Background(), st, 150<<10, testSession(t, k))
+	out, err := NewArchiveOutputAs(context.Background(), st, 150<<10, Format{Seal: testSession(t, k)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +618,7 @@ func FuzzSealedStream(f *testing.F) {
 		"r.img": smallData(5000, 2),
 	}
 	var buf bytes.Buffer
-	out, err := NewSealedStreamOutput([]io.Writer{&buf}, testSession(f, k))
+	out, err := NewStreamOutputAs([]io.Writer{&buf}, Format{Seal: testSession(f, k)})
 	if err != nil {
 		f.Fatal(err)
 	}

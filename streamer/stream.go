@@ -158,6 +158,7 @@ func (s *StreamSource) addMetaLocked(f *streamFile, n int64) error {
 type chunkRec struct {
 	off  int64
 	n    int64
+	crc  uint32
 	hash [32]byte
 	zero bool
 	mem  []byte
@@ -292,9 +293,10 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			if first {
 				streamID, enc = h.StreamID, h.Encryption
 				s.seal, err = openSession(s.opts.Key, enc)
-				s.sums = digester{s.seal}
+				s.sums = digester{s.seal, h.NoChunkHashes}
 			}
-			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption)
+			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption) &&
+				s.sums.noChunkHashes == h.NoChunkHashes
 			seal := s.seal
 			idMu.Unlock()
 			if seal != nil {
@@ -437,18 +439,18 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	}
 	sort.Slice(f.chunks, func(i, j int) bool { return f.chunks[i].off < f.chunks[j].off })
 	var next int64
-	hashes := make([]byte, 0, 32*len(f.chunks))
+	digested := make([]byte, 0, 32*len(f.chunks))
 	for _, c := range f.chunks {
 		if c.off != next {
 			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), manifest.PrintableName(f.name), c.off, next)
 		}
 		next += c.n
-		hashes = append(hashes, c.hash[:]...)
+		digested = s.sums.chunk(digested, c.crc, uint32(c.n), c.hash)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
 		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), manifest.PrintableName(f.name), next, len(f.chunks), f.size, f.expect)
 	}
-	if s.sums.digest(hashes, f.size) != f.digest {
+	if s.sums.digest(digested, f.size) != f.digest {
 		return fmt.Errorf("%w: %s: file digest mismatch", where(), manifest.PrintableName(f.name))
 	}
 	delete(s.pending, f.id)
@@ -513,6 +515,9 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	fr := j.frame
 	// The payload's buffer goes back once decoded, unless it is the chunk.
 	defer func() { s.putPage(j.page) }()
+	if s.sums.noChunkHashes && fr.Hash != ([32]byte{}) {
+		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d has a hash in a stream without chunk hashes", fr.Offset)
+	}
 	if s.seal != nil {
 		// Opened in place: the payload shrinks to its plaintext in the
 		// same buffer (a raw chunk read into a page stays the chunk).
@@ -565,7 +570,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		return err
 	}
 	zero := codec.ID(fr.Codec) == codec.Zero
-	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), hash: fr.Hash, zero: zero}
+	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), crc: fr.Checksum, hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
 

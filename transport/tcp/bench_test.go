@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -81,11 +80,11 @@ func migrateSize() int64 {
 // one ordered writer, as before the asynchronous StreamOutput.
 type syncOutput struct{ streamer.Output }
 
-func (s syncOutput) Sealed() *crypt.Session {
-	if o, ok := s.Output.(interface{ Sealed() *crypt.Session }); ok {
-		return o.Sealed()
+func (s syncOutput) Format() streamer.Format {
+	if o, ok := s.Output.(interface{ Format() streamer.Format }); ok {
+		return o.Format()
 	}
-	return nil
+	return streamer.Format{}
 }
 
 // BenchmarkMigrateTransfer is migrate's transfer without CRIU or a GPU:

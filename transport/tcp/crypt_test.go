@@ -28,13 +28,13 @@ func TestTCPEncrypted(t *testing.T) {
 	}
 	src := NewSource(testCtx(t), l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 8 << 20, Key: key}, SpillDir: t.TempDir()})
 	defer src.Close()
-	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second, AutoCommit: true, Seal: seal})
+	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second, AutoCommit: true, Format: streamer.Format{Seal: seal}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer out.Close()
 	var local bytes.Buffer
-	keep, err := streamer.NewSealedStreamOutput([]io.Writer{&local}, seal)
+	keep, err := streamer.NewStreamOutputAs([]io.Writer{&local}, out.Format())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
@@ -34,8 +33,8 @@ type SendOptions struct {
 	// stream (capture, checkpoint: they cannot tell when the source process
 	// is gone). Off, the caller sends it with Confirm once it is (migrate).
 	AutoCommit bool
-	// Seal encrypts the stream (nil: plain); see streamer.NewSealedStreamOutput.
-	Seal *crypt.Session
+	// Format is what the stream is written as (sealed, chunk hashes).
+	Format streamer.Format
 }
 
 // CommitInfo travels with COMMIT.
@@ -198,7 +197,7 @@ func Dial(ctx context.Context, addr string, o SendOptions) (*Output, error) {
 		go c.writeLoop()
 		go c.readLoop()
 	}
-	out, err := streamer.NewSealedStreamOutput(ws, o.Seal)
+	out, err := streamer.NewStreamOutputAs(ws, o.Format)
 	if err != nil {
 		t.Close()
 		return nil, err
@@ -262,8 +261,8 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 	return c, info, nil
 }
 
-// Sealed is the session the stream is encrypted under, or nil.
-func (t *Output) Sealed() *crypt.Session { return t.out.Sealed() }
+// Format is what the stream is written as.
+func (t *Output) Format() streamer.Format { return t.out.Format() }
 
 // Session is the migration's id, for logs.
 func (t *Output) Session() string { return hex.EncodeToString(t.session[:8]) }
