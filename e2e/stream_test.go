@@ -64,17 +64,29 @@ func checkStatsLine(t *testing.T, lines []string) {
 }
 
 // TestArchiveEveryCodec: capture --to a local archive and serve --from it,
-// once per codec; inspect and verify must agree with what was written.
+// once per codec (and once with --chunk-hashes); inspect and verify must
+// agree with what was written.
 func TestArchiveEveryCodec(t *testing.T) {
 	CRIU(t)
-	for _, codec := range []string{"none", "lz4", "zstd", "zstd:9", "shuffle", "auto"} {
-		t.Run(strings.ReplaceAll(codec, ":", "-"), func(t *testing.T) {
+	for _, tc := range []struct {
+		codec  string
+		hashes bool
+	}{{"none", false}, {"lz4", false}, {"zstd", false}, {"zstd:9", false}, {"shuffle", false}, {"auto", false}, {"lz4", true}} {
+		codec := tc.codec
+		name := strings.ReplaceAll(codec, ":", "-")
+		args := []string{"--images-dir", "", "capture", "--to", "", "--codec", codec, "--segment-size", "32MiB"}
+		if tc.hashes {
+			name += "-chunk-hashes"
+			args = append(args, "--chunk-hashes")
+		}
+		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t)
 			dir := ShortTempDir(t)
 			tg, before := startedTarget(ctx, t, dir, 96)
 			archive := filepath.Join(dir, "archive")
 			a := mkdir(t, filepath.Join(dir, "a"))
-			capture := startGCS(ctx, t, gcsOpts{}, "--images-dir", a, "capture", "--to", archive, "--codec", codec, "--segment-size", "32MiB")
+			args[1], args[4] = a, archive
+			capture := startGCS(ctx, t, gcsOpts{}, args...)
 			dumpThrough(ctx, t, tg, a, capture)
 
 			bin := BuildBinary(t, "./cmd/gpucr-stream")
@@ -83,15 +95,20 @@ func TestArchiveEveryCodec(t *testing.T) {
 				t.Fatalf("inspect: %v: %s", err, out)
 			}
 			var ins struct {
-				Codec    string      `json:"codec"`
-				Segments int         `json:"segments"`
-				Files    []fileEntry `json:"files"`
+				Format      int         `json:"format"`
+				ChunkHashes bool        `json:"chunk_hashes"`
+				Codec       string      `json:"codec"`
+				Segments    int         `json:"segments"`
+				Files       []fileEntry `json:"files"`
 			}
 			if err := json.Unmarshal(out, &ins); err != nil {
 				t.Fatalf("inspect --json: %v: %s", err, out)
 			}
 			if ins.Codec != codec && !(codec == "zstd" && ins.Codec == "zstd:1") {
 				t.Errorf("inspect says codec %q, captured with %q", ins.Codec, codec)
+			}
+			if want := map[bool]int{false: 3, true: 1}[tc.hashes]; ins.Format != want || ins.ChunkHashes != tc.hashes {
+				t.Errorf("inspect says format %d, chunk hashes %v; captured with --chunk-hashes=%v", ins.Format, ins.ChunkHashes, tc.hashes)
 			}
 			if ins.Segments < 2 {
 				t.Errorf("want several 32 MiB segments for a 96 MiB target, got %d", ins.Segments)

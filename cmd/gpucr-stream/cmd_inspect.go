@@ -21,20 +21,24 @@ var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratio
 	[]string{"@key", "@s3", "from"}, runInspect}
 
 type inspectResult struct {
-	Source    string            `json:"source"`
-	ID        string            `json:"id,omitempty"`
-	Created   time.Time         `json:"created,omitzero"`
-	Host      string            `json:"host,omitempty"`
-	Tool      string            `json:"tool,omitempty"`
-	CRIU      string            `json:"criu_version,omitempty"`
-	Codec     string            `json:"codec,omitempty"`
-	ChunkSize int               `json:"chunk_size,omitempty"`
-	Stats     manifest.Stats    `json:"stats"`
-	Ratio     float64           `json:"ratio"`
-	Segments  int               `json:"segments"`
-	GPUs      []manifest.GPU    `json:"gpus,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Process   *manifest.Process `json:"process,omitempty"`
+	Source string `json:"source"`
+	Format int    `json:"format"`
+	// ChunkHashes: every chunk carries a BLAKE3 hash beside its CRC-32C
+	// (formats 1 and 2; format 3 has none).
+	ChunkHashes bool              `json:"chunk_hashes"`
+	ID          string            `json:"id,omitempty"`
+	Created     time.Time         `json:"created,omitzero"`
+	Host        string            `json:"host,omitempty"`
+	Tool        string            `json:"tool,omitempty"`
+	CRIU        string            `json:"criu_version,omitempty"`
+	Codec       string            `json:"codec,omitempty"`
+	ChunkSize   int               `json:"chunk_size,omitempty"`
+	Stats       manifest.Stats    `json:"stats"`
+	Ratio       float64           `json:"ratio"`
+	Segments    int               `json:"segments"`
+	GPUs        []manifest.GPU    `json:"gpus,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Process     *manifest.Process `json:"process,omitempty"`
 	// Encryption: the key id and whether the metadata shown was
 	// authenticated (it is readable without the key, not trusted).
 	Encryption *inspectEncryption   `json:"encryption,omitempty"`
@@ -63,7 +67,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	res := inspectResult{Source: redact.URL(from), ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
+	res := inspectResult{Source: redact.URL(from), Format: m.FormatVersion(), ChunkHashes: !m.NoChunkHashes, ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
 		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels, Process: m.Process,
 		Files: streamer.DescribeFiles(m)}
 	if e := m.Encryption; e != nil {
@@ -90,6 +94,11 @@ func printInspect(w io.Writer, r inspectResult) {
 	if r.Process != nil {
 		fmt.Fprintf(w, "process     %d: %s\n", r.Process.PID, commandLine(r.Process.Cmdline, 0))
 	}
+	checks := "CRC-32C per chunk, no chunk hashes"
+	if r.ChunkHashes {
+		checks = "CRC-32C and BLAKE3 hash per chunk"
+	}
+	fmt.Fprintf(w, "format      %d (%s)\n", r.Format, checks)
 	if e := r.Encryption; e != nil {
 		how := "metadata not authenticated: no key given"
 		switch {

@@ -206,6 +206,9 @@ func TestProcessInLsInspect(t *testing.T) {
 	if !strings.Contains(inspOut, m.ID) {
 		t.Errorf("inspect lacks the id %s:\n%s", m.ID, inspOut)
 	}
+	if !strings.Contains(inspOut, "format      3 (CRC-32C per chunk, no chunk hashes)") {
+		t.Errorf("inspect does not say the format:\n%s", inspOut)
+	}
 }
 
 // TestMissingBucket: writing to a bucket that does not exist says how to
