@@ -22,7 +22,7 @@ import (
 //
 //	GPUCR_BENCH_MB        target size in MiB (1024)
 //	GPUCR_BENCH_ROUNDS    rounds (3)
-//	GPUCR_BENCH_VARIANTS  e.g. "plain s1 s2 s4 s2-none s2-nokeep"
+//	GPUCR_BENCH_VARIANTS  e.g. "plain s1 s2 s4 s2-none s2-nokeep s2-hashes"
 //	GPUCR_BENCH_OUT       file for the markdown results
 func TestBenchMigrate(t *testing.T) {
 	if os.Getenv("GPUCR_BENCH_MIGRATE") != "1" {
@@ -87,6 +87,10 @@ func TestBenchMigrate(t *testing.T) {
 						args = append(args, "--codec", o)
 					case "nokeep":
 						args = append(args, "--keep-dir", "none")
+					case "hashes":
+						args = append(args, "--chunk-hashes")
+					default:
+						t.Fatalf("variant %s: unknown option %q", v, o)
 					}
 				}
 				var rout, mout bytes.Buffer

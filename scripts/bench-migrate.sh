@@ -8,7 +8,8 @@
 # Run as root (`make bench-migrate`). Tunables: BENCH_MB (target size,
 # default 1024), BENCH_ROUNDS (default 3), BENCH_VARIANTS (default
 # "plain s1 s2 s4 s2-none": plain = the criu baseline, sN = migrate
-# --streams N, -none = --codec none, -nokeep = --keep-dir none),
+# --streams N, -none = --codec none, -nokeep = --keep-dir none, -hashes =
+# --chunk-hashes),
 # BENCH_OUT (markdown result file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
