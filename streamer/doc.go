@@ -7,7 +7,8 @@
 //
 // Size: about 3,800 lines, over twice the project's 1,500 (the archive's
 // lanes and the stream's shard chains added 1,000). Both directions share
-// Options, Counters, the chunk sums, sealing and decode, the page buffers
+// Options, Counters, the format and chunk sums (format.go), sealing and
+// decode, the page buffers
 // and the splice path (splice.go); the natural cut is the write side
 // (Capture, the Outputs, BufferPool) from the read side (the Sources,
 // ReadManifest, ScanStream, VerifyArchive), with the shared pieces in a

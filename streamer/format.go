@@ -2,6 +2,7 @@ package streamer
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -44,6 +45,22 @@ func outputFormat(out Output) Format {
 		return f.Format()
 	}
 	return Format{}
+}
+
+// Format implements formattedOutput: both outputs must write the same
+// frames, so they must share one format (and session, or both have none).
+func (t TeeOutput) Format() Format {
+	return outputFormat(t.Primary)
+}
+
+// errTeeFormats is returned when a TeeOutput's outputs disagree.
+var errTeeFormats = errors.New("capture: the outputs of a tee must share one format and encryption session")
+
+func checkTee(out Output) error {
+	if t, ok := out.(TeeOutput); ok && outputFormat(t.Primary) != outputFormat(t.Copy) {
+		return errTeeFormats
+	}
+	return nil
 }
 
 // digester computes content hashes and file digests: plain BLAKE3, keyed

@@ -7,29 +7,12 @@ package streamer
 // Design and guarantees: docs/ENCRYPTION.md; nonces and keys: package crypt.
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
-
-// Format implements formattedOutput: both outputs must write the same
-// frames, so they must share one format (and session, or both have none).
-func (t TeeOutput) Format() Format {
-	return outputFormat(t.Primary)
-}
-
-// errTeeFormats is returned when a TeeOutput's outputs disagree.
-var errTeeFormats = errors.New("capture: the outputs of a tee must share one format and encryption session")
-
-func checkTee(out Output) error {
-	if t, ok := out.(TeeOutput); ok && outputFormat(t.Primary) != outputFormat(t.Copy) {
-		return errTeeFormats
-	}
-	return nil
-}
 
 // encryptionOf converts a session's parameters to their manifest form.
 func encryptionOf(s *crypt.Session) *manifest.Encryption {
