@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -149,15 +148,12 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if err := cc.checkDumpable(tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	var seal *crypt.Session
-	if o.Stream.Key != nil {
-		if seal, err = crypt.NewSession(o.Stream.Key); err != nil {
-			return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
-		}
+	format, err := o.Stream.NewFormat()
+	if err != nil {
+		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	start := time.Now()
-	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams,
-		Format: streamer.Format{Seal: seal, ChunkHashes: o.Stream.ChunkHashes}})
+	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams, Format: format})
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}

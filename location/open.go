@@ -12,7 +12,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -105,17 +104,8 @@ func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 	return loc, err
 }
 
-// format is what one output writes: sealed under a new session when
-// there is a key.
-func (c *Config) format() (streamer.Format, error) {
-	f := streamer.Format{ChunkHashes: c.Options.ChunkHashes}
-	if c.Options.Key == nil {
-		return f, nil
-	}
-	var err error
-	f.Seal, err = crypt.NewSession(c.Options.Key)
-	return f, err
-}
+// format is what one output writes (streamer.Options.NewFormat).
+func (c *Config) format() (streamer.Format, error) { return c.Options.NewFormat() }
 
 // OpenSource opens a SRC. so are the stream source's own options
 // (ExtractDir, Discard, VerifyHashes); the rest comes from c.

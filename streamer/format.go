@@ -24,6 +24,18 @@ type Format struct {
 	ChunkHashes bool
 }
 
+// NewFormat is the format of one new output written with o: sealed under
+// a new session when o has a key, with chunk hashes when o asks for them.
+func (o Options) NewFormat() (Format, error) {
+	f := Format{ChunkHashes: o.ChunkHashes}
+	if o.Key == nil {
+		return f, nil
+	}
+	var err error
+	f.Seal, err = crypt.NewSession(o.Key)
+	return f, err
+}
+
 // noChunkHashes says the chunks carry only their CRC-32C.
 func (f Format) noChunkHashes() bool { return f.Seal == nil && !f.ChunkHashes }
 
