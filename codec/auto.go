@@ -3,8 +3,6 @@ package codec
 import (
 	"math"
 	"sync"
-
-	"github.com/pierrec/lz4/v4"
 )
 
 // The "auto" choice. It must cost little next to the codec it picks, so it
@@ -135,7 +133,7 @@ func entropy(h *[256]uint32) float64 {
 
 // lz4Probe is a pooled compressor plus room for one compressed sample.
 type lz4Probe struct {
-	c   lz4.Compressor
+	t   lz4Table
 	buf [numSamples * sampleLen]byte
 }
 
@@ -151,8 +149,8 @@ func lz4SampleRatio(raw []byte) float64 {
 	for _, s := range samples(raw, &regions) {
 		in += len(s)
 		// A buffer of len(s) holds any output smaller than the input.
-		n, err := p.c.CompressBlock(s, p.buf[:len(s)])
-		if err != nil || n == 0 || n > len(s) {
+		n := p.t.compress(s, p.buf[:len(s)])
+		if n == 0 {
 			n = len(s)
 		}
 		out += n

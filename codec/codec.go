@@ -35,7 +35,7 @@ type ID uint8
 const (
 	None         ID = 0 // stored raw
 	Zero         ID = 1 // all-zero chunk, empty payload
-	LZ4          ID = 2 // pierrec/lz4/v4 block format (CompressBlock / UncompressBlock), no frame
+	LZ4          ID = 2 // one LZ4 block, no frame (written by lz4block.go, read by pierrec/lz4/v4)
 	Zstd         ID = 3 // one zstd frame: klauspost EncodeAll, or literal-only (litframe.go)
 	Shuffle2Zstd ID = 4 // byte-plane shuffle with 2-byte elements (bf16/fp16), then zstd
 	Shuffle4Zstd ID = 5 // byte-plane shuffle with 4-byte elements (fp32), then zstd

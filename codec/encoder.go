@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/pierrec/lz4/v4"
 )
 
 // Encoder encodes chunks according to a Spec. It is safe for concurrent use
@@ -134,22 +133,24 @@ func (e *Encoder) encodeAs(p plan, dst, raw []byte) (ID, []byte) {
 	return p.id, out
 }
 
-// lz4Compressors are reused because a Compressor's hash table is 128 KiB.
-var lz4Compressors = sync.Pool{New: func() any { return new(lz4.Compressor) }}
+// lz4Tables are reused because a table is 256 KiB.
+var lz4Tables = sync.Pool{New: func() any { return new(lz4Table) }}
 
 // lz4Encode compresses raw into dst's storage, or returns nil when the result
 // would not be smaller than raw.
 func lz4Encode(dst, raw []byte) []byte {
+	if len(raw) == 0 {
+		return nil
+	}
 	out := dst[:cap(dst)]
 	if len(out) < len(raw) {
 		// Room for any result smaller than raw: a larger one is useless.
 		out = make([]byte, len(raw))
 	}
-	c := lz4Compressors.Get().(*lz4.Compressor)
-	n, err := c.CompressBlock(raw, out)
-	lz4Compressors.Put(c)
-	// n == 0 or an error: it did not fit in len(raw) bytes (incompressible).
-	if err != nil || n == 0 || n >= len(raw) {
+	t := lz4Tables.Get().(*lz4Table)
+	n := t.compress(raw, out[:len(raw)-1])
+	lz4Tables.Put(t)
+	if n == 0 {
 		return nil
 	}
 	return out[:n]
