@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/bufpool"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -99,7 +100,7 @@ type Capture struct {
 	order  chan *item // every item, in submission order, for the writer
 	jobs   chan *item // DATA items, for the workers
 	tokens chan struct{}
-	bufs   *BufferPool    // raw and encoded chunks alike
+	bufs   *bufpool.Pool  // raw and encoded chunks alike
 	encDst bool           // the codec writes into a buffer of its own
 	seal   *crypt.Session // the output's, when it is encrypted
 	sums   digester
@@ -183,7 +184,7 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 		order:      make(chan *item, window),
 		jobs:       make(chan *item, window+1), // never full: see submit
 		tokens:     make(chan struct{}, tokens),
-		bufs:       NewBufferPool(bufSize, 2*tokens),
+		bufs:       bufpool.New(bufSize, 2*tokens),
 		encDst:     encMax > 0,
 		seal:       seal,
 		sums:       format.digester(),
@@ -637,68 +638,6 @@ func zeroSums(n int) (uint32, [32]byte) {
 		zeroSumCache.Store(n, s)
 	}
 	return s.crc, s.hash
-}
-
-// BufferPool is a free list of buffers of one size. Unlike a sync.Pool it
-// keeps its buffers across garbage collections: a pipeline that gives them
-// back makes no garbage, so its heap stays at the most buffers it ever had
-// in use instead of being refilled after every collection, and nothing
-// accumulates between collections however many bytes pass through. It
-// keeps at most the idle count given to NewBufferPool; Get allocates when
-// none is free. The last buffer given back is the first handed out: it is
-// the likeliest to be still in the cache.
-type BufferPool struct {
-	size      int
-	idle      int
-	mu        sync.Mutex
-	free      [][]byte
-	allocated atomic.Int64
-}
-
-// NewBufferPool returns a pool of size-byte buffers that keeps at most idle
-// of them.
-func NewBufferPool(size, idle int) *BufferPool {
-	return &BufferPool{size: size, idle: idle}
-}
-
-// Get returns a buffer of the pool's size, its contents undefined.
-func (p *BufferPool) Get() []byte {
-	if b, ok := p.TryGet(); ok {
-		return b
-	}
-	p.allocated.Add(1)
-	return make([]byte, p.size)
-}
-
-// Allocated is how many buffers Get has made: as many as were ever in use
-// at once, if they all came back.
-func (p *BufferPool) Allocated() int64 { return p.allocated.Load() }
-
-// TryGet returns a free buffer, if there is one, without allocating.
-func (p *BufferPool) TryGet() ([]byte, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k := len(p.free)
-	if k == 0 {
-		return nil, false
-	}
-	b := p.free[k-1]
-	p.free[k-1] = nil
-	p.free = p.free[:k-1]
-	return b[:p.size], true
-}
-
-// Put gives back a buffer Get returned (any slice of it). Others, nil
-// included, are ignored, as is a buffer beyond the idle count.
-func (p *BufferPool) Put(b []byte) {
-	if cap(b) != p.size {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) < p.idle {
-		p.free = append(p.free, b[:p.size])
-	}
 }
 
 // newID is a checkpoint id: 128 random bits in hex.

@@ -10,7 +10,7 @@
 // Options, Counters, the format and chunk sums (format.go), sealing and
 // decode, the page buffers
 // and the splice path (splice.go); the natural cut is the write side
-// (Capture, the Outputs, BufferPool) from the read side (the Sources,
+// (Capture, the Outputs) from the read side (the Sources,
 // ReadManifest, ScanStream, VerifyArchive), with the shared pieces in a
 // third package below both. It was not made in the restructure (issue 10)
 // because the cost, encryption and hardening changes (issues 13, 14) were

@@ -37,6 +37,11 @@ const (
 	// commitCleanupTimeout bounds the abort of an upload whose commit
 	// failed.
 	commitCleanupTimeout = 2 * time.Second
+
+	// archiveCommitting is how many segments an archive being written
+	// commits in the background at most (streamer.DefaultCommitting), each
+	// with a part of its own: the pool keeps their pieces too.
+	archiveCommitting = 2
 )
 
 // Errors New wraps, so that callers can choose exit codes and hints.

@@ -22,9 +22,9 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/encrypt"
 
+	"github.com/gpucr/gpucr-stream/bufpool"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // Store is a store.Store in an S3 bucket under a prefix. Writers upload explicit
@@ -41,7 +41,7 @@ type Store struct {
 	parallel   int
 	maxRetries int
 	md5        bool
-	pieces     *streamer.BufferPool // of the parts being filled and uploaded
+	pieces     *bufpool.Pool // of the parts being filled and uploaded
 	uploaded   atomic.Int64
 	inflight   chan struct{} // parts in flight over all writers
 }
@@ -154,7 +154,7 @@ func sized(cfg Config, display string) (*Store, error) {
 	// archive is written: the parts in flight, and the part being filled
 	// of the segment being written and of each segment committing.
 	perPart := int((s.partSize + pieceSize - 1) / pieceSize)
-	s.pieces = streamer.NewBufferPool(pieceSize, (maxInflight+1+streamer.DefaultCommitting)*perPart)
+	s.pieces = bufpool.New(pieceSize, (maxInflight+1+archiveCommitting)*perPart)
 	switch {
 	case s.maxRetries == 0:
 		s.maxRetries = DefaultMaxRetries
