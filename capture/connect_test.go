@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 // TestConnectTimeout: Intake and Serve give up on a CRIU that never
@@ -31,7 +31,7 @@ func TestConnectTimeout(t *testing.T) {
 	})
 	t.Run("serve, nobody", func(t *testing.T) {
 		dir := shortDir(t)
-		src := streamer.NewStreamSource(ctx, []io.Reader{bytes.NewReader(nil)}, []string{"empty"}, streamer.StreamOptions{})
+		src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(nil)}, []string{"empty"}, source.StreamOptions{})
 		defer src.Close()
 		_, err := ServeWith(ctx, dir, src, ServeOptions{ConnectTimeout: limit})
 		if !errors.Is(err, ErrNoCRIU) || !strings.Contains(err.Error(), filepath.Join(dir, ServeSocket)) {

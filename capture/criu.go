@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -272,7 +273,7 @@ type RestoreReport struct {
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
 // it cannot be trusted.
-func Restore(ctx context.Context, o RestoreOptions, src streamer.Source) (rep RestoreReport, err error) {
+func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err

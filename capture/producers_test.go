@@ -18,6 +18,8 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -53,7 +55,7 @@ func newCapture(t *testing.T, ctx context.Context) (*streamer.Capture, *bytes.Bu
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := streamer.NewCapture(ctx, out, streamer.Options{ChunkSize: 256 << 10, Workers: 2})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,7 @@ func TestIntakeProducers(t *testing.T) {
 
 	// Restore side: CRIU's connection and a producer's pull, at once; serve
 	// waits for the one producer it is told of.
-	src := streamer.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream.Bytes())}, []string{"mem"}, streamer.StreamOptions{})
+	src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream.Bytes())}, []string{"mem"}, source.StreamOptions{})
 	defer src.Close()
 	sdir := shortDir(t)
 	listening := make(chan struct{})

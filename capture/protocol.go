@@ -1,6 +1,6 @@
 // Package capture speaks CRIU's image-streamer protocol on both sides: it
 // takes images from `criu dump --stream` into a streamer.Capture and serves
-// them from a streamer.Source to `criu restore --stream`. It also turns other
+// them from a source.Source to `criu restore --stream`. It also turns other
 // producers (extra files on descriptors, an on-disk images directory) into
 // image files.
 //

@@ -23,7 +23,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 const (
@@ -56,7 +56,7 @@ func ParseTCPRemap(s string) (map[uint16]uint16, error) {
 // RemapTCPListen returns src with files.img patched so that the TCP
 // sockets listening on each OLD port of remaps listen on NEW. A port of
 // remaps that no socket listens on is an error naming the ports that do.
-func RemapTCPListen(ctx context.Context, src streamer.Source, remaps map[uint16]uint16) (streamer.Source, error) {
+func RemapTCPListen(ctx context.Context, src source.Source, remaps map[uint16]uint16) (source.Source, error) {
 	if len(remaps) == 0 {
 		return src, nil
 	}
@@ -129,7 +129,7 @@ func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
 
 // replaced serves data in place of src's file name.
 type replaced struct {
-	streamer.Source
+	source.Source
 	name string
 	data []byte
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -478,7 +480,7 @@ func (in *IntakeSession) handle(ctx context.Context, s *session, conn *net.UnixC
 		if err != nil {
 			return err
 		}
-		streamer.GrowPipe(p.Fd())
+		pipeline.GrowPipe(p.Fd())
 		external := kind == connProducer
 		s.run(p, func(p *os.File) error {
 			n, err := in.c.WriteFile(name, p, external)
@@ -618,12 +620,12 @@ type ServeOptions struct {
 // ProducerHello) may connect beside CRIU and pull files the same way; the
 // serve ends once CRIU and every producer have closed their connections
 // and every pipe is written.
-func Serve(ctx context.Context, dir string, src streamer.Source, hooks Hooks) (ServeResult, error) {
+func Serve(ctx context.Context, dir string, src source.Source, hooks Hooks) (ServeResult, error) {
 	return ServeWith(ctx, dir, src, ServeOptions{Hooks: hooks})
 }
 
 // ServeWith is Serve with options.
-func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOptions) (ServeResult, error) {
+func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOptions) (ServeResult, error) {
 	var res ServeResult
 	path := filepath.Join(dir, ServeSocket)
 	l, err := listen(path)
@@ -655,7 +657,7 @@ func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOpti
 			if err != nil {
 				return err
 			}
-			streamer.GrowPipe(p.Fd())
+			pipeline.GrowPipe(p.Fd())
 			s.run(p, func(p *os.File) error {
 				n, err := src.Copy(sctx, name, p)
 				if err != nil {
@@ -684,7 +686,7 @@ func ServeWith(ctx context.Context, dir string, src streamer.Source, o ServeOpti
 
 // WriteExtract writes every file of src into dir (for sources that are not
 // extracting on their own), each through a temporary name.
-func WriteExtract(ctx context.Context, src streamer.Source, dir string) (int, int64, error) {
+func WriteExtract(ctx context.Context, src source.Source, dir string) (int, int64, error) {
 	files, err := src.Files(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -706,7 +708,7 @@ func WriteExtract(ctx context.Context, src streamer.Source, dir string) (int, in
 	return len(files), total, nil
 }
 
-func writeFileAtomic(ctx context.Context, src streamer.Source, dir string, f manifest.File) (int64, error) {
+func writeFileAtomic(ctx context.Context, src source.Source, dir string, f manifest.File) (int64, error) {
 	if !ValidImageName(f.Name) {
 		return 0, fmt.Errorf("extract: unsafe file name %q", f.Name)
 	}

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // Backend-specific extras, found on the store by interface.
@@ -114,7 +114,7 @@ func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
 
 // read fills e from its manifest.
 func (e *Entry) read(ctx context.Context, st store.Store) {
-	m, err := streamer.ReadManifest(ctx, st)
+	m, err := source.ReadManifest(ctx, st)
 	if err != nil {
 		e.Error = err.Error()
 		return

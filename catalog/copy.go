@@ -8,8 +8,9 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
-	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // CopyResult is what Copy did.
@@ -37,12 +38,12 @@ var ErrOtherCheckpoint = errors.New("the destination holds another checkpoint")
 // back from dst and checked against the manifest, and only then the
 // manifest is written, byte for byte: dst holds the complete checkpoint or
 // none. progress, if not nil, counts the bytes copied (RawBytes).
-func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, progress *streamer.Counters) (*CopyResult, error) {
+func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, progress *pipeline.Counters) (*CopyResult, error) {
 	res := &CopyResult{Source: src.String(), Destination: dst.String()}
 	// Chunks are read back from dst: the check that matters is of what dst
 	// holds. An encrypted archive is copied as it is, and checked with
 	// opts.Key.
-	a, raw, err := streamer.OpenArchiveAt(ctx, src, dst, streamer.Options{Workers: opts.Workers, MemoryLimit: opts.MemoryLimit,
+	a, raw, err := source.OpenArchiveAt(ctx, src, dst, pipeline.Options{Workers: opts.Workers, MemoryLimit: opts.MemoryLimit,
 		VerifyHashes: true, Key: opts.Key})
 	if err != nil {
 		return nil, err
@@ -50,7 +51,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, prog
 	defer a.Close()
 	m := a.Manifest()
 	res.ID, res.Segments = m.ID, len(m.Segments)
-	if theirs, err := streamer.ReadManifest(ctx, dst); err == nil {
+	if theirs, err := source.ReadManifest(ctx, dst); err == nil {
 		if theirs.ID == m.ID && theirs.Checksum == m.Checksum {
 			res.Already = true
 			return res, nil
@@ -60,7 +61,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, prog
 		return nil, err
 	}
 	if progress == nil {
-		progress = &streamer.Counters{}
+		progress = &pipeline.Counters{}
 	}
 	for _, seg := range m.Segments {
 		if info, err := dst.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
@@ -73,7 +74,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, prog
 			return res, err
 		}
 	}
-	rep, err := streamer.VerifyArchive(ctx, a)
+	rep, err := source.VerifyArchive(ctx, a)
 	if err != nil {
 		return res, fmt.Errorf("verify the copy in %s: %w", dst, err)
 	}
@@ -93,7 +94,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts streamer.Options, prog
 }
 
 // copyObject copies one segment, checking its size before it commits.
-func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment, progress *streamer.Counters) (int64, error) {
+func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment, progress *pipeline.Counters) (int64, error) {
 	r, err := src.Open(ctx, seg.Name, 0, -1)
 	if err != nil {
 		return 0, err
@@ -120,7 +121,7 @@ func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment,
 // countingReader counts what it reads, for a progress display.
 type countingReader struct {
 	r io.Reader
-	c *streamer.Counters
+	c *pipeline.Counters
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {

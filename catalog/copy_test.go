@@ -11,6 +11,8 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -21,7 +23,7 @@ import (
 func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
-	opts := streamer.Options{ChunkSize: 256 << 10, Workers: 2}
+	opts := pipeline.Options{ChunkSize: 256 << 10, Workers: 2}
 	var seal *crypt.Session
 	if len(key) > 0 {
 		var err error
@@ -30,7 +32,7 @@ func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map
 		}
 		opts.Key = key[0]
 	}
-	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, streamer.Format{Seal: seal})
+	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, pipeline.Format{Seal: seal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map
 
 func checkCopy(t *testing.T, dst store.Store, want map[string][]byte) {
 	t.Helper()
-	a, err := streamer.OpenArchive(context.Background(), dst, streamer.Options{})
+	a, err := source.OpenArchive(context.Background(), dst, pipeline.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func TestCopy(t *testing.T) {
 	ctx := context.Background()
 	src := mem.New("src")
 	want := archiveIn(t, src, 1)
-	m, err := streamer.ReadManifest(ctx, src)
+	m, err := source.ReadManifest(ctx, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,14 +101,14 @@ func TestCopy(t *testing.T) {
 
 	// Cut short at the second segment: nothing is complete in dst.
 	dst := mem.New("dst")
-	if _, err := Copy(ctx, src, failingCreate{dst, m.Segments[1].Name}, streamer.Options{}, nil); err == nil {
+	if _, err := Copy(ctx, src, failingCreate{dst, m.Segments[1].Name}, pipeline.Options{}, nil); err == nil {
 		t.Fatal("a copy into a failing store succeeded")
 	}
 	if _, err := dst.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("a failed copy wrote the manifest: %v", err)
 	}
 	// Resumed: the first segment is kept, the rest copied, all verified.
-	res, err := Copy(ctx, src, dst, streamer.Options{}, nil)
+	res, err := Copy(ctx, src, dst, pipeline.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +117,12 @@ func TestCopy(t *testing.T) {
 	}
 	checkCopy(t, dst, want)
 	// Again: already there. Into a store with another checkpoint: refused.
-	if res, err := Copy(ctx, src, dst, streamer.Options{}, nil); err != nil || !res.Already {
+	if res, err := Copy(ctx, src, dst, pipeline.Options{}, nil); err != nil || !res.Already {
 		t.Errorf("copy again: %+v, %v", res, err)
 	}
 	other := mem.New("other")
 	archiveIn(t, other, 2)
-	if _, err := Copy(ctx, src, other, streamer.Options{}, nil); !errors.Is(err, ErrOtherCheckpoint) {
+	if _, err := Copy(ctx, src, other, pipeline.Options{}, nil); !errors.Is(err, ErrOtherCheckpoint) {
 		t.Errorf("copy over another checkpoint: %v", err)
 	}
 }
@@ -135,14 +137,14 @@ func TestCopyEncrypted(t *testing.T) {
 	}
 	src := mem.New("src")
 	want := archiveIn(t, src, 4, key)
-	if _, err := Copy(ctx, src, mem.New("nokey"), streamer.Options{}, nil); err == nil {
+	if _, err := Copy(ctx, src, mem.New("nokey"), pipeline.Options{}, nil); err == nil {
 		t.Fatal("an encrypted checkpoint was copied without its key")
 	}
 	dst := mem.New("dst")
-	if _, err := Copy(ctx, src, dst, streamer.Options{Key: key}, nil); err != nil {
+	if _, err := Copy(ctx, src, dst, pipeline.Options{Key: key}, nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := streamer.OpenArchive(ctx, dst, streamer.Options{Key: key})
+	a, err := source.OpenArchive(ctx, dst, pipeline.Options{Key: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +163,7 @@ func TestCopyDamaged(t *testing.T) {
 	ctx := context.Background()
 	src := mem.New("src")
 	archiveIn(t, src, 3)
-	m, err := streamer.ReadManifest(ctx, src)
+	m, err := source.ReadManifest(ctx, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +181,7 @@ func TestCopyDamaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := mem.New("dst")
-	if _, err := Copy(ctx, src, dst, streamer.Options{}, nil); !errors.Is(err, errdefs.ErrCorrupt) {
+	if _, err := Copy(ctx, src, dst, pipeline.Options{}, nil); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("copy of a damaged archive: %v, want ErrCorrupt", err)
 	}
 	if _, err := dst.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {

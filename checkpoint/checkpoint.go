@@ -25,7 +25,9 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 )
@@ -39,7 +41,7 @@ type Phase struct {
 // Progress describes work with live counters, for a progress bar.
 type Progress struct {
 	What     string
-	Counters *streamer.Counters
+	Counters *pipeline.Counters
 	// Total is the bytes the work will move when known (0: unknown).
 	Total int64
 	// Uploaded reports the bytes an object store acknowledged; nil where
@@ -85,7 +87,7 @@ func (h Hooks) stats(st *Stats) {
 // openSource opens a source and starts its progress (what: "restore",
 // "extract"); the caller defers the source's Close and done.
 func (h Hooks) openSource(ctx context.Context, what string, loc location.Location, open location.Config,
-	so streamer.StreamOptions) (src streamer.Source, done func(), err error) {
+	so source.StreamOptions) (src source.Source, done func(), err error) {
 	if src, err = location.OpenSource(ctx, loc, open, so); err != nil {
 		return nil, nil, err
 	}
@@ -328,14 +330,14 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, streamer.StreamOptions{})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
 	defer done()
 	var recorded []manifest.GPU
-	if a, ok := src.(*streamer.ArchiveSource); ok {
+	if a, ok := src.(*source.ArchiveSource); ok {
 		recorded = a.Manifest().GPUs
 	}
 	pairs, err := o.GPUMap.For(recorded)

@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/scratch"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/vram"
 )
@@ -217,7 +218,7 @@ func (cc *cudaCheckpoint) fastCommit() {
 // CUDA processes, pids: a record naming any other (a damaged or hostile
 // checkpoint) is an error, never a copy into an unrelated process that
 // runs with the library.
-func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
+func fastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var slowest vram.CopyStats
 	var errs []error
@@ -269,8 +270,8 @@ func fastRestore(ctx context.Context, src streamer.Source, procs []manifest.CUDA
 // by their names (vram-PID-KK.bin, flagged external). The library checks
 // that a copy-in brings every piece of its memory, so a file that is
 // missing fails the restore rather than losing memory.
-func fastProcs(ctx context.Context, src streamer.Source) ([]manifest.CUDAProcess, error) {
-	if a, ok := src.(*streamer.ArchiveSource); ok {
+func fastProcs(ctx context.Context, src source.Source) ([]manifest.CUDAProcess, error) {
+	if a, ok := src.(*source.ArchiveSource); ok {
 		return a.Manifest().CUDA, nil
 	}
 	files, err := src.Files(ctx)
@@ -355,12 +356,12 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 // then the device memory of the processes that took the fast path comes
 // back from the archive at o.From.
 func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
-	src, err := location.OpenSource(ctx, o.From, o.Open, streamer.StreamOptions{})
+	src, err := location.OpenSource(ctx, o.From, o.Open, source.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	a, ok := src.(*streamer.ArchiveSource)
+	a, ok := src.(*source.ArchiveSource)
 	if !ok {
 		return nil, errdefs.Usagef("gpu resume --from: %s is not an archive", o.From)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/vram"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
@@ -89,7 +89,7 @@ func TestGPUStepFastPathRefusals(t *testing.T) {
 
 // listSource is a stream source that only lists files.
 type listSource struct {
-	streamer.Source
+	source.Source
 	files []manifest.File
 }
 

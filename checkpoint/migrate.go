@@ -25,6 +25,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -40,7 +41,7 @@ type MigrateOptions struct {
 	TCP  location.TCPConfig
 	// Stream are the pipeline's options; Stream.Key encrypts the stream
 	// (the receiver needs the key) and the local copy under one session.
-	Stream       streamer.Options
+	Stream       pipeline.Options
 	CRIU         CRIU
 	LeaveRunning bool
 	// KeepDir is where the image is kept until the receiver confirms the

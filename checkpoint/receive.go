@@ -10,7 +10,7 @@ import (
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/proc"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
 	"github.com/gpucr/gpucr-stream/vram"
 )
@@ -21,7 +21,7 @@ type ReceiveOptions struct {
 	Listen string
 	TCP    location.TCPConfig
 	// Stream are the options of the held stream (memory, spill dir).
-	Stream streamer.StreamOptions
+	Stream source.StreamOptions
 	// Restore restores the checkpoint with CRIU; otherwise it is served
 	// to an external `criu restore --stream -D ImagesDir`.
 	Restore   bool

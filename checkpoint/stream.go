@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -121,7 +122,7 @@ func readExtFiles(files []ExtFile, c *streamer.Capture) error {
 }
 
 // writeExtFiles copies the external files from src to their descriptors.
-func writeExtFiles(ctx context.Context, files []ExtFile, src streamer.Source) error {
+func writeExtFiles(ctx context.Context, files []ExtFile, src source.Source) error {
 	return eachExtFile(files, func(e ExtFile, f *os.File) error {
 		_, err := src.Copy(ctx, e.Name, f)
 		return err
@@ -156,7 +157,7 @@ func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
 // first too.
 func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, streamer.StreamOptions{})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +210,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 // files to their descriptors.
 func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, streamer.StreamOptions{ExtractDir: o.ImagesDir})
+	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, source.StreamOptions{ExtractDir: o.ImagesDir})
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +239,7 @@ func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 // meaning what criu-image-streamer's means: each shard's size is the bytes
 // of its stream. An archive's "shards" are its segments, as capture
 // reports them.
-func sourceStats(ctx context.Context, src streamer.Source, loc location.Location, start time.Time) (*Stats, error) {
+func sourceStats(ctx context.Context, src source.Source, loc location.Location, start time.Time) (*Stats, error) {
 	files, err := src.Files(ctx)
 	if err != nil {
 		return nil, err
@@ -258,7 +259,7 @@ func sourceStats(ctx context.Context, src streamer.Source, loc location.Location
 			st.Shards = append(st.Shards, ShardStats{Size: n, TransferMillis: ms})
 		}
 		st.StoredBytes = s.Counters.StoredBytes.Load()
-	} else if a, ok := src.(*streamer.ArchiveSource); ok {
+	} else if a, ok := src.(*source.ArchiveSource); ok {
 		m := a.Manifest()
 		for _, seg := range m.Segments {
 			st.Shards = append(st.Shards, ShardStats{Size: seg.Size, TransferMillis: ms})
@@ -277,7 +278,7 @@ func sourceStats(ctx context.Context, src streamer.Source, loc location.Location
 }
 
 // explainSource names where a criu-image-streamer stream is damaged.
-func explainSource(src streamer.Source, err error) error {
+func explainSource(src source.Source, err error) error {
 	if l := location.LegacyOf(src); l != nil {
 		return l.Explain(err)
 	}

@@ -3,7 +3,7 @@ package imagestreamer
 // Design: rather than a second buffering, spilling and extracting engine, a
 // criu-image-streamer stream is re-framed on the fly into a one-shard
 // gpucr-stream stream (raw chunks, each with its CRC-32C, and a digest per
-// file: format 3, without chunk hashes) and read by streamer.StreamSource
+// file: format 3, without chunk hashes) and read by source.StreamSource
 // through a pipe. Serving, the memory budget, spilling and extraction are
 // then the ones gpucr-stream's own streams use. The legacy format has no
 // checksums: those computed here only protect the bytes from here on.
@@ -17,7 +17,8 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 // chunkSize is the largest chunk re-framed; data of the current file is
@@ -27,7 +28,7 @@ const chunkSize = 1 << 20
 // Source serves the files of a criu-image-streamer stream. Its errors name
 // the shard and offset of the damage.
 type Source struct {
-	*streamer.StreamSource
+	*source.StreamSource
 	rd   *Reader
 	pr   *io.PipeReader
 	done chan struct{}
@@ -38,7 +39,7 @@ type Source struct {
 
 // NewSource starts reading the shards (names label them in errors). Files
 // named in external are marked as --ext-file-fds files.
-func NewSource(ctx context.Context, shards []io.Reader, names []string, external []string, so streamer.StreamOptions) *Source {
+func NewSource(ctx context.Context, shards []io.Reader, names []string, external []string, so source.StreamOptions) *Source {
 	pr, pw := io.Pipe()
 	s := &Source{
 		rd:   NewReader(ctx, shards, names),
@@ -59,7 +60,7 @@ func NewSource(ctx context.Context, shards []io.Reader, names []string, external
 		}
 		pw.CloseWithError(err)
 	}()
-	s.StreamSource = streamer.NewStreamSource(ctx, []io.Reader{pr}, []string{"criu-image-streamer stream"}, so)
+	s.StreamSource = source.NewStreamSource(ctx, []io.Reader{pr}, []string{"criu-image-streamer stream"}, so)
 	return s
 }
 
@@ -85,19 +86,19 @@ func (s *Source) Wait(ctx context.Context) error {
 // Err returns the error that stopped the stream, if any.
 func (s *Source) Err() error { return s.Explain(s.StreamSource.Err()) }
 
-// Stat implements streamer.Source.
+// Stat implements source.Source.
 func (s *Source) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, err := s.StreamSource.Stat(ctx, name)
 	return f, s.Explain(err)
 }
 
-// Copy implements streamer.Source.
+// Copy implements source.Source.
 func (s *Source) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
 	n, err := s.StreamSource.Copy(ctx, name, w)
 	return n, s.Explain(err)
 }
 
-// Files implements streamer.Source.
+// Files implements source.Source.
 func (s *Source) Files(ctx context.Context) ([]manifest.File, error) {
 	fs, err := s.StreamSource.Files(ctx)
 	return fs, s.Explain(err)
@@ -220,7 +221,7 @@ func (r *reframer) close(name string) error {
 	}
 	delete(r.files, name)
 	fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: f.id, Offset: uint64(f.off),
-		RawLen: f.chunks, Hash: streamer.FileDigest(f.covered, f.off)}
+		RawLen: f.chunks, Hash: pipeline.FileDigest(f.covered, f.off)}
 	_, err := r.mw.WriteFrame(&fh, nil)
 	return err
 }
@@ -237,7 +238,7 @@ func (r *reframer) flush() error {
 		return err
 	}
 	f.off += int64(len(r.buf))
-	f.covered = streamer.AppendDigestCRC(f.covered, fh.Checksum, fh.RawLen)
+	f.covered = pipeline.AppendDigestCRC(f.covered, fh.Checksum, fh.RawLen)
 	f.chunks++
 	r.buf = r.buf[:0]
 	return nil

@@ -10,6 +10,8 @@ import (
 
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -21,7 +23,7 @@ func TestKeyedLocations(t *testing.T) {
 	key, _ := crypt.ParseKey(strings.Repeat("ab", 32))
 	wrong, _ := crypt.ParseKey(strings.Repeat("cd", 32))
 	data := bytes.Repeat([]byte("secret page "), 50_000)
-	opts := streamer.Options{ChunkSize: 64 << 10, Workers: 2, MemoryLimit: 64 << 20}
+	opts := pipeline.Options{ChunkSize: 64 << 10, Workers: 2, MemoryLimit: 64 << 20}
 	keyed := func(k *crypt.Key) Config {
 		o := opts
 		o.Key = k
@@ -64,11 +66,11 @@ func TestKeyedLocations(t *testing.T) {
 			if buf != nil && bytes.Contains(buf.Bytes(), []byte("secret page")) {
 				t.Fatal("plain bytes in the encrypted stream")
 			}
-			open := func(c Config) (streamer.Source, error) {
+			open := func(c Config) (source.Source, error) {
 				if buf != nil {
 					c.Stdin = bytes.NewReader(buf.Bytes())
 				}
-				return OpenSource(ctx, loc, c, streamer.StreamOptions{})
+				return OpenSource(ctx, loc, c, source.StreamOptions{})
 			}
 			read := func(c Config) ([]byte, error) {
 				src, err := open(c)

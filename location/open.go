@@ -15,7 +15,9 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/s3"
@@ -38,7 +40,7 @@ type Config struct {
 	// chunks in flight, codec). Options.Key, when set, encrypts every
 	// output opened (one new session per checkpoint) and is required by
 	// every source: an encrypted one needs it, a plain one is refused.
-	Options streamer.Options
+	Options pipeline.Options
 	// HoldLimit is what a stream source holds in memory before spilling to
 	// SpillDir; 0: half the available memory, at least 1 GiB.
 	HoldLimit int64
@@ -65,7 +67,7 @@ type TCPConfig struct {
 
 // Output is an opened DEST.
 type Output struct {
-	// Output is sealed (streamer.Format) when Config.Options.Key was set,
+	// Output is sealed (pipeline.Format) when Config.Options.Key was set,
 	// and hashes its chunks when Config.Options.ChunkHashes was.
 	streamer.Output
 	// Sizes reports per-shard bytes of a stream destination (stdio,
@@ -84,11 +86,11 @@ func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 
 // Format is what the output writes: a capture writing into it seals every
 // chunk when it is sealed.
-func (o *Output) Format() streamer.Format {
-	if f, ok := o.Output.(interface{ Format() streamer.Format }); ok {
+func (o *Output) Format() pipeline.Format {
+	if f, ok := o.Output.(interface{ Format() pipeline.Format }); ok {
 		return f.Format()
 	}
-	return streamer.Format{}
+	return pipeline.Format{}
 }
 
 // WriteFrameAsync implements streamer.AsyncOutput: an archive's payload
@@ -104,12 +106,12 @@ func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 	return loc, err
 }
 
-// format is what one output writes (streamer.Options.NewFormat).
-func (c *Config) format() (streamer.Format, error) { return c.Options.NewFormat() }
+// format is what one output writes (pipeline.Options.NewFormat).
+func (c *Config) format() (pipeline.Format, error) { return c.Options.NewFormat() }
 
 // OpenSource opens a SRC. so are the stream source's own options
 // (ExtractDir, Discard, VerifyHashes); the rest comes from c.
-func OpenSource(ctx context.Context, loc Location, c Config, so streamer.StreamOptions) (streamer.Source, error) {
+func OpenSource(ctx context.Context, loc Location, c Config, so source.StreamOptions) (source.Source, error) {
 	return loc.backend().source(ctx, &c, c.StreamOptions(so))
 }
 
@@ -138,11 +140,11 @@ func ReadManifest(ctx context.Context, loc Location, c Config) (m *manifest.Mani
 // archiveManifest reads an archive's manifest, authenticated when it is
 // encrypted and c holds the key.
 func (c *Config) archiveManifest(ctx context.Context, st store.Store) (*manifest.Manifest, bool, error) {
-	m, err := streamer.ReadManifest(ctx, st)
+	m, err := source.ReadManifest(ctx, st)
 	if err != nil || m.Encryption == nil || c.Options.Key == nil {
 		return m, false, err
 	}
-	if m, err = streamer.CheckManifest(ctx, st, c.Options.Key); err != nil {
+	if m, err = source.CheckManifest(ctx, st, c.Options.Key); err != nil {
 		return nil, false, err
 	}
 	return m, true, nil
@@ -150,7 +152,7 @@ func (c *Config) archiveManifest(ctx context.Context, st store.Store) (*manifest
 
 type backend interface {
 	output(ctx context.Context, c *Config) (*Output, error)
-	source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error)
+	source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error)
 	store(ctx context.Context, c *Config) (store.Store, func(), error)
 	destStore(ctx context.Context, c *Config) (store.Store, func(), error)
 	manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error)
@@ -179,7 +181,7 @@ func (u unsupported) output(context.Context, *Config) (*Output, error) {
 	return nil, errdefs.Usagef("--to %s: this destination is not supported yet", u.loc)
 }
 
-func (u unsupported) source(context.Context, *Config, streamer.StreamOptions) (streamer.Source, error) {
+func (u unsupported) source(context.Context, *Config, source.StreamOptions) (source.Source, error) {
 	return nil, errdefs.Usagef("source %s: not supported yet", u.loc)
 }
 
@@ -198,7 +200,7 @@ func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, boo
 // StreamOptions are the options a stream source opened with c gets (so's
 // own, plus c's memory and spill settings); receive, which builds its
 // source itself, starts from them too.
-func (c Config) StreamOptions(so streamer.StreamOptions) streamer.StreamOptions {
+func (c Config) StreamOptions(so source.StreamOptions) source.StreamOptions {
 	so.Options = c.Options
 	so.Options.MemoryLimit = c.HoldLimit
 	if c.HoldLimit == 0 {
@@ -210,7 +212,7 @@ func (c Config) StreamOptions(so streamer.StreamOptions) streamer.StreamOptions 
 }
 
 // archiveOptions are the options of an archive source.
-func (c *Config) archiveOptions(so streamer.StreamOptions) streamer.Options {
+func (c *Config) archiveOptions(so source.StreamOptions) pipeline.Options {
 	opts := c.Options
 	opts.VerifyHashes = so.VerifyHashes || so.Discard
 	return opts
@@ -277,7 +279,7 @@ func (c *Config) stdioWriters() ([]io.Writer, error) {
 	return ws, nil
 }
 
-func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+func (stdioLoc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
 	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
 		// Tests hand in readers, used as they are (see stdioWriters).
 		return newStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so)
@@ -298,7 +300,7 @@ func (stdioLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions
 
 // newStreamSource reads a gpucr-stream stream, or one that
 // criu-image-streamer wrote (told apart by their first bytes).
-func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so streamer.StreamOptions) (streamer.Source, error) {
+func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so source.StreamOptions) (source.Source, error) {
 	rs, legacy, err := imagestreamer.Sniff(rs)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", names[0], err)
@@ -306,7 +308,7 @@ func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so str
 	if legacy {
 		return imagestreamer.NewSource(ctx, rs, names, nil, so), nil
 	}
-	return streamer.NewStreamSource(ctx, rs, names, so), nil
+	return source.NewStreamSource(ctx, rs, names, so), nil
 }
 
 func (stdioLoc) store(context.Context, *Config) (store.Store, func(), error) {
@@ -318,7 +320,7 @@ func (stdioLoc) destStore(context.Context, *Config) (store.Store, func(), error)
 }
 
 func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool, error) {
-	m, err := streamer.ScanStream(c.Stdin, "stdin")
+	m, err := source.ScanStream(c.Stdin, "stdin")
 	return m, false, err
 }
 
@@ -337,11 +339,11 @@ func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	return &Output{Output: out}, nil
 }
 
-func (a archiveLoc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+func (a archiveLoc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
 	if _, err := os.Stat(a.loc.Path); err != nil {
 		return nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
 	}
-	return streamer.OpenArchive(ctx, dir.New(a.loc.Path), c.archiveOptions(so))
+	return source.OpenArchive(ctx, dir.New(a.loc.Path), c.archiveOptions(so))
 }
 
 func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error) {
@@ -370,7 +372,7 @@ func (f streamFileLoc) output(context.Context, *Config) (*Output, error) {
 	return nil, errdefs.Usagef("--to %s: a file is already there; capture writes archive directories (or use stdout: capture > FILE)", f.loc)
 }
 
-func (f streamFileLoc) source(ctx context.Context, _ *Config, so streamer.StreamOptions) (streamer.Source, error) {
+func (f streamFileLoc) source(ctx context.Context, _ *Config, so source.StreamOptions) (source.Source, error) {
 	file, err := os.Open(f.loc.Path)
 	if err != nil {
 		return nil, err
@@ -393,13 +395,13 @@ func (f streamFileLoc) manifest(_ context.Context, _ *Config) (*manifest.Manifes
 		return nil, false, err
 	}
 	defer file.Close()
-	m, err := streamer.ScanStream(file, f.loc.Path)
+	m, err := source.ScanStream(file, f.loc.Path)
 	return m, false, err
 }
 
 // closeWith closes an extra resource after the source.
 type closeWith struct {
-	streamer.Source
+	source.Source
 	c io.Closer
 }
 
@@ -410,9 +412,9 @@ func (c closeWith) Close() error {
 }
 
 // StreamOf returns the stream source behind src, if it is one.
-func StreamOf(src streamer.Source) *streamer.StreamSource {
+func StreamOf(src source.Source) *source.StreamSource {
 	switch s := src.(type) {
-	case *streamer.StreamSource:
+	case *source.StreamSource:
 		return s
 	case *imagestreamer.Source:
 		return s.StreamSource
@@ -423,7 +425,7 @@ func StreamOf(src streamer.Source) *streamer.StreamSource {
 }
 
 // LegacyOf returns the criu-image-streamer stream behind src, if it is one.
-func LegacyOf(src streamer.Source) *imagestreamer.Source {
+func LegacyOf(src source.Source) *imagestreamer.Source {
 	switch s := src.(type) {
 	case *imagestreamer.Source:
 		return s
@@ -435,8 +437,8 @@ func LegacyOf(src streamer.Source) *imagestreamer.Source {
 
 // SourceCounters are the live totals of a source, for a progress bar, and
 // the bytes it will serve when known.
-func SourceCounters(src streamer.Source) (*streamer.Counters, int64) {
-	if a, ok := src.(*streamer.ArchiveSource); ok {
+func SourceCounters(src source.Source) (*pipeline.Counters, int64) {
+	if a, ok := src.(*source.ArchiveSource); ok {
 		return &a.Counters, a.Manifest().Stats.RawBytes
 	}
 	if s := StreamOf(src); s != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -40,7 +41,7 @@ func TestOpenRefusals(t *testing.T) {
 		{"store of a missing dir", store(filepath.Join(dir, "none")), errdefs.ErrNotFound},
 		{"output to a stream file", func() error { _, err := OpenOutput(ctx, parse(file), Config{}); return err }(), errdefs.ErrUsage},
 		{"source of a missing archive", func() error {
-			_, err := OpenSource(ctx, parse(filepath.Join(dir, "none")), Config{HoldLimit: 1 << 20}, streamer.StreamOptions{})
+			_, err := OpenSource(ctx, parse(filepath.Join(dir, "none")), Config{HoldLimit: 1 << 20}, source.StreamOptions{})
 			return err
 		}(), errdefs.ErrNotFound},
 		{"manifest of tcp", func() error { _, _, err := ReadManifest(ctx, parse("tcp://127.0.0.1:1"), Config{}); return err }(), errdefs.ErrUsage},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -107,7 +108,7 @@ func capMemoryTo(pipeline, store int64) {
 
 // source reads chunks with ranged GETs in CRIU's order, a bounded window
 // ahead; nothing is staged on disk.
-func (l s3Loc) source(ctx context.Context, c *Config, so streamer.StreamOptions) (streamer.Source, error) {
+func (l s3Loc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
 	st, sc, err := l.open(ctx, c, false)
 	if err != nil {
 		return nil, err
@@ -116,7 +117,7 @@ func (l s3Loc) source(ctx context.Context, c *Config, so streamer.StreamOptions)
 	// Each read mostly waits on the network: keep more in flight than
 	// there are cores.
 	opts.Fetchers = max(opts.Fetchers, 2*sc.Parallel)
-	src, err := streamer.OpenArchive(ctx, st, opts)
+	src, err := source.OpenArchive(ctx, st, opts)
 	if err != nil {
 		st.Close()
 		return nil, err

@@ -6,14 +6,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // ShardFiles turns --shard-fds into files; without shards it is the given
 // standard stream alone.
 func ShardFiles(fds []int, std *os.File) ([]*os.File, []string, error) {
 	if len(fds) == 0 {
-		streamer.GrowPipe(std.Fd())
+		pipeline.GrowPipe(std.Fd())
 		return []*os.File{pollable(std.Fd(), std.Name(), std)}, []string{std.Name()}, nil
 	}
 	var files []*os.File
@@ -22,7 +22,7 @@ func ShardFiles(fds []int, std *os.File) ([]*os.File, []string, error) {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
 			return nil, nil, fmt.Errorf("shard %d: fd %d is not open: %w", i, fd, err)
 		}
-		streamer.GrowPipe(uintptr(fd))
+		pipeline.GrowPipe(uintptr(fd))
 		name := fmt.Sprintf("shard %d (fd %d)", i, fd)
 		files = append(files, pollable(uintptr(fd), name, nil))
 		names = append(names, name)

@@ -35,6 +35,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store"
 )
 
@@ -86,7 +87,7 @@ type ArchiveOutput struct {
 	store       store.Store
 	segmentSize int64
 	streamID    uint64
-	format      Format
+	format      pipeline.Format
 	nLanes      int
 	start       int64 // offset of a segment's first frame, after its header
 
@@ -165,11 +166,11 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // NewArchiveOutput writes a plain archive without chunk hashes; it, like
 // NewArchiveOutputAs, refuses to overwrite a committed archive.
 func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*ArchiveOutput, error) {
-	return NewArchiveOutputAs(ctx, st, segmentSize, Format{})
+	return NewArchiveOutputAs(ctx, st, segmentSize, pipeline.Format{})
 }
 
 // NewArchiveOutputAs writes an archive in format f.
-func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, f Format) (*ArchiveOutput, error) {
+func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, f pipeline.Format) (*ArchiveOutput, error) {
 	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
@@ -194,11 +195,11 @@ func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, 
 }
 
 func (a *ArchiveOutput) newWriter(w io.Writer) (*manifest.Writer, error) {
-	mw, err := manifest.NewWriter(w, a.format.header(0, 1, a.streamID))
+	mw, err := manifest.NewWriter(w, streamHeader(a.format, 0, 1, a.streamID))
 	if err != nil {
 		return nil, err
 	}
-	sealEnd(mw, a.format.Seal)
+	pipeline.SealEnd(mw, a.format.Seal)
 	return mw, nil
 }
 
@@ -213,7 +214,7 @@ func (a *ArchiveOutput) SetLanes(n int) {
 }
 
 // Format is what the archive is written as.
-func (a *ArchiveOutput) Format() Format { return a.format }
+func (a *ArchiveOutput) Format() pipeline.Format { return a.format }
 
 // Committed returns how many segments have been committed so far.
 func (a *ArchiveOutput) Committed() int {
@@ -545,7 +546,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("refusing to commit: %w", err)
 	}
-	doc, err := marshalManifest(m, a.format.Seal)
+	doc, err := pipeline.MarshalManifest(m, a.format.Seal)
 	if err != nil {
 		return err
 	}

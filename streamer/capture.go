@@ -3,78 +3,30 @@ package streamer
 import (
 	"context"
 	crand "crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/bufpool"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
-// Options tune the pipeline. Zero values pick the defaults.
-type Options struct {
-	// ChunkSize is the largest raw chunk; files smaller than it stay whole.
-	ChunkSize int
-	// Workers is the number of encoder (or decoder) goroutines.
-	Workers int
-	// MemoryLimit bounds the chunk buffers in flight (raw and encoded).
-	MemoryLimit int64
-	// Codec chooses the chunk encoding.
-	Codec codec.Spec
-	// VerifyHashes makes readers also check every chunk's BLAKE3 content
-	// hash (verify does; restore relies on the CRC-32C alone for speed).
-	VerifyHashes bool
-	// Fetchers is the number of chunk reads an archive source keeps in
-	// flight per file (default: Workers). Object stores want more than
-	// there are cores, since each read mostly waits on the network.
-	Fetchers int
-	// Key opens encrypted checkpoints; readers given one refuse
-	// unencrypted input. Writers encrypt when their Output has a session.
-	Key *crypt.Key
-	// ChunkHashes makes the outputs opened with these options (package
-	// location, migrate) hash every chunk with BLAKE3 (Format); a Capture
-	// writes what its Output's format says.
-	ChunkHashes bool
-}
-
-const (
-	DefaultChunkSize   = 4 << 20
-	DefaultMemoryLimit = 256 << 20
-	// smallRead is the first read of every file: CRIU sends hundreds of
-	// small images that stay open until the end, and they must not each pin
-	// a full chunk of the budget.
-	smallRead = 64 << 10
-)
-
-func (o Options) withDefaults() Options {
-	if o.ChunkSize <= 0 {
-		o.ChunkSize = DefaultChunkSize
-	}
-	if o.ChunkSize > codec.MaxChunk {
-		o.ChunkSize = codec.MaxChunk
-	}
-	if o.Workers <= 0 {
-		o.Workers = runtime.GOMAXPROCS(0)
-	}
-	if o.MemoryLimit <= 0 {
-		o.MemoryLimit = DefaultMemoryLimit
-	}
-	return o
-}
+// smallRead is the first read of every file: CRIU sends hundreds of
+// small images that stay open until the end, and they must not each pin a
+// full chunk of the budget.
+const smallRead = 64 << 10
 
 // chunkTokens is how many chunks may be in flight: at least enough to keep
 // every worker busy while the writer holds one.
-func (o Options) chunkTokens(perChunk int) int {
+func chunkTokens(o pipeline.Options, perChunk int) int {
 	n := int(o.MemoryLimit / int64(perChunk))
 	if min := 2*o.Workers + 2; n < min {
 		n = min
@@ -82,17 +34,10 @@ func (o Options) chunkTokens(perChunk int) int {
 	return n
 }
 
-// Counters are live totals, readable while the pipeline runs.
-type Counters struct {
-	Files       atomic.Int64
-	RawBytes    atomic.Int64
-	StoredBytes atomic.Int64
-}
-
 // Capture is a running capture pipeline: producers call WriteFile
 // concurrently, one call per file; Close commits.
 type Capture struct {
-	opts   Options
+	opts   pipeline.Options
 	enc    *codec.Encoder
 	out    Output
 	ctx    context.Context
@@ -103,7 +48,7 @@ type Capture struct {
 	bufs   *bufpool.Pool  // raw and encoded chunks alike
 	encDst bool           // the codec writes into a buffer of its own
 	seal   *crypt.Session // the output's, when it is encrypted
-	sums   digester
+	sums   pipeline.Digester
 
 	mu     sync.Mutex
 	nextID uint32
@@ -111,7 +56,7 @@ type Capture struct {
 	workers    sync.WaitGroup
 	writerDone chan struct{}
 	started    time.Time
-	Counters   Counters
+	Counters   pipeline.Counters
 
 	// owned by the writer goroutine until writerDone closes
 	man       manifest.Manifest
@@ -152,8 +97,8 @@ type fileState struct {
 
 // NewCapture starts the workers and the ordered writer. The pipeline stops
 // at the first error; ctx cancels it.
-func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error) {
-	opts = opts.withDefaults()
+func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Capture, error) {
+	opts = opts.WithDefaults()
 	enc, err := codec.NewEncoder(opts.Codec)
 	if err != nil {
 		return nil, err
@@ -169,7 +114,7 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 	if seal != nil {
 		bufSize += crypt.Overhead // sealed in place
 	}
-	tokens := opts.chunkTokens(opts.ChunkSize + encMax)
+	tokens := chunkTokens(opts, opts.ChunkSize+encMax)
 	// window: the items (so chunk buffers) that may wait between the
 	// producers and the writer, whatever order the workers finish in.
 	window := 4 * opts.Workers
@@ -187,7 +132,7 @@ func NewCapture(ctx context.Context, out Output, opts Options) (*Capture, error)
 		bufs:       bufpool.New(bufSize, 2*tokens),
 		encDst:     encMax > 0,
 		seal:       seal,
-		sums:       format.digester(),
+		sums:       format.Digester(),
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -363,12 +308,12 @@ func (c *Capture) encode(it *item) error {
 	}
 	if it.sums.zero {
 		it.codec, it.stored = codec.Zero, nil
-		it.crc, it.hash = c.sums.zero(len(it.raw))
+		it.crc, it.hash = c.sums.Zero(len(it.raw))
 		c.dropRaw(it)
 		return nil
 	}
 	it.crc = it.sums.crc
-	it.hash = c.sums.content(it.raw)
+	it.hash = c.sums.Content(it.raw)
 	var dst []byte
 	if c.encDst {
 		it.encBuf = c.bufs.Get()
@@ -517,14 +462,14 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		}
 		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
 			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
-		fs.digested = c.sums.chunk(fs.digested, it.crc, fh.RawLen, it.hash)
+		fs.digested = c.sums.Chunk(fs.digested, it.crc, fh.RawLen, it.hash)
 		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(stored))
 		c.Counters.StoredBytes.Add(int64(stored))
 	case manifest.FrameFileEnd:
 		fs := c.files[it.fileID]
 		delete(c.files, it.fileID)
 		fs.file.Size = it.size
-		fs.file.Digest = c.sums.digest(fs.digested, it.size)
+		fs.file.Digest = c.sums.Digest(fs.digested, it.size)
 		fh := manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: it.fileID, Offset: uint64(it.size), RawLen: it.chunks, Hash: fs.file.Digest}
 		if _, err := c.out.WriteFrame(ctx, &fh, nil); err != nil {
 			return false, fmt.Errorf("finish %s: %w", fs.file.Name, err)
@@ -557,8 +502,8 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 		return nil, errors.New("capture: files still open at close")
 	}
 	m := meta
-	m.Encryption = encryptionOf(c.seal)
-	m.NoChunkHashes = c.sums.noChunkHashes
+	m.Encryption = pipeline.EncryptionOf(c.seal)
+	m.NoChunkHashes = c.sums.NoChunkHashes
 	m.Format = m.FormatVersion()
 	m.ChunkSize = c.opts.ChunkSize
 	m.Codec = c.opts.Codec.String()
@@ -594,51 +539,6 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 
 // Abort stops the pipeline with err and discards the output.
 func (c *Capture) Abort(err error) { c.fail(err) }
-
-// FileDigest identifies a whole file from what digester.chunk took of
-// each of its chunks (their hashes, or their CRC-32C and lengths), so that
-// it can be computed in parallel and checked without rehashing the data.
-func FileDigest(chunks []byte, size int64) [32]byte {
-	b := make([]byte, len(chunks)+8)
-	copy(b, chunks)
-	binary.LittleEndian.PutUint64(b[len(chunks):], uint64(size))
-	return codec.ContentHash(b)
-}
-
-// zeroSumCache holds the sums of the zero-chunk lengths seen, at most
-// maxZeroSums of them: an honest image has a few (the chunk size and the
-// tails of files), and a hostile stream that declares a new length in
-// every frame must not grow it without bound.
-var (
-	zeroSumCache sync.Map // int -> sums
-	zeroSumCount atomic.Int32
-)
-
-const maxZeroSums = 64
-
-type sums struct {
-	crc  uint32
-	hash [32]byte
-}
-
-// zeroSums returns the checksum and hash of n zero bytes; zero chunks are
-// common (touched but unused memory) and all have the same few lengths.
-// Lengths over MaxChunk (refused by every reader) get zero sums.
-func zeroSums(n int) (uint32, [32]byte) {
-	if v, ok := zeroSumCache.Load(n); ok {
-		s := v.(sums)
-		return s.crc, s.hash
-	}
-	if n < 0 || n > codec.MaxChunk {
-		return 0, [32]byte{}
-	}
-	z := codec.Zeros(n)
-	s := sums{codec.Checksum(z), codec.ContentHash(z)}
-	if zeroSumCount.Add(1) <= maxZeroSums {
-		zeroSumCache.Store(n, s)
-	}
-	return s.crc, s.hash
-}
 
 // newID is a checkpoint id: 128 random bits in hex.
 func newID() string {

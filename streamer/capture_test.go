@@ -18,6 +18,9 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
@@ -139,10 +142,10 @@ func TestCaptureBackpressure(t *testing.T) {
 		{"larger budget", 1, 128 << 10, 16 * 128 << 10, "none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			ctx := context.Background()
 			out := &testOutput{release: make(chan struct{})}
-			c, err := NewCapture(ctx, out, Options{ChunkSize: tc.chunk, Workers: tc.workers, MemoryLimit: tc.limit, Codec: mustSpec(t, tc.codec)})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: tc.chunk, Workers: tc.workers, MemoryLimit: tc.limit, Codec: pipelinetest.MustSpec(t, tc.codec)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +199,7 @@ func TestCaptureBackpressure(t *testing.T) {
 			if len(c.tokens) != 0 {
 				t.Fatalf("%d tokens still taken after Close", len(c.tokens))
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -207,7 +210,7 @@ func TestCaptureBackpressureManyFiles(t *testing.T) {
 	ctx := context.Background()
 	out := &testOutput{release: make(chan struct{})}
 	const workers = 1
-	c, err := NewCapture(ctx, out, Options{ChunkSize: 256 << 10, Workers: workers, Codec: mustSpec(t, "lz4")})
+	c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: workers, Codec: pipelinetest.MustSpec(t, "lz4")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +221,7 @@ func TestCaptureBackpressureManyFiles(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := c.WriteFile(fmt.Sprintf("core-%d.img", i), bytes.NewReader(smallData(10_000, uint64(i))), false); err != nil {
+			if _, err := c.WriteFile(fmt.Sprintf("core-%d.img", i), bytes.NewReader(pipelinetest.SmallData(10_000, uint64(i))), false); err != nil {
 				t.Error(err)
 			}
 			returned.Add(1)
@@ -243,7 +246,7 @@ func TestCaptureBackpressurePipe(t *testing.T) {
 	ctx := context.Background()
 	pr, pw := io.Pipe()
 	out, _ := NewStreamOutput([]io.Writer{pw})
-	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 1, MemoryLimit: 1, Codec: mustSpec(t, "none")})
+	c, _ := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 1, MemoryLimit: 1, Codec: pipelinetest.MustSpec(t, "none")})
 	r := &patternReader{n: 32 << 20}
 	done := make(chan error, 1)
 	go func() {
@@ -274,11 +277,11 @@ var errBoom = errors.New("boom: output failed")
 func TestCaptureOutputFails(t *testing.T) {
 	for _, failAt := range []int{1, 2, 5, 40} {
 		t.Run(fmt.Sprint("frame ", failAt), func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			ctx := context.Background()
 			lateAccepted := false
 			out := &testOutput{failAt: failAt, failErr: errBoom}
-			c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: mustSpec(t, "lz4")})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: pipelinetest.MustSpec(t, "lz4")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -323,7 +326,7 @@ func TestCaptureOutputFails(t *testing.T) {
 			if len(c.tokens) != 0 {
 				t.Fatalf("%d tokens leaked", len(c.tokens))
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 			if lateAccepted {
 				t.Errorf("WriteFile after the pipeline failed returned nil")
 			}
@@ -334,7 +337,7 @@ func TestCaptureOutputFails(t *testing.T) {
 func TestCaptureCommitFails(t *testing.T) {
 	ctx := context.Background()
 	out := &testOutput{commitErr: errBoom}
-	c, _ := NewCapture(ctx, out, Options{Workers: 1})
+	c, _ := NewCapture(ctx, out, pipeline.Options{Workers: 1})
 	if _, err := c.WriteFile("a.img", strings.NewReader("abc"), false); err != nil {
 		t.Fatal(err)
 	}
@@ -379,14 +382,14 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			store := mem.New(tc.name)
 			tc.setup(store)
 			out, err := NewArchiveOutput(ctx, store, 1<<20)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "none")})
+			c, _ := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "none")})
 			_, werr := c.WriteFile("pages-1.img", &patternReader{n: 8 << 20}, false)
 			_, cerr := c.Close(ctx, manifest.Manifest{})
 			if !errors.Is(cerr, errBoom) {
@@ -398,10 +401,10 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 			if names := store.Names(); len(names) != 0 {
 				t.Fatalf("store keeps %v after a failed capture", names)
 			}
-			if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {
-				t.Fatalf("OpenArchive after a failed capture = %v", err)
+			if _, err := source.OpenArchive(ctx, store, pipeline.Options{}); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Fatalf("source.OpenArchive after a failed capture = %v", err)
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -412,7 +415,7 @@ func TestCaptureReadFails(t *testing.T) {
 	ctx := context.Background()
 	var buf bytes.Buffer
 	out, _ := NewStreamOutput([]io.Writer{&buf})
-	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2})
+	c, _ := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2})
 	readErr := errors.New("pipe broke")
 	r := io.MultiReader(io.LimitReader(&patternReader{n: -1}, 300_000), iotestErrReader{readErr})
 	n, err := c.WriteFile("pages-1.img", r, false)
@@ -426,7 +429,7 @@ func TestCaptureReadFails(t *testing.T) {
 		t.Fatal("Close committed a capture with an unfinished file")
 	}
 	// The stream has no END: no reader accepts it.
-	if _, err := ScanStream(bytes.NewReader(buf.Bytes()), "aborted"); err == nil {
+	if _, err := source.ScanStream(bytes.NewReader(buf.Bytes()), "aborted"); err == nil {
 		t.Fatal("aborted stream scans cleanly")
 	}
 }
@@ -439,7 +442,7 @@ func (e iotestErrReader) Read([]byte) (int, error) { return 0, e.err }
 func TestCaptureAbort(t *testing.T) {
 	ctx := context.Background()
 	out := &testOutput{}
-	c, _ := NewCapture(ctx, out, Options{Workers: 2})
+	c, _ := NewCapture(ctx, out, pipeline.Options{Workers: 2})
 	cause := errors.New("criu failed")
 	c.Abort(cause)
 	lateAccepted := false
@@ -469,13 +472,13 @@ func TestCaptureAbort(t *testing.T) {
 func TestCaptureCancel(t *testing.T) {
 	for _, blocked := range []bool{true, false} {
 		t.Run(fmt.Sprint("output blocked=", blocked), func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			ctx, cancel := context.WithCancel(context.Background())
 			out := &testOutput{}
 			if blocked {
 				out.release = make(chan struct{}) // never released
 			}
-			c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: mustSpec(t, "zstd")})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, MemoryLimit: 1 << 20, Codec: pipelinetest.MustSpec(t, "zstd")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -496,7 +499,7 @@ func TestCaptureCancel(t *testing.T) {
 			select {
 			case <-finished:
 			case <-time.After(10 * time.Second):
-				t.Fatalf("WriteFile did not return after cancel:\n%s", goroutineDump())
+				t.Fatalf("WriteFile did not return after cancel:\n%s", pipelinetest.GoroutineDump())
 			}
 			close(errs)
 			for err := range errs {
@@ -513,72 +516,9 @@ func TestCaptureCancel(t *testing.T) {
 			if len(c.tokens) != 0 {
 				t.Fatalf("%d tokens leaked", len(c.tokens))
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
-}
-
-// Sources stop on cancel too.
-func TestSourcesCancel(t *testing.T) {
-	ctx := context.Background()
-	ac := newArchiveCorpus(t, "zstd")
-	base := countGoroutines()
-	a, err := OpenArchive(ctx, slowStore{ac.store}, Options{Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	time.AfterFunc(50*time.Millisecond, cancel)
-	if _, err := a.Copy(cctx, "pages-1.img", io.Discard); !errors.Is(err, context.Canceled) {
-		t.Fatalf("ArchiveSource.Copy after cancel = %v", err)
-	}
-	waitGoroutines(t, base)
-
-	// A StreamSource over a finished stream stops when its context ends.
-	sc := newStreamCorpus(t, "lz4")
-	base = countGoroutines()
-	cctx, cancel = context.WithCancel(ctx)
-	src := NewStreamSource(cctx, []io.Reader{&slowReader{b: sc.b}}, []string{"slow"}, StreamOptions{Options: Options{Workers: 2}})
-	cancel()
-	if err := src.Wait(ctx); err == nil {
-		t.Fatal("Wait after cancel succeeded")
-	}
-	src.Close()
-	waitGoroutines(t, base)
-}
-
-// A StreamSource whose shard blocks (a pipe that stays open) must still
-// stop on cancel and on Close.
-func TestStreamSourceCancelBlockedShard(t *testing.T) {
-	base := countGoroutines()
-	pr, pw := io.Pipe()
-	defer pw.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"stdin"}, StreamOptions{Options: Options{Workers: 2}})
-	cancel()
-	closed := make(chan struct{})
-	go func() { src.Close(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(2 * time.Second):
-		pw.CloseWithError(errors.New("test gives up")) // unblock it for cleanup
-		<-closed
-		t.Fatal("Close did not return after cancel while the shard blocks")
-	}
-	waitGoroutines(t, base)
-}
-
-// slowReader returns a few bytes per Read, with a pause.
-type slowReader struct{ b []byte }
-
-func (s *slowReader) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	time.Sleep(time.Millisecond)
-	n := copy(p[:min(len(p), 1000)], s.b)
-	s.b = s.b[n:]
-	return n, nil
 }
 
 // A chunk size below the first small read must work (or be refused).
@@ -588,11 +528,11 @@ func TestCaptureSmallChunkSize(t *testing.T) {
 		t.Run(fmt.Sprint(cs), func(t *testing.T) {
 			var buf bytes.Buffer
 			out, _ := NewStreamOutput([]io.Writer{&buf})
-			c, err := NewCapture(ctx, out, Options{ChunkSize: cs, Workers: 1, Codec: mustSpec(t, "lz4")})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: cs, Workers: 1, Codec: pipelinetest.MustSpec(t, "lz4")})
 			if err != nil {
 				return // refused: fine
 			}
-			data := smallData(3*smallRead+5, 0)
+			data := pipelinetest.SmallData(3*smallRead+5, 0)
 			var werr error
 			func() {
 				defer func() {
@@ -619,12 +559,12 @@ func TestCaptureSmallChunkSize(t *testing.T) {
 	}
 }
 
-// Counters follow the work.
+// pipeline.Counters follow the work.
 func TestCaptureCounters(t *testing.T) {
 	ctx := context.Background()
 	out := &testOutput{}
-	c, _ := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "zstd")})
-	data := mixedData(1<<20, 4)
+	c, _ := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "zstd")})
+	data := pipelinetest.MixedData(1<<20, 4)
 	for i := range 3 {
 		if _, err := c.WriteFile(fmt.Sprintf("f%d", i), bytes.NewReader(data), false); err != nil {
 			t.Fatal(err)
@@ -661,12 +601,12 @@ func (o *gcOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, pay
 // sync.Pool, emptied by collections, made the heap climb with the image).
 func TestCaptureBuffersSurviveGC(t *testing.T) {
 	const chunk, size = 256 << 10, 48 << 20
-	data := mixedData(size, 7) // zero, incompressible and compressible chunks
+	data := pipelinetest.MixedData(size, 7) // zero, incompressible and compressible chunks
 	for _, spec := range []string{"lz4", "none"} {
 		t.Run(spec, func(t *testing.T) {
 			ctx := context.Background()
 			out := &gcOutput{}
-			c, err := NewCapture(ctx, out, Options{ChunkSize: chunk, Workers: 2, Codec: mustSpec(t, spec)})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -755,28 +695,4 @@ func randomBytes(r *rand.Rand, n int) []byte {
 		b[i] = byte(r.Uint32()) | 1
 	}
 	return b
-}
-
-// Zero chunks of many lengths (a hostile stream declares a new one in every
-// frame) neither grow the cache without bound nor allocate a buffer per
-// length, and every length still gets its right sums.
-func TestZeroSumsBounded(t *testing.T) {
-	for n := 1; n <= 3*maxZeroSums; n++ {
-		crc, hash := zeroSums(n * 4096)
-		z := make([]byte, n*4096)
-		if crc != codec.Checksum(z) || hash != codec.ContentHash(z) {
-			t.Fatalf("zeroSums(%d) wrong", n*4096)
-		}
-	}
-	cached := 0
-	zeroSumCache.Range(func(any, any) bool { cached++; return true })
-	if cached > maxZeroSums {
-		t.Fatalf("%d zero-chunk lengths cached, want at most %d", cached, maxZeroSums)
-	}
-	if allocs := testing.AllocsPerRun(10, func() { zeroSums(3*maxZeroSums*4096 + 512) }); allocs > 1 {
-		t.Fatalf("zeroSums of an uncached length allocates %.0f times", allocs)
-	}
-	if crc, _ := zeroSums(codec.MaxChunk + 1); crc != 0 {
-		t.Fatal("sums for a length over MaxChunk")
-	}
 }

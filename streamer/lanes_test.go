@@ -15,6 +15,9 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
@@ -82,13 +85,13 @@ func storeObjects(t *testing.T, st store.Store) map[string][]byte {
 // segments.
 func lanesCorpus() map[string][]byte {
 	return map[string][]byte{
-		"pages-1.img": mixedData(3<<20+12345, 1),
-		"pages-2.img": mixedData(2<<20+999, 5),
+		"pages-1.img": pipelinetest.MixedData(3<<20+12345, 1),
+		"pages-2.img": pipelinetest.MixedData(2<<20+999, 5),
 		"zeros.img":   make([]byte, 700<<10),
-		"small.img":   smallData(1000, 2),
-		"ext-0":       smallData(200<<10, 3),
+		"small.img":   pipelinetest.SmallData(1000, 2),
+		"ext-0":       pipelinetest.SmallData(200<<10, 3),
 		"empty.img":   {},
-		"tail.img":    mixedData(300<<10+7, 4),
+		"tail.img":    pipelinetest.MixedData(300<<10+7, 4),
 	}
 }
 
@@ -109,7 +112,7 @@ func scanSegment(t *testing.T, b []byte, name string, seal *crypt.Session) map[i
 		t.Fatalf("segment %s: %v", name, err)
 	}
 	if seal != nil {
-		checkEnd(rd, seal)
+		pipeline.CheckEnd(rd, seal)
 	}
 	data := map[int64]segFrame{}
 	for {
@@ -136,7 +139,7 @@ func scanSegment(t *testing.T, b []byte, name string, seal *crypt.Session) map[i
 // each decodes on its own, and every chunk is where the manifest says.
 func TestArchiveLanesReadBack(t *testing.T) {
 	files := lanesCorpus()
-	k := testKey(t, 7)
+	k := pipelinetest.Key(t, 7)
 	stores := map[string]func(t *testing.T) store.Store{
 		"mem": func(t *testing.T) store.Store { return mem.New(t.Name()) },
 		"dir": func(t *testing.T) store.Store { return dir.New(t.TempDir()) },
@@ -160,18 +163,18 @@ func TestArchiveLanesReadBack(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			var seal *crypt.Session
 			if tc.sealed {
-				seal = testSession(t, k)
+				seal = pipelinetest.Session(t, k)
 			}
 			st := stores[tc.store](t)
-			out, err := NewArchiveOutputAs(ctx, st, 512<<10, Format{Seal: seal})
+			out, err := NewArchiveOutputAs(ctx, st, 512<<10, pipeline.Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}
 			out.SetLanes(tc.lanes)
-			c, err := NewCapture(ctx, out, Options{ChunkSize: 256 << 10, Workers: 3, Codec: mustSpec(t, tc.spec)})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 3, Codec: pipelinetest.MustSpec(t, tc.spec)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,7 +188,7 @@ func TestArchiveLanesReadBack(t *testing.T) {
 					if _, err := c.WriteFile(name, r, strings.HasPrefix(name, "ext-")); err != nil {
 						errs <- err
 					}
-				}(name, reader(b, i))
+				}(name, pipelinetest.Reader(b, i))
 				i++
 			}
 			wg.Wait()
@@ -235,16 +238,16 @@ func TestArchiveLanesReadBack(t *testing.T) {
 			if back != (tc.lanes > 1) {
 				t.Fatalf("%d lanes: a file's chunks go back to an earlier segment: %v", tc.lanes, back)
 			}
-			src, err := OpenArchive(ctx, st, Options{Key: keyIf(seal, k), VerifyHashes: true})
+			src, err := source.OpenArchive(ctx, st, pipeline.Options{Key: keyIf(seal, k), VerifyHashes: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkSource(t, ctx, name, src, files)
-			if rep, err := VerifyArchive(ctx, src); err != nil || rep.Files != len(files) {
-				t.Fatalf("VerifyArchive = %+v, %v; want %d files", rep, err, len(files))
+			pipelinetest.CheckSource(t, ctx, name, src, files)
+			if rep, err := source.VerifyArchive(ctx, src); err != nil || rep.Files != len(files) {
+				t.Fatalf("source.VerifyArchive = %+v, %v; want %d files", rep, err, len(files))
 			}
 			src.Close()
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -264,7 +267,7 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 	defer cancel()
 	for _, kind := range []string{"mem", "dir"} {
 		t.Run(kind, func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			st := &hookStore{Store: mem.New(t.Name())}
 			if kind == "dir" {
 				st.Store = dir.New(t.TempDir())
@@ -283,7 +286,7 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 				t.Fatal(err)
 			}
 			out.SetLanes(4)
-			c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, "none")})
+			c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "none")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -301,10 +304,10 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 			if objs := storeObjects(t, st); len(objs) != 0 {
 				t.Fatalf("store keeps %d objects after a failed write", len(objs))
 			}
-			if _, err := ReadManifest(ctx, st); err == nil {
+			if _, err := source.ReadManifest(ctx, st); err == nil {
 				t.Fatal("a manifest was written")
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -314,7 +317,7 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 func TestArchiveAbortWaitsForLanes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := countGoroutines()
+	base := pipelinetest.CountGoroutines()
 	gate := make(chan struct{})
 	blocked := make(chan struct{}, 3)
 	st := &hookStore{Store: mem.New(t.Name())}
@@ -372,7 +375,7 @@ func TestArchiveAbortWaitsForLanes(t *testing.T) {
 	if _, err := out.WriteFrame(ctx, &fh, nil); err == nil {
 		t.Fatal("WriteFrame after Abort succeeded")
 	}
-	waitGoroutines(t, base)
+	pipelinetest.WaitGoroutines(t, base)
 }
 
 // A lane finishes a segment only after the frames queued before its end;
@@ -393,7 +396,7 @@ func TestArchiveLanesWriteFrame(t *testing.T) {
 	m := manifest.Manifest{ID: "x", Files: []manifest.File{{Name: "f", Chunks: []manifest.Chunk{}}}}
 	var size int64
 	for i := range 10 {
-		p := mixedData(100<<10+i, uint64(i))
+		p := pipelinetest.MixedData(100<<10+i, uint64(i))
 		fh := manifest.FrameHeader{Type: manifest.FrameData, FileID: 9, Offset: uint64(size), RawLen: uint32(len(p)), Checksum: codec.Checksum(p)}
 		loc, err := out.WriteFrame(ctx, &fh, p)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // Location is where a frame landed: segment index and header offset.
@@ -61,4 +62,25 @@ func (f *firstFailure) setFailure(err error) {
 		f.err = err
 		close(f.failed)
 	}
+}
+
+// streamHeader is the stream header every shard or segment written in f
+// starts with.
+func streamHeader(f pipeline.Format, index, count uint16, id uint64) manifest.Header {
+	return manifest.Header{ShardIndex: index, ShardCount: count, StreamID: id,
+		Encryption: pipeline.EncryptionOf(f.Seal), NoChunkHashes: f.NoChunkHashes()}
+}
+
+// formattedOutput is an Output that says what it writes; one that does
+// not writes pipeline.Format{}.
+type formattedOutput interface {
+	Format() pipeline.Format
+}
+
+// outputFormat is what out writes.
+func outputFormat(out Output) pipeline.Format {
+	if f, ok := out.(formattedOutput); ok {
+		return f.Format()
+	}
+	return pipeline.Format{}
 }

@@ -26,6 +26,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // StreamOutput writes one stream over one or more shards (pipes, stdout, a
@@ -38,7 +39,7 @@ type StreamOutput struct {
 	// Trailer selects whether the END frame carries the manifest; only a
 	// single-shard stream has an index that means something on its own.
 	trailer bool
-	format  Format
+	format  pipeline.Format
 
 	// asynchronous mode, from the first WriteFrameAsync on
 	chains []shardChain // nil while synchronous
@@ -65,27 +66,27 @@ var errStreamAborted = errors.New("stream aborted")
 // NewStreamOutput writes the headers of a plain stream without chunk
 // hashes to every shard.
 func NewStreamOutput(shards []io.Writer) (*StreamOutput, error) {
-	return NewStreamOutputAs(shards, Format{})
+	return NewStreamOutputAs(shards, pipeline.Format{})
 }
 
 // NewStreamOutputAs writes a stream in format f. A Capture writing to it
 // seals every chunk when f is sealed.
-func NewStreamOutputAs(shards []io.Writer, f Format) (*StreamOutput, error) {
+func NewStreamOutputAs(shards []io.Writer, f pipeline.Format) (*StreamOutput, error) {
 	id := rand.Uint64()
 	o := &StreamOutput{trailer: len(shards) == 1, format: f, firstFailure: newFirstFailure()}
 	for i, w := range shards {
-		mw, err := manifest.NewWriter(w, f.header(uint16(i), uint16(len(shards)), id))
+		mw, err := manifest.NewWriter(w, streamHeader(f, uint16(i), uint16(len(shards)), id))
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
-		sealEnd(mw, f.Seal)
+		pipeline.SealEnd(mw, f.Seal)
 		o.shards = append(o.shards, mw)
 	}
 	return o, nil
 }
 
 // Format is what the stream is written as.
-func (o *StreamOutput) Format() Format { return o.format }
+func (o *StreamOutput) Format() pipeline.Format { return o.format }
 
 // WriteFrame implements Output. Once the output writes asynchronously, a
 // FILE or FILE-END frame is queued on every shard (its payload copied)
@@ -244,7 +245,7 @@ func (o *StreamOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	var trailer []byte
 	if o.trailer {
 		var err error
-		if trailer, err = marshalManifest(m, o.format.Seal); err != nil {
+		if trailer, err = pipeline.MarshalManifest(m, o.format.Seal); err != nil {
 			if o.chains != nil {
 				o.setFailure(err)
 				o.writes.Wait()

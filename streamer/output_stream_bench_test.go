@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 )
 
 // linkWriter takes bytes at rate bytes per second, like a link (or a
@@ -36,9 +37,9 @@ func (w *linkWriter) Write(p []byte) (int, error) {
 // copy per byte, as into a socket); sink=link: each shard takes 1 GB/s
 // and sleeps for it.
 func BenchmarkStreamOutputShards(b *testing.B) {
-	size := benchMiB("GPUCR_BENCH_MIB", 1024)
+	size := pipelinetest.BenchMiB("GPUCR_BENCH_MIB", 1024)
 	payload := make([]byte, 4<<20)
-	fillRandom(payload, newRand(5))
+	pipelinetest.FillRandom(payload, pipelinetest.NewRand(5))
 	for _, sink := range []string{"pipe", "link"} {
 		for _, shards := range []int{1, 2, 4, 8} {
 			for _, async := range []bool{false, true} {

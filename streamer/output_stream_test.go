@@ -16,13 +16,16 @@ import (
 
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 // syncOnly hides an output's WriteFrameAsync: a capture writes it the
 // synchronous way.
 type syncOnly struct{ Output }
 
-func (s syncOnly) Format() Format { return outputFormat(s.Output) }
+func (s syncOnly) Format() pipeline.Format { return outputFormat(s.Output) }
 
 // liveShards are pipes that a stream source reads while the capture
 // writes; every byte is also recorded.
@@ -30,7 +33,7 @@ type liveShards struct {
 	ws   []io.Writer
 	pws  []*io.PipeWriter
 	bufs []*bytes.Buffer
-	src  *StreamSource
+	src  *source.StreamSource
 }
 
 func newLiveShards(ctx context.Context, n int, key *crypt.Key) *liveShards {
@@ -45,7 +48,7 @@ func newLiveShards(ctx context.Context, n int, key *crypt.Key) *liveShards {
 		l.bufs = append(l.bufs, buf)
 		rs[i], names[i] = pr, fmt.Sprintf("shard %d", i)
 	}
-	l.src = NewStreamSource(ctx, rs, names, StreamOptions{Options: Options{MemoryLimit: 64 << 20, Key: key, VerifyHashes: true}})
+	l.src = source.NewStreamSource(ctx, rs, names, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 64 << 20, Key: key, VerifyHashes: true}})
 	return l
 }
 
@@ -58,7 +61,7 @@ func (l *liveShards) close(err error) {
 
 // captureInOrder writes files in order into out and closes the capture.
 func captureInOrder(ctx context.Context, out Output, names []string, files map[string][]byte, spec string, t testing.TB) (*manifest.Manifest, error) {
-	c, err := NewCapture(ctx, out, Options{ChunkSize: 128 << 10, Workers: 2, Codec: mustSpec(t, spec)})
+	c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)})
 	if err != nil {
 		return nil, err
 	}
@@ -100,8 +103,8 @@ func TestStreamOutputAsync(t *testing.T) {
 	defer cancel()
 	files := lanesCorpus()
 	names := slices.Sorted(maps.Keys(files))
-	k := testKey(t, 9)
-	session := testSession(t, k)
+	k := pipelinetest.Key(t, 9)
+	session := pipelinetest.Session(t, k)
 	for _, shards := range []int{1, 2, 4} {
 		for _, seal := range []*crypt.Session{nil, session} {
 			kind := "plain"
@@ -109,11 +112,11 @@ func TestStreamOutputAsync(t *testing.T) {
 				kind = "sealed"
 			}
 			t.Run(fmt.Sprintf("%d-%s", shards, kind), func(t *testing.T) {
-				base := countGoroutines()
+				base := pipelinetest.CountGoroutines()
 				var got [2][]*bytes.Buffer
 				for i, async := range []bool{false, true} {
 					live := newLiveShards(ctx, shards, keyIf(seal, k))
-					so, err := NewStreamOutputAs(live.ws, Format{Seal: seal})
+					so, err := NewStreamOutputAs(live.ws, pipeline.Format{Seal: seal})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -129,7 +132,7 @@ func TestStreamOutputAsync(t *testing.T) {
 					if async != (so.chains != nil) {
 						t.Fatalf("async %v, but the output wrote asynchronously: %v", async, so.chains != nil)
 					}
-					checkSource(t, ctx, fmt.Sprintf("async %v", async), live.src, files)
+					pipelinetest.CheckSource(t, ctx, fmt.Sprintf("async %v", async), live.src, files)
 					live.src.Close()
 					checkLocations(t, m, live.bufs)
 					for s, n := range so.Sizes() {
@@ -148,7 +151,7 @@ func TestStreamOutputAsync(t *testing.T) {
 						t.Fatalf("shard %d: %d bytes written asynchronously differ from the %d written synchronously", s, len(b), len(a))
 					}
 				}
-				waitGoroutines(t, base)
+				pipelinetest.WaitGoroutines(t, base)
 			})
 		}
 	}
@@ -177,7 +180,7 @@ func TestStreamOutputAsyncShardFails(t *testing.T) {
 	names := slices.Sorted(maps.Keys(files))
 	for _, tc := range []struct{ shards, bad int }{{1, 0}, {2, 1}, {4, 2}} {
 		t.Run(fmt.Sprintf("%d-shards-%d-fails", tc.shards, tc.bad), func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			ws := make([]io.Writer, tc.shards)
 			for i := range ws {
 				ws[i] = io.Discard
@@ -192,7 +195,7 @@ func TestStreamOutputAsyncShardFails(t *testing.T) {
 			if !errors.Is(err, errBoom) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("capture = %v, want %v naming %q", err, errBoom, want)
 			}
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -217,7 +220,7 @@ func (w *gatedWriter) Write(p []byte) (int, error) {
 func TestStreamOutputAsyncAbortWaits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := countGoroutines()
+	base := pipelinetest.CountGoroutines()
 	w := &gatedWriter{gate: make(chan struct{}), started: make(chan struct{}, 1)}
 	so, err := NewStreamOutput([]io.Writer{io.Discard, w})
 	if err != nil {
@@ -268,7 +271,7 @@ func TestStreamOutputAsyncAbortWaits(t *testing.T) {
 	if _, err := so.WriteFrameAsync(ctx, &fh, []byte{1}, func(error) { t.Error("done called for a refused frame") }); !errors.Is(err, errStreamAborted) {
 		t.Fatalf("write after Abort = %v, want %v", err, errStreamAborted)
 	}
-	waitGoroutines(t, base)
+	pipelinetest.WaitGoroutines(t, base)
 }
 
 // handshakeWriter passes a shard's bytes on only once its partner has
@@ -299,20 +302,20 @@ func TestTeeOutputAsync(t *testing.T) {
 	defer cancel()
 	files := lanesCorpus()
 	names := slices.Sorted(maps.Keys(files))
-	k := testKey(t, 11)
-	for _, seal := range []*crypt.Session{nil, testSession(t, k)} {
+	k := pipelinetest.Key(t, 11)
+	for _, seal := range []*crypt.Session{nil, pipelinetest.Session(t, k)} {
 		t.Run(fmt.Sprint("sealed=", seal != nil), func(t *testing.T) {
-			base := countGoroutines()
+			base := pipelinetest.CountGoroutines()
 			peer := newLiveShards(ctx, 2, keyIf(seal, k))
 			local := newLiveShards(ctx, 1, keyIf(seal, k))
 			a, b := make(chan struct{}), make(chan struct{})
 			peer.ws[1] = &handshakeWriter{me: a, partner: b, w: peer.ws[1]}
 			local.ws[0] = &handshakeWriter{me: b, partner: a, w: local.ws[0]}
-			primary, err := NewStreamOutputAs(peer.ws, Format{Seal: seal})
+			primary, err := NewStreamOutputAs(peer.ws, pipeline.Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}
-			cp, err := NewStreamOutputAs(local.ws, Format{Seal: seal})
+			cp, err := NewStreamOutputAs(local.ws, pipeline.Format{Seal: seal})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -322,8 +325,8 @@ func TestTeeOutputAsync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkSource(t, ctx, "peer", peer.src, files)
-			checkSource(t, ctx, "local copy", local.src, files)
+			pipelinetest.CheckSource(t, ctx, "peer", peer.src, files)
+			pipelinetest.CheckSource(t, ctx, "local copy", local.src, files)
 			peer.src.Close()
 			local.src.Close()
 			for _, f := range m.Files {
@@ -334,7 +337,7 @@ func TestTeeOutputAsync(t *testing.T) {
 				}
 			}
 			checkLocations(t, m, local.bufs)
-			waitGoroutines(t, base)
+			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // TeeOutput writes every frame to two outputs, e.g. a peer and a local
@@ -95,4 +96,20 @@ func (t TeeOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 // Abort implements Output.
 func (t TeeOutput) Abort(ctx context.Context) error {
 	return errors.Join(t.Primary.Abort(ctx), t.Copy.Abort(ctx))
+}
+
+// Format implements formattedOutput: both outputs must write the same
+// frames, so they must share one format (and session, or both have none).
+func (t TeeOutput) Format() pipeline.Format {
+	return outputFormat(t.Primary)
+}
+
+// errTeeFormats is returned when a TeeOutput's outputs disagree.
+var errTeeFormats = errors.New("capture: the outputs of a tee must share one format and encryption session")
+
+func checkTee(out Output) error {
+	if t, ok := out.(TeeOutput); ok && outputFormat(t.Primary) != outputFormat(t.Copy) {
+		return errTeeFormats
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	dirstore "github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
@@ -107,7 +108,7 @@ func benchCapture(b *testing.B, dir string, capture bool, lanes int) *streamer.C
 		b.Fatal(err)
 	}
 	out.SetLanes(lanes)
-	c, err := streamer.NewCapture(ctx, out, streamer.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{Codec: spec, ChunkSize: 4 << 20, MemoryLimit: 1 << 30})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,7 +8,8 @@ import (
 	"github.com/gpucr/gpucr-stream/catalog"
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/location"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 var cpCommand = command{"cp", "copy a checkpoint between locations (directory, s3://): cp SRC DEST; verified before its manifest is written, resumable", "SRC DEST",
@@ -36,9 +37,9 @@ func runCp(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("cp: %w", err)
 	}
 	defer closeDst()
-	var counters streamer.Counters
+	var counters pipeline.Counters
 	var total int64
-	if m, err := streamer.ReadManifest(ctx, src); err == nil {
+	if m, err := source.ReadManifest(ctx, src); err == nil {
 		for _, s := range m.Segments {
 			total += s.Size
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
@@ -41,8 +41,8 @@ type inspectResult struct {
 	Process     *manifest.Process `json:"process,omitempty"`
 	// Encryption: the key id and whether the metadata shown was
 	// authenticated (it is readable without the key, not trusted).
-	Encryption *inspectEncryption   `json:"encryption,omitempty"`
-	Files      []streamer.FileStats `json:"files"`
+	Encryption *inspectEncryption `json:"encryption,omitempty"`
+	Files      []source.FileStats `json:"files"`
 }
 
 type inspectEncryption struct {
@@ -69,7 +69,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	}
 	res := inspectResult{Source: redact.URL(from), Format: m.FormatVersion(), ChunkHashes: !m.NoChunkHashes, ID: m.ID, Created: m.Created, Host: m.Host, Tool: m.Tool, CRIU: m.CRIUVersion,
 		Codec: m.Codec, ChunkSize: m.ChunkSize, Stats: m.Stats, Ratio: m.Stats.Ratio(), Segments: len(m.Segments), GPUs: m.GPUs, Labels: m.Labels, Process: m.Process,
-		Files: streamer.DescribeFiles(m)}
+		Files: source.DescribeFiles(m)}
 	if e := m.Encryption; e != nil {
 		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
 			keyGiven: cfg.opts.Key != nil}

@@ -11,6 +11,7 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -85,7 +86,7 @@ func TestKeyFlags(t *testing.T) {
 func writeEncrypted(t *testing.T, path string, key *crypt.Key) {
 	t.Helper()
 	ctx := context.Background()
-	opts := streamer.Options{ChunkSize: 64 << 10, Workers: 2, MemoryLimit: 64 << 20, Key: key}
+	opts := pipeline.Options{ChunkSize: 64 << 10, Workers: 2, MemoryLimit: 64 << 20, Key: key}
 	out, err := location.OpenOutput(ctx, location.Location{Kind: location.Archive, Path: path, Raw: path}, location.Config{Options: opts})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
@@ -26,7 +27,7 @@ func writeArchive(t *testing.T, st store.Store, host string, size int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := streamer.NewCapture(ctx, out, streamer.Options{ChunkSize: 256 << 10, Workers: 2})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 var receiveCommand = command{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
@@ -41,7 +41,7 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	} else if err := cfg.needImagesDir("receive (without --restore)"); err != nil {
 		return err
 	}
-	o.Stream = cfg.locationConfig().StreamOptions(streamer.StreamOptions{})
+	o.Stream = cfg.locationConfig().StreamOptions(source.StreamOptions{})
 	res, err := checkpoint.Receive(ctx, o)
 	if err != nil {
 		return err

@@ -10,7 +10,7 @@ import (
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 var verifyCommand = command{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
@@ -46,18 +46,18 @@ type verifyResult struct {
 	OK     bool   `json:"ok"`
 	Source string `json:"source"`
 	Error  string `json:"error,omitempty"`
-	streamer.VerifyReport
+	source.VerifyReport
 	DurationMS int64 `json:"duration_ms"`
 }
 
 // verify decodes everything of from and checks it.
-func verify(ctx context.Context, cfg *config, from string) (streamer.VerifyReport, error) {
-	var rep streamer.VerifyReport
+func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport, error) {
+	var rep source.VerifyReport
 	loc, err := parseLoc("source", from)
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), streamer.StreamOptions{Discard: true})
+	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamOptions{Discard: true})
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}
@@ -65,8 +65,8 @@ func verify(ctx context.Context, cfg *config, from string) (streamer.VerifyRepor
 	counters, total := location.SourceCounters(src)
 	bar := startProgress(cfg, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
 	defer bar.finish()
-	if a, ok := src.(*streamer.ArchiveSource); ok {
-		rep, err = streamer.VerifyArchive(ctx, a)
+	if a, ok := src.(*source.ArchiveSource); ok {
+		rep, err = source.VerifyArchive(ctx, a)
 	} else {
 		stream := location.StreamOf(src)
 		if err = stream.Wait(ctx); err == nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/codec"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 type config struct {
@@ -80,7 +80,7 @@ type config struct {
 	keepDir    string
 
 	// parsed by finish
-	opts streamer.Options
+	opts pipeline.Options
 	// holdLimit is what a stream source holds in memory before spilling;
 	// 0: --memory-limit auto, sized when a stream source is opened.
 	holdLimit int64
@@ -235,7 +235,7 @@ func (c *config) finish() error {
 		if err := c.badFlag("chunk-size", "%q: want a size from 4KiB to %dMiB", c.chunkSize, codec.MaxChunk>>20); err != nil {
 			return err
 		}
-		chunk = streamer.DefaultChunkSize
+		chunk = pipeline.DefaultChunkSize
 	}
 	mem := int64(1 << 30)
 	if c.memoryLimit != "auto" {
@@ -266,7 +266,7 @@ func (c *config) finish() error {
 	if c.connectTimeout == 0 {
 		c.connectTimeout = -1
 	}
-	c.opts = streamer.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, ChunkHashes: c.chunkHashes}
+	c.opts = pipeline.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, ChunkHashes: c.chunkHashes}
 	if c.shardFDs != "" {
 		for _, f := range strings.Split(c.shardFDs, ",") {
 			fd, err := strconv.Atoi(strings.TrimSpace(f))

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -172,7 +173,7 @@ func TestProcessInLsInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := streamer.NewCapture(ctx, out, streamer.Options{ChunkSize: 64 << 10, Workers: 2})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 64 << 10, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // plainEvery is how often a plain progress line is written when stderr is
@@ -30,7 +30,7 @@ type bar struct {
 	w        io.Writer
 	tty      *os.File // nil: plain lines
 	what     string
-	c        *streamer.Counters
+	c        *pipeline.Counters
 	total    int64
 	uploaded func() int64
 	start    time.Time

@@ -11,11 +11,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 func TestProgressLine(t *testing.T) {
-	var c streamer.Counters
+	var c pipeline.Counters
 	c.RawBytes.Store(1 << 30)
 	c.StoredBytes.Store(1 << 29)
 	tests := []struct {
@@ -53,7 +53,7 @@ func TestProgressZeroColumns(t *testing.T) {
 	if err := unix.IoctlSetWinsize(int(tty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 0, Col: 0}); err != nil {
 		t.Fatal(err)
 	}
-	var c streamer.Counters
+	var c pipeline.Counters
 	c.RawBytes.Store(3 << 20)
 	var out bytes.Buffer
 	b := &bar{w: &out, tty: tty, what: "verify", c: &c, start: time.Now().Add(-time.Second)}
@@ -103,7 +103,7 @@ func TestProgressPlainLines(t *testing.T) {
 		var errOut syncBuffer
 		cfg := newConfig(nil, nil, &errOut)
 		cfg.progress, cfg.streamerProtocol = &errOut, tc.protocol
-		var c streamer.Counters
+		var c pipeline.Counters
 		c.RawBytes.Store(5 << 20)
 		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})
 		time.Sleep(150 * time.Millisecond)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -34,12 +36,12 @@ func BenchmarkTCPTransfer(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				src := NewSource(ctx, l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 1 << 30}})
+				src := NewSource(ctx, l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 1 << 30}})
 				out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
 				if err != nil {
 					b.Fatal(err)
 				}
-				c, err := streamer.NewCapture(ctx, out, streamer.Options{Codec: spec})
+				c, err := streamer.NewCapture(ctx, out, pipeline.Options{Codec: spec})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -80,11 +82,11 @@ func migrateSize() int64 {
 // one ordered writer, as before the asynchronous StreamOutput.
 type syncOutput struct{ streamer.Output }
 
-func (s syncOutput) Format() streamer.Format {
-	if o, ok := s.Output.(interface{ Format() streamer.Format }); ok {
+func (s syncOutput) Format() pipeline.Format {
+	if o, ok := s.Output.(interface{ Format() pipeline.Format }); ok {
 		return o.Format()
 	}
-	return streamer.Format{}
+	return pipeline.Format{}
 }
 
 // BenchmarkMigrateTransfer is migrate's transfer without CRIU or a GPU:
@@ -121,7 +123,7 @@ func migrateOnce(b *testing.B, size int64, block []byte, spec codec.Spec, stream
 	if err != nil {
 		b.Fatal(err)
 	}
-	src := NewSource(ctx, l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: size + 512<<20}})
+	src := NewSource(ctx, l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: size + 512<<20}})
 	defer src.Close()
 	out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
 	if err != nil {
@@ -145,7 +147,7 @@ func migrateOnce(b *testing.B, size int64, block []byte, spec codec.Spec, stream
 	if !async {
 		o = syncOutput{o}
 	}
-	c, err := streamer.NewCapture(ctx, o, streamer.Options{Codec: spec})
+	c, err := streamer.NewCapture(ctx, o, pipeline.Options{Codec: spec})
 	if err != nil {
 		b.Fatal(err)
 	}

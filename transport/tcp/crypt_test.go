@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -26,9 +28,9 @@ func TestTCPEncrypted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 8 << 20, Key: key}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20, Key: key}, SpillDir: t.TempDir()})
 	defer src.Close()
-	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second, AutoCommit: true, Format: streamer.Format{Seal: seal}})
+	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second, AutoCommit: true, Format: pipeline.Format{Seal: seal}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +48,8 @@ func TestTCPEncrypted(t *testing.T) {
 	if bytes.Contains(local.Bytes(), files["core-1.img"][:64]) {
 		t.Fatal("the local copy holds plain bytes")
 	}
-	copySrc := streamer.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(local.Bytes())}, []string{"copy"},
-		streamer.StreamOptions{Options: streamer.Options{Key: key}})
+	copySrc := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(local.Bytes())}, []string{"copy"},
+		source.StreamOptions{Options: pipeline.Options{Key: key}})
 	defer copySrc.Close()
 	checkFiles(t, copySrc, files)
 }

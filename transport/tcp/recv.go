@@ -16,7 +16,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
@@ -443,7 +444,7 @@ func (s *Session) Close() {
 	})
 }
 
-// Source is a checkpoint received over TCP, as a streamer.Source. It
+// Source is a checkpoint received over TCP, as a source.Source. It
 // decodes and checks the streams as they arrive (files held in memory up to
 // the budget, spilled beyond), acknowledges the complete, verified stream to
 // the sender, and serves nothing until the sender has committed (its source
@@ -452,14 +453,14 @@ func (s *Session) Close() {
 // is dropped at once.
 type Source struct {
 	l      *Listener
-	so     streamer.StreamOptions
+	so     source.StreamOptions
 	cancel context.CancelFunc
 
 	started chan struct{} // session accepted
 	done    chan struct{} // committed, or failed
 
 	sess        *Session
-	stream      *streamer.StreamSource
+	stream      *source.StreamSource
 	streamClose sync.Once
 	err         error
 	commit      CommitInfo
@@ -469,7 +470,7 @@ type Source struct {
 
 // NewSource starts receiving on l in the background; l is closed once a
 // sender's session is accepted.
-func NewSource(ctx context.Context, l *Listener, so streamer.StreamOptions) *Source {
+func NewSource(ctx context.Context, l *Listener, so source.StreamOptions) *Source {
 	ctx, cancel := context.WithCancel(ctx)
 	// Files go out only through the gate (an extract writes them with
 	// Copy after the commit), never straight from the decoder.
@@ -491,7 +492,7 @@ func (s *Source) run(ctx context.Context) {
 	readers, names := sess.Readers()
 	so := s.so
 	so.ServeEarly = true
-	s.stream = streamer.NewStreamSource(ctx, readers, names, so)
+	s.stream = source.NewStreamSource(ctx, readers, names, so)
 	close(s.started)
 	fail := func(err error) {
 		s.err = err
@@ -553,7 +554,7 @@ func (s *Source) WaitCommitted(ctx context.Context) (CommitInfo, error) {
 }
 
 // Counters are the stream's live totals (nil until a session started).
-func (s *Source) Counters() *streamer.Counters {
+func (s *Source) Counters() *pipeline.Counters {
 	select {
 	case <-s.started:
 		return &s.stream.Counters
@@ -562,7 +563,7 @@ func (s *Source) Counters() *streamer.Counters {
 	}
 }
 
-// Stat implements streamer.Source; it waits for the commit.
+// Stat implements source.Source; it waits for the commit.
 func (s *Source) Stat(ctx context.Context, name string) (manifest.File, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return manifest.File{}, err
@@ -570,7 +571,7 @@ func (s *Source) Stat(ctx context.Context, name string) (manifest.File, error) {
 	return s.stream.Stat(ctx, name)
 }
 
-// Copy implements streamer.Source.
+// Copy implements source.Source.
 func (s *Source) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return 0, err
@@ -578,7 +579,7 @@ func (s *Source) Copy(ctx context.Context, name string, w io.Writer) (int64, err
 	return s.stream.Copy(ctx, name, w)
 }
 
-// Files implements streamer.Source.
+// Files implements source.Source.
 func (s *Source) Files(ctx context.Context) ([]manifest.File, error) {
 	if _, err := s.WaitCommitted(ctx); err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
@@ -34,7 +35,7 @@ type SendOptions struct {
 	// is gone). Off, the caller sends it with Confirm once it is (migrate).
 	AutoCommit bool
 	// Format is what the stream is written as (sealed, chunk hashes).
-	Format streamer.Format
+	Format pipeline.Format
 }
 
 // CommitInfo travels with COMMIT.
@@ -262,7 +263,7 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 }
 
 // Format is what the stream is written as.
-func (t *Output) Format() streamer.Format { return t.out.Format() }
+func (t *Output) Format() pipeline.Format { return t.out.Format() }
 
 // Session is the migration's id, for logs.
 func (t *Output) Session() string { return hex.EncodeToString(t.session[:8]) }

@@ -24,6 +24,8 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
@@ -85,7 +87,7 @@ func startReceiver(t *testing.T, auth Auth) *receiver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, streamer.StreamOptions{Options: streamer.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 	t.Cleanup(func() { src.Close() })
 	return &receiver{l: l, src: src, log: lb}
 }
@@ -108,7 +110,7 @@ func testFiles() map[string][]byte {
 func send(t *testing.T, out streamer.Output, files map[string][]byte) error {
 	t.Helper()
 	spec, _ := codec.ParseSpec("lz4")
-	c, err := streamer.NewCapture(testCtx(t), out, streamer.Options{ChunkSize: 1 << 20, Codec: spec})
+	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20, Codec: spec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +140,7 @@ func transferAll(t *testing.T, r *receiver, o SendOptions) {
 	checkFiles(t, r.src, files)
 }
 
-func checkFiles(t *testing.T, src streamer.Source, files map[string][]byte) {
+func checkFiles(t *testing.T, src source.Source, files map[string][]byte) {
 	t.Helper()
 	for name, want := range files {
 		var buf bytes.Buffer
@@ -374,7 +376,7 @@ func TestTCPBrokenTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := streamer.NewCapture(testCtx(t), out, streamer.Options{ChunkSize: 1 << 20})
+	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +454,7 @@ func TestTCPReceiverDies(t *testing.T) {
 	}
 	r.src.Close()
 	// A stream of data that never ends: the capture must fail.
-	c, err := streamer.NewCapture(testCtx(t), out, streamer.Options{ChunkSize: 1 << 20})
+	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

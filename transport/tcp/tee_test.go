@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -70,7 +71,7 @@ func TestTCPTeeKeepCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkFiles(t, r.src, files)
-			copySrc := streamer.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(disk.buf.Bytes())}, []string{"copy"}, streamer.StreamOptions{})
+			copySrc := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(disk.buf.Bytes())}, []string{"copy"}, source.StreamOptions{})
 			defer copySrc.Close()
 			checkFiles(t, copySrc, files)
 		})

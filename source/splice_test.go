@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/streamer"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,7 +25,7 @@ func TestArchiveCopyIntoPipe(t *testing.T) {
 	for _, spec := range []string{"none", "lz4", "auto"} {
 		t.Run(spec, func(t *testing.T) {
 			ac := newArchiveCorpus(t, spec)
-			a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+			a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,24 +53,24 @@ func TestStreamCopyIntoPipe(t *testing.T) {
 	defer cancel()
 	const chunk = minSpliceChunk
 	pages := make([]byte, 5*chunk+1000)
-	r := newRand(7)
-	fillText(pages[:chunk], r)
-	fillRandom(pages[chunk:2*chunk], r) // stored raw
+	r := pipelinetest.NewRand(7)
+	pipelinetest.FillText(pages[:chunk], r)
+	pipelinetest.FillRandom(pages[chunk:2*chunk], r) // stored raw
 	// chunk 2 stays zero
-	fillBF16(pages[3*chunk:], r)
-	files := map[string][]byte{"inventory.img": smallData(3000, 0), "pages-1.img": pages, "core-1.img": smallData(5000, 3)}
+	pipelinetest.FillBF16(pages[3*chunk:], r)
+	files := map[string][]byte{"inventory.img": pipelinetest.SmallData(3000, 0), "pages-1.img": pages, "core-1.img": pipelinetest.SmallData(5000, 3)}
 	for _, tc := range []struct {
 		spec  string
 		limit int64 // memory limit of the source: below the image, chunks spill
 	}{{"none", 1 << 30}, {"lz4", 1 << 30}, {"auto", 1 << 30}, {"auto", 2 * chunk}} {
 		t.Run(fmt.Sprintf("%s-limit%d", tc.spec, tc.limit), func(t *testing.T) {
 			var buf bytes.Buffer
-			out, err := NewStreamOutput([]io.Writer{&buf})
+			out, err := streamer.NewStreamOutput([]io.Writer{&buf})
 			if err != nil {
 				t.Fatal(err)
 			}
-			captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2, Codec: mustSpec(t, tc.spec)}, files)
-			src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: Options{Workers: 2, MemoryLimit: tc.limit}})
+			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, tc.spec)}, files)
+			src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
 			defer src.Close()
 			if err := src.Wait(ctx); err != nil {
 				t.Fatal(err)
@@ -109,19 +112,19 @@ func TestArchiveCopyIntoClosedPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ac := newArchiveCorpus(t, "none")
-	a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	base := countGoroutines()
+	base := pipelinetest.CountGoroutines()
 	if _, err := copyThroughPipe(ctx, a, "pages-1.img", false, 1000); !errors.Is(err, unix.EPIPE) {
 		t.Fatalf("Copy into a pipe whose reader left = %v, want EPIPE", err)
 	}
 	if len(a.tokens) != 0 {
 		t.Fatalf("%d tokens leaked", len(a.tokens))
 	}
-	waitGoroutines(t, base)
+	pipelinetest.WaitGoroutines(t, base)
 }
 
 // copyThroughPipe copies name into a 64 KiB pipe read slowly; with limit

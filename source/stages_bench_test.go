@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"encoding/binary"
@@ -17,6 +17,9 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // BenchmarkStages costs each step of a capture on its own, in CPU seconds
@@ -29,7 +32,7 @@ import (
 // the pipeline (chunking, ordering, hand-offs) with everything above but
 // the I/O (reading from memory instead: the copy stage).
 func BenchmarkStages(b *testing.B) {
-	const chunk = DefaultChunkSize
+	const chunk = pipeline.DefaultChunkSize
 	img := thirdsData(64<<20, 5)
 	chunks := make([][]byte, 0, len(img)/chunk)
 	for off := 0; off < len(img); off += chunk {
@@ -57,7 +60,7 @@ func BenchmarkStages(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			GrowPipe(w.Fd())
+			pipeline.GrowPipe(w.Fd())
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() { // CRIU's side: page references, as its splice gives
@@ -85,14 +88,14 @@ func BenchmarkStages(b *testing.B) {
 	perChunk("blake3", nonZero, func(c []byte) { codec.ContentHash(c) })
 	perChunk("blake3-sum256", nonZero, func(c []byte) { blake3.Sum256(c) }) // the library's own, goroutine per 16 KiB
 	for _, spec := range []string{"lz4", "zstd", "auto"} {
-		enc, err := codec.NewEncoder(mustSpec(b, spec))
+		enc, err := codec.NewEncoder(pipelinetest.MustSpec(b, spec))
 		if err != nil {
 			b.Fatal(err)
 		}
 		dst := make([]byte, 0, enc.MaxEncodedLen(chunk))
 		perChunk("codec-"+spec, nonZero, func(c []byte) { enc.Encode(dst, c) })
 	}
-	perChunk("file-digest", [][]byte{make([]byte, 32*len(chunks))}, func(h []byte) { FileDigest(h, int64(len(img))) })
+	perChunk("file-digest", [][]byte{make([]byte, 32*len(chunks))}, func(h []byte) { pipeline.FileDigest(h, int64(len(img))) })
 	b.Run("write-tmpfs", func(b *testing.B) {
 		dir := os.Getenv("GPUCR_BENCH_DIR")
 		if dir == "" {
@@ -116,14 +119,14 @@ func BenchmarkStages(b *testing.B) {
 		b.Run("pipeline-"+spec, func(b *testing.B) {
 			// A GiB per capture: its buffers are allocated once, as in
 			// a real one.
-			opts, total := Options{Codec: mustSpec(b, spec)}, int64(1<<30)
+			opts, total := pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}, int64(1<<30)
 			stageCPU(b, total, false, func() {
-				out, _ := NewStreamOutput([]io.Writer{io.Discard})
-				c, err := NewCapture(b.Context(), out, opts)
+				out, _ := streamer.NewStreamOutput([]io.Writer{io.Discard})
+				c, err := streamer.NewCapture(b.Context(), out, opts)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := c.WriteFile("pages-1.img", &repeatReader{tmpl: img, n: total}, false); err != nil {
+				if _, err := c.WriteFile("pages-1.img", &pipelinetest.RepeatReader{Tmpl: img, N: total}, false); err != nil {
 					b.Fatal(err)
 				}
 				if _, err := c.Close(b.Context(), manifest.Manifest{}); err != nil {
@@ -167,9 +170,9 @@ func thirdsData(n int, seed uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	words := strings.Fields("the model layer attention weight token batch request tensor device memory restore checkpoint stream process kernel cache")
 	b := make([]byte, n)
-	for off := 0; off < n; off += DefaultChunkSize {
-		c := b[off:min(n, off+DefaultChunkSize)]
-		switch (off / DefaultChunkSize) % 3 {
+	for off := 0; off < n; off += pipeline.DefaultChunkSize {
+		c := b[off:min(n, off+pipeline.DefaultChunkSize)]
+		switch (off / pipeline.DefaultChunkSize) % 3 {
 		case 0:
 			for i := 0; i+8 <= len(c); i += 8 {
 				binary.LittleEndian.PutUint64(c[i:], r.Uint64())

@@ -1,4 +1,4 @@
-package streamer
+package source
 
 // How ArchiveSource.Copy reads one file. A producer goroutine issues chunk
 // indexes in order; each issued chunk holds a credit of the file's window

@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // spillFDs counts this process's open files that live (or lived, being
@@ -39,19 +43,19 @@ func TestStreamSpillFiles(t *testing.T) {
 	defer cancel()
 	const chunk = minSpliceChunk
 	files := map[string][]byte{
-		"pages-1.img":   mixedData(12*chunk+1000, 11),
-		"pages-2.img":   mixedData(5*chunk, 12),
-		"inventory.img": smallData(3000, 1),
+		"pages-1.img":   pipelinetest.MixedData(12*chunk+1000, 11),
+		"pages-2.img":   pipelinetest.MixedData(5*chunk, 12),
+		"inventory.img": pipelinetest.SmallData(3000, 1),
 	}
 	var buf bytes.Buffer
-	out, err := NewStreamOutput([]io.Writer{&buf})
+	out, err := streamer.NewStreamOutput([]io.Writer{&buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2, Codec: mustSpec(t, "lz4")}, files)
+	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")}, files)
 	dir := t.TempDir()
 	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"},
-		StreamOptions{Options: Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
+		StreamOptions{Options: pipeline.Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
 	defer src.Close() // a second Close does nothing (TestStreamSourceCloseTwice)
 	if err := src.Wait(ctx); err != nil {
 		t.Fatal(err)
@@ -85,7 +89,7 @@ func TestStreamSpillFiles(t *testing.T) {
 		t.Fatalf("%d open files in the spill dir, want %d", n, spills)
 	}
 
-	checkSource(t, ctx, "spill", src, files)
+	pipelinetest.CheckSource(t, ctx, "spill", src, files)
 	for name, want := range files {
 		got, err := copyThroughPipe(ctx, src, name, false, -1)
 		if err != nil || !bytes.Equal(got, want) {
@@ -107,15 +111,15 @@ func TestStreamSourceCloseTwice(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const chunk = minSpliceChunk
-	files := map[string][]byte{"pages-1.img": mixedData(4*chunk, 21), "inventory.img": smallData(3000, 2)}
+	files := map[string][]byte{"pages-1.img": pipelinetest.MixedData(4*chunk, 21), "inventory.img": pipelinetest.SmallData(3000, 2)}
 	var buf bytes.Buffer
-	out, err := NewStreamOutput([]io.Writer{&buf})
+	out, err := streamer.NewStreamOutput([]io.Writer{&buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, ctx, out, Options{ChunkSize: chunk, Workers: 2}, files)
-	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: Options{Workers: 2}})
-	checkSource(t, ctx, "held", src, files)
+	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2}, files)
+	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
+	pipelinetest.CheckSource(t, ctx, "held", src, files)
 	for i := 0; i < 2; i++ {
 		if err := src.Close(); err != nil {
 			t.Fatal(err)

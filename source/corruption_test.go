@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -17,7 +17,10 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 const corpusChunk = 64 << 10
@@ -26,16 +29,16 @@ const corpusChunk = 64 << 10
 // noise (stored raw), zeros (Zero), several chunks, an empty file.
 func corpusFiles() map[string][]byte {
 	pages := make([]byte, 4*corpusChunk+1000)
-	r := newRand(42)
-	fillText(pages[:corpusChunk], r)
-	fillRandom(pages[corpusChunk:2*corpusChunk], r)
+	r := pipelinetest.NewRand(42)
+	pipelinetest.FillText(pages[:corpusChunk], r)
+	pipelinetest.FillRandom(pages[corpusChunk:2*corpusChunk], r)
 	// chunk 2 stays zero
-	fillBF16(pages[3*corpusChunk:], r)
+	pipelinetest.FillBF16(pages[3*corpusChunk:], r)
 	return map[string][]byte{
-		"inventory.img": smallData(3000, 0),
+		"inventory.img": pipelinetest.SmallData(3000, 0),
 		"pages-1.img":   pages,
-		"core-1.img":    smallData(corpusChunk+77, 3),
-		"noise.img":     smallData(5000, 1),
+		"core-1.img":    pipelinetest.SmallData(corpusChunk+77, 3),
+		"noise.img":     pipelinetest.SmallData(5000, 1),
 		"empty.img":     {},
 	}
 }
@@ -59,9 +62,9 @@ func (b *barrierReader) Read(p []byte) (int, error) {
 }
 
 // captureFiles writes files through a capture into out, all at once.
-func captureFiles(t testing.TB, ctx context.Context, out Output, opts Options, files map[string][]byte) *manifest.Manifest {
+func captureFiles(t testing.TB, ctx context.Context, out streamer.Output, opts pipeline.Options, files map[string][]byte) *manifest.Manifest {
 	t.Helper()
-	c, err := NewCapture(ctx, out, opts)
+	c, err := streamer.NewCapture(ctx, out, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,11 +104,11 @@ func newStreamCorpus(t testing.TB, spec string) *streamCorpus {
 	ctx := context.Background()
 	files := corpusFiles()
 	var buf bytes.Buffer
-	out, err := NewStreamOutput([]io.Writer{&buf})
+	out, err := streamer.NewStreamOutput([]io.Writer{&buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, spec)}, files)
+	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
 	sc := &streamCorpus{files: files, b: buf.Bytes()}
 	rd, err := manifest.NewReader(bytes.NewReader(sc.b), "corpus")
 	if err != nil {
@@ -241,7 +244,7 @@ func TestStreamCorruption(t *testing.T) {
 			defer cancel()
 			sc := newStreamCorpus(t, spec)
 			// The undamaged stream serves everything.
-			copies, err := serveDamaged(ctx, sc, sc.b, StreamOptions{Options: Options{Workers: 2}, ServeEarly: true})
+			copies, err := serveDamaged(ctx, sc, sc.b, StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -269,7 +272,7 @@ func TestStreamCorruption(t *testing.T) {
 					b := bytes.Clone(sc.b)
 					b[off] ^= mask
 					what := fmt.Sprintf("byte %d ^ %02x", off, mask)
-					so := StreamOptions{Options: Options{Workers: 2}, ServeEarly: true}
+					so := StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}
 					extract := i%5 == 0 && mask == 1
 					if extract {
 						so.ExtractDir = t.TempDir()
@@ -332,7 +335,7 @@ func TestStreamTruncation(t *testing.T) {
 	sort.Slice(cuts, func(i, j int) bool { return cuts[i] < cuts[j] })
 	for i, n := range dedup(cuts) {
 		what := fmt.Sprintf("cut at %d of %d", n, len(sc.b))
-		so := StreamOptions{Options: Options{Workers: 2}, ServeEarly: i%2 == 0}
+		so := StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: i%2 == 0}
 		if i%7 == 3 {
 			so.ExtractDir = t.TempDir()
 		}
@@ -362,8 +365,8 @@ func TestStreamShardMismatch(t *testing.T) {
 			bufs[i] = new(bytes.Buffer)
 			ws[i] = bufs[i]
 		}
-		out, _ := NewStreamOutput(ws)
-		captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, "lz4")}, corpusFiles())
+		out, _ := streamer.NewStreamOutput(ws)
+		captureFiles(t, ctx, out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")}, corpusFiles())
 		var out3 [][]byte
 		for _, b := range bufs {
 			out3 = append(out3, b.Bytes())
@@ -378,7 +381,7 @@ func TestStreamShardMismatch(t *testing.T) {
 			rs = append(rs, bytes.NewReader(s))
 			names = append(names, fmt.Sprintf("shard %d", i))
 		}
-		src := NewStreamSource(ctx, rs, names, StreamOptions{Options: Options{Workers: 2}})
+		src := NewStreamSource(ctx, rs, names, StreamOptions{Options: pipeline.Options{Workers: 2}})
 		defer src.Close()
 		return src.Wait(ctx)
 	}
@@ -418,11 +421,11 @@ type archiveCorpus struct {
 func newArchiveCorpus(t testing.TB, spec string) *archiveCorpus {
 	ctx := context.Background()
 	ac := &archiveCorpus{files: corpusFiles(), store: mem.New("corpus")}
-	out, err := NewArchiveOutput(ctx, ac.store, 150<<10)
+	out, err := streamer.NewArchiveOutput(ctx, ac.store, 150<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ac.m = captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, spec)}, ac.files)
+	ac.m = captureFiles(t, ctx, out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, ac.files)
 	if len(ac.m.Segments) < 2 {
 		t.Fatalf("corpus archive has %d segments, want several", len(ac.m.Segments))
 	}
@@ -451,7 +454,7 @@ func TestArchiveCorruption(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ac := newArchiveCorpus(t, "auto")
-	a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,7 +517,7 @@ func TestArchiveCorruption(t *testing.T) {
 func TestArchiveMissingData(t *testing.T) {
 	ctx := context.Background()
 	ac := newArchiveCorpus(t, "lz4")
-	a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,7 +584,7 @@ func TestArchiveManifestDamage(t *testing.T) {
 		b := bytes.Clone(orig)
 		b[off] ^= 0x01
 		ac.store.Put(manifest.ManifestName, b)
-		a, err := OpenArchive(ctx, ac.store, Options{Workers: 2})
+		a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
 		if err != nil {
 			continue
 		}
@@ -645,18 +648,18 @@ func TestArchiveManifestWithoutSegments(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := mem.New(tc.name)
-			out, err := NewArchiveOutput(ctx, store, 0)
+			out, err := streamer.NewArchiveOutput(ctx, store, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, "lz4")}, tc.files)
+			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")}, tc.files)
 			doc := store.Object(manifest.ManifestName)
 			damaged := bytes.Replace(doc, []byte(`"segments"`), []byte(`"segmentz"`), 1)
 			if bytes.Equal(doc, damaged) {
 				t.Fatal("no segments key in the manifest")
 			}
 			store.Put(manifest.ManifestName, damaged)
-			a, err := OpenArchive(ctx, store, Options{Workers: 2})
+			a, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2})
 			if err != nil {
 				return // refused: good
 			}

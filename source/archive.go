@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store"
 )
 
@@ -46,12 +47,12 @@ func openManifestDoc(ctx context.Context, st store.Store, key *crypt.Key) (*mani
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	seal, err := openSession(key, m.Encryption)
+	seal, err := pipeline.OpenSession(key, m.Encryption)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", st, err)
 	}
 	if seal != nil {
-		if err := checkManifestMAC(doc, seal); err != nil {
+		if err := pipeline.CheckManifestMAC(doc, seal); err != nil {
 			return nil, nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 		}
 	}
@@ -130,21 +131,21 @@ type ArchiveSource struct {
 	store    store.Store
 	man      *manifest.Manifest
 	byName   map[string]*manifest.File
-	opts     Options
+	opts     pipeline.Options
 	window   int
 	parallel int
 	tokens   chan struct{} // the shared budget
 	pages    pagePool      // decoded chunks
 	payloads sync.Pool     // compressed payloads
 	seal     *crypt.Session
-	sums     digester
+	sums     pipeline.Digester
 	// Counters count the bytes written out (RawBytes) and the payload
 	// bytes read from the store (StoredBytes), for progress displays.
-	Counters Counters
+	Counters pipeline.Counters
 }
 
 // OpenArchive reads the manifest of a committed archive.
-func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSource, error) {
+func OpenArchive(ctx context.Context, st store.Store, opts pipeline.Options) (*ArchiveSource, error) {
 	m, seal, err := openManifest(ctx, st, opts.Key)
 	if err != nil {
 		return nil, err
@@ -156,7 +157,7 @@ func OpenArchive(ctx context.Context, st store.Store, opts Options) (*ArchiveSou
 // opts.Key when it is encrypted) and returns a source that reads the chunks
 // it lists from at, and the manifest's bytes: cp checks a copy before it
 // writes the manifest there.
-func OpenArchiveAt(ctx context.Context, src, at store.Store, opts Options) (*ArchiveSource, []byte, error) {
+func OpenArchiveAt(ctx context.Context, src, at store.Store, opts pipeline.Options) (*ArchiveSource, []byte, error) {
 	m, doc, seal, err := openManifestDoc(ctx, src, opts.Key)
 	if err != nil {
 		return nil, nil, err
@@ -164,9 +165,9 @@ func OpenArchiveAt(ctx context.Context, src, at store.Store, opts Options) (*Arc
 	return newArchiveSource(at, m, seal, opts), doc, nil
 }
 
-func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session, opts Options) *ArchiveSource {
-	opts = opts.withDefaults()
-	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: digester{seal, m.NoChunkHashes}}
+func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session, opts pipeline.Options) *ArchiveSource {
+	opts = opts.WithDefaults()
+	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: pipeline.Digester{Seal: seal, NoChunkHashes: m.NoChunkHashes}}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
@@ -258,7 +259,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	}
 	if codec.ID(c.Codec) == codec.Zero {
 		// Encrypted: the authenticated index says zero; it has no CRC.
-		if crc, hash := a.sums.zero(int(c.RawLen)); (a.seal == nil && crc != c.Checksum) || (a.opts.VerifyHashes && hash != c.Hash) {
+		if crc, hash := a.sums.Zero(int(c.RawLen)); (a.seal == nil && crc != c.Checksum) || (a.opts.VerifyHashes && hash != c.Hash) {
 			return fetched{}, where("index marks a zero chunk whose checksum is not that of zeros: %w", errdefs.ErrCorrupt)
 		}
 		return fetched{zero: int64(c.RawLen)}, nil
@@ -316,7 +317,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	if err := decodeChunk(raw, c.Codec, sum, payload); err != nil {
 		return fail(where("%w", err))
 	}
-	if a.opts.VerifyHashes && a.sums.content(raw) != c.Hash {
+	if a.opts.VerifyHashes && a.sums.Content(raw) != c.Hash {
 		return fail(where("content hash mismatch: %w", errdefs.ErrCorrupt))
 	}
 	v.raw = raw

@@ -1,4 +1,4 @@
-package streamer
+package pipeline
 
 import "golang.org/x/sys/unix"
 

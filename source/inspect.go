@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
-// What ScanStream indexes at most: about DefaultMemoryLimit.
+// What ScanStream indexes at most: about pipeline.DefaultMemoryLimit.
 const (
-	maxScanChunks = DefaultMemoryLimit / 256
-	maxScanNames  = DefaultMemoryLimit / 4
+	maxScanChunks = pipeline.DefaultMemoryLimit / 256
+	maxScanNames  = pipeline.DefaultMemoryLimit / 4
 )
 
 // ScanStream describes a stream from its frame headers alone, without
@@ -98,9 +99,9 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 	for _, f := range a.man.Files {
 		digested := make([]byte, 0, 32*len(f.Chunks))
 		for _, c := range f.Chunks {
-			digested = a.sums.chunk(digested, c.Checksum, c.RawLen, c.Hash)
+			digested = a.sums.Chunk(digested, c.Checksum, c.RawLen, c.Hash)
 		}
-		if a.sums.digest(digested, f.Size) != f.Digest {
+		if a.sums.Digest(digested, f.Size) != f.Digest {
 			return rep, fmt.Errorf("%s: file %s: digest does not match its chunks: %w", a.store, manifest.PrintableName(f.Name), errdefs.ErrCorrupt)
 		}
 		n, err := a.Copy(ctx, f.Name, io.Discard)

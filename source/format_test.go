@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // A stream without chunk hashes (format 3) is checked as strictly as one
@@ -28,7 +29,7 @@ func TestNoChunkHashesRules(t *testing.T) {
 			covered = binary.LittleEndian.AppendUint32(covered, uint32(len(c)))
 			size += len(c)
 		}
-		return FileDigest(covered, int64(size))
+		return pipeline.FileDigest(covered, int64(size))
 	}
 	// stream writes file 0 as the given chunks, hash in each DATA frame,
 	// and a FILE-END whose digest is end.
@@ -63,7 +64,7 @@ func TestNoChunkHashesRules(t *testing.T) {
 			rs = append(rs, bytes.NewReader(s))
 			names = append(names, "shard")
 		}
-		src := NewStreamSource(context.Background(), rs, names, StreamOptions{Options: Options{Workers: 2, VerifyHashes: verify}})
+		src := NewStreamSource(context.Background(), rs, names, StreamOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: verify}})
 		defer src.Close()
 		var got bytes.Buffer
 		_, cerr := src.Copy(context.Background(), "pages-1.img", &got)
@@ -86,7 +87,7 @@ func TestNoChunkHashesRules(t *testing.T) {
 		{"a chunk with a hash", [][]byte{stream(true, codec.ContentHash(a), digest(a, b), a, b)}, "has a hash in a stream without chunk hashes"},
 		{"a chunk swapped, its CRC right", [][]byte{stream(true, [32]byte{}, digest(a, b), a, a)}, "file digest mismatch"},
 		{"chunks swapped", [][]byte{stream(true, [32]byte{}, digest(a, b), b, a)}, "file digest mismatch"},
-		{"a digest over hashes", [][]byte{stream(true, [32]byte{}, FileDigest(append(hashOf(a), hashOf(b)...), int64(len(a)+len(b))), a, b)}, "file digest mismatch"},
+		{"a digest over hashes", [][]byte{stream(true, [32]byte{}, pipeline.FileDigest(append(hashOf(a), hashOf(b)...), int64(len(a)+len(b))), a, b)}, "file digest mismatch"},
 		{"shards of two formats", [][]byte{emptyShard(t, 0, true), emptyShard(t, 1, false)}, "another stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

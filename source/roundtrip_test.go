@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -11,12 +11,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/iotest"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 var roundTripCodecs = []string{"none", "lz4", "zstd", "zstd:3", "auto", "shuffle"}
@@ -52,19 +54,19 @@ type rtData struct {
 
 func makeRTData(bigSize int) *rtData {
 	d := &rtData{files: map[string][]byte{
-		"pages-1.img": mixedData(bigSize, 1),
+		"pages-1.img": pipelinetest.MixedData(bigSize, 1),
 		"empty.img":   {},
 	}}
 	sizes := []int{1, 2, 100, 4095, 4096, smallRead - 1, smallRead, smallRead + 1, rtChunk - 1, rtChunk, rtChunk + 1,
 		2 * rtChunk, 700_000, 3, 5000, 12345, 40_000, 99_999, 150_000, 33}
 	for i, n := range sizes {
-		d.files[fmt.Sprintf("core-%d.img", i)] = smallData(n, uint64(i))
+		d.files[fmt.Sprintf("core-%d.img", i)] = pipelinetest.SmallData(n, uint64(i))
 	}
 	for i := range 12 {
-		d.files[fmt.Sprintf("fdinfo-%d.img", i)] = smallData(64+i*97, uint64(100+i))
+		d.files[fmt.Sprintf("fdinfo-%d.img", i)] = pipelinetest.SmallData(64+i*97, uint64(100+i))
 	}
-	d.dup1 = smallData(3*rtChunk+17, 5)  // several chunks
-	d.dup2 = smallData(rtChunk/2+999, 4) // then smaller, different
+	d.dup1 = pipelinetest.SmallData(3*rtChunk+17, 5)  // several chunks
+	d.dup2 = pipelinetest.SmallData(rtChunk/2+999, 4) // then smaller, different
 	return d
 }
 
@@ -76,24 +78,9 @@ func (d *rtData) want() map[string][]byte {
 	return w
 }
 
-// reader returns one of several reader behaviours for b.
-func reader(b []byte, i int) io.Reader {
-	switch i % 5 {
-	case 1:
-		return &chunkyReader{bytes.NewReader(b), 4097}
-	case 2:
-		return &eofWithDataReader{b}
-	case 3:
-		return iotest.HalfReader(bytes.NewReader(b))
-	case 4:
-		return iotest.DataErrReader(bytes.NewReader(b))
-	}
-	return bytes.NewReader(b)
-}
-
 // writeAll writes d through c: the files and the first version of the
 // duplicate concurrently, then between, then the second version.
-func writeAll(c *Capture, d *rtData, between func() error) error {
+func writeAll(c *streamer.Capture, d *rtData, between func() error) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, len(d.files)+2)
 	write := func(name string, r io.Reader, size int, external bool) {
@@ -107,7 +94,7 @@ func writeAll(c *Capture, d *rtData, between func() error) error {
 	i := 0
 	for name, b := range d.files {
 		wg.Add(1)
-		go write(name, reader(b, i), len(b), strings.HasPrefix(name, "fdinfo-1"))
+		go write(name, pipelinetest.Reader(b, i), len(b), strings.HasPrefix(name, "fdinfo-1"))
 		i++
 	}
 	wg.Add(1)
@@ -118,7 +105,7 @@ func writeAll(c *Capture, d *rtData, between func() error) error {
 			errs <- err
 		}
 	}
-	if _, err := c.WriteFile(dupName, reader(d.dup2, 1), false); err != nil {
+	if _, err := c.WriteFile(dupName, pipelinetest.Reader(d.dup2, 1), false); err != nil {
 		errs <- err
 	}
 	close(errs)
@@ -133,16 +120,16 @@ func writeAll(c *Capture, d *rtData, between func() error) error {
 
 var rtDataOnce = sync.OnceValue(func() *rtData { return makeRTData(bigFileSize()) })
 
-func testOptions(spec string, t testing.TB) Options {
-	return Options{ChunkSize: rtChunk, Workers: 2, MemoryLimit: 8 << 20, Codec: mustSpec(t, spec)}
+func testOptions(spec string, t testing.TB) pipeline.Options {
+	return pipeline.Options{ChunkSize: rtChunk, Workers: 2, MemoryLimit: 8 << 20, Codec: pipelinetest.MustSpec(t, spec)}
 }
 
 func TestRoundTrip(t *testing.T) {
 	d := rtDataOnce()
 	for _, spec := range roundTripCodecs {
 		t.Run(spec, func(t *testing.T) {
-			// Format 3 (the default) and format 1, whose chunks carry BLAKE3 hashes.
-			for _, f := range []Format{{}, {ChunkHashes: true}} {
+			// pipeline.Format 3 (the default) and format 1, whose chunks carry BLAKE3 hashes.
+			for _, f := range []pipeline.Format{{}, {ChunkHashes: true}} {
 				suffix := map[bool]string{false: "", true: "+hashes"}[f.ChunkHashes]
 				t.Run("stream-1"+suffix, func(t *testing.T) { streamRoundTrip(t, spec, f, d, 1) })
 				t.Run("stream-3"+suffix, func(t *testing.T) { streamRoundTrip(t, spec, f, d, 3) })
@@ -211,15 +198,15 @@ func waitComplete(ctx context.Context, s *StreamSource, name string, size int64)
 	}
 }
 
-func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int) {
+func streamRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData, shards int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
 	lives := []*liveSource{
-		startLive(ctx, t, "memory", StreamOptions{Options: Options{Workers: 2, VerifyHashes: true}}, shards),
-		startLive(ctx, t, "early", StreamOptions{Options: Options{Workers: 2}, ServeEarly: true}, shards),
-		startLive(ctx, t, "spill", StreamOptions{Options: Options{Workers: 2, MemoryLimit: 1 << 20}, SpillDir: t.TempDir(), ServeEarly: true}, shards),
-		startLive(ctx, t, "extract", StreamOptions{Options: Options{Workers: 2}, ExtractDir: t.TempDir()}, shards),
+		startLive(ctx, t, "memory", StreamOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: true}}, shards),
+		startLive(ctx, t, "early", StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}, shards),
+		startLive(ctx, t, "spill", StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: 1 << 20}, SpillDir: t.TempDir(), ServeEarly: true}, shards),
+		startLive(ctx, t, "extract", StreamOptions{Options: pipeline.Options{Workers: 2}, ExtractDir: t.TempDir()}, shards),
 	}
 	recorded := make([]*bytes.Buffer, shards)
 	writers := make([]io.Writer, shards)
@@ -231,11 +218,11 @@ func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int)
 		}
 		writers[i] = io.MultiWriter(ws...)
 	}
-	out, err := NewStreamOutputAs(writers, f)
+	out, err := streamer.NewStreamOutputAs(writers, f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewCapture(ctx, out, testOptions(spec, t))
+	c, err := streamer.NewCapture(ctx, out, testOptions(spec, t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +267,7 @@ func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int)
 		t.Fatalf("written as %+v, the manifest says no_chunk_hashes %v", f, m.NoChunkHashes)
 	}
 	if got := c.Counters.Files.Load(); got != int64(len(want)+1) {
-		t.Errorf("Counters.Files = %d, want %d", got, len(want)+1)
+		t.Errorf("pipeline.Counters.Files = %d, want %d", got, len(want)+1)
 	}
 	for _, l := range lives {
 		if err := l.src.Wait(ctx); err != nil {
@@ -291,7 +278,7 @@ func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int)
 				t.Errorf("%s: ShardBytes[%d] = %d, the shard is %d bytes", l.kind, i, n, recorded[i].Len())
 			}
 		}
-		checkSource(t, ctx, l.kind, l.src, want)
+		pipelinetest.CheckSource(t, ctx, l.kind, l.src, want)
 		switch l.kind {
 		case "extract":
 			checkDir(t, l.kind, l.so.ExtractDir, want)
@@ -336,16 +323,16 @@ func streamRoundTrip(t *testing.T, spec string, f Format, d *rtData, shards int)
 	}
 }
 
-func archiveRoundTrip(t *testing.T, spec string, f Format, d *rtData) {
+func archiveRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	want := d.want()
 	store := mem.New(t.Name())
-	out, err := NewArchiveOutputAs(ctx, store, 3<<20, f)
+	out, err := streamer.NewArchiveOutputAs(ctx, store, 3<<20, f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewCapture(ctx, out, testOptions(spec, t))
+	c, err := streamer.NewCapture(ctx, out, testOptions(spec, t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +342,7 @@ func archiveRoundTrip(t *testing.T, spec string, f Format, d *rtData) {
 	if _, err := store.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("manifest visible before Close: %v", err)
 	}
-	if _, err := OpenArchive(ctx, store, Options{}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := OpenArchive(ctx, store, pipeline.Options{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("OpenArchive before Close = %v, want errdefs.ErrNotFound", err)
 	}
 	m, err := c.Close(ctx, manifest.Manifest{Tool: "roundtrip-test"})
@@ -397,11 +384,11 @@ func archiveRoundTrip(t *testing.T, spec string, f Format, d *rtData) {
 		t.Fatalf("stored manifest differs from Close's")
 	}
 	for _, verify := range []bool{false, true} {
-		src, err := OpenArchive(ctx, store, Options{Workers: 2, MemoryLimit: 4 << 20, VerifyHashes: verify})
+		src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, MemoryLimit: 4 << 20, VerifyHashes: verify})
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSource(t, ctx, fmt.Sprintf("archive(verify=%v)", verify), src, want)
+		pipelinetest.CheckSource(t, ctx, fmt.Sprintf("archive(verify=%v)", verify), src, want)
 		if verify {
 			rep, err := VerifyArchive(ctx, src)
 			if err != nil {
@@ -413,8 +400,8 @@ func archiveRoundTrip(t *testing.T, spec string, f Format, d *rtData) {
 		}
 		src.Close()
 	}
-	if _, err := NewArchiveOutput(ctx, store, 0); err == nil || !strings.Contains(err.Error(), "already exists") {
-		t.Fatalf("NewArchiveOutput over a committed archive = %v", err)
+	if _, err := streamer.NewArchiveOutput(ctx, store, 0); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("streamer.NewArchiveOutput over a committed archive = %v", err)
 	}
 }
 
@@ -425,14 +412,14 @@ func TestStreamServesBeforeEnd(t *testing.T) {
 	defer cancel()
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: Options{Workers: 2}, ServeEarly: true})
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
 	defer func() { pw.Close(); src.Close() }()
-	out, _ := NewStreamOutput([]io.Writer{pw})
-	c, err := NewCapture(ctx, out, Options{ChunkSize: rtChunk, Workers: 2, Codec: mustSpec(t, "lz4")})
+	out, _ := streamer.NewStreamOutput([]io.Writer{pw})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: rtChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := mixedData(3*rtChunk, 3)
+	first := pipelinetest.MixedData(3*rtChunk, 3)
 	if _, err := c.WriteFile("inventory.img", bytes.NewReader(first), false); err != nil {
 		t.Fatal(err)
 	}
@@ -473,8 +460,8 @@ func TestStreamServesBeforeEnd(t *testing.T) {
 func TestEmptyCapture(t *testing.T) {
 	ctx := context.Background()
 	var buf bytes.Buffer
-	out, _ := NewStreamOutput([]io.Writer{&buf})
-	c, err := NewCapture(ctx, out, Options{Workers: 1})
+	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,26 +471,26 @@ func TestEmptyCapture(t *testing.T) {
 	}
 	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{})
 	defer src.Close()
-	checkSource(t, ctx, "empty stream", src, map[string][]byte{})
+	pipelinetest.CheckSource(t, ctx, "empty stream", src, map[string][]byte{})
 
 	store := mem.New("empty")
-	aout, _ := NewArchiveOutput(ctx, store, 0)
-	c, _ = NewCapture(ctx, aout, Options{Workers: 1})
+	aout, _ := streamer.NewArchiveOutput(ctx, store, 0)
+	c, _ = streamer.NewCapture(ctx, aout, pipeline.Options{Workers: 1})
 	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := OpenArchive(ctx, store, Options{})
+	a, err := OpenArchive(ctx, store, pipeline.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSource(t, ctx, "empty archive", a, map[string][]byte{})
+	pipelinetest.CheckSource(t, ctx, "empty archive", a, map[string][]byte{})
 }
 
 // WriteFile refuses names no reader would accept.
 func TestWriteFileNames(t *testing.T) {
 	ctx := context.Background()
-	out, _ := NewStreamOutput([]io.Writer{io.Discard})
-	c, _ := NewCapture(ctx, out, Options{Workers: 1})
+	out, _ := streamer.NewStreamOutput([]io.Writer{io.Discard})
+	c, _ := streamer.NewCapture(ctx, out, pipeline.Options{Workers: 1})
 	defer c.Close(ctx, manifest.Manifest{})
 	for _, name := range []string{"", strings.Repeat("x", manifest.MaxNameLen+1)} {
 		if _, err := c.WriteFile(name, strings.NewReader("x"), false); err == nil {
@@ -517,8 +504,8 @@ func TestWriteFileUnsafeNames(t *testing.T) {
 	ctx := context.Background()
 	for _, name := range []string{"a/b.img", "..", ".", "x\x00y"} {
 		var buf bytes.Buffer
-		out, _ := NewStreamOutput([]io.Writer{&buf})
-		c, _ := NewCapture(ctx, out, Options{Workers: 1})
+		out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
+		c, _ := streamer.NewCapture(ctx, out, pipeline.Options{Workers: 1})
 		_, werr := c.WriteFile(name, strings.NewReader("data"), false)
 		_, cerr := c.Close(ctx, manifest.Manifest{})
 		if werr != nil || cerr != nil {
@@ -539,14 +526,14 @@ func TestStreamServesOnlyAfterEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pr, pw := io.Pipe()
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: Options{Workers: 2}})
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
 	defer func() { pw.Close(); src.Close() }()
-	out, _ := NewStreamOutput([]io.Writer{pw})
-	c, err := NewCapture(ctx, out, Options{ChunkSize: rtChunk, Workers: 2, Codec: mustSpec(t, "zstd")})
+	out, _ := streamer.NewStreamOutput([]io.Writer{pw})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: rtChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "zstd")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := mixedData(2*rtChunk+5, 8)
+	data := pipelinetest.MixedData(2*rtChunk+5, 8)
 	if _, err := c.WriteFile("inventory.img", bytes.NewReader(data), false); err != nil {
 		t.Fatal(err)
 	}
@@ -584,12 +571,12 @@ func TestDuplicateNameReplay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var buf bytes.Buffer
-	out, _ := NewStreamOutput([]io.Writer{&buf})
-	c, err := NewCapture(ctx, out, Options{ChunkSize: rtChunk, Workers: 2, Codec: mustSpec(t, "zstd:3")})
+	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: rtChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "zstd:3")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v1 := mixedData(8*rtChunk, 11)
+	v1 := pipelinetest.MixedData(8*rtChunk, 11)
 	v2 := []byte("second version")
 	for _, v := range [][]byte{v1, v2} {
 		if _, err := c.WriteFile(dupName, bytes.NewReader(v), false); err != nil {
@@ -606,7 +593,7 @@ func TestDuplicateNameReplay(t *testing.T) {
 	for _, mode := range []string{"memory", "extract"} {
 		t.Run(mode, func(t *testing.T) {
 			for i := range 10 {
-				so := StreamOptions{Options: Options{Workers: 2}}
+				so := StreamOptions{Options: pipeline.Options{Workers: 2}}
 				if mode == "extract" {
 					so.ExtractDir = t.TempDir()
 				}

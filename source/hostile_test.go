@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -15,8 +15,11 @@ import (
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +56,7 @@ func (h *hostile) file(id uint32, name string) {
 // "zstd"); all-zero raw becomes a zero chunk. It returns the chunk's hash.
 func (h *hostile) data(id uint32, off uint64, spec string, raw []byte) [32]byte {
 	h.t.Helper()
-	enc, err := codec.NewEncoder(mustSpec(h.t, spec))
+	enc, err := codec.NewEncoder(pipelinetest.MustSpec(h.t, spec))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -72,7 +75,7 @@ func (h *hostile) fileEnd(id uint32, size uint64, chunkHashes [][32]byte) {
 	for _, c := range chunkHashes {
 		hs = append(hs, c[:]...)
 	}
-	h.frame(manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: id, Offset: size, RawLen: uint32(len(chunkHashes)), Hash: FileDigest(hs, int64(size))}, nil)
+	h.frame(manifest.FrameHeader{Type: manifest.FrameFileEnd, FileID: id, Offset: size, RawLen: uint32(len(chunkHashes)), Hash: pipeline.FileDigest(hs, int64(size))}, nil)
 }
 
 func (h *hostile) bytes() []byte {
@@ -202,7 +205,7 @@ func TestArchiveLyingChunkSize(t *testing.T) {
 	const limit = 1 << 20
 	// The honest archive: what the budget lets be held, counted by the
 	// chunks' actual sizes, stays within the limit.
-	a, err := OpenArchive(ctx, ac.store, Options{MemoryLimit: limit, Workers: 16})
+	a, err := OpenArchive(ctx, ac.store, pipeline.Options{MemoryLimit: limit, Workers: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +223,7 @@ func TestArchiveLyingChunkSize(t *testing.T) {
 		m := *ac.m
 		m.ChunkSize = size
 		rewriteManifest(t, ac.store, &m)
-		if a, err := OpenArchive(ctx, ac.store, Options{MemoryLimit: limit, Workers: 16}); !errors.Is(err, errdefs.ErrCorrupt) {
+		if a, err := OpenArchive(ctx, ac.store, pipeline.Options{MemoryLimit: limit, Workers: 16}); !errors.Is(err, errdefs.ErrCorrupt) {
 			if err == nil {
 				a.Close()
 			}
@@ -332,15 +335,15 @@ func TestStreamSpillBoundedBySpace(t *testing.T) {
 func TestArchiveExtractZerosSparse(t *testing.T) {
 	ctx := context.Background()
 	st := mem.New("zeros")
-	out, err := NewArchiveOutput(ctx, st, 1<<20)
+	out, err := streamer.NewArchiveOutput(ctx, st, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const size = 64 << 20
 	data := make([]byte, size)
 	copy(data[size/2:], "not all zeros")
-	captureFiles(t, ctx, out, Options{ChunkSize: 1 << 20, Workers: 2, Codec: mustSpec(t, "lz4")}, map[string][]byte{"pages-1.img": data})
-	a, err := OpenArchive(ctx, st, Options{VerifyHashes: true})
+	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: 1 << 20, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")}, map[string][]byte{"pages-1.img": data})
+	a, err := OpenArchive(ctx, st, pipeline.Options{VerifyHashes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +377,7 @@ func TestArchiveNegativeSegmentSize(t *testing.T) {
 	m.Segments = append([]manifest.Segment(nil), m.Segments...)
 	m.Segments[0].Size = math.MinInt64
 	rewriteManifest(t, ac.store, &m)
-	if a, err := OpenArchive(context.Background(), ac.store, Options{}); !errors.Is(err, errdefs.ErrCorrupt) {
+	if a, err := OpenArchive(context.Background(), ac.store, pipeline.Options{}); !errors.Is(err, errdefs.ErrCorrupt) {
 		if err == nil {
 			a.Close()
 		}

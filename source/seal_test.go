@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"bytes"
@@ -16,28 +16,11 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
-
-func testKey(t testing.TB, seed byte) *crypt.Key {
-	t.Helper()
-	b := bytes.Repeat([]byte{seed}, crypt.KeySize)
-	b[0] ^= 0x5a
-	k, err := crypt.NewKey(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func testSession(t testing.TB, k *crypt.Key) *crypt.Session {
-	t.Helper()
-	s, err := crypt.NewSession(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // sealedStream captures the corpus into an encrypted stream of n shards.
 func sealedStream(t testing.TB, k *crypt.Key, spec string, files map[string][]byte, n int) ([][]byte, *manifest.Manifest) {
@@ -48,11 +31,11 @@ func sealedStream(t testing.TB, k *crypt.Key, spec string, files map[string][]by
 		bufs[i] = &bytes.Buffer{}
 		ws[i] = bufs[i]
 	}
-	out, err := NewStreamOutputAs(ws, Format{Seal: testSession(t, k)})
+	out, err := streamer.NewStreamOutputAs(ws, pipeline.Format{Seal: pipelinetest.Session(t, k)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := captureFiles(t, context.Background(), out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, spec)}, files)
+	m := captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
 	out2 := make([][]byte, n)
 	for i, b := range bufs {
 		out2[i] = b.Bytes()
@@ -72,11 +55,11 @@ func readStream(ctx context.Context, shards [][]byte, so StreamOptions) *StreamS
 func sealedArchive(t testing.TB, k *crypt.Key, spec string, files map[string][]byte) (*mem.Store, *manifest.Manifest) {
 	t.Helper()
 	st := mem.New("sealed")
-	out, err := NewArchiveOutputAs(context.Background(), st, 150<<10, Format{Seal: testSession(t, k)})
+	out, err := streamer.NewArchiveOutputAs(context.Background(), st, 150<<10, pipeline.Format{Seal: pipelinetest.Session(t, k)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st, captureFiles(t, context.Background(), out, Options{ChunkSize: corpusChunk, Workers: 2, Codec: mustSpec(t, spec)}, files)
+	return st, captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
 }
 
 // noPlaintext fails when b holds a recognisable piece of the corpus or a
@@ -106,7 +89,7 @@ func noPlaintext(t *testing.T, what string, b []byte, files map[string][]byte, m
 func TestSealedRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	files := corpusFiles()
-	k := testKey(t, 1)
+	k := pipelinetest.Key(t, 1)
 	for _, spec := range []string{"none", "lz4", "zstd", "shuffle", "auto"} {
 		t.Run(spec, func(t *testing.T) {
 			for _, n := range []int{1, 3} {
@@ -118,8 +101,8 @@ func TestSealedRoundTrip(t *testing.T) {
 					noPlaintext(t, fmt.Sprintf("shard %d of %d", i, n), b, files, m)
 				}
 				for _, verify := range []bool{false, true} {
-					src := readStream(ctx, shards, StreamOptions{Options: Options{Workers: 2, Key: k, VerifyHashes: verify}})
-					checkSource(t, ctx, fmt.Sprintf("%d shards, verify %v", n, verify), src, files)
+					src := readStream(ctx, shards, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k, VerifyHashes: verify}})
+					pipelinetest.CheckSource(t, ctx, fmt.Sprintf("%d shards, verify %v", n, verify), src, files)
 					src.Close()
 				}
 			}
@@ -144,11 +127,11 @@ func TestSealedRoundTrip(t *testing.T) {
 			if zero == 0 {
 				t.Fatal("corpus has no zero chunk")
 			}
-			a, err := OpenArchive(ctx, st, Options{Workers: 2, Key: k, VerifyHashes: true})
+			a, err := OpenArchive(ctx, st, pipeline.Options{Workers: 2, Key: k, VerifyHashes: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkSource(t, ctx, "archive", a, files)
+			pipelinetest.CheckSource(t, ctx, "archive", a, files)
 			if _, err := VerifyArchive(ctx, a); err != nil {
 				t.Fatal(err)
 			}
@@ -162,21 +145,21 @@ func TestSealedRoundTrip(t *testing.T) {
 func TestSealedKeyErrors(t *testing.T) {
 	ctx := context.Background()
 	files := corpusFiles()
-	right, wrong := testKey(t, 1), testKey(t, 2)
+	right, wrong := pipelinetest.Key(t, 1), pipelinetest.Key(t, 2)
 	shards, _ := sealedStream(t, right, "lz4", files, 1)
 	st, _ := sealedArchive(t, right, "lz4", files)
 	var plain bytes.Buffer
-	out, err := NewStreamOutput([]io.Writer{&plain})
+	out, err := streamer.NewStreamOutput([]io.Writer{&plain})
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, ctx, out, Options{ChunkSize: corpusChunk, Workers: 2}, files)
+	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2}, files)
 	plainStore := mem.New("plain")
-	aout, err := NewArchiveOutput(ctx, plainStore, 0)
+	aout, err := streamer.NewArchiveOutput(ctx, plainStore, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, ctx, aout, Options{ChunkSize: corpusChunk, Workers: 2}, files)
+	captureFiles(t, ctx, aout, pipeline.Options{ChunkSize: corpusChunk, Workers: 2}, files)
 
 	for _, tc := range []struct {
 		what  string
@@ -195,11 +178,11 @@ func TestSealedKeyErrors(t *testing.T) {
 			if tc.plain {
 				in, sst = [][]byte{plain.Bytes()}, plainStore
 			}
-			src := readStream(ctx, in, StreamOptions{Options: Options{Workers: 2, Key: tc.key}})
+			src := readStream(ctx, in, StreamOptions{Options: pipeline.Options{Workers: 2, Key: tc.key}})
 			err := src.Wait(ctx)
 			src.Close()
 			checkIsContains(t, "stream", err, tc.is, tc.want)
-			_, err = OpenArchive(ctx, sst, Options{Key: tc.key})
+			_, err = OpenArchive(ctx, sst, pipeline.Options{Key: tc.key})
 			checkIsContains(t, "archive", err, tc.is, tc.want)
 			_, err = CheckManifest(ctx, sst, tc.key)
 			checkIsContains(t, "manifest", err, tc.is, tc.want)
@@ -306,7 +289,7 @@ func frames(t *testing.T, b []byte) (map[uint32]string, []manifest.Frame) {
 func TestSealedStreamTamper(t *testing.T) {
 	ctx := context.Background()
 	files := corpusFiles()
-	k := testKey(t, 1)
+	k := pipelinetest.Key(t, 1)
 	shards, _ := sealedStream(t, k, "auto", files, 1)
 	other, _ := sealedStream(t, k, "auto", files, 1)
 	b := shards[0]
@@ -437,7 +420,7 @@ func TestSealedStreamTamper(t *testing.T) {
 					hashes = append(hashes, h[:]...)
 				}
 				fr.Offset, fr.RawLen = last, fr.RawLen-1
-				fr.Hash = FileDigest(hashes, int64(last))
+				fr.Hash = pipeline.FileDigest(hashes, int64(last))
 			}
 			return []manifest.Frame{fr}
 		}},
@@ -468,7 +451,7 @@ func TestSealedStreamTamper(t *testing.T) {
 			if tc.what == "two files' ends swapped in order" {
 				bad = swapFileEnds(t, b)
 			}
-			so := StreamOptions{Options: Options{Workers: 2, Key: k}, ServeEarly: true}
+			so := StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}, ServeEarly: true}
 			if strings.Contains(tc.what, "file") {
 				// Whole files are authenticated by the END frame: nothing
 				// may be served before it (the default).
@@ -494,8 +477,8 @@ func TestSealedStreamTamper(t *testing.T) {
 	// The same rewrite with nothing changed is accepted: the checks above
 	// fail for what they changed, not for the rewriting.
 	same := rewrite(t, b, func(i int, fr manifest.Frame) []manifest.Frame { return []manifest.Frame{fr} })
-	src := readStream(ctx, [][]byte{same}, StreamOptions{Options: Options{Workers: 2, Key: k}})
-	checkSource(t, ctx, "rewritten", src, files)
+	src := readStream(ctx, [][]byte{same}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}})
+	pipelinetest.CheckSource(t, ctx, "rewritten", src, files)
 	src.Close()
 }
 
@@ -504,7 +487,7 @@ func TestSealedStreamTamper(t *testing.T) {
 func TestSealedArchiveTamper(t *testing.T) {
 	ctx := context.Background()
 	files := corpusFiles()
-	k := testKey(t, 1)
+	k := pipelinetest.Key(t, 1)
 	st, m := sealedArchive(t, k, "auto", files)
 	doc := st.Object(manifest.ManifestName)
 	st2, _ := sealedArchive(t, k, "auto", files)
@@ -551,7 +534,7 @@ func TestSealedArchiveTamper(t *testing.T) {
 				bad.Put(n, st.Object(n))
 			}
 			bad.Put(manifest.ManifestName, tc.doc)
-			a, err := OpenArchive(ctx, bad, Options{Workers: 2, Key: k})
+			a, err := OpenArchive(ctx, bad, pipeline.Options{Workers: 2, Key: k})
 			if err == nil && tc.what != "manifest of another checkpoint" {
 				t.Fatal("tampered manifest opened")
 			}
@@ -569,7 +552,7 @@ func TestSealedArchiveTamper(t *testing.T) {
 		})
 	}
 	// Segment damage: every chunk's payload and tag.
-	a, err := OpenArchive(ctx, st, Options{Workers: 2, Key: k})
+	a, err := OpenArchive(ctx, st, pipeline.Options{Workers: 2, Key: k})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -590,7 +573,7 @@ func TestSealedArchiveTamper(t *testing.T) {
 		}
 	}
 	// A segment of another checkpoint with the same key, in place of one.
-	a2, err := OpenArchive(ctx, st2, Options{Key: k})
+	a2, err := OpenArchive(ctx, st2, pipeline.Options{Key: k})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,22 +605,22 @@ func FuzzSealedStream(f *testing.F) {
 		f.Fatal(err)
 	}
 	files := map[string][]byte{
-		"a.img": smallData(3000, 1),
+		"a.img": pipelinetest.SmallData(3000, 1),
 		"z.img": make([]byte, 9000),
-		"r.img": smallData(5000, 2),
+		"r.img": pipelinetest.SmallData(5000, 2),
 	}
 	var buf bytes.Buffer
-	out, err := NewStreamOutputAs([]io.Writer{&buf}, Format{Seal: testSession(f, k)})
+	out, err := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{Seal: pipelinetest.Session(f, k)})
 	if err != nil {
 		f.Fatal(err)
 	}
-	captureFiles(f, context.Background(), out, Options{ChunkSize: 4096, Workers: 2, Codec: mustSpec(f, "auto")}, files)
+	captureFiles(f, context.Background(), out, pipeline.Options{ChunkSize: 4096, Workers: 2, Codec: pipelinetest.MustSpec(f, "auto")}, files)
 	f.Add(buf.Bytes())
 	f.Fuzz(func(t *testing.T, b []byte) {
-		stop := time.AfterFunc(10*time.Second, func() { panic("hang\n" + goroutineDump()) })
+		stop := time.AfterFunc(10*time.Second, func() { panic("hang\n" + pipelinetest.GoroutineDump()) })
 		defer stop.Stop()
 		ctx := context.Background()
-		src := readStream(ctx, [][]byte{b}, StreamOptions{Options: Options{Workers: 2, Key: k, MemoryLimit: 1 << 20}, ServeEarly: true})
+		src := readStream(ctx, [][]byte{b}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k, MemoryLimit: 1 << 20}, ServeEarly: true})
 		defer src.Close()
 		for name, want := range files {
 			var got bytes.Buffer

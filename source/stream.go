@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // StreamSource decodes a live stream (stdin, shards, a socket) and holds
@@ -27,7 +28,7 @@ import (
 // nothing unverified ever reaches the consumer. With ExtractDir set it
 // writes every file into that directory instead.
 type StreamSource struct {
-	opts       Options
+	opts       pipeline.Options
 	extractDir string
 	spillDir   string
 	discard    bool
@@ -71,11 +72,11 @@ type StreamSource struct {
 	// seal opens the chunks of an encrypted stream; set (with sums) by the
 	// first shard's reader before any chunk is decoded.
 	seal *crypt.Session
-	sums digester
+	sums pipeline.Digester
 
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
-	Counters
+	pipeline.Counters
 }
 
 // spillFile is one file a stream spills into: append-only, so a chunk
@@ -169,7 +170,7 @@ type chunkRec struct {
 
 // StreamOptions configures a StreamSource.
 type StreamOptions struct {
-	Options
+	pipeline.Options
 	// ExtractDir, when set, receives every file as it completes.
 	ExtractDir string
 	// SpillDir holds spilled chunks; empty means os.TempDir().
@@ -189,7 +190,7 @@ type StreamOptions struct {
 func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so StreamOptions) *StreamSource {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &StreamSource{
-		opts:       so.Options.withDefaults(),
+		opts:       so.Options.WithDefaults(),
 		extractDir: so.ExtractDir,
 		spillDir:   so.SpillDir,
 		discard:    so.Discard,
@@ -202,7 +203,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		shardBytes: make([]int64, len(shards)),
 		spillMax:   max(1, min(runtime.GOMAXPROCS(0), maxSpillFiles)),
 	}
-	s.pages = pagePool{size: DefaultChunkSize, keep: 2*s.opts.Workers + 2}
+	s.pages = pagePool{size: pipeline.DefaultChunkSize, keep: 2*s.opts.Workers + 2}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -292,15 +293,15 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			first := streamID == 0
 			if first {
 				streamID, enc = h.StreamID, h.Encryption
-				s.seal, err = openSession(s.opts.Key, enc)
-				s.sums = digester{s.seal, h.NoChunkHashes}
+				s.seal, err = pipeline.OpenSession(s.opts.Key, enc)
+				s.sums = pipeline.Digester{Seal: s.seal, NoChunkHashes: h.NoChunkHashes}
 			}
 			same := streamID == h.StreamID && (enc == nil) == (h.Encryption == nil) && (enc == nil || *enc == *h.Encryption) &&
-				s.sums.noChunkHashes == h.NoChunkHashes
+				s.sums.NoChunkHashes == h.NoChunkHashes
 			seal := s.seal
 			idMu.Unlock()
 			if seal != nil {
-				checkEnd(rd, seal)
+				pipeline.CheckEnd(rd, seal)
 			}
 			if first && err != nil {
 				cancel(fmt.Errorf("%s: %w", names[i], err))
@@ -445,12 +446,12 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 			return fmt.Errorf("%w: %s: chunk at offset %d, expected %d", where(), manifest.PrintableName(f.name), c.off, next)
 		}
 		next += c.n
-		digested = s.sums.chunk(digested, c.crc, uint32(c.n), c.hash)
+		digested = s.sums.Chunk(digested, c.crc, uint32(c.n), c.hash)
 	}
 	if next != f.size || uint32(len(f.chunks)) != f.expect {
 		return fmt.Errorf("%w: %s: chunks hold %d bytes in %d chunks, FILE-END says %d in %d", where(), manifest.PrintableName(f.name), next, len(f.chunks), f.size, f.expect)
 	}
-	if s.sums.digest(digested, f.size) != f.digest {
+	if s.sums.Digest(digested, f.size) != f.digest {
 		return fmt.Errorf("%w: %s: file digest mismatch", where(), manifest.PrintableName(f.name))
 	}
 	delete(s.pending, f.id)
@@ -515,7 +516,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	fr := j.frame
 	// The payload's buffer goes back once decoded, unless it is the chunk.
 	defer func() { s.putPage(j.page) }()
-	if s.sums.noChunkHashes && fr.Hash != ([32]byte{}) {
+	if s.sums.NoChunkHashes && fr.Hash != ([32]byte{}) {
 		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d has a hash in a stream without chunk hashes", fr.Offset)
 	}
 	if s.seal != nil {
@@ -530,7 +531,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 		if len(fr.Payload) != 0 {
 			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", len(fr.Payload))
 		}
-		if crc, hash := s.sums.zero(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
+		if crc, hash := s.sums.Zero(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
 			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
 		}
 		return nil, nil, nil
@@ -550,7 +551,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 		raw = make([]byte, fr.RawLen)
 	}
 	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-	if err == nil && s.opts.VerifyHashes && s.sums.content(raw) != fr.Hash {
+	if err == nil && s.opts.VerifyHashes && s.sums.Content(raw) != fr.Hash {
 		err = errors.New("content hash mismatch")
 	}
 	if err != nil {

@@ -1,4 +1,4 @@
-package streamer
+package source
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -40,6 +41,18 @@ func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) err
 	default: // an unknown codec id: in a stream, damage
 		return fmt.Errorf("decode %s chunk: %v: %w", id, err, errdefs.ErrCorrupt)
 	}
+}
+
+// openChunk is the reader stage before decoding: it authenticates and
+// decrypts a sealed DATA payload in place and returns the encoded chunk and
+// the raw bytes' CRC-32C. For a zero chunk the encoded chunk must be empty
+// and the CRC that of zeros.
+func openChunk(s *crypt.Session, payload []byte, ch crypt.Chunk) ([]byte, uint32, error) {
+	enc, crc, err := s.OpenChunk(payload, ch)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s chunk of %d bytes: %w", codec.ID(ch.Codec), ch.RawLen, err)
+	}
+	return enc, crc, nil
 }
 
 // zeros is shared by every writer of zero chunks.

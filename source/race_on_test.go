@@ -1,5 +1,5 @@
 //go:build race
 
-package streamer
+package source
 
 const raceEnabled = true

@@ -1,0 +1,162 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// countingStore counts the chunk reads it serves, to bound read-ahead.
+type countingStore struct {
+	*mem.Store
+	opens atomic.Int64
+}
+
+func (s *countingStore) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
+	if strings.HasPrefix(name, "segments/") {
+		s.opens.Add(1)
+	}
+	return s.Store.Open(ctx, name, off, length)
+}
+
+// blockingWriter takes nothing until released, like a pipe CRIU does not
+// read yet.
+type blockingWriter struct {
+	release chan struct{}
+	buf     bytes.Buffer
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	<-w.release
+	return w.buf.Write(p)
+}
+
+// Files copied at once share one memory budget: with every writer blocked,
+// the chunks fetched ahead stay within the budget (plus one per file), and
+// every file still completes once its reader goes on.
+func TestArchiveSharedReadBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store := &countingStore{Store: mem.New("budget")}
+	out, err := streamer.NewArchiveOutput(ctx, store, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chunk = 64 << 10
+	c, _ := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
+	want := map[string][]byte{}
+	const files = 6
+	for i := range files {
+		name := fmt.Sprintf("pages-%d.img", i+1)
+		want[name] = pipelinetest.SmallData(2<<20, uint64(i+1))
+		if _, err := c.WriteFile(name, bytes.NewReader(want[name]), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	// A budget of 8 chunks (each holds a frame and a decoded chunk).
+	limit := int64(8 * (2*chunk + manifest.FrameSize))
+	src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, Fetchers: 8, MemoryLimit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	ws := map[string]*blockingWriter{}
+	errs := make(chan error, files)
+	for name := range want {
+		w := &blockingWriter{release: make(chan struct{})}
+		ws[name] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := src.Copy(ctx, name, w); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got, bound := store.opens.Load(), int64(8+files); got > bound {
+		t.Fatalf("%d chunks fetched with every writer blocked; budget allows %d", got, bound)
+	} else {
+		t.Logf("%d chunks fetched ahead with every writer blocked (bound %d)", got, bound)
+	}
+	for _, w := range ws {
+		close(w.release)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for name, w := range ws {
+		if !bytes.Equal(w.buf.Bytes(), want[name]) {
+			t.Fatalf("%s served wrong bytes", name)
+		}
+	}
+	if n := len(src.tokens); n != 0 {
+		t.Fatalf("%d budget tokens still held after every copy", n)
+	}
+	if got := src.Counters.RawBytes.Load(); got != int64(files*(2<<20)) {
+		t.Fatalf("pipeline.Counters.RawBytes = %d", got)
+	}
+}
+
+// A copy that fails in the middle gives back every token it held.
+func TestArchiveCopyFailureReleasesBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	base := pipelinetest.CountGoroutines()
+	store := mem.New("fail")
+	out, _ := streamer.NewArchiveOutput(ctx, store, 4<<20)
+	c, _ := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 64 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
+	data := pipelinetest.SmallData(4<<20, 3)
+	if _, err := c.WriteFile("pages-1.img", bytes.NewReader(data), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, Fetchers: 6, MemoryLimit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int64{0, 100, 1 << 20, 3 << 20} {
+		w := &failAfter{n: limit}
+		if _, err := src.Copy(ctx, "pages-1.img", w); err == nil {
+			t.Fatalf("copy into a writer failing after %d bytes succeeded", limit)
+		}
+		if n := len(src.tokens); n != 0 {
+			t.Fatalf("%d budget tokens still held after a failed copy", n)
+		}
+	}
+	var buf bytes.Buffer
+	if _, err := src.Copy(ctx, "pages-1.img", &buf); err != nil || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("copy after failures: %v", err)
+	}
+	pipelinetest.WaitGoroutines(t, base)
+}
+
+type failAfter struct{ n int64 }
+
+func (w *failAfter) Write(p []byte) (int, error) {
+	if int64(len(p)) > w.n {
+		return 0, errors.New("pipe closed")
+	}
+	w.n -= int64(len(p))
+	return len(p), nil
+}
