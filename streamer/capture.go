@@ -92,7 +92,7 @@ type item struct {
 
 type fileState struct {
 	file     manifest.File
-	digested []byte // what its digest covers of each chunk written (digester.chunk)
+	digested []byte // what its digest covers of each chunk written (Digester.Chunk)
 }
 
 // NewCapture starts the workers and the ordered writer. The pipeline stops
