@@ -31,6 +31,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
+// NewRand is a deterministic generator: the same seed, the same data.
 func NewRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)) }
 
 // FillBF16 writes bf16 "weights" from N(0, 0.02).
@@ -48,6 +49,7 @@ func FillFP32(b []byte, r *rand.Rand) {
 	}
 }
 
+// FillRandom writes incompressible bytes.
 func FillRandom(b []byte, r *rand.Rand) {
 	for i := 0; i+8 <= len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
@@ -215,12 +217,14 @@ func WaitGoroutines(t testing.TB, n int) {
 	}
 }
 
+// GoroutineDump is every goroutine's stack, for a test that hangs.
 func GoroutineDump() string {
 	var sb strings.Builder
 	_ = pprof.Lookup("goroutine").WriteTo(&sb, 1)
 	return sb.String()
 }
 
+// MustSpec parses a codec spec or fails the test.
 func MustSpec(t testing.TB, s string) codec.Spec {
 	t.Helper()
 	sp, err := codec.ParseSpec(s)
@@ -230,6 +234,7 @@ func MustSpec(t testing.TB, s string) codec.Spec {
 	return sp
 }
 
+// CountGoroutines is the number of goroutines now, for WaitGoroutines.
 func CountGoroutines() int { return runtime.NumGoroutine() }
 
 // Reader returns one of several reader behaviours for b.
@@ -247,6 +252,7 @@ func Reader(b []byte, i int) io.Reader {
 	return bytes.NewReader(b)
 }
 
+// Key is a test key derived from seed: the same seed, the same key.
 func Key(t testing.TB, seed byte) *crypt.Key {
 	t.Helper()
 	b := bytes.Repeat([]byte{seed}, crypt.KeySize)
@@ -258,6 +264,7 @@ func Key(t testing.TB, seed byte) *crypt.Key {
 	return k
 }
 
+// Session starts a new encryption session (a new salt) under k.
 func Session(t testing.TB, k *crypt.Key) *crypt.Session {
 	t.Helper()
 	s, err := crypt.NewSession(k)
@@ -280,6 +287,7 @@ func BenchMiB(env string, def int) int64 {
 	return int64(def) << 20
 }
 
+// BenchCodecs are the codecs the capture benchmarks run: $GPUCR_BENCH_CODECS or all.
 func BenchCodecs() []string {
 	if v := os.Getenv("GPUCR_BENCH_CODECS"); v != "" {
 		return strings.Fields(v)
@@ -298,6 +306,7 @@ type RepeatReader struct {
 	N    int64
 }
 
+// Read implements io.Reader.
 func (r *RepeatReader) Read(p []byte) (int, error) {
 	if r.N <= 0 {
 		return 0, io.EOF
@@ -382,6 +391,8 @@ func captureBench(tb testing.TB, c Capture, total int64) *manifest.Manifest {
 // plain and encrypted on the same data in one run, so the cost of
 // encryption is their ratio (GPUCR_BENCH_MIB, GPUCR_BENCH_SOURCE_MIB and
 // GPUCR_BENCH_CODECS as for the other benchmarks; default codec lz4).
+// SealedBenchCodecs are the codecs the sealed benchmarks run: lz4 unless
+// $GPUCR_BENCH_CODECS names others.
 func SealedBenchCodecs() []string {
 	if c := BenchCodecs(); len(c) != 6 {
 		return c
@@ -389,6 +400,7 @@ func SealedBenchCodecs() []string {
 	return []string{"lz4"}
 }
 
+// BenchSession is a session under a fixed benchmark key.
 func BenchSession(b *testing.B) *crypt.Session {
 	k, err := crypt.NewKey(bytes.Repeat([]byte{5}, crypt.KeySize))
 	if err != nil {
