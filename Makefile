@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate gpu-e2e clean
+.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore gpu-e2e clean
 
 build: preload binary
 
@@ -102,6 +102,11 @@ bench: deps build
 # Live migration downtime between two network namespaces (docs/BENCHMARKS.md, Migration).
 bench-migrate: deps
 	bash scripts/bench-migrate.sh
+
+# A restore through serve split into serve's start, CRIU and serve's exit,
+# beside criu restore -D (docs/BENCHMARKS.md, "Restore: inside CRIU or around it").
+bench-restore: deps build
+	bash scripts/bench-restore.sh
 
 clean:
 	rm -rf bin
