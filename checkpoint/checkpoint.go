@@ -4,14 +4,9 @@
 // criu-image-streamer flows that sit beside a CRIU run by someone else
 // (Capture, Serve, Extract). Each takes an Options struct of parsed values
 // and returns a Result with the timed phases; progress reaches the caller
-// through Hooks. The CUDA suspend/undo/resume policy around CRIU lives here
-// too (cuda.go), with the GPU fast path for processes that run with
-// libgpucr-preload (fastpath.go).
-//
-// Size: about 2,300 lines, over the project's 1,500. The GPU half (cuda.go,
-// fastpath.go, gpu.go: some 1,000 lines) is the cut, into a package beside
-// this one; now that migrate takes the fast path too, through the same
-// cudaCheckpoint calls as Checkpoint, the cut can be made.
+// through Hooks. The GPU side around CRIU (the CUDA suspend/undo/resume
+// policy, the GPU fast path for processes that run with libgpucr-preload)
+// is package gpuckpt, which Checkpoint, Restore, Migrate and Receive call.
 package checkpoint
 
 import (
@@ -23,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -32,11 +28,9 @@ import (
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
-// Phase is one timed step of a checkpoint or restore.
-type Phase struct {
-	Name string  `json:"name"`
-	Secs float64 `json:"seconds"`
-}
+// Phase is one timed step of a checkpoint or restore; the GPU steps
+// (package gpuckpt) time theirs the same way.
+type Phase = gpuckpt.Phase
 
 // Progress describes work with live counters, for a progress bar.
 type Progress struct {
@@ -130,10 +124,10 @@ type Options struct {
 	LeaveRunning bool
 	// Producers is the number of VRAM producers the image waits for.
 	Producers int
-	CUDA      CUDA
+	CUDA      gpuckpt.CUDA
 	// FastPath moves the device memory of CUDA processes that run with
-	// libgpucr-preload through the pipeline (fastpath.go).
-	FastPath FastPath
+	// libgpucr-preload through the pipeline (package gpuckpt).
+	FastPath gpuckpt.FastPath
 	// Tool is recorded in the manifest ("gpucr-stream VERSION").
 	Tool  string
 	Hooks Hooks
@@ -172,40 +166,40 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The CUDA processes of the tree: their GPU state is moved into host
 	// memory (lock, checkpoint) before CRIU dumps them.
-	cc, err := findCUDA(o.CUDA, o.PID)
+	cc, err := gpuckpt.Find(o.CUDA, o.PID)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
-	if cc == nil && o.CUDA.mode() == CUDAAuto {
+	if cc == nil && o.CUDA.EffectiveMode() == gpuckpt.CUDAAuto {
 		o.Hooks.log(fmt.Sprintf("--cuda auto: no process of the tree of %d has the CUDA driver loaded; checkpointing with CRIU alone", o.PID))
 	}
 	// The tree as it is before the dump, to wait for it to be gone after.
 	tree, _ := proc.Tree(o.PID)
-	if err := cc.checkDumpable(tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
 	}
 	start := time.Now()
-	c, out, err := startCapture(ctx, o.Dest, o.Open)
+	c, out, err := location.StartCapture(ctx, o.Dest, o.Open)
 	if err != nil {
 		return nil, err
 	}
 	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
-	phases := cc.queryGPUs(ctx, &meta)
+	phases := cc.QueryGPUs(ctx, &meta)
 	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
 		Total: dumpEstimate(tree, meta.GPUs)})
 	defer done()
 	// The fast path first (the processes' device memory into the capture,
 	// then released), so that the driver's checkpoint finds little to copy.
-	ps, err := cc.fastSuspend(ctx, o.FastPath, fastCarried(o.Dest), c, &meta, o.Hooks)
+	ps, err := cc.FastSuspend(ctx, o.FastPath, gpuckpt.FastCarried(o.Dest), c, &meta, o.Hooks.log)
 	phases = append(phases, ps...)
 	if err == nil {
-		ps, err = cc.suspend(ctx, o.CUDA.LockTimeout)
+		ps, err = cc.Suspend(ctx, o.CUDA.LockTimeout)
 		phases = append(phases, ps...)
 	}
 	if err != nil {
 		// fastSuspend and suspend have undone their steps: the process
 		// runs on.
-		abortCapture(ctx, c, err)
+		location.AbortCapture(ctx, c, err)
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
 	m, rep, err := dump(ctx, c, meta, capture.DumpOptions{
@@ -214,12 +208,12 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}, cc)
 	done()
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.undo(err))
+		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, cc.Undo(err))
 	}
-	phases = append(phases, cc.fastStorePhases()...)
-	phases = append(phases, Phase{"criu dump + encode + write", (rep.CRIU - rep.Commit).Seconds()}, Phase{"commit", rep.Commit.Seconds()})
+	phases = append(phases, cc.FastStorePhases()...)
+	phases = append(phases, Phase{Name: "criu dump + encode + write", Secs: (rep.CRIU - rep.Commit).Seconds()}, Phase{Name: "commit", Secs: rep.Commit.Seconds()})
 	if o.LeaveRunning {
-		ps, rerr := cc.resume()
+		ps, rerr := cc.Resume()
 		phases = append(phases, ps...)
 		if rerr != nil {
 			return nil, fmt.Errorf("checkpoint %d committed to %s, but resuming its GPU state failed: %w", o.PID, o.Dest, rerr)
@@ -229,7 +223,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		removed := make(chan struct{})
 		go func() {
 			defer close(removed)
-			cc.fastCommit()
+			cc.FastCommit()
 		}()
 		// A restore right after needs the PIDs free: return once CRIU's
 		// kill has been reaped. The checkpoint is committed either way.
@@ -240,27 +234,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
-		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.cudaPIDs(), GPUs: m.GPUs, Producers: rep.Producers}, nil
-}
-
-// startCapture opens dest and starts the pipeline writing into it.
-func startCapture(ctx context.Context, dest location.Location, lc location.Config) (*streamer.Capture, *location.Output, error) {
-	out, err := location.OpenOutput(ctx, dest, lc)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := streamer.NewCapture(ctx, out, lc.Options)
-	if err != nil {
-		_ = out.Abort(ctx)
-		return nil, nil, err
-	}
-	return c, out, nil
-}
-
-// abortCapture ends a capture that must not commit.
-func abortCapture(ctx context.Context, c *streamer.Capture, cause error) {
-	c.Abort(cause)
-	_, _ = c.Close(ctx, manifest.Manifest{})
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.PIDs(), GPUs: m.GPUs, Producers: rep.Producers}, nil
 }
 
 // dump runs CRIU into c and commits c, with meta, at CRIU's commit point:
@@ -271,13 +245,13 @@ func abortCapture(ctx context.Context, c *streamer.Capture, cause error) {
 // The fast path's store (cc's, nil-safe) writes into c beside CRIU: the
 // commit waits for it, and fails with it; an abort stops it and waits for
 // it before closing c (Close wants every WriteFile returned).
-func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions, cc *cudaCheckpoint) (*manifest.Manifest, capture.DumpReport, error) {
+func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions, cc *gpuckpt.Checkpoint) (*manifest.Manifest, capture.DumpReport, error) {
 	var m *manifest.Manifest
 	var closed bool
 	var storeErr error
 	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
 		vram.PauseForTest("post-dump")
-		if storeErr = cc.fastWait(ctx); storeErr != nil {
+		if storeErr = cc.FastWait(ctx); storeErr != nil {
 			return storeErr
 		}
 		closed = true
@@ -289,11 +263,11 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 	if !closed {
 		cause := errors.New("checkpoint did not complete")
 		c.Abort(cause)
-		if serr := cc.fastWait(ctx); serr != nil && storeErr == nil && err != nil {
+		if serr := cc.FastWait(ctx); serr != nil && storeErr == nil && err != nil {
 			// A failed store aborted c: say so, not only CRIU's end.
 			err = fmt.Errorf("%w (%w)", err, serr)
 		}
-		abortCapture(ctx, c, cause)
+		location.AbortCapture(ctx, c, cause)
 	}
 	return m, rep, err
 }
@@ -304,8 +278,8 @@ type RestoreOptions struct {
 	Open      location.Config
 	CRIU      CRIU
 	Producers int
-	CUDA      CUDA
-	GPUMap    GPUMap
+	CUDA      gpuckpt.CUDA
+	GPUMap    gpuckpt.GPUMap
 	Hooks     Hooks
 }
 
@@ -342,7 +316,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err == nil {
-		err = o.CUDA.checkMap(ctx, pairs, recorded)
+		err = o.CUDA.CheckMap(ctx, pairs, recorded)
 	}
 	if err != nil {
 		return nil, err
@@ -353,20 +327,20 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
 	}
-	phases := []Phase{{"criu restore + read + decode", rep.CRIU.Seconds()}}
+	phases := []Phase{{Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()}}
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
-	cudaPIDs, t, err := cudaRestore(ctx, o.CUDA, rep.PID, pairs)
-	phases = append(phases, TimingPhases(t)...)
+	cudaPIDs, t, err := gpuckpt.Restore(ctx, o.CUDA, rep.PID, pairs)
+	phases = append(phases, gpuckpt.TimingPhases(t)...)
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", o.Src, rep.PID, err)
 	}
 	// Those that took the fast path wait, parked, for their memory.
-	if o.CUDA.mode() != CUDAOff {
-		procs, err := fastProcs(ctx, src)
+	if o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
+		procs, err := gpuckpt.FastProcs(ctx, src)
 		if err == nil {
 			var ps []Phase
-			ps, err = fastRestore(ctx, src, procs, cudaPIDs)
+			ps, err = gpuckpt.FastRestore(ctx, src, procs, cudaPIDs)
 			phases = append(phases, ps...)
 		}
 		if err != nil {

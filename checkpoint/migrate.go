@@ -7,8 +7,8 @@ package checkpoint
 // commit a failure leaves the process running here; after it, the local
 // copy is what is not lost.
 //
-// The GPU fast path (fastpath.go) is taken as for a checkpoint when the
-// receiver restores (it brings the VRAM files back after the driver's
+// The GPU fast path (gpuckpt/fastpath.go) is taken as for a checkpoint when
+// the receiver restores (it brings the VRAM files back after the driver's
 // restore; one that serves an external criu restore would leave the
 // processes parked): the VRAM files go first into the stream, the commit
 // tells the receiver which processes took it, and a failure before the
@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -49,10 +50,10 @@ type MigrateOptions struct {
 	// $TMPDIR; package scratch); NoKeep keeps no copy.
 	KeepDir string
 	NoKeep  bool
-	CUDA    CUDA
+	CUDA    gpuckpt.CUDA
 	// FastPath moves the device memory of CUDA processes that run with
-	// libgpucr-preload through the stream (fastpath.go).
-	FastPath FastPath
+	// libgpucr-preload through the stream (package gpuckpt).
+	FastPath gpuckpt.FastPath
 	Tool     string
 	Hooks    Hooks
 }
@@ -91,7 +92,7 @@ type migration struct {
 	o      MigrateOptions
 	criu   string
 	tree   []int
-	cc     *cudaCheckpoint
+	cc     *gpuckpt.Checkpoint
 	out    *tcp.Output
 	info   tcp.ReceiverInfo
 	output streamer.Output // out, or out and the local copy
@@ -142,11 +143,11 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	}
 	// The CUDA processes of the tree: their GPU state is moved into host
 	// memory (lock, checkpoint) before CRIU dumps them, as for checkpoint.
-	cc, err := findCUDA(o.CUDA, o.PID)
+	cc, err := gpuckpt.Find(o.CUDA, o.PID)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	if err := cc.checkDumpable(tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	format, err := o.Stream.NewFormat()
@@ -205,7 +206,7 @@ func (m *migration) openKeep(ctx context.Context) error {
 // commit too). Unknown device memory counts as none.
 func (m *migration) keepEstimate(ctx context.Context) int64 {
 	n := proc.DumpEstimate(m.tree)
-	for _, g := range m.cc.gpuInfo(ctx) {
+	for _, g := range m.cc.GPUs(ctx) {
 		n += 2 * g.Bytes
 	}
 	return n
@@ -241,30 +242,30 @@ func (m *migration) dump(ctx context.Context) error {
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
 	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
-	phases := m.cc.queryGPUs(ctx, &meta)
+	phases := m.cc.QueryGPUs(ctx, &meta)
 	tree, _ := proc.Tree(m.o.PID)
 	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
 	defer done()
 	// The downtime starts where CUDA work stops: the fast path's park, or
 	// the GPU lock.
 	m.dumpStart = time.Now()
-	ps, err := m.cc.fastSuspend(ctx, m.o.FastPath, m.info.Restores, c, &meta, m.o.Hooks)
+	ps, err := m.cc.FastSuspend(ctx, m.o.FastPath, m.info.Restores, c, &meta, m.o.Hooks.log)
 	phases = append(phases, ps...)
 	if err == nil {
-		ps, err = m.cc.suspend(ctx, m.o.CUDA.LockTimeout)
+		ps, err = m.cc.Suspend(ctx, m.o.CUDA.LockTimeout)
 		phases = append(phases, ps...)
 	}
 	var rep capture.DumpReport
 	if err != nil {
 		// A failed fastSuspend or suspend has undone its steps (the
 		// device memory is back), and CRIU does not run.
-		abortCapture(ctx, c, err)
+		location.AbortCapture(ctx, c, err)
 	} else {
 		m.man, rep, err = dump(ctx, c, meta, capture.DumpOptions{
 			CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: m.o.LeaveRunning, ExtraArgs: m.o.CRIU.Args,
 		}, m.cc)
 		if err != nil {
-			err = m.cc.undo(err)
+			err = m.cc.Undo(err)
 		}
 	}
 	m.dumped = time.Now()
@@ -283,25 +284,25 @@ func (m *migration) dump(ctx context.Context) error {
 // memory from the kept copy), while the receiver restores its copy;
 // otherwise CRIU has killed it and the fast path's kept copy goes.
 func (m *migration) recordDump(phases []Phase, rep capture.DumpReport) {
-	phases = append(phases, m.cc.fastStorePhases()...)
+	phases = append(phases, m.cc.FastStorePhases()...)
 	m.res.Phases = append(phases,
-		Phase{"criu dump + transfer", (rep.CRIU - rep.Commit).Seconds()},
-		Phase{"receiver verifies (commit)", rep.Commit.Seconds()})
+		Phase{Name: "criu dump + transfer", Secs: (rep.CRIU - rep.Commit).Seconds()},
+		Phase{Name: "receiver verifies (commit)", Secs: rep.Commit.Seconds()})
 	if m.o.LeaveRunning {
-		ps, err := m.cc.resume()
+		ps, err := m.cc.Resume()
 		m.res.Phases = append(m.res.Phases, ps...)
 		if err != nil {
 			m.gpuErr = fmt.Errorf("resuming the GPU state of the source failed: %w (retry with `gpucr-stream gpu resume --pid %d`)", err, m.o.PID)
 		}
 	} else {
-		m.cc.fastCommit()
+		m.cc.FastCommit()
 	}
 	if m.keep != nil {
 		m.res.KeptImage = m.keep.Name()
 		m.keep.Close()
 	}
 	m.res.Files, m.res.RawBytes, m.res.StoredBytes = len(m.man.Files), m.man.Stats.RawBytes, m.man.Stats.StoredBytes
-	m.res.CUDAPIDs, m.res.GPUs = m.cc.cudaPIDs(), m.man.GPUs
+	m.res.CUDAPIDs, m.res.GPUs = m.cc.PIDs(), m.man.GPUs
 	for _, n := range m.out.Sizes() {
 		m.res.StreamBytes += n
 	}
@@ -332,7 +333,7 @@ func (m *migration) handOver(ctx context.Context) error {
 	}
 	m.res.RestoredPID = r.PID
 	m.res.DowntimeSecs, m.res.DowntimeTo = time.Since(m.dumpStart).Seconds(), "restored"
-	m.res.Phases = append(m.res.Phases, Phase{"restore on the receiver", time.Since(committed).Seconds()})
+	m.res.Phases = append(m.res.Phases, Phase{Name: "restore on the receiver", Secs: time.Since(committed).Seconds()})
 	m.dropKeep()
 	m.res.KeptImage = ""
 	return nil
@@ -347,7 +348,7 @@ func (m *migration) waitSourceGone(ctx context.Context) {
 	if err := proc.WaitGone(ctx, m.tree, reaped, m.o.TCP.Timeout); err != nil {
 		m.o.Hooks.log(fmt.Sprintf("migrate: %v; telling the receiver to restore anyway", err))
 	}
-	m.res.Phases = append(m.res.Phases, Phase{"source process gone", time.Since(gone).Seconds()})
+	m.res.Phases = append(m.res.Phases, Phase{Name: "source process gone", Secs: time.Since(gone).Seconds()})
 }
 
 // lost explains a failure after the commit: where the process is now.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
@@ -27,9 +28,9 @@ type ReceiveOptions struct {
 	Restore   bool
 	ImagesDir string
 	CRIU      CRIU
-	CUDA      CUDA
+	CUDA      gpuckpt.CUDA
 	// GPUMap resolves against the GPUs the sender records.
-	GPUMap GPUMap
+	GPUMap gpuckpt.GPUMap
 	Hooks  Hooks
 }
 
@@ -73,7 +74,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 		}
 		// A map onto a GPU this host lacks fails now, before a sender
 		// stops its process for nothing.
-		if err = o.CUDA.checkMap(ctx, o.GPUMap.targets(), nil); err != nil {
+		if err = o.CUDA.CheckMap(ctx, o.GPUMap.Targets(), nil); err != nil {
 			return nil, fmt.Errorf("receive: %w", err)
 		}
 	}
@@ -142,12 +143,12 @@ func (r *receiver) fill() {
 	if c := src.Counters(); c != nil {
 		res.Files, res.RawBytes = int(c.Files.Load()), c.RawBytes.Load()
 	}
-	res.Phases = []Phase{{"wait for the sender", src.Accepted.Sub(r.start).Seconds()}}
+	res.Phases = []Phase{{Name: "wait for the sender", Secs: src.Accepted.Sub(r.start).Seconds()}}
 	if !src.Verified.IsZero() {
-		res.Phases = append(res.Phases, Phase{"receive + verify", src.Verified.Sub(src.Accepted).Seconds()})
+		res.Phases = append(res.Phases, Phase{Name: "receive + verify", Secs: src.Verified.Sub(src.Accepted).Seconds()})
 	}
 	if !src.Committed.IsZero() {
-		res.Phases = append(res.Phases, Phase{"sender commits (source gone)", src.Committed.Sub(src.Verified).Seconds()})
+		res.Phases = append(res.Phases, Phase{Name: "sender commits (source gone)", Secs: src.Committed.Sub(src.Verified).Seconds()})
 	}
 }
 
@@ -171,7 +172,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	var rep capture.RestoreReport
 	pairs, err := r.o.GPUMap.For(ci.GPUs)
 	if err == nil {
-		err = r.o.CUDA.checkMap(ctx, pairs, ci.GPUs)
+		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
 	}
 	if err == nil {
 		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args}, r.src)
@@ -182,9 +183,9 @@ func (r *receiver) restore(ctx context.Context) error {
 	criuSecs := time.Since(rstart).Seconds()
 	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
 	var fast []Phase
-	if err == nil && r.o.CUDA.mode() != CUDAOff {
+	if err == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
 		// Those that took the fast path wait, parked, for their memory.
-		if fast, err = fastRestore(ctx, r.src, ci.CUDA, cudaPIDs); err != nil {
+		if fast, err = gpuckpt.FastRestore(ctx, r.src, ci.CUDA, cudaPIDs); err != nil {
 			err = fmt.Errorf("process %d restored, but its device memory is not: %w; %s", rep.PID, err, killRestored(rep.PID))
 			report = tcp.Report{Served: rep.Served, Error: err.Error()}
 		}
@@ -196,8 +197,8 @@ func (r *receiver) restore(ctx context.Context) error {
 	}
 	r.fill()
 	r.res.PID, r.res.CUDAPIDs = rep.PID, cudaPIDs
-	r.res.Phases = append(r.res.Phases, Phase{"criu restore", criuSecs})
-	r.res.Phases = append(r.res.Phases, TimingPhases(t)...)
+	r.res.Phases = append(r.res.Phases, Phase{Name: "criu restore", Secs: criuSecs})
+	r.res.Phases = append(r.res.Phases, gpuckpt.TimingPhases(t)...)
 	r.res.Phases = append(r.res.Phases, fast...)
 	return nil
 }
@@ -258,12 +259,12 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(ctx context.Context, c CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
 	var t vram.Timings
 	if err == nil {
-		if cudaPIDs, t, err = cudaRestore(ctx, c, rep.PID, pairs); err != nil {
+		if cudaPIDs, t, err = gpuckpt.Restore(ctx, c, rep.PID, pairs); err != nil {
 			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)
 		}
 	}

@@ -69,7 +69,7 @@ type StreamOptions struct {
 // ext files, and the VRAM producers') and writes them to o.Loc.
 func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	c, out, err := startCapture(ctx, o.Loc, o.Open)
+	c, out, err := location.StartCapture(ctx, o.Loc, o.Open)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 		err = errors.New("criu closed the connection without sending inventory.img: the dump did not finish")
 	}
 	if err != nil {
-		abortCapture(ctx, c, err)
+		location.AbortCapture(ctx, c, err)
 		return nil, fmt.Errorf("capture: %w", err)
 	}
 	m, err := c.Close(ctx, manifest.Manifest{Tool: o.Tool})

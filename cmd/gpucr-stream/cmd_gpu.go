@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -13,7 +13,7 @@ var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|
 	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "@key", "@encode", "@s3", "@fastpath"}, runGPU}
 
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
-// steps one at a time (checkpoint.GPUStep). Actions: info, state, lock,
+// steps one at a time (gpuckpt.GPUStep). Actions: info, state, lock,
 // checkpoint, restore, unlock, suspend, resume; suspend --to DEST and
 // resume --from SRC take the fast path.
 func runGPU(ctx context.Context, cfg *config, args []string) error {
@@ -26,7 +26,7 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	if action == "info" {
-		info := checkpoint.GPUInfo(ctx, drv)
+		info := gpuckpt.GPUInfo(ctx, drv)
 		if cfg.jsonOut {
 			return json.NewEncoder(cfg.stdout).Encode(info)
 		}
@@ -61,9 +61,9 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.GPUStep(ctx, drv, checkpoint.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
+	res, err := gpuckpt.GPUStep(ctx, drv, gpuckpt.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
 		Pairs: pairs, FindProcs: findCUDAProcs, To: to, From: from, Open: cfg.locationConfig(), FastPath: fast,
-		Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
+		Tool: "gpucr-stream " + version, Log: cfg.logLine})
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,9 @@ var rooms = map[string]int{
 	"streamer": 4, "source": 4, "pipeline/pipelinetest": 4,
 	"capture": 5, "transport/tcp": 5, "vram/vramtest": 5, "imagestreamer": 5,
 	"location": 6, "catalog": 6,
-	"checkpoint":       7,
-	"cmd/gpucr-stream": 8,
+	"gpuckpt":          7,
+	"checkpoint":       8,
+	"cmd/gpucr-stream": 9,
 }
 
 func TestDependenciesFlowOneWay(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/s3"
@@ -153,12 +154,12 @@ func (c *config) criuOptions() checkpoint.CRIU {
 }
 
 // cudaOptions are --cuda, and --lock-timeout where the command suspends.
-func (c *config) cudaOptions(suspends bool) (checkpoint.CUDA, error) {
+func (c *config) cudaOptions(suspends bool) (gpuckpt.CUDA, error) {
 	mode, err := parseCUDAMode(c.cuda)
 	if err != nil {
-		return checkpoint.CUDA{}, err
+		return gpuckpt.CUDA{}, err
 	}
-	cuda := checkpoint.CUDA{Mode: mode, OpenDriver: openDriver, FindProcs: findCUDAProcs}
+	cuda := gpuckpt.CUDA{Mode: mode, OpenDriver: openDriver, FindProcs: findCUDAProcs}
 	if suspends {
 		cuda.LockTimeout, err = c.lockTimeoutDur()
 	}
@@ -166,15 +167,15 @@ func (c *config) cudaOptions(suspends bool) (checkpoint.CUDA, error) {
 }
 
 // fastPathOptions are --fast-path, --vram-files and --vram-keep-dir.
-func (c *config) fastPathOptions() (checkpoint.FastPath, error) {
-	mode := checkpoint.FastPathMode(c.fastPath)
-	if mode != checkpoint.FastPathAuto && mode != checkpoint.FastPathOff {
-		return checkpoint.FastPath{}, usagef("--fast-path %q: want auto or off", c.fastPath)
+func (c *config) fastPathOptions() (gpuckpt.FastPath, error) {
+	mode := gpuckpt.FastPathMode(c.fastPath)
+	if mode != gpuckpt.FastPathAuto && mode != gpuckpt.FastPathOff {
+		return gpuckpt.FastPath{}, usagef("--fast-path %q: want auto or off", c.fastPath)
 	}
 	if c.vramFiles < 1 || c.vramFiles > 64 {
-		return checkpoint.FastPath{}, usagef("--vram-files %d: want 1..64", c.vramFiles)
+		return gpuckpt.FastPath{}, usagef("--vram-files %d: want 1..64", c.vramFiles)
 	}
-	return checkpoint.FastPath{Mode: mode, Files: c.vramFiles, KeepDir: c.vramKeepDir}, nil
+	return gpuckpt.FastPath{Mode: mode, Files: c.vramFiles, KeepDir: c.vramKeepDir}, nil
 }
 
 // lockTimeoutDur parses --lock-timeout.
@@ -186,9 +187,9 @@ func (c *config) lockTimeoutDur() (time.Duration, error) {
 	return d, nil
 }
 
-func parseCUDAMode(s string) (checkpoint.CUDAMode, error) {
-	switch m := checkpoint.CUDAMode(s); m {
-	case checkpoint.CUDAAuto, checkpoint.CUDAOn, checkpoint.CUDAOff:
+func parseCUDAMode(s string) (gpuckpt.CUDAMode, error) {
+	switch m := gpuckpt.CUDAMode(s); m {
+	case gpuckpt.CUDAAuto, gpuckpt.CUDAOn, gpuckpt.CUDAOff:
 		return m, nil
 	}
 	return "", usagef("--cuda %q: want auto, on or off", s)
@@ -196,22 +197,22 @@ func parseCUDAMode(s string) (checkpoint.CUDAMode, error) {
 
 // parseGPUMap reads --gpu-map: OLD_UUID=NEW_UUID[,...], or all=NEW_UUID
 // for a checkpoint's one GPU, whichever it is.
-func parseGPUMap(spec string) (checkpoint.GPUMap, error) {
+func parseGPUMap(spec string) (gpuckpt.GPUMap, error) {
 	if spec == "" {
-		return checkpoint.GPUMap{}, nil
+		return gpuckpt.GPUMap{}, nil
 	}
 	if old, nw, ok := strings.Cut(spec, "="); ok && old == "all" {
 		u, err := vram.ParseUUID(nw)
 		if err != nil {
-			return checkpoint.GPUMap{}, usagef("--gpu-map: %v", err)
+			return gpuckpt.GPUMap{}, usagef("--gpu-map: %v", err)
 		}
-		return checkpoint.GPUMap{All: true, AllTo: u}, nil
+		return gpuckpt.GPUMap{All: true, AllTo: u}, nil
 	}
 	pairs, err := vram.ParseGPUMap(spec)
 	if err != nil {
-		return checkpoint.GPUMap{}, usagef("--gpu-map: %v", err)
+		return gpuckpt.GPUMap{}, usagef("--gpu-map: %v", err)
 	}
-	return checkpoint.GPUMap{Pairs: pairs}, nil
+	return gpuckpt.GPUMap{Pairs: pairs}, nil
 }
 
 // extFileList is --ext-file-fds.

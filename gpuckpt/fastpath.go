@@ -1,4 +1,4 @@
-package checkpoint
+package gpuckpt
 
 // The GPU fast path around the CUDA policy of cuda.go (vram/fastpath.go has
 // the mechanism, docs/PRODUCERS.md section 3 the order and why). Processes
@@ -7,7 +7,7 @@ package checkpoint
 // checkpoint, which then finds little to copy; a restore puts it back after
 // the driver's restore. A copy is kept until the commit: any failure after
 // the release maps the memory back and refills it before the program runs
-// again (cudaCheckpoint.undo and resume call fastUndo). Processes without
+// again (Checkpoint.Undo and Resume call fastUndo). Processes without
 // the library keep the driver-only path, unchanged.
 
 import (
@@ -51,21 +51,21 @@ type FastPath struct {
 	KeepDir string
 }
 
-// fastSuspend moves the device memory of cc's processes out of the device
+// FastSuspend moves the device memory of cc's processes out of the device
 // when every one of them runs with the library and can, and carried says
-// that what restores c brings the VRAM files back (fastCarried; migrate: a
+// that what restores c brings the VRAM files back (FastCarried; migrate: a
 // receiver that restores); else it does nothing and the driver's checkpoint
 // takes it all, as without the library. It returns once the memory is
 // released, with the VRAM files still being stored into c (from the kept
-// copy): the commit waits for them (fastWait, in dump). It records the path
-// each process took in meta. On failure it has undone its steps: the
-// processes run on.
-func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried bool, c *streamer.Capture, meta *manifest.Manifest, h Hooks) ([]Phase, error) {
+// copy): the commit waits for them (FastWait, in checkpoint's dump). It
+// records the path each process took in meta. On failure it has undone
+// its steps: the processes run on.
+func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool, c *streamer.Capture, meta *manifest.Manifest, log func(string)) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	need, ok := cc.fastPossible(ctx, f, carried, h)
+	need, ok := cc.fastPossible(ctx, f, carried, log)
 	if !ok {
 		return nil, nil
 	}
@@ -74,7 +74,7 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 		return nil, fmt.Errorf("fast path: kept copy: %w", err)
 	}
 	if keep.Why != "" {
-		h.log(fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
+		say(log, fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
 	}
 	cc.keepDir = keep
 	put := func(ctx context.Context, name string, r io.Reader) error {
@@ -106,14 +106,14 @@ func (cc *cudaCheckpoint) fastSuspend(ctx context.Context, f FastPath, carried b
 	cc.recordPaths(meta)
 	if d := time.Since(start).Seconds(); d > 0 {
 		n := cc.fast.Bytes()
-		h.log(fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
+		say(log, fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
 	}
 	return phases, nil
 }
 
-// fastWait waits for the fast path's store into the capture (nil-safe);
+// FastWait waits for the fast path's store into the capture (nil-safe);
 // call it before the capture's Close.
-func (cc *cudaCheckpoint) fastWait(ctx context.Context) error {
+func (cc *Checkpoint) FastWait(ctx context.Context) error {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
@@ -123,22 +123,22 @@ func (cc *cudaCheckpoint) fastWait(ctx context.Context) error {
 	return nil
 }
 
-// fastStorePhases times the store, which ran beside the driver's
-// checkpoint and CRIU's dump (after fastWait).
-func (cc *cudaCheckpoint) fastStorePhases() []Phase {
+// FastStorePhases times the store, which ran beside the driver's
+// checkpoint and CRIU's dump (after FastWait).
+func (cc *Checkpoint) FastStorePhases() []Phase {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
 	return []Phase{{"vram store (beside the dump)", cc.fast.Timings.Store.Seconds()}}
 }
 
-// fastCarried says whether a checkpoint into dest can carry the fast
+// FastCarried says whether a checkpoint into dest can carry the fast
 // path's files: an archive or S3, whose restore finds them through the
 // manifest, or a stream (stdout, a stream file), whose restore finds them
-// by name (fastProcs). tcp:// keeps the driver path: the receiver may
+// by name (FastProcs). tcp:// keeps the driver path: the receiver may
 // serve an external criu restore, which would leave the processes parked
 // with no device memory (migrate asks the receiver instead).
-func fastCarried(dest location.Location) bool {
+func FastCarried(dest location.Location) bool {
 	return archived(dest) || dest.Kind == location.Stdio || dest.Kind == location.StreamFile
 }
 
@@ -151,7 +151,7 @@ func archived(dest location.Location) bool {
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
 // and says it can. need is the device memory it would move.
-func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried bool, h Hooks) (need int64, ok bool) {
+func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (need int64, ok bool) {
 	if f.Mode == FastPathOff || !carried {
 		return 0, false
 	}
@@ -162,7 +162,7 @@ func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried 
 	}
 	reps, err := vram.FastCheck(ctx, vram.PreloadDir(), cc.pids)
 	if err != nil {
-		h.log(fmt.Sprintf("GPU fast path not taken: %v", err))
+		say(log, fmt.Sprintf("GPU fast path not taken: %v", err))
 		return 0, false
 	}
 	for _, r := range reps {
@@ -173,7 +173,7 @@ func (cc *cudaCheckpoint) fastPossible(ctx context.Context, f FastPath, carried 
 
 // recordPaths records in meta which path each CUDA process's device memory
 // took: the fast path's files, or the driver's checkpoint.
-func (cc *cudaCheckpoint) recordPaths(meta *manifest.Manifest) {
+func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 	meta.CUDA = nil
 	byPID := map[int]vram.FastProc{}
 	for _, p := range cc.fast.Procs() {
@@ -188,10 +188,10 @@ func (cc *cudaCheckpoint) recordPaths(meta *manifest.Manifest) {
 	}
 }
 
-// fastUndo refills what fastSuspend released (after the driver's state is
+// fastUndo refills what FastSuspend released (after the driver's state is
 // back), for a failed dump or LeaveRunning. It takes no context: the undo
 // runs even when the checkpoint was cancelled.
-func (cc *cudaCheckpoint) fastUndo() error {
+func (cc *Checkpoint) fastUndo() error {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
@@ -202,9 +202,9 @@ func (cc *cudaCheckpoint) fastUndo() error {
 	return err
 }
 
-// fastCommit drops the kept copy once the checkpoint is committed and the
+// FastCommit drops the kept copy once the checkpoint is committed and the
 // processes are dumped.
-func (cc *cudaCheckpoint) fastCommit() {
+func (cc *Checkpoint) FastCommit() {
 	if cc == nil || cc.fast == nil {
 		return
 	}
@@ -212,13 +212,13 @@ func (cc *cudaCheckpoint) fastCommit() {
 	cc.keepDir.Remove()
 }
 
-// fastRestore brings back the device memory of the restored processes that
+// FastRestore brings back the device memory of the restored processes that
 // took the fast path (procs, from the manifest), after the driver's restore
 // and unlock. Those that fail stay parked. It touches only the restored
 // CUDA processes, pids: a record naming any other (a damaged or hostile
 // checkpoint) is an error, never a copy into an unrelated process that
 // runs with the library.
-func fastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
+func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var slowest vram.CopyStats
 	var errs []error
@@ -264,13 +264,13 @@ func fastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAPr
 	return ps, nil
 }
 
-// fastProcs are the CUDA records of the checkpoint src holds: an
+// FastProcs are the CUDA records of the checkpoint src holds: an
 // archive's manifest; for a stream, which carries no manifest a restore
 // reads (the copy migrate keeps), the processes whose VRAM files it holds,
 // by their names (vram-PID-KK.bin, flagged external). The library checks
 // that a copy-in brings every piece of its memory, so a file that is
 // missing fails the restore rather than losing memory.
-func fastProcs(ctx context.Context, src source.Source) ([]manifest.CUDAProcess, error) {
+func FastProcs(ctx context.Context, src source.Source) ([]manifest.CUDAProcess, error) {
 	if a, ok := src.(*source.ArchiveSource); ok {
 		return a.Manifest().CUDA, nil
 	}
@@ -311,44 +311,44 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), pids); err != nil {
 		return nil, fmt.Errorf("gpu suspend --to: %w", err)
 	}
-	c, _, err := startCapture(ctx, o.To, o.Open)
+	c, _, err := location.StartCapture(ctx, o.To, o.Open)
 	if err != nil {
 		return nil, err
 	}
-	cc := &cudaCheckpoint{drv: drv, pids: pids}
+	cc := &Checkpoint{drv: drv, pids: pids}
 	meta := manifest.Manifest{Tool: o.Tool}
-	phases, err := cc.fastSuspend(ctx, o.FastPath, archived(o.To), c, &meta, o.Hooks)
+	phases, err := cc.FastSuspend(ctx, o.FastPath, archived(o.To), c, &meta, o.Log)
 	if err == nil && cc.fast == nil {
 		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (gpu resume --from reads an archive: a directory or s3://)", o.To)
 	}
 	if err != nil {
-		abortCapture(ctx, c, err)
+		location.AbortCapture(ctx, c, err)
 		return phases, err
 	}
 	res.MemoryReleasedSecs = time.Since(start).Seconds()
-	o.Hooks.log(fmt.Sprintf("device memory released after %.2f s", res.MemoryReleasedSecs))
-	ps, err := cc.suspend(ctx, o.LockTimeout)
+	say(o.Log, fmt.Sprintf("device memory released after %.2f s", res.MemoryReleasedSecs))
+	ps, err := cc.Suspend(ctx, o.LockTimeout)
 	phases = append(phases, ps...)
 	if err != nil {
 		// suspend has undone the fast path (the store stopped first).
-		abortCapture(ctx, c, err)
+		location.AbortCapture(ctx, c, err)
 		return phases, err
 	}
 	res.DeviceFreedSecs = time.Since(start).Seconds()
-	o.Hooks.log(fmt.Sprintf("device freed (the driver holds the context in host memory) after %.2f s; storing the VRAM files", res.DeviceFreedSecs))
-	err = cc.fastWait(ctx)
-	phases = append(phases, cc.fastStorePhases()...)
+	say(o.Log, fmt.Sprintf("device freed (the driver holds the context in host memory) after %.2f s; storing the VRAM files", res.DeviceFreedSecs))
+	err = cc.FastWait(ctx)
+	phases = append(phases, cc.FastStorePhases()...)
 	if err != nil {
-		abortCapture(ctx, c, err)
-		return phases, cc.undo(err)
+		location.AbortCapture(ctx, c, err)
+		return phases, cc.Undo(err)
 	}
 	t := time.Now()
 	_, err = c.Close(ctx, meta)
 	phases = append(phases, Phase{"commit", time.Since(t).Seconds()})
 	if err != nil {
-		return phases, cc.undo(err)
+		return phases, cc.Undo(err)
 	}
-	cc.fastCommit()
+	cc.FastCommit()
 	return phases, nil
 }
 
@@ -370,7 +370,7 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 	if err != nil {
 		return phases, err
 	}
-	ps, err := fastRestore(ctx, src, a.Manifest().CUDA, pids)
+	ps, err := FastRestore(ctx, src, a.Manifest().CUDA, pids)
 	return append(phases, ps...), err
 }
 

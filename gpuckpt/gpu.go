@@ -1,4 +1,4 @@
-package checkpoint
+package gpuckpt
 
 import (
 	"context"
@@ -46,7 +46,8 @@ type GPUStepOptions struct {
 	Open     location.Config
 	FastPath FastPath
 	Tool     string
-	Hooks    Hooks
+	// Log takes diagnostic lines (may be nil).
+	Log func(string)
 }
 
 // GPUStepResult is what a step did.

@@ -1,4 +1,4 @@
-package checkpoint
+package gpuckpt
 
 import (
 	"context"
@@ -36,9 +36,9 @@ func TestFastPathNotTaken(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cc := &cudaCheckpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
+			cc := &Checkpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
 			var meta manifest.Manifest
-			ps, err := cc.fastSuspend(context.Background(), tc.f, fastCarried(tc.dest), nil, &meta, Hooks{})
+			ps, err := cc.FastSuspend(context.Background(), tc.f, FastCarried(tc.dest), nil, &meta, nil)
 			if err != nil || ps != nil || cc.fast != nil {
 				t.Fatalf("phases %v, err %v, fast %v: want nothing done", ps, err, cc.fast)
 			}
@@ -117,9 +117,9 @@ func TestFastProcsFromStream(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := fastProcs(context.Background(), listSource{files: tc.files})
+			got, err := FastProcs(context.Background(), listSource{files: tc.files})
 			if err != nil || !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("fastProcs = %+v, %v; want %+v", got, err, tc.want)
+				t.Fatalf("FastProcs = %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
 	}
@@ -140,8 +140,8 @@ func TestFastCarried(t *testing.T) {
 		{location.TCP, false, false},
 	} {
 		l := location.Location{Kind: tc.kind}
-		if fastCarried(l) != tc.carried || archived(l) != tc.archived {
-			t.Errorf("kind %d: carried %v, archived %v; want %v, %v", tc.kind, fastCarried(l), archived(l), tc.carried, tc.archived)
+		if FastCarried(l) != tc.carried || archived(l) != tc.archived {
+			t.Errorf("kind %d: carried %v, archived %v; want %v, %v", tc.kind, FastCarried(l), archived(l), tc.carried, tc.archived)
 		}
 	}
 }
@@ -153,11 +153,11 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("GPUCR_PRELOAD_DIR", dir)
 	procs := []manifest.CUDAProcess{{PID: 4242, Path: manifest.CUDAPathPreload, Files: []string{"vram-4242-00.bin"}}}
-	_, err := fastRestore(context.Background(), listSource{}, procs, []int{4343})
+	_, err := FastRestore(context.Background(), listSource{}, procs, []int{4343})
 	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
-		t.Fatalf("fastRestore of another process: %v", err)
+		t.Fatalf("FastRestore of another process: %v", err)
 	}
 	if errors.Is(err, vram.ErrNoPreload) {
-		t.Fatalf("fastRestore dialled process 4242: %v", err)
+		t.Fatalf("FastRestore dialled process 4242: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package gpuckpt
 
 // The CUDA policy around CRIU: before a dump the CUDA processes of the tree
 // are suspended (lock, then checkpoint: device memory into host memory);
@@ -47,7 +47,8 @@ type CUDA struct {
 	HostGPUs func(ctx context.Context) ([]vram.HostGPU, error)
 }
 
-func (c CUDA) mode() CUDAMode {
+// EffectiveMode is c.Mode, with "" read as CUDAAuto.
+func (c CUDA) EffectiveMode() CUDAMode {
 	if c.Mode == "" {
 		return CUDAAuto
 	}
@@ -68,13 +69,13 @@ func (c CUDA) find(root int) ([]vram.Usage, []int, error) {
 	return vram.FindCUDA(root)
 }
 
-// cudaCheckpoint is the GPU side of one checkpoint: the CUDA processes of
+// Checkpoint is the GPU side of one checkpoint: the CUDA processes of
 // the tree and their suspension.
-type cudaCheckpoint struct {
+type Checkpoint struct {
 	drv  vram.Driver
 	pids []int
 	gpus []vram.GPUInfo
-	// queried: gpus holds nvidia-smi's answer (gpuInfo asks once).
+	// queried: gpus holds nvidia-smi's answer (GPUs asks once).
 	queried bool
 	sus     *vram.Suspension
 	// fast: the device memory the fast path moved out (nil: the driver
@@ -85,17 +86,17 @@ type cudaCheckpoint struct {
 	driverVersion string
 }
 
-// findCUDA decides, per c.Mode, which processes of root's tree have GPU
+// Find decides, per c.Mode, which processes of root's tree have GPU
 // state to suspend. nil without any (or with CUDAOff).
-func findCUDA(c CUDA, root int) (*cudaCheckpoint, error) {
-	if c.mode() == CUDAOff {
+func Find(c CUDA, root int) (*Checkpoint, error) {
+	if c.EffectiveMode() == CUDAOff {
 		return nil, nil
 	}
 	found, _, err := c.find(root)
 	if err != nil {
 		return nil, err
 	}
-	if len(found) == 0 && c.mode() == CUDAAuto {
+	if len(found) == 0 && c.EffectiveMode() == CUDAAuto {
 		return nil, nil
 	}
 	drv, err := c.open()
@@ -105,7 +106,7 @@ func findCUDA(c CUDA, root int) (*cudaCheckpoint, error) {
 		}
 		return nil, fmt.Errorf("--cuda on: %w", err)
 	}
-	cc := &cudaCheckpoint{drv: drv}
+	cc := &Checkpoint{drv: drv}
 	if v, err := drv.Version(); err == nil {
 		cc.driverVersion = vram.VersionString(v)
 	}
@@ -120,7 +121,7 @@ func findCUDA(c CUDA, root int) (*cudaCheckpoint, error) {
 		cc.pids = append(cc.pids, u.PID)
 	}
 	if len(cc.pids) == 0 {
-		if c.mode() == CUDAOn {
+		if c.EffectiveMode() == CUDAOn {
 			return nil, fmt.Errorf("--cuda on: no CUDA process in the tree of %d", root)
 		}
 		return nil, nil
@@ -129,7 +130,7 @@ func findCUDA(c CUDA, root int) (*cudaCheckpoint, error) {
 }
 
 // manifestGPUs turns what nvidia-smi said into manifest records.
-func (cc *cudaCheckpoint) manifestGPUs() []manifest.GPU {
+func (cc *Checkpoint) manifestGPUs() []manifest.GPU {
 	if cc == nil {
 		return nil
 	}
@@ -153,15 +154,15 @@ func (cc *cudaCheckpoint) manifestGPUs() []manifest.GPU {
 	return out
 }
 
-// queryGPUs records the GPUs of cc's processes in meta. A nil cc (no CUDA
+// QueryGPUs records the GPUs of cc's processes in meta. A nil cc (no CUDA
 // process) does nothing.
-func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest) []Phase {
+func (cc *Checkpoint) QueryGPUs(ctx context.Context, meta *manifest.Manifest) []Phase {
 	if cc == nil {
 		return nil
 	}
 	// Ask nvidia-smi while the processes still hold the GPU.
 	q := time.Now()
-	cc.gpuInfo(ctx)
+	cc.GPUs(ctx)
 	meta.GPUs = cc.manifestGPUs()
 	return []Phase{{"gpu query (nvidia-smi)", time.Since(q).Seconds()}}
 }
@@ -169,7 +170,7 @@ func (cc *cudaCheckpoint) queryGPUs(ctx context.Context, meta *manifest.Manifest
 // gpuInfo is which GPUs cc's processes use and the memory each holds
 // there, asked of nvidia-smi once (a migration asks before it opens its
 // local copy, the dump again later); nil-safe, nil when it cannot tell.
-func (cc *cudaCheckpoint) gpuInfo(ctx context.Context) []vram.GPUInfo {
+func (cc *Checkpoint) GPUs(ctx context.Context) []vram.GPUInfo {
 	if cc == nil {
 		return nil
 	}
@@ -185,7 +186,7 @@ func (cc *cudaCheckpoint) gpuInfo(ctx context.Context) []vram.GPUInfo {
 // undone its steps, and the memory the fast path released comes back: the
 // processes run on. The fast path's libraries hear of the driver's lock
 // before it, and are detached after the checkpoint (fastpath.go).
-func (cc *cudaCheckpoint) suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
+func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
@@ -200,7 +201,7 @@ func (cc *cudaCheckpoint) suspend(ctx context.Context, lockTimeout time.Duration
 		err = errGPUUndone(err, cc.pids, cc.fastUndo())
 	} else if err == nil && cc.fast != nil {
 		if err = cc.fast.Detach(ctx); err != nil {
-			err = cc.undo(err)
+			err = cc.Undo(err)
 		}
 	}
 	return TimingPhases(cc.sus.Timings), err
@@ -210,7 +211,7 @@ func (cc *cudaCheckpoint) suspend(ctx context.Context, lockTimeout time.Duration
 // (or never stopped it), so its GPU state must come back too. It returns
 // cause, saying whether that worked. The driver's state comes back first,
 // then the memory the fast path released.
-func (cc *cudaCheckpoint) undo(cause error) error {
+func (cc *Checkpoint) Undo(cause error) error {
 	if cc == nil {
 		return cause
 	}
@@ -219,7 +220,7 @@ func (cc *cudaCheckpoint) undo(cause error) error {
 
 // resume puts the GPU state back after a committed dump that left the
 // process running, and times the driver steps and the fast path's refill.
-func (cc *cudaCheckpoint) resume() ([]Phase, error) {
+func (cc *Checkpoint) Resume() ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
@@ -236,18 +237,18 @@ func (cc *cudaCheckpoint) resume() ([]Phase, error) {
 }
 
 // cudaPIDs are the suspended CUDA processes (nil without any).
-func (cc *cudaCheckpoint) cudaPIDs() []int {
+func (cc *Checkpoint) PIDs() []int {
 	if cc == nil {
 		return nil
 	}
 	return cc.pids
 }
 
-// cudaRestore finds the CUDA processes of a restored tree and brings them
+// Restore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
-func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
+func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
 	var t vram.Timings
-	if c.mode() == CUDAOff {
+	if c.EffectiveMode() == CUDAOff {
 		return nil, t, nil
 	}
 	found, _, err := c.find(root)
@@ -255,7 +256,7 @@ func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([
 		return nil, t, err
 	}
 	if len(found) == 0 {
-		if c.mode() == CUDAOn {
+		if c.EffectiveMode() == CUDAOn {
 			return nil, t, fmt.Errorf("--cuda on: no CUDA process in the restored tree of %d", root)
 		}
 		return nil, t, nil
@@ -295,7 +296,7 @@ func cudaRestore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([
 	if err != nil {
 		return resumed, t, fmt.Errorf("%w; the restored process stays suspended: retry with `gpucr-stream gpu resume --pid PID`", err)
 	}
-	if c.mode() == CUDAOn && len(resumed) == 0 {
+	if c.EffectiveMode() == CUDAOn && len(resumed) == 0 {
 		return nil, t, fmt.Errorf("--cuda on: no restored process was checkpointed on the GPU")
 	}
 	return resumed, t, nil
@@ -335,14 +336,14 @@ func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
 	return pairs, nil
 }
 
-// checkMap refuses, before CRIU runs, a map the driver's restore would
+// CheckMap refuses, before CRIU runs, a map the driver's restore would
 // fail on later, leaving a restored process stuck in the checkpointed
 // state: a new GPU this host lacks, or one with less free memory than the
 // checkpoint recorded for the GPUs mapped onto it. recorded nil checks the
 // GPUs only (a receiver before any sender). Without nvidia-smi nothing
 // is checked: the driver's restore decides.
-func (c CUDA) checkMap(ctx context.Context, pairs []vram.GPUPair, recorded []manifest.GPU) error {
-	if len(pairs) == 0 || c.mode() == CUDAOff {
+func (c CUDA) CheckMap(ctx context.Context, pairs []vram.GPUPair, recorded []manifest.GPU) error {
+	if len(pairs) == 0 || c.EffectiveMode() == CUDAOff {
 		return nil
 	}
 	host, err := c.hostGPUs(ctx)
@@ -422,8 +423,8 @@ func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
 }
 
 // targets are m's new GPUs as pairs (Old is zero for all=NEW), for
-// checkMap before the checkpoint's GPUs are known.
-func (m GPUMap) targets() []vram.GPUPair {
+// CheckMap before the checkpoint's GPUs are known.
+func (m GPUMap) Targets() []vram.GPUPair {
 	if m.All {
 		return []vram.GPUPair{{New: m.AllTo}}
 	}
@@ -450,12 +451,12 @@ func errGPUUndone(cause error, pids []int, undoErr error) error {
 	return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, pids)
 }
 
-// checkDumpable refuses, before any GPU step, a CUDA tree that CRIU would
+// CheckDumpable refuses, before any GPU step, a CUDA tree that CRIU would
 // refuse to dump after it: one holding established TCP connections without
 // --tcp-established (or --tcp-close) in criuArgs. Undoing the driver's
 // checkpoint is not always possible (driver 580 refused it for an NCCL
 // pair, leaving both processes frozen), so the refusal must come first.
-func (cc *cudaCheckpoint) checkDumpable(tree []int, criuArgs []string) error {
+func (cc *Checkpoint) CheckDumpable(tree []int, criuArgs []string) error {
 	if cc == nil || len(cc.pids) == 0 || slices.ContainsFunc(criuArgs, func(a string) bool {
 		return a == "--tcp-established" || a == "--tcp-close"
 	}) {

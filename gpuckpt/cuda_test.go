@@ -1,4 +1,4 @@
-package checkpoint
+package gpuckpt
 
 import (
 	"context"
@@ -10,68 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/vram"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
-
-// TestFinishRestore: receive --restore reports the restored PID to the
-// sender only when CRIU and the GPU restore both succeeded; otherwise it
-// reports the error, and the sender keeps its copy.
-func TestFinishRestore(t *testing.T) {
-	const pid = 4242
-	cases := []struct {
-		name, failOn, cuda string
-		criuErr            error
-		calls              string
-		wantErr            string
-	}{
-		{"restored", "", "auto", nil, "restore P, unlock P", ""},
-		{"gpu-restore-fails", "restore", "auto", nil, "restore P", "process {pid} restored, but its GPU state is not"},
-		{"gpu-unlock-fails", "unlock", "auto", nil, "restore P, unlock P", "process {pid} restored, but its GPU state is not"},
-		{"criu-fails", "", "auto", errors.New("restore: criu restore: exit status 1"), "", "criu restore"},
-		{"cuda-off", "", "off", nil, "", ""},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			f := vramtest.NewFake(pid)
-			// As CRIU restores it: device memory still in host memory.
-			f.States[pid] = vram.StateCheckpointed
-			if c.failOn != "" {
-				f.FailOn[c.failOn] = true
-			}
-			cuda := CUDA{Mode: CUDAMode(c.cuda), OpenDriver: func() (vram.Driver, error) { return f, nil }, FindProcs: vramtest.Find(pid)}
-			rep := capture.RestoreReport{PID: pid}
-			rep.Served = 7
-			report, cudaPIDs, tm, err := finishRestore(context.Background(), cuda, rep, c.criuErr, nil)
-			p := strconv.Itoa(pid)
-			if got, want := f.Log(), strings.ReplaceAll(c.calls, "P", p); got != want {
-				t.Errorf("driver calls %q, want %q", got, want)
-			}
-			if report.Served != 7 {
-				t.Errorf("report %+v lost the served count", report)
-			}
-			if c.wantErr == "" {
-				if err != nil || report.Error != "" || report.PID != pid {
-					t.Fatalf("report %+v, err %v; want pid %d", report, err, pid)
-				}
-				if c.cuda != "off" && (len(cudaPIDs) != 1 || len(TimingPhases(tm)) == 0) {
-					t.Errorf("cuda pids %v, timings %+v", cudaPIDs, tm)
-				}
-				return
-			}
-			want := strings.ReplaceAll(c.wantErr, "{pid}", p)
-			if err == nil || !strings.Contains(err.Error(), want) {
-				t.Fatalf("err %v, want %q", err, want)
-			}
-			if report.PID != 0 || report.Error != err.Error() {
-				t.Fatalf("report %+v for %v: the sender must hear the error and no pid", report, err)
-			}
-		})
-	}
-}
 
 // TestGPUMapAll: all=NEW resolves against the one GPU a checkpoint
 // records, and is a usage error for any other number.
@@ -210,7 +153,7 @@ func TestCUDARestoreCompletesMap(t *testing.T) {
 			fake.States[pid] = vram.StateCheckpointed
 			d := &permDriver{Fake: fake, gpus: tc.gpus}
 			c := CUDA{OpenDriver: func() (vram.Driver, error) { return d, nil }, FindProcs: vramtest.Find(pid), HostGPUs: host}
-			resumed, _, err := cudaRestore(context.Background(), c, pid, []vram.GPUPair{pr(a, b)})
+			resumed, _, err := Restore(context.Background(), c, pid, []vram.GPUPair{pr(a, b)})
 			if fmt.Sprint(d.tries) != fmt.Sprint(tc.wantTries) {
 				t.Fatalf("restore tries with %v pairs, want %v", d.tries, tc.wantTries)
 			}
@@ -247,15 +190,15 @@ func TestCheckMap(t *testing.T) {
 		{"no map", nil, rec, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := CUDA{HostGPUs: host}.checkMap(context.Background(), tc.pairs, tc.recorded)
+			err := CUDA{HostGPUs: host}.CheckMap(context.Background(), tc.pairs, tc.recorded)
 			if tc.want == "" {
 				if err != nil {
-					t.Fatalf("checkMap: %v", err)
+					t.Fatalf("CheckMap: %v", err)
 				}
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrUsage) {
-				t.Fatalf("checkMap = %v, want a usage error with %q", err, tc.want)
+				t.Fatalf("CheckMap = %v, want a usage error with %q", err, tc.want)
 			}
 		})
 	}
@@ -271,8 +214,8 @@ func TestCheckDumpable(t *testing.T) {
 	}
 	defer ln.Close()
 	self := []int{os.Getpid()}
-	cuda := &cudaCheckpoint{pids: self}
-	if err := cuda.checkDumpable(self, nil); err != nil {
+	cuda := &Checkpoint{pids: self}
+	if err := cuda.CheckDumpable(self, nil); err != nil {
 		t.Fatalf("a listener alone: %v", err)
 	}
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -282,7 +225,7 @@ func TestCheckDumpable(t *testing.T) {
 	defer c.Close()
 	for _, tc := range []struct {
 		name    string
-		cc      *cudaCheckpoint
+		cc      *Checkpoint
 		args    []string
 		refused bool
 	}{
@@ -292,7 +235,7 @@ func TestCheckDumpable(t *testing.T) {
 		{"cuda-tcp-close", cuda, []string{"--tcp-close"}, false},
 		{"no-cuda", nil, nil, false},
 	} {
-		err := tc.cc.checkDumpable(self, tc.args)
+		err := tc.cc.CheckDumpable(self, tc.args)
 		if tc.refused != (err != nil) {
 			t.Errorf("%s: refused=%v, got %v", tc.name, tc.refused, err)
 			continue

@@ -1,0 +1,28 @@
+package location
+
+import (
+	"context"
+
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// StartCapture opens dest and starts the pipeline writing into it.
+func StartCapture(ctx context.Context, dest Location, lc Config) (*streamer.Capture, *Output, error) {
+	out, err := OpenOutput(ctx, dest, lc)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := streamer.NewCapture(ctx, out, lc.Options)
+	if err != nil {
+		_ = out.Abort(ctx)
+		return nil, nil, err
+	}
+	return c, out, nil
+}
+
+// AbortCapture ends a capture that must not commit.
+func AbortCapture(ctx context.Context, c *streamer.Capture, cause error) {
+	c.Abort(cause)
+	_, _ = c.Close(ctx, manifest.Manifest{})
+}
