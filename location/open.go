@@ -86,12 +86,7 @@ func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 
 // Format is what the output writes: a capture writing into it seals every
 // chunk when it is sealed.
-func (o *Output) Format() pipeline.Format {
-	if f, ok := o.Output.(interface{ Format() pipeline.Format }); ok {
-		return f.Format()
-	}
-	return pipeline.Format{}
-}
+func (o *Output) Format() pipeline.Format { return streamer.FormatOf(o.Output) }
 
 // WriteFrameAsync implements streamer.AsyncOutput: an archive's payload
 // writes run on its own writers, any other output's at once.

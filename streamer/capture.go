@@ -106,7 +106,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 	if err := checkTee(out); err != nil {
 		return nil, err
 	}
-	format := outputFormat(out)
+	format := FormatOf(out)
 	seal := format.Seal
 	ctx, cancel := context.WithCancelCause(ctx)
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)

@@ -77,8 +77,8 @@ type formattedOutput interface {
 	Format() pipeline.Format
 }
 
-// outputFormat is what out writes.
-func outputFormat(out Output) pipeline.Format {
+// FormatOf is what out writes.
+func FormatOf(out Output) pipeline.Format {
 	if f, ok := out.(formattedOutput); ok {
 		return f.Format()
 	}

@@ -25,7 +25,7 @@ import (
 // synchronous way.
 type syncOnly struct{ Output }
 
-func (s syncOnly) Format() pipeline.Format { return outputFormat(s.Output) }
+func (s syncOnly) Format() pipeline.Format { return FormatOf(s.Output) }
 
 // liveShards are pipes that a stream source reads while the capture
 // writes; every byte is also recorded.

@@ -101,14 +101,14 @@ func (t TeeOutput) Abort(ctx context.Context) error {
 // Format implements formattedOutput: both outputs must write the same
 // frames, so they must share one format (and session, or both have none).
 func (t TeeOutput) Format() pipeline.Format {
-	return outputFormat(t.Primary)
+	return FormatOf(t.Primary)
 }
 
 // errTeeFormats is returned when a TeeOutput's outputs disagree.
 var errTeeFormats = errors.New("capture: the outputs of a tee must share one format and encryption session")
 
 func checkTee(out Output) error {
-	if t, ok := out.(TeeOutput); ok && outputFormat(t.Primary) != outputFormat(t.Copy) {
+	if t, ok := out.(TeeOutput); ok && FormatOf(t.Primary) != FormatOf(t.Copy) {
 		return errTeeFormats
 	}
 	return nil
