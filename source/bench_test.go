@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
@@ -28,38 +29,42 @@ import (
 func BenchmarkStreamSource(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range pipelinetest.BenchCodecs() {
-		b.Run(spec, func(b *testing.B) {
-			var buf bytes.Buffer
-			out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
-			m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}))
-			ctx := context.Background()
-			b.SetBytes(total)
-			b.ResetTimer()
-			for range b.N {
-				// Served early and copied as files complete, the way a
-				// restore reads a stream; held in memory (no spill).
-				src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
-					StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
-				var wg sync.WaitGroup
-				for _, f := range m.Files {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if n, err := src.Copy(ctx, f.Name, io.Discard); err != nil || n != f.Size {
-							b.Errorf("Copy(%s) = %d, %v", f.Name, n, err)
-						}
-					}()
-				}
-				wg.Wait()
-				if err := src.Wait(ctx); err != nil {
-					b.Fatal(err)
-				}
-				src.Close()
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(buf.Len())/float64(total), "stored/raw")
-		})
+		b.Run(spec, func(b *testing.B) { benchStreamSource(b, spec, total, nil, nil) })
 	}
+}
+
+// benchStreamSource captures total bytes of benchmark data as a stream
+// (sealed under seal when it is set) and serves it, b.N times, the way a
+// restore reads a stream: served early, every file copied as it
+// completes, held in memory (no spill); key opens it.
+func benchStreamSource(b *testing.B, spec string, total int64, seal *crypt.Session, key *crypt.Key) {
+	var buf bytes.Buffer
+	out, _ := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{Seal: seal})
+	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}))
+	ctx := context.Background()
+	b.SetBytes(total)
+	b.ResetTimer()
+	for range b.N {
+		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+			StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total, Key: key}, ServeEarly: true})
+		var wg sync.WaitGroup
+		for _, f := range m.Files {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if n, err := src.Copy(ctx, f.Name, io.Discard); err != nil || n != f.Size {
+					b.Errorf("Copy(%s) = %d, %v", f.Name, n, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := src.Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+		src.Close()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(buf.Len())/float64(total), "stored/raw")
 }
 
 // benchArchive captures total bytes of benchmark data into an archive.
