@@ -101,9 +101,6 @@ func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 	return loc, err
 }
 
-// format is what one output writes (pipeline.Options.NewFormat).
-func (c *Config) format() (pipeline.Format, error) { return c.Options.NewFormat() }
-
 // OpenSource opens a SRC. so are the stream source's own options
 // (ExtractDir, Discard, VerifyHashes); the rest comes from c.
 func OpenSource(ctx context.Context, loc Location, c Config, so source.StreamOptions) (source.Source, error) {
@@ -242,7 +239,7 @@ func (stdioLoc) output(_ context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	format, err := c.format()
+	format, err := c.Options.NewFormat()
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +320,7 @@ func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool
 type archiveLoc struct{ unsupported }
 
 func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
-	format, err := c.format()
+	format, err := c.Options.NewFormat()
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	format, err := c.format()
+	format, err := c.Options.NewFormat()
 	if err != nil {
 		st.Close()
 		return nil, err

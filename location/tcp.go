@@ -27,7 +27,7 @@ func (l tcpLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	format, err := c.format()
+	format, err := c.Options.NewFormat()
 	if err != nil {
 		return nil, err
 	}
