@@ -115,6 +115,59 @@ func BenchmarkStages(b *testing.B) {
 			}
 		})
 	})
+	// The two copies a --codec none capture makes, end to end on one
+	// thread, against the one lever left: splice the chunk from CRIU's pipe
+	// into the file and check it through a mapping of the file afterwards.
+	b.Run("pipe-to-tmpfs/read-check-write", func(b *testing.B) {
+		buf := make([]byte, chunk)
+		pipeToTmpfs(b, img, func(r *os.File, f *os.File, off int64) (int64, error) {
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return 0, err
+			}
+			if codec.IsZero(buf) {
+				return off, nil
+			}
+			codec.Checksum(buf)
+			var hdr [manifest.FrameSize]byte
+			if _, err := f.WriteAt(hdr[:], off); err != nil {
+				return 0, err
+			}
+			_, err := f.WriteAt(buf, off+manifest.FrameSize)
+			return off + manifest.FrameSize + chunk, err
+		})
+	})
+	b.Run("pipe-to-tmpfs/splice-then-map", func(b *testing.B) {
+		pipeToTmpfs(b, img, func(r *os.File, f *os.File, off int64) (int64, error) {
+			at := off + manifest.FrameSize
+			for left, o := chunk, at; left > 0; {
+				n, err := unix.Splice(int(r.Fd()), nil, int(f.Fd()), &o, left, unix.SPLICE_F_MOVE)
+				if err != nil {
+					return 0, err
+				}
+				if n == 0 {
+					return 0, io.ErrUnexpectedEOF
+				}
+				left -= int(n)
+			}
+			page := at &^ 4095
+			m, err := unix.Mmap(int(f.Fd()), page, int(at-page)+chunk, unix.PROT_READ, unix.MAP_SHARED)
+			if err != nil {
+				return 0, err
+			}
+			c := m[at-page:]
+			zero := codec.IsZero(c)
+			if !zero {
+				codec.Checksum(c)
+			}
+			unix.Munmap(m)
+			if zero {
+				return off, nil // the next chunk goes over it
+			}
+			var hdr [manifest.FrameSize]byte
+			_, err = f.WriteAt(hdr[:], off)
+			return at + chunk, err
+		})
+	})
 	for _, spec := range []string{"none", "lz4"} {
 		b.Run("pipeline-"+spec, func(b *testing.B) {
 			// A GiB per capture: its buffers are allocated once, as in
@@ -161,6 +214,48 @@ func stageCPU(b *testing.B, imageBytes int64, thread bool, f func()) {
 	used := cpu() - c0
 	b.StopTimer()
 	b.ReportMetric(used/(float64(imageBytes)*float64(b.N)/(1<<30)), "cpu-s/GiB")
+}
+
+// pipeToTmpfs feeds img into a pipe as CRIU does (page references) and
+// charges this thread for moving it into a tmpfs file, chunk by chunk,
+// with step (which returns where the next chunk goes).
+func pipeToTmpfs(b *testing.B, img []byte, step func(r, f *os.File, off int64) (int64, error)) {
+	dir := os.Getenv("GPUCR_BENCH_DIR")
+	if dir == "" {
+		dir = "/dev/shm"
+	}
+	stageCPU(b, int64(len(img)), true, func() {
+		r, w, err := os.Pipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		pipeline.GrowPipe(w.Fd())
+		f, err := os.CreateTemp(dir, "gpucr-stage-*")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.Remove(f.Name())
+		defer f.Close()
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer w.Close()
+			rc, _ := w.SyscallConn()
+			if _, err := (chunkWriter{w: w, pipe: rc}).vmsplice(img); err != nil {
+				b.Error(err)
+			}
+		}()
+		off := int64(0)
+		for range len(img) / pipeline.DefaultChunkSize {
+			if off, err = step(r, f, off); err != nil {
+				b.Error(err)
+				break
+			}
+		}
+		r.Close()
+		wg.Wait()
+	})
 }
 
 // thirdsData is n bytes in 4 MiB runs of random bytes, zeros and text, a
