@@ -30,7 +30,9 @@ import (
 // figures add up: reading CRIU's pipe, the zero test, CRC-32C and BLAKE3
 // of the non-zero chunks, lz4, writing the stored chunks to tmpfs, and
 // the pipeline (chunking, ordering, hand-offs) with everything above but
-// the I/O (reading from memory instead: the copy stage).
+// the I/O (reading from memory instead: the copy stage). pipe-to-tmpfs/*
+// are not stages but the two copies of a --codec none capture together,
+// done two ways, to compare with each other.
 func BenchmarkStages(b *testing.B) {
 	const chunk = pipeline.DefaultChunkSize
 	img := thirdsData(64<<20, 5)
