@@ -58,29 +58,13 @@ func BenchmarkStages(b *testing.B) {
 	b.Run("read-pipe", func(b *testing.B) {
 		buf := make([]byte, chunk)
 		stageCPU(b, int64(len(img)), true, func() {
-			r, w, err := os.Pipe()
-			if err != nil {
-				b.Fatal(err)
-			}
-			pipeline.GrowPipe(w.Fd())
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { // CRIU's side: page references, as its splice gives
-				defer wg.Done()
-				defer w.Close()
-				rc, _ := w.SyscallConn()
-				cw := chunkWriter{w: w, pipe: rc}
-				if _, err := cw.vmsplice(img); err != nil {
-					b.Error(err)
-				}
-			}()
+			r, wait := criuPipe(b, img)
 			for {
 				if _, err := io.ReadFull(r, buf); err != nil {
 					break
 				}
 			}
-			r.Close()
-			wg.Wait()
+			wait()
 		})
 	})
 	scratch := make([]byte, chunk)
@@ -227,27 +211,13 @@ func pipeToTmpfs(b *testing.B, img []byte, step func(r, f *os.File, off int64) (
 		dir = "/dev/shm"
 	}
 	stageCPU(b, int64(len(img)), true, func() {
-		r, w, err := os.Pipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		pipeline.GrowPipe(w.Fd())
 		f, err := os.CreateTemp(dir, "gpucr-stage-*")
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer os.Remove(f.Name())
 		defer f.Close()
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer w.Close()
-			rc, _ := w.SyscallConn()
-			if _, err := (chunkWriter{w: w, pipe: rc}).vmsplice(img); err != nil {
-				b.Error(err)
-			}
-		}()
+		r, wait := criuPipe(b, img)
 		off := int64(0)
 		for range len(img) / pipeline.DefaultChunkSize {
 			if off, err = step(r, f, off); err != nil {
@@ -255,9 +225,31 @@ func pipeToTmpfs(b *testing.B, img []byte, step func(r, f *os.File, off int64) (
 				break
 			}
 		}
+		wait()
+	})
+}
+
+// criuPipe returns a pipe that a goroutine fills with img as CRIU's splice
+// does (references to its pages), and wait, which closes the read end and
+// waits for that goroutine.
+func criuPipe(b *testing.B, img []byte) (r *os.File, wait func()) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pipeline.GrowPipe(w.Fd())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer w.Close()
+		rc, _ := w.SyscallConn()
+		if _, err := (chunkWriter{w: w, pipe: rc}).vmsplice(img); err != nil {
+			b.Error(err)
+		}
+	})
+	return r, func() {
 		r.Close()
 		wg.Wait()
-	})
+	}
 }
 
 // thirdsData is n bytes in 4 MiB runs of random bytes, zeros and text, a
