@@ -83,17 +83,9 @@ func BenchmarkStages(b *testing.B) {
 	}
 	perChunk("file-digest", [][]byte{make([]byte, 32*len(chunks))}, func(h []byte) { pipeline.FileDigest(h, int64(len(img))) })
 	b.Run("write-tmpfs", func(b *testing.B) {
-		dir := os.Getenv("GPUCR_BENCH_DIR")
-		if dir == "" {
-			dir = "/dev/shm"
-		}
 		stageCPU(b, int64(len(img)), true, func() {
-			f, err := os.CreateTemp(dir, "gpucr-stage-*")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer os.Remove(f.Name())
-			defer f.Close()
+			f, remove := stageFile(b)
+			defer remove()
 			var hdr [manifest.FrameSize]byte
 			for _, c := range nonZero {
 				f.Write(hdr[:])
@@ -206,20 +198,13 @@ func stageCPU(b *testing.B, imageBytes int64, thread bool, f func()) {
 // charges this thread for moving it into a tmpfs file, chunk by chunk,
 // with step (which returns where the next chunk goes).
 func pipeToTmpfs(b *testing.B, img []byte, step func(r, f *os.File, off int64) (int64, error)) {
-	dir := os.Getenv("GPUCR_BENCH_DIR")
-	if dir == "" {
-		dir = "/dev/shm"
-	}
 	stageCPU(b, int64(len(img)), true, func() {
-		f, err := os.CreateTemp(dir, "gpucr-stage-*")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer os.Remove(f.Name())
-		defer f.Close()
+		f, remove := stageFile(b)
+		defer remove()
 		r, wait := criuPipe(b, img)
 		off := int64(0)
 		for range len(img) / pipeline.DefaultChunkSize {
+			var err error
 			if off, err = step(r, f, off); err != nil {
 				b.Error(err)
 				break
@@ -227,6 +212,23 @@ func pipeToTmpfs(b *testing.B, img []byte, step func(r, f *os.File, off int64) (
 		}
 		wait()
 	})
+}
+
+// stageFile creates the file a stage writes, in GPUCR_BENCH_DIR (default
+// /dev/shm, where the captures it stands for write); remove deletes it.
+func stageFile(b *testing.B) (f *os.File, remove func()) {
+	dir := os.Getenv("GPUCR_BENCH_DIR")
+	if dir == "" {
+		dir = "/dev/shm"
+	}
+	f, err := os.CreateTemp(dir, "gpucr-stage-*")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return f, func() {
+		f.Close()
+		os.Remove(f.Name())
+	}
 }
 
 // criuPipe returns a pipe that a goroutine fills with img as CRIU's splice
