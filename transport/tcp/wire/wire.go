@@ -45,6 +45,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 const (
@@ -196,13 +197,25 @@ func ReadReply(r io.Reader) (rep Reply, fixed []byte, err error) {
 }
 
 // Printable keeps a peer's text from carrying control characters into logs.
+// It never makes the text longer, so a bound checked on the bytes read
+// holds for what is shown: a byte that is not UTF-8 becomes '?', where
+// strings.Map would write the three-byte U+FFFD.
 func Printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b.WriteByte('?')
+		case r < 0x20 || r == 0x7f:
+			b.WriteByte(' ')
+		default:
+			b.WriteString(s[i : i+size])
 		}
-		return r
-	}, s)
+		i += size
+	}
+	return b.String()
 }
 
 // RecordHeader opens every record.
