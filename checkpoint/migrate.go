@@ -31,7 +31,6 @@ import (
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // MigrateOptions are a migration's.
@@ -172,7 +171,7 @@ func (m *migration) openKeep(ctx context.Context) error {
 	if m.o.LeaveRunning || m.o.NoKeep {
 		return nil
 	}
-	dir, err := scratch.New(vram.PreloadDir(), m.o.KeepDir, "gpucr-migrate-keep-", m.keepEstimate(ctx))
+	dir, err := scratch.New(scratch.DefaultRoot, m.o.KeepDir, "gpucr-migrate-keep-", m.keepEstimate(ctx))
 	if err != nil {
 		m.out.Cancel("sender could not create its local copy")
 		return fmt.Errorf("migrate %d: local copy of the image: %w (the process was not touched)", m.o.PID, err)

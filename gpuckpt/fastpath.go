@@ -69,7 +69,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 	if !ok {
 		return nil, nil
 	}
-	keep, err := scratch.New(vram.PreloadDir(), f.KeepDir, "gpucr-vram-keep-", need)
+	keep, err := scratch.New(scratch.DefaultRoot, f.KeepDir, "gpucr-vram-keep-", need)
 	if err != nil {
 		return nil, fmt.Errorf("fast path: kept copy: %w", err)
 	}

@@ -32,7 +32,7 @@ func mountOptions(t *testing.T, dir string) (string, bool) {
 func TestNew(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "run")
 	t.Setenv("TMPDIR", t.TempDir())
-	refuse := func(string, int64) error { return unix.EPERM }
+	refuse := func(*os.File, int64) (*os.File, error) { return nil, unix.EPERM }
 	avail := proc.AvailableMemory()
 	if avail <= 0 {
 		t.Fatal("no MemAvailable")
@@ -148,5 +148,164 @@ func TestSweep(t *testing.T) {
 	}
 	if _, err := os.Stat(plain); err != nil {
 		t.Fatalf("a directory that is no mount was touched: %v", err)
+	}
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI runs the tests as root: mounting a tmpfs needs it")
+		}
+		t.Skip("mounting a tmpfs needs root")
+	}
+}
+
+// mountVictim mounts a tmpfs that is not ours on dir, with a file in it.
+func mountVictim(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("victim", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(dir, "precious"), []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustHoldVictim(t *testing.T, dir string) {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join(dir, "precious")); err != nil || string(b) != "root's" {
+		t.Fatalf("the victim's file: %q %v, want it untouched", b, err)
+	}
+	if _, ok := mountOptions(t, dir); !ok {
+		t.Fatalf("%s was unmounted", dir)
+	}
+}
+
+// TestRemoveSwapped (issue 25 H2): whoever controls a directory above the
+// copy's swaps it for a symlink to a directory of root's, a mount point,
+// before Remove: Remove empties and unmounts its own mount, and nothing
+// else.
+func TestRemoveSwapped(t *testing.T) {
+	needRoot(t)
+	user := filepath.Join(t.TempDir(), "user")
+	victim := filepath.Join(t.TempDir(), "victim")
+	mountVictim(t, victim)
+	root := filepath.Join(user, "run")
+	for _, mounted := range []bool{true, false} {
+		t.Run(map[bool]string{true: "mounted", false: "plain"}[mounted], func(t *testing.T) {
+			os.RemoveAll(user)
+			var d *Dir
+			var err error
+			if mounted {
+				d, err = New(root, "", "gpucr-test-", 1<<20)
+			} else {
+				os.MkdirAll(root, 0o700)
+				d, err = New("", root, "gpucr-test-", 1<<20)
+			}
+			if err != nil || d.Mounted != mounted {
+				t.Fatalf("New: %+v %v", d, err)
+			}
+			if err := os.WriteFile(filepath.Join(d.Path, "vram-1-00.bin"), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			real := filepath.Join(user+".old", "run", filepath.Base(d.Path))
+			os.RemoveAll(user + ".old")
+			if err := os.Rename(user, user+".old"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(root, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(victim, d.Path); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Remove(); err != nil {
+				t.Fatal(err)
+			}
+			mustHoldVictim(t, victim)
+			if _, ok := mountOptions(t, real); ok {
+				t.Fatalf("the copy's own mount %s is still there", real)
+			}
+			if _, err := os.Stat(real); !os.IsNotExist(err) {
+				t.Fatalf("the copy %s: %v, want removed", real, err)
+			}
+		})
+	}
+}
+
+// TestNewRootNotOurs: a root directory another user owns (or may write
+// into) gets no mount of ours: the copy goes into $TMPDIR, and says why.
+func TestNewRootNotOurs(t *testing.T) {
+	needRoot(t)
+	t.Setenv("TMPDIR", t.TempDir())
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		uid  int
+		why  string
+	}{
+		{"another owner", 0o700, 65534, "owned by uid 65534"},
+		{"writable by others", 0o777, 0, "writable by others"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "run")
+			if err := os.Mkdir(root, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(root, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(root, tc.uid, tc.uid); err != nil {
+				t.Fatal(err)
+			}
+			d, err := New(root, "", "gpucr-test-", 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Remove()
+			if d.Mounted || filepath.Dir(d.Path) != os.Getenv("TMPDIR") || !strings.Contains(d.Why, tc.why) {
+				t.Fatalf("%+v, want a dir in $TMPDIR because %s", d, tc.why)
+			}
+		})
+	}
+	// A symlink in place of the root directory is refused too.
+	link := filepath.Join(t.TempDir(), "run")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(link, "", "gpucr-test-", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Remove()
+	if d.Mounted || !strings.Contains(d.Why, "not a directory") {
+		t.Fatalf("%+v, want no mount under a symlink", d)
+	}
+}
+
+// TestSweepOnlyOurs: an empty, old mount under root named like ours but
+// not made by New (its id is not one of our mounts') stays.
+func TestSweepOnlyOurs(t *testing.T) {
+	needRoot(t)
+	root := filepath.Join(t.TempDir(), "run")
+	other := filepath.Join(root, "gpucr-test-other")
+	mountVictim(t, other)
+	os.Remove(filepath.Join(other, "precious"))
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(other, old, old); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(root, "", "gpucr-test-", 1<<20)
+	if err != nil || !d.Mounted {
+		t.Fatalf("New: %+v %v", d, err)
+	}
+	defer d.Remove()
+	if _, ok := mountOptions(t, other); !ok {
+		t.Fatalf("the sweep unmounted %s, a mount that is not ours", other)
 	}
 }
