@@ -313,6 +313,14 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	if b, err := os.ReadFile(pidfile); err == nil {
 		rep.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
+	if criuErr == nil && errors.Is(serveErr, ErrOutstanding) {
+		// CRIU succeeded: leaving the rest of a file was its decision,
+		// made just before it closed the socket.
+		if hooks.Log != nil {
+			hooks.Log(serveErr.Error())
+		}
+		serveErr = nil
+	}
 	switch {
 	case serveErr != nil && criuErr == nil:
 		// The whole tree: a child of a detached restore would live on

@@ -10,7 +10,10 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -26,6 +29,9 @@ type Hooks struct {
 	Listening func()
 	// Connected runs when CRIU connects.
 	Connected func()
+	// Log takes diagnostic lines: a file the restore closed before
+	// reading it all.
+	Log func(string)
 }
 
 // connKind says who is on a connection of a streamer socket.
@@ -601,6 +607,10 @@ type ServeResult struct {
 	Bytes    int64
 	// Producers is the number of producer connections that pulled files.
 	Producers int
+	// ClosedEarly counts the files whose pipe the reader closed before
+	// taking all of it, while its connection was still open: its choice
+	// (see ServeWith). They are not counted in Served.
+	ClosedEarly int
 }
 
 // ServeOptions configure Serve.
@@ -624,7 +634,23 @@ func Serve(ctx context.Context, dir string, src source.Source, hooks Hooks) (Ser
 	return ServeWith(ctx, dir, src, ServeOptions{Hooks: hooks})
 }
 
+// ErrOutstanding means the reader of a file closed its connection with
+// that file not taken whole: it gave up (or, on a restore whose CRIU
+// succeeded, decided so just before it exited; capture.Restore lets
+// CRIU's exit code decide).
+var ErrOutstanding = errors.New("disconnected with a file it asked for not taken whole")
+
 // ServeWith is Serve with options.
+//
+// A file whose pipe CRIU closes before it has taken all of it is CRIU's
+// decision (it reads nftables-N.img as size 0 and closes it, it skips the
+// rest of a pages-N.img it does not restore page by page): the file is
+// logged with the bytes not taken and the serve goes on. Only if the
+// connection that asked for it is already gone does it fail the serve
+// (ErrOutstanding): then CRIU gave up rather than chose. The serve learns
+// of a close at its next write to the pipe, so a CRIU that closes a file
+// and exits at once may be judged as one that gave up; capture.Restore,
+// which has CRIU's exit code, lets that decide.
 func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOptions) (ServeResult, error) {
 	var res ServeResult
 	path := filepath.Join(dir, ServeSocket)
@@ -637,12 +663,12 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 	}
 	s, sctx := newSession(ctx, o.Producers)
 	s.limitConnectWait(o.ConnectTimeout, path)
-	var requests, served atomic.Int64
+	var requests, served, early atomic.Int64
 	var bytes atomic.Int64
 	s.acceptLoop(sctx, l, func(conn *net.UnixConn) {
 		s.readConn(sctx, conn, o.Hooks.Connected, func(kind connKind, name string) error {
 			requests.Add(1)
-			_, err := src.Stat(sctx, name)
+			f, err := src.Stat(sctx, name)
 			exists := err == nil
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
@@ -660,6 +686,17 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			pipeline.GrowPipe(p.Fd())
 			s.run(p, func(p *os.File) error {
 				n, err := src.Copy(sctx, name, p)
+				if err != nil && sctx.Err() == nil && (readerGone(p) || errors.Is(err, syscall.EPIPE)) {
+					left := f.Size - n + unread(p)
+					if peerGone(conn) {
+						return fmt.Errorf("serve %s: %w (%d of %d bytes not taken)", name, ErrOutstanding, left, f.Size)
+					}
+					early.Add(1)
+					if o.Hooks.Log != nil {
+						o.Hooks.Log(fmt.Sprintf("%s: closed by its reader with %d of %d bytes not taken; serving the rest", name, left, f.Size))
+					}
+					return nil
+				}
 				if err != nil {
 					return fmt.Errorf("serve %s: %w", name, err)
 				}
@@ -672,6 +709,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 	})
 	err = s.finish()
 	res.Requests, res.Served, res.Bytes = int(requests.Load()), int(served.Load()), bytes.Load()
+	res.ClosedEarly = int(early.Load())
 	s.mu.Lock()
 	res.Producers = s.producersSeen
 	s.mu.Unlock()
@@ -682,6 +720,45 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 		return res, fmt.Errorf("restore serving: %w", err)
 	}
 	return res, nil
+}
+
+// readerGone says whether the read end of pipe p is closed: poll reports
+// POLLERR on a pipe's write end once it has no reader.
+func readerGone(p *os.File) bool {
+	return polled(p, 0, unix.POLLERR, false)
+}
+
+// peerGone says whether the other end of conn has closed it.
+func peerGone(conn *net.UnixConn) bool {
+	return polled(conn, unix.POLLRDHUP, unix.POLLRDHUP|unix.POLLHUP, true)
+}
+
+// polled polls c's descriptor once without waiting: whether any of want
+// is set (ifClosed when the descriptor is already closed).
+func polled(c syscall.Conn, events, want int16, ifClosed bool) bool {
+	got := ifClosed
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return got
+	}
+	_ = rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		n, err := unix.Poll(pfd, 0)
+		for err == unix.EINTR {
+			n, err = unix.Poll(pfd, 0)
+		}
+		got = err == nil && n > 0 && pfd[0].Revents&want != 0
+	})
+	return got
+}
+
+// unread is what sits in pipe p's buffer, written but never read.
+func unread(p *os.File) int64 {
+	var n int
+	if rc, err := p.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+	}
+	return int64(n)
 }
 
 // WriteExtract writes every file of src into dir (for sources that are not

@@ -322,7 +322,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
-		ExtraArgs: o.CRIU.Args, Producers: o.Producers}, src)
+		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)

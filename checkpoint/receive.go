@@ -175,7 +175,8 @@ func (r *receiver) restore(ctx context.Context) error {
 		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
 	}
 	if err == nil {
-		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args}, r.src)
+		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args,
+			Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
@@ -230,7 +231,7 @@ func (r *receiver) serve(ctx context.Context) error {
 		case <-sctx.Done():
 		}
 	}()
-	sres, err := capture.Serve(sctx, r.o.ImagesDir, r.src, capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }})
+	sres, err := capture.Serve(sctx, r.o.ImagesDir, r.src, capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }, Log: r.o.Hooks.Log})
 	if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

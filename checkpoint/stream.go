@@ -189,6 +189,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	}()
 	_, err = capture.ServeWith(ctx, o.ImagesDir, served, capture.ServeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
+		Log:       o.Hooks.Log,
 	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
