@@ -84,6 +84,8 @@ func FuzzReader(f *testing.F) {
 		limit := len(in)/FrameSize + 2
 		lastPos := int64(-1)
 		frames := 0
+		open := map[uint32]string{} // the files open, as the frames say
+		openBytes := 0
 		for calls := 0; ; calls++ {
 			if calls > limit {
 				t.Fatalf("Reader did not stop after %d calls on %d bytes", calls, len(in))
@@ -115,6 +117,9 @@ func FuzzReader(f *testing.F) {
 				t.Fatalf("frame at %d after one at %d", fr.Pos, lastPos)
 			}
 			lastPos = fr.Pos
+			if openBytes > MaxOpenNameBytes {
+				t.Fatalf("%d bytes of names open, more than MaxOpenNameBytes", openBytes)
+			}
 			if len(fr.Payload) != int(fr.StoredLen) || fr.StoredLen > MaxPayload {
 				t.Fatalf("payload of %d bytes, header says %d", len(fr.Payload), fr.StoredLen)
 			}
@@ -123,12 +128,24 @@ func FuzzReader(f *testing.F) {
 			}
 			switch fr.Type {
 			case FrameFile:
-				if len(fr.Payload) == 0 || len(fr.Payload) > MaxNameLen || rd.FileName(fr.FileID) != string(fr.Payload) {
+				if len(fr.Payload) == 0 || len(fr.Payload) > MaxNameLen || rd.FileName(fr.FileID) != string(fr.Payload) || fr.Name != string(fr.Payload) {
 					t.Fatalf("FILE frame %+v", fr.FrameHeader)
 				}
+				if open[fr.FileID] == "" {
+					open[fr.FileID] = fr.Name
+					openBytes += len(fr.Name)
+				}
 			case FrameData, FrameFileEnd:
-				if rd.FileName(fr.FileID) == "" {
+				if fr.Name == "" || fr.Name != open[fr.FileID] {
 					t.Fatalf("%v frame for unopened file %d", fr.Type, fr.FileID)
+				}
+				if fr.Type == FrameFileEnd {
+					// Ended: forgotten, so that names held stay bounded.
+					if rd.FileName(fr.FileID) != "" {
+						t.Fatalf("file %d still named after its FILE-END", fr.FileID)
+					}
+					delete(open, fr.FileID)
+					openBytes -= len(fr.Name)
 				}
 				if fr.Type == FrameData && fr.RawLen > MaxPayload {
 					t.Fatalf("DATA raw length %d", fr.RawLen)

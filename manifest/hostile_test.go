@@ -1,7 +1,9 @@
 package manifest
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -80,12 +82,66 @@ func TestPrintableName(t *testing.T) {
 func TestReaderErrorEscapesNames(t *testing.T) {
 	evil := "x\x1b]0;pwned\x07.img"
 	ts := writeStream(t, Header{}, []frameSpec{file(0, evil), data(0, 0, []byte("abcdef")), fileEnd(0, 6, 1)}, nil)
-	rd, _, err := readAll(ts.b, "s")
+	rd, frames, err := readAll(ts.b, "s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := rd.Errorf(0, 0, "boom").Error()
+	msg := rd.FrameErrorf(frames[1], "boom").Error()
+	if !strings.Contains(msg, "(file ") {
+		t.Fatalf("error names no file: %q", msg)
+	}
 	if strings.ContainsAny(msg, "\x1b\x07") {
 		t.Fatalf("error carries control characters: %q", msg)
+	}
+}
+
+// Names held stay bounded whatever the input (issue 25 M-a): a file that
+// is replaced again and again leaves no name behind once ended, and files
+// opened without end are refused past MaxOpenNameBytes.
+func TestReaderNamesBounded(t *testing.T) {
+	name := strings.Repeat("n", 4000)
+	for _, tc := range []struct {
+		what    string
+		frames  func(i uint32) []frameSpec
+		n       uint32
+		corrupt bool
+	}{
+		{"replacing FILE/FILE-END pairs", func(i uint32) []frameSpec { return []frameSpec{file(i, name), fileEnd(i, 0, 0)} }, 5000, false},
+		{"FILEs never ended", func(i uint32) []frameSpec { return []frameSpec{file(i, name)} }, MaxOpenNameBytes/4000 + 2, true},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			var frames []frameSpec
+			for i := range tc.n {
+				frames = append(frames, tc.frames(i)...)
+			}
+			ts := writeStream(t, Header{}, frames, nil)
+			rd, err := NewReader(bytes.NewReader(ts.b), "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			maxHeld := 0
+			for {
+				_, err = rd.Next(nil)
+				maxHeld = max(maxHeld, rd.openNames)
+				if err != nil {
+					break
+				}
+			}
+			if maxHeld > MaxOpenNameBytes {
+				t.Errorf("held %d bytes of names, more than %d", maxHeld, MaxOpenNameBytes)
+			}
+			if tc.corrupt {
+				if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "open at once") {
+					t.Fatalf("err = %v, want ErrCorrupt naming the names open at once", err)
+				}
+				return
+			}
+			if err != io.EOF {
+				t.Fatal(err)
+			}
+			if maxHeld > len(name) || len(rd.names) != 0 {
+				t.Errorf("held up to %d bytes of names, %d names at the end; want one name at most", maxHeld, len(rd.names))
+			}
+		})
 	}
 }

@@ -354,9 +354,16 @@ func TestReaderRoundTrip(t *testing.T) {
 		if rd.Pos() != int64(len(ts.b)) {
 			t.Fatalf("Pos() = %d after the stream, want %d", rd.Pos(), len(ts.b))
 		}
-		for id, name := range []string{"inventory.img", "pages-1.img", "empty.img"} {
-			if got := rd.FileName(uint32(id)); got != name {
-				t.Errorf("FileName(%d) = %q, want %q", id, got, name)
+		names := []string{"inventory.img", "pages-1.img", "empty.img"}
+		for _, f := range frames {
+			if f.Type != FrameEnd && f.Name != names[f.FileID] {
+				t.Errorf("%s frame of file %d: Name %q, want %q", f.Type, f.FileID, f.Name, names[f.FileID])
+			}
+		}
+		// Every file ended: none is held any more.
+		for id := range names {
+			if got := rd.FileName(uint32(id)); got != "" {
+				t.Errorf("FileName(%d) = %q after its FILE-END", id, got)
 			}
 		}
 		if got := rd.FileName(99); got != "" {

@@ -17,6 +17,9 @@ type Frame struct {
 	FrameHeader
 	Payload []byte
 	Pos     int64
+	// Name is the name FILE bound to FileID (FILE, DATA, FILE-END): a
+	// DATA frame decoded after its file's FILE-END still has it.
+	Name string
 }
 
 // Reader decodes a stream frame by frame, checking structure as it goes.
@@ -28,11 +31,15 @@ type Reader struct {
 	pos    int64
 	header Header
 	ended  bool
-	// names is read by the decode workers (for messages) while Next adds
-	// to it.
-	mu    sync.RWMutex
-	names map[uint32]string
-	hdr   [FrameSize]byte
+	// names holds the open files' names only: FILE-END forgets one, so
+	// a stream that replaces a file again and again holds one name, and
+	// openNames (their bytes) stays under MaxOpenNameBytes whatever the
+	// input. It is read by the decode workers (for messages) while Next
+	// changes it.
+	mu        sync.RWMutex
+	names     map[uint32]string
+	openNames int
+	hdr       [FrameSize]byte
 	// transcript and endCheck: see Writer.SetEndTag.
 	transcript hash.Hash
 	endCheck   func(input []byte, tag [32]byte) error
@@ -86,7 +93,14 @@ func (r *Reader) Header() Header { return r.header }
 // Pos is the offset of the next frame.
 func (r *Reader) Pos() int64 { return r.pos }
 
-// FileName returns the name a FILE frame bound to id.
+// MaxOpenNameBytes bounds the bytes of the names of files open at once
+// (FILE read, FILE-END not yet) in one stream. CRIU keeps a few hundred
+// short names open; a stream that opens files without ending them is
+// refused here instead of growing without bound.
+const MaxOpenNameBytes = 16 << 20
+
+// FileName returns the name a FILE frame bound to id while that file is
+// open (until its FILE-END); Frame.Name keeps it beyond.
 func (r *Reader) FileName(id uint32) string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -98,9 +112,19 @@ const NoFile = ^uint32(0)
 
 // Errorf reports corrupt input with where in the stream it was found.
 func (r *Reader) Errorf(pos int64, id uint32, format string, args ...any) error {
+	return r.errorf(pos, r.FileName(id), format, args...)
+}
+
+// FrameErrorf is Errorf for fr, naming its file even after its FILE-END
+// (a DATA frame decoded late).
+func (r *Reader) FrameErrorf(fr Frame, format string, args ...any) error {
+	return r.errorf(fr.Pos, fr.Name, format, args...)
+}
+
+func (r *Reader) errorf(pos int64, file string, format string, args ...any) error {
 	where := fmt.Sprintf("%s at offset %d", r.name, pos)
-	if n := r.FileName(id); n != "" {
-		where += fmt.Sprintf(" (file %s)", PrintableName(n))
+	if file != "" {
+		where += fmt.Sprintf(" (file %s)", PrintableName(file))
 	}
 	msg := strings.TrimSuffix(fmt.Sprintf(format, args...), ": "+errdefs.ErrCorrupt.Error())
 	return fmt.Errorf("%s: %s: %w", where, msg, errdefs.ErrCorrupt)
@@ -136,9 +160,10 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	if fh.Type == FrameEnd {
 		id = NoFile
 	}
+	name := r.FileName(fh.FileID)
 	if fh.Type == FrameData || fh.Type == FrameFileEnd {
-		if r.FileName(fh.FileID) == "" {
-			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that was never opened", fh.Type, fh.FileID)
+		if name == "" {
+			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that is not open (never opened, or ended)", fh.Type, fh.FileID)
 		}
 	}
 	var payload []byte
@@ -174,8 +199,24 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	r.pos += FrameSize + int64(fh.StoredLen)
 	switch fh.Type {
 	case FrameFile:
+		if name != "" {
+			if name != string(payload) {
+				return Frame{}, r.Errorf(pos, fh.FileID, "file id %d reopened as %s", fh.FileID, PrintableName(string(payload)))
+			}
+			break // announced again: nothing new to hold
+		}
+		if r.openNames+len(payload) > MaxOpenNameBytes {
+			return Frame{}, r.Errorf(pos, fh.FileID, "FILE frame: more than %d bytes of names of files open at once (%d files)", MaxOpenNameBytes, len(r.names))
+		}
+		name = string(payload)
 		r.mu.Lock()
-		r.names[fh.FileID] = string(payload)
+		r.names[fh.FileID] = name
+		r.openNames += len(name)
+		r.mu.Unlock()
+	case FrameFileEnd:
+		r.mu.Lock()
+		delete(r.names, fh.FileID)
+		r.openNames -= len(name)
 		r.mu.Unlock()
 	case FrameEnd:
 		var tail [TailSize]byte
@@ -189,7 +230,10 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 		r.pos += TailSize
 		r.ended = true
 	}
-	return Frame{FrameHeader: fh, Payload: payload, Pos: pos}, nil
+	if fh.Type == FrameEnd {
+		name = ""
+	}
+	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name}, nil
 }
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:

@@ -48,7 +48,7 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 				return nil, fmt.Errorf("%s: over %d bytes of file names: %w", name, maxScanNames, ErrMemoryLimit)
 			}
 			if !manifest.ValidName(string(fr.Payload)) {
-				return nil, rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
+				return nil, rd.FrameErrorf(fr, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
 			}
 			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:

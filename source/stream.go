@@ -138,16 +138,21 @@ func roomFor(f *os.File, n int64) error {
 }
 
 // What the metadata of one file and one chunk hold, counted generously:
-// the file record, its name twice (here and in the frame reader) and map
-// entries; a chunk record and the slack of a growing slice.
+// the file record, its name twice (here and in the frame reader, until
+// its FILE-END) and map entries; a chunk record and the slack of a growing
+// slice; a completed file's entry in doneIDs, kept when it is replaced.
 const (
 	fileMeta  = 256
+	doneMeta  = 48
 	chunkMeta = 2 * int64(unsafe.Sizeof(chunkRec{}))
 )
 
 // addMetaLocked counts n more bytes of metadata against the budget.
+// A nil f counts what outlives any file.
 func (s *StreamSource) addMetaLocked(f *streamFile, n int64) error {
-	f.meta += n
+	if f != nil {
+		f.meta += n
+	}
 	s.metaUsed += n
 	if s.metaUsed > s.opts.MemoryLimit {
 		return fmt.Errorf("stream metadata (%d files, %d chunks: %d bytes) exceeds the memory limit of %d bytes (--memory-limit): %w",
@@ -365,7 +370,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		case manifest.FrameData:
 			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
 				s.putPage(page)
-				return rd.Errorf(fr.Pos, fr.FileID, "DATA frame with raw length %d", fr.RawLen)
+				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
 			select {
 			case jobs <- decodeJob{rd, fr, page}:
@@ -384,7 +389,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	name := string(fr.Payload)
 	if !manifest.ValidName(name) {
-		return rd.Errorf(fr.Pos, fr.FileID, "FILE frame with unsafe name %s", manifest.PrintableName(name))
+		return rd.FrameErrorf(fr, "FILE frame with unsafe name %s", manifest.PrintableName(name))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -393,7 +398,7 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	if f, ok := s.pending[fr.FileID]; ok {
 		if f.name != name {
-			return rd.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, manifest.PrintableName(name))
+			return rd.FrameErrorf(fr, "file id %d reopened as %s", fr.FileID, manifest.PrintableName(name))
 		}
 		return nil // the same announcement on another shard or segment
 	}
@@ -424,12 +429,12 @@ func (s *StreamSource) endFile(rd *manifest.Reader, fr manifest.Frame) error {
 	}
 	if f.size >= 0 {
 		if f.size != int64(fr.Offset) || f.expect != fr.RawLen || f.digest != fr.Hash {
-			return rd.Errorf(fr.Pos, fr.FileID, "FILE-END disagrees with another shard's")
+			return rd.FrameErrorf(fr, "FILE-END disagrees with another shard's")
 		}
 		return nil
 	}
 	f.size, f.expect, f.digest = int64(fr.Offset), fr.RawLen, fr.Hash
-	return s.maybeCompleteLocked(f, func() error { return rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
+	return s.maybeCompleteLocked(f, func() error { return rd.FrameErrorf(fr, "file check failed") })
 }
 
 // maybeCompleteLocked publishes f once all its chunks are in and they tile
@@ -456,6 +461,11 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	}
 	delete(s.pending, f.id)
 	s.doneIDs[f.id] = true
+	// The id stays (a lagging shard may announce it again): counted, so
+	// that a stream of files replacing each other stays in the budget.
+	if err := s.addMetaLocked(nil, doneMeta); err != nil {
+		return err
+	}
 	s.Counters.Files.Add(1)
 	defer s.notifyLocked()
 	// A name written twice: the later open (higher id) wins, whichever
@@ -517,22 +527,22 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// The payload's buffer goes back once decoded, unless it is the chunk.
 	defer func() { s.putPage(j.page) }()
 	if s.sums.NoChunkHashes && fr.Hash != ([32]byte{}) {
-		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d has a hash in a stream without chunk hashes", fr.Offset)
+		return nil, nil, j.rd.FrameErrorf(fr, "chunk at file offset %d has a hash in a stream without chunk hashes", fr.Offset)
 	}
 	if s.seal != nil {
 		// Opened in place: the payload shrinks to its plaintext in the
 		// same buffer (a raw chunk read into a page stays the chunk).
-		ch := crypt.Chunk{FileID: fr.FileID, Name: j.rd.FileName(fr.FileID), Offset: fr.Offset, RawLen: fr.RawLen, Codec: fr.Codec}
+		ch := crypt.Chunk{FileID: fr.FileID, Name: fr.Name, Offset: fr.Offset, RawLen: fr.RawLen, Codec: fr.Codec}
 		if fr.Payload, fr.Checksum, err = openChunk(s.seal, fr.Payload, ch); err != nil {
-			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+			return nil, nil, j.rd.FrameErrorf(fr, "chunk at file offset %d: %v", fr.Offset, err)
 		}
 	}
 	if codec.ID(fr.Codec) == codec.Zero {
 		if len(fr.Payload) != 0 {
-			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a payload of %d bytes", len(fr.Payload))
+			return nil, nil, j.rd.FrameErrorf(fr, "zero chunk with a payload of %d bytes", len(fr.Payload))
 		}
 		if crc, hash := s.sums.Zero(int(fr.RawLen)); crc != fr.Checksum || (s.opts.VerifyHashes && hash != fr.Hash) {
-			return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "zero chunk with a checksum that is not of zeros")
+			return nil, nil, j.rd.FrameErrorf(fr, "zero chunk with a checksum that is not of zeros")
 		}
 		return nil, nil, nil
 	}
@@ -558,7 +568,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 		if page != nil {
 			page.free()
 		}
-		return nil, nil, j.rd.Errorf(fr.Pos, fr.FileID, "chunk at file offset %d: %v", fr.Offset, err)
+		return nil, nil, j.rd.FrameErrorf(fr, "chunk at file offset %d: %v", fr.Offset, err)
 	}
 	return raw, page, nil
 }
@@ -579,7 +589,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 	f, ok := s.pending[fr.FileID]
 	if !ok {
 		s.mu.Unlock()
-		return j.rd.Errorf(fr.Pos, fr.FileID, "DATA frame after its file was complete")
+		return j.rd.FrameErrorf(fr, "DATA frame after its file was complete")
 	}
 	if !zero && !s.discard {
 		switch {
@@ -619,7 +629,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 	if err := s.addMetaLocked(f, chunkMeta); err != nil {
 		return err
 	}
-	return s.maybeCompleteLocked(f, func() error { return j.rd.Errorf(fr.Pos, fr.FileID, "file check failed") })
+	return s.maybeCompleteLocked(f, func() error { return j.rd.FrameErrorf(fr, "file check failed") })
 }
 
 // spillAtLocked reserves n bytes in a spill file and says where. Chunks
@@ -785,6 +795,7 @@ func (s *StreamSource) Close() error {
 	for _, f := range s.pending {
 		s.releaseLocked(f)
 	}
+	s.metaUsed -= doneMeta * int64(len(s.doneIDs))
 	for _, p := range s.retired {
 		p.free()
 	}
