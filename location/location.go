@@ -57,7 +57,11 @@ func Parse(s string) (Location, error) {
 			return Location{}, fmt.Errorf("location %s: credentials do not belong in a location; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (s3://) or --token-file (tcp://)", redact.URL(s))
 		}
 		if u.Host == "" {
-			return Location{}, fmt.Errorf("location %s: missing host or bucket", redact.URL(s))
+			// No credentials got this far: s is shown as given.
+			if u.Scheme == "s3" {
+				return Location{}, fmt.Errorf("location %s: no bucket (want s3://BUCKET/PREFIX)", s)
+			}
+			return Location{}, fmt.Errorf("location %s: no host (want tcp://HOST:PORT)", s)
 		}
 		if u.Scheme == "s3" {
 			return Location{Kind: S3, Path: u.Host + u.Path, Raw: s}, nil

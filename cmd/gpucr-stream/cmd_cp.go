@@ -13,7 +13,7 @@ import (
 )
 
 var cpCommand = command{"cp", "copy a checkpoint between locations (directory, s3://): cp SRC DEST; verified before its manifest is written, resumable", "SRC DEST",
-	[]string{"@key", "@s3", "workers", "memory-limit", "create-bucket"}, runCp}
+	[]string{"@key", "@s3", "workers", "memory-limit", "create-bucket", "json", "no-progress"}, runCp}
 
 func runCp(ctx context.Context, cfg *config, args []string) error {
 	if len(args) != 2 {

@@ -12,7 +12,7 @@ import (
 )
 
 var gcCommand = command{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
-	[]string{"@s3", "older-than", "dry-run"}, runGc}
+	[]string{"@s3conn", "older-than", "dry-run", "json"}, runGc}
 
 // parseAge reads --older-than: a Go duration, or a number of days ("7d").
 func parseAge(s string) (time.Duration, error) {

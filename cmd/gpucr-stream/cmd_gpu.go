@@ -10,7 +10,7 @@ import (
 )
 
 var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", "ACTION",
-	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "@key", "@encode", "@s3", "@fastpath"}, runGPU}
+	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "@key", "@encode", "@s3", "@fastpath", "@report"}, runGPU}
 
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
 // steps one at a time (gpuckpt.GPUStep). Actions: info, state, lock,

@@ -18,7 +18,7 @@ import (
 )
 
 var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
-	[]string{"@key", "@s3", "from"}, runInspect}
+	[]string{"@key", "@s3conn", "from", "json"}, runInspect}
 
 type inspectResult struct {
 	Source string `json:"source"`

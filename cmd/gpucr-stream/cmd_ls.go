@@ -13,7 +13,7 @@ import (
 )
 
 var lsCommand = command{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
-	[]string{"@s3"}, runLs}
+	[]string{"@s3conn", "json"}, runLs}
 
 // ls, rm and gc manage the checkpoints under a location (s3://BUCKET/PREFIX
 // or a local directory); the work is package catalog.

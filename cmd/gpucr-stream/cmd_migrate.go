@@ -10,7 +10,7 @@ import (
 )
 
 var migrateCommand = command{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
-	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate}
+	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate}
 
 type (
 	migrateResult = checkpoint.MigrateResult

@@ -9,7 +9,7 @@ import (
 )
 
 var rmCommand = command{"rm", "delete one checkpoint, manifest first: rm s3://BUCKET/PREFIX/NAME or rm DIR", "LOCATION",
-	[]string{"@s3", "dry-run"}, runRm}
+	[]string{"@s3conn", "dry-run", "json"}, runRm}
 
 // runRm deletes one checkpoint, manifest first (catalog.Remove).
 func runRm(ctx context.Context, cfg *config, args []string) error {

@@ -14,7 +14,7 @@ import (
 )
 
 var verifyCommand = command{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
-	[]string{"@key", "@decode", "@s3", "@tcp", "from"}, runVerify}
+	[]string{"@key", "@decode", "@s3read", "from", "json", "no-progress"}, runVerify}
 
 func runVerify(ctx context.Context, cfg *config, args []string) error {
 	from, err := srcArg(cfg, "verify", args)
@@ -56,6 +56,9 @@ func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport,
 	loc, err := parseLoc("source", from)
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
+	}
+	if loc.Kind == location.TCP {
+		return rep, usagef("verify: %s: verify reads a checkpoint at rest (a directory, s3://, a stream file or -); a tcp:// transfer is verified as it is received (receive, serve --from tcp://)", from)
 	}
 	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamOptions{Discard: true})
 	if err != nil {

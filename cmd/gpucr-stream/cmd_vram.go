@@ -11,7 +11,7 @@ import (
 )
 
 var vramCommand = command{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
-	[]string{"images-dir"}, runVRAM}
+	[]string{"images-dir", "json"}, runVRAM}
 
 // runVRAM is `gpucr-stream vram push|pull --images-dir DIR NAME FILE|- ...`:
 // the command-line side of the producer protocol (capture.PushFiles,

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
 )
 
@@ -55,22 +56,37 @@ func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 		}
 	})
 	sort.Strings(names)
+	label := func(n string) string {
+		for short, long := range shortFlags {
+			if long == n {
+				return "-" + short + ", --" + n
+			}
+		}
+		return "    --" + n
+	}
+	width := 0
+	for _, n := range names {
+		width = max(width, len(label(n)))
+	}
 	for _, n := range names {
 		f := fs.Lookup(n)
+		usage := f.Usage
+		if only != nil {
+			// One command's help: "capture/serve: " says nothing there.
+			usage = commandPrefix.ReplaceAllString(usage, "")
+		}
 		def := ""
 		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
 			def = fmt.Sprintf(" (default %s)", f.DefValue)
 		}
-		env := "$" + envName(n)
+		env := " $" + envName(n)
 		if n == "help" || n == "version" {
 			env = ""
 		}
-		name := "    --" + n
-		for short, long := range shortFlags {
-			if long == n {
-				name = "-" + short + ", --" + n
-			}
-		}
-		fmt.Fprintf(w, "  %-20s %s%s %s\n", name, f.Usage, def, env)
+		fmt.Fprintf(w, "  %-*s  %s%s%s\n", width, label(n), usage, def, env)
 	}
 }
+
+// commandPrefix is the list of commands a flag's description starts with
+// in the full help ("checkpoint/restore: ", "rm, gc: ").
+var commandPrefix = regexp.MustCompile(`^(?:(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|gpu suspend --to)(?:/|, ))*(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|gpu suspend --to)(?: to s3://)?: `)

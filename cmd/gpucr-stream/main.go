@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -129,6 +130,12 @@ var flagGroups = map[string][]string{
 	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit", "chunk-hashes"},
 	"decode": {"workers", "memory-limit", "spill-dir"},
 	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel", "s3-sse", "s3-sse-key-file"},
+	// what reading a checkpoint needs, and reading manifests, listing or
+	// deleting objects
+	"s3read": {"s3-endpoint", "s3-region", "s3-path-style", "s3-parallel", "s3-sse-key-file"},
+	"s3conn": {"s3-endpoint", "s3-region", "s3-path-style", "s3-sse-key-file"},
+	// progress bars, --progress-fd lines and --json results of long work
+	"report": {"json", "no-progress", "progress-fd"},
 	"key":    {"key-file"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	"criu":   {"criu", "work-dir", "criu-opts"},
@@ -136,11 +143,16 @@ var flagGroups = map[string][]string{
 	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }
 
-// globalFlags apply to every command (drivers of criu-image-streamer pass
-// --progress-fd to all of them).
-var globalFlags = []string{"help", "version", "json", "no-progress", "progress-fd"}
+// globalFlags apply to every command. quietFlags are taken by every
+// command too (drivers of criu-image-streamer pass --progress-fd to all of
+// them) but listed only by those that use them.
+var (
+	globalFlags = []string{"help", "version"}
+	quietFlags  = []string{"json", "no-progress", "progress-fd"}
+)
 
-// flagNames lists the flags c takes, its own and the global ones.
+// flagNames lists the flags c takes and lists in its help: its own and
+// the global ones.
 func (c command) flagNames() map[string]bool {
 	names := map[string]bool{}
 	for _, f := range globalFlags {
@@ -178,7 +190,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	for rest := args; ; {
 		if err := fs.Parse(rest); err != nil {
-			return usagef("%v", err)
+			err = usagef("%v", flagError(fs, err))
+			if cmd := commandOf(args); cmd != "none" {
+				err = commandError{cmd, err}
+			}
+			return err
 		}
 		if fs.NArg() == 0 {
 			break
@@ -207,6 +223,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return nil
 	}
 	cfg.takes, cfg.onCmdLine = c.flagNames(), map[string]bool{}
+	for _, f := range quietFlags {
+		cfg.takes[f] = true
+	}
 	fs.Visit(func(f *flag.Flag) { cfg.onCmdLine[longName(f.Name)] = true })
 	err := cfg.finish()
 	if err == nil {
@@ -237,6 +256,9 @@ func (e commandError) Unwrap() error { return e.err }
 // must not list DIR as if nothing was said.
 func checkFlags(fs *flag.FlagSet, c command) error {
 	allowed := c.flagNames()
+	for _, f := range quietFlags {
+		allowed[f] = true
+	}
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
 		if !allowed[longName(f.Name)] {
@@ -248,3 +270,31 @@ func checkFlags(fs *flag.FlagSet, c command) error {
 	}
 	return nil
 }
+
+// flagError says what the flag package's parse errors mean in this
+// command's terms: `invalid value "abc" for flag -pid: parse error` is
+// `--pid "abc": not a whole number`.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if m := badValue.FindStringSubmatch(msg); m != nil {
+		name, why := longName(m[2]), m[3]
+		if why == "parse error" || why == "value out of range" {
+			why = "not a whole number"
+			if f := fs.Lookup(name); f != nil {
+				if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+					why = "not true or false"
+				}
+			}
+		}
+		return fmt.Errorf("--%s %q: %s", name, m[1], why)
+	}
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return fmt.Errorf("unknown flag --%s", strings.TrimLeft(name, "-"))
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return fmt.Errorf("--%s needs a value", longName(strings.TrimLeft(name, "-")))
+	}
+	return err
+}
+
+var badValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-+(\S+): (.*)$`)

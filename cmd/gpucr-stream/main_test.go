@@ -147,6 +147,25 @@ func TestCommandFlags(t *testing.T) {
 		{[]string{"capture", "--help"}, exitOK, "--images-dir", "--older-than", ""},
 		{[]string{"--help", "gc"}, exitOK, "--older-than", "--codec", ""},
 		{[]string{"version", "--json"}, exitOK, "gpucr-stream", "", ""},
+		// each command's help lists the flags it uses, no others
+		{[]string{"keygen", "--help"}, exitOK, "--help", "--progress-fd", ""},
+		{[]string{"token", "--help"}, exitOK, "--help", "--progress-fd", ""},
+		{[]string{"verify", "--help"}, exitOK, "--key-file", "--tls-", ""},
+		{[]string{"verify", "--help"}, exitOK, "--s3-parallel", "--token-file", ""},
+		{[]string{"verify", "--help"}, exitOK, "--json", "--streams", ""},
+		{[]string{"ls", "--help"}, exitOK, "--json", "--s3-part-size", ""},
+		{[]string{"rm", "--help"}, exitOK, "--dry-run", "--s3-part-size", ""},
+		{[]string{"checkpoint", "--help"}, exitOK, "--progress-fd", "checkpoint/restore:", ""},
+		{[]string{"serve", "--help"}, exitOK, "--from", "capture/serve:", ""},
+		// drivers pass --progress-fd to every command: still taken
+		{[]string{"keygen", "--progress-fd", "2"}, exitOK, "", "", ""},
+		// usage errors in the command's own terms
+		{[]string{"checkpoint", "--pid", "abc"}, exitUsage, "", "", `--pid "abc": not a whole number`},
+		{[]string{"ls", "--dry-run=maybe"}, exitUsage, "", "", `--dry-run "maybe": not true or false`},
+		{[]string{"ls", "--frobnicate"}, exitUsage, "", "", "unknown flag --frobnicate"},
+		{[]string{"ls", "s3://"}, exitUsage, "", "", "ls: location s3://: no bucket"},
+		{[]string{"inspect", "--from", dir, dir + "/b"}, exitUsage, "", "", "give SRC once"},
+		{[]string{"verify", "tcp://127.0.0.1:1"}, exitUsage, "", "", "at rest"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -164,7 +183,36 @@ func TestCommandFlags(t *testing.T) {
 			if tc.errText != "" && (err == nil || !strings.Contains(err.Error(), tc.errText)) {
 				t.Errorf("error %v lacks %q", err, tc.errText)
 			}
+			if err != nil && strings.Contains(err.Error(), tc.args[0]+": "+tc.args[0]+":") {
+				t.Errorf("error %v names the command twice", err)
+			}
 		})
+	}
+}
+
+// Every command's help starts the flags' descriptions in one column, the
+// longest names (--s3-sse-key-file) included.
+func TestHelpColumns(t *testing.T) {
+	for _, c := range commands() {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{c.name, "--help"}, strings.NewReader(""), &out, &out); err != nil {
+			t.Fatal(err)
+		}
+		col := -1
+		for _, l := range strings.Split(out.String(), "\n") {
+			if !strings.HasPrefix(l, "  -") {
+				continue
+			}
+			i := strings.Index(l, "--")
+			i += strings.Index(l[i:], " ")
+			at := i + len(l[i:]) - len(strings.TrimLeft(l[i:], " "))
+			if col < 0 {
+				col = at
+			}
+			if at != col || at-i < 2 {
+				t.Errorf("%s --help: %q: description at column %d, others at %d", c.name, l, at, col)
+			}
+		}
 	}
 }
 

@@ -233,6 +233,9 @@ func srcArg(cfg *config, cmd string, args []string) (string, error) {
 		}
 		return cfg.from, nil
 	case 1:
+		if cfg.onCmdLine["from"] {
+			return "", usagef("%s: give SRC once: --from %s or the argument %s, not both", cmd, cfg.from, args[0])
+		}
 		return args[0], nil
 	}
 	return "", usagef("%s takes one SRC argument, got %d", cmd, len(args))
@@ -245,7 +248,7 @@ func storeAt(ctx context.Context, cfg *config, cmd string, args []string) (store
 	}
 	loc, err := location.Parse(args[0])
 	if err != nil {
-		return nil, loc, nil, usagef("%s: %s: %v", cmd, cmd, err)
+		return nil, loc, nil, usagef("%s: %v", cmd, err)
 	}
 	st, closeStore, err := location.OpenStore(ctx, loc, cfg.locationConfig())
 	if err != nil {
