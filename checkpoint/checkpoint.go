@@ -175,7 +175,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The tree as it is before the dump, to wait for it to be gone after.
 	tree, _ := proc.Tree(o.PID)
-	if err := cc.CheckDumpable(tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
 	}
 	start := time.Now()

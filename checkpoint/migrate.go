@@ -146,7 +146,7 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	if err := cc.CheckDumpable(tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	format, err := o.Stream.NewFormat()

@@ -181,25 +181,36 @@ func (cc *Checkpoint) GPUs(ctx context.Context) []vram.GPUInfo {
 	return cc.gpus
 }
 
-// suspend moves the GPU state of cc's processes into host memory (lock,
-// then checkpoint), so that CRIU can dump them. On failure Suspend has
-// undone its steps, and the memory the fast path released comes back: the
-// processes run on. The fast path's libraries hear of the driver's lock
-// before it, and are detached after the checkpoint (fastpath.go).
+// Suspend moves the GPU state of cc's processes into host memory (lock,
+// then checkpoint), so that CRIU can dump them. The tree is locked all or
+// nothing (vram.Suspend): a process that cannot be locked has the others
+// unlocked at once. On failure the steps are undone, and the memory the
+// fast path released comes back: the processes run on, or the error is a
+// StuckError saying where each is left. The fast path's libraries hear of
+// the driver's lock before it, and are detached after the checkpoint
+// (fastpath.go).
 func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	if cc.fast != nil {
 		if err := cc.fast.BeforeDriver(ctx); err != nil {
-			return nil, errGPUUndone(err, cc.pids, cc.fastUndo())
+			fastErr := cc.fastUndo()
+			return nil, cc.failed(err, fastErr, fastErr)
 		}
 	}
+	drv := cc.drv
+	if testFault("gpu-checkpoint") {
+		drv = faultyCheckpoint{drv}
+	}
 	var err error
-	cc.sus, err = vram.Suspend(cc.drv, cc.pids, lockTimeout)
-	if err != nil && cc.fast != nil {
-		err = errGPUUndone(err, cc.pids, cc.fastUndo())
-	} else if err == nil && cc.fast != nil {
+	cc.sus, err = vram.Suspend(drv, cc.pids, lockTimeout)
+	if err != nil {
+		// vram.Suspend undid the driver's steps; the states tell whether
+		// that worked.
+		fastErr := cc.fastUndo()
+		err = cc.failed(lockFailed(err, cc.pids), fastErr, fastErr)
+	} else if cc.fast != nil {
 		if err = cc.fast.Detach(ctx); err != nil {
 			err = cc.Undo(err)
 		}
@@ -207,33 +218,42 @@ func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([
 	return TimingPhases(cc.sus.Timings), err
 }
 
-// undo is for a dump that failed after suspend: CRIU resumed the process
+// Undo is for a dump that failed after Suspend: CRIU resumed the process
 // (or never stopped it), so its GPU state must come back too. It returns
-// cause, saying whether that worked. The driver's state comes back first,
-// then the memory the fast path released.
+// cause, saying whether that worked (a StuckError if not). The driver's
+// state comes back first, then the memory the fast path released.
 func (cc *Checkpoint) Undo(cause error) error {
 	if cc == nil {
 		return cause
 	}
-	return errGPUUndone(cause, cc.pids, errors.Join(cc.sus.Resume(nil), cc.fastUndo()))
+	drvErr := cc.sus.Resume(nil)
+	fastErr := cc.fastUndo()
+	return cc.failed(cause, errors.Join(drvErr, fastErr), fastErr)
 }
 
-// resume puts the GPU state back after a committed dump that left the
+// Resume puts the GPU state back after a committed dump that left the
 // process running, and times the driver steps and the fast path's refill.
+// A failure is a StuckError.
 func (cc *Checkpoint) Resume() ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
 	}
 	before := cc.sus.Timings
-	err := cc.sus.Resume(nil)
+	drvErr := cc.sus.Resume(nil)
 	t := cc.sus.Timings
 	ps := TimingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
+	var fastErr error
 	if cc.fast != nil {
 		start := time.Now()
-		err = errors.Join(err, cc.fastUndo())
+		fastErr = cc.fastUndo()
 		ps = append(ps, Phase{"vram refill", time.Since(start).Seconds()})
 	}
-	return ps, err
+	if err := errors.Join(drvErr, fastErr); err != nil {
+		states, _ := procStates(cc.drv, cc.pids, fastErr != nil)
+		refused(states, err)
+		return ps, &StuckError{Undo: err, Procs: states}
+	}
+	return ps, nil
 }
 
 // cudaPIDs are the suspended CUDA processes (nil without any).
@@ -443,23 +463,25 @@ func TimingPhases(t vram.Timings) []Phase {
 	return ps
 }
 
-// errGPUUndone explains a checkpoint that failed after the GPU step.
-func errGPUUndone(cause error, pids []int, undoErr error) error {
-	if undoErr != nil {
-		return fmt.Errorf("%w; undoing the GPU step of %v failed too: %v", cause, pids, undoErr)
+// CheckDumpable refuses, before any GPU step, a CUDA tree whose GPU step
+// the driver could not undo (CheckUndoable: NCCL ranks, shared device
+// memory), and one that CRIU would refuse to dump after that step: one
+// holding established TCP connections without --tcp-established (or
+// --tcp-close) in criuArgs. Undoing the driver's checkpoint is not always
+// possible (driver 580 refused it for an NCCL pair, leaving both processes
+// frozen), so the refusal must come first. tree is the whole process tree.
+func (cc *Checkpoint) CheckDumpable(ctx context.Context, tree []int, criuArgs []string) error {
+	if cc == nil || len(cc.pids) == 0 {
+		return nil
 	}
-	return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, pids)
-}
-
-// CheckDumpable refuses, before any GPU step, a CUDA tree that CRIU would
-// refuse to dump after it: one holding established TCP connections without
-// --tcp-established (or --tcp-close) in criuArgs. Undoing the driver's
-// checkpoint is not always possible (driver 580 refused it for an NCCL
-// pair, leaving both processes frozen), so the refusal must come first.
-func (cc *Checkpoint) CheckDumpable(tree []int, criuArgs []string) error {
-	if cc == nil || len(cc.pids) == 0 || slices.ContainsFunc(criuArgs, func(a string) bool {
-		return a == "--tcp-established" || a == "--tcp-close"
-	}) {
+	// The fault round fails the driver's checkpoint before it reaches the
+	// driver: nothing it does is one way.
+	if !testFault("gpu-checkpoint") {
+		if err := CheckUndoable(ctx, cc.pids); err != nil {
+			return err
+		}
+	}
+	if slices.ContainsFunc(criuArgs, func(a string) bool { return a == "--tcp-established" || a == "--tcp-close" }) {
 		return nil
 	}
 	conns := proc.EstablishedTCP(tree)

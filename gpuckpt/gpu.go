@@ -122,15 +122,18 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time
 		return fmt.Errorf("gpu %s: no CUDA process in the tree of %d", o.Action, o.PID)
 	}
 	res.PIDs = pids
+	if o.Action == "suspend" && !testFault("gpu-checkpoint") {
+		if err := CheckUndoable(ctx, pids); err != nil {
+			return fmt.Errorf("gpu suspend: %w", err)
+		}
+	}
 	switch {
 	case o.Action == "suspend" && o.To.Kind != location.Stdio:
 		res.Phases, err = suspendTo(ctx, drv, pids, o, start, res)
 	case o.Action == "resume" && o.From.Kind != location.Stdio:
 		res.Phases, err = resumeFrom(ctx, drv, pids, o)
 	case o.Action == "suspend":
-		var s *vram.Suspension
-		s, err = vram.Suspend(drv, pids, o.LockTimeout)
-		res.Phases = TimingPhases(s.Timings)
+		res.Phases, err = (&Checkpoint{drv: drv, pids: pids}).Suspend(ctx, o.LockTimeout)
 	default:
 		var t vram.Timings
 		_, t, err = vram.ResumeRestored(drv, pids, o.Pairs)

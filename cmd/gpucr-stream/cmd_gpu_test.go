@@ -108,6 +108,33 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 		})
 	}
 
+	// The undo fails too (the driver refuses the restore, as driver 580
+	// did for NCCL ranks): the error and --json say where the process is
+	// left and the command that brings it back.
+	t.Run("undo-fails", func(t *testing.T) {
+		f := withFakeCUDA(t, tg.PID())
+		f.FailOn["restore"] = true
+		out, err := runGPUCmd(ctx, "checkpoint", "--pid", pid, "--to", filepath.Join(dir, "ar-undo"), "--criu", criu,
+			"--work-dir", e2e.ShortTempDir(t), "--criu-opts", "--action-script /bin/false", "--json")
+		if err == nil {
+			t.Fatal("checkpoint succeeded")
+		}
+		var got struct {
+			Error string `json:"error"`
+			Procs []struct {
+				PID            int
+				State, Recover string
+			} `json:"gpu_processes"`
+		}
+		if jerr := json.Unmarshal([]byte(out), &got); jerr != nil || len(got.Procs) != 1 || got.Procs[0].PID != tg.PID() ||
+			got.Procs[0].State != "checkpointed" || !strings.Contains(got.Procs[0].Recover, "gpucr-stream gpu restore --pid "+pid) {
+			t.Fatalf("--json: %q (%v)", out, jerr)
+		}
+		if !strings.Contains(err.Error(), "Left so: process "+pid+" is checkpointed: `gpucr-stream gpu restore --pid "+pid+"`") {
+			t.Errorf("the error does not say where the process is: %v", err)
+		}
+	})
+
 	// --leave-running: checkpoint, then restore + unlock; the process runs
 	// on. The manifest records the CUDA process.
 	t.Run("leave-running", func(t *testing.T) {

@@ -236,6 +236,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err == nil {
 		err = c.run(ctx, cfg, pos[1:])
+		if err != nil && cfg.jsonOut {
+			printStuck(cfg.stdout, err)
+		}
 	}
 	if isUsage(err) {
 		return commandError{c.name, err}

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -41,6 +44,20 @@ func printPhases(w io.Writer, what string, ps []phase, total float64) {
 	fmt.Fprintf(w, "%s done in %.2fs\n", what, total)
 	for _, p := range ps {
 		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
+	}
+}
+
+// printStuck writes, for --json, where a failed undo left each CUDA
+// process and the command that brings it back (gpuckpt.StuckError), so
+// that scripts find them in the output they parse; other errors write
+// nothing there.
+func printStuck(w io.Writer, err error) {
+	var st *gpuckpt.StuckError
+	if errors.As(err, &st) {
+		json.NewEncoder(w).Encode(struct {
+			Error string              `json:"error"`
+			Procs []gpuckpt.ProcState `json:"gpu_processes"`
+		}{err.Error(), st.Procs})
 	}
 }
 

@@ -1,0 +1,166 @@
+package gpuckpt
+
+// A GPU step that failed, and its undo. The undo is tried at once; when it
+// fails too, what the user needs is where each process is left and the
+// command that brings it back, asked of the driver then and there
+// (cuCheckpointProcessGetState), not guessed from the steps that ran.
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/vram"
+)
+
+// ProcState is where one CUDA process is left after a failed undo, and the
+// command that brings it back ("" where none can).
+type ProcState struct {
+	PID     int    `json:"pid"`
+	State   string `json:"state"`
+	Recover string `json:"recover,omitempty"`
+}
+
+// StuckError is a GPU step whose undo failed: Procs says where each CUDA
+// process of the tree is left.
+type StuckError struct {
+	// Cause is the failure that was undone (nil: a resume after a commit,
+	// nothing to undo).
+	Cause error
+	Undo  error
+	Procs []ProcState
+}
+
+func (e *StuckError) Error() string {
+	pids := make([]int, len(e.Procs))
+	var left []string
+	for i, p := range e.Procs {
+		pids[i] = p.PID
+		s := fmt.Sprintf("process %d is %s", p.PID, p.State)
+		if p.Recover != "" {
+			s += ": " + p.Recover
+		}
+		left = append(left, s)
+	}
+	undo := "a process is not back"
+	if e.Undo != nil {
+		undo = strings.ReplaceAll(e.Undo.Error(), "\n", "; ")
+	}
+	if e.Cause == nil {
+		return fmt.Sprintf("%s. Left so: %s", undo, strings.Join(left, "; "))
+	}
+	return fmt.Sprintf("%v; undoing the GPU step of %v failed too: %s. Left so: %s", e.Cause, pids, undo, strings.Join(left, "; "))
+}
+
+func (e *StuckError) Unwrap() []error { return []error{e.Cause, e.Undo} }
+
+// procStates asks the driver where each of pids is, and says how to bring
+// it back; parked: the fast path's refill failed, so processes the driver
+// sees running may still be without their device memory. stuck says
+// whether any is not back.
+func procStates(drv vram.Driver, pids []int, parked bool) (states []ProcState, stuck bool) {
+	for _, pid := range pids {
+		p := ProcState{PID: pid}
+		st, err := drv.State(pid)
+		switch {
+		case err != nil:
+			p.State = "unknown (" + err.Error() + ")"
+			p.Recover = fmt.Sprintf("see `gpucr-stream gpu state --pid %d`", pid)
+		case st == vram.StateRunning && parked:
+			p.State = "running, its device memory released by the GPU fast path"
+			p.Recover = fmt.Sprintf("`gpucr-stream gpu resume --pid %d` refills it from the kept copy", pid)
+		case st == vram.StateRunning:
+			p.State = st.String()
+		case st == vram.StateLocked:
+			p.State = st.String()
+			p.Recover = fmt.Sprintf("`gpucr-stream gpu unlock --pid %d`", pid)
+		case st == vram.StateCheckpointed:
+			p.State = st.String()
+			p.Recover = fmt.Sprintf("`gpucr-stream gpu restore --pid %d`, then `gpucr-stream gpu unlock --pid %d`", pid, pid)
+		default:
+			p.State = st.String()
+			p.Recover = fmt.Sprintf("none: the driver lost its GPU state; stop it (kill %d)", pid)
+		}
+		stuck = stuck || p.Recover != ""
+		states = append(states, p)
+	}
+	return states, stuck
+}
+
+// failed explains a GPU step that failed with cause, after the undo
+// (undoErr: what of it failed, nil if nothing): every process back, or a
+// StuckError. fastErr is the fast path's part of undoErr.
+func (cc *Checkpoint) failed(cause, undoErr, fastErr error) error {
+	states, stuck := procStates(cc.drv, cc.pids, fastErr != nil)
+	if undoErr == nil && !stuck {
+		return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, cc.pids)
+	}
+	refused(states, undoErr)
+	return &StuckError{Cause: cause, Undo: undoErr, Procs: states}
+}
+
+// refused adds to states what the driver's refusals in undoErr mean: a
+// restore it did not support (driver 580, for an NCCL rank) is likely to
+// be refused again.
+func refused(states []ProcState, undoErr error) {
+	for _, ve := range driverErrors(undoErr) {
+		if ve.Op != "restore" || ve.Code != vram.ErrorNotSupported {
+			continue
+		}
+		for i := range states {
+			if states[i].PID == ve.PID && states[i].Recover != "" {
+				states[i].Recover += " (the driver refused this restore once, CUDA_ERROR_NOT_SUPPORTED: if it does again, stopping the process is all that is left)"
+			}
+		}
+	}
+}
+
+// driverErrors are the driver's failures in err, joined ones included.
+func driverErrors(err error) []*vram.Error {
+	switch e := err.(type) {
+	case nil:
+		return nil
+	case *vram.Error:
+		return []*vram.Error{e}
+	case interface{ Unwrap() []error }:
+		var out []*vram.Error
+		for _, x := range e.Unwrap() {
+			out = append(out, driverErrors(x)...)
+		}
+		return out
+	}
+	return driverErrors(errors.Unwrap(err))
+}
+
+// lockFailed explains a lock that failed inside vram.Suspend, which locks
+// the tree all or nothing: the processes locked before it were unlocked at
+// once (failed then checks that they run).
+func lockFailed(err error, pids []int) error {
+	var ve *vram.Error
+	if !errors.As(err, &ve) || ve.Op != "lock" {
+		return err
+	}
+	i := 0
+	for i < len(pids) && pids[i] != ve.PID {
+		i++
+	}
+	hint := ""
+	if ve.Code == vram.ErrorNotReady {
+		hint = " (its GPU work does not drain: a collective that waits for a process locked before it)"
+	}
+	if i == 0 || i == len(pids) {
+		return fmt.Errorf("locking the tree's CUDA processes %v all or nothing: process %d could not be locked%s: %w", pids, ve.PID, hint, err)
+	}
+	return fmt.Errorf("locking the tree's CUDA processes %v all or nothing: process %d could not be locked%s, so process %s, locked before it, is unlocked at once: %w",
+		pids, ve.PID, hint, joinInts(pids[:i]), err)
+}
+
+// faultyCheckpoint fails the driver's checkpoint step before it reaches
+// the driver (GPUCR_TEST_FAULT=gpu-checkpoint): the GPU machine's fault
+// round locks a real tree and sees it unlocked again, without the
+// checkpoint that the driver could not undo for an NCCL rank.
+type faultyCheckpoint struct{ vram.Driver }
+
+func (faultyCheckpoint) Checkpoint(pid int) error {
+	return fmt.Errorf("cuda checkpoint of pid %d: injected failure (GPUCR_TEST_FAULT=gpu-checkpoint)", pid)
+}

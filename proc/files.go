@@ -1,0 +1,82 @@
+package proc
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// MappedFiles lists the files pid maps, each once, in the order of
+// /proc/PID/maps; a file unlinked since keeps its name, without the
+// kernel's " (deleted)". Nil when the process cannot be read.
+func MappedFiles(pid int) []string {
+	f, err := os.Open(filepath.Join(Root, strconv.Itoa(pid), "maps"))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// address perms offset dev inode pathname (which may hold spaces)
+		line := sc.Text()
+		i := strings.IndexByte(line, '/')
+		if i < 0 {
+			continue
+		}
+		p := strings.TrimSuffix(line[i:], " (deleted)")
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ThreadNames lists the names (comm) of pid's threads.
+func ThreadNames(pid int) []string {
+	files, _ := filepath.Glob(filepath.Join(Root, strconv.Itoa(pid), "task", "*", "comm"))
+	var out []string
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			out = append(out, strings.TrimSuffix(string(b), "\n"))
+		}
+	}
+	return out
+}
+
+// UnixSocketNames lists the addresses of the unix sockets pid holds open,
+// as /proc/PID/net/unix writes them ("@name" for an abstract one); unnamed
+// sockets are left out.
+func UnixSocketNames(pid int) []string {
+	inodes := map[uint64]bool{}
+	for _, ino := range socketInodes(pid) {
+		inodes[ino] = true
+	}
+	if len(inodes) == 0 {
+		return nil
+	}
+	f, err := os.Open(filepath.Join(Root, strconv.Itoa(pid), "net", "unix"))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode Path
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 8 {
+			continue
+		}
+		if ino, err := strconv.ParseUint(fs[6], 10, 64); err == nil && inodes[ino] {
+			out = append(out, fs[7])
+		}
+	}
+	return out
+}
