@@ -178,6 +178,9 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
 	}
+	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
+		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
+	}
 	start := time.Now()
 	c, out, err := location.StartCapture(ctx, o.Dest, o.Open)
 	if err != nil {
@@ -322,7 +325,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
-		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
+		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)

@@ -149,6 +149,9 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
+	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
+		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
 	format, err := o.Stream.NewFormat()
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)

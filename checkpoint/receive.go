@@ -175,8 +175,8 @@ func (r *receiver) restore(ctx context.Context) error {
 		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
 	}
 	if err == nil {
-		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir, ExtraArgs: r.o.CRIU.Args,
-			Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+			ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
