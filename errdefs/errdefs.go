@@ -15,6 +15,10 @@ var (
 	// ErrNotFound: a checkpoint, archive, segment, object, file or process
 	// that is not there.
 	ErrNotFound = errors.New("not found")
+	// ErrExists: an object (a checkpoint's manifest) that must be new was
+	// committed by another writer first; the losing writer's object is
+	// discarded.
+	ErrExists = errors.New("already exists")
 	// ErrUsage: a bad argument, found by a library below the command line
 	// (a --gpu-map that does not fit the checkpoint's GPUs, a destination
 	// that cannot be written); the command exits 2 for it.

@@ -36,6 +36,13 @@ type ObjectWriter interface {
 	// Commit makes the object durable and visible, after checking that every
 	// written byte arrived.
 	Commit(ctx context.Context) error
+	// CommitNew is Commit that succeeds only where no object of this name
+	// exists, decided atomically by the store: of writers racing to commit
+	// one name, exactly one wins, and each other one gets an error
+	// wrapping errdefs.ErrExists, its object discarded as by Abort. A
+	// checkpoint's manifest, its commit point, is committed this way, so
+	// that two captures to one destination never both succeed.
+	CommitNew(ctx context.Context) error
 	// Abort discards the object; it is safe after a failed Commit.
 	Abort(ctx context.Context) error
 }

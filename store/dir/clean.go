@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/store"
@@ -81,8 +82,11 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (
 // objects leave behind.
 func (d *Store) RemoveEmptyDirs(prefixes ...string) {
 	for _, p := range prefixes {
-		if store.CheckName(p) == nil || p == "" {
-			os.Remove(filepath.Join(d.root, filepath.FromSlash(p))) // only if empty
+		switch {
+		case p == "":
+			os.Remove(d.root) // only if empty
+		case store.CheckName(p) == nil:
+			d.removeDir(strings.Split(strings.TrimSuffix(p, "/"), "/"))
 		}
 	}
 }

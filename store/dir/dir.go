@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -40,10 +42,21 @@ func (d *Store) path(name string) (string, error) {
 	return filepath.Join(d.root, filepath.FromSlash(name)), nil
 }
 
+// A writer works through descriptors: the directories of a name are
+// opened one component at a time from the root with O_NOFOLLOW (and made,
+// where missing, with mkdirat), and the temporary file is created,
+// renamed, removed and its directory synced through the last one. A
+// symlink planted below the root (a segments/ linked elsewhere) is
+// refused, never written through, and a directory swapped for one while
+// the writer runs changes nothing it does.
+
 type dirWriter struct {
 	d     *Store
-	f     *os.File
-	final string
+	dir   *os.File // the object's directory
+	base  string   // the object's name in dir
+	f     *os.File // the temporary file, in dir
+	tmp   string   // its name in dir
+	final string   // the object's path, for messages
 	n     int64
 	done  bool
 }
@@ -57,14 +70,82 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", p, err)
-	}
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+tempInfix+"*")
+	dir, base, err := d.openParent(name, true)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
 	}
-	return &dirWriter{d: d, f: f, final: p}, nil
+	for range 100 {
+		tmp := "." + base + tempInfix + strconv.FormatUint(uint64(rand.Uint32()), 10)
+		fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			dir.Close()
+			return nil, fmt.Errorf("create %s: %w", p, err)
+		}
+		f := os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(p), tmp))
+		return &dirWriter{d: d, dir: dir, base: base, f: f, tmp: tmp, final: p}, nil
+	}
+	dir.Close()
+	return nil, fmt.Errorf("create %s: no free temporary name", p)
+}
+
+// openParent opens the directory that holds name, below the root, without
+// following a symlink on the way; with create it makes the root and the
+// directories that are missing. It returns the directory and name's last
+// component.
+func (d *Store) openParent(name string, create bool) (*os.File, string, error) {
+	parts := strings.Split(name, "/")
+	base := parts[len(parts)-1]
+	if base == "" || base == "." {
+		return nil, "", fmt.Errorf("invalid object name %q", name)
+	}
+	dir, err := d.openDirs(parts[:len(parts)-1], create)
+	return dir, base, err
+}
+
+// openDirs opens the directory at the path parts below the root, one
+// component at a time, refusing symlinks.
+func (d *Store) openDirs(parts []string, create bool) (*os.File, error) {
+	if create {
+		if err := os.MkdirAll(d.root, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	fd, err := unix.Open(d.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: d.root, Err: err}
+	}
+	at := d.root
+	for _, c := range parts {
+		if c == "" || c == "." {
+			continue
+		}
+		at = filepath.Join(at, c)
+		if create {
+			if err := unix.Mkdirat(fd, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+				unix.Close(fd)
+				return nil, &fs.PathError{Op: "mkdir", Path: at, Err: err}
+			}
+		}
+		next, err := unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil && (errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR)) {
+			var st unix.Stat_t
+			mode := fs.ModeIrregular
+			if unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				mode = fs.ModeSymlink
+			}
+			unix.Close(fd)
+			return nil, notRegular(at, mode)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return nil, wrapNotExist(&fs.PathError{Op: "open", Path: at, Err: err})
+		}
+		fd = next
+	}
+	return os.NewFile(uintptr(fd), at), nil
 }
 
 func (w *dirWriter) Write(b []byte) (int, error) {
@@ -73,15 +154,27 @@ func (w *dirWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (w *dirWriter) Commit(ctx context.Context) error {
+func (w *dirWriter) Commit(ctx context.Context) error { return w.commit(ctx, false) }
+
+// CommitNew renames with RENAME_NOREPLACE, which the kernel decides
+// atomically; where the filesystem has no such rename (EINVAL), a hard
+// link, which fails on an existing name just as atomically, then the
+// removal of the temporary name.
+func (w *dirWriter) CommitNew(ctx context.Context) error { return w.commit(ctx, true) }
+
+// renameat2 is unix.Renameat2; a test replaces it to take the link path.
+var renameat2 = unix.Renameat2
+
+func (w *dirWriter) commit(ctx context.Context, exclusive bool) error {
 	if w.done {
 		return errors.New("commit: object already finished")
 	}
 	w.done = true
+	defer w.dir.Close()
 	fail := func(err error) error {
 		w.f.Close()
-		os.Remove(w.f.Name())
-		w.d.prune(filepath.Dir(w.final))
+		unix.Unlinkat(int(w.dir.Fd()), w.tmp, 0)
+		w.d.prune(w.dir.Name())
 		return fmt.Errorf("commit %s: %w", w.final, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -100,10 +193,24 @@ func (w *dirWriter) Commit(ctx context.Context) error {
 	if err := w.f.Close(); err != nil {
 		return fail(err)
 	}
-	if err := os.Rename(w.f.Name(), w.final); err != nil {
+	dfd := int(w.dir.Fd())
+	if !exclusive {
+		err = unix.Renameat(dfd, w.tmp, dfd, w.base)
+	} else if err = renameat2(dfd, w.tmp, dfd, w.base, unix.RENAME_NOREPLACE); errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		if err = unix.Linkat(dfd, w.tmp, dfd, w.base, 0); err == nil {
+			unix.Unlinkat(dfd, w.tmp, 0) // the object is committed; a leftover name is gc's
+		}
+	}
+	if errors.Is(err, unix.EEXIST) {
+		return fail(errdefs.ErrExists)
+	}
+	if err != nil {
 		return fail(err)
 	}
-	return syncDir(filepath.Dir(w.final))
+	if err := w.dir.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return fmt.Errorf("sync %s: %w", w.dir.Name(), err)
+	}
+	return nil
 }
 
 func (w *dirWriter) Abort(ctx context.Context) error {
@@ -111,34 +218,40 @@ func (w *dirWriter) Abort(ctx context.Context) error {
 		return nil
 	}
 	w.done = true
+	defer w.dir.Close()
 	w.f.Close()
-	err := os.Remove(w.f.Name())
-	w.d.prune(filepath.Dir(w.final))
-	return err
+	if err := unix.Unlinkat(int(w.dir.Fd()), w.tmp, 0); err != nil {
+		return fmt.Errorf("abort %s: %w", w.final, err)
+	}
+	w.d.prune(w.dir.Name())
+	return nil
 }
 
-// prune removes dir and its parents while they are empty, up to (not
-// including) the root: an aborted or deleted object leaves no empty
-// directories (a failed checkpoint's segments/) behind.
+// prune removes dir (a path below the root) and its parents while they
+// are empty, up to (not including) the root: an aborted or deleted object
+// leaves no empty directories (a failed checkpoint's segments/) behind.
+// Each is removed through its parent, opened as openDirs does.
 func (d *Store) prune(dir string) {
-	for dir != d.root && strings.HasPrefix(dir, d.root+string(filepath.Separator)) {
-		if os.Remove(dir) != nil {
+	rel, err := filepath.Rel(d.root, dir)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return
+	}
+	parts := strings.Split(filepath.ToSlash(rel), "/")
+	for i := len(parts); i > 0; i-- {
+		if !d.removeDir(parts[:i]) {
 			return // not empty, or gone
 		}
-		dir = filepath.Dir(dir)
 	}
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
+// removeDir removes the directory at parts below the root if it is empty.
+func (d *Store) removeDir(parts []string) bool {
+	parent, err := d.openDirs(parts[:len(parts)-1], false)
 	if err != nil {
-		return err
+		return false
 	}
-	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
+	defer parent.Close()
+	return unix.Unlinkat(int(parent.Fd()), parts[len(parts)-1], unix.AT_REMOVEDIR) == nil
 }
 
 type sectionReader struct {
@@ -321,15 +434,28 @@ func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 	return out, nil
 }
 
-// Delete implements store.Store.
+// Delete implements store.Store. Like a writer it works through the
+// object's directory, so a symlink below the root is never followed.
 func (d *Store) Delete(ctx context.Context, name string) error {
 	p, err := d.path(name)
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	dir, base, err := d.openParent(name, false)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("delete %s: %w", p, err)
 	}
-	d.prune(filepath.Dir(p))
+	defer dir.Close()
+	err = unix.Unlinkat(int(dir.Fd()), base, 0)
+	if errors.Is(err, unix.EISDIR) {
+		err = unix.Unlinkat(int(dir.Fd()), base, unix.AT_REMOVEDIR)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete %s: %w", p, err)
+	}
+	d.prune(dir.Name())
 	return nil
 }

@@ -2,11 +2,13 @@ package dir_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/storetest"
@@ -109,5 +111,29 @@ func TestRemoveTempEmptyDirs(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, p)); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", p, err == nil, want)
 		}
+	}
+}
+
+// A writer that loses CommitNew removes its temporary file.
+func TestDirLostCommitLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d := dir.New(root)
+	for i, want := range []error{nil, errdefs.ErrExists, errdefs.ErrExists} {
+		w, err := d.Create(ctx, "ck/manifest.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte{byte('a' + i)})
+		if err := w.CommitNew(ctx); !errors.Is(err, want) || (want == nil) != (err == nil) {
+			t.Fatalf("writer %d: %v, want %v", i, err, want)
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(root, "ck"))
+	if err != nil || len(entries) != 1 || entries[0].Name() != "manifest.json" {
+		t.Fatalf("ck/ holds %v (%v), want only manifest.json", entries, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "ck", "manifest.json")); string(b) != "a" {
+		t.Fatalf("manifest.json = %q, want the first writer's", b)
 	}
 }

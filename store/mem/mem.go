@@ -68,7 +68,12 @@ func (w *writer) Write(p []byte) (int, error) {
 	return w.buf.Write(p)
 }
 
-func (w *writer) Commit(ctx context.Context) error {
+func (w *writer) Commit(ctx context.Context) error { return w.commit(ctx, false) }
+
+// CommitNew decides under the store's lock, which makes it atomic.
+func (w *writer) CommitNew(ctx context.Context) error { return w.commit(ctx, true) }
+
+func (w *writer) commit(ctx context.Context, exclusive bool) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("commit %s: %w", w.name, err)
 	}
@@ -83,6 +88,10 @@ func (w *writer) Commit(ctx context.Context) error {
 		}
 	}
 	w.done = true
+	if _, ok := w.s.objs[w.name]; ok && exclusive {
+		w.buf = bytes.Buffer{}
+		return fmt.Errorf("commit %s/%s: %w", w.s, w.name, errdefs.ErrExists)
+	}
 	w.s.objs[w.name] = bytes.Clone(w.buf.Bytes())
 	return nil
 }

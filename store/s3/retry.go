@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
 // retry runs fn until it succeeds, fails in a way not worth retrying, or
@@ -73,7 +75,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // retryable says whether a failed request is worth repeating: network
 // failures, server errors and throttling are; refusals are not.
 func retryable(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrExists) {
 		return false
 	}
 	var er minio.ErrorResponse

@@ -3,8 +3,10 @@ package s3
 import (
 	"context"
 	"crypto/md5"
+	crand "crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -15,6 +17,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/minio/minio-go/v7"
 )
@@ -85,7 +88,10 @@ func (s *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 		return nil, fmt.Errorf("create %s: %w", s.url(name), err)
 	}
 	uctx, cancel := context.WithCancelCause(ctx)
-	return &s3Writer{s: s, name: name, key: key, ctx: uctx, cancel: cancel, sem: make(chan struct{}, s.parallel)}, nil
+	var token [16]byte
+	crand.Read(token[:])
+	return &s3Writer{s: s, name: name, key: key, ctx: uctx, cancel: cancel, sem: make(chan struct{}, s.parallel),
+		token: hex.EncodeToString(token[:])}, nil
 }
 
 // s3Writer is one object being written. Write, Commit and Abort are called
@@ -105,6 +111,11 @@ type s3Writer struct {
 	sem      chan struct{} // a slot per part in flight
 	wg       sync.WaitGroup
 	finished bool // Commit or Abort was called
+	// token marks the object as this writer's (metaWriter), so that a
+	// conditional commit that failed as "exists" after a retry can tell its
+	// own earlier attempt, which succeeded unheard, from another writer's.
+	token     string
+	exclusive bool // CommitNew: If-None-Match: *
 
 	mu    sync.Mutex
 	err   error // first part failure
@@ -207,7 +218,7 @@ func (w *s3Writer) sendPart() error {
 		err := w.s.retry(w.ctx, func(ctx context.Context) error {
 			var err error
 			id, err = w.s.core.NewMultipartUpload(ctx, w.s.bucket, w.key, minio.PutObjectOptions{
-				UserMetadata:         map[string]string{hdrChecksumAlgo: "CRC32C"},
+				UserMetadata:         map[string]string{hdrChecksumAlgo: "CRC32C", metaWriter: w.token},
 				ServerSideEncryption: w.s.sse,
 			})
 			return err
@@ -281,14 +292,57 @@ func (w *s3Writer) uploadPart(num int, data partBuf) {
 	w.mu.Unlock()
 }
 
+// metaWriter is the user metadata that holds a writer's token.
+const metaWriter = "Gpucr-Writer"
+
 // Commit implements store.ObjectWriter: it waits for every part,
 // checks that the parts hold exactly the bytes written, and completes the
 // upload (or PUTs a small object whole). On failure the upload is aborted.
-func (w *s3Writer) Commit(ctx context.Context) (err error) {
+func (w *s3Writer) Commit(ctx context.Context) error { return w.commit(ctx, false) }
+
+// CommitNew implements store.ObjectWriter with a conditional request,
+// If-None-Match: * on the PUT or on CompleteMultipartUpload, which the
+// server decides atomically (S3 since 2024, MinIO); a server that ignores
+// the condition would make it a plain Commit, which the conformance
+// suite's race catches.
+func (w *s3Writer) CommitNew(ctx context.Context) error { return w.commit(ctx, true) }
+
+// putOptions are the options of the request that makes the object visible.
+func (w *s3Writer) putOptions(o minio.PutObjectOptions) minio.PutObjectOptions {
+	o.ServerSideEncryption = w.s.sse
+	if w.exclusive {
+		o.SetMatchETagExcept("*")
+	}
+	return o
+}
+
+// lost tells what a conditional request's refusal means: nil where the
+// object is this writer's own (an earlier attempt succeeded but its answer
+// was lost), else ErrExists.
+func (w *s3Writer) lost(ctx context.Context) error {
+	var info minio.ObjectInfo
+	err := w.s.retry(ctx, func(ctx context.Context) error {
+		var err error
+		info, err = w.s.core.StatObject(ctx, w.s.bucket, w.key, statOptions(w.s.sse))
+		return err
+	})
+	if err == nil && info.UserMetadata[metaWriter] == w.token {
+		return nil
+	}
+	return errdefs.ErrExists
+}
+
+func isPreconditionFailed(err error) bool {
+	r := minio.ToErrorResponse(err)
+	return r.Code == "PreconditionFailed" || r.StatusCode == http.StatusPreconditionFailed
+}
+
+func (w *s3Writer) commit(ctx context.Context, exclusive bool) (err error) {
 	if w.finished {
 		return fmt.Errorf("commit %s: %w", w.s.url(w.name), errFinished)
 	}
 	w.finished = true
+	w.exclusive = exclusive
 	stop := context.AfterFunc(ctx, func() { w.cancel(context.Cause(ctx)) })
 	defer stop()
 	defer func() {
@@ -346,7 +400,10 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 	attempt := 0
 	err = w.s.retry(ctx, func(ctx context.Context) error {
 		attempt++
-		_, err := w.s.core.CompleteMultipartUpload(ctx, w.s.bucket, w.key, w.uploadID, complete, minio.PutObjectOptions{ServerSideEncryption: w.s.sse})
+		_, err := w.s.core.CompleteMultipartUpload(ctx, w.s.bucket, w.key, w.uploadID, complete, w.putOptions(minio.PutObjectOptions{}))
+		if w.exclusive && isPreconditionFailed(err) {
+			return w.lost(ctx)
+		}
 		if err != nil && attempt > 1 && minio.ToErrorResponse(err).Code == "NoSuchUpload" {
 			// An earlier attempt may have completed it and lost the answer;
 			// the size check below decides.
@@ -354,6 +411,9 @@ func (w *s3Writer) Commit(ctx context.Context) (err error) {
 		}
 		return err
 	})
+	if errors.Is(err, errdefs.ErrExists) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("complete upload: %w", err)
 	}
@@ -367,9 +427,15 @@ func (w *s3Writer) putSmall(ctx context.Context) error {
 	crc, md5sum := checksums(data.pieces, w.s.md5)
 	err := w.s.retry(ctx, func(ctx context.Context) error {
 		_, err := w.s.core.PutObject(ctx, w.s.bucket, w.key, data.body(), int64(data.n), md5sum, "",
-			minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: crc}, DisableContentSha256: true, ServerSideEncryption: w.s.sse})
+			w.putOptions(minio.PutObjectOptions{UserMetadata: map[string]string{hdrChecksumCRC32C: crc, metaWriter: w.token}, DisableContentSha256: true}))
+		if w.exclusive && isPreconditionFailed(err) {
+			return w.lost(ctx)
+		}
 		return err
 	})
+	if errors.Is(err, errdefs.ErrExists) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("put: %w", err)
 	}

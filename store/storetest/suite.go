@@ -18,6 +18,11 @@
 //     string prefix (not a directory).
 //   - Delete of a missing object succeeds. Committing over an existing
 //     object replaces it.
+//   - CommitNew commits only where no object of the name exists, decided
+//     atomically: of writers racing to commit one name exactly one wins,
+//     every other gets an error wrapping errdefs.ErrExists and leaves
+//     nothing (the object holds the winner's bytes, nothing else is
+//     listed), small objects and ones of several parts alike.
 //   - A reader closed before its end releases its resources.
 //   - A canceled context makes Commit fail and leaves nothing visible; it
 //     makes Create, or else the writer's Commit, fail; and it makes Open,
@@ -61,6 +66,8 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"List", testList},
 		{"Delete", testDelete},
 		{"Overwrite", testOverwrite},
+		{"CommitNew", testCommitNew},
+		{"CommitNewRace", testCommitNewRace},
 		{"InvalidNames", testInvalidNames},
 		{"EarlyClose", testEarlyClose},
 		{"CanceledCommit", testCanceledCommit},
@@ -581,5 +588,115 @@ func testConcurrent(t *testing.T, s store.Store) {
 	}
 	for i := range n {
 		mustHold(t, s, fmt.Sprintf("con/%d", i), datas[i])
+	}
+}
+
+// write writes data into a new writer for name, in pieces.
+func write(ctx context.Context, s store.Store, name string, data []byte) (store.ObjectWriter, error) {
+	w, err := s.Create(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	for rest := data; len(rest) > 0; {
+		k := min(len(rest), 256<<10)
+		if _, err := w.Write(rest[:k]); err != nil {
+			_ = w.Abort(ctx)
+			return nil, err
+		}
+		rest = rest[k:]
+	}
+	return w, nil
+}
+
+func testCommitNew(t *testing.T, s store.Store) {
+	ctx := ctxT(t)
+	first, second := []byte("first"), randomBytes(30, 6<<20)
+	w, err := write(ctx, s, "dir/new", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.CommitNew(ctx); err != nil {
+		t.Fatalf("CommitNew of a new name: %v", err)
+	}
+	mustHold(t, s, "dir/new", first)
+	for _, data := range [][]byte{[]byte("small"), second} {
+		w, err := write(ctx, s, "dir/new", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.CommitNew(ctx); !errors.Is(err, errdefs.ErrExists) {
+			t.Fatalf("CommitNew of %d bytes over an existing object: %v; want errdefs.ErrExists", len(data), err)
+		}
+		if err := w.Abort(ctx); err != nil {
+			t.Errorf("Abort after a lost CommitNew: %v", err)
+		}
+		mustHold(t, s, "dir/new", first)
+	}
+	if list, err := s.List(ctx, ""); err != nil || len(list) != 1 {
+		t.Errorf("List after lost commits = %+v, %v; want the one object", list, err)
+	}
+	// A plain Commit still replaces; CommitNew after Delete wins again.
+	put(t, s, "dir/new", second)
+	mustHold(t, s, "dir/new", second)
+	if err := s.Delete(ctx, "dir/new"); err != nil {
+		t.Fatal(err)
+	}
+	if w, err = write(ctx, s, "dir/new", first); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.CommitNew(ctx); err != nil {
+		t.Fatalf("CommitNew after Delete: %v", err)
+	}
+	mustHold(t, s, "dir/new", first)
+}
+
+// testCommitNewRace: writers that commit one name at the same moment, as
+// two captures to one destination do: one wins, the others lose cleanly.
+func testCommitNewRace(t *testing.T, s store.Store) {
+	const n = 8
+	for _, size := range []int{4 << 10, 6 << 20} { // one request; several parts
+		t.Run(fmt.Sprintf("size=%d", size), func(t *testing.T) {
+			ctx := ctxT(t)
+			name := fmt.Sprintf("race-%d/manifest.json", size)
+			datas := make([][]byte, n)
+			writers := make([]store.ObjectWriter, n)
+			for i := range n {
+				datas[i] = randomBytes(uint64(40+i), size+i)
+				w, err := write(ctx, s, name, datas[i])
+				if err != nil {
+					t.Fatalf("writer %d: %v", i, err)
+				}
+				writers[i] = w
+			}
+			errs := make([]error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i, w := range writers {
+				wg.Go(func() {
+					<-start
+					errs[i] = w.CommitNew(ctx)
+				})
+			}
+			close(start)
+			wg.Wait()
+			winner := -1
+			for i, err := range errs {
+				switch {
+				case err == nil && winner >= 0:
+					t.Fatalf("writers %d and %d both committed %s", winner, i, name)
+				case err == nil:
+					winner = i
+				case !errors.Is(err, errdefs.ErrExists):
+					t.Errorf("writer %d: %v; want errdefs.ErrExists", i, err)
+				}
+			}
+			if winner < 0 {
+				t.Fatalf("no writer committed: %v", errs)
+			}
+			mustHold(t, s, name, datas[winner])
+			if list, err := s.List(ctx, fmt.Sprintf("race-%d/", size)); err != nil || len(list) != 1 {
+				t.Errorf("List = %+v, %v; want only %s", list, err, name)
+			}
+		})
 	}
 }
