@@ -5,7 +5,10 @@
 // reaches through small interfaces.
 //
 // A checkpoint is a prefix holding segment objects (manifest.SegmentName)
-// and, once complete, manifest.ManifestName.
+// and, once complete, manifest.ManifestName. Captures that raced to one
+// prefix, or failed there, may have left segments of their own beside
+// them (each capture names its segments by its stream id): a checkpoint is
+// exactly the segments its manifest names.
 package catalog
 
 import (
@@ -96,7 +99,7 @@ func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			entries[i].read(ctx, store.Sub(st, g.prefix))
+			entries[i].read(ctx, store.Sub(st, g.prefix), g.manifest.Size)
 		}()
 	}
 	wg.Wait()
@@ -112,12 +115,18 @@ func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
 	return entries, nil
 }
 
-// read fills e from its manifest.
-func (e *Entry) read(ctx context.Context, st store.Store) {
+// read fills e from its manifest, whose size is manifestSize: the bytes
+// stored are those of the manifest and the segments it names, not those
+// of other captures' leftovers beside them.
+func (e *Entry) read(ctx context.Context, st store.Store, manifestSize int64) {
 	m, err := source.ReadManifest(ctx, st)
 	if err != nil {
 		e.Error = err.Error()
 		return
+	}
+	e.StoredBytes = manifestSize
+	for _, s := range m.Segments {
+		e.StoredBytes += s.Size
 	}
 	e.Created, e.Host, e.Tool, e.CRIU, e.ID = m.Created, m.Host, m.Tool, m.CRIUVersion, m.ID
 	e.Files, e.Segments, e.RawBytes = len(m.Files), len(m.Segments), m.Stats.RawBytes

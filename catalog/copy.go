@@ -87,10 +87,46 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		w.Abort(ctx)
 		return res, fmt.Errorf("write %s/%s: %w", dst, manifest.ManifestName, err)
 	}
-	if err := w.Commit(ctx); err != nil {
+	// Only where no manifest is: another cp or capture may have committed
+	// one since the check above.
+	if err := w.CommitNew(ctx); err != nil {
+		if errors.Is(err, errdefs.ErrExists) {
+			return res, lostTo(ctx, dst, m, res)
+		}
 		return res, fmt.Errorf("commit %s/%s: %w", dst, manifest.ManifestName, err)
 	}
 	return res, nil
+}
+
+// lostTo is Copy's end when another writer committed a manifest in dst
+// first: if it is this checkpoint, the copy is done; else the segments
+// copied that the other checkpoint does not name are removed.
+func lostTo(ctx context.Context, dst store.Store, m *manifest.Manifest, res *CopyResult) error {
+	theirs, err := source.ReadManifest(ctx, dst)
+	if err == nil && theirs.ID == m.ID && theirs.Checksum == m.Checksum {
+		res.Already = true
+		return nil
+	}
+	keep := map[string]bool{}
+	if err == nil {
+		for _, s := range theirs.Segments {
+			keep[s.Name] = true
+		}
+	}
+	if err != nil {
+		// Which segments are the winner's is unknown: remove none.
+		return fmt.Errorf("%s: %w meanwhile (its manifest: %v); this copy's segments are left for gc: %w", dst, ErrOtherCheckpoint, err, errdefs.ErrExists)
+	}
+	var names []string
+	for _, s := range m.Segments {
+		if !keep[s.Name] {
+			names = append(names, s.Name)
+		}
+	}
+	if _, derr := removeObjects(ctx, dst, names); derr != nil {
+		return fmt.Errorf("%s: %w meanwhile (id %s); removing this copy's segments: %v: %w", dst, ErrOtherCheckpoint, theirs.ID, derr, errdefs.ErrExists)
+	}
+	return fmt.Errorf("%s: %w meanwhile (id %s, not %s); this copy's segments were removed: %w", dst, ErrOtherCheckpoint, theirs.ID, m.ID, errdefs.ErrExists)
 }
 
 // copyObject copies one segment, checking its size before it commits.

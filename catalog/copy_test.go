@@ -22,17 +22,23 @@ import (
 // under key when it is not nil.
 func archiveIn(t *testing.T, st store.Store, seed uint64, key ...*crypt.Key) map[string][]byte {
 	t.Helper()
-	ctx := context.Background()
-	opts := pipeline.Options{ChunkSize: 256 << 10, Workers: 2}
-	var seal *crypt.Session
+	opts := pipeline.Options{}
 	if len(key) > 0 {
-		var err error
-		if seal, err = crypt.NewSession(key[0]); err != nil {
-			t.Fatal(err)
-		}
 		opts.Key = key[0]
 	}
-	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, pipeline.Format{Seal: seal})
+	return archiveWith(t, st, seed, opts)
+}
+
+// archiveWith is archiveIn with opts (Key, ChunkHashes) given.
+func archiveWith(t *testing.T, st store.Store, seed uint64, opts pipeline.Options) map[string][]byte {
+	t.Helper()
+	ctx := context.Background()
+	opts.ChunkSize, opts.Workers = 256<<10, 2
+	f, err := opts.NewFormat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, f)
 	if err != nil {
 		t.Fatal(err)
 	}

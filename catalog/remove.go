@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 )
 
@@ -19,13 +20,19 @@ type RemoveResult struct {
 	Objects  int    `json:"objects"`
 	Bytes    int64  `json:"bytes"`
 	DryRun   bool   `json:"dry_run,omitempty"`
+	// Unread says why the manifest could not be read: it was removed
+	// alone, its segments left for GC.
+	Unread string `json:"manifest_unread,omitempty"`
 }
 
 // Remove deletes the checkpoint st holds: its manifest first, so that it
-// stops being complete (listable, restorable) at once, then its segments.
-// A store without a manifest is refused, with an error wrapping
+// stops being complete (listable, restorable) at once, then the segments
+// its manifest names, and no others: segments beside them are another
+// capture's (one still running, or one that failed, for GC). A store
+// without a manifest is refused, with an error wrapping
 // errdefs.ErrNotFound: it may be a capture still running; GC removes
-// unfinished ones once they are old.
+// unfinished ones once they are old. A manifest that cannot be read is
+// removed alone, and its segments left for GC (Unread says why).
 func Remove(ctx context.Context, st store.Store, where string, dryRun bool) (*RemoveResult, error) {
 	info, err := st.Stat(ctx, manifest.ManifestName)
 	if err != nil {
@@ -35,19 +42,16 @@ func Remove(ctx context.Context, st store.Store, where string, dryRun bool) (*Re
 		}
 		return nil, err
 	}
-	segs, err := st.List(ctx, manifest.SegmentPrefix)
-	if err != nil {
-		return nil, err
-	}
 	res := &RemoveResult{Location: where, Objects: 1, Bytes: info.Size, DryRun: dryRun}
-	var names []string
-	for _, s := range segs {
-		if manifest.IsSegmentName(s.Name) {
-			names = append(names, s.Name)
-			res.Objects++
-			res.Bytes += s.Size
+	names, sizes, err := namedSegments(ctx, st)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
 		}
+		res.Unread = err.Error()
 	}
+	res.Objects += len(names)
+	res.Bytes += sizes
 	if dryRun {
 		return res, nil
 	}
@@ -55,13 +59,34 @@ func Remove(ctx context.Context, st store.Store, where string, dryRun bool) (*Re
 		return nil, err
 	}
 	if n, err := removeObjects(ctx, st, names); err != nil {
-		return nil, fmt.Errorf("%s is no longer a checkpoint, but %d of its %d segments remain (run rm or gc again): %w",
+		return nil, fmt.Errorf("%s is no longer a checkpoint, but %d of its %d segments remain (run gc): %w",
 			where, len(names)-n, len(names), err)
 	}
 	if d, ok := st.(dirRemover); ok {
 		d.RemoveEmptyDirs(segmentsDir(""), "") // and the checkpoint's own, if now empty
 	}
 	return res, nil
+}
+
+// namedSegments reads the manifest in st and returns the segments it
+// names, and their size. Only segment names are taken (a manifest is not
+// trusted to name other objects), each once.
+func namedSegments(ctx context.Context, st store.Store) ([]string, int64, error) {
+	m, err := source.ReadManifest(ctx, st)
+	if err != nil {
+		return nil, 0, err
+	}
+	var names []string
+	var size int64
+	seen := map[string]bool{}
+	for _, s := range m.Segments {
+		if manifest.IsSegmentName(s.Name) && !seen[s.Name] {
+			seen[s.Name] = true
+			names = append(names, s.Name)
+			size += s.Size
+		}
+	}
+	return names, size, nil
 }
 
 // segmentsDir is the prefix of a checkpoint's segments, as a directory.
@@ -117,10 +142,13 @@ type GCResult struct {
 	DryRun       bool  `json:"dry_run,omitempty"`
 }
 
-// GC removes what unfinished captures left in st: segments of checkpoints
-// that never got a manifest, once the newest of them is older than age (a
-// capture still running writes one at least every segment), and the
-// store's own leftovers (incomplete uploads, temporary files) that old.
+// GC removes what unfinished captures left in st: segments that no
+// manifest names (of checkpoints that never got one, or of captures that
+// lost the race to commit one beside another), per capture once the
+// newest of its segments is older than age (a capture still running
+// writes one at least every segment), and the store's own leftovers
+// (incomplete uploads, temporary files) that old. Where a manifest cannot
+// be read, no segment beside it is removed: which are its own is unknown.
 func GC(ctx context.Context, st store.Store, where string, age time.Duration, dryRun bool) (*GCResult, error) {
 	objs, err := st.List(ctx, "")
 	if err != nil {
@@ -129,11 +157,30 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	res := &GCResult{Location: where, Unfinished: []string{}, OlderThanMS: age.Milliseconds(), DryRun: dryRun}
 	cutoff := time.Now().Add(-age)
 	for _, g := range groups(objs) {
-		if g.manifest != nil || len(g.segments) == 0 || g.newest.After(cutoff) {
+		if len(g.segments) == 0 {
 			continue
 		}
-		if err := removeUnfinished(ctx, st, g, where, dryRun, res); err != nil {
-			return nil, err
+		sub := store.Sub(st, g.prefix)
+		named := map[string]bool{}
+		if g.manifest != nil {
+			names, _, err := namedSegments(ctx, sub)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+			for _, n := range names {
+				named[n] = true
+			}
+		}
+		for _, c := range leftovers(g, named) {
+			if c.newest.After(cutoff) {
+				continue
+			}
+			if err := removeUnfinished(ctx, st, g.prefix, c, where, dryRun, res); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if s, ok := st.(incompleteRemover); ok {
@@ -153,34 +200,84 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	return res, nil
 }
 
-// removeUnfinished removes the segments of g, an unfinished checkpoint,
-// unless it has committed since the listing.
-func removeUnfinished(ctx context.Context, st store.Store, g *group, where string, dryRun bool, res *GCResult) error {
-	sub := store.Sub(st, g.prefix)
+// capture is what one capture left in a checkpoint's prefix: segments
+// named relative to the prefix.
+type capture struct {
+	segments []store.ObjectInfo
+	newest   time.Time
+	bytes    int64
+}
+
+// leftovers sorts g's segments that named leaves out by the capture that
+// wrote them, in name order.
+func leftovers(g *group, named map[string]bool) []*capture {
+	by := map[string]*capture{}
+	var out []*capture
+	for _, s := range g.segments {
+		s.Name = strings.TrimPrefix(s.Name, g.prefix)
+		if named[s.Name] {
+			continue
+		}
+		id, _ := manifest.SegmentCapture(s.Name)
+		c := by[id]
+		if c == nil {
+			c = &capture{}
+			by[id] = c
+			out = append(out, c)
+		}
+		c.segments = append(c.segments, s)
+		c.bytes += s.Size
+		if s.Modified.After(c.newest) {
+			c.newest = s.Modified
+		}
+	}
+	return out
+}
+
+// removeUnfinished removes c, an unfinished capture's segments under
+// prefix, except any that a manifest committed since the listing names.
+func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *capture, where string, dryRun bool, res *GCResult) error {
+	sub := store.Sub(st, prefix)
+	named := map[string]bool{}
 	if _, err := sub.Stat(ctx, manifest.ManifestName); err == nil {
-		return nil
+		names, _, err := namedSegments(ctx, sub)
+		if err != nil {
+			return nil // unreadable now: leave it all
+		}
+		for _, n := range names {
+			named[n] = true
+		}
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
 	var names []string
-	for _, s := range g.segments {
-		names = append(names, strings.TrimPrefix(s.Name, g.prefix))
+	var bytes int64
+	for _, s := range c.segments {
+		if !named[s.Name] {
+			names = append(names, s.Name)
+			bytes += s.Size
+		}
 	}
-	name := Join(where, strings.TrimSuffix(g.prefix, "/"))
+	if len(names) == 0 {
+		return nil
+	}
+	name := Join(where, strings.TrimSuffix(prefix, "/"))
 	if !dryRun {
 		if _, err := removeObjects(ctx, sub, names); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		if d, ok := st.(dirRemover); ok {
-			dirs := []string{segmentsDir(g.prefix)}
-			if g.prefix != "" {
-				dirs = append(dirs, strings.TrimSuffix(g.prefix, "/")) // never the location itself
+			dirs := []string{segmentsDir(prefix)}
+			if prefix != "" {
+				dirs = append(dirs, strings.TrimSuffix(prefix, "/")) // never the location itself
 			}
 			d.RemoveEmptyDirs(dirs...)
 		}
 	}
-	res.Unfinished = append(res.Unfinished, name)
+	if n := len(res.Unfinished); n == 0 || res.Unfinished[n-1] != name {
+		res.Unfinished = append(res.Unfinished, name)
+	}
 	res.Objects += len(names)
-	res.Bytes += g.bytes
+	res.Bytes += bytes
 	return nil
 }

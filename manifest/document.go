@@ -23,21 +23,43 @@ const (
 	SegmentPrefix = "segments/"
 )
 
-// SegmentName is the object name of segment i.
-func SegmentName(i int) string { return fmt.Sprintf("%s%08d.gcs", SegmentPrefix, i) }
+// SegmentName is the object name of segment i of the archive whose
+// stream id is stream: segments/<stream id, 16 hex digits>-<i, 8 decimal
+// digits>.gcs. The stream id is random per capture, so that captures
+// racing to one location never write (or, failing, delete) one another's
+// segments; readers take the names from the manifest.
+func SegmentName(stream uint64, i int) string {
+	return fmt.Sprintf("%s%016x-%08d.gcs", SegmentPrefix, stream, i)
+}
 
-// IsSegmentName reports whether name is what SegmentName makes.
+// IsSegmentName reports whether name is what SegmentName makes, or a
+// segment name of archives written before 2026-11-28 (segments/<i, 8
+// decimal digits>.gcs, the same in every capture).
 func IsSegmentName(name string) bool {
-	num, ok := strings.CutPrefix(name, SegmentPrefix)
+	_, ok := SegmentCapture(name)
+	return ok
+}
+
+// SegmentCapture returns, for a segment name, what tells the capture that
+// wrote it from others in one location: the stream id in hex, or "" for a
+// segment of the old naming. ok is false for other names.
+func SegmentCapture(name string) (capture string, ok bool) {
+	rest, ok := strings.CutPrefix(name, SegmentPrefix)
 	if !ok {
-		return false
+		return "", false
 	}
-	num, ok = strings.CutSuffix(num, ".gcs")
-	if !ok || len(num) != 8 {
-		return false
+	if rest, ok = strings.CutSuffix(rest, ".gcs"); !ok {
+		return "", false
 	}
-	for _, c := range []byte(num) {
-		if c < '0' || c > '9' {
+	if id, num, found := strings.Cut(rest, "-"); found {
+		return id, len(id) == 16 && isDigits(id, "0123456789abcdef") && len(num) == 8 && isDigits(num, "0123456789")
+	}
+	return "", len(rest) == 8 && isDigits(rest, "0123456789")
+}
+
+func isDigits(s, digits string) bool {
+	for _, c := range []byte(s) {
+		if strings.IndexByte(digits, c) < 0 {
 			return false
 		}
 	}

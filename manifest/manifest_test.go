@@ -653,7 +653,7 @@ func goodManifest() *Manifest {
 		ChunkSize: 1 << 20,
 		Labels:    map[string]string{"job": "train"},
 		GPUs:      []GPU{{UUID: "GPU-1", Name: "H100", Bytes: 1 << 30}},
-		Segments:  []Segment{{Name: SegmentName(0), Size: 4000}, {Name: SegmentName(1), Size: 2000}},
+		Segments:  []Segment{{Name: SegmentName(7, 0), Size: 4000}, {Name: SegmentName(7, 1), Size: 2000}},
 		Files: []File{
 			{Name: "pages-1.img", Size: 3000, Digest: hashOf(1), Chunks: []Chunk{
 				{Offset: 0, RawLen: 1000, Stored: 500, Codec: 3, Checksum: 1, Hash: hashOf(2), Segment: 0, Pos: 32},
@@ -736,8 +736,8 @@ func TestManifestRoundTrip(t *testing.T) {
 	if r := (Stats{}).Ratio(); r != 1 {
 		t.Fatalf("empty Ratio = %v", r)
 	}
-	if SegmentName(12) != "segments/00000012.gcs" {
-		t.Fatalf("SegmentName(12) = %q", SegmentName(12))
+	if got := SegmentName(0x1234abcd, 12); got != "segments/000000001234abcd-00000012.gcs" {
+		t.Fatalf("SegmentName(0x1234abcd, 12) = %q", got)
 	}
 }
 
@@ -872,21 +872,32 @@ func TestHashText(t *testing.T) {
 
 func TestIsSegmentName(t *testing.T) {
 	tests := []struct {
-		name string
-		want bool
+		name    string
+		want    bool
+		capture string
 	}{
-		{SegmentName(0), true},
-		{SegmentName(12345678), true},
-		{"segments/0000001.gcs", false},
-		{"segments/000000001.gcs", false},
-		{"segments/0000000x.gcs", false},
-		{"segments/00000001.gc", false},
-		{"a/segments/00000001.gcs", false},
-		{".00000001.gcs.tmp-1", false},
+		{SegmentName(0, 0), true, "0000000000000000"},
+		{SegmentName(1<<64-1, 12345678), true, "ffffffffffffffff"},
+		{"segments/00000001.gcs", true, ""}, // before 2026-11-28
+		{"segments/0123456789abcdef-00000001.gcs", true, "0123456789abcdef"},
+		{"segments/0123456789ABCDEF-00000001.gcs", false, ""},
+		{"segments/0123456789abcde-00000001.gcs", false, ""},
+		{"segments/0123456789abcdef-0000001.gcs", false, ""},
+		{"segments/0123456789abcdef-00000001-00000001.gcs", false, ""},
+		{"segments/-00000001.gcs", false, ""},
+		{"segments/0000001.gcs", false, ""},
+		{"segments/000000001.gcs", false, ""},
+		{"segments/0000000x.gcs", false, ""},
+		{"segments/00000001.gc", false, ""},
+		{"a/segments/00000001.gcs", false, ""},
+		{".00000001.gcs.tmp-1", false, ""},
 	}
 	for _, tc := range tests {
 		if got := IsSegmentName(tc.name); got != tc.want {
 			t.Errorf("IsSegmentName(%q) = %v", tc.name, got)
+		}
+		if c, _ := SegmentCapture(tc.name); tc.want && c != tc.capture {
+			t.Errorf("SegmentCapture(%q) = %q, want %q", tc.name, c, tc.capture)
 		}
 	}
 }

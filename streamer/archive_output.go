@@ -169,7 +169,11 @@ func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*
 	return NewArchiveOutputAs(ctx, st, segmentSize, pipeline.Format{})
 }
 
-// NewArchiveOutputAs writes an archive in format f.
+// NewArchiveOutputAs writes an archive in format f. Its segments are
+// named by its stream id (manifest.SegmentName), and its manifest is
+// committed only if none is there by then (store.ObjectWriter.CommitNew):
+// of captures racing to one location one commits, the others fail and
+// remove their segments.
 func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, f pipeline.Format) (*ArchiveOutput, error) {
 	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
@@ -302,7 +306,7 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 	}
 	if l.cur == nil {
 		i := len(a.segments)
-		l.cur = &segment{index: i, name: manifest.SegmentName(i), planned: a.start, announced: map[uint32]bool{}}
+		l.cur = &segment{index: i, name: manifest.SegmentName(a.streamID, i), planned: a.start, announced: map[uint32]bool{}}
 		a.segments = append(a.segments, manifest.Segment{Name: l.cur.name})
 	}
 	s := l.cur
@@ -558,8 +562,14 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 		_ = w.Abort(ctx)
 		return fmt.Errorf("write manifest: %w", err)
 	}
-	if err := w.Commit(ctx); err != nil {
+	// Only where no manifest is: the check in NewArchiveOutputAs was long
+	// ago, and another capture to this location may have committed since.
+	// The loser's segments (its own names) are removed by its Abort.
+	if err := w.CommitNew(ctx); err != nil {
 		_ = w.Abort(ctx)
+		if errors.Is(err, errdefs.ErrExists) {
+			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile; this one is discarded: %w", a.store, err)
+		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}
 	return nil

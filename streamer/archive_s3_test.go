@@ -167,7 +167,7 @@ func TestArchiveBackgroundCommitFails(t *testing.T) {
 	store := mem.New("bgfail")
 	boom := errors.New("server went away")
 	store.FailCommit = func(name string) error {
-		if name == manifest.SegmentName(2) {
+		if isSegment(name, 2) {
 			return boom
 		}
 		return nil
@@ -182,8 +182,8 @@ func TestArchiveBackgroundCommitFails(t *testing.T) {
 		t.Logf("WriteFile = %v (the failure may surface at Close)", werr)
 	}
 	_, cerr := c.Close(ctx, manifest.Manifest{})
-	if !errors.Is(cerr, boom) || !strings.Contains(cerr.Error(), manifest.SegmentName(2)) {
-		t.Fatalf("Close = %v, want the commit failure of %s", cerr, manifest.SegmentName(2))
+	if !errors.Is(cerr, boom) || !strings.Contains(cerr.Error(), manifest.SegmentName(out.streamID, 2)) {
+		t.Fatalf("Close = %v, want the commit failure of %s", cerr, manifest.SegmentName(out.streamID, 2))
 	}
 	if names := store.Names(); len(names) != 0 {
 		t.Fatalf("store keeps %v after a failed capture", names)

@@ -366,7 +366,7 @@ func TestCaptureArchiveStoreFails(t *testing.T) {
 		}},
 		{"segment commit", func(s *mem.Store) {
 			s.FailCommit = func(name string) error {
-				if name == manifest.SegmentName(1) {
+				if isSegment(name, 1) {
 					return errBoom
 				}
 				return nil

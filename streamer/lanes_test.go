@@ -56,6 +56,11 @@ func (w *hookWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// isSegment says whether name is segment i of some capture.
+func isSegment(name string, i int) bool {
+	return manifest.IsSegmentName(name) && strings.HasSuffix(name, fmt.Sprintf("-%08d.gcs", i))
+}
+
 // storeObjects reads every object of st.
 func storeObjects(t *testing.T, st store.Store) map[string][]byte {
 	t.Helper()
@@ -209,8 +214,8 @@ func TestArchiveLanesReadBack(t *testing.T) {
 			}
 			frames := map[int]map[int64]segFrame{}
 			for i, s := range m.Segments {
-				if s.Name != manifest.SegmentName(i) {
-					t.Fatalf("segment %d named %s, want %s", i, s.Name, manifest.SegmentName(i))
+				if s.Name != manifest.SegmentName(out.streamID, i) {
+					t.Fatalf("segment %d named %s, want %s", i, s.Name, manifest.SegmentName(out.streamID, i))
 				}
 				b, ok := objs[s.Name]
 				if !ok || int64(len(b)) != s.Size {
@@ -272,10 +277,9 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 			if kind == "dir" {
 				st.Store = dir.New(t.TempDir())
 			}
-			bad := manifest.SegmentName(1)
 			var failed atomic.Int32
 			st.write = func(name string, p []byte, off int64) error {
-				if name == bad && off > 300<<10 {
+				if isSegment(name, 1) && off > 300<<10 {
 					failed.Add(1)
 					return errBoom
 				}
@@ -292,6 +296,7 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 			}
 			_, werr := c.WriteFile("pages-1.img", &patternReader{n: 6 << 20}, false)
 			_, cerr := c.Close(ctx, manifest.Manifest{})
+			bad := manifest.SegmentName(out.streamID, 1)
 			if failed.Load() == 0 {
 				t.Fatalf("segment %s was never written past 300 KiB", bad)
 			}

@@ -48,7 +48,7 @@ func writeUnfinished(t *testing.T, st store.Store) {
 	t.Helper()
 	ctx := context.Background()
 	for i := range 2 {
-		w, err := st.Create(ctx, manifest.SegmentName(i))
+		w, err := st.Create(ctx, manifest.SegmentName(0xdead, i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,7 +221,7 @@ func TestLsRmGcS3(t *testing.T) {
 
 	// A writer that died in the middle of a multipart upload leaves an
 	// upload no listing shows; gc aborts it once old enough.
-	w, err := st.Create(ctx, "c/dead/"+manifest.SegmentName(0))
+	w, err := st.Create(ctx, "c/dead/"+manifest.SegmentName(0xdead, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

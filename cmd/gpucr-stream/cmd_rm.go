@@ -26,5 +26,8 @@ func runRm(ctx context.Context, cfg *config, args []string) error {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}
 	fmt.Fprintf(cfg.stdout, "%s %s (%d objects, %s)\n", verb(cfg.dryRun), res.Location, res.Objects, humanBytes(res.Bytes))
+	if res.Unread != "" {
+		fmt.Fprintf(cfg.stderr, "rm: the manifest could not be read (%s): its segments are left for `gpucr-stream gc`\n", res.Unread)
+	}
 	return nil
 }
