@@ -143,7 +143,7 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time
 			// the driver's lock) gets its memory back from the kept copy.
 			start := time.Now()
 			var rec []int
-			rec, err = vram.FastRecover(ctx, vram.PreloadDir(), pids)
+			rec, err = vram.FastRecover(ctx, vram.PreloadDir(), "", pids)
 			if len(rec) > 0 {
 				res.Phases = append(res.Phases, Phase{"vram refill", time.Since(start).Seconds()})
 			}

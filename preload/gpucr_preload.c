@@ -30,7 +30,13 @@
  *    our uid or root only) that answers gpucr-stream: report, stage, park,
  *    copyout (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark. The
  *    data format of copyout/copyin is in docs/PRODUCERS.md ("VRAM files");
- *    a copy answers with where its time went.
+ *    a copy answers with where its time went. The directory must be ours
+ *    and no symlink; it is held open and the socket and the status file are
+ *    made through it. PID is ours as we see it (gpucr-stream in another pid
+ *    namespace reads our NSpid). One connection is served at a time; one
+ *    that does not own the park waits at most GPUCR_PRELOAD_IDLE_MS for its
+ *    next line (default 60 s). Nothing a client says makes the library open
+ *    or unlink a path (docs/THREATS.md, "The GPU fast path across users").
  *
  * Quiescence: the gate, and the order with respect to the driver's lock.
  *
@@ -80,8 +86,9 @@
  * also while it still stores the kept files: they are complete before `keep`,
  * and the store only reads them). The connection that parks the process owns
  * it until it says `detach`. Before `release` (refused otherwise)
- * gpucr-stream hands over the kept copy with `keep` (read-only descriptors of
- * its files; their paths come from /proc/self/fd). Before the driver's lock
+ * gpucr-stream hands over the kept copy with `keep` (a descriptor of its
+ * directory, then read-only descriptors of its files; their paths, from
+ * /proc/self/fd, only for messages). Before the driver's lock
  * it says `driver`: from then on the driver may hold the process locked, and
  * a CUDA call of ours would block (or fail) until its restore and unlock.
  * Before CRIU it says `detach` (CRIU refuses a socket connected outside the
@@ -91,14 +98,18 @@
  *   - `driver` not said: the driver never saw the process. The library
  *     remaps the memory at the same addresses, refills it from the kept
  *     descriptors (the copy-in checks: magic, every piece once, nothing
- *     else, end records), unparks, and removes the kept files.
+ *     else, end records), unparks, and removes the kept files it holds
+ *     where it may (unlinkat in the kept directory, only a name that is
+ *     still that very file; root's copy is not ours to remove, and
+ *     gpucr-stream's next `gpu resume --pid` or checkpoint does).
  *   - `driver` said: no CUDA call is safe. The process stays parked;
  *     `gpucr-stream gpu resume --pid P` restores and unlocks the driver,
  *     then sends `recover` (with descriptors of the kept files).
  * `recover` (also what gpucr-stream's own undo sends) remaps if released,
- * refills from the descriptors that came with it (else the kept ones, else
- * the kept paths opened again), unparks, and then removes the kept files (the
- * program runs meanwhile). A kept copy that is missing or does not pass the
+ * refills from the descriptors that came with it (else the kept ones it
+ * still holds; after `detach` it holds none, and opens no path), and
+ * unparks; gpucr-stream, which keeps its own record of the copy, removes
+ * it. A kept copy that is missing or does not pass the
  * checks leaves the process parked: never running on wrong memory. Every
  * decision taken without gpucr-stream is said on stderr and in
  * preload-PID.status next to the socket.
@@ -325,7 +336,8 @@ static int parked, released;
 /* The copy gpucr-stream kept (see the top): descriptors until `detach`,
  * paths until the process runs again. */
 static int keep_fds[64], nkeep;
-static char *keep_paths[64];
+static char *keep_paths[64]; /* for messages, and their names in keep_dir */
+static int keep_dir = -1;    /* the directory they are in, from `keep` */
 static int driver_next, detached;
 /* unfilled: memory was mapped again but not yet copied in: the program
  * must not run on it. */
@@ -950,7 +962,11 @@ void *dlsym(void *h, const char *sym)
 /* ---- the control channel ---- */
 static pthread_t ctl_thread;
 static int ctl_fd = -1;
-static char sock_path[108];
+/* The socket directory, held open: the socket and the status file are made
+ * through it, so that a path swapped later leads nowhere else. */
+static int ctl_dir_fd = -1;
+static char sock_path[108]; /* for messages only */
+static char sock_name[64];  /* preload-PID.sock in ctl_dir_fd */
 static atomic_int ctl_started;
 
 static int write_all(int fd, const void *b, size_t n)
@@ -1687,10 +1703,13 @@ static int do_remap(char *err, size_t n)
 	return rc;
 }
 
+/* MAXFDS: a copy takes up to 64 files (one per worker), keep their
+ * directory too. */
+#define MAXFDS 65
 static int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
 {
 	struct iovec iov = {line, n - 1};
-	char ctrl[CMSG_SPACE(64 * sizeof(int))];
+	char ctrl[CMSG_SPACE(MAXFDS * sizeof(int))];
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctrl, .msg_controllen = sizeof ctrl};
 	ssize_t r;
 	do
@@ -1703,7 +1722,7 @@ static int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
 			int k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-			for (int i = 0; i < k && *nfds < 64; i++)
+			for (int i = 0; i < k && *nfds < MAXFDS; i++)
 				memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 		}
 	char *nl = strchr(line, '\n');
@@ -1743,8 +1762,8 @@ static int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		snprintf(err, n, "not parked");
 		return -1;
 	}
-	if (*nfds == 0) {
-		snprintf(err, n, "%s without descriptors", line);
+	if (*nfds == 0 || *nfds > 64) {
+		snprintf(err, n, "%s with %d descriptors, want 1..64", line, *nfds);
 		return -1;
 	}
 	if (released) {
@@ -1772,13 +1791,13 @@ static void say(const char *state, const char *fmt, ...)
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
 	fprintf(stderr, "gpucr-preload[%d]: %s: %s\n", getpid(), state, msg);
-	char path[sizeof sock_path + 16], tmp[sizeof path + 8];
-	size_t k = strlen(sock_path);
-	if (k < 5 || strcmp(sock_path + k - 5, ".sock"))
+	char path[sizeof sock_name + 16], tmp[sizeof path + 8];
+	size_t k = strlen(sock_name);
+	if (ctl_dir_fd < 0 || k < 5 || strcmp(sock_name + k - 5, ".sock"))
 		return;
-	snprintf(path, sizeof path, "%.*s.status", (int)(k - 5), sock_path);
+	snprintf(path, sizeof path, "%.*s.status", (int)(k - 5), sock_name);
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int fd = openat(ctl_dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return;
 	char line[1200];
@@ -1786,7 +1805,7 @@ static void say(const char *state, const char *fmt, ...)
 	int ok = write_all(fd, line, strlen(line)) == 0;
 	close(fd);
 	if (ok)
-		rename(tmp, path);
+		renameat(ctl_dir_fd, tmp, ctl_dir_fd, path);
 }
 
 static void keep_close_fds(void)
@@ -1796,23 +1815,27 @@ static void keep_close_fds(void)
 			close(keep_fds[i]);
 	for (int i = 0; i < nkeep; i++)
 		keep_fds[i] = -1;
+	if (keep_dir >= 0)
+		close(keep_dir);
+	keep_dir = -1;
 }
 
-/* keep_clear forgets the kept copy; with rm it removes its files (and
- * their directory, if that is then empty): the memory is back. */
+/* keep_clear forgets the kept copy. With rm (only when the library
+ * refilled on its own: gpucr-stream is gone) it removes the kept files it
+ * still holds, each only where the name in the directory it was handed
+ * is that very file: nothing it is told can make it unlink anything else
+ * (where it may not, root's copy, gpucr-stream's next run does). */
 static void keep_clear(int rm)
 {
+	for (int i = 0; i < nkeep; i++) {
+		const char *name = strrchr(keep_paths[i], '/');
+		struct stat a, b;
+		if (rm && name && keep_dir >= 0 && keep_fds[i] >= 0 && fstat(keep_fds[i], &a) == 0 &&
+		    fstatat(keep_dir, name + 1, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+			unlinkat(keep_dir, name + 1, 0);
+	}
 	keep_close_fds();
 	for (int i = 0; i < nkeep; i++) {
-		if (rm && keep_paths[i][0] == '/')
-			unlink(keep_paths[i]);
-		if (rm && i == nkeep - 1) {
-			char *sl = strrchr(keep_paths[i], '/');
-			if (sl && sl != keep_paths[i]) {
-				*sl = 0;
-				rmdir(keep_paths[i]);
-			}
-		}
 		free(keep_paths[i]);
 		keep_paths[i] = NULL;
 	}
@@ -1820,19 +1843,29 @@ static void keep_clear(int rm)
 	driver_next = detached = 0;
 }
 
-/* cmd_keep takes the descriptors of the kept copy (the library owns them
- * now) and learns their paths. */
+/* cmd_keep takes the descriptors of the kept copy, its directory first
+ * then its files (the library owns them now), and learns their paths for
+ * its messages. */
 static int cmd_keep(int *fds, int *nfds, char *err, size_t n)
 {
 	if (!parked || released) {
 		snprintf(err, n, "%s", parked ? "memory is released already" : "not parked");
 		return -1;
 	}
-	if (*nfds == 0) {
-		snprintf(err, n, "keep without descriptors");
+	if (*nfds < 2) {
+		snprintf(err, n, "keep takes the kept copy's directory and its files");
 		return -1;
 	}
+	struct stat st;
+	for (int i = 0; i < *nfds; i++)
+		if (fstat(fds[i], &st) < 0 || (i == 0 ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))) {
+			snprintf(err, n, "keep: descriptor %d is not %s", i, i == 0 ? "a directory" : "a regular file");
+			return -1;
+		}
 	keep_clear(0);
+	keep_dir = fds[0];
+	fds++;
+	(*nfds)--;
 	for (int i = 0; i < *nfds; i++) {
 		char link[64], path[4096];
 		snprintf(link, sizeof link, "/proc/self/fd/%d", fds[i]);
@@ -1848,16 +1881,21 @@ static int cmd_keep(int *fds, int *nfds, char *err, size_t n)
 	return 0;
 }
 
-/* keep_open gives copies of the kept descriptors, rewound; after `detach`
- * it opens the kept paths again. The caller's job closes them. */
+/* keep_open gives copies of the kept descriptors, rewound. It never opens
+ * a path: after `detach` only gpucr-stream, which keeps its own record of
+ * the copy, sends them. The caller's job closes them. */
 static int keep_open(int *out, char *err, size_t n)
 {
 	if (nkeep == 0) {
 		snprintf(err, n, "no kept copy of the released memory (gpucr-stream gpu resume --pid PID --from SRC brings it from a checkpoint)");
 		return -1;
 	}
+	if (keep_fds[0] < 0) {
+		snprintf(err, n, "the kept copy's descriptors were let go before CRIU: gpucr-stream gpu resume --pid %d sends them", getpid());
+		return -1;
+	}
 	for (int i = 0; i < nkeep; i++) {
-		int fd = keep_fds[i] >= 0 ? dup(keep_fds[i]) : open(keep_paths[i], O_RDONLY | O_CLOEXEC);
+		int fd = dup(keep_fds[i]);
 		if (fd < 0 || lseek(fd, 0, SEEK_SET) < 0) {
 			snprintf(err, n, "kept copy %s: %s", keep_paths[i], strerror(errno));
 			for (int k = 0; k < i; k++)
@@ -1873,10 +1911,17 @@ static int keep_open(int *out, char *err, size_t n)
 
 /* do_recover brings the memory back and lets the program run: remap if
  * released, refill from fds (else the kept copy), unpark. On failure the
- * program stays parked. It owns fds. */
-static int do_recover(int *fds, int nfds, char *err, size_t n)
+ * program stays parked. It owns fds. rm: remove the kept files after
+ * (on our own only: `recover` leaves that to gpucr-stream). */
+static int do_recover(int *fds, int nfds, int rm, char *err, size_t n)
 {
 	int own[64];
+	if (nfds > 64) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		snprintf(err, n, "recover with %d descriptors, want at most 64", nfds);
+		return -1;
+	}
 	if (!parked || !(released || unfilled)) {
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
@@ -1902,7 +1947,7 @@ static int do_recover(int *fds, int nfds, char *err, size_t n)
 		gate_open();
 		/* After the gate: freeing GBs of tmpfs need not hold the
 		 * program back. */
-		keep_clear(1);
+		keep_clear(rm);
 		if (said)
 			say("resumed", "recover: the device memory is back, the program runs on");
 	}
@@ -1922,7 +1967,7 @@ static void on_orphan(void)
 		return;
 	}
 	int was = released;
-	if (do_recover(NULL, 0, err, sizeof err) < 0) {
+	if (do_recover(NULL, 0, 1, err, sizeof err) < 0) {
 		say("NOT RESUMED", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released, and the kept copy cannot refill it: "
 				   "%s. The program stays paused: it never runs on wrong memory",
 		    err);
@@ -1974,7 +2019,7 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 	if (!strcmp(line, "recover")) {
 		int k = *nfds;
 		*nfds = 0;
-		return do_recover(fds, k, err, n);
+		return do_recover(fds, k, 0, err, n);
 	}
 	if (need_parked(err, n) < 0)
 		return -1;
@@ -2001,11 +2046,31 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 	return -1;
 }
 
+/* idle_ms bounds how long a connection that does not own the park may
+ * keep the control thread waiting for its next line (it serves one
+ * connection at a time): GPUCR_PRELOAD_IDLE_MS, default 60 s. The owner's
+ * connection waits as long as the checkpoint's store takes. */
+static long idle_ms(void)
+{
+	const char *e = getenv("GPUCR_PRELOAD_IDLE_MS");
+	long ms = e ? atol(e) : 0;
+	return ms > 0 ? ms : 60000;
+}
+
+static void set_timeout(int c, int opt, long ms)
+{
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	setsockopt(c, SOL_SOCKET, opt, &tv, sizeof tv);
+}
+
 static void serve_conn(int c)
 {
 	static char out[16384];
 	char line[256], err[512];
-	int fds[64], nfds, owns = 0;
+	int fds[MAXFDS], nfds, owns = 0;
+	long idle = idle_ms();
+	set_timeout(c, SO_RCVTIMEO, idle);
+	set_timeout(c, SO_SNDTIMEO, idle);
 	while (recv_cmd(c, line, sizeof line, fds, &nfds) == 0) {
 		err[0] = 0;
 		struct stats st = {0};
@@ -2028,6 +2093,7 @@ static void serve_conn(int c)
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
+		set_timeout(c, SO_RCVTIMEO, owns ? 0 : idle);
 	}
 	unstage_all();
 	if (owns && parked && !detached)
@@ -2058,6 +2124,25 @@ static void *control_main(void *arg)
 	return NULL;
 }
 
+/* open_sock_dir opens GPUCR_PRELOAD_DIR (made 0700 if missing) without
+ * following a symlink, and only if it is ours; it is then made 0700
+ * through the descriptor. */
+static int open_sock_dir(const char *dir)
+{
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return -1;
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+	    ((st.st_mode & 0777) != 0700 && fchmod(fd, 0700) < 0)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 static void start_control(void)
 {
 	if (atomic_exchange(&ctl_started, 1))
@@ -2065,26 +2150,37 @@ static void start_control(void)
 	const char *dir = getenv("GPUCR_PRELOAD_DIR");
 	if (!dir || !*dir)
 		dir = "/run/gpucr-stream";
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+	int dfd = open_sock_dir(dir);
+	if (dfd < 0)
 		return;
-	struct stat st;
-	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
-		return;
-	if ((st.st_mode & 0777) != 0700)
-		chmod(dir, 0700);
+	/* Named by our pid as we see it: gpucr-stream, maybe in another pid
+	 * namespace, finds it by the NSpid of /proc/PID/status. */
+	snprintf(sock_name, sizeof sock_name, "preload-%d.sock", getpid());
+	/* Bound by its path (CRIU binds a restored socket to the address it
+	 * was bound to), then checked to be in the directory held open. */
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (snprintf(a.sun_path, sizeof a.sun_path, "%s/preload-%d.sock", dir, getpid()) >= (int)sizeof a.sun_path)
+	if (snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, sock_name) >= (int)sizeof a.sun_path) {
+		close(dfd);
 		return;
+	}
 	snprintf(sock_path, sizeof sock_path, "%s", a.sun_path);
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
+	if (fd < 0) {
+		close(dfd);
 		return;
-	unlink(a.sun_path);
-	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(a.sun_path, 0600) < 0 || listen(fd, 4) < 0) {
+	}
+	/* The socket's mode before bind is the file's (less the umask). */
+	fchmod(fd, 0600);
+	unlinkat(dfd, sock_name, 0);
+	struct stat st;
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || fstatat(dfd, sock_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !S_ISSOCK(st.st_mode) || ((st.st_mode & 0777) != 0600 && fchmodat(dfd, sock_name, 0600, 0) < 0) || listen(fd, 4) < 0) {
 		close(fd);
+		close(dfd);
 		return;
 	}
 	ctl_fd = fd;
+	ctl_dir_fd = dfd;
 	/* The thread is created with every signal blocked, so none of the
 	 * program's signals lands on it. */
 	sigset_t all, old;
@@ -2096,7 +2192,9 @@ static void start_control(void)
 	if (pthread_create(&ctl_thread, &at, control_main, NULL) != 0) {
 		close(fd);
 		ctl_fd = -1;
-		unlink(sock_path);
+		unlinkat(dfd, sock_name, 0);
+		close(dfd);
+		ctl_dir_fd = -1;
 	}
 	pthread_attr_destroy(&at);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -2109,6 +2207,9 @@ static void atfork_child(void)
 	atomic_store(&ctl_started, 0);
 	atomic_store(&cuda_ready, 0);
 	ctl_fd = -1;
+	if (ctl_dir_fd >= 0)
+		close(ctl_dir_fd);
+	ctl_dir_fd = -1;
 	nh = nm = no = nctx = 0;
 	parked = released = unfilled = said = 0;
 	keep_clear(0);
@@ -2131,6 +2232,6 @@ __attribute__((constructor)) static void preload_init(void)
 
 __attribute__((destructor)) static void preload_fini(void)
 {
-	if (ctl_fd >= 0 && sock_path[0])
-		unlink(sock_path);
+	if (ctl_fd >= 0 && ctl_dir_fd >= 0)
+		unlinkat(ctl_dir_fd, sock_name, 0);
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/fsat"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,8 +64,13 @@ type FastOptions struct {
 	Files int
 	// ParkTimeout bounds the wait for CUDA calls in flight (default 10s).
 	ParkTimeout time.Duration
-	// KeepDir receives the copy kept for an undo (required).
+	// KeepDir receives the copy kept for an undo (required; made 0700
+	// if missing, and it must be ours alone: files are created in it
+	// through its descriptor, never by path).
 	KeepDir string
+	// Records holds gpucr-stream's record of each kept copy, for `gpu
+	// resume --pid` (default DefaultRecords()).
+	Records string
 }
 
 // DefaultFiles is the files (and copy threads) per process. One thread
@@ -98,13 +103,17 @@ type fastProc struct {
 	FastProc
 	p                *Preload
 	parked, released bool
-	keep             []string
-	copy             CopyStats
+	// ids are the kept files' (FastProc.Files in keepDir): every open
+	// checks that the name still is that file.
+	ids  []fsat.ID
+	copy CopyStats
 }
 
 // FastSuspension is the state of the processes FastSuspend moved out.
 type FastSuspension struct {
-	opts    FastOptions
+	opts FastOptions
+	// keepDir is KeepDir, held open.
+	keepDir *os.File
 	procs   []*fastProc
 	Timings FastTimings
 	done    bool
@@ -157,10 +166,14 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	if o.KeepDir == "" {
 		return nil, errors.New("fast path: no directory for the copy kept until the commit")
 	}
-	if err := os.MkdirAll(o.KeepDir, 0o700); err != nil {
-		return nil, fmt.Errorf("fast path: %w", err)
+	if o.Records == "" {
+		o.Records = DefaultRecords()
 	}
-	s := &FastSuspension{opts: o}
+	keepDir, err := fsat.MkdirOwned(o.KeepDir)
+	if err != nil {
+		return nil, fmt.Errorf("fast path: the kept copy's directory: %w", err)
+	}
+	s := &FastSuspension{opts: o, keepDir: keepDir}
 	for _, pid := range pids {
 		p, err := DialPreload(ctx, o.Dir, pid)
 		if err != nil {
@@ -185,6 +198,9 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		}
 		fp.parked = true
 	}
+	// Parked here, so not waiting for `gpu resume --pid`: a copy still
+	// recorded for them is stale, as is one of a process that is gone.
+	sweepRecords(o.Records, pids)
 	// Every process copies out at once: each library has its own copy
 	// threads and pinned buffers, and a tree's processes (tensor-parallel
 	// ranks) usually sit on different GPUs.
@@ -197,7 +213,10 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 			defer wg.Done()
 			errs[i] = s.copyOut(ctx, fp)
 			if errs[i] == nil {
-				errs[i] = keep(ctx, fp)
+				errs[i] = s.record(fp)
+			}
+			if errs[i] == nil {
+				errs[i] = s.keep(ctx, fp)
 			}
 		}()
 	}
@@ -243,7 +262,7 @@ func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := storeFile(ctx, put, name, fp.keep[k]); err != nil {
+				if err := s.storeFile(ctx, put, fp, k); err != nil {
 					failed.Store(true)
 					cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
 				}
@@ -261,18 +280,19 @@ func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 	}()
 }
 
-// storeFile puts one kept file; a cancelled store ends at its next read.
-func storeFile(ctx context.Context, put PutFunc, name, path string) error {
-	f, err := os.Open(path)
+// storeFile puts fp's k-th kept file; a cancelled store ends at its next
+// read.
+func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastProc, k int) error {
+	fs, err := openFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer closeAll(fs)
 	testHoldStore()
 	if err := testStoreFault(); err != nil {
 		return err
 	}
-	return put(ctx, name, ctxReader{ctx, f})
+	return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
 }
 
 type ctxReader struct {
@@ -306,26 +326,27 @@ func (s *FastSuspension) Wait(ctx context.Context) error {
 }
 
 // keep hands fp's library the kept copy, now complete.
-func keep(ctx context.Context, fp *fastProc) error {
-	fs, err := openAll(fp.keep)
+func (s *FastSuspension) keep(ctx context.Context, fp *fastProc) error {
+	fs, err := openFiles(s.keepDir, fp.Files, fp.ids)
 	if err != nil {
 		return fmt.Errorf("process %d: kept copy: %w", fp.PID, err)
 	}
 	defer closeAll(fs)
-	return fp.p.Keep(ctx, fs)
+	return fp.p.Keep(ctx, s.keepDir, fs)
 }
 
-func openAll(paths []string) ([]*os.File, error) {
-	var fs []*os.File
-	for _, path := range paths {
-		f, err := os.Open(path)
-		if err != nil {
-			closeAll(fs)
-			return nil, err
-		}
-		fs = append(fs, f)
+// record writes gpucr-stream's record of fp's kept copy, for `gpu resume
+// --pid` should this run die.
+func (s *FastSuspension) record(fp *fastProc) error {
+	start, err := startTime(fp.PID)
+	if err != nil {
+		return fmt.Errorf("process %d: %w", fp.PID, err)
 	}
-	return fs, nil
+	dirID, err := fsat.IDOf(s.keepDir)
+	if err != nil {
+		return err
+	}
+	return writeRecord(s.opts.Records, keptRecord{PID: fp.PID, Start: start, Dir: s.opts.KeepDir, DirID: dirID, Files: fp.Files, IDs: fp.ids})
 }
 
 func closeAll(fs []*os.File) {
@@ -401,20 +422,24 @@ func digits(s string) bool {
 }
 
 // copyOut has fp's library write its device memory into the kept copy:
-// files created here (0600, in KeepDir) whose descriptors it writes to.
+// files created here (new, 0600, in KeepDir through its descriptor) whose
+// descriptors it writes to.
 func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 	var ws []*os.File
 	defer func() { closeAll(ws) }()
 	for k := 0; k < s.opts.Files; k++ {
 		name := fileName(fp.PID, k)
-		path := filepath.Join(s.opts.KeepDir, name)
-		fp.Files = append(fp.Files, name)
-		fp.keep = append(fp.keep, path)
-		w, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+		w, err := fsat.Create(s.keepDir, name, unix.O_WRONLY, 0o600)
 		if err != nil {
 			return fmt.Errorf("process %d: copy out: %w", fp.PID, err)
 		}
 		ws = append(ws, w)
+		id, err := fsat.IDOf(w)
+		if err != nil {
+			return err
+		}
+		fp.Files = append(fp.Files, name)
+		fp.ids = append(fp.ids, id)
 	}
 	cs, err := fp.p.CopyOut(ctx, ws)
 	fp.Bytes, fp.copy = cs.Bytes, cs
@@ -491,7 +516,7 @@ func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
 	var fs []*os.File
 	if fp.released {
 		// Where they cannot be opened, the library tries its own.
-		fs, _ = openAll(fp.keep)
+		fs, _ = openFiles(s.keepDir, fp.Files, fp.ids)
 		defer closeAll(fs)
 	}
 	err := fp.p.Recover(ctx, fs)
@@ -522,11 +547,14 @@ func (s *FastSuspension) Commit() {
 // a gpucr-stream that died after the driver's lock (or by a failed refill)
 // gets its memory back from the kept copy and runs on. Processes without
 // the library, or not parked, are left alone. It returns those it resumed.
-func FastRecover(ctx context.Context, dir string, pids []int) ([]int, error) {
+func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, error) {
+	if records == "" {
+		records = DefaultRecords()
+	}
 	var done []int
 	var errs []error
 	for _, pid := range pids {
-		ok, err := recoverOne(ctx, dir, pid)
+		ok, err := recoverOne(ctx, dir, records, pid)
 		if ok {
 			done = append(done, pid)
 		}
@@ -535,7 +563,7 @@ func FastRecover(ctx context.Context, dir string, pids []int) ([]int, error) {
 	return done, errors.Join(errs...)
 }
 
-func recoverOne(ctx context.Context, dir string, pid int) (bool, error) {
+func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
 	if !HasPreload(pid) {
 		return false, nil
 	}
@@ -548,36 +576,68 @@ func recoverOne(ctx context.Context, dir string, pid int) (bool, error) {
 	}
 	defer p.Close()
 	r, err := p.Report(ctx)
-	if err != nil || !r.Parked {
+	if err != nil {
 		return false, err
 	}
-	if (r.Released || r.Unfilled) && len(r.Kept) == 0 {
-		return false, fmt.Errorf("process %d is parked with its device memory not back and no kept copy: bring it from its checkpoint with `gpu resume --pid %d --from SRC`", pid, pid)
+	if !r.Parked {
+		// It runs: a copy still recorded for it is of a checkpoint that
+		// ended (the library refilled on its own, and may not remove
+		// root's files).
+		if rec, err := loadRecord(records, pid); err == nil {
+			rec.drop(records)
+		}
+		return false, nil
 	}
-	// gpucr-stream may open what the process cannot (root's files); where
-	// it cannot either, the library tries.
-	fs, _ := openAll(r.Kept)
-	defer closeAll(fs)
-	if err := p.Recover(ctx, fs); err != nil {
+	if !r.Released && !r.Unfilled {
+		// Parked with its memory in place: it only needs to run on.
+		return true, p.Recover(ctx, nil)
+	}
+	// The kept copy is found through gpucr-stream's own record, never
+	// through what the process reports (r.Kept): its user may have it name
+	// any file of root's.
+	rec, err := loadRecord(records, pid)
+	if err != nil {
+		return false, fmt.Errorf("process %d is parked with its device memory not back: %w: bring it from its checkpoint with `gpu resume --pid %d --from SRC`", pid, err, pid)
+	}
+	kd, err := rec.openDir()
+	if err != nil {
+		return false, fmt.Errorf("process %d: %w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", pid, err, pid)
+	}
+	defer kd.Close()
+	fs, err := openFiles(kd, rec.Files, rec.IDs)
+	if err == nil {
+		err = p.Recover(ctx, fs)
+		closeAll(fs)
+	}
+	if err != nil {
 		return false, fmt.Errorf("%w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", err, pid)
 	}
+	removeFiles(kd, rec.Files, rec.IDs)
+	removeRecord(records, pid)
 	return true, nil
 }
 
-// removeKeep removes the kept copy, a file per goroutine: freeing the
-// pages of GBs of tmpfs takes a while, and scales with the cores.
+// removeKeep removes the kept copy and its records, a file per
+// goroutine: freeing the pages of GBs of tmpfs takes a while, and scales
+// with the cores.
 func (s *FastSuspension) removeKeep() {
 	var wg sync.WaitGroup
 	for _, fp := range s.procs {
-		for _, k := range fp.keep {
+		for k := range fp.Files {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				os.Remove(k)
+				removeFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
 			}()
 		}
 	}
 	wg.Wait()
+	for _, fp := range s.procs {
+		if len(fp.ids) > 0 {
+			removeRecord(s.opts.Records, fp.PID)
+		}
+	}
+	s.keepDir.Close()
 }
 
 // Procs are the processes moved out, with their files.

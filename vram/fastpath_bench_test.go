@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/fsat"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	dirstore "github.com/gpucr/gpucr-stream/store/dir"
@@ -144,17 +145,27 @@ func writeAll(w io.Writer, buf []byte, total int64) error {
 // (the device is free after it).
 func sinkFiles(b *testing.B, buf []byte, total int64, n int, dir string, c *streamer.Capture) time.Duration {
 	t := time.Now()
-	s := &FastSuspension{}
+	kd, err := fsat.OpenOwned(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kd.Close()
+	s := &FastSuspension{keepDir: kd}
 	fp := &fastProc{}
 	var ws []*os.File
 	for k := 0; k < n; k++ {
-		path := filepath.Join(dir, fmt.Sprintf("keep-%02d", k))
-		w, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+		name := fmt.Sprintf("vram-%02d.bin", k)
+		os.Remove(filepath.Join(dir, name))
+		w, err := fsat.Create(kd, name, os.O_WRONLY, 0o600)
 		if err != nil {
 			b.Fatal(err)
 		}
 		ws = append(ws, w)
-		fp.Files, fp.keep = append(fp.Files, fmt.Sprintf("vram-%02d.bin", k)), append(fp.keep, path)
+		id, err := fsat.IDOf(w)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fp.Files, fp.ids = append(fp.Files, name), append(fp.ids, id)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, n)

@@ -14,8 +14,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // These tests run libgpucr-preload against a fake driver (preload/testdata/
@@ -92,6 +95,13 @@ type target struct {
 
 func startTarget(t testing.TB, env ...string) *target {
 	t.Helper()
+	return startWrapped(t, nil, env...)
+}
+
+// startWrapped starts the target through wrap (a command that runs its
+// arguments in a child: the target is its only child), if not nil.
+func startWrapped(t testing.TB, wrap []string, env ...string) *target {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("linux only")
 	}
@@ -104,7 +114,8 @@ func startTarget(t testing.TB, env ...string) *target {
 	t.Cleanup(func() { os.RemoveAll(base) })
 	tg := &target{dir: filepath.Join(base, "d"), sockDir: filepath.Join(base, "run")}
 	os.Mkdir(tg.dir, 0o755)
-	cmd := exec.Command(filepath.Join(b, "fp_target"), tg.dir)
+	args := append(append([]string{}, wrap...), filepath.Join(b, "fp_target"), tg.dir)
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
 		"GPUCR_PRELOAD_DIR="+tg.sockDir)
 	cmd.Env = append(cmd.Env, env...)
@@ -121,6 +132,20 @@ func startTarget(t testing.TB, env ...string) *target {
 	}
 	tg.cmd, tg.pid = cmd, cmd.Process.Pid
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if wrap != nil {
+		// The target is the wrapper's child.
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tg.pid, tg.pid))
+			if f := strings.Fields(string(b)); len(f) == 1 {
+				tg.pid, _ = strconv.Atoi(f[0])
+				t.Cleanup(func() { syscall.Kill(tg.pid, syscall.SIGKILL) })
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%v started no child", wrap)
+			}
+		}
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(filepath.Join(tg.dir, "ready")); err == nil {
@@ -297,7 +322,17 @@ func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
 }
 
 func fastOpts(tg *target, t testing.TB) FastOptions {
-	return FastOptions{Dir: tg.sockDir, Files: 3, ParkTimeout: 5 * time.Second, KeepDir: filepath.Join(t.TempDir(), "keep")}
+	return FastOptions{Dir: tg.sockDir, Files: 3, ParkTimeout: 5 * time.Second, KeepDir: filepath.Join(t.TempDir(), "keep"),
+		Records: filepath.Join(t.TempDir(), "kept")}
+}
+
+// keptPaths are the paths of the kept files of s's i-th process.
+func keptPaths(s *FastSuspension, i int) []string {
+	var ps []string
+	for _, name := range s.procs[i].Files {
+		ps = append(ps, filepath.Join(s.opts.KeepDir, name))
+	}
+	return ps
 }
 
 func TestFastPathRoundTrip(t *testing.T) {
@@ -347,7 +382,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 		t.Fatalf("%d files stored before the store was let go", stored)
 	}
 	kept := map[string][]byte{}
-	for i, k := range s.procs[0].keep {
+	for i, k := range keptPaths(s, 0) {
 		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("kept file %s: %v %v, want mode 0600", k, fi, err)
 		}
@@ -485,18 +520,20 @@ func TestFastPathFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name, fault string
 		failAfter   int64 // a put fails (-1: none)
-		full        bool  // a kept file is /dev/full (ENOSPC)
+		full        bool  // the kept copy's file system is full (ENOSPC)
+		planted     bool  // a kept file's name is a symlink planted to a file of root's
 		wantSuspend bool  // FastSuspend succeeds
 		wantStore   bool  // and its store too
 		want        string
 	}{
-		{"park", "park", -1, false, false, false, "injected"},
-		{"copy out", "copyout", -1, false, false, false, "injected"},
-		{"no space for the kept copy", "", -1, true, false, false, "No space left on device"},
-		{"release", "release", -1, false, false, false, "injected"},
-		{"store after release", "", 1 << 20, false, true, false, "injected destination failure"},
-		{"store fails at once", "", 0, false, true, false, "injected destination failure"},
-		{"after release", "", -1, false, true, true, ""},
+		{"park", "park", -1, false, false, false, false, "injected"},
+		{"copy out", "copyout", -1, false, false, false, false, "injected"},
+		{"no space for the kept copy", "", -1, true, false, false, false, "No space left on device"},
+		{"planted symlink", "", -1, false, true, false, false, "file exists"},
+		{"release", "release", -1, false, false, false, false, "injected"},
+		{"store after release", "", 1 << 20, false, false, true, false, "injected destination failure"},
+		{"store fails at once", "", 0, false, false, true, false, "injected destination failure"},
+		{"after release", "", -1, false, false, true, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var env []string
@@ -510,12 +547,36 @@ func TestFastPathFaults(t *testing.T) {
 			o := fastOpts(tg, t)
 			if tc.full {
 				// The file system fills up under the library's writes.
+				mustRoot(t)
 				if err := os.MkdirAll(o.KeepDir, 0o700); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.Symlink("/dev/full", filepath.Join(o.KeepDir, fmt.Sprintf("vram-%d-01.bin", tg.pid))); err != nil {
+				if err := unix.Mount("full", o.KeepDir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { unix.Unmount(o.KeepDir, unix.MNT_DETACH) })
+			}
+			// Issue 25 H1: whoever may write into the kept copy's
+			// directory plants a symlink to a file of root's in place of
+			// a kept file: it is neither truncated nor handed over.
+			victim := filepath.Join(t.TempDir(), "root-only")
+			if tc.planted {
+				if err := os.WriteFile(victim, []byte("root's"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.MkdirAll(o.KeepDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				link := filepath.Join(o.KeepDir, fmt.Sprintf("vram-%d-01.bin", tg.pid))
+				if err := os.Symlink(victim, link); err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					if b, err := os.ReadFile(victim); err != nil || string(b) != "root's" {
+						t.Errorf("the planted symlink's target: %q %v, want it untouched", b, err)
+					}
+				}()
+				defer os.Remove(link)
 			}
 			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, o)
 			if (err == nil) != tc.wantSuspend {
@@ -544,10 +605,20 @@ func TestFastPathFaults(t *testing.T) {
 			if r.Parked || r.Released || r.DeviceUsed != used {
 				t.Fatalf("after the undo: %+v, want running with %d bytes of device memory", r, used)
 			}
-			if ents, _ := os.ReadDir(o.KeepDir); len(ents) != 0 {
+			if ents, _ := os.ReadDir(o.KeepDir); len(ents) != map[bool]int{true: 1}[tc.planted] {
 				t.Fatalf("kept copy left behind: %d files", len(ents))
 			}
 		})
+	}
+}
+
+func mustRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI runs the tests as root")
+		}
+		t.Skip("needs root")
 	}
 }
 
@@ -777,7 +848,7 @@ func TestFastPathOrphaned(t *testing.T) {
 				_ = s.Wait(ctx) // the test's own goroutines, not the library's
 			}()
 			keptBytes := map[string][]byte{}
-			for _, k := range s.procs[0].keep {
+			for _, k := range keptPaths(s, 0) {
 				b, err := os.ReadFile(k)
 				if err != nil {
 					t.Fatal(err)
@@ -789,7 +860,7 @@ func TestFastPathOrphaned(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			keep := s.procs[0].keep
+			keep := keptPaths(s, 0)
 			if tc.damage != nil {
 				big := keep[0]
 				for _, k := range keep {
@@ -825,7 +896,7 @@ func TestFastPathOrphaned(t *testing.T) {
 					t.Fatalf("the status does not say what to run: %s", said)
 				}
 				if tc.damage != nil {
-					if _, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err == nil {
+					if _, err := FastRecover(ctx, tg.sockDir, o.Records, []int{tg.pid}); err == nil {
 						t.Fatal("recover from a damaged kept copy succeeded")
 					}
 					// Repaired (as it went into the checkpoint), it comes back.
@@ -835,7 +906,7 @@ func TestFastPathOrphaned(t *testing.T) {
 						}
 					}
 				}
-				done, err := FastRecover(ctx, tg.sockDir, []int{tg.pid})
+				done, err := FastRecover(ctx, tg.sockDir, o.Records, []int{tg.pid})
 				if err != nil || len(done) != 1 {
 					t.Fatalf("recover: %v %v", done, err)
 				}
@@ -852,7 +923,7 @@ func TestFastPathOrphaned(t *testing.T) {
 			}
 			// Nothing more to do for the undo of the dead gpucr-stream's
 			// state (a second recover finds the process running).
-			if done, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err != nil || len(done) != 0 {
+			if done, err := FastRecover(ctx, tg.sockDir, o.Records, []int{tg.pid}); err != nil || len(done) != 0 {
 				t.Fatalf("second recover: %v %v", done, err)
 			}
 		})
@@ -909,7 +980,7 @@ func TestFastRecoverMissing(t *testing.T) {
 		t.Fatalf("report: %+v", r)
 	}
 	s.Commit() // removes the kept copy
-	if _, err := FastRecover(ctx, tg.sockDir, []int{tg.pid}); err == nil || !strings.Contains(err.Error(), "No such file") || !strings.Contains(err.Error(), "--from") {
+	if _, err := FastRecover(ctx, tg.sockDir, o.Records, []int{tg.pid}); err == nil || !strings.Contains(err.Error(), "kept no copy") || !strings.Contains(err.Error(), "--from") {
 		t.Fatalf("recover without the kept copy: %v", err)
 	}
 	if r := tg.report(t); !r.Parked || !r.Released {

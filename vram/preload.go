@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/proc"
+	"golang.org/x/sys/unix"
 )
 
 // The control channel of libgpucr-preload (preload/gpucr_preload.c), the
@@ -41,9 +42,76 @@ func PreloadDir() string {
 	return "/run/gpucr-stream"
 }
 
-// PreloadSocket is the control socket of pid in dir.
+// PreloadSocket is the control socket of pid in dir, as the process
+// names it: by its pid in its own namespace (nsPID).
 func PreloadSocket(dir string, pid int) string {
 	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".sock")
+}
+
+// socketOf is where gpucr-stream reaches the control socket of pid (a pid
+// of its own namespace): named by the process's own pid, in dir as the
+// process sees it (through /proc/PID/root when its mount namespace is
+// not ours).
+func socketOf(dir string, pid int) string {
+	name := PreloadSocket(dir, nsPID(pid))
+	self, err1 := os.Readlink(filepath.Join(proc.Root, "self", "ns", "mnt"))
+	its, err2 := os.Readlink(filepath.Join(proc.Root, strconv.Itoa(pid), "ns", "mnt"))
+	if err1 == nil && err2 == nil && self != its {
+		return filepath.Join(proc.Root, strconv.Itoa(pid), "root", name)
+	}
+	return name
+}
+
+// nsPID is pid as the process sees it (the last NSpid of its status):
+// what the library names its socket by. pid where unknown.
+func nsPID(pid int) int {
+	if f := statusField(pid, "NSpid:"); len(f) > 0 {
+		if n, err := strconv.Atoi(f[len(f)-1]); err == nil && n > 0 {
+			return n
+		}
+	}
+	return pid
+}
+
+// statusField is the fields of the line of /proc/PID/status that starts
+// with key.
+func statusField(pid int, key string) []string {
+	b, err := os.ReadFile(filepath.Join(proc.Root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, key); ok {
+			return strings.Fields(rest)
+		}
+	}
+	return nil
+}
+
+// ErrNotTheProcess says the control socket found for a process is served
+// by another: someone else's listener in its place.
+var ErrNotTheProcess = errors.New("the control socket is not the process's own")
+
+// checkPeer checks that the listener of c is pid itself (SO_PEERCRED: the
+// pid is the kernel's, in our namespace), with pid's effective uid.
+func checkPeer(c *net.UnixConn, pid int, path string) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("process %d: %s: who listens: %w", pid, path, cerr)
+	}
+	uid := statusField(pid, "Uid:")
+	if int(cred.Pid) != pid || len(uid) < 2 || uid[1] != strconv.FormatUint(uint64(cred.Uid), 10) {
+		return fmt.Errorf("process %d: %s is served by process %d (uid %d): %w", pid, path, cred.Pid, cred.Uid, ErrNotTheProcess)
+	}
+	return nil
 }
 
 // HasPreload says whether pid maps the library.
@@ -93,9 +161,10 @@ type Preload struct {
 	broken bool
 }
 
-// DialPreload connects to the library of pid through its socket in dir.
+// DialPreload connects to the library of pid through its socket in dir,
+// and checks that pid itself listens there.
 func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
-	path := PreloadSocket(dir, pid)
+	path := socketOf(dir, pid)
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -105,6 +174,10 @@ func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
 		return nil, fmt.Errorf("process %d: connect to %s: %w", pid, path, err)
 	}
 	conn := c.(*net.UnixConn)
+	if err := checkPeer(conn, pid, path); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return &Preload{PID: pid, conn: conn, rd: bufio.NewReader(conn)}, nil
 }
 
@@ -186,14 +259,16 @@ func (p *Preload) Release(ctx context.Context) error {
 	return err
 }
 
-// Keep hands the library read-only descriptors of the copy kept of the
-// device memory (it must come before Release): should this connection end
-// without Detach (gpucr-stream died), the library refills from it itself.
-func (p *Preload) Keep(ctx context.Context, files []*os.File) error {
+// Keep hands the library the directory of the copy kept of the device
+// memory and read-only descriptors of its files (it must come before
+// Release): should this connection end without Detach (gpucr-stream
+// died), the library refills from them itself, and removes the files
+// where it may (only those it holds, found in dir).
+func (p *Preload) Keep(ctx context.Context, dir *os.File, files []*os.File) error {
 	if len(files) == 0 || len(files) > 64 {
 		return fmt.Errorf("process %d: keep: %d files, want 1..64", p.PID, len(files))
 	}
-	_, err := p.do(ctx, "keep", files)
+	_, err := p.do(ctx, "keep", append([]*os.File{dir}, files...))
 	return err
 }
 
@@ -225,8 +300,9 @@ func (p *Preload) Recover(ctx context.Context, files []*os.File) error {
 	return err
 }
 
-// PreloadStatusFile is where the library of pid says what it did on its
-// own after gpucr-stream went away (next to its socket in dir).
+// PreloadStatusFile is where the library of pid (its own pid) says what
+// it did on its own after gpucr-stream went away (next to its socket in
+// dir).
 func PreloadStatusFile(dir string, pid int) string {
 	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".status")
 }
