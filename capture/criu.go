@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -163,18 +164,28 @@ func workDirs(workDir string) (dir, images string, cleanup func(), err error) {
 	return dir, images, cleanup, nil
 }
 
-// finishWorkDir removes a temporary work dir after a success; after a
-// failure it keeps it, since CRIU's log there says why, and the error says
-// where it is.
+// criuFailed is CRIU's own failure: its log says why.
+type criuFailed struct{ error }
+
+func (e criuFailed) Unwrap() error { return e.error }
+
+// finishWorkDir removes a temporary work dir after a success, and after a
+// failure that is not CRIU's own (a destination that broke, an
+// interrupt). After CRIU's own failure it keeps CRIU's logs there, and
+// nothing else (no FIFOs, sockets or scripts), and the error says where.
 func finishWorkDir(err error, dir string, temporary bool, cleanup func()) error {
-	if err == nil {
+	var cf criuFailed
+	if !errors.As(err, &cf) || !temporary {
 		cleanup()
+		return err
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Ext(p) != ".log" {
+			os.Remove(p)
+		}
 		return nil
-	}
-	if temporary {
-		return fmt.Errorf("%w (criu's log is kept in %s; remove that directory when done)", err, dir)
-	}
-	return err
+	})
+	return fmt.Errorf("%w (criu's log is kept in %s; remove that directory when done)", err, dir)
 }
 
 // Dump runs `criu dump --stream` against an in-process intake feeding c,
@@ -241,7 +252,7 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		// The intake failed first (a producer, the pipeline) and cut CRIU off.
 		return rep, fmt.Errorf("%w; so criu dump failed too: %v", inErr, criuErr)
 	case criuErr != nil:
-		return rep, fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out))
+		return rep, criuFailed{fmt.Errorf("criu dump: %w; %s", criuErr, criuLogTail(rep.LogPath, out))}
 	case inErr != nil:
 		return rep, inErr
 	case !res.Complete:
@@ -334,7 +345,7 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	case criuErr != nil && serveErr != nil && !errors.Is(serveErr, context.Canceled):
 		return rep, fmt.Errorf("criu restore: %w; serve: %w", criuErr, serveErr)
 	case criuErr != nil:
-		return rep, fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))
+		return rep, criuFailed{fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))}
 	}
 	return rep, nil
 }

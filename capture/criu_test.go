@@ -1,15 +1,19 @@
 package capture
 
 import (
+	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestFinishWorkDir: a temporary work dir goes after a success and stays
-// after a failure, named in the error; a given one is never removed.
+// TestFinishWorkDir: a temporary work dir goes after a success and after
+// a failure that is not CRIU's; after CRIU's own it stays with CRIU's logs
+// only (no FIFOs, no scripts), named in the error; a given one is never
+// removed.
 func TestFinishWorkDir(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -19,8 +23,10 @@ func TestFinishWorkDir(t *testing.T) {
 		says      string
 	}{
 		{"temporary, ok", nil, true, false, ""},
-		{"temporary, failed", errors.New("criu dump: exit status 1"), true, true, "criu's log is kept in"},
-		{"given, failed", errors.New("criu dump: exit status 1"), false, true, ""},
+		{"temporary, criu failed", criuFailed{errors.New("criu dump: exit status 1")}, true, true, "criu's log is kept in"},
+		{"temporary, the destination failed", errors.New("capture failed, so criu dump failed"), true, false, ""},
+		{"temporary, interrupted", context.Canceled, true, false, ""},
+		{"given, failed", criuFailed{errors.New("criu dump: exit status 1")}, false, true, ""},
 		{"given, ok", nil, false, true, ""},
 	}
 	for _, tc := range tests {
@@ -33,6 +39,16 @@ func TestFinishWorkDir(t *testing.T) {
 			if !tc.temporary {
 				cleanup = func() {} // as workDirs makes it for a given dir
 			}
+			// What a dump leaves there: CRIU's log, the commit FIFOs and
+			// the action script.
+			if err := os.WriteFile(filepath.Join(dir, "img", "dump.log"), []byte("Error"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cm, err := newCommitter(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cm.close()
 			err = finishWorkDir(tc.err, dir, tc.temporary, cleanup)
 			if !errors.Is(err, tc.err) {
 				t.Errorf("error %v does not wrap %v", err, tc.err)
@@ -43,6 +59,18 @@ func TestFinishWorkDir(t *testing.T) {
 			}
 			if tc.says != "" && !strings.Contains(err.Error(), tc.says+" "+dir) {
 				t.Errorf("error %q does not name %s", err, dir)
+			}
+			if tc.kept && tc.temporary {
+				var left []string
+				filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+					if err == nil && !d.IsDir() {
+						left = append(left, strings.TrimPrefix(p, dir))
+					}
+					return nil
+				})
+				if strings.Join(left, " ") != "/img/dump.log" {
+					t.Errorf("kept %q, want CRIU's log alone", left)
+				}
 			}
 		})
 	}

@@ -32,13 +32,16 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	go func() { reaped <- tg.WaitGone(ctx) }()
 	start := time.Now()
 	ck := gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive).ok(t, "checkpoint")
-	if !strings.Contains(ck.stderr, "--cuda auto: no process of the tree") {
-		t.Errorf("checkpoint does not say that --cuda auto found no CUDA process:\n%s", ck.stderr)
+	// --cuda auto on a CPU-only process: nothing to say.
+	if strings.Contains(ck.stderr, "--cuda") || strings.Contains(ck.stderr, "CUDA") {
+		t.Errorf("checkpoint of a CPU-only process talks of CUDA:\n%s", ck.stderr)
 	}
 	if took := time.Since(start); took > 8*time.Second {
 		t.Errorf("checkpoint took %v: it waited for a reaped process", took)
 	}
+	phasesAddUp(t, ck.stdout)
 	r := gcsRun(ctx, t, "restore", "--from", archive).ok(t, "restore right after checkpoint")
+	phasesAddUp(t, r.stderr)
 	if err := <-reaped; err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +122,115 @@ func openTTY(t *testing.T) *os.File {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// TestNoLeftovers: commands leave nothing in $TMPDIR, whatever ends them
+// short of CRIU's own failure (whose log is kept, and named): a restore
+// from a file that is no checkpoint is refused from its first bytes before
+// CRIU starts; a checkpoint into a directory of the user's own files is
+// refused before the process is touched; a checkpoint whose stdout reader
+// goes away fails (the process runs on) instead of dying of SIGPIPE; and
+// a checkpoint and restore that succeed.
+func TestNoLeftovers(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", tmp)
+	leftNothing := func(what string) {
+		t.Helper()
+		ents, _ := os.ReadDir(tmp)
+		for _, e := range ents {
+			t.Errorf("%s left %s in $TMPDIR", what, e.Name())
+			os.RemoveAll(filepath.Join(tmp, e.Name()))
+		}
+	}
+	tg, before := startedTarget(ctx, t, dir, 32)
+	pid := strconv.Itoa(tg.PID())
+
+	notes := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(notes, []byte("shopping list\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := gcsRun(ctx, t, "restore", "--from", notes)
+	if r.code != 3 || !strings.Contains(r.stderr, notes) || strings.Contains(r.stderr, "criu") {
+		t.Errorf("restore from a text file: exit %d, %s; want exit 3 naming the file, before CRIU", r.code, r.stderr)
+	}
+	leftNothing("restore from a text file")
+
+	own := filepath.Join(dir, "own")
+	if err := os.MkdirAll(own, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(own, "thesis.tex"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = gcsRun(ctx, t, "checkpoint", "--pid", pid, "--to", own)
+	if r.code != 2 || !strings.Contains(r.stderr, "thesis.tex") {
+		t.Errorf("checkpoint into a directory of other files: exit %d, %s; want exit 2 naming them", r.code, r.stderr)
+	}
+	if ents, _ := os.ReadDir(own); len(ents) != 1 {
+		t.Errorf("checkpoint into a directory of other files wrote into it: %v", ents)
+	}
+	leftNothing("checkpoint into a directory of other files")
+
+	// checkpoint --to - | head -c 1
+	cmd := exec.CommandContext(ctx, BuildBinary(t, "./cmd/gpucr-stream"), "checkpoint", "--pid", pid, "--to", "-")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := out.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	err = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Errorf("checkpoint whose reader went away died of %v:\n%s", ws.Signal(), stderr.String())
+	} else if err == nil {
+		t.Errorf("checkpoint whose reader went away succeeded")
+	}
+	t.Logf("checkpoint whose reader went away: %v: %s", err, stderr.String())
+	leftNothing("checkpoint whose reader went away")
+	tg.ProveIntact(ctx, t, &before)
+
+	archive := filepath.Join(dir, "ck")
+	reaped := make(chan error, 1)
+	go func() { reaped <- tg.WaitGone(ctx) }()
+	gcsRun(ctx, t, "checkpoint", "--pid", pid, "--to", archive).ok(t, "checkpoint")
+	if err := <-reaped; err != nil {
+		t.Fatal(err)
+	}
+	gcsRun(ctx, t, "restore", "--from", archive).ok(t, "restore")
+	provenRestore(ctx, t, tg, before)
+	tg.Kill()
+	leftNothing("checkpoint and restore")
+}
+
+// phasesAddUp checks that the phases of a printed timing breakdown ("X
+// done in 2.36s" over lines "  NAME  0.123s") add up to its total.
+func phasesAddUp(t *testing.T, out string) {
+	t.Helper()
+	m := regexp.MustCompile(`done in ([0-9.]+)s`).FindStringSubmatch(out)
+	if m == nil {
+		t.Errorf("no timing breakdown in\n%s", out)
+		return
+	}
+	total, _ := strconv.ParseFloat(m[1], 64)
+	sum := 0.0
+	for _, p := range regexp.MustCompile(`(?m)^  \S.*\s([0-9.]+)s$`).FindAllStringSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(p[1], 64)
+		sum += v
+	}
+	if d := total - sum; d > max(0.05, total/20) || d < -0.02 {
+		t.Errorf("phases sum to %.3fs, the total is %.2fs:\n%s", sum, total, out)
+	}
 }

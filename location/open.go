@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -320,6 +322,9 @@ func (stdioLoc) manifest(_ context.Context, c *Config) (*manifest.Manifest, bool
 type archiveLoc struct{ unsupported }
 
 func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
+	if err := refuseForeignDir(a.loc.Path); err != nil {
+		return nil, err
+	}
 	format, err := c.Options.NewFormat()
 	if err != nil {
 		return nil, err
@@ -367,6 +372,12 @@ func (f streamFileLoc) output(context.Context, *Config) (*Output, error) {
 func (f streamFileLoc) source(ctx context.Context, _ *Config, so source.StreamOptions) (source.Source, error) {
 	file, err := os.Open(f.loc.Path)
 	if err != nil {
+		return nil, err
+	}
+	// A file that is no stream is refused now, before a restore starts
+	// CRIU: its first bytes say.
+	if err := checkStreamStart(file, f.loc.Path); err != nil {
+		file.Close()
 		return nil, err
 	}
 	src, err := newStreamSource(ctx, []io.Reader{file}, []string{f.loc.Path}, so)
@@ -437,4 +448,48 @@ func SourceCounters(src source.Source) (*pipeline.Counters, int64) {
 		return &s.Counters, 0
 	}
 	return nil, 0
+}
+
+// checkStreamStart checks that file starts as a stream does: a
+// criu-image-streamer stream's marker, or a gpucr-stream header.
+func checkStreamStart(file *os.File, name string) error {
+	b := make([]byte, max(manifest.HeaderSize, imagestreamer.PrefixLen))
+	n, err := file.ReadAt(b, 0)
+	if err != nil && err != io.EOF {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	if n > 0 && imagestreamer.Detect(b[:min(n, imagestreamer.PrefixLen)]) {
+		return nil
+	}
+	_, err = manifest.NewReader(io.NewSectionReader(file, 0, 1<<62), name)
+	return err
+}
+
+// refuseForeignDir refuses to write an archive into a directory that holds
+// files of its own: manifest.json and segments/ would be mixed into the
+// user's files. A new or empty directory, or one a failed capture left
+// (segments/ alone), is taken.
+func refuseForeignDir(path string) error {
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil // absent (made later), or not a directory (said later)
+	}
+	var foreign []string
+	for _, e := range ents {
+		n := e.Name()
+		// segments/, manifest.json and the temporary file of a manifest
+		// whose writer died (.manifest.json.tmp-N) are an archive's.
+		if n != strings.TrimSuffix(manifest.SegmentPrefix, "/") && !strings.HasPrefix(strings.TrimPrefix(n, "."), manifest.ManifestName) {
+			foreign = append(foreign, n)
+		}
+	}
+	if len(foreign) == 0 {
+		return nil
+	}
+	sort.Strings(foreign)
+	more := ""
+	if len(foreign) > 3 {
+		foreign, more = foreign[:3], fmt.Sprintf(" and %d more", len(foreign)-3)
+	}
+	return errdefs.Usagef("--to %s: the directory holds other files (%s%s), not a checkpoint: give a new or empty directory", path, strings.Join(foreign, ", "), more)
 }

@@ -89,6 +89,11 @@ func commandOf(args []string) string {
 }
 func realMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A reader of stdout that goes away (capture | head) must fail the
+	// write with EPIPE, not kill the process: the error path resumes the
+	// dumped process and removes the work dir. Handled, not ignored, so
+	// that CRIU and `run`'s program start with SIGPIPE at its default.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	interrupted := ctx.Err() != nil
 	stop()
