@@ -170,9 +170,6 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
-	if cc == nil && o.CUDA.EffectiveMode() == gpuckpt.CUDAAuto {
-		o.Hooks.log(fmt.Sprintf("--cuda auto: no process of the tree of %d has the CUDA driver loaded; checkpointing with CRIU alone", o.PID))
-	}
 	// The tree as it is before the dump, to wait for it to be gone after.
 	tree, _ := proc.Tree(o.PID)
 	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
@@ -187,7 +184,8 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
-	phases := cc.QueryGPUs(ctx, &meta)
+	phases := []Phase{{Name: "open destination", Secs: time.Since(start).Seconds()}}
+	phases = append(phases, cc.QueryGPUs(ctx, &meta)...)
 	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
 		Total: dumpEstimate(tree, meta.GPUs)})
 	defer done()
@@ -230,10 +228,12 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		}()
 		// A restore right after needs the PIDs free: return once CRIU's
 		// kill has been reaped. The checkpoint is committed either way.
+		reap := time.Now()
 		if err := proc.WaitGone(ctx, tree, true, GoneTimeout); err != nil {
 			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is not gone yet (%v): a restore into this PID space fails until its parent reaps it", o.PID, err))
 		}
 		<-removed
+		phases = append(phases, Phase{Name: "process exit (reaped)", Secs: time.Since(reap).Seconds()})
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
@@ -324,13 +324,14 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	opened := time.Since(start).Seconds()
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
 	}
-	phases := []Phase{{Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()}}
+	phases := []Phase{{Name: "open source", Secs: opened}, {Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()}}
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
 	cudaPIDs, t, err := gpuckpt.Restore(ctx, o.CUDA, rep.PID, pairs)
