@@ -568,7 +568,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := w.CommitNew(ctx); err != nil {
 		_ = w.Abort(ctx)
 		if errors.Is(err, errdefs.ErrExists) {
-			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile; this one is discarded: %w", a.store, err)
+			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile: %w", a.store, errdefs.ErrExists)
 		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}
