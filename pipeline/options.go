@@ -61,4 +61,7 @@ type Counters struct {
 	Files       atomic.Int64
 	RawBytes    atomic.Int64
 	StoredBytes atomic.Int64
+	// StoredRaw is the raw size of the chunks counted in StoredBytes: the
+	// ratio of the two holds while RawBytes runs ahead of what is stored.
+	StoredRaw atomic.Int64
 }

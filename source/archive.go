@@ -322,6 +322,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	}
 	v.raw = raw
 	a.Counters.StoredBytes.Add(int64(c.Stored))
+	a.Counters.StoredRaw.Add(int64(c.RawLen))
 	return v, nil
 }
 

@@ -584,6 +584,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), crc: fr.Checksum, hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
+	s.Counters.StoredRaw.Add(int64(fr.RawLen))
 
 	s.mu.Lock()
 	f, ok := s.pending[fr.FileID]

@@ -465,6 +465,7 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		fs.digested = c.sums.Chunk(fs.digested, it.crc, fh.RawLen, it.hash)
 		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(stored))
 		c.Counters.StoredBytes.Add(int64(stored))
+		c.Counters.StoredRaw.Add(int64(it.rawLen))
 	case manifest.FrameFileEnd:
 		fs := c.files[it.fileID]
 		delete(c.files, it.fileID)

@@ -35,6 +35,11 @@ type bar struct {
 	uploaded func() int64
 	start    time.Time
 	drawn    bool
+	// lastRaw and active: the raw bytes at the last draw and when they
+	// last grew, so that the rate is over the time bytes moved (receive
+	// waits for CRIU after the transfer).
+	lastRaw int64
+	active  time.Duration
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -104,7 +109,10 @@ func (b *bar) line(elapsed time.Duration, final bool) string {
 		}
 		fmt.Fprintf(&s, " / %s %3.0f%%", humanBytes(b.total), pct)
 	}
-	secs := elapsed.Seconds()
+	if raw != b.lastRaw {
+		b.lastRaw, b.active = raw, elapsed
+	}
+	secs := b.active.Seconds()
 	if secs > 0 {
 		rate := float64(raw) / secs
 		fmt.Fprintf(&s, " %s/s", humanBytes(int64(rate)))
@@ -113,17 +121,18 @@ func (b *bar) line(elapsed time.Duration, final bool) string {
 			fmt.Fprintf(&s, " ETA %s", eta.Round(time.Second))
 		}
 	}
-	if st := b.c.StoredBytes.Load(); st > 0 {
-		fmt.Fprintf(&s, " %.2fx", float64(raw)/float64(st))
+	// Of what is stored: bytes read run ahead of it by the chunks in
+	// flight, all the more when interrupted.
+	if st, sr := b.c.StoredBytes.Load(), b.c.StoredRaw.Load(); st > 0 && sr > 0 {
+		fmt.Fprintf(&s, " %.2fx", float64(sr)/float64(st))
 	}
 	if b.uploaded != nil {
 		// Bytes the object store acknowledged: they trail the captured
 		// bytes by the parts in flight.
 		fmt.Fprintf(&s, " uploaded %s", humanBytes(b.uploaded()))
 	}
-	if final {
-		fmt.Fprintf(&s, " in %s", elapsed.Round(time.Millisecond))
-	}
+	// No time of its own when final: the bar covers the data's part of a
+	// command, whose summary times the whole.
 	return s.String()
 }
 

@@ -18,6 +18,7 @@ func TestProgressLine(t *testing.T) {
 	var c pipeline.Counters
 	c.RawBytes.Store(1 << 30)
 	c.StoredBytes.Store(1 << 29)
+	c.StoredRaw.Store(1 << 30)
 	tests := []struct {
 		name    string
 		total   int64
@@ -28,7 +29,8 @@ func TestProgressLine(t *testing.T) {
 		{"known size", 4 << 30, false, []string{"checkpoint 1.0 GiB / 4.0 GiB  25%", "512.0 MiB/s", "ETA 6s", "2.00x"}, []string{"p/s"}},
 		{"unknown size", 0, false, []string{"checkpoint 1.0 GiB 512.0 MiB/s"}, []string{"%", "ETA"}},
 		{"estimate passed", 1 << 29, false, []string{" 99%"}, []string{"ETA"}},
-		{"done", 1 << 29, true, []string{"200%", "in 2s"}, []string{"ETA"}},
+		// the command's summary times the whole: the bar does not
+		{"done", 1 << 29, true, []string{"200%", "512.0 MiB/s"}, []string{"ETA", " in "}},
 	}
 	for _, tc := range tests {
 		b := &bar{what: "checkpoint", c: &c, total: tc.total}
@@ -43,6 +45,28 @@ func TestProgressLine(t *testing.T) {
 				t.Errorf("%s: %q has %q", tc.name, got, w)
 			}
 		}
+	}
+}
+
+// TestProgressRatioAndRate: the ratio is of what is stored, even when the
+// bytes read run far ahead (a Ctrl-C'd capture once showed 303936.25x);
+// the rate is over the time bytes moved, not the wait after (receive
+// waiting for CRIU).
+func TestProgressRatioAndRate(t *testing.T) {
+	var c pipeline.Counters
+	c.RawBytes.Store(1 << 30)
+	c.StoredBytes.Store(3 << 10)
+	c.StoredRaw.Store(12 << 10)
+	b := &bar{what: "capture", c: &c}
+	if got := b.line(2*time.Second, false); !strings.Contains(got, " 4.00x") || !strings.Contains(got, "512.0 MiB/s") {
+		t.Errorf("interrupted capture: %q, want 4.00x at 512.0 MiB/s", got)
+	}
+	if got := b.line(20*time.Second, true); !strings.Contains(got, "512.0 MiB/s") {
+		t.Errorf("after 18 s without bytes: %q, want the rate of when they moved", got)
+	}
+	c.RawBytes.Store(2 << 30)
+	if got := b.line(22*time.Second, false); !strings.Contains(got, "93.1 MiB/s") {
+		t.Errorf("bytes again: %q, want the rate over all the time", got)
 	}
 }
 
