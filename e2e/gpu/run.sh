@@ -72,9 +72,23 @@
 #              map onto a GPU this host lacks: each must fail before CRIU
 #              with a message naming the GPU, and the target run on
 #   nccl       e2e/gpu/nccl_pair.py: two processes (GPU 0 and 1) in one
-#              NCCL communicator, all_reduce in a loop; the auto round on
-#              that tree, with CRIU's --tcp-established (the ranks' loopback
-#              connections). The driver may refuse it: the round says how
+#              NCCL communicator, all_reduce in a loop. The driver cannot
+#              undo the checkpoint of an NCCL rank (issue 24), so
+#              checkpoint (--tcp-established, the ranks' loopback
+#              connections) and gpu suspend must refuse the pair before any
+#              GPU step, naming the ranks; both must then still be running
+#              for the driver and prove themselves: every tensor checksum,
+#              all_reduce sums right, counters going on
+#   ncclfault  the same pair, checkpoint with GPUCR_TEST_FAULT=gpu-checkpoint:
+#              the refusal is skipped and the driver's checkpoint step fails
+#              before it reaches the driver, so the tree's lock runs on real
+#              ranks (locking one rank may stall the other's lock:
+#              CUDA_ERROR_NOT_READY) and must be undone at once: the
+#              checkpoint fails, both ranks run and prove themselves. If an
+#              undo fails, the round logs each rank's state and the recovery
+#              command from --json, runs it, and fails
+#
+# One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again. After
 # every restore the target proves itself: every tensor checksum matches
@@ -301,7 +315,7 @@ log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
 
 # two_gpu ROUND: whether the round needs two GPUs.
 two_gpu() {
-	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl) return 0 ;; esac
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault) return 0 ;; esac
 	return 1
 }
 
@@ -360,7 +374,7 @@ start_target() {
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
-	nccl)
+	nccl | ncclfault)
 		script=nccl_pair.py args=(--mib "$NCCL_MIB")
 		TCHILDREN=1
 		;;
@@ -589,12 +603,12 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 	$ok
 }
 
-# round_criu_opts: CRIU_OPTS, and for the nccl round --tcp-established
+# round_criu_opts: CRIU_OPTS, and for the nccl rounds --tcp-established
 # (the ranks talk over loopback TCP, NCCL's bootstrap, inside the tree:
 # CRIU refuses the connected sockets without it).
 round_criu_opts() {
 	local o=$CRIU_OPTS
-	[ "${ROUND%%-*}" = nccl ] && o="${o:+$o }--tcp-established"
+	case ${ROUND%%-*} in nccl | ncclfault) o="${o:+$o }--tcp-established" ;; esac
 	echo "$o"
 }
 
@@ -1022,6 +1036,107 @@ print(json.dumps({"round": rnd, "ok": ok, "raw_bytes": raw, "stored_bytes": wire
 # badmap_try LABEL WANT CMD...: gpucr-stream CMD must fail (within 60 s)
 # with WANT and the GPU it names in its message; then the target must
 # still prove itself. Counts failures in BADMAP_FAILS.
+# nccl_running LABEL: both ranks are running for the driver (gpu state);
+# logs each.
+nccl_running() {
+	local p st ok=0
+	for p in $(tree_pids); do
+		st=$("$GCS" gpu state --pid "$p" 2>&1)
+		log "$ROUND: $1: cuda state of $p: $st"
+		[ "$st" = running ] || ok=1
+	done
+	return $ok
+}
+
+# rank1_counter: rank 1's step counter in the last proof (0 if none).
+rank1_counter() {
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["children"][0]["counter"])' "$TDIR/proof.json" 2>/dev/null || echo 0
+}
+
+# nccl_proves LABEL: the pair proves itself twice, both ranks' counters
+# going on: every tensor checksum, the all_reduce sums (matmul_ok), rank
+# 1's proof.
+nccl_proves() {
+	local before=$COUNTER c1 k0 k1
+	prove "$1" && [ "$COUNTER" -gt "$before" ] || return 1
+	k0=$(rank1_counter)
+	sleep 1
+	c1=$COUNTER
+	prove "$1-again" && [ "$COUNTER" -gt "$c1" ] || return 1
+	k1=$(rank1_counter)
+	log "$ROUND: $1: rank 1 counted $k0, then $k1"
+	[ "$k1" -gt "$k0" ]
+}
+
+# round_nccl: the NCCL pair must be refused before any GPU step
+# (checkpoint, gpu suspend), and run on. fault: the ncclfault round (see
+# the header).
+round_nccl() {
+	local fault=${1:-} ar=$WORK/ar-$ROUND notes=() ok=true rc t0 tr co
+	co=$(round_criu_opts)
+	local steps=(checkpoint suspend)
+	[ -n "$fault" ] && steps=(checkpoint)
+	for step in "${steps[@]}"; do
+		rm -rf "$ar" "$WORK/w"
+		mkdir -p "$WORK/w"
+		local err=$WORK/logs/$ROUND-$step.err js=$WORK/logs/$ROUND-$step.json
+		local env=() args
+		[ -n "$fault" ] && env=(GPUCR_TEST_FAULT=gpu-checkpoint)
+		case $step in
+		checkpoint) args=(checkpoint --pid "$TPID" --to "$ar" --codec auto --work-dir "$WORK/w" --criu "$CRIU" --criu-opts "$co" --json --no-progress) ;;
+		suspend) args=(gpu suspend --pid "$TPID" --json) ;;
+		esac
+		t0=$(now)
+		rc=0
+		env "${env[@]}" timeout 300 "$GCS" "${args[@]}" >"$js" 2>"$err" || rc=$?
+		tr=$(since "$t0")
+		log "$ROUND: $step: exit $rc after ${tr}s: $(tail -c 1500 "$err")"
+		if [ $rc -eq 0 ]; then
+			notes+=("$step: did not fail")
+			ok=false
+		elif [ -z "$fault" ] && ! grep -q "is an NCCL rank" "$err"; then
+			notes+=("$step: failed, but not with the refusal naming the NCCL ranks")
+			ok=false
+		elif [ -n "$fault" ] && ! grep -q "could not be locked\|injected failure" "$err"; then
+			notes+=("$step: failed, but neither at the lock nor at the injected checkpoint failure")
+			ok=false
+		else
+			notes+=("$step: refused/failed in ${tr}s as it should")
+		fi
+		if [ -z "$fault" ] && [ -e "$WORK/w/img/dump.log" ]; then
+			notes+=("$step: criu ran")
+			ok=false
+		fi
+		if grep -q '"gpu_processes"' "$js" 2>/dev/null; then
+			# The undo failed: the states and commands, then the commands.
+			log "$ROUND: $step: the GPU step could not be undone: $(cat "$js")"
+			notes+=("$step: UNDO FAILED: $(python3 -c 'import json,sys; print(", ".join("%d %s" % (p["pid"], p["state"]) for p in json.load(open(sys.argv[1]))["gpu_processes"]))' "$js")")
+			ok=false
+			python3 -c 'import json, re, sys
+for p in json.load(open(sys.argv[1]))["gpu_processes"]:
+    for c in re.findall(r"`gpucr-stream ([^`]*)`", p.get("recover", "")):
+        print(c)' "$js" | while read -r c; do
+				# shellcheck disable=SC2086 # the command's words
+				log "$ROUND: recovery: gpucr-stream $c: $("$GCS" $c 2>&1 | tail -2)"
+			done
+		fi
+		if ! nccl_running "after $step"; then
+			notes+=("$step: a rank is not running for the driver")
+			ok=false
+		fi
+		if ! nccl_proves "after-$step"; then
+			notes+=("$step: the pair did not prove itself after")
+			ok=false
+		fi
+	done
+	emit "$(python3 -c '
+import json, sys
+print(json.dumps({"round": sys.argv[1], "ok": sys.argv[2] == "true", "note": sys.argv[3]}))
+' "$ROUND" "$ok" "$(IFS=';'; echo "${notes[*]}")")"
+	rm -rf "$ar"
+	$ok
+}
+
 badmap_try() {
 	local label=$1 want=$2 rc=0 err=$WORK/logs/$ROUND-${1// /_}.err t0
 	shift 2
@@ -1143,7 +1258,9 @@ while [ $# -gt 0 ]; do
 	DUMP_FAILED=0
 	case $base in
 	fast | fastexp | remapfast | spanfast | spanswapfast) round_gcs "$FAST_CODEC" ;;
-	remap | span | spanswap | nccl) round_gcs auto ;;
+	remap | span | spanswap) round_gcs auto ;;
+	nccl) round_nccl ;;
+	ncclfault) round_nccl fault ;;
 	migrateremap) round_migrate ;;
 	badmap) round_badmap ;;
 	fastleave) round_gcs "$FAST_CODEC" leave ;;
