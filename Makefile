@@ -38,12 +38,26 @@ deps:
 deps-demo:
 	@bash scripts/install-deps.sh demo
 
-# install puts the binary in $(PREFIX)/bin and, where CRIU was installed into
-# $(CRIU_PREFIX) (not the system's), a link to its loader wrapper as
-# $(PREFIX)/bin/criu: the wrapper finds its prefix through the link.
+# install puts the binary in $(PREFIX)/bin, the fast path's library (where
+# a C compiler builds it) in $(PREFIX)/lib/gpucr-stream, where `gpucr-stream
+# run` looks for it, and, where CRIU was installed into $(CRIU_PREFIX) (not
+# the system's), a link to its loader wrapper as $(PREFIX)/bin/criu: the
+# wrapper finds its prefix through the link.
+PRELOAD_DIR := $(PREFIX)/lib/gpucr-stream
 install: binary
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/gpucr-stream
+	@if command -v $(CC) >/dev/null; then \
+		$(MAKE) --no-print-directory preload && \
+		install -d $(DESTDIR)$(PRELOAD_DIR) && \
+		install -m 0755 $(PRELOAD) $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so && \
+		echo "installed $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so (gpucr-stream run)"; \
+	else \
+		echo "no C compiler ($(CC)): libgpucr-preload.so not built; gpucr-stream run needs it (apt-get install gcc, then make install again)"; \
+	fi
+	@if [ "$(PREFIX)" != /usr/local ]; then \
+		echo "note: gpucr-stream run looks for libgpucr-preload.so next to its binary and in /usr/local/lib/gpucr-stream: copy $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so next to $(DESTDIR)$(PREFIX)/bin/gpucr-stream"; \
+	fi
 	@if [ -x $(CRIU_PREFIX)/bin/criu ]; then \
 		ln -sfn $(CRIU_PREFIX)/bin/criu $(DESTDIR)$(PREFIX)/bin/criu && \
 		echo "installed $(DESTDIR)$(PREFIX)/bin/criu -> $(CRIU_PREFIX)/bin/criu"; \
@@ -53,7 +67,8 @@ install: binary
 	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpucr-stream ($(VERSION))"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/gpucr-stream
+	rm -f $(DESTDIR)$(PREFIX)/bin/gpucr-stream $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so
+	-rmdir $(DESTDIR)$(PRELOAD_DIR) 2>/dev/null
 	@if [ -L $(DESTDIR)$(PREFIX)/bin/criu ] && [ "$$(readlink $(DESTDIR)$(PREFIX)/bin/criu)" = $(CRIU_PREFIX)/bin/criu ]; then \
 		rm -f $(DESTDIR)$(PREFIX)/bin/criu; fi
 

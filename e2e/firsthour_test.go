@@ -234,3 +234,41 @@ func phasesAddUp(t *testing.T, out string) {
 		t.Errorf("phases sum to %.3fs, the total is %.2fs:\n%s", sum, total, out)
 	}
 }
+
+// TestMakeInstall: the README's `make install` installs the binary and the
+// fast path's library where that binary looks for it (`gpucr-stream run`
+// once failed right after the install step).
+func TestMakeInstall(t *testing.T) {
+	if _, err := exec.LookPath("cc"); err != nil {
+		missing(t, "a C compiler (cc) for libgpucr-preload.so")
+	}
+	root := ModuleRoot(t)
+	dest := t.TempDir()
+	cmd := exec.Command("make", "--no-print-directory", "install", "DESTDIR="+dest)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	bin := filepath.Join(dest, "usr/local/bin/gpucr-stream")
+	lib := filepath.Join(dest, "usr/local/lib/gpucr-stream/libgpucr-preload.so")
+	for _, p := range []string{bin, lib} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("make install did not install %s:\n%s", p, out)
+		}
+	}
+	// The installed binary, run from DESTDIR, says where it looks: the
+	// library's place without DESTDIR must be among them.
+	run := exec.Command(bin, "run", "--", "true")
+	msg, err := run.CombinedOutput()
+	installed := strings.TrimPrefix(lib, dest)
+	if _, statErr := os.Stat(installed); statErr == nil {
+		if err != nil {
+			t.Fatalf("gpucr-stream run with %s installed: %v\n%s", installed, err, msg)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(string(msg), installed) {
+		t.Fatalf("gpucr-stream run does not look for the library where make install puts it (%s):\n%s", installed, msg)
+	}
+}
