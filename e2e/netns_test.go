@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/scratch"
 )
 
 // migrateEnv is a sender namespace (A) and a receiver namespace (B), a
@@ -165,9 +167,7 @@ func onlyKeptCRIULogs(t *testing.T, dir, errText string) {
 // two TLS streams with real CRIU on both sides; it carries on intact in B.
 func TestMigrateNetns(t *testing.T) {
 	// The sender keeps its copy where it does by default: on a tmpfs of
-	// its own (as root), mounted under the library's directory.
-	run := t.TempDir()
-	t.Setenv("GPUCR_PRELOAD_DIR", run)
+	// its own (as root), mounted under root's /run/gpucr-stream.
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 96)
 	var rout, mout bytes.Buffer
@@ -202,9 +202,12 @@ func TestMigrateNetns(t *testing.T) {
 	if !res.KeptInMemory && os.Geteuid() == 0 {
 		t.Errorf("the sender's copy was not on a tmpfs of its own: %+v", res)
 	}
-	emptyDir(t, run) // confirmed: the sender's copy is gone, and its tmpfs
-	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), run) {
-		t.Errorf("a mount left under %s after the migration:\n%s", run, mi)
+	// Confirmed: the sender's copy is gone, and its tmpfs.
+	if left, _ := filepath.Glob(filepath.Join(scratch.DefaultRoot, "gpucr-migrate-keep-*")); len(left) != 0 {
+		t.Errorf("the sender's copy left after the migration: %v", left)
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), "gpucr-migrate-keep-") {
+		t.Errorf("a mount left after the migration:\n%s", mi)
 	}
 	provenRestore(e.ctx, t, tg, before)
 	t.Logf("downtime %.2fs, %d MiB raw, %d MiB on the wire; phases %+v", res.DowntimeSecs, res.RawBytes>>20, res.WireBytes>>20, res.Phases)
@@ -519,14 +522,12 @@ func TestMigrateRestoreFails(t *testing.T) {
 // is gone, the image kept (in --keep-dir when given, else on a tmpfs of
 // its own), and a restore from it brings the process back.
 func migrateImageKept(t *testing.T, given bool) {
-	run := t.TempDir()
-	t.Setenv("GPUCR_PRELOAD_DIR", run)
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 64)
 	keep := mkdir(t, filepath.Join(e.dir, "keep"))
 	keepArgs := []string{"--keep-dir", keep}
 	if !given {
-		keep, keepArgs = run, nil
+		keep, keepArgs = scratch.DefaultRoot, nil
 	}
 	falseBin, err := exec.LookPath("false")
 	if err != nil {
@@ -568,6 +569,7 @@ func migrateImageKept(t *testing.T, given bool) {
 		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
 			t.Fatal(err)
 		}
+		os.RemoveAll(dir)
 	}
 }
 
