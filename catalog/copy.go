@@ -100,22 +100,20 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 
 // lostTo is Copy's end when another writer committed a manifest in dst
 // first: if it is this checkpoint, the copy is done; else the segments
-// copied that the other checkpoint does not name are removed.
+// copied that the other checkpoint does not name are removed (where its
+// manifest cannot be read, none: which are its own is unknown).
 func lostTo(ctx context.Context, dst store.Store, m *manifest.Manifest, res *CopyResult) error {
 	theirs, err := source.ReadManifest(ctx, dst)
-	if err == nil && theirs.ID == m.ID && theirs.Checksum == m.Checksum {
+	if err != nil {
+		return fmt.Errorf("%s: %w meanwhile (its manifest: %v); this copy's segments are left for gc: %w", dst, ErrOtherCheckpoint, err, errdefs.ErrExists)
+	}
+	if theirs.ID == m.ID && theirs.Checksum == m.Checksum {
 		res.Already = true
 		return nil
 	}
 	keep := map[string]bool{}
-	if err == nil {
-		for _, s := range theirs.Segments {
-			keep[s.Name] = true
-		}
-	}
-	if err != nil {
-		// Which segments are the winner's is unknown: remove none.
-		return fmt.Errorf("%s: %w meanwhile (its manifest: %v); this copy's segments are left for gc: %w", dst, ErrOtherCheckpoint, err, errdefs.ErrExists)
+	for _, s := range theirs.Segments {
+		keep[s.Name] = true
 	}
 	var names []string
 	for _, s := range m.Segments {
@@ -123,8 +121,8 @@ func lostTo(ctx context.Context, dst store.Store, m *manifest.Manifest, res *Cop
 			names = append(names, s.Name)
 		}
 	}
-	if _, derr := removeObjects(ctx, dst, names); derr != nil {
-		return fmt.Errorf("%s: %w meanwhile (id %s); removing this copy's segments: %v: %w", dst, ErrOtherCheckpoint, theirs.ID, derr, errdefs.ErrExists)
+	if _, err := removeObjects(ctx, dst, names); err != nil {
+		return fmt.Errorf("%s: %w meanwhile (id %s); removing this copy's segments: %v: %w", dst, ErrOtherCheckpoint, theirs.ID, err, errdefs.ErrExists)
 	}
 	return fmt.Errorf("%s: %w meanwhile (id %s, not %s); this copy's segments were removed: %w", dst, ErrOtherCheckpoint, theirs.ID, m.ID, errdefs.ErrExists)
 }

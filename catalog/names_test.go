@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -179,7 +179,7 @@ func TestLeftoversBesideACheckpoint(t *testing.T) {
 	if err != nil || res.Objects != 4 || len(res.Unfinished) != 1 || res.Bytes != 4000 {
 		t.Fatalf("gc: %+v, %v; want the 4 leftovers", res, err)
 	}
-	if got := names(t, st); !equal(got, mine) {
+	if got := names(t, st); !slices.Equal(got, mine) {
 		t.Fatalf("after gc the store holds %v, want %v", got, mine)
 	}
 	checkFiles(t, st, nil, want)
@@ -190,7 +190,7 @@ func TestLeftoversBesideACheckpoint(t *testing.T) {
 	if err != nil || rm.Objects != len(mine) || rm.Bytes != stored {
 		t.Fatalf("rm: %+v, %v; want %d objects, %d bytes", rm, err, len(mine), stored)
 	}
-	if got := names(t, st); !equal(got, leftovers) {
+	if got := names(t, st); !slices.Equal(got, leftovers) {
 		t.Fatalf("after rm the store holds %v, want the other capture's %v", got, leftovers)
 	}
 	if res, err := GC(ctx, st, "mem://shared", 0, false); err != nil || res.Objects != 3 || len(names(t, st)) != 0 {
@@ -220,10 +220,6 @@ func TestRemoveUnreadableManifest(t *testing.T) {
 	if res, err := GC(ctx, st, "mem://bad", 0, false); err != nil || res.Objects != n-1 || len(names(t, st)) != 0 {
 		t.Fatalf("gc after rm: %+v, %v", res, err)
 	}
-}
-
-func equal(a, b []string) bool {
-	return strings.Join(a, "\n") == strings.Join(b, "\n")
 }
 
 // commitFirst is a store in which, just before the manifest is created,
@@ -259,7 +255,7 @@ func TestCopyLosesRace(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrExists) || !errors.Is(err, ErrOtherCheckpoint) {
 		t.Fatalf("losing copy: %v, want ErrExists and ErrOtherCheckpoint", err)
 	}
-	if got, want := names(t, dst.Store), names(t, a); !equal(got, want) {
+	if got, want := names(t, dst.Store), names(t, a); !slices.Equal(got, want) {
 		t.Fatalf("destination holds %v, want the winner's %v", got, want)
 	}
 	checkFiles(t, dst.Store, nil, wantA)

@@ -42,14 +42,13 @@ func (d *Store) path(name string) (string, error) {
 	return filepath.Join(d.root, filepath.FromSlash(name)), nil
 }
 
-// A writer works through descriptors: the directories of a name are
-// opened one component at a time from the root with O_NOFOLLOW (and made,
-// where missing, with mkdirat), and the temporary file is created,
-// renamed, removed and its directory synced through the last one. A
-// symlink planted below the root (a segments/ linked elsewhere) is
-// refused, never written through, and a directory swapped for one while
-// the writer runs changes nothing it does.
-
+// dirWriter is one object being written. It works through descriptors:
+// the directories of a name are opened one component at a time from the
+// root with O_NOFOLLOW (and made, where missing, with mkdirat), and the
+// temporary file is created, renamed, removed and its directory synced
+// through the last one. A symlink planted below the root (a segments/
+// linked elsewhere) is refused, never written through, and a directory
+// swapped for one while the writer runs changes nothing it does.
 type dirWriter struct {
 	d     *Store
 	dir   *os.File // the object's directory
