@@ -57,12 +57,14 @@ type oneWay struct {
 // findOneWay lists the processes of pids whose GPU step the driver could
 // not undo.
 func findOneWay(ctx context.Context, pids []int) []oneWay {
-	ncclLib := map[int]string{}
+	ncclLib, ncclShm := map[int]string{}, map[int]string{}
 	for _, pid := range pids {
 		for _, f := range proc.MappedFiles(pid) {
-			if b := filepath.Base(f); strings.HasPrefix(b, "libnccl") && strings.Contains(b, ".so") {
+			if b := filepath.Base(f); ncclLib[pid] == "" && strings.HasPrefix(b, "libnccl") && strings.Contains(b, ".so") {
 				ncclLib[pid] = b
-				break
+			}
+			if ncclShm[pid] == "" && strings.HasPrefix(f, "/dev/shm/nccl-") {
+				ncclShm[pid] = f
 			}
 		}
 	}
@@ -83,11 +85,8 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 		}
 		if lib := ncclLib[pid]; lib != "" {
 			var signs []string
-			for _, f := range proc.MappedFiles(pid) {
-				if strings.HasPrefix(f, "/dev/shm/nccl-") {
-					signs = append(signs, "maps NCCL's "+f)
-					break
-				}
+			if f := ncclShm[pid]; f != "" {
+				signs = append(signs, "maps NCCL's "+f)
 			}
 			for _, s := range proc.UnixSocketNames(pid) {
 				if strings.Contains(s, "/nccl-socket-") {
