@@ -89,6 +89,10 @@ func retryable(err error) bool {
 		"XAmzContentSHA256Mismatch", "BadDigest", "XAmzContentChecksumMismatch", "IncompleteBody":
 		// The last four: the bytes were damaged on the way; send them again.
 		return true
+	case "ConditionalRequestConflict":
+		// AWS: a conditional write (CommitNew) met a concurrent request on
+		// the key; asked again, it is decided.
+		return true
 	}
 	switch er.StatusCode {
 	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
