@@ -474,12 +474,8 @@ func (cc *Checkpoint) CheckDumpable(ctx context.Context, tree []int, criuArgs []
 	if cc == nil || len(cc.pids) == 0 {
 		return nil
 	}
-	// The fault round fails the driver's checkpoint before it reaches the
-	// driver: nothing it does is one way.
-	if !testFault("gpu-checkpoint") {
-		if err := CheckUndoable(ctx, cc.pids); err != nil {
-			return err
-		}
+	if err := CheckUndoable(ctx, cc.pids); err != nil {
+		return err
 	}
 	if slices.ContainsFunc(criuArgs, func(a string) bool { return a == "--tcp-established" || a == "--tcp-close" }) {
 		return nil

@@ -122,7 +122,7 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time
 		return fmt.Errorf("gpu %s: no CUDA process in the tree of %d", o.Action, o.PID)
 	}
 	res.PIDs = pids
-	if o.Action == "suspend" && !testFault("gpu-checkpoint") {
+	if o.Action == "suspend" {
 		if err := CheckUndoable(ctx, pids); err != nil {
 			return fmt.Errorf("gpu suspend: %w", err)
 		}
