@@ -91,7 +91,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return err
 	}
 	start := time.Now()
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep.Path})
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings

@@ -66,8 +66,11 @@ type FastOptions struct {
 	ParkTimeout time.Duration
 	// KeepDir receives the copy kept for an undo (required; made 0700
 	// if missing, and it must be ours alone: files are created in it
-	// through its descriptor, never by path).
+	// through its descriptor, never by path). Keep, if not nil, is that
+	// directory held open since it was made (scratch.Dir.File): then the
+	// path is not looked up again.
 	KeepDir string
+	Keep    *os.File
 	// Records holds gpucr-stream's record of each kept copy, for `gpu
 	// resume --pid` (default DefaultRecords()).
 	Records string
@@ -169,7 +172,18 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	if o.Records == "" {
 		o.Records = DefaultRecords()
 	}
-	keepDir, err := fsat.MkdirOwned(o.KeepDir)
+	var keepDir *os.File
+	var err error
+	if o.Keep != nil {
+		keepDir, err = fsat.OpenDir(o.Keep, ".")
+		if err == nil {
+			if err = fsat.CheckOwned(keepDir); err != nil {
+				keepDir.Close()
+			}
+		}
+	} else {
+		keepDir, err = fsat.MkdirOwned(o.KeepDir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fast path: the kept copy's directory: %w", err)
 	}
