@@ -139,6 +139,7 @@ func TestNoLeftovers(t *testing.T) {
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	BuildBinary(t, "./cmd/gpucr-stream") // its build dir is in $TMPDIR
 	t.Setenv("TMPDIR", tmp)
 	leftNothing := func(what string) {
 		t.Helper()
@@ -270,5 +271,48 @@ func TestMakeInstall(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(string(msg), installed) {
 		t.Fatalf("gpucr-stream run does not look for the library where make install puts it (%s):\n%s", installed, msg)
+	}
+}
+
+// TestS3FirstDay: S3 as a new user meets it, with real MinIO on loopback.
+// An endpoint whose host does not resolve fails at once, naming
+// --s3-endpoint, instead of being retried for 11 s; a server-side
+// encryption the server cannot do (this MinIO has no KMS) is refused
+// before CRIU freezes the process, not at the first segment; and a
+// loopback endpoint draws no plain-http warning (nothing crosses a
+// network).
+func TestS3FirstDay(t *testing.T) {
+	e := startS3(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	BuildBinary(t, "./cmd/gpucr-stream") // not timed below; its build dir is in $TMPDIR
+	t.Setenv("TMPDIR", tmp)
+
+	start := time.Now()
+	r := gcsRun(ctx, t, "ls", e.url(""), "--s3-endpoint", "http://no-such-host.invalid:9000")
+	if took := time.Since(start); r.code != 1 || !strings.Contains(r.stderr, "--s3-endpoint") || took > 3*time.Second {
+		t.Errorf("ls at an unknown host: exit %d after %v: %s; want exit 1 at once naming --s3-endpoint", r.code, took, r.stderr)
+	}
+
+	tg, before := startedTarget(ctx, t, dir, 16)
+	r = gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", e.url("sse"), "--s3-sse", "s3")
+	if r.code != 1 || !strings.Contains(r.stderr, "--s3-sse") {
+		t.Errorf("checkpoint with an SSE the server cannot do: exit %d: %s; want exit 1 naming --s3-sse", r.code, r.stderr)
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) > 0 {
+		t.Errorf("CRIU ran (%s is in $TMPDIR) before the SSE was refused: %s", ents[0].Name(), r.stderr)
+	}
+	if keys := e.keys(ctx, t, "sse/"); len(keys) > 0 {
+		t.Errorf("the refused checkpoint left %v", keys)
+	}
+	tg.ProveIntact(ctx, t, &before)
+
+	r = gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", e.url("ok"), "--leave-running").ok(t, "checkpoint")
+	if strings.Contains(r.stderr, "plain http") {
+		t.Errorf("a loopback endpoint drew the plain-http warning:\n%s", r.stderr)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -40,8 +42,19 @@ func (l s3Loc) open(ctx context.Context, c *Config, write bool) (*s3.Store, s3.C
 	}
 	sc.Bucket, sc.Prefix = bucket, strings.Trim(prefix, "/")
 	sc.CreateBucket = sc.CreateBucket && write
+	if host := endpointHost(sc.Endpoint); host != "" && isLoopback(host) {
+		// Nothing crosses a network: no plain-http warning.
+		sc.Warn = func(string) {}
+	}
 	st, err := s3.New(ctx, sc)
 	if err != nil {
+		var dns *net.DNSError
+		if errors.As(err, &dns) && dns.IsNotFound {
+			if endpointHost(sc.Endpoint) == "" {
+				return nil, sc, fmt.Errorf("%s: %w; no S3 endpoint is set, so this is AWS S3 itself: for another server (MinIO, ...) set --s3-endpoint or AWS_ENDPOINT_URL", l.loc, err)
+			}
+			return nil, sc, fmt.Errorf("%s: %w; check the host of --s3-endpoint (or AWS_ENDPOINT_URL)", l.loc, err)
+		}
 		if errors.Is(err, s3.ErrNoSuchBucket) && write {
 			return nil, sc, fmt.Errorf("%w; create it (--create-bucket does, in --s3-region)", err)
 		}
@@ -66,6 +79,15 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		st.Close()
 		return nil, err
+	}
+	if sc.SSE.Mode != s3.SSENone {
+		// The server refuses an encryption it cannot do (no KMS, SSE-C
+		// over http) only when an object is written: find out now, before
+		// a checkpoint freezes its process, not at the first segment.
+		if err := probeWrite(ctx, st); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("%s: --s3-sse: a test object was refused: %w", l.loc, err)
+		}
 	}
 	out, err := streamer.NewArchiveOutputAs(ctx, st, c.SegmentSize, format)
 	if err != nil {
@@ -149,4 +171,55 @@ func (l s3Loc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, boo
 	}
 	defer st.Close()
 	return c.archiveManifest(ctx, st)
+}
+
+// probeWrite writes and deletes a small object, as the store's settings
+// (server-side encryption) write every object.
+func probeWrite(ctx context.Context, st store.Store) error {
+	w, err := st.Create(ctx, ".gpucr-write-probe")
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write([]byte("gpucr-stream write probe\n")); err != nil {
+		w.Abort(ctx)
+		return err
+	}
+	if err := w.Commit(ctx); err != nil {
+		w.Abort(ctx)
+		return err
+	}
+	return st.Delete(ctx, ".gpucr-write-probe")
+}
+
+// endpointHost is the host of the S3 endpoint the store will use (ep, else
+// the environment's, as s3.New reads it); "" for AWS S3 itself.
+func endpointHost(ep string) string {
+	for _, v := range []string{"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"} {
+		if ep == "" {
+			ep = os.Getenv(v)
+		}
+	}
+	if ep == "" {
+		return ""
+	}
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err != nil {
+			return ""
+		}
+		return u.Hostname()
+	}
+	if h, _, err := net.SplitHostPort(ep); err == nil {
+		return h
+	}
+	return ep
+}
+
+// isLoopback says whether host is this machine's loopback.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"syscall"
@@ -76,6 +77,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 // failures, server errors and throttling are; refusals are not.
 func retryable(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrExists) {
+		return false
+	}
+	// An unknown host stays unknown: nothing to wait for.
+	var dns *net.DNSError
+	if errors.As(err, &dns) && dns.IsNotFound {
 		return false
 	}
 	var er minio.ErrorResponse

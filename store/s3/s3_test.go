@@ -526,6 +526,10 @@ func TestS3Retry(t *testing.T) {
 		{"connection reset", &url.Error{Op: "Put", URL: "http://x", Err: syscall.ECONNRESET}, 4},
 		{"server error", minio.ErrorResponse{Code: "InternalError", StatusCode: 500}, 4},
 		{"access denied", minio.ErrorResponse{Code: "AccessDenied", StatusCode: 403}, 1},
+		// no endpoint set and no network to AWS, or a mistyped host
+		{"no such host", &url.Error{Op: "Get", URL: "https://x", Err: &net.OpError{Op: "dial", Net: "tcp",
+			Err: &net.DNSError{Err: "no such host", Name: "b.s3.amazonaws.com", IsNotFound: true}}}, 1},
+		{"DNS server failure", &url.Error{Op: "Get", URL: "https://x", Err: &net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}}, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &Store{maxRetries: 3}
