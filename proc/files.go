@@ -51,7 +51,9 @@ func ThreadNames(pid int) []string {
 
 // UnixSocketNames lists the addresses of the unix sockets pid holds open,
 // as /proc/PID/net/unix writes them ("@name" for an abstract one); unnamed
-// sockets are left out.
+// sockets are left out. The kernel writes an abstract name's NUL bytes as
+// '@', and NCCL pads its names with NULs to the whole sun_path: that padding
+// is cut, so messages show the name a person would recognise.
 func UnixSocketNames(pid int) []string {
 	inodes := map[uint64]bool{}
 	for _, ino := range socketInodes(pid) {
@@ -75,7 +77,11 @@ func UnixSocketNames(pid int) []string {
 			continue
 		}
 		if ino, err := strconv.ParseUint(fs[6], 10, 64); err == nil && inodes[ino] {
-			out = append(out, fs[7])
+			name := fs[7]
+			if len(name) > 1 && name[0] == '@' {
+				name = "@" + strings.TrimRight(name[1:], "@")
+			}
+			out = append(out, name)
 		}
 	}
 	return out

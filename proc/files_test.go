@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -40,6 +41,20 @@ func TestMappedFilesAndSockets(t *testing.T) {
 	defer ln.Close()
 	if got := UnixSocketNames(self); !slices.Contains(got, name) {
 		t.Errorf("UnixSocketNames lacks %q: %q", name, got)
+	}
+	// NCCL pads its abstract names with NULs to the whole sun_path; the
+	// kernel lists them as '@'.
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	padded := name + "-padded"
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: padded + strings.Repeat("\x00", 107-len(padded))}); err != nil {
+		t.Fatal(err)
+	}
+	if got := UnixSocketNames(self); !slices.Contains(got, padded) {
+		t.Errorf("UnixSocketNames lacks %q without its padding: %q", padded, got)
 	}
 	if got := ThreadNames(self); len(got) == 0 || got[0] == "" {
 		t.Errorf("ThreadNames: %q", got)
