@@ -316,3 +316,38 @@ func TestS3FirstDay(t *testing.T) {
 		t.Errorf("a loopback endpoint drew the plain-http warning:\n%s", r.stderr)
 	}
 }
+
+// TestDemo: `make demo`'s script says what each number is (no bare
+// real/user/sys blocks, no bare statistics JSON), says what becomes of the
+// restored process, and takes its files (the archive: 202 MB at the
+// default size) away with it.
+func TestDemo(t *testing.T) {
+	criu := CRIU(t)
+	ctx := testCtx(t)
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(ModuleRoot(t), "scripts", "demo.sh"))
+	cmd.Env = append(os.Environ(), "DEMO_MB=32", "CRIU="+criu, "GCS="+BuildBinary(t, "./cmd/gpucr-stream"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	s := string(out)
+	for _, want := range []string{"criu dump --stream took ", "criu restore --stream took ", "gpucr-stream capture: ",
+		" files, ", "memory checksum OK", "are killed now that the demo ends", "are removed too"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the demo does not say %q:\n%s", want, s)
+		}
+	}
+	for _, bad := range []string{"\nreal\t", `{"shards"`, "MISMATCH"} {
+		if strings.Contains(s, bad) {
+			t.Errorf("the demo prints %q:\n%s", bad, s)
+		}
+	}
+	m := regexp.MustCompile(`--to (/tmp/gcs-demo-\w+)/archive`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("the demo does not name its archive:\n%s", s)
+	}
+	if _, err := os.Stat(m[1]); err == nil {
+		os.RemoveAll(m[1])
+		t.Errorf("the demo left %s", m[1])
+	}
+}
