@@ -368,3 +368,97 @@ func TestMigrateCUDA(t *testing.T) {
 		tg.ProveIntact(ctx, t, &before)
 	})
 }
+
+// TestReceiveSummaryOnStderr: receive without --restore, serving a client
+// that restores as CRIU does, writes its summary on stderr, as it does with
+// --restore; stdout (the PID's, with --restore) stays empty.
+func TestReceiveSummaryOnStderr(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	tok := writeToken(t, dir)
+	short := func() string {
+		d, err := os.MkdirTemp("", "gcs-r-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		return d
+	}
+	imgs, a := short(), short()
+	var stdout, stderr syncBuffer
+	received := make(chan error, 1)
+	go func() {
+		received <- run(ctx, []string{"receive", "--listen", "127.0.0.1:0", "--token-file", tok, "--images-dir", imgs, "--net-timeout", "3s"},
+			strings.NewReader(""), &stdout, &stderr)
+	}()
+	var addr string
+	for addr == "" {
+		if _, rest, ok := strings.Cut(stderr.String(), "receive: listening on "); ok {
+			addr, _, _ = strings.Cut(rest, "\n")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	captured := make(chan error, 1)
+	go func() {
+		captured <- run(ctx, []string{"capture", "--images-dir", a, "--to", "tcp://" + addr, "--token-file", tok}, strings.NewReader(""), io.Discard, io.Discard)
+	}()
+	dial := func(p string) net.Conn {
+		for {
+			c, err := net.Dial("unix", p)
+			if err == nil {
+				return c
+			}
+			if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	dial(filepath.Join(a, capture.CaptureSocket)).Close() // listening
+	c, err := capture.Dial(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"core-1.img", "inventory.img"} {
+		if err := c.Push(ctx, n, strings.NewReader("image "+n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	if err := <-captured; err != nil {
+		t.Fatalf("capture: %v", err)
+	}
+	// CRIU's restore: inventory.img, then the socket closes.
+	criu := dial(filepath.Join(imgs, capture.ServeSocket)).(*net.UnixConn)
+	req, _ := capture.EncodeRequest("inventory.img")
+	if _, err := criu.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := capture.ReadReply(criu); !ok || err != nil {
+		t.Fatalf("inventory.img: %v %v", ok, err)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = capture.SendPipe(criu, pw)
+	pw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(pr); err != nil || string(b) != "image inventory.img" {
+		t.Fatalf("inventory.img: %q %v", b, err)
+	}
+	pr.Close()
+	criu.Close()
+	if err := <-received; err != nil {
+		t.Fatalf("receive: %v\n%s", err, stderr.String())
+	}
+	if stdout.String() != "" {
+		t.Errorf("receive without --restore wrote on stdout: %q", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "received 2 files") {
+		t.Errorf("no summary on stderr:\n%s", stderr.String())
+	}
+}
