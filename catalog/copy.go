@@ -127,7 +127,8 @@ func lostTo(ctx context.Context, dst store.Store, m *manifest.Manifest, res *Cop
 	return fmt.Errorf("%s: %w meanwhile (id %s, not %s); this copy's segments were removed: %w", dst, ErrOtherCheckpoint, theirs.ID, m.ID, errdefs.ErrExists)
 }
 
-// copyObject copies one segment, checking its size before it commits.
+// copyObject copies one segment, checking its size before it commits, and
+// commits it only where no object of its name is.
 func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment, progress *pipeline.Counters) (int64, error) {
 	r, err := src.Open(ctx, seg.Name, 0, -1)
 	if err != nil {
@@ -146,7 +147,13 @@ func copyObject(ctx context.Context, src, dst store.Store, seg manifest.Segment,
 		w.Abort(ctx)
 		return n, fmt.Errorf("copy %s: %w", seg.Name, err)
 	}
-	if err := w.Commit(ctx); err != nil {
+	// Never over another object: a segment of that name that appeared
+	// since the Stat in Copy is another writer's (a copy of an archive
+	// with the old segment names, the same in every capture).
+	if err := w.CommitNew(ctx); err != nil {
+		if errors.Is(err, errdefs.ErrExists) {
+			return n, fmt.Errorf("copy %s: %s holds another object of that name (another capture's or copy's; `gpucr-stream gc` removes leftovers): %w", seg.Name, dst, err)
+		}
 		return n, fmt.Errorf("copy %s: %w", seg.Name, err)
 	}
 	return n, nil

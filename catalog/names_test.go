@@ -292,3 +292,28 @@ func TestCopyIntoSymlinkedSegments(t *testing.T) {
 		t.Fatalf("manifest written: %v", err)
 	}
 }
+
+// A segment of the same name but other bytes in the destination (another
+// capture's, of an archive with the old names that every capture shared)
+// is never replaced: the copy fails and leaves it.
+func TestCopyNeverReplacesASegment(t *testing.T) {
+	ctx := context.Background()
+	src := mem.New("src")
+	archiveIn(t, src, 10)
+	m, err := source.ReadManifest(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := mem.New("dst")
+	theirs := []byte("another capture's segment")
+	dst.Put(m.Segments[1].Name, theirs)
+	if _, err := Copy(ctx, src, dst, pipeline.Options{}, nil); !errors.Is(err, errdefs.ErrExists) {
+		t.Fatalf("copy over another segment: %v, want ErrExists", err)
+	}
+	if got := dst.Object(m.Segments[1].Name); !bytes.Equal(got, theirs) {
+		t.Fatalf("the other segment was replaced")
+	}
+	if _, err := dst.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("manifest written: %v", err)
+	}
+}
