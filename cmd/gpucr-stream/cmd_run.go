@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strings"
 
+	"github.com/gpucr/gpucr-stream/redact"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -10,10 +14,17 @@ var runCommand = command{"run", "run a CUDA program with the fast-path library (
 	nil, runRun}
 
 // runRun execs the program with libgpucr-preload; everything after `--`
-// is the program's.
-func runRun(_ context.Context, _ *config, args []string) error {
+// is the program's. gpucr-stream's and S3's secrets stay out of its
+// environment: whatever the process holds lands in its checkpoints.
+func runRun(_ context.Context, c *config, args []string) error {
 	if len(args) == 0 {
 		return usagef("run needs a program: gpucr-stream run -- CMD [ARGS...]")
+	}
+	if _, dropped := redact.Environ(os.Environ()); len(dropped) > 0 {
+		for _, name := range dropped {
+			os.Unsetenv(name)
+		}
+		c.logLine(fmt.Sprintf("run: not passing %s to the program (they would land in its checkpoints)", strings.Join(dropped, ", ")))
 	}
 	return vram.ExecPreloaded(args)
 }
