@@ -11,7 +11,6 @@ package tcp
 import (
 	"bufio"
 	"bytes"
-	"compress/flate"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -99,16 +98,76 @@ func ReadTokenFile(path string) ([]byte, error) {
 // MinTokenBits is the least estimated entropy a shared secret must have.
 // A peer that is not ours can get material for an offline guess (whoever
 // proves first gives one to whoever it talks to), so the token must be
-// too strong to guess offline; `gpucr-stream token` makes 256 bits.
-const MinTokenBits = 128
+// too strong to guess offline; `gpucr-stream token` makes 256 bits. The
+// estimate charges a random secret a few bits for the patterns it holds by
+// chance (a run such as "4567"), so a random 128-bit secret passes 112.
+const MinTokenBits = 112
 
-// TokenBits estimates a secret's entropy in bits: its length times the
-// bits of the alphabet its characters come from, but no more than its size
-// once compressed (a repeated pattern is weak whatever its alphabet).
+// TokenBits estimates a secret's entropy in bits, the way a guesser that
+// tries patterns before brute force would count them: the cheapest reading
+// of the secret as a chain of pieces, each a character of its alphabet
+// (log2 of the alphabet), a run with a fixed step in ASCII or along a
+// keyboard row ("1234", "fedc", "aaaa", "!@#$", "qwer"), a repeat of
+// earlier text, or, in a secret with spaces, a pronounceable word (a bit a
+// letter, about what English text holds, a bit for the word and one for the
+// separator after it: a sentence needs some 130 characters, random words
+// alike). Only the first 256 bytes are read: what they hold is a lower
+// bound for the whole.
 func TokenBits(tok []byte) int {
-	if len(tok) == 0 {
+	if len(tok) > 256 {
+		tok = tok[:256]
+	}
+	n := len(tok)
+	if n == 0 {
 		return 0
 	}
+	lit := alphabetBits(tok)
+	// Words are read only in text: random secrets hold no spaces, and
+	// letters in them form "words" by chance.
+	text := bytes.IndexByte(tok, ' ') >= 0
+	// cost[i]: the cheapest reading of tok[:i].
+	cost := make([]float64, n+1)
+	for i := 1; i <= n; i++ {
+		cost[i] = cost[i-1] + lit
+		for j := i - 2; j >= 0; j-- {
+			piece := tok[j:i]
+			c := math.Inf(1)
+			if len(piece) < minPattern {
+				// Short: only a word and the space after it ("on ").
+				if text && piece[len(piece)-1] == ' ' {
+					if w, _ := wordLike(piece); w {
+						c = float64(len(piece)-1) + 2
+					}
+				}
+				cost[i] = min(cost[i], cost[j]+c)
+				continue
+			}
+			if isRun(piece) {
+				// first character, length, step and direction
+				c = lit + math.Log2(float64(len(piece))) + 3
+			}
+			if j > 0 && bytes.Contains(tok[:j], piece) {
+				// where it was and how long
+				c = min(c, math.Log2(float64(j))+math.Log2(float64(len(piece)))+1)
+			}
+			if text {
+				if w, sep := wordLike(piece); w {
+					c = min(c, float64(len(piece)-sep)+float64(sep)+1)
+				}
+			}
+			cost[i] = min(cost[i], cost[j]+c)
+		}
+	}
+	return int(cost[n])
+}
+
+// minPattern is the shortest piece TokenBits reads as a pattern: shorter
+// ones occur by chance in any random secret.
+const minPattern = 4
+
+// alphabetBits is log2 of the alphabet tok's characters come from: the
+// classes it uses (lower, upper, digits, the rest), or hex digits.
+func alphabetBits(tok []byte) float64 {
 	var lower, upper, digit, other, hexOnly = false, false, false, false, true
 	for _, c := range tok {
 		switch {
@@ -125,6 +184,9 @@ func TokenBits(tok []byte) int {
 			hexOnly = false
 		}
 	}
+	if hexOnly {
+		return 4
+	}
 	alphabet := 0
 	for _, c := range []struct {
 		on bool
@@ -134,15 +196,68 @@ func TokenBits(tok []byte) int {
 			alphabet += c.n
 		}
 	}
-	if hexOnly {
-		alphabet = 16
+	return math.Log2(float64(alphabet))
+}
+
+// keyboardRows are the rows of a US keyboard, unshifted and shifted, for
+// runs such as "qwer" and "!@#$".
+var keyboardRows = []string{"`1234567890-=", "~!@#$%^&*()_+", "qwertyuiop[]\\", "QWERTYUIOP{}|", "asdfghjkl;'", "ASDFGHJKL:\"", "zxcvbnm,./", "ZXCVBNM<>?"}
+
+// isRun says whether p steps by one fixed amount (-2..2) in ASCII or by
+// one key along a keyboard row.
+func isRun(p []byte) bool {
+	d := int(p[1]) - int(p[0])
+	if d >= -2 && d <= 2 {
+		run := true
+		for k := 2; k < len(p) && run; k++ {
+			run = int(p[k])-int(p[k-1]) == d
+		}
+		if run {
+			return true
+		}
 	}
-	bits := float64(len(tok)) * math.Log2(float64(alphabet))
-	var z bytes.Buffer
-	zw, _ := flate.NewWriter(&z, flate.BestCompression)
-	zw.Write(tok)
-	zw.Close()
-	return int(min(bits, float64(8*z.Len())))
+	for _, row := range keyboardRows {
+		if strings.Contains(row, string(p)) || strings.Contains(reverse(row), string(p)) {
+			return true
+		}
+	}
+	return false
+}
+
+func reverse(s string) string {
+	b := []byte(s)
+	for i, j := 0, len(b)-1; i < j; i, j = i+1, j-1 {
+		b[i], b[j] = b[j], b[i]
+	}
+	return string(b)
+}
+
+// wordLike says whether p reads as a word of a natural language: letters
+// (an apostrophe inside), a vowel for every four, never five consonants
+// in a row; sep is 1 where one separator (space, -, _, ., ,) ends it.
+func wordLike(p []byte) (ok bool, sep int) {
+	if strings.IndexByte(" -_.,", p[len(p)-1]) >= 0 {
+		p, sep = p[:len(p)-1], 1
+	}
+	if len(p) < 2 {
+		return false, 0
+	}
+	vowels, run := 0, 0
+	for k, c := range p {
+		l := c | 0x20
+		switch {
+		case strings.IndexByte("aeiouy", l) >= 0:
+			vowels, run = vowels+1, 0
+		case l >= 'a' && l <= 'z':
+			if run++; run > 4 {
+				return false, 0
+			}
+		case c == '\'' && k > 0 && k < len(p)-1:
+		default:
+			return false, 0
+		}
+	}
+	return 4*vowels >= len(p), sep
 }
 
 // LoadAuth reads the token file and certificates; empty names are

@@ -2,11 +2,11 @@ package tcp
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -184,6 +184,9 @@ func TestSecretFilesRefused(t *testing.T) {
 		{"a word twice", "passwordpassword", 0o600, "bits of entropy"},
 		{"16 hex digits", "0123456789abcdef", 0o600, "bits of entropy"},
 		{"pattern", strings.Repeat("ab", 40), 0o600, "bits of entropy"},
+		{"two hex runs", "0123456789abcdef0123456789abcdef", 0o600, "bits of entropy"},
+		{"word, digits, keyboard", "passwordpassword1234567890!@#$%^", 0o600, "bits of entropy"},
+		{"a sentence", "the quick brown fox jumps over the lazy dog", 0o600, "bits of entropy"},
 	} {
 		p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
 		writeFile(t, p, tc.content+"\n")
@@ -249,15 +252,41 @@ func TestListenAllInterfacesWarns(t *testing.T) {
 }
 
 // Random secrets of 128 bits or more pass the estimate, whatever their
-// encoding.
-func TestTokenBitsRandom(t *testing.T) {
-	for range 500 {
+// encoding, and so does every token `gpucr-stream token` makes, with room
+// to spare; patterns (sequences, repeats, keyboard runs, words in a
+// sentence) do not, however many characters they take.
+func TestTokenBits(t *testing.T) {
+	rng := mrand.New(mrand.NewPCG(25, 4)) // fixed: the same secrets every run
+	for range 2000 {
 		b := make([]byte, 16)
-		rand.Read(b)
-		for _, s := range []string{hex.EncodeToString(b), base64.RawStdEncoding.EncodeToString(append(b, b[:6]...))} {
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		for _, s := range []string{hex.EncodeToString(b), base64.RawStdEncoding.EncodeToString(b), base64.RawURLEncoding.EncodeToString(append(b, b[:6]...))} {
 			if bits := TokenBits([]byte(s)); bits < MinTokenBits {
 				t.Fatalf("random secret %s estimated at %d bits", s, bits)
 			}
+		}
+	}
+	for range 200 {
+		if tok := NewToken(); TokenBits([]byte(tok)) < 2*MinTokenBits {
+			t.Fatalf("generated token %s estimated at %d bits, want %d or more", tok, TokenBits([]byte(tok)), 2*MinTokenBits)
+		}
+	}
+	for _, weak := range []string{
+		"0123456789abcdef0123456789abcdef",
+		"passwordpassword1234567890!@#$%^",
+		"the quick brown fox jumps over the lazy dog",
+		"Correct horse battery staple, and then some more words to pass the check!",
+		"the fat cat sat on the mat and then it went to sleep on the bed all day long",
+		"qwertyuiopasdfghjklzxcvbnm1234567890QWERTYUIOP",
+		strings.Repeat("Tr0ub4dor&3", 6),
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+		"zyxwvutsrqponmlkjihgfedcba9876543210ZYXWVUTSRQPONMLKJIHGFEDCBA",
+		strings.Repeat("x", 300) + NewToken(), // only the first 256 bytes are read
+	} {
+		if bits := TokenBits([]byte(weak)); bits >= MinTokenBits {
+			t.Errorf("%q estimated at %d bits, want under %d", weak, bits, MinTokenBits)
 		}
 	}
 }
