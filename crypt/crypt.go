@@ -140,7 +140,7 @@ func LoadKeyFile(path string) (*Key, error) {
 func ReadKeyFile(path string) ([]byte, error) {
 	b, err := ReadSecretFile(path, 1024)
 	if err != nil {
-		return nil, fmt.Errorf("key file: %w", err)
+		return nil, fmt.Errorf("key file %w", err)
 	}
 	k, err := parseKeyBytes(string(b))
 	clear(b)
@@ -164,25 +164,45 @@ func ReadSecretFile(path string, limit int64) ([]byte, error) {
 	// it is refused below as not a regular file.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", SecretPath(path), pathless(err))
 	}
 	defer f.Close()
+	// It opened: a file's name, not a secret pasted in its place.
+	where := path
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", where, pathless(err))
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: %w: not a regular file", path, ErrSecretFile)
+		return nil, fmt.Errorf("%s: %w: not a regular file", where, ErrSecretFile)
 	}
 	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("%s: %w: it holds a secret but other users may read or write it (mode %04o): chmod 600 %s", path, ErrSecretFile, perm, path)
+		return nil, fmt.Errorf("%s: %w: it holds a secret but other users may read or write it (mode %04o): chmod 600 %s", where, ErrSecretFile, perm, where)
 	}
 	// A regular file: reads do not block, whatever O_NONBLOCK says.
 	b, err := io.ReadAll(io.LimitReader(f, limit))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", where, pathless(err))
 	}
 	return b, nil
+}
+
+// SecretPath names the path of a secret file that cannot be opened in
+// messages without showing it: the path may be the secret itself, pasted
+// by mistake (--key-file=$(cat key)). Its length tells a user which
+// argument it was. A path that opens is shown: it names a file.
+func SecretPath(path string) string {
+	return fmt.Sprintf("(path of %d bytes, not shown)", len(path))
+}
+
+// pathless is err without the path an *os.PathError carries (errors.Is
+// still sees its cause).
+func pathless(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	return err
 }
 
 // LoadKey returns the key from path when it is set, else from GPUCR_KEY,

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -310,5 +311,44 @@ func TestZeroHashBounded(t *testing.T) {
 	}
 	if len(s.zeros) > maxZeroHashes {
 		t.Fatalf("%d zero lengths cached, want at most %d", len(s.zeros), maxZeroHashes)
+	}
+}
+
+// A secret file's path that does not open never reaches a message: it may
+// be the secret itself (--key-file=$(cat key) printed the key in "no such
+// file"). The message says the path's length instead.
+func TestSecretFileErrorsHideThePath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	key := GenerateKey()
+	for _, tc := range []struct {
+		what  string
+		setup func(path string)
+	}{
+		{"missing", func(string) {}},
+		{"in a missing directory", func(string) {}},
+		{"too long", func(string) {}},
+	} {
+		path := key + "-" + strings.ReplaceAll(tc.what, " ", "-")
+		switch tc.what {
+		case "in a missing directory":
+			path = key + "/" + key
+		case "too long":
+			path = strings.Repeat(key, 5)
+		}
+		tc.setup(path)
+		_, err := ReadKeyFile(path)
+		if err == nil {
+			t.Fatalf("%s: read", tc.what)
+		}
+		if strings.Contains(err.Error(), key[:16]) {
+			t.Errorf("%s: the message shows the path: %q", tc.what, err)
+		}
+		if !strings.Contains(err.Error(), fmt.Sprintf("path of %d bytes", len(path))) {
+			t.Errorf("%s: the message does not say which path: %q", tc.what, err)
+		}
+	}
+	if _, err := ReadSecretFile(key, 1); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing: %v, want one that is os.ErrNotExist", err)
 	}
 }

@@ -102,3 +102,19 @@ func writeEncrypted(t *testing.T, path string, key *crypt.Key) {
 		t.Fatal(err)
 	}
 }
+
+// --key-file=$(cat key) (the key where its path belongs) does not print
+// the key: the message gives the path's length (issue 25).
+func TestKeyFileArgumentNotEchoed(t *testing.T) {
+	key := crypt.GenerateKey()
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"verify", "--key-file=" + key, dir},
+		{"checkpoint", "--pid", "1", "--key-file", key, "--to", dir},
+	} {
+		out, errOut, code := runCmd(t, args...)
+		if code == 0 || strings.Contains(out+errOut, key[:16]) || !strings.Contains(errOut, "path of 64 bytes") {
+			t.Errorf("%s: exit %d, %q %q; want a failure that names the path by its length only", args[0], code, out, errOut)
+		}
+	}
+}

@@ -23,7 +23,7 @@ import (
 func TestMigrateUsage(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "tok")
-	if err := os.WriteFile(tok, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+	if err := os.WriteFile(tok, []byte("f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -83,7 +83,7 @@ func TestCaptureExtractTCP(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "tok")
 	bad := filepath.Join(dir, "bad")
-	os.WriteFile(tok, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	os.WriteFile(tok, []byte("f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd\n"), 0o600)
 	os.WriteFile(bad, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
 	a, err := os.MkdirTemp("", "gcs-a-")
 	if err != nil {
@@ -192,7 +192,7 @@ func startReceiver(ctx context.Context, t *testing.T, stdout io.Writer, args ...
 func writeToken(t *testing.T, dir string) string {
 	t.Helper()
 	tok := filepath.Join(dir, "tok")
-	if err := os.WriteFile(tok, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+	if err := os.WriteFile(tok, []byte("f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return tok

@@ -83,7 +83,7 @@ func NewToken() string {
 func ReadTokenFile(path string) ([]byte, error) {
 	b, err := crypt.ReadSecretFile(path, 1<<20)
 	if err != nil {
-		return nil, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file %w", err)
 	}
 	tok := []byte(strings.TrimSpace(string(b)))
 	if len(tok) < 16 {
@@ -281,7 +281,7 @@ func LoadAuth(tokenFile, certFile, keyFile, caFile string) (Auth, error) {
 		}
 		keyPEM, err := crypt.ReadSecretFile(keyFile, 1<<20)
 		if err != nil {
-			return a, fmt.Errorf("--tls-key: %w", err)
+			return a, fmt.Errorf("--tls-key file %w", err)
 		}
 		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {

@@ -214,6 +214,17 @@ func TestSecretFilesRefused(t *testing.T) {
 	if _, err := LoadAuth("", cert, key, cert); err != nil {
 		t.Fatalf("key file 0600: %v", err)
 	}
+	// A path that is the secret itself (--token-file=$(cat tok)) is not
+	// shown when it cannot be opened.
+	tok := NewToken()
+	for what, err := range map[string]error{
+		"--token-file": func() error { _, err := LoadAuth(tok, "", "", ""); return err }(),
+		"--tls-key":    func() error { _, err := LoadAuth("", cert, tok, cert); return err }(),
+	} {
+		if err == nil || strings.Contains(err.Error(), tok[:16]) || !strings.Contains(err.Error(), "64 bytes") {
+			t.Errorf("%s naming no file: %v, want an error that gives the length of the path only", what, err)
+		}
+	}
 }
 
 // writeCertPair writes a self-signed certificate and its key (0600).

@@ -64,7 +64,7 @@ func (l *logBuf) waitLog(t *testing.T, want string) {
 func tokenAuth(s string) Auth { return Auth{Token: []byte(s)} }
 
 const (
-	goodToken  = "0123456789abcdef0123456789abcdef"
+	goodToken  = "f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd"
 	otherToken = "fedcba9876543210fedcba9876543210"
 )
 
