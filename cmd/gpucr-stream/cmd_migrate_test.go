@@ -84,7 +84,7 @@ func TestCaptureExtractTCP(t *testing.T) {
 	tok := filepath.Join(dir, "tok")
 	bad := filepath.Join(dir, "bad")
 	os.WriteFile(tok, []byte("f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd\n"), 0o600)
-	os.WriteFile(bad, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	os.WriteFile(bad, []byte("c42507a72743f066ab012986423285cf201791d5a42f4825b0927c4b4e2e9ecb\n"), 0o600)
 	a, err := os.MkdirTemp("", "gcs-a-")
 	if err != nil {
 		t.Fatal(err)

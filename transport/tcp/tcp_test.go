@@ -65,7 +65,7 @@ func tokenAuth(s string) Auth { return Auth{Token: []byte(s)} }
 
 const (
 	goodToken  = "f8d3e42278ffa37b89b6a07c63c048c94b109045490d663533f2f45cece573dd"
-	otherToken = "fedcba9876543210fedcba9876543210"
+	otherToken = "c42507a72743f066ab012986423285cf201791d5a42f4825b0927c4b4e2e9ecb"
 )
 
 func testCtx(t *testing.T) context.Context {
