@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	mrand "math/rand/v2"
 	"net"
 	"os"
@@ -84,6 +85,45 @@ func TestTCPPreAuthFlood(t *testing.T) {
 	}
 }
 
+// Many sources cannot starve the real sender either (issue 25 M-b): 40
+// loopback addresses holding 60 idle connections each, reconnecting every
+// one dropped (which made a real 4-stream sender fail in 7 of 8 rounds),
+// leave every round's sender to authenticate and transfer (8 rounds; 2
+// with -short).
+func TestTCPPreAuthFloodManySources(t *testing.T) {
+	sources, per, rounds := 40, 60, 8
+	if testing.Short() {
+		rounds = 2
+	}
+	for round := range rounds {
+		r := startReceiver(t, tokenAuth(goodToken))
+		var stops []func() int
+		for i := range sources {
+			stops = append(stops, flood(t, r.addr(), fmt.Sprintf("127.0.0.%d", 2+i), per))
+		}
+		time.Sleep(500 * time.Millisecond) // the flood is in place
+		ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Second)
+		files := testFiles()
+		out, err := Dial(ctx, r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 4, AutoCommit: true, Timeout: 5 * time.Second})
+		if err == nil {
+			err = send(t, out, files)
+			out.Close()
+		}
+		cancel()
+		made := 0
+		for _, stop := range stops {
+			made += stop()
+		}
+		if err != nil {
+			t.Fatalf("round %d of %d: real sender during a flood of %d connections from %d sources: %v", round+1, rounds, made, sources, err)
+		}
+		if made < sources*per {
+			t.Fatalf("round %d: the flood made only %d connections", round+1, made)
+		}
+		checkFiles(t, r.src, files)
+	}
+}
+
 func TestPreAuthEviction(t *testing.T) {
 	conn := func(ip string, port int) net.Conn {
 		return fakeConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
@@ -106,6 +146,46 @@ func TestPreAuthEviction(t *testing.T) {
 	p.remove(b1)
 	if len(p.conns) != 3 || p.bySource["10.0.0.2"] != 0 {
 		t.Fatalf("after remove: %d conns, %v", len(p.conns), p.bySource)
+	}
+}
+
+// Over the limit, what goes is the oldest connection that has sent
+// nothing, then the oldest that sent bytes but did not finish TLS, then the
+// oldest that did; never the newcomer.
+func TestPreAuthEvictsIdleFirst(t *testing.T) {
+	conn := func(i int) net.Conn {
+		return fakeConn{addr: &net.TCPAddr{IP: net.IPv4(10, 0, 1, byte(i)), Port: 1}}
+	}
+	talking := map[net.Conn]bool{}
+	p := newPreAuth(3, 2)
+	p.received = func(c net.Conn) bool { return talking[c] }
+	sender, idle, tls1 := conn(1), conn(2), conn(3)
+	for _, c := range []net.Conn{sender, idle, tls1} {
+		if p.add(c) != nil {
+			t.Fatal("evicted under the limits")
+		}
+	}
+	talking[sender], talking[tls1] = true, true
+	p.tlsDone(tls1)
+	c4, c5, c6, c7 := conn(4), conn(5), conn(6), conn(7)
+	for _, st := range []struct {
+		what    string
+		add     net.Conn
+		talking []net.Conn // start talking after add
+		want    net.Conn
+	}{
+		{"the oldest that sent nothing", c4, []net.Conn{c4}, idle},
+		{"none idle: the oldest that sent bytes, not the newcomer", c5, nil, sender},
+		{"the idle one, before any that talks", c6, nil, c5},
+		{"the newcomer is never dropped", c7, []net.Conn{c7}, c6},
+		{"TLS done goes last", conn(8), nil, c4},
+	} {
+		if ev := p.add(st.add); ev != st.want {
+			t.Fatalf("%s: evicted %v, want %v", st.what, ev, st.want)
+		}
+		for _, c := range st.talking {
+			talking[c] = true
+		}
 	}
 }
 

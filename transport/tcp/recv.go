@@ -121,8 +121,8 @@ func refuse(tc *tls.Conn, raw net.Conn, msg string) {
 
 // handshake authenticates one connection. A refused peer is logged, then
 // told why (where it got through TLS) and hung up on.
-func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, error) {
-	c, tell, err := l.authenticate(ctx, raw)
+func (l *Listener) handshake(ctx context.Context, raw net.Conn, pre *preAuth) (*recvConn, error) {
+	c, tell, err := l.authenticate(ctx, raw, pre)
 	if err == nil {
 		return c, nil
 	}
@@ -138,7 +138,7 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn) (*recvConn, erro
 
 // authenticate runs TLS and checks the hello; on failure c is set once TLS
 // is up, with what to tell the peer.
-func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn, tell string, err error) {
+func (l *Listener) authenticate(ctx context.Context, raw net.Conn, pre *preAuth) (c *recvConn, tell string, err error) {
 	tuneConn(raw, l.o.Timeout)
 	// A real sender sends its hello right after the TLS handshake, a few
 	// round trips: a peer that takes longer is not one.
@@ -151,6 +151,7 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn) (c *recvConn,
 	if err != nil {
 		return c, err.Error(), err
 	}
+	pre.tlsDone(raw)
 	c.hb = make([]byte, wire.HelloSize)
 	if _, err := io.ReadFull(c.br, c.hb); err != nil {
 		return c, "no hello", fmt.Errorf("no hello after the TLS handshake: %v", err)
@@ -253,7 +254,8 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 // up on by handshake. The accept path never waits for a handshake: a peer
 // that connects and stays silent holds one slot of its source for at most
 // the pre-auth deadline, and is the first to go when its source (or
-// everyone) is over the limit. Its handshakes, counted in wg, end with ctx.
+// everyone) is over the limit (preauth.go). Its handshakes, counted in wg,
+// end with ctx.
 func (l *Listener) acceptLoop(ctx context.Context, wg *sync.WaitGroup, authenticated chan<- *recvConn, acceptErr chan<- error) {
 	pre := newPreAuth(maxPreAuth, maxPreAuthPerSource)
 	for {
@@ -269,7 +271,7 @@ func (l *Listener) acceptLoop(ctx context.Context, wg *sync.WaitGroup, authentic
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := l.handshake(ctx, raw)
+			c, err := l.handshake(ctx, raw, pre)
 			pre.remove(raw)
 			if err != nil {
 				return
