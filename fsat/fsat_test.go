@@ -94,6 +94,9 @@ func TestOpenOwned(t *testing.T) {
 		}
 		if uid != os.Geteuid() {
 			if err := os.Chown(p, uid, uid); err != nil {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("CI runs the tests as root: %v", err)
+				}
 				t.Skipf("chown needs root: %v", err)
 			}
 		}

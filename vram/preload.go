@@ -147,7 +147,8 @@ type PreloadReport struct {
 	DeviceUsed int64 `json:"device_used"`
 	// Driver: the driver's lock was announced (no CUDA call of the library
 	// is safe until its restore and unlock); Detached: the owner let go
-	// before CRIU. Kept are the paths of the kept copy it knows.
+	// before CRIU. Kept are the paths of the kept copy it knows: for
+	// people only (gpucr-stream opens what it recorded itself, kept.go).
 	Driver   bool     `json:"driver"`
 	Detached bool     `json:"detached"`
 	Kept     []string `json:"kept"`
