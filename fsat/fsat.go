@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +23,10 @@ import (
 // ErrUnsafe says a directory or file is not what gpucr-stream may use: a
 // symlink, another owner, writable by others, not a regular file.
 var ErrUnsafe = errors.New("not safe to use")
+
+// openat2 is unix.Openat2; a variable so that tests can take the way of
+// kernels before 5.6.
+var openat2 = unix.Openat2
 
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
@@ -88,7 +93,16 @@ func OpenDir(dir *os.File, name string) (*os.File, error) {
 func openat(dir *os.File, name string, flags int, perm uint32, kind uint32) (*os.File, error) {
 	path := filepath.Join(dir.Name(), name)
 	how := unix.OpenHow{Flags: uint64(flags | unix.O_NOFOLLOW | unix.O_CLOEXEC), Mode: uint64(perm), Resolve: beneath}
-	fd, err := unix.Openat2(int(dir.Fd()), name, &how)
+	fd, err := openat2(int(dir.Fd()), name, &how)
+	if errors.Is(err, unix.ENOSYS) {
+		// Before Linux 5.6: one component, not "..", with O_NOFOLLOW, is
+		// beneath dir and no symlink too.
+		if name == ".." || name == "" || strings.Contains(name, "/") {
+			err = unix.EXDEV
+		} else {
+			fd, err = unix.Openat(int(dir.Fd()), name, int(how.Flags), perm)
+		}
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}

@@ -10,8 +10,19 @@ import (
 )
 
 // TestOpenBeneath: nothing reached through a directory's descriptor leads
-// outside it or through a symlink, and Create makes only new files.
+// outside it or through a symlink, and Create makes only new files; also
+// where the kernel has no openat2.
 func TestOpenBeneath(t *testing.T) {
+	t.Run("openat2", testOpenBeneath)
+	t.Run("no openat2", func(t *testing.T) {
+		old := openat2
+		openat2 = func(int, string, *unix.OpenHow) (int, error) { return -1, unix.ENOSYS }
+		defer func() { openat2 = old }()
+		testOpenBeneath(t)
+	})
+}
+
+func testOpenBeneath(t *testing.T) {
 	base := t.TempDir()
 	outside := filepath.Join(base, "outside")
 	if err := os.WriteFile(outside, []byte("root's"), 0o600); err != nil {
