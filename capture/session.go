@@ -687,7 +687,10 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			s.run(p, func(p *os.File) error {
 				n, err := src.Copy(sctx, name, p)
 				if err != nil && sctx.Err() == nil && (readerGone(p) || errors.Is(err, syscall.EPIPE)) {
-					left := f.Size - n + unread(p)
+					// Copy counts whole chunks written, so this is exact
+					// when the reader took nothing (the usual case) and
+					// never more than the file.
+					left := min(f.Size, f.Size-n+unread(p))
 					if peerGone(conn) {
 						return fmt.Errorf("serve %s: %w (%d of %d bytes not taken)", name, ErrOutstanding, left, f.Size)
 					}

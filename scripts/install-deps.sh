@@ -4,7 +4,8 @@
 # unless it fails.
 #   demo: CRIU >= 4 (scripts/install-criu.sh): all the demo runs besides Go.
 #   test: the same, Debian tools (iproute2 for network namespaces, openssh
-#         for the ssh form, lz4 and zstd for the pipe examples) and the
+#         for the ssh form, lz4 and zstd for the pipe examples, nftables and
+#         iptables for CRIU to dump a network namespace's rules) and the
 #         pinned MinIO server for the S3 tests (built with Go: minutes, once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ quiet() {
 
 if [ "$what" = test ]; then
 	need=()
-	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd; do
+	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd nft:nftables iptables-restore:iptables; do
 		command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
 	done
 	if [ ${#need[@]} -gt 0 ]; then
