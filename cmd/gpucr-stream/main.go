@@ -143,7 +143,9 @@ var flagGroups = map[string][]string{
 	"report": {"json", "no-progress", "progress-fd"},
 	"key":    {"key-file"},
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
-	"criu":   {"criu", "work-dir", "criu-opts"},
+	// a tcp:// receiver: the sender chooses the streams
+	"tcpin": {"token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
+	"criu":  {"criu", "work-dir", "criu-opts"},
 	// the GPU fast path of checkpoint, migrate and gpu suspend --to
 	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }

@@ -153,6 +153,8 @@ func TestCommandFlags(t *testing.T) {
 		{[]string{"verify", "--help"}, exitOK, "--key-file", "--tls-", ""},
 		{[]string{"verify", "--help"}, exitOK, "--s3-parallel", "--token-file", ""},
 		{[]string{"verify", "--help"}, exitOK, "--json", "--streams", ""},
+		{[]string{"receive", "--help"}, exitOK, "--token-file", "--streams", ""},
+		{[]string{"restore", "--help"}, exitOK, "--tls-ca", "--streams", ""},
 		{[]string{"ls", "--help"}, exitOK, "--json", "--s3-part-size", ""},
 		{[]string{"rm", "--help"}, exitOK, "--dry-run", "--s3-part-size", ""},
 		{[]string{"checkpoint", "--help"}, exitOK, "--progress-fd", "checkpoint/restore:", ""},
