@@ -90,6 +90,10 @@ type Manifest struct {
 	// NoChunkHashes: the chunks carry only their CRC-32C, no BLAKE3 hash
 	// (format 3; never encrypted).
 	NoChunkHashes bool `json:"no_chunk_hashes,omitempty"`
+	// SharedChunks: the chunks live in the shared chunk store of the
+	// location that holds the checkpoint (format 4): Segments name its
+	// packs, relative to that location, and every chunk's Hash is its id.
+	SharedChunks bool `json:"shared_chunks,omitempty"`
 	// MAC authenticates an encrypted checkpoint's manifest (MarshalMAC);
 	// it must come right before Checksum.
 	MAC string `json:"mac,omitempty"`
@@ -135,6 +139,11 @@ type Stats struct {
 	StoredBytes int64                 `json:"stored_bytes"`
 	Chunks      int64                 `json:"chunks"`
 	ByCodec     map[string]CodecStats `json:"by_codec,omitempty"`
+	// NewChunks and NewStoredBytes (format 4) count the chunks this
+	// checkpoint added to its location's chunk store, and their payload
+	// bytes: what it cost beyond what the location already held.
+	NewChunks      int64 `json:"new_chunks,omitempty"`
+	NewStoredBytes int64 `json:"new_stored_bytes,omitempty"`
 }
 
 // CodecStats sums the chunks one codec stored.
@@ -238,7 +247,12 @@ func PrintableName(name string) string {
 const checksumKey = `"checksum": "`
 
 // FormatVersion is the format version the manifest is written with.
-func (m *Manifest) FormatVersion() int { return int(VersionOf(m.Encryption != nil, m.NoChunkHashes)) }
+func (m *Manifest) FormatVersion() int {
+	if m.SharedChunks {
+		return VersionSharedChunks
+	}
+	return int(VersionOf(m.Encryption != nil, m.NoChunkHashes))
+}
 
 // Marshal encodes an unencrypted manifest as indented JSON, sealed with its
 // checksum.
@@ -320,6 +334,12 @@ func Parse(b []byte) (*Manifest, error) {
 	}
 	if m.NoChunkHashes && (m.Format < VersionNoChunkHashes || m.Encryption != nil) {
 		return nil, fmt.Errorf("manifest: no_chunk_hashes in a format %d manifest (encrypted: %t): %w", m.Format, m.Encryption != nil, errdefs.ErrCorrupt)
+	}
+	if m.SharedChunks && (m.Format < VersionSharedChunks || m.Encryption != nil || m.NoChunkHashes) {
+		return nil, fmt.Errorf("manifest: shared_chunks in a format %d manifest (encrypted: %t, no chunk hashes: %t): %w", m.Format, m.Encryption != nil, m.NoChunkHashes, errdefs.ErrCorrupt)
+	}
+	if m.Format >= VersionSharedChunks && !m.SharedChunks {
+		return nil, fmt.Errorf("manifest: format %d without shared_chunks: %w", m.Format, errdefs.ErrCorrupt)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)

@@ -17,7 +17,7 @@ import (
 // oldest version that can say what a checkpoint is (VersionOf), so that an
 // older reader reads every checkpoint it can read right and refuses the
 // others as newer.
-const Version = 3
+const Version = 4
 
 const (
 	// VersionPlain is the version of an unencrypted stream or manifest
@@ -30,6 +30,12 @@ const (
 	// whose chunks carry only their CRC-32C: a reader of version 1 or 2
 	// refuses it as newer instead of calling every chunk corrupt.
 	VersionNoChunkHashes = 3
+	// VersionSharedChunks is the version of a checkpoint whose chunks live
+	// in its location's shared chunk store (packs and an index, written
+	// once for every checkpoint there), and of those packs: a reader of
+	// version 3 or older refuses it as newer instead of finding no
+	// segments.
+	VersionSharedChunks = 4
 )
 
 const (
@@ -40,6 +46,10 @@ const (
 	// BLAKE3 hash (the field is zero) and file digests cover the chunks'
 	// CRC-32C and lengths instead (docs/FORMAT.md section 8).
 	HeaderFlagNoChunkHashes = 2
+	// HeaderFlagPack (version 4) says the stream is a pack of a chunk
+	// store: DATA frames of file id 0 at offset 0, one per chunk, each
+	// carrying its content id in Hash; no FILE or FILE-END frames.
+	HeaderFlagPack = 4
 )
 
 // VersionOf is the version a checkpoint is written as: encrypted ones
@@ -87,6 +97,8 @@ type Header struct {
 	// NoChunkHashes: the stream's chunks carry no BLAKE3 hash. Written
 	// (Writer) and read (UnmarshalHeader) as HeaderFlagNoChunkHashes.
 	NoChunkHashes bool
+	// Pack: the stream is a pack of a chunk store (HeaderFlagPack).
+	Pack bool
 }
 
 // Marshal returns the 32-byte encoding.
@@ -146,6 +158,10 @@ func UnmarshalHeader(b []byte) (Header, error) {
 	h.NoChunkHashes = h.Version >= VersionNoChunkHashes && h.Flags&HeaderFlagNoChunkHashes != 0
 	if h.NoChunkHashes && h.Flags&HeaderFlagEncrypted != 0 {
 		return h, fmt.Errorf("stream header: flags %#x: an encrypted stream always hashes its chunks", h.Flags)
+	}
+	h.Pack = h.Version >= VersionSharedChunks && h.Flags&HeaderFlagPack != 0
+	if h.Pack && h.Flags&(HeaderFlagNoChunkHashes|HeaderFlagEncrypted) != 0 {
+		return h, fmt.Errorf("stream header: flags %#x: a pack's chunks are plain and named by their hash", h.Flags)
 	}
 	return h, nil
 }

@@ -17,7 +17,7 @@ import (
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []Header{
 		{Version: Version, ShardCount: 1},
-		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 5},
+		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 9},
 		{Version: Version, ShardCount: 1, Flags: HeaderFlagNoChunkHashes | 0xf0, NoChunkHashes: true},
 		{Version: VersionEncrypted, ShardIndex: math.MaxUint16 - 1, ShardCount: math.MaxUint16, StreamID: math.MaxUint64, Flags: math.MaxUint32},
 	} {
@@ -74,7 +74,7 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 		{"truncated", good[:31], nil, []string{"31 bytes", "want 32"}},
 		{"bad magic", mod(func(b []byte) []byte { b[0] = 'X'; return b }), ErrNotStream, []string{"bad magic", `"XPUCRSTM"`}},
 		{"unprintable magic", mod(func(b []byte) []byte { copy(b, "\x00\x01PK\x03\x04\xff\n"); return b }), ErrNotStream, []string{`"..PK...."`}},
-		{"newer version", mod(func(b []byte) []byte { b[8] = 4; return resumHeader(b) }), ErrNewerVersion, []string{"version 4", "up to 3", "upgrade"}},
+		{"newer version", mod(func(b []byte) []byte { b[8] = 5; return resumHeader(b) }), ErrNewerVersion, []string{"version 5", "up to 4", "upgrade"}},
 		{"much newer version, stale checksum", mod(func(b []byte) []byte { b[8], b[9] = 0x34, 0x12; return b }), ErrNewerVersion, []string{"version 4660"}},
 		{"version zero", mod(func(b []byte) []byte { b[8] = 0; return resumHeader(b) }), nil, []string{"version 0"}},
 		{"header length", mod(func(b []byte) []byte { b[10] = 33; return resumHeader(b) }), nil, []string{"length 33", "want 32"}},
@@ -479,7 +479,7 @@ func TestReaderErrors(t *testing.T) {
 		{"truncated header", cut(20), io.ErrUnexpectedEOF, []string{"stream header", at(0)}},
 		{"bad magic", replace(0, []byte("GPUCRSTX")), ErrNotStream, []string{at(0), "bad magic"}},
 		{"tail magic first", replace(0, []byte(TailMagic)), ErrNotStream, []string{at(0)}},
-		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 3"}},
+		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 4"}},
 		{"header checksum", flip(24, 0x10), errdefs.ErrCorrupt, []string{at(0), "checksum mismatch"}},
 		{"frame header checksum", flip(firstData.Pos+9, 1), errdefs.ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
 		{"frame stored checksum", flip(bigData.Pos+63, 1), errdefs.ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
@@ -776,7 +776,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", nil, nil, []string{"not valid JSON"}},
 		{"array", []byte("[]"), nil, []string{"not valid JSON"}},
 		{"no format", []byte(`{"files":[]}`), nil, []string{"format 0"}},
-		{"newer format", []byte(`{"format":4,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 4", "up to 3"}},
+		{"newer format", []byte(`{"format":5,"files":[{"name":"x","future_field":{}}]}`), ErrNewerVersion, []string{"format 5", "up to 4"}},
 		{"newer format, unknown shape", []byte(`{"format":99,"files":"a string now"}`), ErrNewerVersion, []string{"format 99"}},
 		{"format not a number", []byte(`{"format":"1"}`), nil, []string{"not valid JSON"}},
 		{"no chunk hashes in format 1", seal([]byte(`{"format":1,"no_chunk_hashes":true,"files":[]}`)), nil, []string{"no_chunk_hashes in a format 1 manifest"}},

@@ -24,6 +24,13 @@ type Writer struct {
 // from its Encryption and NoChunkHashes (VersionOf).
 func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	h.Version = VersionOf(h.Encryption != nil, h.NoChunkHashes)
+	if h.Pack {
+		if h.Encryption != nil || h.NoChunkHashes {
+			return nil, fmt.Errorf("write pack header: a pack's chunks are plain and named by their hash")
+		}
+		h.Version = VersionSharedChunks
+		h.Flags |= HeaderFlagPack
+	}
 	if h.Encryption != nil {
 		h.Flags |= HeaderFlagEncrypted
 		h.StreamID = h.Encryption.StreamID

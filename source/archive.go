@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -83,7 +84,11 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
 	}
-	if len(m.Segments) == 0 && anyChunks(m) {
+	if m.SharedChunks {
+		if err := checkPacks(m); err != nil {
+			return nil, nil, fmt.Errorf("%s/%s: %w", st, manifest.ManifestName, err)
+		}
+	} else if len(m.Segments) == 0 && anyChunks(m) {
 		// Validate checks segment references only when segments are listed.
 		return nil, nil, fmt.Errorf("%s/%s: chunks but no segments: %w", st, manifest.ManifestName, errdefs.ErrCorrupt)
 	}
@@ -129,6 +134,9 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 // reading ahead, not by holding more of the image.
 type ArchiveSource struct {
 	store    store.Store
+	// chunks holds the segments: the archive's own store, or for a
+	// format 4 checkpoint the location that holds it (its chunk store).
+	chunks   store.Store
 	man      *manifest.Manifest
 	byName   map[string]*manifest.File
 	opts     pipeline.Options
@@ -150,7 +158,25 @@ func OpenArchive(ctx context.Context, st store.Store, opts pipeline.Options) (*A
 	if err != nil {
 		return nil, err
 	}
-	return newArchiveSource(st, m, seal, opts), nil
+	a := newArchiveSource(st, m, seal, opts)
+	if err := a.findChunks(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// findChunks points a format 4 checkpoint's reads at the location that
+// holds it.
+func (a *ArchiveSource) findChunks() error {
+	if !a.man.SharedChunks {
+		return nil
+	}
+	parent, _, ok := store.Parent(a.store)
+	if !ok {
+		return fmt.Errorf("%s: a deduplicated checkpoint (format 4) is read from the location that holds it, and %s has none: %w", a.store, a.store, errdefs.ErrNotFound)
+	}
+	a.chunks = parent
+	return nil
 }
 
 // OpenArchiveAt reads and checks the manifest of the archive in src (with
@@ -162,12 +188,16 @@ func OpenArchiveAt(ctx context.Context, src, at store.Store, opts pipeline.Optio
 	if err != nil {
 		return nil, nil, err
 	}
-	return newArchiveSource(at, m, seal, opts), doc, nil
+	a := newArchiveSource(at, m, seal, opts)
+	if err := a.findChunks(); err != nil {
+		return nil, nil, err
+	}
+	return a, doc, nil
 }
 
 func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session, opts pipeline.Options) *ArchiveSource {
 	opts = opts.WithDefaults()
-	a := &ArchiveSource{store: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: pipeline.Digester{Seal: seal, NoChunkHashes: m.NoChunkHashes}}
+	a := &ArchiveSource{store: st, chunks: st, man: m, byName: map[string]*manifest.File{}, opts: opts, seal: seal, sums: pipeline.Digester{Seal: seal, NoChunkHashes: m.NoChunkHashes}}
 	for i := range m.Files {
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
@@ -255,7 +285,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	c := f.Chunks[i]
 	seg := a.man.Segments[c.Segment].Name
 	where := func(format string, args ...any) error {
-		return fmt.Errorf("%s: %s at offset %d (file %s, chunk at file offset %d): %w", a.store, seg, c.Pos, f.Name, c.Offset, fmt.Errorf(format, args...))
+		return fmt.Errorf("%s: %s at offset %d (file %s, chunk at file offset %d): %w", a.chunks, seg, c.Pos, f.Name, c.Offset, fmt.Errorf(format, args...))
 	}
 	if codec.ID(c.Codec) == codec.Zero {
 		// Encrypted: the authenticated index says zero; it has no CRC.
@@ -283,7 +313,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	} else if c.Stored != c.RawLen {
 		return fail(where("raw chunk stores %d bytes for %d: %w", c.Stored, c.RawLen, errdefs.ErrCorrupt))
 	}
-	r, err := a.store.Open(ctx, seg, c.Pos, manifest.FrameSize+int64(c.Stored))
+	r, err := a.chunks.Open(ctx, seg, c.Pos, manifest.FrameSize+int64(c.Stored))
 	if err != nil {
 		return fail(where("%w", err))
 	}
@@ -303,8 +333,15 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	if err != nil {
 		return fail(where("%w: %w", err, errdefs.ErrCorrupt))
 	}
-	if fh.Type != manifest.FrameData || fh.Offset != uint64(c.Offset) || fh.RawLen != c.RawLen ||
-		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum {
+	// A pack's frame stands for its content: offset and file id 0, and
+	// the content id the manifest names.
+	offset := uint64(c.Offset)
+	if a.man.SharedChunks {
+		offset = 0
+	}
+	if fh.Type != manifest.FrameData || fh.Offset != offset || fh.RawLen != c.RawLen ||
+		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum ||
+		(a.man.SharedChunks && (fh.FileID != 0 || fh.Hash != c.Hash)) {
 		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
 	}
 	sum := c.Checksum
@@ -336,6 +373,28 @@ func chunkSizes(m *manifest.Manifest) (raw, stored int64) {
 		}
 	}
 	return max(raw, 1), stored
+}
+
+// checkPacks checks what format 4 adds: every segment is a pack of the
+// location's chunk store (a manifest must not point reads at other objects
+// there), and every stored chunk has its id and a segment.
+func checkPacks(m *manifest.Manifest) error {
+	for _, s := range m.Segments {
+		if _, ok := chunkstore.ParsePackName(s.Name); !ok {
+			return fmt.Errorf("segment %s is not a pack of the chunk store: %w", manifest.PrintableName(s.Name), errdefs.ErrCorrupt)
+		}
+	}
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if codec.ID(c.Codec) == codec.Zero {
+				continue
+			}
+			if c.Hash == (manifest.Hash{}) || c.Segment < 0 || c.Segment >= len(m.Segments) {
+				return fmt.Errorf("file %s: chunk at offset %d has no id or no pack: %w", manifest.PrintableName(f.Name), c.Offset, errdefs.ErrCorrupt)
+			}
+		}
+	}
+	return nil
 }
 
 func anyChunks(m *manifest.Manifest) bool {

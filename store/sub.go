@@ -48,4 +48,27 @@ func (u *subStore) List(ctx context.Context, prefix string) ([]ObjectInfo, error
 	return objs, err
 }
 
+// Parent implements Parent's interface: the prefix above the last
+// component of u's.
+func (u *subStore) Parent() (Store, string, bool) {
+	p := strings.TrimSuffix(u.p, "/")
+	if i := strings.LastIndex(p, "/"); i >= 0 {
+		return Sub(u.s, p[:i]), p[i+1:], true
+	}
+	return u.s, p, true
+}
+
+// Parent is the store of the location that holds st (the directory of
+// checkpoint directories, the S3 prefix above st's) and st's name in it,
+// for stores that know (store/dir, store/s3, Sub); ok is false for others
+// and at a root.
+func Parent(st Store) (parent Store, name string, ok bool) {
+	if p, is := st.(interface {
+		Parent() (Store, string, bool)
+	}); is {
+		return p.Parent()
+	}
+	return nil, "", false
+}
+
 func (u *subStore) Delete(ctx context.Context, name string) error { return u.s.Delete(ctx, u.p+name) }

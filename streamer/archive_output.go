@@ -33,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -90,6 +91,9 @@ type ArchiveOutput struct {
 	format      pipeline.Format
 	nLanes      int
 	start       int64 // offset of a segment's first frame, after its header
+	// packs: the segments are packs of a chunk store (PackOutput), named
+	// by random ids, holding DATA frames only.
+	packs bool
 
 	// placement: the caller's goroutine only
 	lanes    []*lane
@@ -182,10 +186,15 @@ func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, 
 		// written blindly, and says why now rather than mid-dump.
 		return nil, fmt.Errorf("%s: %w", st, err)
 	}
+	return newArchiveOutput(st, segmentSize, f, false)
+}
+
+// newArchiveOutput is an output that writes segments (or packs) into st.
+func newArchiveOutput(st store.Store, segmentSize int64, f pipeline.Format, packs bool) (*ArchiveOutput, error) {
 	if segmentSize <= 0 {
 		segmentSize = DefaultSegmentSize
 	}
-	a := &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), format: f, nLanes: DefaultLanes(),
+	a := &ArchiveOutput{store: st, segmentSize: segmentSize, streamID: rand.Uint64(), format: f, nLanes: DefaultLanes(), packs: packs,
 		open: map[uint32]openFile{}, firstFailure: newFirstFailure(), segDone: map[int]chan struct{}{}}
 	// Every segment starts with the same header (and KEY frame): where its
 	// first frame goes is known before any segment is created.
@@ -199,7 +208,9 @@ func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, 
 }
 
 func (a *ArchiveOutput) newWriter(w io.Writer) (*manifest.Writer, error) {
-	mw, err := manifest.NewWriter(w, streamHeader(a.format, 0, 1, a.streamID))
+	h := streamHeader(a.format, 0, 1, a.streamID)
+	h.Pack = a.packs
+	mw, err := manifest.NewWriter(w, h)
 	if err != nil {
 		return nil, err
 	}
@@ -306,11 +317,18 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 	}
 	if l.cur == nil {
 		i := len(a.segments)
-		l.cur = &segment{index: i, name: manifest.SegmentName(a.streamID, i), planned: a.start, announced: map[uint32]bool{}}
+		name := manifest.SegmentName(a.streamID, i)
+		if a.packs {
+			name = chunkstore.NewPackID().Name()
+		}
+		l.cur = &segment{index: i, name: name, planned: a.start, announced: map[uint32]bool{}}
 		a.segments = append(a.segments, manifest.Segment{Name: l.cur.name})
 	}
 	s := l.cur
-	if fh.Type != manifest.FrameFile && !s.announced[fh.FileID] {
+	if a.packs && fh.Type != manifest.FrameData {
+		return Location{}, fmt.Errorf("pack: %s frame; a pack holds DATA frames only", fh.Type)
+	}
+	if !a.packs && fh.Type != manifest.FrameFile && !s.announced[fh.FileID] {
 		f, ok := a.open[fh.FileID]
 		if !ok {
 			return Location{}, fmt.Errorf("archive: %s frame for file id %d, which is not open", fh.Type, fh.FileID)
@@ -527,6 +545,17 @@ func (a *ArchiveOutput) stopLanes() {
 // committed, then writes the manifest. The lanes have ended, and every
 // payload has been handed back, when it returns.
 func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
+	segs, err := a.commitSegments(ctx)
+	if err != nil {
+		return err
+	}
+	m.Segments = segs
+	return commitManifest(ctx, a.store, m, a.format)
+}
+
+// commitSegments closes every lane's segment and waits until every segment
+// is committed; it returns them in index order.
+func (a *ArchiveOutput) commitSegments(ctx context.Context) ([]manifest.Segment, error) {
 	if err := a.failure(); err == nil && !a.stopped {
 		for _, l := range a.lanes {
 			if l.cur == nil {
@@ -541,20 +570,24 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	a.stopLanes()
 	a.wg.Wait()
 	if err := a.failure(); err != nil {
-		return err
+		return nil, err
 	}
 	if n := a.Committed(); n != len(a.segments) {
-		return fmt.Errorf("refusing to commit: %d of %d segments committed", n, len(a.segments))
+		return nil, fmt.Errorf("refusing to commit: %d of %d segments committed", n, len(a.segments))
 	}
-	m.Segments = a.segments
+	return a.segments, nil
+}
+
+// commitManifest writes a checkpoint's manifest into st, its commit point.
+func commitManifest(ctx context.Context, st store.Store, m *manifest.Manifest, format pipeline.Format) error {
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("refusing to commit: %w", err)
 	}
-	doc, err := pipeline.MarshalManifest(m, a.format.Seal)
+	doc, err := pipeline.MarshalManifest(m, format.Seal)
 	if err != nil {
 		return err
 	}
-	w, err := a.store.Create(ctx, manifest.ManifestName)
+	w, err := st.Create(ctx, manifest.ManifestName)
 	if err != nil {
 		return fmt.Errorf("create manifest: %w", err)
 	}
@@ -568,7 +601,7 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := w.CommitNew(ctx); err != nil {
 		_ = w.Abort(ctx)
 		if errors.Is(err, errdefs.ErrExists) {
-			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile: %w", a.store, errdefs.ErrExists)
+			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile: %w", st, errdefs.ErrExists)
 		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}

@@ -49,6 +49,10 @@ type Capture struct {
 	encDst bool           // the codec writes into a buffer of its own
 	seal   *crypt.Session // the output's, when it is encrypted
 	sums   pipeline.Digester
+	// knows, for an output that deduplicates, says its destination holds
+	// a chunk already: such a chunk is not encoded, and files are cut by
+	// content (cdc.go).
+	knows func(id [32]byte) bool
 
 	mu     sync.Mutex
 	nextID uint32
@@ -133,6 +137,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		encDst:     encMax > 0,
 		seal:       seal,
 		sums:       format.Digester(),
+		knows:      knowerOf(out),
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -235,22 +240,41 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 	var off int64
 	var chunks uint32
 	first := true
+	var cut *cutter // content-defined boundaries, once the file is not small
 	for {
 		it := &item{kind: manifest.FrameData, fileID: id, name: name, off: off}
 		var buf []byte
+		var n int
+		var err error
 		small := min(smallRead, c.opts.ChunkSize)
-		if first {
+		switch {
+		case first:
 			buf = make([]byte, small)
-		} else {
+			n, err = it.sums.fill(r, buf)
+		case cut != nil:
 			if err := c.acquire(); err != nil {
 				return off, err
 			}
 			it.token = true
 			it.rawBuf = c.bufs.Get()
 			buf = it.rawBuf[:c.opts.ChunkSize]
+			n, err = cut.next(buf, &it.sums)
+		default:
+			if err := c.acquire(); err != nil {
+				return off, err
+			}
+			it.token = true
+			it.rawBuf = c.bufs.Get()
+			buf = it.rawBuf[:c.opts.ChunkSize]
+			n, err = it.sums.fill(r, buf)
 		}
-		n, err := it.sums.fill(r, buf)
 		if first && n == small && small < c.opts.ChunkSize && err == nil {
+			if c.knows != nil {
+				// Not small: cut it by content, from its first byte.
+				cut = newCutter(r, c.opts.ChunkSize, buf)
+				first = false
+				continue
+			}
 			// Not small after all: move what we have into a budgeted chunk.
 			if err := c.acquire(); err != nil {
 				return off, err
@@ -314,6 +338,12 @@ func (c *Capture) encode(it *item) error {
 	}
 	it.crc = it.sums.crc
 	it.hash = c.sums.Content(it.raw)
+	if c.knows != nil && c.knows(it.hash) {
+		// Stored already: the output references it (Location.Ref).
+		it.codec, it.stored = codec.None, nil
+		c.dropRaw(it)
+		return nil
+	}
 	var dst []byte
 	if c.encDst {
 		it.encBuf = c.bufs.Get()
@@ -460,10 +490,13 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("write %s at offset %d: %w", fs.file.Name, it.off, err)
 		}
+		if loc.Ref {
+			fh.StoredLen, fh.Codec, stored = loc.Stored, loc.Codec, int(loc.Stored)
+		}
 		fs.file.Chunks = append(fs.file.Chunks, manifest.Chunk{Offset: it.off, RawLen: fh.RawLen, Stored: fh.StoredLen,
 			Codec: fh.Codec, Checksum: it.crc, Hash: it.hash, Segment: loc.Segment, Pos: loc.Pos})
 		fs.digested = c.sums.Chunk(fs.digested, it.crc, fh.RawLen, it.hash)
-		c.man.Stats.Add(it.codec.String(), int64(it.rawLen), int64(stored))
+		c.man.Stats.Add(codec.ID(fh.Codec).String(), int64(it.rawLen), int64(stored))
 		c.Counters.StoredBytes.Add(int64(stored))
 		c.Counters.StoredRaw.Add(int64(it.rawLen))
 	case manifest.FrameFileEnd:

@@ -12,6 +12,11 @@ import (
 type Location struct {
 	Segment int
 	Pos     int64
+	// Ref: the frame was not written; the chunk is stored already, as
+	// Stored bytes in Codec (a DedupOutput's reference to a shared chunk).
+	Ref    bool
+	Stored uint32
+	Codec  uint8
 }
 
 // Output receives frames from the pipeline's single ordered writer.
@@ -83,4 +88,28 @@ func FormatOf(out Output) pipeline.Format {
 		return f.Format()
 	}
 	return pipeline.Format{}
+}
+
+// knower is an Output that knows which chunks its destination holds
+// (DedupOutput); an Output that wraps another unwraps to it.
+type knower interface {
+	Knows(id [32]byte) bool
+}
+
+type unwrapper interface {
+	Unwrap() Output
+}
+
+// knowerOf is out's Knows, or nil when out does not deduplicate.
+func knowerOf(out Output) func(id [32]byte) bool {
+	for {
+		if k, ok := out.(knower); ok {
+			return k.Knows
+		}
+		u, ok := out.(unwrapper)
+		if !ok {
+			return nil
+		}
+		out = u.Unwrap()
+	}
 }

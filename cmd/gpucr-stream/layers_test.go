@@ -13,7 +13,7 @@ var rooms = map[string]int{
 	"scripts": 0, "scripts/testsum": 0, // tooling: tests of the scripts, make e2e's reporter
 	"codec": 1, "manifest": 1, "store": 1, "proc": 1, "fsat": 1,
 	"crypt": 2, "scratch": 2, "store/dir": 2, "store/mem": 2, "store/storetest": 2, "vram": 2,
-	"pipeline": 3, "store/s3": 3,
+	"pipeline": 3, "store/s3": 3, "chunkstore": 3,
 	"streamer": 4, "source": 4, "pipeline/pipelinetest": 4,
 	"capture": 5, "transport/tcp": 5, "vram/vramtest": 5, "imagestreamer": 5,
 	"location": 6, "catalog": 6,

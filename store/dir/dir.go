@@ -32,6 +32,16 @@ type Store struct {
 // first write.
 func New(root string) *Store { return &Store{root: filepath.Clean(root)} }
 
+// Parent is the store of the directory that holds this one, and this
+// one's name in it; ok is false at the file system's root.
+func (d *Store) Parent() (parent store.Store, name string, ok bool) {
+	abs, err := filepath.Abs(d.root)
+	if err != nil || filepath.Dir(abs) == abs {
+		return nil, "", false
+	}
+	return New(filepath.Dir(abs)), filepath.Base(abs), true
+}
+
 // String implements store.Store.
 func (d *Store) String() string { return d.root }
 

@@ -42,7 +42,7 @@ type Store struct {
 	maxRetries int
 	md5        bool
 	pieces     *bufpool.Pool // of the parts being filled and uploaded
-	uploaded   atomic.Int64
+	uploaded   *atomic.Int64 // shared with Parent's store
 	inflight   chan struct{} // parts in flight over all writers
 }
 
@@ -126,6 +126,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // connection yet.
 func sized(cfg Config, display string) (*Store, error) {
 	s := &Store{
+		uploaded:   new(atomic.Int64),
 		bucket:     cfg.Bucket,
 		endpoint:   display,
 		partSize:   cfg.PartSize,
@@ -250,6 +251,23 @@ func (s *Store) String() string {
 		return "s3://" + s.bucket
 	}
 	return "s3://" + s.bucket + "/" + strings.TrimSuffix(s.root, "/")
+}
+
+// Parent is the store of the prefix that holds this one's, sharing its
+// connection and limits, and this one's name in it; ok is false at the
+// bucket's root. A checkpoint's location holds the chunk store its
+// deduplicated chunks go to.
+func (s *Store) Parent() (parent store.Store, name string, ok bool) {
+	root := strings.TrimSuffix(s.root, "/")
+	if root == "" {
+		return nil, "", false
+	}
+	p := *s
+	p.root = ""
+	if i := strings.LastIndex(root, "/"); i >= 0 {
+		p.root, root = root[:i+1], root[i+1:]
+	}
+	return &p, root, true
 }
 
 // Uploaded returns the bytes the server has acknowledged so far, over all

@@ -1,0 +1,399 @@
+package chunkstore
+
+// Index objects and the in-memory table built from them.
+//
+// An index object lists packs and the chunks in them (docs/FORMAT.md
+// section 17.3): a 32-byte header, 24 bytes per pack, 57 bytes per chunk,
+// and a CRC-32C of everything after the header. A capture writes one for
+// the chunks it added; gc writes one that replaces those it rewrote. A
+// location's index is the union of its index objects: an id listed twice
+// (two captures that added the same chunk at the same moment) is found in
+// either pack.
+//
+// The table keeps each chunk in 56 bytes (entry), sorted by id for a binary
+// search, with the packs' names once: a million chunks take 56 MB, and a
+// lookup touches no store.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+)
+
+// Index object layout.
+const (
+	IndexMagic      = "GPUCRCIX"
+	indexHeaderSize = 32
+	packRecordSize  = 24
+	entryRecordSize = 57
+	// maxIndexObject bounds one index object read into memory: about 18
+	// million chunks.
+	maxIndexObject = 1 << 30
+	// maxPos bounds a chunk's offset in its pack (40 bits in the table).
+	maxPos = 1<<40 - 1
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Ref is where a chunk is stored and what it is: enough for a manifest to
+// reference it and for a reader to check the frame it reads.
+type Ref struct {
+	Pack     PackID
+	Pos      int64  // offset of the chunk's DATA frame header in the pack
+	RawLen   uint32 // raw length
+	Stored   uint32 // payload length
+	Codec    uint8
+	Checksum uint32 // CRC-32C of the raw chunk
+}
+
+// Pack is a pack object and its committed size.
+type Pack struct {
+	ID   PackID
+	Size int64
+}
+
+// Chunk is one chunk of an index object.
+type Chunk struct {
+	ID manifest.Hash
+	Ref
+}
+
+// entry is a chunk in the table: 56 bytes.
+type entry struct {
+	id     manifest.Hash
+	pack   uint32 // index into Table.packs
+	pos    uint32 // low 32 bits of the offset
+	raw    uint32
+	stored uint32
+	crc    uint32
+	posHi  uint8 // bits 32..39 of the offset
+	codec  uint8
+}
+
+// Table is a location's index in memory: the chunks its index objects
+// list, looked up without a round trip, plus what a capture adds. Lookups
+// are safe from any goroutine while Add runs.
+type Table struct {
+	packs   []Pack
+	packIdx map[PackID]uint32
+	loaded  []entry // sorted by id, never changed after Load
+
+	mu    sync.RWMutex
+	added map[manifest.Hash]Ref
+}
+
+// NewTable is an empty table.
+func NewTable() *Table {
+	return &Table{packIdx: map[PackID]uint32{}, added: map[manifest.Hash]Ref{}}
+}
+
+// Len is how many chunks the table holds.
+func (t *Table) Len() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.loaded) + len(t.added)
+}
+
+// Has says the table holds the chunk id.
+func (t *Table) Has(id manifest.Hash) bool {
+	_, ok := t.Lookup(id)
+	return ok
+}
+
+// Lookup returns where the chunk id is stored.
+func (t *Table) Lookup(id manifest.Hash) (Ref, bool) {
+	if i, ok := t.search(id); ok {
+		return t.ref(&t.loaded[i]), true
+	}
+	t.mu.RLock()
+	r, ok := t.added[id]
+	t.mu.RUnlock()
+	return r, ok
+}
+
+func (t *Table) search(id manifest.Hash) (int, bool) {
+	i := sort.Search(len(t.loaded), func(i int) bool { return bytes.Compare(t.loaded[i].id[:], id[:]) >= 0 })
+	return i, i < len(t.loaded) && t.loaded[i].id == id
+}
+
+func (t *Table) ref(e *entry) Ref {
+	return Ref{Pack: t.packs[e.pack].ID, Pos: int64(e.posHi)<<32 | int64(e.pos), RawLen: e.raw, Stored: e.stored, Codec: e.codec, Checksum: e.crc}
+}
+
+// Add records a chunk a capture wrote; the first Ref of an id stays.
+func (t *Table) Add(id manifest.Hash, r Ref) {
+	if _, ok := t.search(id); ok {
+		return
+	}
+	t.mu.Lock()
+	if _, ok := t.added[id]; !ok {
+		t.added[id] = r
+	}
+	t.mu.Unlock()
+}
+
+// PackSize is the committed size of a pack the loaded index lists.
+func (t *Table) PackSize(id PackID) (int64, bool) {
+	i, ok := t.packIdx[id]
+	if !ok {
+		return 0, false
+	}
+	return t.packs[i].Size, true
+}
+
+// Packs are the packs the loaded index lists.
+func (t *Table) Packs() []Pack { return t.packs }
+
+// Each calls fn for every chunk of the loaded index, in id order.
+func (t *Table) Each(fn func(Chunk)) {
+	for i := range t.loaded {
+		fn(Chunk{ID: t.loaded[i].id, Ref: t.ref(&t.loaded[i])})
+	}
+}
+
+// insert adds one index object's contents; finish sorts.
+func (t *Table) insert(packs []Pack, chunks []Chunk) error {
+	local := make([]uint32, len(packs))
+	for i, p := range packs {
+		k, ok := t.packIdx[p.ID]
+		if !ok {
+			k = uint32(len(t.packs))
+			t.packs = append(t.packs, p)
+			t.packIdx[p.ID] = k
+		}
+		local[i] = k
+	}
+	for _, c := range chunks {
+		t.loaded = append(t.loaded, entry{id: c.ID, pack: t.packIdx[c.Pack], pos: uint32(c.Pos), posHi: uint8(c.Pos >> 32),
+			raw: c.RawLen, stored: c.Stored, crc: c.Checksum, codec: c.Codec})
+	}
+	return nil
+}
+
+func (t *Table) finish() {
+	slices.SortFunc(t.loaded, func(a, b entry) int { return bytes.Compare(a.id[:], b.id[:]) })
+	// Keep one entry per id (the first pack's, by sort order: any works).
+	t.loaded = slices.CompactFunc(t.loaded, func(a, b entry) bool { return a.id == b.id })
+	t.loaded = slices.Clip(t.loaded)
+}
+
+// loadParallel is how many index objects are read at once.
+const loadParallel = 8
+
+// Load reads every index object of the location st into a table: one
+// listing and one read per index object, several at once.
+func Load(ctx context.Context, st store.Store) (*Table, error) {
+	objs, err := st.List(ctx, IndexPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("list chunk index of %s: %w", st, err)
+	}
+	type result struct {
+		packs  []Pack
+		chunks []Chunk
+		err    error
+	}
+	var names []store.ObjectInfo
+	for _, o := range objs {
+		if IsIndexName(o.Name) {
+			names = append(names, o)
+		}
+	}
+	results := make([]result, len(names))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, loadParallel)
+	for i, o := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				results[i].err = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			r := &results[i]
+			r.packs, r.chunks, r.err = ReadIndex(ctx, st, o.Name)
+		}()
+	}
+	wg.Wait()
+	t := NewTable()
+	for _, r := range results {
+		if r.err != nil {
+			return nil, r.err
+		}
+		if err := t.insert(r.packs, r.chunks); err != nil {
+			return nil, err
+		}
+	}
+	t.finish()
+	return t, nil
+}
+
+// ReadIndex reads and checks one index object.
+func ReadIndex(ctx context.Context, st store.Store, name string) ([]Pack, []Chunk, error) {
+	info, err := st.Stat(ctx, name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s/%s: %w", st, name, err)
+	}
+	if info.Size > maxIndexObject {
+		return nil, nil, fmt.Errorf("%s/%s: index object of %d bytes, over the limit of %d: %w", st, name, info.Size, maxIndexObject, errdefs.ErrCorrupt)
+	}
+	r, err := st.Open(ctx, name, 0, -1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s/%s: %w", st, name, err)
+	}
+	defer r.Close()
+	packs, chunks, err := DecodeIndex(bufio.NewReaderSize(r, 1<<20), info.Size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s/%s: %w", st, name, err)
+	}
+	return packs, chunks, nil
+}
+
+// MarshalIndex encodes an index object.
+func MarshalIndex(packs []Pack, chunks []Chunk) ([]byte, error) {
+	b := make([]byte, indexHeaderSize, indexHeaderSize+len(packs)*packRecordSize+len(chunks)*entryRecordSize+4)
+	copy(b, IndexMagic)
+	le := binary.LittleEndian
+	le.PutUint16(b[8:], manifest.VersionSharedChunks)
+	le.PutUint16(b[10:], indexHeaderSize)
+	le.PutUint32(b[12:], uint32(len(packs)))
+	le.PutUint64(b[16:], uint64(len(chunks)))
+	le.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	at := map[PackID]uint32{}
+	for i, p := range packs {
+		at[p.ID] = uint32(i)
+		b = append(b, p.ID[:]...)
+		b = le.AppendUint64(b, uint64(p.Size))
+	}
+	for _, c := range chunks {
+		k, ok := at[c.Pack]
+		if !ok {
+			return nil, fmt.Errorf("index: chunk %s in pack %x, which the index does not list", c.ID, c.Pack)
+		}
+		if c.Pos < 0 || c.Pos > maxPos {
+			return nil, fmt.Errorf("index: chunk %s at offset %d of its pack, over the limit of %d", c.ID, c.Pos, int64(maxPos))
+		}
+		b = append(b, c.ID[:]...)
+		b = le.AppendUint32(b, k)
+		b = le.AppendUint64(b, uint64(c.Pos))
+		b = le.AppendUint32(b, c.RawLen)
+		b = le.AppendUint32(b, c.Stored)
+		b = append(b, c.Codec)
+		b = le.AppendUint32(b, c.Checksum)
+	}
+	return le.AppendUint32(b, crc32.Checksum(b[indexHeaderSize:], castagnoli)), nil
+}
+
+// DecodeIndex reads an index object of size bytes from r and checks it
+// whole (header, lengths, every reference, the CRC) before returning
+// anything; memory is bounded by size, which the caller bounds.
+func DecodeIndex(r io.Reader, size int64) ([]Pack, []Chunk, error) {
+	var h [indexHeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return nil, nil, fmt.Errorf("index header: %w: %w", err, errdefs.ErrCorrupt)
+	}
+	le := binary.LittleEndian
+	if string(h[:8]) != IndexMagic {
+		return nil, nil, fmt.Errorf("not a chunk index (magic %q): %w", h[:8], errdefs.ErrCorrupt)
+	}
+	if v := le.Uint16(h[8:]); v != manifest.VersionSharedChunks {
+		if v > manifest.VersionSharedChunks {
+			return nil, nil, fmt.Errorf("chunk index: %w: version %d, this build reads %d; upgrade gpucr-stream", manifest.ErrNewerVersion, v, manifest.VersionSharedChunks)
+		}
+		return nil, nil, fmt.Errorf("chunk index: version %d: %w", v, errdefs.ErrCorrupt)
+	}
+	if le.Uint16(h[10:]) != indexHeaderSize || crc32.Checksum(h[:28], castagnoli) != le.Uint32(h[28:]) {
+		return nil, nil, fmt.Errorf("chunk index: bad header length or checksum: %w", errdefs.ErrCorrupt)
+	}
+	np, nc := uint64(le.Uint32(h[12:])), le.Uint64(h[16:])
+	if nc > uint64(size)/entryRecordSize || np > uint64(size)/packRecordSize ||
+		uint64(size) != indexHeaderSize+np*packRecordSize+nc*entryRecordSize+4 {
+		return nil, nil, fmt.Errorf("chunk index: %d packs and %d chunks do not fill %d bytes: %w", np, nc, size, errdefs.ErrCorrupt)
+	}
+	sum := crc32.New(castagnoli)
+	rd := io.TeeReader(r, sum)
+	packs := make([]Pack, np)
+	var rec [entryRecordSize]byte
+	for i := range packs {
+		if _, err := io.ReadFull(rd, rec[:packRecordSize]); err != nil {
+			return nil, nil, fmt.Errorf("chunk index: pack %d: %w: %w", i, err, errdefs.ErrCorrupt)
+		}
+		copy(packs[i].ID[:], rec[:16])
+		packs[i].Size = int64(le.Uint64(rec[16:]))
+		if packs[i].Size < 0 {
+			return nil, nil, fmt.Errorf("chunk index: pack %d has size %d: %w", i, packs[i].Size, errdefs.ErrCorrupt)
+		}
+	}
+	chunks := make([]Chunk, nc)
+	for i := range chunks {
+		if _, err := io.ReadFull(rd, rec[:]); err != nil {
+			return nil, nil, fmt.Errorf("chunk index: chunk %d: %w: %w", i, err, errdefs.ErrCorrupt)
+		}
+		c := &chunks[i]
+		copy(c.ID[:], rec[:32])
+		k := le.Uint32(rec[32:])
+		pos := le.Uint64(rec[36:])
+		c.RawLen, c.Stored, c.Codec, c.Checksum = le.Uint32(rec[44:]), le.Uint32(rec[48:]), rec[52], le.Uint32(rec[53:])
+		if uint64(k) >= np {
+			return nil, nil, fmt.Errorf("chunk index: chunk %d names pack %d of %d: %w", i, k, np, errdefs.ErrCorrupt)
+		}
+		c.Pack, c.Pos = packs[k].ID, int64(pos)
+		if c.RawLen == 0 || c.RawLen > manifest.MaxPayload || c.Stored > manifest.MaxPayload ||
+			pos > maxPos || int64(pos)+manifest.FrameSize+int64(c.Stored) > packs[k].Size {
+			return nil, nil, fmt.Errorf("chunk index: chunk %d (%s) lies outside its pack or has impossible lengths: %w", i, c.ID, errdefs.ErrCorrupt)
+		}
+	}
+	want := sum.Sum32()
+	var tail [4]byte
+	if _, err := io.ReadFull(r, tail[:]); err != nil {
+		return nil, nil, fmt.Errorf("chunk index: checksum: %w: %w", err, errdefs.ErrCorrupt)
+	}
+	if got := le.Uint32(tail[:]); got != want {
+		return nil, nil, fmt.Errorf("chunk index: checksum mismatch (stored %08x, computed %08x): %w", got, want, errdefs.ErrCorrupt)
+	}
+	return packs, chunks, nil
+}
+
+// WriteIndex writes a new index object listing chunks and their packs, and
+// returns its name.
+func WriteIndex(ctx context.Context, st store.Store, packs []Pack, chunks []Chunk) (string, error) {
+	b, err := MarshalIndex(packs, chunks)
+	if err != nil {
+		return "", err
+	}
+	name := newIndexName()
+	if err := putNew(ctx, st, name, b); err != nil {
+		return "", fmt.Errorf("write chunk index: %w", err)
+	}
+	return name, nil
+}
+
+// putNew writes a whole object that must not exist yet.
+func putNew(ctx context.Context, st store.Store, name string, b []byte) error {
+	w, err := st.Create(ctx, name)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		_ = w.Abort(ctx)
+		return fmt.Errorf("%s/%s: %w", st, name, err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		_ = w.Abort(ctx)
+		return fmt.Errorf("%s/%s: %w", st, name, err)
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package streamer
+
+// Content-defined chunk boundaries, for deduplicated checkpoints: a page
+// inserted or removed near the start of a mapping must not make the rest
+// of the image new, which fixed-size chunks would (every later boundary
+// moves by a page). Boundaries fall on 4 KiB page boundaries of the file,
+// after a page whose CRC-32C meets a mask: the decision depends on that
+// page's content alone, so after a shift the cuts fall on the same pages
+// again, from the first cut after the change. Chunks are at least
+// minChunk and at most the chunk size; zero pages never cut, so a run of
+// zeros stays one chunk (which costs no storage).
+//
+// CRIU's pages images hold whole pages in order, so their content moves by
+// whole pages when a mapping grows or shrinks. The page CRC is the SSE4.2
+// instruction (tens of GB/s): the cut decision, the chunk's zero test and
+// its CRC-32C all run over each page while it is in the cache.
+
+import (
+	"errors"
+	"io"
+	"math/bits"
+
+	"github.com/gpucr/gpucr-stream/codec"
+)
+
+const cdcPage = 4 << 10
+
+// cdcRead is the most one Read asks for: what is read past a cut is copied
+// to the next chunk's buffer, so a read stays short.
+const cdcRead = 256 << 10
+
+// cdcParams are the boundaries' limits for a chunk size of max bytes: at
+// least max/16, on average about max/4 after that, at most max.
+func cdcParams(max int) (minChunk int, mask uint32) {
+	minChunk = (max / 16) &^ (cdcPage - 1)
+	minChunk = min(max, minChunk+cdcPage)
+	target := max / 4 / cdcPage
+	if target < 1 {
+		return minChunk, 0
+	}
+	return minChunk, 1<<(bits.Len(uint(target))-1) - 1
+}
+
+// zeroPageCRC is the CRC-32C of a zero page: such pages never cut.
+var zeroPageCRC = codec.Checksum(make([]byte, cdcPage))
+
+// cutter reads one file into content-defined chunks.
+type cutter struct {
+	r        io.Reader
+	minChunk int
+	mask     uint32
+	carry    []byte // read past the last cut, for the next chunk
+	eof      bool
+}
+
+func newCutter(r io.Reader, chunkSize int, first []byte) *cutter {
+	minChunk, mask := cdcParams(chunkSize)
+	c := &cutter{r: r, minChunk: minChunk, mask: mask, carry: make([]byte, 0, max(cdcRead, len(first)))}
+	c.carry = append(c.carry, first...)
+	return c
+}
+
+// next reads the next chunk into buf (its length is the chunk size) and
+// sums it into s; it returns the chunk's length, and io.EOF once the file
+// has ended (the chunk may then be short or empty).
+func (c *cutter) next(buf []byte, s *chunkSums) (int, error) {
+	s.n, s.zero, s.crc = 0, true, 0
+	n := copy(buf, c.carry)
+	c.carry = c.carry[:0]
+	scanned := 0
+	for {
+		for scanned+cdcPage <= n {
+			p := buf[scanned : scanned+cdcPage]
+			s.add(p)
+			scanned += cdcPage
+			if scanned < c.minChunk || scanned == n && c.eof {
+				continue
+			}
+			if crc := codec.Checksum(p); crc&c.mask == c.mask && crc != zeroPageCRC {
+				c.carry = append(c.carry, buf[scanned:n]...)
+				return scanned, nil
+			}
+		}
+		if n == len(buf) || c.eof {
+			s.add(buf[scanned:n])
+			if c.eof && len(c.carry) == 0 {
+				return n, io.EOF
+			}
+			return n, nil
+		}
+		k, err := c.r.Read(buf[n:min(len(buf), n+cdcRead)])
+		n += k
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.add(buf[scanned:n])
+				return n, err
+			}
+			c.eof = true
+		}
+	}
+}
