@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -84,6 +85,25 @@ type Output struct {
 // set.
 func OpenOutput(ctx context.Context, loc Location, c Config) (*Output, error) {
 	return loc.backend().output(ctx, &c)
+}
+
+// Unwrap is the output opened.
+func (o *Output) Unwrap() streamer.Output { return o.Output }
+
+// dedupOutput opens a deduplicated checkpoint in ckpt, whose chunks go to
+// the chunk store of the location that holds it.
+func (c *Config) dedupOutput(ctx context.Context, ckpt store.Store) (*streamer.DedupOutput, error) {
+	if c.Options.Key != nil {
+		return nil, errdefs.Usagef("--dedup: encrypted checkpoints are not deduplicated yet; leave out --dedup or the key")
+	}
+	loc, name, ok := store.Parent(ckpt)
+	if !ok {
+		return nil, errdefs.Usagef("--dedup: %s is no checkpoint of a location (a directory or S3 prefix holding checkpoints)", ckpt)
+	}
+	if name+"/" == chunkstore.Dir {
+		return nil, errdefs.Usagef("--dedup: %s is the location's chunk store, not a checkpoint name", ckpt)
+	}
+	return streamer.NewDedupOutput(ctx, ckpt, loc, c.SegmentSize)
 }
 
 // Format is what the output writes: a capture writing into it seals every
@@ -324,6 +344,13 @@ type archiveLoc struct{ unsupported }
 func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err := refuseForeignDir(a.loc.Path); err != nil {
 		return nil, err
+	}
+	if c.Options.Dedup {
+		out, err := c.dedupOutput(ctx, dir.New(a.loc.Path))
+		if err != nil {
+			return nil, err
+		}
+		return &Output{Output: out}, nil
 	}
 	format, err := c.Options.NewFormat()
 	if err != nil {

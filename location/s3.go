@@ -75,6 +75,16 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Options.Dedup {
+		out, err := c.dedupOutput(ctx, st)
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		out.SetLanes(1) // as below
+		capMemoryTo(c.Options.MemoryLimit, int64(sc.Parallel+1+streamer.DefaultCommitting)*st.PartSize())
+		return &Output{Output: out, Uploaded: st.Uploaded}, nil
+	}
 	format, err := c.Options.NewFormat()
 	if err != nil {
 		st.Close()

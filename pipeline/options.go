@@ -32,6 +32,11 @@ type Options struct {
 	// location, migrate) hash every chunk with BLAKE3 (Format); a Capture
 	// writes what its Output's format says.
 	ChunkHashes bool
+	// Dedup makes the archive outputs opened with these options (package
+	// location) deduplicated checkpoints (format 4): their chunks go to
+	// the chunk store of the location that holds them, once for every
+	// checkpoint there.
+	Dedup bool
 }
 
 const (

@@ -132,7 +132,7 @@ func commands() []command {
 // flagGroups are flags that several commands share.
 var flagGroups = map[string][]string{
 	"images": {"images-dir", "shard-fds", "ext-file-fds"},
-	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit", "chunk-hashes"},
+	"encode": {"codec", "chunk-size", "segment-size", "workers", "memory-limit", "chunk-hashes", "dedup"},
 	"decode": {"workers", "memory-limit", "spill-dir"},
 	"s3":     {"s3-endpoint", "s3-region", "s3-path-style", "s3-part-size", "s3-parallel", "s3-sse", "s3-sse-key-file"},
 	// what reading a checkpoint needs, and reading manifests, listing or
