@@ -133,7 +133,7 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 // chunks, fetched by Fetchers goroutines: a store's latency is hidden by
 // reading ahead, not by holding more of the image.
 type ArchiveSource struct {
-	store    store.Store
+	store store.Store
 	// chunks holds the segments: the archive's own store, or for a
 	// format 4 checkpoint the location that holds it (its chunk store).
 	chunks   store.Store

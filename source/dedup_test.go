@@ -8,10 +8,10 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
-	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"

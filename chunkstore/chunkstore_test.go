@@ -1,0 +1,152 @@
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store/mem"
+)
+
+func randomChunks(n int, packs []Pack, seed uint64) []Chunk {
+	r := rand.New(rand.NewPCG(seed, 1))
+	out := make([]Chunk, n)
+	for i := range out {
+		c := &out[i]
+		for k := 0; k < 32; k += 8 {
+			v := r.Uint64()
+			for j := range 8 {
+				c.ID[k+j] = byte(v >> (8 * j))
+			}
+		}
+		c.Pack = packs[r.IntN(len(packs))].ID
+		c.Pos = int64(r.IntN(1 << 20))
+		c.RawLen, c.Stored, c.Codec, c.Checksum = uint32(1+r.IntN(4<<20)), uint32(r.IntN(1<<20)), uint8(r.IntN(6)), r.Uint32()
+	}
+	return out
+}
+
+func testPacks(n int) []Pack {
+	packs := make([]Pack, n)
+	for i := range packs {
+		packs[i] = Pack{ID: NewPackID(), Size: 4 << 20}
+	}
+	return packs
+}
+
+func TestIndexRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	st := mem.New("loc")
+	packs := testPacks(3)
+	first := randomChunks(1000, packs[:2], 1)
+	second := randomChunks(500, packs[2:], 2)
+	dup := first[7] // an id written twice, in two packs
+	dup.Pack = packs[2].ID
+	second = append(second, dup)
+	for _, part := range []struct {
+		packs  []Pack
+		chunks []Chunk
+	}{{packs[:2], first}, {packs[2:], second}} {
+		if _, err := WriteIndex(ctx, st, part.packs, part.chunks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tbl, err := Load(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tbl.Len() != 1500 {
+		t.Fatalf("%d chunks, want 1500", tbl.Len())
+	}
+	for _, c := range append(first, second...) {
+		r, ok := tbl.Lookup(c.ID)
+		if c.ID == dup.ID && (r == first[7].Ref || r == dup.Ref) {
+			continue // either copy serves
+		}
+		if !ok || r != c.Ref {
+			t.Fatalf("lookup %s: %+v %v, want %+v", c.ID, r, ok, c.Ref)
+		}
+	}
+	if _, ok := tbl.Lookup(manifest.Hash{1}); ok {
+		t.Fatal("found an id never written")
+	}
+	tbl.Add(manifest.Hash{1}, Ref{Pack: packs[0].ID, RawLen: 1})
+	if !tbl.Has(manifest.Hash{1}) || tbl.Len() != 1501 {
+		t.Fatal("an added chunk is not found")
+	}
+	if size, ok := tbl.PackSize(packs[2].ID); !ok || size != 4<<20 {
+		t.Fatalf("pack size %d %v", size, ok)
+	}
+}
+
+func TestDecodeIndexRejects(t *testing.T) {
+	packs := testPacks(1)
+	good, err := MarshalIndex(packs, randomChunks(3, packs, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func([]byte) []byte
+	}{
+		{"truncated", func(b []byte) []byte { return b[:len(b)-1] }},
+		{"bad magic", func(b []byte) []byte { b[0] = 'X'; return b }},
+		{"flipped entry byte", func(b []byte) []byte { b[len(b)-10] ^= 1; return b }},
+		{"more chunks than bytes", func(b []byte) []byte { b[16] = 200; return b }},
+		{"empty", func(b []byte) []byte { return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.mod(bytes.Clone(good))
+			if _, _, err := DecodeIndex(bytes.NewReader(b), int64(len(b))); !errors.Is(err, errdefs.ErrCorrupt) {
+				t.Fatalf("got %v, want corrupt", err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeIndex(f *testing.F) {
+	packs := testPacks(2)
+	good, _ := MarshalIndex(packs, randomChunks(4, packs, 4))
+	f.Add(good)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		packs, chunks, err := DecodeIndex(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return
+		}
+		again, err := MarshalIndex(packs, chunks)
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("a decoded index does not encode to the same bytes: %v", err)
+		}
+	})
+}
+
+// TestTableMemory measures what the table holds per chunk: a million must
+// fit well under 128 MiB (issue 22).
+func TestTableMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates a million entries")
+	}
+	const n = 1 << 20
+	packs := testPacks(256)
+	chunks := randomChunks(n, packs, 5)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	tbl := NewTable()
+	tbl.insert(packs, chunks)
+	tbl.finish()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.1f bytes per chunk in the table (%d chunks: %.1f MiB)", per, n, per*n/(1<<20))
+	if per > 64 {
+		t.Errorf("%.1f bytes per chunk, want at most 64", per)
+	}
+	runtime.KeepAlive(chunks)
+	runtime.KeepAlive(tbl)
+}
