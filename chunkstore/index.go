@@ -381,7 +381,8 @@ func WriteIndex(ctx context.Context, st store.Store, packs []Pack, chunks []Chun
 	return name, nil
 }
 
-// putNew writes a whole object that must not exist yet.
+// putNew writes a whole object that must not exist yet (CommitNew: names
+// are random, so a clash is a bug or an attack, never overwritten).
 func putNew(ctx context.Context, st store.Store, name string, b []byte) error {
 	w, err := st.Create(ctx, name)
 	if err != nil {
@@ -391,7 +392,7 @@ func putNew(ctx context.Context, st store.Store, name string, b []byte) error {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("%s/%s: %w", st, name, err)
 	}
-	if err := w.Commit(ctx); err != nil {
+	if err := w.CommitNew(ctx); err != nil {
 		_ = w.Abort(ctx)
 		return fmt.Errorf("%s/%s: %w", st, name, err)
 	}
