@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -63,14 +65,37 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 	if progress == nil {
 		progress = &pipeline.Counters{}
 	}
+	from, to := src, dst
+	if m.SharedChunks {
+		// A deduplicated checkpoint's packs go from location to location,
+		// those the destination holds already (same name: packs are
+		// immutable) staying; a capture lock keeps gc there from taking
+		// them before the manifest names them.
+		var okSrc, okDst bool
+		from, _, okSrc = store.Parent(src)
+		to, _, okDst = store.Parent(dst)
+		if !okSrc || !okDst {
+			return nil, fmt.Errorf("cp %s to %s: a deduplicated checkpoint goes from a location to a location: %w", src, dst, errdefs.ErrUsage)
+		}
+		lock, err := chunkstore.TakeLock(ctx, to, chunkstore.LockCapture)
+		if err != nil {
+			return nil, err
+		}
+		defer lock.Release(ctx)
+	}
 	for _, seg := range m.Segments {
-		if info, err := dst.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
+		if info, err := to.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
 			res.Kept++
 			continue
 		}
-		n, err := copyObject(ctx, src, dst, seg, progress)
+		n, err := copyObject(ctx, from, to, seg, progress)
 		res.Bytes += n
 		if err != nil {
+			return res, err
+		}
+	}
+	if m.SharedChunks {
+		if err := indexCopied(ctx, to, m); err != nil {
 			return res, err
 		}
 	}
@@ -96,6 +121,43 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		return res, fmt.Errorf("commit %s/%s: %w", dst, manifest.ManifestName, err)
 	}
 	return res, nil
+}
+
+// indexCopied writes an index object in the location to for the chunks of
+// m that its index does not list yet (in packs copied now, or kept from an
+// earlier copy that indexed only its own checkpoint's chunks), so that
+// captures there share them.
+func indexCopied(ctx context.Context, to store.Store, m *manifest.Manifest) error {
+	known, err := chunkstore.Load(ctx, to)
+	if err != nil {
+		return err
+	}
+	used := map[int]bool{}
+	var chunks []chunkstore.Chunk
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if codec.ID(c.Codec) == codec.Zero || known.Has(c.Hash) {
+				continue
+			}
+			id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
+			r := chunkstore.Ref{Pack: id, Pos: c.Pos, RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
+			known.Add(c.Hash, r)
+			chunks = append(chunks, chunkstore.Chunk{ID: c.Hash, Ref: r})
+			used[c.Segment] = true
+		}
+	}
+	if len(chunks) == 0 {
+		return nil
+	}
+	var packs []chunkstore.Pack
+	for i, s := range m.Segments {
+		if used[i] {
+			id, _ := chunkstore.ParsePackName(s.Name)
+			packs = append(packs, chunkstore.Pack{ID: id, Size: s.Size})
+		}
+	}
+	_, err = chunkstore.WriteIndex(ctx, to, packs, chunks)
+	return err
 }
 
 // lostTo is Copy's end when another writer committed a manifest in dst

@@ -140,6 +140,9 @@ type GCResult struct {
 	HasTempFiles bool  `json:"-"`
 	OlderThanMS  int64 `json:"older_than_ms"`
 	DryRun       bool  `json:"dry_run,omitempty"`
+	// Chunks is what gc did in the location's chunk store, when it has
+	// one (deduplicated checkpoints).
+	Chunks *ChunkGCResult `json:"chunk_store,omitempty"`
 }
 
 // GC removes what unfinished captures left in st: segments that no
@@ -196,6 +199,12 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 		if res.TempFiles, err = s.RemoveTemp(ctx, cutoff, dryRun); err != nil {
 			return nil, err
 		}
+	}
+	if res.Chunks, err = GCChunks(ctx, st, age, dryRun); err != nil {
+		return nil, err
+	}
+	if res.Chunks.Packs == 0 {
+		res.Chunks = nil
 	}
 	return res, nil
 }

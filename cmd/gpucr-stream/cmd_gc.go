@@ -64,5 +64,12 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintf(cfg.stdout, ", %d temporary file(s) and empty dir(s)", res.TempFiles)
 	}
 	fmt.Fprintln(cfg.stdout)
+	if c := res.Chunks; c != nil {
+		if c.Skipped != "" {
+			fmt.Fprintf(cfg.stdout, "chunk store: skipped: %s\n", c.Skipped)
+		} else {
+			fmt.Fprintf(cfg.stdout, "chunk store: %d pack(s), %d referenced; %s %d unreferenced pack(s) (%s)\n", c.Packs, c.Referenced, v, c.Removed, humanBytes(c.RemovedBytes))
+		}
+	}
 	return nil
 }

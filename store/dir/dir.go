@@ -79,6 +79,19 @@ func (d *Store) Create(ctx context.Context, name string) (store.ObjectWriter, er
 	if err != nil {
 		return nil, err
 	}
+	// gc removes directories it finds empty: one may go between opening
+	// it and creating the file in it, which then fails with ENOENT and is
+	// tried again in a new one.
+	for attempt := 0; ; attempt++ {
+		w, err := d.create(name, p)
+		if errors.Is(err, unix.ENOENT) && attempt < 3 {
+			continue
+		}
+		return w, err
+	}
+}
+
+func (d *Store) create(name, p string) (store.ObjectWriter, error) {
 	dir, base, err := d.openParent(name, true)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", p, err)
@@ -412,7 +425,9 @@ func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 	var out []store.ObjectInfo
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && p == d.root {
+			// The root not there yet, or an object or directory deleted
+			// while the walk passed it: not listed, as if listed before.
+			if errors.Is(err, fs.ErrNotExist) {
 				return filepath.SkipDir
 			}
 			return err
@@ -430,6 +445,9 @@ func (d *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 			return nil
 		}
 		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // deleted since the directory was read
+		}
 		if err != nil {
 			return err
 		}
