@@ -61,7 +61,13 @@ type Entry struct {
 	Segments    int      `json:"segments"`
 	RawBytes    int64    `json:"raw_bytes"`
 	StoredBytes int64    `json:"stored_bytes"` // bytes in storage: segments and manifest
-	Ratio       float64  `json:"ratio"`
+	// NewBytes is what the checkpoint added to storage: StoredBytes, or
+	// for a deduplicated one (Dedup) the chunks it added to the location's
+	// chunk store and its manifest; its StoredBytes then count every chunk
+	// it references, shared or not.
+	NewBytes int64   `json:"new_bytes"`
+	Dedup    bool    `json:"dedup,omitempty"`
+	Ratio    float64 `json:"ratio"`
 	// Error says why the manifest could not be read.
 	Error string `json:"error,omitempty"`
 }
@@ -132,6 +138,14 @@ func (e *Entry) read(ctx context.Context, st store.Store, manifestSize int64) {
 	e.Files, e.Segments, e.RawBytes = len(m.Files), len(m.Segments), m.Stats.RawBytes
 	if m.Process != nil {
 		e.PID, e.Cmdline = m.Process.PID, m.Process.Cmdline
+	}
+	e.NewBytes = e.StoredBytes
+	if m.SharedChunks {
+		// Its segments are packs it shares: count its chunks' payloads,
+		// and apart what it added.
+		e.Dedup = true
+		e.StoredBytes = manifestSize + m.Stats.StoredBytes
+		e.NewBytes = manifestSize + m.Stats.NewStoredBytes
 	}
 	if e.StoredBytes > 0 {
 		e.Ratio = float64(e.RawBytes) / float64(e.StoredBytes)

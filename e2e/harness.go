@@ -571,6 +571,28 @@ func (tg *Target) Prove(ctx context.Context) (Proof, error) {
 	}
 }
 
+// Rewrite makes the target rewrite a tenth of its memory (SIGUSR2) and
+// waits until it has.
+func (tg *Target) Rewrite(ctx context.Context) error {
+	path := filepath.Join(tg.dir, "rewritten")
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := syscall.Kill(tg.pid, syscall.SIGUSR2); err != nil {
+		return fmt.Errorf("signal target %d: %w", tg.pid, err)
+	}
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for target %d to rewrite its memory: %w\n%s", tg.pid, ctx.Err(), tg.outputTail())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // WaitGone waits until the target and its child are gone (reaped), as criu
 // restore needs after criu dump killed them.
 func (tg *Target) WaitGone(ctx context.Context) error {

@@ -30,11 +30,14 @@ const cdcPage = 4 << 10
 const cdcRead = 256 << 10
 
 // cdcParams are the boundaries' limits for a chunk size of max bytes: at
-// least max/16, on average about max/4 after that, at most max.
+// least max/64, on average about max/16 after that, at most max (with the
+// default 4 MiB: 64 KiB, about 320 KiB, 4 MiB). Small chunks keep what a
+// scattered change (a process's heap, its stacks) makes new small; each
+// costs a frame header, an index entry and a manifest line.
 func cdcParams(max int) (minChunk int, mask uint32) {
-	minChunk = (max / 16) &^ (cdcPage - 1)
+	minChunk = (max / 64) &^ (cdcPage - 1)
 	minChunk = min(max, minChunk+cdcPage)
-	target := max / 4 / cdcPage
+	target := max / 16 / cdcPage
 	if target < 1 {
 		return minChunk, 0
 	}

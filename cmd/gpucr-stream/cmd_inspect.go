@@ -111,6 +111,10 @@ func printInspect(w io.Writer, r inspectResult) {
 	}
 	fmt.Fprintf(w, "files       %d, %s raw, %s stored (%.2fx), codec %s, %d segment(s)\n",
 		len(r.Files), humanBytes(r.Stats.RawBytes), humanBytes(r.Stats.StoredBytes), r.Ratio, r.Codec, r.Segments)
+	if r.Format >= manifest.VersionSharedChunks {
+		fmt.Fprintf(w, "dedup       chunks in the location's chunk store, %d pack(s); %s new (%d of %d chunks), the rest shared\n",
+			r.Segments, humanBytes(r.Stats.NewStoredBytes), r.Stats.NewChunks, r.Stats.Chunks)
+	}
 	var names []string
 	for n := range r.Stats.ByCodec {
 		names = append(names, n)

@@ -51,14 +51,14 @@ func printLs(w, errw io.Writer, loc location.Location, entries []lsEntry) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCREATED\tRAW\tSTORED\tRATIO\tHOST\tPID\tCOMMAND")
+	fmt.Fprintln(tw, "NAME\tCREATED\tRAW\tSTORED\tNEW\tRATIO\tHOST\tPID\tCOMMAND")
 	for _, e := range entries {
 		name := e.Name
 		if name == "" {
 			name = "."
 		}
 		if e.Error != "" {
-			fmt.Fprintf(tw, "%s\t?\t?\t%s\t?\t?\t?\t?\n", name, humanBytes(e.StoredBytes))
+			fmt.Fprintf(tw, "%s\t?\t?\t%s\t?\t?\t?\t?\t?\n", name, humanBytes(e.StoredBytes))
 			fmt.Fprintf(errw, "gpucr-stream: ls: %s: %s\n", e.Location, e.Error)
 			continue
 		}
@@ -66,8 +66,8 @@ func printLs(w, errw io.Writer, loc location.Location, entries []lsEntry) {
 		if e.PID > 0 {
 			pid = fmt.Sprint(e.PID)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2fx\t%s\t%s\t%s\n", name, formatTime(e.Created),
-			humanBytes(e.RawBytes), humanBytes(e.StoredBytes), e.Ratio, manifest.PrintableName(e.Host), pid, commandLine(e.Cmdline, 40))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2fx\t%s\t%s\t%s\n", name, formatTime(e.Created),
+			humanBytes(e.RawBytes), humanBytes(e.StoredBytes), humanBytes(e.NewBytes), e.Ratio, manifest.PrintableName(e.Host), pid, commandLine(e.Cmdline, 40))
 	}
 	tw.Flush()
 }

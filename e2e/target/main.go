@@ -3,7 +3,9 @@
 // zero pages, incompressible data, text), a child process fed through a pipe,
 // an open log file and a running counter, and on SIGUSR1 writes a proof that
 // all of them survived: the memory checksum still matches, the counter and
-// the child keep advancing.
+// the child keep advancing. On SIGUSR2 it rewrites a tenth of its memory
+// (one run of pages, with new random bytes), takes the new checksum as the
+// expected one, and writes it to DIR/rewritten: the dedup tests' change.
 //
 // It stays within what CRIU dumps without extra flags: no sockets, no tty,
 // started by the harness in its own session with stdin on /dev/null.
@@ -77,6 +79,8 @@ func main() {
 	// would kill the process if a proof is requested early.
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
 
 	dir := flag.String("dir", "", "work directory (ready, proof.json, target.log)")
 	mb := flag.Int("mb", 256, "approximate memory to fill, in MiB")
@@ -91,7 +95,7 @@ func main() {
 	if *mix != "model" && *mix != "thirds" {
 		log.Fatalf("target: --mix %q: want model or thirds", *mix)
 	}
-	if err := runParent(*dir, *mb, *mix, usr1); err != nil {
+	if err := runParent(*dir, *mb, *mix, usr1, usr2); err != nil {
 		log.Fatalf("target: %v", err)
 	}
 }
@@ -110,9 +114,10 @@ type parent struct {
 	writeMu   sync.Mutex
 	nonce     uint64
 	seq       uint64
+	rewrites  uint64
 }
 
-func runParent(dir string, mb int, mix string, usr1 <-chan os.Signal) error {
+func runParent(dir string, mb int, mix string, usr1, usr2 <-chan os.Signal) error {
 	p := &parent{dir: dir}
 	var err error
 	p.logFile, err = os.OpenFile(filepath.Join(dir, "target.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -149,10 +154,45 @@ func runParent(dir string, mb int, mix string, usr1 <-chan os.Signal) error {
 			if err := p.prove(); err != nil {
 				p.logf("proof failed: %v", err)
 			}
+		case <-usr2:
+			if err := p.rewrite(); err != nil {
+				p.logf("rewrite failed: %v", err)
+			}
 		case <-heartbeat.C:
 			p.logf("counter %d", p.counter.Load())
 		}
 	}
+}
+
+// rewrite overwrites a tenth of the memory, one run of whole pages from a
+// fifth of the way in (in the bf16 weights of the model mix), with new
+// values of the same kind: a model whose tensors were updated.
+func (p *parent) rewrite() error {
+	total := 0
+	for _, r := range p.regions {
+		total += len(r)
+	}
+	n := total / 10 / pageSize * pageSize
+	skip := total / 5 / pageSize * pageSize
+	p.rewrites++
+	rnd := rand.New(rand.NewPCG(p.rewrites, 0x7265))
+	for _, r := range p.regions {
+		if skip >= len(r) {
+			skip -= len(r)
+			continue
+		}
+		for i := skip; i+2 <= len(r) && n > 0; i, n = i+2, n-2 {
+			w := float32(rnd.NormFloat64() * 0.02)
+			binary.LittleEndian.PutUint16(r[i:], uint16(math.Float32bits(w)>>16))
+		}
+		skip = 0
+		if n <= 0 {
+			break
+		}
+	}
+	p.expected = checksum(p.regions)
+	p.logf("rewrote a tenth of memory, sha256 %s", p.expected)
+	return writeAtomic(filepath.Join(p.dir, "rewritten"), []byte(p.expected+"\n"))
 }
 
 // logf appends to target.log, giving the process an open regular file that

@@ -1,0 +1,102 @@
+package e2e
+
+// Deduplicated checkpoints (format 4, issue 22) with real CRIU: checkpoints
+// of one process into one location share its chunk store.
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/catalog"
+)
+
+// lsEntries is `ls --json` of a location, by checkpoint name.
+func lsEntries(t *testing.T, r gcsResult) map[string]catalog.Entry {
+	t.Helper()
+	var es []catalog.Entry
+	if err := json.Unmarshal([]byte(r.stdout), &es); err != nil {
+		t.Fatalf("ls --json: %v\n%s", err, r.stdout)
+	}
+	out := map[string]catalog.Entry{}
+	for _, e := range es {
+		out[e.Name] = e
+	}
+	return out
+}
+
+// TestDedupCheckpoints: a second checkpoint of an unchanged process adds
+// under 2% of the first's bytes; after the process rewrote a tenth of its
+// memory, under 13%; each restores; verify, cp, rm and gc (racing a
+// capture) keep the location whole.
+func TestDedupCheckpoints(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	loc := filepath.Join(dir, "loc")
+	tg, _ := startedTarget(ctx, t, dir, 128)
+	pid := strconv.Itoa(tg.PID())
+	ck := func(name string) {
+		t.Helper()
+		gcsRun(ctx, t, "checkpoint", "--dedup", "--leave-running", "--pid", pid, "--to", filepath.Join(loc, name)).ok(t, "checkpoint "+name)
+	}
+	ck("one")
+	ck("two")
+	if err := tg.Rewrite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ck("three")
+	es := lsEntries(t, gcsRun(ctx, t, "ls", "--json", loc).ok(t, "ls"))
+	one, two, three := es["one"], es["two"], es["three"]
+	if !one.Dedup || one.NewBytes == 0 {
+		t.Fatalf("ls: first checkpoint %+v", one)
+	}
+	t.Logf("new bytes: first %d (raw %d), unchanged %d (%.2f%%), a tenth rewritten %d (%.2f%%, %.2f%% of the raw bytes)", one.NewBytes, one.RawBytes,
+		two.NewBytes, 100*float64(two.NewBytes)/float64(one.NewBytes), three.NewBytes, 100*float64(three.NewBytes)/float64(one.NewBytes),
+		100*float64(three.NewBytes)/float64(one.RawBytes))
+	if float64(two.NewBytes) > 0.02*float64(one.NewBytes) {
+		t.Errorf("an unchanged process's second checkpoint added %d bytes, over 2%% of the first's %d", two.NewBytes, one.NewBytes)
+	}
+	// The tenth rewritten is weights, which compress less than the image
+	// as a whole (its zero pages cost nothing): bound by the raw bytes.
+	if float64(three.NewBytes) > 0.13*float64(one.RawBytes) {
+		t.Errorf("after a tenth of memory was rewritten, the checkpoint added %d bytes, over 13%% of the first's %d raw bytes", three.NewBytes, one.RawBytes)
+	}
+	insp := gcsRun(ctx, t, "inspect", filepath.Join(loc, "three")).ok(t, "inspect")
+	if !strings.Contains(insp.stdout, "format      4") || !strings.Contains(insp.stdout, "dedup ") {
+		t.Errorf("inspect of a deduplicated checkpoint:\n%s", insp.stdout)
+	}
+
+	// rm the first, then gc while a fourth checkpoint runs; then verify
+	// and cp what is left.
+	gcsRun(ctx, t, "rm", filepath.Join(loc, "one")).ok(t, "rm one")
+	beforeFour, err := tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var gc gcsResult
+	wg.Go(func() { gc = gcsRun(ctx, t, "gc", "--older-than", "0s", loc) })
+	ck("four")
+	wg.Wait()
+	gc.ok(t, "gc racing a checkpoint")
+	gcsRun(ctx, t, "gc", "--older-than", "0s", loc).ok(t, "gc")
+	for _, n := range []string{"two", "three", "four"} {
+		gcsRun(ctx, t, "verify", filepath.Join(loc, n)).ok(t, "verify "+n)
+	}
+	other := filepath.Join(dir, "other")
+	gcsRun(ctx, t, "cp", filepath.Join(loc, "three"), filepath.Join(other, "three")).ok(t, "cp three")
+	gcsRun(ctx, t, "cp", filepath.Join(loc, "four"), filepath.Join(other, "four")).ok(t, "cp four")
+	gcsRun(ctx, t, "verify", filepath.Join(other, "four")).ok(t, "verify the copy")
+
+	// The process as it was at the last checkpoint comes back from the copy.
+	tg.Kill()
+	if err := tg.WaitGone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gcsRun(ctx, t, "restore", "--from", filepath.Join(other, "four")).ok(t, "restore from the copy")
+	provenRestore(ctx, t, tg, beforeFour)
+}
