@@ -16,6 +16,8 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/store/miniotest"
+	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -71,8 +73,67 @@ func verifyIn(t *testing.T, ckpt store.Store, want map[string][]byte) {
 	}
 }
 
+// locations are a location of each store: memory, a directory, and an S3
+// prefix on MinIO.
 func locations(t *testing.T) map[string]store.Store {
-	return map[string]store.Store{"mem": mem.New("loc"), "dir": dir.New(t.TempDir())}
+	return map[string]store.Store{"mem": mem.New("loc"), "dir": dir.New(t.TempDir()), "s3": s3At(t, minio(t), "loc")}
+}
+
+// minio starts a MinIO server with the bucket "dedup".
+func minio(t *testing.T) *miniotest.Server {
+	srv := miniotest.Start(t)
+	srv.MakeBucket(t, "dedup")
+	return srv
+}
+
+// s3At is the S3 store of prefix in the bucket "dedup".
+func s3At(t *testing.T, srv *miniotest.Server, prefix string) *s3.Store {
+	t.Helper()
+	st, err := s3.New(context.Background(), s3.Config{Endpoint: srv.Endpoint(), Bucket: "dedup", Prefix: prefix,
+		AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), PartSize: 5 << 20, Parallel: 3, MaxRetries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestDedupS3Parent: a checkpoint opened at its own S3 prefix finds its
+// location's chunk store one prefix up, to write and to read.
+func TestDedupS3Parent(t *testing.T) {
+	ctx := context.Background()
+	srv := minio(t)
+	files := map[string][]byte{"pages-1.img": noise(3<<20, 30)}
+	for _, name := range []string{"one", "two"} {
+		ckpt := s3At(t, srv, "fleet/"+name)
+		loc, base, ok := store.Parent(ckpt)
+		if !ok || base != name || loc.String() != "s3://dedup/fleet" {
+			t.Fatalf("parent of %s: %v %q %v", ckpt, loc, base, ok)
+		}
+		out, err := streamer.NewDedupOutput(ctx, ckpt, loc, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WriteFile("pages-1.img", bytes.NewReader(files["pages-1.img"]), false); err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.Close(ctx, manifest.Manifest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "two" && m.Stats.NewStoredBytes != 0 {
+			t.Errorf("the second checkpoint added %d bytes", m.Stats.NewStoredBytes)
+		}
+		verifyIn(t, s3At(t, srv, "fleet/"+name), files)
+	}
+	es, err := List(ctx, s3At(t, srv, "fleet"), "s3://dedup/fleet")
+	if err != nil || len(es) != 2 || !es[1].Dedup || es[1].NewBytes >= es[0].NewBytes/20 {
+		t.Fatalf("ls: %+v, %v", es, err)
+	}
 }
 
 func TestGCChunks(t *testing.T) {
