@@ -163,22 +163,17 @@ func (t *Table) Each(fn func(Chunk)) {
 }
 
 // insert adds one index object's contents; finish sorts.
-func (t *Table) insert(packs []Pack, chunks []Chunk) error {
-	local := make([]uint32, len(packs))
-	for i, p := range packs {
-		k, ok := t.packIdx[p.ID]
-		if !ok {
-			k = uint32(len(t.packs))
+func (t *Table) insert(packs []Pack, chunks []Chunk) {
+	for _, p := range packs {
+		if _, ok := t.packIdx[p.ID]; !ok {
+			t.packIdx[p.ID] = uint32(len(t.packs))
 			t.packs = append(t.packs, p)
-			t.packIdx[p.ID] = k
 		}
-		local[i] = k
 	}
 	for _, c := range chunks {
 		t.loaded = append(t.loaded, entry{id: c.ID, pack: t.packIdx[c.Pack], pos: uint32(c.Pos), posHi: uint8(c.Pos >> 32),
 			raw: c.RawLen, stored: c.Stored, crc: c.Checksum, codec: c.Codec})
 	}
-	return nil
 }
 
 func (t *Table) finish() {
@@ -186,6 +181,14 @@ func (t *Table) finish() {
 	// Keep one entry per id (the first pack's, by sort order: any works).
 	t.loaded = slices.CompactFunc(t.loaded, func(a, b entry) bool { return a.id == b.id })
 	t.loaded = slices.Clip(t.loaded)
+}
+
+// TableOf is the table of one index object's contents.
+func TableOf(packs []Pack, chunks []Chunk) *Table {
+	t := NewTable()
+	t.insert(packs, chunks)
+	t.finish()
+	return t
 }
 
 // loadParallel is how many index objects are read at once.
@@ -233,9 +236,7 @@ func Load(ctx context.Context, st store.Store) (*Table, error) {
 		if r.err != nil {
 			return nil, r.err
 		}
-		if err := t.insert(r.packs, r.chunks); err != nil {
-			return nil, err
-		}
+		t.insert(r.packs, r.chunks)
 	}
 	t.finish()
 	return t, nil

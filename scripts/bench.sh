@@ -329,3 +329,12 @@ if [ "${BENCH_S3:-1}" = 1 ] && have go; then
 	echo "S3 (scripts/bench-s3.sh):"
 	BENCH_MB=$MB BENCH_ROUNDS=$ROUNDS GCS=$GCS CRIU=$CRIU bash scripts/bench-s3.sh
 fi
+
+# Deduplicated checkpoints (issue 22): first, unchanged and a tenth
+# rewritten, against a full checkpoint, into a directory and MinIO
+# (scripts/bench-dedup.sh; BENCH_DEDUP=0 skips it).
+if [ "${BENCH_DEDUP:-1}" = 1 ] && have go; then
+	echo
+	echo "dedup (scripts/bench-dedup.sh):"
+	BENCH_MB=$MB BENCH_ROUNDS=$ROUNDS GCS=$GCS CRIU=$CRIU bash scripts/bench-dedup.sh
+fi

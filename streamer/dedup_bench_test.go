@@ -1,0 +1,109 @@
+package streamer
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/chunkstore"
+	"github.com/gpucr/gpucr-stream/codec"
+)
+
+// benchImage is n MiB shaped like a process image: a third noise, a third
+// zero pages, a third text-like pages.
+func benchImage(n int) []byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, n<<20)
+	for p := 0; p < len(b)/cdcPage; p++ {
+		page := b[p*cdcPage : (p+1)*cdcPage]
+		switch p % 3 {
+		case 0:
+			for i := 0; i < len(page); i += 8 {
+				v := r.Uint64()
+				for k := range 8 {
+					page[i+k] = byte(v >> (8 * k))
+				}
+			}
+		case 2:
+			for i := range page {
+				page[i] = "the quick brown fox "[r.IntN(20)]
+			}
+		}
+	}
+	return b
+}
+
+// BenchmarkDedupScan is what deduplication adds to a capture's CPU per
+// byte, beside what a plain capture spends on the same bytes before
+// encoding, in one run (docs/BENCHMARKS.md): plain reads fixed 4 MiB chunks
+// with their zero test and CRC-32C (the producer's chunkSums); dedup cuts
+// them by content (page CRCs), hashes each with BLAKE3 and looks it up in a
+// table of a million chunks. cpu-s/GiB is per core.
+func BenchmarkDedupScan(b *testing.B) {
+	img := benchImage(256)
+	const chunk = 4 << 20
+	buf := make([]byte, chunk)
+	b.Run("plain", func(b *testing.B) {
+		b.SetBytes(int64(len(img)))
+		start := time.Now()
+		for b.Loop() {
+			r := bytes.NewReader(img)
+			for {
+				var s chunkSums
+				n, err := s.fill(r, buf)
+				if n == 0 || err != nil {
+					break
+				}
+			}
+		}
+		b.ReportMetric(perGiB(start, b.N, len(img)), "cpu-s/GiB")
+	})
+	b.Run("cdc+blake3+lookup", func(b *testing.B) {
+		tbl := bigTable(1 << 20)
+		b.SetBytes(int64(len(img)))
+		start := time.Now()
+		found := 0
+		for b.Loop() {
+			c := newCutter(bytes.NewReader(img), chunk, nil)
+			for {
+				var s chunkSums
+				n, err := c.next(buf, &s)
+				if n > 0 && !s.zero {
+					if tbl.Has(codec.ContentHash(buf[:n])) {
+						found++
+					}
+				}
+				if err == io.EOF || n == 0 {
+					break
+				}
+			}
+		}
+		b.ReportMetric(perGiB(start, b.N, len(img)), "cpu-s/GiB")
+		if found != 0 {
+			b.Fatalf("found %d chunks in a table of random ids", found)
+		}
+	})
+}
+
+func perGiB(start time.Time, n, size int) float64 {
+	return time.Since(start).Seconds() / float64(n) / (float64(size) / (1 << 30))
+}
+
+// bigTable is a table of n random chunk ids.
+func bigTable(n int) *chunkstore.Table {
+	r := rand.New(rand.NewPCG(3, 4))
+	pack := chunkstore.NewPackID()
+	chunks := make([]chunkstore.Chunk, n)
+	for i := range chunks {
+		for k := 0; k < 32; k += 8 {
+			v := r.Uint64()
+			for j := range 8 {
+				chunks[i].ID[k+j] = byte(v >> (8 * j))
+			}
+		}
+		chunks[i].Ref = chunkstore.Ref{Pack: pack, RawLen: 1}
+	}
+	return chunkstore.TableOf([]chunkstore.Pack{{ID: pack, Size: 1 << 40}}, chunks)
+}
