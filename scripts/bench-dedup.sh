@@ -52,6 +52,7 @@ if [ "${BENCH_DEDUP_S3:-1}" = 1 ]; then
 	MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY MINIO_BROWSER=off MINIO_UPDATE=off \
 		"$MINIO" server "$DATA" --address "127.0.0.1:$PORT" --console-address "127.0.0.1:$((PORT + 1))" --quiet >"$WORK/minio.log" 2>&1 &
 	MINIO_PID=$!
+	disown "$MINIO_PID" # killed by cleanup, without a "Killed" line
 	for _ in $(seq 600); do curl -fs "$AWS_ENDPOINT_URL/minio/health/live" >/dev/null 2>&1 && break; sleep 0.1; done
 	STORES="dir s3"
 fi
