@@ -74,8 +74,10 @@ while [ -e "/proc/$PID" ] || [ -e "/proc/$CHILD" ]; do sleep 0.05; done
 echo "process $PID and its child $CHILD are gone"
 
 say "what the archive holds"
-"$GCS" inspect "$ARCHIVE"
-"$GCS" verify "$ARCHIVE"
+shown() { echo "\$ gpucr-stream $*"; "$GCS" "$@"; }
+shown inspect "$ARCHIVE"
+echo
+shown verify "$ARCHIVE"
 
 say "restore: gpucr-stream serve --from $ARCHIVE -> criu restore --stream"
 "$GCS" --images-dir "$WORK/restore" --progress-fd 3 serve --from "$ARCHIVE" 3>"$WORK/serve.progress" &
