@@ -75,6 +75,15 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sc.SSE.Mode != s3.SSENone {
+		// The server refuses an encryption it cannot do (no KMS, SSE-C
+		// over http) only when an object is written: find out now, before
+		// a checkpoint freezes its process, not at the first segment.
+		if err := probeWrite(ctx, st); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("%s: --s3-sse: a test object was refused: %w", l.loc, err)
+		}
+	}
 	if c.Options.Dedup {
 		out, err := c.dedupOutput(ctx, st)
 		if err != nil {
@@ -89,15 +98,6 @@ func (l s3Loc) output(ctx context.Context, c *Config) (*Output, error) {
 	if err != nil {
 		st.Close()
 		return nil, err
-	}
-	if sc.SSE.Mode != s3.SSENone {
-		// The server refuses an encryption it cannot do (no KMS, SSE-C
-		// over http) only when an object is written: find out now, before
-		// a checkpoint freezes its process, not at the first segment.
-		if err := probeWrite(ctx, st); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("%s: --s3-sse: a test object was refused: %w", l.loc, err)
-		}
 	}
 	out, err := streamer.NewArchiveOutputAs(ctx, st, c.SegmentSize, format)
 	if err != nil {
