@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	fdinfo "github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"google.golang.org/protobuf/proto"
@@ -60,16 +61,43 @@ func RemapTCPListen(ctx context.Context, src source.Source, remaps map[uint16]ui
 	if len(remaps) == 0 {
 		return src, nil
 	}
-	const name = "files.img"
+	r := &replaced{Source: src, remaps: remaps}
+	if err := r.load(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// RemapTCPListenLater is RemapTCPListen for a source still arriving:
+// files.img is read and patched when it is first asked for, and a port no
+// socket listens on fails that request.
+func RemapTCPListenLater(src source.Source, remaps map[uint16]uint16) source.Source {
+	if len(remaps) == 0 {
+		return src
+	}
+	return &replaced{Source: src, remaps: remaps}
+}
+
+const remappedFile = "files.img"
+
+// load reads and patches files.img, once.
+func (r *replaced) load(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.data != nil || r.err != nil {
+		return r.err
+	}
 	var buf bytes.Buffer
-	if _, err := src.Copy(ctx, name, &limitWriter{&buf, maxFilesImg}); err != nil {
-		return nil, fmt.Errorf("tcp listen remap: read %s: %w", name, err)
+	if _, err := r.Source.Copy(ctx, remappedFile, &limitWriter{&buf, maxFilesImg}); err != nil {
+		return fmt.Errorf("tcp listen remap: read %s: %w", remappedFile, err) // not kept: a canceled wait may be retried
 	}
-	patched, err := PatchTCPListen(buf.Bytes(), remaps)
+	patched, err := PatchTCPListen(buf.Bytes(), r.remaps)
 	if err != nil {
-		return nil, fmt.Errorf("tcp listen remap: %s: %w", name, err)
+		r.err = fmt.Errorf("tcp listen remap: %s: %w", remappedFile, err)
+		return r.err
 	}
-	return &replaced{Source: src, name: name, data: patched}, nil
+	r.data = patched
+	return nil
 }
 
 // PatchTCPListen rewrites a files.img.
@@ -127,24 +155,31 @@ func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
 	return out, nil
 }
 
-// replaced serves data in place of src's file name.
+// replaced serves files.img patched in place of src's.
 type replaced struct {
 	source.Source
-	name string
-	data []byte
+	remaps map[uint16]uint16
+	mu     sync.Mutex
+	data   []byte
+	err    error
 }
 
 func (r *replaced) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, err := r.Source.Stat(ctx, name)
-	if err == nil && name == r.name {
-		f.Size = int64(len(r.data))
+	if err == nil && name == remappedFile {
+		if err = r.load(ctx); err == nil {
+			f.Size = int64(len(r.data))
+		}
 	}
 	return f, err
 }
 
 func (r *replaced) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	if name != r.name {
+	if name != remappedFile {
 		return r.Source.Copy(ctx, name, w)
+	}
+	if err := r.load(ctx); err != nil {
+		return 0, err
 	}
 	n, err := w.Write(r.data)
 	return int64(n), err
@@ -153,8 +188,10 @@ func (r *replaced) Copy(ctx context.Context, name string, w io.Writer) (int64, e
 func (r *replaced) Files(ctx context.Context) ([]manifest.File, error) {
 	fs, err := r.Source.Files(ctx)
 	for i := range fs {
-		if fs[i].Name == r.name {
-			fs[i].Size = int64(len(r.data))
+		if fs[i].Name == remappedFile && err == nil {
+			if err = r.load(ctx); err == nil {
+				fs[i].Size = int64(len(r.data))
+			}
 		}
 	}
 	return fs, err

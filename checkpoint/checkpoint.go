@@ -307,7 +307,8 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamOptions{})
+	// From a stream, CRIU restores while it is read (see serveEarly).
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamOptions{ServeEarly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -327,6 +328,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	opened := time.Since(start).Seconds()
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
+	if err == nil {
+		err = streamEnded(ctx, src, rep.PID)
+	}
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
@@ -353,6 +357,25 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
+}
+
+// streamEnded waits for the end of a stream CRIU restored pid from while
+// it was read: CRIU got only files that were whole and checked, but a
+// stream damaged after them is a damaged checkpoint, and what CRIU
+// restored from it is killed.
+func streamEnded(ctx context.Context, src source.Source, pid int) error {
+	stream := location.StreamOf(src)
+	if stream == nil {
+		return nil
+	}
+	err := stream.Wait(ctx)
+	if err == nil || pid <= 0 {
+		return err
+	}
+	if kerr := proc.KillTree(pid); kerr != nil {
+		return fmt.Errorf("the stream failed after criu restored process %d: %w; killing its tree failed: %v", pid, err, kerr)
+	}
+	return fmt.Errorf("the stream failed after criu restored process %d, its tree killed: %w", pid, err)
 }
 
 // processOf describes the process being checkpointed, for ls and inspect.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
@@ -50,17 +52,22 @@ type ReceiveResult struct {
 	LeftRunning bool    `json:"source_left_running,omitempty"`
 	// CUDA processes brought back onto the GPU.
 	CUDAPIDs []int `json:"cuda_pids,omitempty"`
+	// CRIUWaitedSecs is how long CRIU's first request waited for the
+	// sender's commit: the part of its start that overlapped the transfer.
+	CRIUWaitedSecs float64 `json:"criu_waited_seconds,omitempty"`
 	// Stats is the statistics line of a served (not restored) checkpoint.
 	Stats *Stats `json:"-"`
 }
 
 // receiver is one Receive in progress.
 type receiver struct {
-	o     ReceiveOptions
-	criu  string
-	src   *tcp.Source
-	start time.Time
-	res   ReceiveResult
+	o    ReceiveOptions
+	criu string
+	src  *tcp.Source
+	// stopSource ends the transfer: the sender is refused with the cause.
+	stopSource context.CancelCauseFunc
+	start      time.Time
+	res        ReceiveResult
 }
 
 // Receive accepts one checkpoint on o.Listen, then restores it (o.Restore)
@@ -84,7 +91,10 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.src = tcp.NewSource(ctx, l, o.Stream)
+	sctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	r.stopSource = stop
+	r.src = tcp.NewSource(sctx, l, o.Stream)
 	defer r.src.Close()
 	o.Hooks.log("receive: listening on " + l.Addr().String())
 	r.res.Listen = l.Addr().String()
@@ -160,26 +170,70 @@ func (r *receiver) report(rep tcp.Report) {
 	}
 }
 
-// restore waits for the sender's commit and restores the checkpoint.
+// restore restores the checkpoint. CRIU starts as soon as a sender is
+// accepted, beside the transfer: its start (65-130 ms to its first request
+// on the 2-vCPU machine) overlaps the stream, and its first request waits,
+// as every later one, behind a gate that opens once the sender has
+// committed (its source is gone) and the GPUs it names are checked.
+// CRIU's dump writes inventory.img, which the restore asks for first, last
+// of all, so no earlier start is possible; nothing of the image reaches
+// CRIU before the gate opens, so a transfer that breaks, a sender that
+// never commits or a GPU map that fails leaves nothing restored. A CRIU
+// that fails before the commit ends the transfer (the sender is refused and
+// resumes its process).
 func (r *receiver) restore(ctx context.Context) error {
 	r.o.Hooks.line("socket-init")
-	ci, err := r.src.WaitCommitted(ctx)
-	if err != nil {
+	select {
+	case <-r.src.Started():
+	case <-r.src.Done():
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	if r.src.Session() == nil {
+		_, err := r.src.WaitCommitted(ctx) // no sender: its error
 		return err
 	}
-	r.res.LeftRunning = ci.LeftRunning
-	rstart := time.Now()
+	gate := &commitGate{Source: r.src, open: make(chan struct{})}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var rep capture.RestoreReport
-	pairs, err := r.o.GPUMap.For(ci.GPUs)
-	if err == nil {
-		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
-	}
-	if err == nil {
-		rep, err = capture.Restore(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-			ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+	var err error
+	criuDone := make(chan struct{})
+	go func() {
+		defer close(criuDone)
+		rep, err = capture.Restore(cctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+			ExtraArgs: restoreNetworkLock(cctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, gate)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
+	}()
+	select {
+	case <-r.src.Done():
+	case <-criuDone:
+		// CRIU ended without a byte of the image: the sender must not
+		// kill its process for a receiver that cannot restore it.
+		r.stopSource(fmt.Errorf("the receiver's criu failed before the transfer ended: %w", err))
+		<-r.src.Done()
+		if _, cerr := r.src.WaitCommitted(ctx); cerr == nil {
+			break // committed just before: report the failure below
+		}
+		return err
+	}
+	ci, cerr := r.src.WaitCommitted(ctx)
+	var pairs []vram.GPUPair
+	if cerr == nil {
+		r.res.LeftRunning = ci.LeftRunning
+		if pairs, cerr = r.o.GPUMap.For(ci.GPUs); cerr == nil {
+			cerr = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
+		}
+	}
+	rstart := gate.release(cerr)
+	<-criuDone
+	if _, commitErr := r.src.WaitCommitted(ctx); commitErr != nil {
+		return commitErr // nothing was restored: the sender is not told
+	}
+	if cerr != nil {
+		err = cerr
 	}
 	criuSecs := time.Since(rstart).Seconds()
 	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
@@ -198,10 +252,74 @@ func (r *receiver) restore(ctx context.Context) error {
 	}
 	r.fill()
 	r.res.PID, r.res.CUDAPIDs = rep.PID, cudaPIDs
+	r.res.CRIUWaitedSecs = gate.waited(rstart).Seconds()
 	r.res.Phases = append(r.res.Phases, Phase{Name: "criu restore", Secs: criuSecs})
 	r.res.Phases = append(r.res.Phases, gpuckpt.TimingPhases(t)...)
 	r.res.Phases = append(r.res.Phases, fast...)
 	return nil
+}
+
+// commitGate holds CRIU's requests until release: then they go through to
+// the source, or fail with release's error.
+type commitGate struct {
+	source.Source
+	open  chan struct{}
+	err   error
+	mu    sync.Mutex
+	first time.Time // CRIU's first request
+}
+
+func (g *commitGate) wait(ctx context.Context) error {
+	g.mu.Lock()
+	if g.first.IsZero() {
+		g.first = time.Now()
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.open:
+		return g.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// release opens the gate (err: to fail every request) and returns when.
+func (g *commitGate) release(err error) time.Time {
+	g.err = err
+	close(g.open)
+	return time.Now()
+}
+
+// waited is how long CRIU's first request waited for the gate opened at
+// open (zero if it came after).
+func (g *commitGate) waited(open time.Time) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.first.IsZero() || g.first.After(open) {
+		return 0
+	}
+	return open.Sub(g.first)
+}
+
+func (g *commitGate) Stat(ctx context.Context, name string) (manifest.File, error) {
+	if err := g.wait(ctx); err != nil {
+		return manifest.File{}, err
+	}
+	return g.Source.Stat(ctx, name)
+}
+
+func (g *commitGate) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	if err := g.wait(ctx); err != nil {
+		return 0, err
+	}
+	return g.Source.Copy(ctx, name, w)
+}
+
+func (g *commitGate) Files(ctx context.Context) ([]manifest.File, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.Source.Files(ctx)
 }
 
 // killRestored kills the tree of a restored process whose device memory

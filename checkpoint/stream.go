@@ -63,6 +63,10 @@ type StreamOptions struct {
 	// TCPListenRemap moves TCP listening ports of the image, OLD to NEW
 	// (serve).
 	TCPListenRemap map[uint16]uint16
+	// Early (serve) listens at once and answers CRIU's requests while the
+	// stream is still being read: socket-init comes first and the
+	// statistics line last, not in criu-image-streamer's order.
+	Early bool
 }
 
 // Capture takes the images of `criu dump --stream -D ImagesDir` (and the
@@ -154,8 +158,11 @@ func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
 // statistics line, and only then the socket listens (socket-init): drivers
 // read the lines in that order, and a stream damaged anywhere never starts
 // a restore. An archive is read in CRIU's order as it asks; its line comes
-// first too.
+// first too. With o.Early the socket listens at once (serveEarly).
 func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
+	if o.Early {
+		return serveEarly(ctx, o)
+	}
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamOptions{})
 	if err != nil {
@@ -177,17 +184,78 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	o.Hooks.stats(st)
+	if err := serveToCRIU(ctx, o, served); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	done()
+	return st, nil
+}
+
+// serveEarly is Serve with CRIU's restore overlapping the read of the
+// stream: the socket listens at once, each file is served as soon as it
+// has arrived whole and checked, a request for a file not there yet waits
+// for it, and a file is answered absent only once the stream's end proves
+// it is not in it. Nothing unchecked reaches CRIU, but a stream damaged
+// after CRIU took all it asked for fails the serve after CRIU may have
+// finished: the caller must then kill what it restored (restore --from
+// does). The statistics line comes last, with the stream's totals.
+func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
+	start := time.Now()
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamOptions{ServeEarly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	defer done()
+	stream := location.StreamOf(src)
+	ended, endedAt := make(chan struct{}), make(chan time.Time, 1)
+	if stream != nil {
+		go func() {
+			stream.Wait(ctx) // its error is Wait's below
+			at := time.Now()
+			close(ended)
+			endedAt <- at
+		}()
+	} else {
+		close(ended) // read in CRIU's order as it asks: nothing to overlap
+	}
+	first := &firstRequest{Source: capture.RemapTCPListenLater(src, o.TCPListenRemap), log: o.Hooks.log, ended: ended}
+	err = serveToCRIU(ctx, o, first)
+	if stream != nil {
+		if werr := stream.Wait(ctx); err == nil {
+			err = werr
+		}
+		end := <-endedAt
+		if err == nil {
+			o.Hooks.log(first.against(end))
+		}
+	}
+	var st *Stats
+	if err == nil {
+		st, err = sourceStats(ctx, src, o.Loc, start)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", explainSource(src, err))
+	}
+	done()
+	o.Hooks.stats(st)
+	return st, nil
+}
+
+// serveToCRIU serves src to CRIU's restore and the ext files to their
+// descriptors.
+func serveToCRIU(ctx context.Context, o StreamOptions, src source.Source) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	extErr := make(chan error, 1)
 	go func() {
-		err := writeExtFiles(ctx, o.ExtFiles, served)
+		err := writeExtFiles(ctx, o.ExtFiles, src)
 		if err != nil {
 			cancel(err) // CRIU must not wait on a serve that failed
 		}
 		extErr <- err
 	}()
-	_, err = capture.ServeWith(ctx, o.ImagesDir, served, capture.ServeOptions{Hooks: capture.Hooks{
+	_, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Log:       o.Hooks.Log,
 	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
@@ -200,11 +268,46 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	if eerr := <-extErr; err == nil {
 		err = eerr
 	}
-	done()
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+	return err
+}
+
+// firstRequest notes when CRIU first asked for a file, and logs it when
+// the stream is still being read then: the proof that the restore
+// overlaps the read.
+type firstRequest struct {
+	source.Source
+	log   func(string)
+	ended <-chan struct{} // closed at the stream's end
+	mu    sync.Mutex
+	name  string
+	at    time.Time
+}
+
+func (f *firstRequest) Stat(ctx context.Context, name string) (manifest.File, error) {
+	f.mu.Lock()
+	if f.at.IsZero() {
+		f.name, f.at = name, time.Now()
+		select {
+		case <-f.ended:
+		default:
+			f.log(fmt.Sprintf("serve: criu asked for its first file (%s) while the stream is still being read", manifest.PrintableName(name)))
+		}
 	}
-	return st, nil
+	f.mu.Unlock()
+	return f.Source.Stat(ctx, name)
+}
+
+// against says when CRIU's first request came against the stream's end.
+func (f *firstRequest) against(end time.Time) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.at.IsZero():
+		return "serve: criu asked for no file"
+	case f.at.After(end):
+		return fmt.Sprintf("serve: criu asked for its first file %d ms after the stream ended", f.at.Sub(end).Milliseconds())
+	}
+	return fmt.Sprintf("serve: criu asked for its first file %d ms before the stream ended", end.Sub(f.at).Milliseconds())
 }
 
 // Extract writes the image files of o.Loc into ImagesDir, and the ext

@@ -32,6 +32,8 @@ type proc struct {
 type gcsOpts struct {
 	stdin  io.Reader
 	stdout io.Writer
+	// stderr, when set, gets a copy of the process's stderr.
+	stderr io.Writer
 	// extra become fds 4, 5, ... (fd 3 is the progress pipe).
 	extra []*os.File
 }
@@ -48,6 +50,9 @@ func startGCS(ctx context.Context, t testing.TB, o gcsOpts, args ...string) *pro
 	cmd.ExtraFiles = append([]*os.File{pw}, o.extra...)
 	p := &proc{t: t, name: "gpucr-stream " + strings.Join(args, " "), cmd: cmd, progress: make(chan string, 16), done: make(chan struct{})}
 	cmd.Stderr = &p.stderr
+	if o.stderr != nil {
+		cmd.Stderr = io.MultiWriter(&p.stderr, o.stderr)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -132,6 +132,22 @@ func emptyDir(t *testing.T, dir string) {
 // onlyKeptCRIULogs checks that a failed run left nothing in dir but the
 // CRIU work dirs its error names as kept for their logs (issue 11: the log
 // that says why stays), and that those hold no image data.
+// noImageData checks the entries of dir named prefix* for files other than
+// CRIU's logs and sockets, and removes them.
+func noImageData(t *testing.T, dir, prefix string) {
+	t.Helper()
+	ents, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
+	for _, p := range ents {
+		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && !strings.HasSuffix(q, ".log") && d.Type()&fs.ModeSocket == 0 {
+				t.Errorf("%s left behind by a killed receiver", q)
+			}
+			return err
+		})
+		os.RemoveAll(p)
+	}
+}
+
 func onlyKeptCRIULogs(t *testing.T, dir, errText string) {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -184,14 +200,20 @@ func TestMigrateNetns(t *testing.T) {
 		t.Fatalf("migrate --json: %v: %s", err, mout.String())
 	}
 	var rres struct {
-		PID     int `json:"pid"`
-		Streams int `json:"streams"`
+		PID        int     `json:"pid"`
+		Streams    int     `json:"streams"`
+		CRIUWaited float64 `json:"criu_waited_seconds"`
 	}
 	if err := json.Unmarshal(rout.Bytes(), &rres); err != nil {
 		t.Fatalf("receive --json: %v: %s", err, rout.String())
 	}
 	if res.RestoredPID != tg.PID() || rres.PID != tg.PID() || res.DowntimeTo != "restored" || rres.Streams != 2 {
 		t.Fatalf("migrate says %+v, receive says %+v, target pid %d", res, rres, tg.PID())
+	}
+	// The receiver's criu started beside the transfer: its first request
+	// was there, waiting, before the sender committed.
+	if rres.CRIUWaited <= 0 {
+		t.Errorf("the receiver's criu asked for its first file only after the commit: %s", rout.String())
 	}
 	if res.WireBytes <= 0 || res.RawBytes < 64<<20 || res.DowntimeSecs <= 0 {
 		t.Errorf("implausible numbers: %+v", res)
@@ -416,6 +438,11 @@ func TestMigrateLinkCut(t *testing.T) {
 			if in, err := NetnsOf(tg.PID(), e.net.A); err != nil || !in {
 				t.Errorf("target left namespace %s: %v", e.net.A, err)
 			}
+			if how == "receiver-killed" {
+				// Its criu started beside the transfer, in a work dir a
+				// killed receiver cannot remove: it must hold no image byte.
+				noImageData(t, tmp, "gcs-")
+			}
 			onlyKeptCRIULogs(t, tmp, migErr)
 			emptyDir(t, keep)
 		})
@@ -495,6 +522,31 @@ func TestMigrateRestoreFails(t *testing.T) {
 	for _, given := range []bool{true, false} {
 		t.Run(map[bool]string{true: "image-kept", false: "image-kept-default"}[given], func(t *testing.T) { migrateImageKept(t, given) })
 	}
+	// A receiver whose criu fails before the commit (it starts beside the
+	// transfer) refuses the sender: the source runs on.
+	t.Run("criu-fails-early", func(t *testing.T) {
+		e := newMigrateEnv(t)
+		tg, before := e.startTarget("target", 64)
+		falseBin, err := exec.LookPath("false")
+		if err != nil {
+			t.Fatal(err)
+		}
+		recv := e.startReceiver(nil, "--restore", "--criu", falseBin)
+		err = e.migrate(tg, io.Discard, "--keep-dir", mkdir(t, filepath.Join(e.dir, "keep"))).wait(e.ctx)
+		if err == nil || !strings.Contains(err.Error(), "keeps running here") || !strings.Contains(err.Error(), "criu failed before the transfer ended") {
+			t.Fatalf("migrate to a receiver whose criu fails: %v", err)
+		}
+		if rerr := recv.wait(e.ctx); rerr == nil {
+			t.Fatal("receiver succeeded with a failing criu")
+		}
+		after, err := tg.Prove(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := after.Check(before); err != nil {
+			t.Fatalf("source after a refused migration: %v", err)
+		}
+	})
 	t.Run("leave-running", func(t *testing.T) {
 		e := newMigrateEnv(t)
 		tg, before := e.startTarget("target", 64)
@@ -529,13 +581,20 @@ func migrateImageKept(t *testing.T, given bool) {
 	if !given {
 		keep, keepArgs = scratch.DefaultRoot, nil
 	}
-	falseBin, err := exec.LookPath("false")
-	if err != nil {
+	// The receiver's criu starts before the commit: one that fails at once
+	// would refuse the transfer (see criu-fails-early). This one fails once
+	// it has read the image's inventory, after the commit: in its
+	// pre-restore action script.
+	failing, action := filepath.Join(e.dir, "criu-fails-pre-restore"), filepath.Join(e.dir, "fail-pre-restore")
+	if err := os.WriteFile(action, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" != pre-restore ]\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	recv := e.startReceiver(nil, "--restore", "--criu", falseBin)
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\nexec "+e.criu+" \"$@\" --action-script "+action+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	recv := e.startReceiver(nil, "--restore", "--criu", failing)
 	m := e.migrate(tg, io.Discard, keepArgs...)
-	err = m.wait(e.ctx)
+	err := m.wait(e.ctx)
 	if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
 		t.Fatalf("migrate to a failing restore: %v", err)
 	}

@@ -28,6 +28,7 @@ type config struct {
 	connectWait  string
 	createBucket bool
 	tcpRemap     string
+	serveEarly   bool
 	to           string
 	from         string
 	codecSpec    string
@@ -143,6 +144,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.shardFDs, "shard-fds", "", "comma-separated descriptors to spread the stream over (capture) or gather it from (serve, extract)")
 	str(&c.extFileFDs, "ext-file-fds", "", "extra files as NAME:FD,... to carry in the stream (capture) or write out (serve, extract)")
 	str(&c.tcpRemap, "tcp-listen-remap", "", "serve: move TCP listening ports of the image, OLD:NEW,... (as criu-image-streamer does)")
+	boolean(&c.serveEarly, "early", "serve: listen at once and let criu restore while the stream is still read (socket-init first, the statistics line last: not criu-image-streamer's order)")
 	str(&c.connectWait, "connect-timeout", "2m", "capture/serve: how long to wait for criu to connect to the socket after socket-init (0: forever)")
 	str(&c.to, "to", "-", "where the checkpoint goes: - (stdout), a path or file:///path (archive directory), s3://BUCKET/PREFIX/NAME")
 	str(&c.from, "from", "-", "where the checkpoint comes from: - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")

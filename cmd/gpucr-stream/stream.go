@@ -48,7 +48,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	// The statistics line is written by the hooks, when the real tool writes it.
 	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
 		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
-		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap})
+		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap, Early: cfg.serveEarly})
 	if errors.Is(err, capture.ErrNoCRIU) {
 		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
 	}

@@ -471,7 +471,8 @@ type Source struct {
 }
 
 // NewSource starts receiving on l in the background; l is closed once a
-// sender's session is accepted.
+// sender's session is accepted. Canceling ctx with a cause refuses the
+// sender with that cause.
 func NewSource(ctx context.Context, l *Listener, so source.StreamOptions) *Source {
 	ctx, cancel := context.WithCancel(ctx)
 	// Files go out only through the gate (an extract writes them with
@@ -502,6 +503,9 @@ func (s *Source) run(ctx context.Context) {
 		s.streamClose.Do(func() { s.stream.Close() }) // drops what was held
 	}
 	if err := s.stream.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			err = context.Cause(ctx) // why the receiver gave up, for the sender
+		}
 		s.sess.Nak(err.Error())
 		fail(fmt.Errorf("transfer from %s broke: %w; the partial image is discarded and nothing is restored", sess.Peer, err))
 		return
@@ -540,6 +544,9 @@ func (s *Source) Session() *Session {
 		return nil
 	}
 }
+
+// Started is closed once a sender's session is accepted.
+func (s *Source) Started() <-chan struct{} { return s.started }
 
 // Done is closed when the checkpoint is committed or has failed.
 func (s *Source) Done() <-chan struct{} { return s.done }
