@@ -22,8 +22,11 @@ import (
 //
 //	GPUCR_BENCH_MB        target size in MiB (1024)
 //	GPUCR_BENCH_ROUNDS    rounds (3)
-//	GPUCR_BENCH_VARIANTS  e.g. "plain s1 s2 s4 s2-none s2-nokeep s2-hashes"
+//	GPUCR_BENCH_VARIANTS  e.g. "plain s1 s2 s4 s2-none s2-nokeep s2-hashes s2-before"
 //	GPUCR_BENCH_OUT       file for the markdown results
+//	GPUCR_BENCH_SHAPE     shape the link to this rate with tc tbf (e.g. 10gbit)
+//	GPUCR_BENCH_BEFORE    another gpucr-stream build: variants with -before
+//	                      run their receiver with it
 func TestBenchMigrate(t *testing.T) {
 	if os.Getenv("GPUCR_BENCH_MIGRATE") != "1" {
 		t.Skip("benchmark: set GPUCR_BENCH_MIGRATE=1 (scripts/bench-migrate.sh)")
@@ -35,6 +38,9 @@ func TestBenchMigrate(t *testing.T) {
 		variants = []string{"plain", "s1", "s2", "s4"}
 	}
 	e := newMigrateEnv(t)
+	if rate := os.Getenv("GPUCR_BENCH_SHAPE"); rate != "" {
+		e.net.ShapeBurst(t, rate, "8mb")
+	}
 	shm, err := os.MkdirTemp("/dev/shm", "gcs-bench-")
 	if err != nil {
 		t.Fatal(err)
@@ -81,8 +87,13 @@ func TestBenchMigrate(t *testing.T) {
 				args := []string{"--json", "--memory-limit", "1GiB"}
 				opt := strings.Split(v, "-")
 				args = append(args, "--streams", strings.TrimPrefix(opt[0], "s"))
+				e.recvBin = ""
 				for _, o := range opt[1:] {
 					switch o {
+					case "before":
+						if e.recvBin = os.Getenv("GPUCR_BENCH_BEFORE"); e.recvBin == "" {
+							t.Fatalf("variant %s: set GPUCR_BENCH_BEFORE to the receiver's binary", v)
+						}
 					case "none", "lz4", "zstd":
 						args = append(args, "--codec", o)
 					case "nokeep":
@@ -115,6 +126,12 @@ func TestBenchMigrate(t *testing.T) {
 				for _, p := range res.Phases {
 					ps = append(ps, fmt.Sprintf("%s %.2f", p.Name, p.Secs))
 				}
+				var rres struct {
+					CRIUWaited float64 `json:"criu_waited_seconds"`
+				}
+				if json.Unmarshal(rout.Bytes(), &rres) == nil && rres.CRIUWaited > 0 {
+					ps = append(ps, fmt.Sprintf("(receiver's criu waited %.2f for the commit)", rres.CRIUWaited))
+				}
 				s.phases = strings.Join(ps, ", ")
 			}
 			after, err := tg.Prove(e.ctx)
@@ -143,7 +160,11 @@ func TestBenchMigrate(t *testing.T) {
 		return xs[len(xs)/2]
 	}
 	var out strings.Builder
-	fmt.Fprintf(&out, "Target %d MiB, %d rounds, medians; machine: %d CPUs.\n\n", mb, rounds, nprocs())
+	link := "veth, unshaped"
+	if rate := os.Getenv("GPUCR_BENCH_SHAPE"); rate != "" {
+		link = "veth shaped to " + rate + " (tc tbf)"
+	}
+	fmt.Fprintf(&out, "Target %d MiB, %d rounds, medians; machine: %d CPUs; link: %s.\n\n", mb, rounds, nprocs(), link)
 	base := med("plain", func(s sample) float64 { return s.down })
 	fmt.Fprintf(&out, "| variant | downtime | vs plain dump+restore | raw image | stream | on the wire | wire / raw | runs |\n|---|---|---|---|---|---|---|---|\n")
 	for _, v := range variants {
@@ -155,7 +176,7 @@ func TestBenchMigrate(t *testing.T) {
 		for _, s := range results[v] {
 			runs = append(runs, fmt.Sprintf("%.2f", s.down))
 		}
-		label := "migrate --streams " + strings.TrimPrefix(v, "s")
+		label := "migrate --streams " + strings.ReplaceAll(strings.TrimPrefix(v, "s"), "-", " ")
 		if v == "plain" {
 			label = fmt.Sprintf("criu dump -D tmpfs (%.2fs) + criu restore -D tmpfs (%.2fs)",
 				med(v, func(s sample) float64 { return s.dump }), med(v, func(s sample) float64 { return s.restore }))

@@ -223,11 +223,7 @@ func TestFastPathMigrate(t *testing.T) {
 	t.Run("restore fails on the receiver", func(t *testing.T) {
 		pid, tdir, waitGone := e.start(t, "kept")
 		keep := mkdir(t, filepath.Join(e.dir, "keep-kept"))
-		falseBin, err := exec.LookPath("false")
-		if err != nil {
-			t.Fatal(err)
-		}
-		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", falseBin)
+		recv := e.startReceiver(ctx, t, nil, tokFile, "--criu", criuFailingLate(t, e.dir, e.criu))
 		out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, "kept", "--keep-dir", keep)...)
 		if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
 			t.Fatalf("migrate to a failing restore: %v %s", err, out)

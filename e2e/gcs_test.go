@@ -34,13 +34,18 @@ type gcsOpts struct {
 	stdout io.Writer
 	// stderr, when set, gets a copy of the process's stderr.
 	stderr io.Writer
+	// bin, when set, is the gpucr-stream binary run (another build).
+	bin string
 	// extra become fds 4, 5, ... (fd 3 is the progress pipe).
 	extra []*os.File
 }
 
 func startGCS(ctx context.Context, t testing.TB, o gcsOpts, args ...string) *proc {
 	t.Helper()
-	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	bin := o.bin
+	if bin == "" {
+		bin = BuildBinary(t, "./cmd/gpucr-stream")
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

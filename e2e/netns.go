@@ -165,8 +165,15 @@ func (p *NetPair) Cut(t testing.TB) {
 // Shape limits A's sending rate (a token bucket on A's veth).
 func (p *NetPair) Shape(t testing.TB, rate string) {
 	t.Helper()
+	p.ShapeBurst(t, rate, "256kb")
+}
+
+// ShapeBurst is Shape with tbf's bucket: at 10gbit it must hold more than
+// a timer tick's worth (1.25 MB at 1000 Hz), or the rate is not reached.
+func (p *NetPair) ShapeBurst(t testing.TB, rate, burst string) {
+	t.Helper()
 	tc := NeedTool(t, "tc")
-	if out, err := exec.Command(tc, "-n", p.A, "qdisc", "add", "dev", p.VethA, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "200ms").CombinedOutput(); err != nil {
+	if out, err := exec.Command(tc, "-n", p.A, "qdisc", "add", "dev", p.VethA, "root", "tbf", "rate", rate, "burst", burst, "latency", "200ms").CombinedOutput(); err != nil {
 		t.Fatalf("tc qdisc add: %v: %s", err, out)
 	}
 }

@@ -31,8 +31,11 @@ type migrateEnv struct {
 	net   *NetPair
 	token string
 	bin   string
-	criu  string
-	port  int
+	// recvBin, when set, is the receiver's binary (another build, for a
+	// benchmark's before and after).
+	recvBin string
+	criu    string
+	port    int
 }
 
 func newMigrateEnv(t *testing.T) *migrateEnv {
@@ -73,7 +76,7 @@ func (e *migrateEnv) startReceiver(stdout io.Writer, args ...string) *proc {
 	e.t.Helper()
 	var p *proc
 	args = append([]string{"receive", "--listen", e.addr(), "--token-file", e.token, "--net-timeout", "3s"}, args...)
-	InNetns(e.t, e.net.B, func() { p = startGCS(e.ctx, e.t, gcsOpts{stdout: stdout}, args...) })
+	InNetns(e.t, e.net.B, func() { p = startGCS(e.ctx, e.t, gcsOpts{stdout: stdout, bin: e.recvBin}, args...) })
 	if !p.waitLine(e.ctx, "socket-init") {
 		e.t.Fatalf("receiver ended before listening: %v", p.wait(e.ctx))
 	}
@@ -570,6 +573,22 @@ func TestMigrateRestoreFails(t *testing.T) {
 	})
 }
 
+// criuFailingLate writes into dir a criu that fails once it has read the
+// image's inventory (in its pre-restore action script), so after a
+// migration's commit: the receiver's criu starts before it, and one that
+// fails at once refuses the transfer instead (criu-fails-early).
+func criuFailingLate(t testing.TB, dir, criu string) string {
+	t.Helper()
+	failing, action := filepath.Join(dir, "criu-fails-pre-restore"), filepath.Join(dir, "fail-pre-restore")
+	if err := os.WriteFile(action, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" != pre-restore ]\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\nexec "+criu+" \"$@\" --action-script "+action+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return failing
+}
+
 // migrateImageKept migrates to a receiver whose restore fails: the source
 // is gone, the image kept (in --keep-dir when given, else on a tmpfs of
 // its own), and a restore from it brings the process back.
@@ -581,17 +600,7 @@ func migrateImageKept(t *testing.T, given bool) {
 	if !given {
 		keep, keepArgs = scratch.DefaultRoot, nil
 	}
-	// The receiver's criu starts before the commit: one that fails at once
-	// would refuse the transfer (see criu-fails-early). This one fails once
-	// it has read the image's inventory, after the commit: in its
-	// pre-restore action script.
-	failing, action := filepath.Join(e.dir, "criu-fails-pre-restore"), filepath.Join(e.dir, "fail-pre-restore")
-	if err := os.WriteFile(action, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" != pre-restore ]\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(failing, []byte("#!/bin/sh\nexec "+e.criu+" \"$@\" --action-script "+action+"\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	failing := criuFailingLate(t, e.dir, e.criu)
 	recv := e.startReceiver(nil, "--restore", "--criu", failing)
 	m := e.migrate(tg, io.Discard, keepArgs...)
 	err := m.wait(e.ctx)

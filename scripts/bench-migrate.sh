@@ -9,8 +9,9 @@
 # default 1024), BENCH_ROUNDS (default 3), BENCH_VARIANTS (default
 # "plain s1 s2 s4 s2-none": plain = the criu baseline, sN = migrate
 # --streams N, -none = --codec none, -nokeep = --keep-dir none, -hashes =
-# --chunk-hashes),
-# BENCH_OUT (markdown result file).
+# --chunk-hashes, -before = the receiver run from BENCH_BEFORE, another
+# build, e.g. main's before a change), BENCH_SHAPE (shape the link with tc
+# tbf, e.g. 10gbit), BENCH_OUT (markdown result file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -22,5 +23,6 @@ OUT=${BENCH_OUT:-$(mktemp /tmp/gcs-bench-migrate-XXXX.md)}
 export GPUCR_CRIU GPUCR_BENCH_MIGRATE=1 GPUCR_BENCH_OUT=$OUT
 export GPUCR_BENCH_MB=${BENCH_MB:-1024} GPUCR_BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 export GPUCR_BENCH_VARIANTS=${BENCH_VARIANTS:-"plain s1 s2 s4 s2-none"}
+export GPUCR_BENCH_SHAPE=${BENCH_SHAPE:-} GPUCR_BENCH_BEFORE=${BENCH_BEFORE:-}
 go test -count=1 -timeout 60m -run '^TestBenchMigrate$' -v ./e2e >&2
 cat "$OUT"
