@@ -288,7 +288,10 @@ func flagError(fs *flag.FlagSet, err error) error {
 	msg := err.Error()
 	if m := badValue.FindStringSubmatch(msg); m != nil {
 		name, why := longName(m[2]), m[3]
-		if why == "parse error" || why == "value out of range" {
+		switch why {
+		case "value out of range":
+			why = "out of range"
+		case "parse error":
 			why = "not a whole number"
 			if f := fs.Lookup(name); f != nil {
 				if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
