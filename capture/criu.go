@@ -172,19 +172,29 @@ func (e criuFailed) Unwrap() error { return e.error }
 // finishWorkDir removes a temporary work dir after a success, and after a
 // failure that is not CRIU's own (a destination that broke, an
 // interrupt). After CRIU's own failure it keeps CRIU's logs there, and
-// nothing else (no FIFOs, sockets or scripts), and the error says where.
+// nothing else (no FIFOs, sockets or scripts), and the error says where;
+// if CRIU wrote no log, nothing is kept.
 func finishWorkDir(err error, dir string, temporary bool, cleanup func()) error {
 	var cf criuFailed
 	if !errors.As(err, &cf) || !temporary {
 		cleanup()
 		return err
 	}
+	logs := 0
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && filepath.Ext(p) != ".log" {
+		switch {
+		case err != nil || d.IsDir():
+		case filepath.Ext(p) == ".log":
+			logs++
+		default:
 			os.Remove(p)
 		}
 		return nil
 	})
+	if logs == 0 { // CRIU failed before it wrote one
+		cleanup()
+		return err
+	}
 	return fmt.Errorf("%w (criu's log is kept in %s; remove that directory when done)", err, dir)
 }
 

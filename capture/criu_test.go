@@ -26,6 +26,7 @@ func TestFinishWorkDir(t *testing.T) {
 		{"temporary, criu failed", criuFailed{errors.New("criu dump: exit status 1")}, true, true, "criu's log is kept in"},
 		{"temporary, the destination failed", errors.New("capture failed, so criu dump failed"), true, false, ""},
 		{"temporary, interrupted", context.Canceled, true, false, ""},
+		{"temporary, criu failed without a log", criuFailed{errors.New("criu dump: exit status 1")}, true, false, ""},
 		{"given, failed", criuFailed{errors.New("criu dump: exit status 1")}, false, true, ""},
 		{"given, ok", nil, false, true, ""},
 	}
@@ -41,8 +42,10 @@ func TestFinishWorkDir(t *testing.T) {
 			}
 			// What a dump leaves there: CRIU's log, the commit FIFOs and
 			// the action script.
-			if err := os.WriteFile(filepath.Join(dir, "img", "dump.log"), []byte("Error"), 0o600); err != nil {
-				t.Fatal(err)
+			if !strings.Contains(tc.name, "without a log") {
+				if err := os.WriteFile(filepath.Join(dir, "img", "dump.log"), []byte("Error"), 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 			cm, err := newCommitter(dir)
 			if err != nil {
