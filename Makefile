@@ -27,9 +27,10 @@ binary:
 CC ?= cc
 PRELOAD := bin/libgpucr-preload.so
 preload: $(PRELOAD)
-$(PRELOAD): preload/gpucr_preload.c
+PRELOAD_SRC := $(wildcard preload/*.c)
+$(PRELOAD): $(PRELOAD_SRC) preload/internal.h
 	@mkdir -p bin
-	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=default -o $@ $< -ldl -lpthread
+	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=default -o $@ $(PRELOAD_SRC) -ldl -lpthread
 
 # deps installs the real components the tests use; deps-demo only CRIU.
 deps:

@@ -57,10 +57,11 @@ func setupFast(t *testing.T) *fastEnv {
 	})
 	// `run` finds the library next to the binary.
 	lib := filepath.Join(filepath.Dir(gcs), "libgpucr-preload.so")
+	libSrc, _ := filepath.Glob(filepath.Join(root, "preload", "*.c")) // the library's files
 	for _, s := range [][]string{
 		{cc, "-O2", "-fPIC", "-shared", "-o", e.fakeLib, filepath.Join(root, "preload", "testdata", "fake_cuda.c")},
 		{cc, "-O2", "-o", e.target, filepath.Join(root, "preload", "testdata", "fp_target.c"), "-ldl", "-lpthread"},
-		{cc, "-O2", "-fPIC", "-shared", "-o", lib, filepath.Join(root, "preload", "gpucr_preload.c"), "-ldl", "-lpthread"},
+		append(append([]string{cc, "-O2", "-fPIC", "-shared", "-o", lib}, libSrc...), "-ldl", "-lpthread"),
 	} {
 		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v\n%s", s, err, out)

@@ -39,7 +39,7 @@ import (
 var ErrOneWay = errors.New("the CUDA driver cannot undo a checkpoint of this tree")
 
 // sharedCalls are the driver calls after which the preload library says a
-// process shares device memory with another (preload/gpucr_preload.c,
+// process shares device memory with another (preload/wrappers.c,
 // INCAPABLE_LIST; the importer of a legacy IPC handle is not seen, its
 // exporter is).
 var sharedCalls = []string{"cuIpcGetMemHandle", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"}

@@ -19,7 +19,7 @@ import (
 // The GPU fast path: for processes that run with libgpucr-preload, device
 // memory moves through the pipeline as producer files at pinned-copy speed
 // and is released before the driver's checkpoint, which then only keeps
-// the control state. Order (and why) in preload/gpucr_preload.c and
+// the control state. Order (and why) in preload/control.c, gate.c and
 // docs/PRODUCERS.md section 3:
 //
 //	checkpoint: park every process -> copy out (the library writes the

@@ -48,9 +48,10 @@ func buildPreload(t testing.TB) string {
 			return
 		}
 		src := filepath.Join("..", "preload")
+		lib, _ := filepath.Glob(filepath.Join(src, "*.c")) // the library's files
 		steps := [][]string{
 			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, "lib", "libcuda.so.1"), filepath.Join(src, "testdata", "fake_cuda.c")},
-			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, PreloadLibrary), filepath.Join(src, "gpucr_preload.c"), "-ldl", "-lpthread"},
+			append(append([]string{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, PreloadLibrary)}, lib...), "-ldl", "-lpthread"),
 			{cc, "-O2", "-Wall", "-o", filepath.Join(buildDir, "fp_target"), filepath.Join(src, "testdata", "fp_target.c"), "-ldl", "-lpthread"},
 		}
 		if buildErr = os.MkdirAll(filepath.Join(buildDir, "lib"), 0o755); buildErr != nil {

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The control channel of libgpucr-preload (preload/gpucr_preload.c), the
+// The control channel of libgpucr-preload (preload/control.c), the
 // library a GPU process loads for the fast path. One text line per
 // command, one line back: "ok JSON" or "err MESSAGE". copyout and copyin
 // carry descriptors (SCM_RIGHTS) with their line. The library keeps its

@@ -1,0 +1,196 @@
+/*
+ * bookkeeping: every handle (with its properties), every mapping (with its
+ * access) and every cuMemAlloc this library backs, under tab_mu; and the
+ * two steps that use them, release (physical memory gone, the rest kept)
+ * and remap (the same addresses, new physical memory).
+ */
+#include "internal.h"
+
+struct hrec *hs;
+int nh;
+static int caph;
+struct mrec *ms;
+int nm;
+static int capm;
+struct orec *os_;
+int no;
+static int capo;
+CUcontext ctxs[16];
+int nctx;
+int parked, released;
+int unfilled;
+U handle_seq = 0x6770000000000000ULL;
+
+#define GROW(arr, n, cap)                                              \
+	do {                                                           \
+		if ((n) == (cap)) {                                    \
+			int nc = (cap) ? (cap) * 2 : 64;               \
+			void *p = realloc((arr), nc * sizeof *(arr));  \
+			if (!p)                                        \
+				abort();                               \
+			memset((char *)p + (cap) * sizeof *(arr), 0,   \
+			       (nc - (cap)) * sizeof *(arr));          \
+			(arr) = p;                                     \
+			(cap) = nc;                                    \
+		}                                                      \
+	} while (0)
+
+/* NEW_SLOT defines a function that returns a cleared slot of a table: a
+ * dead one reused, else a new one at the end (the table grows). */
+#define NEW_SLOT(fn, arr, n, cap)                                      \
+	int fn(void)                                                   \
+	{                                                              \
+		for (int i = 0; i < (n); i++)                          \
+			if (!(arr)[i].live)                            \
+				return memset(&(arr)[i], 0, sizeof(arr)[i]), i; \
+		GROW(arr, n, cap);                                     \
+		memset(&(arr)[n], 0, sizeof(arr)[n]);                  \
+		return (n)++;                                          \
+	}
+NEW_SLOT(new_h, hs, nh, caph)
+NEW_SLOT(new_m, ms, nm, capm)
+NEW_SLOT(new_o, os_, no, capo)
+int find_h_app(CUmemGenericAllocationHandle app)
+{
+	for (int i = 0; i < nh; i++)
+		if (hs[i].live && !hs[i].own && hs[i].app == app)
+			return i;
+	return -1;
+}
+void note_ctx(void)
+{
+	CUcontext c = NULL;
+	if (!r_CtxGetCurrent || r_CtxGetCurrent(&c) != CUDA_SUCCESS || !c)
+		return;
+	for (int i = 0; i < nctx; i++)
+		if (ctxs[i] == c)
+			return;
+	if (nctx < 16)
+		ctxs[nctx++] = c;
+	else
+		mark_incapable("more than 16 CUDA contexts");
+}
+CUcontext cur_ctx(void)
+{
+	CUcontext c = NULL;
+	if (r_CtxGetCurrent)
+		r_CtxGetCurrent(&c);
+	return c;
+}
+/* drop_h forgets a handle record once it is released and mapped nowhere. */
+void drop_h_if_unused(int h)
+{
+	if (!hs[h].live || !hs[h].app_released)
+		return;
+	for (int i = 0; i < nm; i++)
+		if (ms[i].live && ms[i].h == h)
+			return;
+	hs[h].live = 0;
+}
+
+/* ---- release and remap ---- */
+
+/* release unmaps and releases every physical allocation; reservations,
+ * handle properties and access stay recorded for remap. */
+int do_release(char *err, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	if (nctx)
+		r_CtxSetCurrent(ctxs[0]);
+	int rc = 0, done = 0;
+	for (int i = 0; i < nm && rc == 0; i++) {
+		if (!ms[i].live || !ms[i].mapped)
+			continue;
+		if (done > 0 && fault("release")) {
+			snprintf(err, n, "injected fault (release) after %d mappings", done);
+			rc = -1;
+			break;
+		}
+		CUresult r = r_Unmap(ms[i].va, ms[i].size);
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, n, "unmap %#llx: CUresult %d", ms[i].va, r);
+			rc = -1;
+			break;
+		}
+		ms[i].mapped = 0;
+		done++;
+	}
+	for (int i = 0; i < nh && rc == 0; i++) {
+		if (!hs[i].live || !hs[i].present)
+			continue;
+		int still = 0;
+		for (int k = 0; k < nm; k++)
+			still |= ms[k].live && ms[k].mapped && ms[k].h == i;
+		if (still)
+			continue;
+		/* A handle the program released is freed by its last unmap. */
+		if (!hs[i].app_released) {
+			CUresult r = r_Release(hs[i].real);
+			if (r != CUDA_SUCCESS) {
+				snprintf(err, n, "release handle: CUresult %d", r);
+				rc = -1;
+				break;
+			}
+		}
+		hs[i].present = 0;
+	}
+	released = 1;
+	pthread_mutex_unlock(&tab_mu);
+	return rc;
+}
+
+/* remap recreates what release took: a physical allocation per handle
+ * with its properties, mapped where it was, with its access. Idempotent:
+ * what is present stays. */
+int do_remap(char *err, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	if (nctx)
+		r_CtxSetCurrent(ctxs[0]);
+	int rc = 0;
+	if (fault("remap")) {
+		snprintf(err, n, "injected fault (remap)");
+		rc = -1;
+	}
+	for (int i = 0; i < nh && rc == 0; i++) {
+		if (!hs[i].live || hs[i].present)
+			continue;
+		CUmemGenericAllocationHandle h;
+		CUresult r = r_Create(&h, hs[i].size, &hs[i].prop, 0);
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, n, "cuMemCreate(%zu): CUresult %d", hs[i].size, r);
+			rc = -1;
+			break;
+		}
+		hs[i].real = h;
+		hs[i].present = 1;
+	}
+	for (int i = 0; i < nm && rc == 0; i++) {
+		struct mrec *m = &ms[i];
+		if (!m->live || m->mapped)
+			continue;
+		CUresult r = r_Map(m->va, m->size, m->offset, hs[m->h].real, 0);
+		if (r == CUDA_SUCCESS && m->nacc)
+			r = r_SetAccess(m->va, m->size, m->acc, m->nacc);
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, n, "map %#llx: CUresult %d", m->va, r);
+			rc = -1;
+			break;
+		}
+		m->mapped = 1;
+	}
+	/* Handles the program had released live only while mapped. */
+	for (int i = 0; i < nh && rc == 0; i++)
+		if (hs[i].live && hs[i].present && hs[i].app_released && hs[i].real != hs[i].app) {
+			r_Release(hs[i].real);
+			/* The program released its handle: no value of its names
+			 * this record any more (the driver may reuse values). */
+			hs[i].app = handle_seq++;
+		}
+	if (rc == 0) {
+		released = 0;
+		unfilled = 1;
+	}
+	pthread_mutex_unlock(&tab_mu);
+	return rc;
+}

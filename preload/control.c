@@ -1,0 +1,449 @@
+/*
+ * control: the control socket (the top of internal.h) and the commands it
+ * answers, one connection at a time, on the control thread.
+ *
+ * Order (gpucr-stream's side is vram/fastpath.go):
+ *   checkpoint: stage (the copy threads' pinned buffers, the program still
+ *     running) -> park (gate closed, in-flight calls drained, contexts synced)
+ *     -> copyout (into the kept copy: regular files gpucr-stream created;
+ *     only write(2), so a short write or ENOSPC fails the job, and nothing
+ *     blocks on a reader) -> keep -> release (unmap + release physical
+ *     memory; reservations, handles' properties, access kept) -> driver
+ *     Lock -> driver Checkpoint (small now) -> CRIU dump. gpucr-stream stores
+ *     the kept files into the checkpoint from the release on, beside the
+ *     driver's steps and CRIU, and commits once they are in. The driver's
+ *     lock finds threads waiting in the gate, outside the driver.
+ *   restore: CRIU restore -> driver Restore -> driver Unlock (threads still
+ *     wait in the gate) -> remap -> copyin -> unpark.
+ *   failure after release (the store, CRIU, destination, driver): driver
+ *     Restore/Unlock as today, then remap + copyin from the copy gpucr-stream
+ *     kept, then unpark: the program never runs with its memory missing.
+ */
+#include "internal.h"
+
+static pthread_t ctl_thread;
+int ctl_fd = -1;
+/* The socket directory, held open: the socket and the status file are made
+ * through it, so that a path swapped later leads nowhere else. */
+int ctl_dir_fd = -1;
+static char sock_path[108]; /* for messages only */
+char sock_name[64];  /* preload-PID.sock in ctl_dir_fd */
+atomic_int ctl_started;
+
+int write_all(int fd, const void *b, size_t n)
+{
+	const char *p = b;
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		if (w == 0) { /* a full file system may say nothing: do not spin */
+			errno = ENOSPC;
+			return -1;
+		}
+		p += w;
+		n -= w;
+	}
+	return 0;
+}
+int read_full(int fd, void *b, size_t n)
+{
+	char *p = b;
+	while (n > 0) {
+		ssize_t r = read(fd, p, n);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		if (r == 0)
+			return 1; /* EOF */
+		p += r;
+		n -= r;
+	}
+	return 0;
+}
+
+/* fault names a step to fail on purpose (tests): GPUCR_PRELOAD_FAULT=park,
+ * copyout, release (after the first mapping), remap or copyin. */
+static atomic_int fault_fired;
+int fault(const char *step)
+{
+	const char *f = getenv("GPUCR_PRELOAD_FAULT");
+	/* One shot, so that a retry of the step can succeed. */
+	return f && !strcmp(f, step) && !atomic_exchange(&fault_fired, 1);
+}
+
+static size_t live_bytes(int *nmaps, int *nhandles, int *unmapped_handles)
+{
+	size_t b = 0;
+	int m = 0, h = 0, u = 0;
+	for (int i = 0; i < nm; i++)
+		if (ms[i].live) {
+			b += ms[i].size;
+			m++;
+		}
+	for (int i = 0; i < nh; i++) {
+		if (!hs[i].live)
+			continue;
+		h++;
+		int mapped = 0;
+		for (int j = 0; j < nm && !mapped; j++)
+			mapped = ms[j].live && ms[j].h == i;
+		if (!mapped)
+			u++;
+	}
+	if (nmaps)
+		*nmaps = m;
+	if (nhandles)
+		*nhandles = h;
+	if (unmapped_handles)
+		*unmapped_handles = u;
+	return b;
+}
+
+static const char *capable_reason(void)
+{
+	int u = 0;
+	live_bytes(NULL, NULL, &u);
+	if (incapable[0])
+		return incapable;
+	if (!atomic_load(&wrapped))
+		return "no driver entry point was reached through the library";
+	if (u)
+		return "a physical allocation is mapped nowhere (its contents could not be copied)";
+	return "";
+}
+
+static void json_str(char *out, size_t n, const char *s)
+{
+	size_t k = 0;
+	for (; *s && k + 2 < n; s++)
+		if (*s != '"' && *s != '\\' && (unsigned char)*s >= 0x20)
+			out[k++] = *s;
+	out[k] = 0;
+}
+
+static void cmd_report(char *out, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	int maps, handles, u;
+	size_t b = live_bytes(&maps, &handles, &u);
+	char why[512];
+	json_str(why, sizeof why, capable_reason());
+	size_t fr = 0, tot = 0;
+	if (r_MemGetInfo && nctx) {
+		r_CtxSetCurrent(ctxs[0]);
+		r_MemGetInfo(&fr, &tot);
+	}
+	int own = 0;
+	for (int i = 0; i < no; i++)
+		own += os_[i].live;
+	snprintf(out, n,
+		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
+		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu,"
+		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"kept\":[",
+		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
+		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr,
+		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count());
+	pthread_mutex_unlock(&tab_mu);
+	/* The kept files' paths, as far as they fit (with room for the end). */
+	for (int i = 0; i < nkeep; i++) {
+		char p[4096];
+		json_str(p, sizeof p, keep_paths[i]);
+		size_t k = strlen(out);
+		if (k + strlen(p) + 8 >= n)
+			break;
+		snprintf(out + k, n - k, "%s\"%s\"", i ? "," : "", p);
+	}
+	size_t k = strlen(out);
+	snprintf(out + k, n - k, "]}\n");
+}
+
+static int sync_all(char *err, size_t n)
+{
+	for (int i = 0; i < nctx; i++) {
+		CUresult r;
+		if ((r = r_CtxSetCurrent(ctxs[i])) != CUDA_SUCCESS || (r = r_CtxSynchronize()) != CUDA_SUCCESS) {
+			snprintf(err, n, "synchronize context %d: CUresult %d", i, r);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* MAXFDS: a copy takes up to 64 files (one per worker), keep their
+ * directory too. */
+#define MAXFDS 65
+static int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
+{
+	struct iovec iov = {line, n - 1};
+	char ctrl[CMSG_SPACE(MAXFDS * sizeof(int))];
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctrl, .msg_controllen = sizeof ctrl};
+	ssize_t r;
+	do
+		r = recvmsg(c, &mh, MSG_CMSG_CLOEXEC);
+	while (r < 0 && errno == EINTR);
+	if (r <= 0)
+		return -1;
+	line[r] = 0;
+	*nfds = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+			int k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (int i = 0; i < k && *nfds < MAXFDS; i++)
+				memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+		}
+	char *nl = strchr(line, '\n');
+	if (nl)
+		*nl = 0;
+	return 0;
+}
+
+/* cmd_park closes the gate, waits up to ms for calls in flight to leave it
+ * and synchronizes the contexts; on failure the gate opens again. */
+static int cmd_park(long ms, char *err, size_t n)
+{
+	if (parked) {
+		snprintf(err, n, "already parked");
+		return -1;
+	}
+	if (gate_close(ms > 0 ? ms : 10000) < 0) {
+		snprintf(err, n, "threads still inside gated CUDA calls after %ld ms", ms);
+		return -1;
+	}
+	if (sync_all(err, n) < 0 || fault("park")) {
+		if (!err[0])
+			snprintf(err, n, "injected fault (park)");
+		gate_open();
+		return -1;
+	}
+	parked = 1;
+	return 0;
+}
+
+static int need_parked(char *err, size_t n)
+{
+	if (parked)
+		return 0;
+	snprintf(err, n, "not parked");
+	return -1;
+}
+
+/* dispatch runs one command; *owns says whether this connection owns the
+ * park (its end without `detach` is gpucr-stream's death). */
+static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st, int *owns)
+{
+	if (!strncmp(line, "park", 4)) {
+		int rc = cmd_park(atol(line + 4), err, n);
+		if (rc == 0) {
+			*owns = 1;
+			said = 0;
+			keep_clear(0);
+		}
+		return rc;
+	}
+	if (!strcmp(line, "unpark")) {
+		if (released || unfilled) {
+			snprintf(err, n, "memory is %s: %s first", released ? "released" : "mapped again but not refilled",
+				 released ? "remap and copy in" : "copy in");
+			return -1;
+		}
+		keep_clear(0);
+		unstage_all();
+		parked = 0;
+		gate_open();
+		return 0;
+	}
+	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
+		return cmd_copy(line, fds, nfds, err, n, st);
+	if (!strncmp(line, "stage ", 6))
+		return cmd_stage(atoi(line + 6), err, n, st);
+	if (!strcmp(line, "keep"))
+		return cmd_keep(fds, nfds, err, n);
+	if (!strcmp(line, "recover")) {
+		int k = *nfds;
+		*nfds = 0;
+		return do_recover(fds, k, 0, err, n);
+	}
+	if (need_parked(err, n) < 0)
+		return -1;
+	if (!strcmp(line, "release")) {
+		if (nkeep == 0) {
+			snprintf(err, n, "no kept copy: keep comes before release");
+			return -1;
+		}
+		return do_release(err, n);
+	}
+	if (!strcmp(line, "remap"))
+		return do_remap(err, n);
+	if (!strcmp(line, "driver")) {
+		driver_next = 1;
+		return 0;
+	}
+	if (!strcmp(line, "detach")) {
+		keep_close_fds(); /* CRIU must not find them open */
+		detached = 1;
+		*owns = 0;
+		return 0;
+	}
+	snprintf(err, n, "unknown command %.40s", line);
+	return -1;
+}
+
+/* idle_ms bounds how long a connection that does not own the park may
+ * keep the control thread waiting for its next line (it serves one
+ * connection at a time): GPUCR_PRELOAD_IDLE_MS, default 60 s. The owner's
+ * connection waits as long as the checkpoint's store takes. */
+static long idle_ms(void)
+{
+	const char *e = getenv("GPUCR_PRELOAD_IDLE_MS");
+	long ms = e ? atol(e) : 0;
+	return ms > 0 ? ms : 60000;
+}
+
+static void set_timeout(int c, int opt, long ms)
+{
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	setsockopt(c, SOL_SOCKET, opt, &tv, sizeof tv);
+}
+
+static void serve_conn(int c)
+{
+	static char out[16384];
+	char line[256], err[512];
+	int fds[MAXFDS], nfds, owns = 0;
+	long idle = idle_ms();
+	set_timeout(c, SO_RCVTIMEO, idle);
+	set_timeout(c, SO_SNDTIMEO, idle);
+	while (recv_cmd(c, line, sizeof line, fds, &nfds) == 0) {
+		err[0] = 0;
+		struct stats st = {0};
+		int rc = 0;
+		if (!strcmp(line, "report"))
+			cmd_report(out, sizeof out);
+		else
+			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		if (rc < 0) {
+			char e[512];
+			json_str(e, sizeof e, err);
+			snprintf(out, sizeof out, "err %s\n", e);
+		} else if (strcmp(line, "report")) {
+			snprintf(out, sizeof out,
+				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
+				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d}\n",
+				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged);
+		}
+		if (write_all(c, out, strlen(out)) < 0)
+			break;
+		set_timeout(c, SO_RCVTIMEO, owns ? 0 : idle);
+	}
+	unstage_all();
+	if (owns && parked && !detached)
+		on_orphan();
+}
+
+static void *control_main(void *arg)
+{
+	(void)arg;
+	internal = 1;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* the program's signals go to its threads */
+	for (;;) {
+		int c = accept4(ctl_fd, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			usleep(100000);
+			continue;
+		}
+		struct ucred cr;
+		socklen_t cl = sizeof cr;
+		if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 && (cr.uid == 0 || cr.uid == geteuid()))
+			serve_conn(c);
+		close(c);
+	}
+	return NULL;
+}
+
+/* open_sock_dir opens GPUCR_PRELOAD_DIR (made 0700 if missing) without
+ * following a symlink, and only if it is ours; it is then made 0700
+ * through the descriptor. */
+static int open_sock_dir(const char *dir)
+{
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return -1;
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+	    ((st.st_mode & 0777) != 0700 && fchmod(fd, 0700) < 0)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+void start_control(void)
+{
+	if (atomic_exchange(&ctl_started, 1))
+		return;
+	const char *dir = getenv("GPUCR_PRELOAD_DIR");
+	if (!dir || !*dir)
+		dir = "/run/gpucr-stream";
+	int dfd = open_sock_dir(dir);
+	if (dfd < 0)
+		return;
+	/* Named by our pid as we see it: gpucr-stream, maybe in another pid
+	 * namespace, finds it by the NSpid of /proc/PID/status. */
+	snprintf(sock_name, sizeof sock_name, "preload-%d.sock", getpid());
+	/* Bound by its path (CRIU binds a restored socket to the address it
+	 * was bound to), then checked to be in the directory held open. */
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, sock_name) >= (int)sizeof a.sun_path) {
+		close(dfd);
+		return;
+	}
+	snprintf(sock_path, sizeof sock_path, "%s", a.sun_path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		close(dfd);
+		return;
+	}
+	/* The socket's mode before bind is the file's (less the umask). */
+	fchmod(fd, 0600);
+	unlinkat(dfd, sock_name, 0);
+	struct stat st;
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || fstatat(dfd, sock_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !S_ISSOCK(st.st_mode) || ((st.st_mode & 0777) != 0600 && fchmodat(dfd, sock_name, 0600, 0) < 0) || listen(fd, 4) < 0) {
+		close(fd);
+		close(dfd);
+		return;
+	}
+	ctl_fd = fd;
+	ctl_dir_fd = dfd;
+	/* The thread is created with every signal blocked, so none of the
+	 * program's signals lands on it. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&ctl_thread, &at, control_main, NULL) != 0) {
+		close(fd);
+		ctl_fd = -1;
+		unlinkat(dfd, sock_name, 0);
+		close(dfd);
+		ctl_dir_fd = -1;
+	}
+	pthread_attr_destroy(&at);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}

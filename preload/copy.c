@@ -1,0 +1,503 @@
+/*
+ * copy workers: a copy out or in runs one thread per descriptor, each with
+ * two pinned buffers and two streams (staged ahead where `stage` came), over
+ * the VRAM file format (docs/PRODUCERS.md, "VRAM files").
+ */
+#include "internal.h"
+
+#define MAGIC "GPUCRVM1"
+#define PIECE (64ULL << 20)
+
+struct piece {
+	CUdeviceptr va;
+	size_t n;
+	CUcontext ctx;
+};
+struct job {
+	int out; /* 1: device to fd; 0: fd to device */
+	struct piece *pieces;
+	int npieces;
+	/* copy in: the first piece of each mapping in seen[], and which
+	 * pieces came (each exactly once). */
+	int *first;
+	atomic_uchar *seen;
+	int nseen;
+	atomic_int next;
+	size_t buf;
+	atomic_int failed;
+	char err[256];
+	pthread_mutex_t err_mu;
+	atomic_llong bytes;
+	/* Where a job's time goes, for the reply: the slowest worker's
+	 * setup (pinned buffers, streams), copy and teardown, and summed over
+	 * the workers the time blocked on the device and in read/write. */
+	double setup, work, teardown;
+	atomic_llong wait_ns, io_ns;
+	atomic_int nstaged; /* workers that took staged buffers */
+};
+struct worker {
+	struct job *j;
+	int fd, idx;
+	pthread_t t;
+};
+
+static double mono(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static size_t buf_size(void);
+
+/* Staged copy buffers. `stage N` allocates the pinned buffers and streams of
+ * N copy workers while the program still runs, so that the copy out after
+ * park does not wait for the driver to pin a gigabyte (worker i takes slot
+ * i). Whatever a job leaves is freed at its end, and a stage no copy took
+ * at unpark or when the connection ends: pinned host memory must not be
+ * there at the driver's checkpoint, which would carry it into the dump.
+ * Only the control thread stages and frees; workers take their slot while
+ * it waits for them. */
+struct stage {
+	void *buf[2];
+	int mapped[2]; /* our own mapping, registered; else cuMemHostAlloc's */
+	CUstream st[2];
+	size_t size;
+};
+static struct stage staged[64];
+
+#define CU_MEMHOSTREGISTER_PORTABLE 1
+
+/* pin_alloc returns size bytes of pinned host memory. Pinning costs per
+ * page: a gigabyte of cuMemHostAlloc's small pages took 0.5 s to pin and
+ * 0.2 s to free on an H100 host, on the path of every copy. So the
+ * buffers are our own anonymous mappings, asked to be transparent huge
+ * pages, then registered with the driver; where that fails (no THP, a
+ * driver without registration) cuMemHostAlloc as before. */
+static CUresult pin_alloc(void **p, int *mapped, size_t size)
+{
+	*mapped = 0;
+	if (r_HostRegister && r_HostUnregister) {
+		void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m != MAP_FAILED) {
+			madvise(m, size, MADV_HUGEPAGE);
+			if (r_HostRegister(m, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
+				*p = m;
+				*mapped = 1;
+				return CUDA_SUCCESS;
+			}
+			munmap(m, size);
+		}
+	}
+	return r_HostAlloc(p, size, 0);
+}
+
+static void stage_free(struct stage *sg)
+{
+	for (int b = 0; b < 2; b++) {
+		if (sg->st[b]) {
+			r_StreamSync(sg->st[b]);
+			r_StreamDestroy(sg->st[b]);
+		}
+		if (sg->buf[b] && sg->mapped[b]) {
+			r_HostUnregister(sg->buf[b]);
+			munmap(sg->buf[b], sg->size);
+		} else if (sg->buf[b]) {
+			r_FreeHost(sg->buf[b]);
+		}
+	}
+	memset(sg, 0, sizeof *sg);
+}
+
+/* stage_alloc fills sg with two pinned buffers of size bytes and two
+ * streams; on failure it frees what it took and returns the CUresult. */
+static CUresult stage_alloc(struct stage *sg, size_t size)
+{
+	CUresult r = CUDA_SUCCESS;
+	sg->size = size;
+	for (int b = 0; b < 2 && r == CUDA_SUCCESS; b++)
+		if ((r = pin_alloc(&sg->buf[b], &sg->mapped[b], size)) == CUDA_SUCCESS)
+			r = r_StreamCreate(&sg->st[b], CU_STREAM_NON_BLOCKING);
+	if (r != CUDA_SUCCESS)
+		stage_free(sg);
+	return r;
+}
+
+void unstage_all(void)
+{
+	for (int i = 0; i < 64; i++)
+		if (staged[i].buf[0])
+			stage_free(&staged[i]);
+}
+
+int staged_count(void)
+{
+	int k = 0;
+	for (int i = 0; i < 64; i++)
+		k += staged[i].buf[0] != NULL;
+	return k;
+}
+
+struct stager {
+	struct stage *sg;
+	size_t size;
+	CUresult r;
+	pthread_t t;
+};
+
+static void *stager_main(void *arg)
+{
+	struct stager *a = arg;
+	internal = 1;
+	r_CtxSetCurrent(ctxs[0]);
+	a->r = stage_alloc(a->sg, a->size);
+	return NULL;
+}
+
+/* cmd_stage stages k workers' buffers, allocated at once by k threads as a
+ * job's workers would. GPUCR_PRELOAD_STAGE=0 stages nothing (the workers
+ * then allocate their own), to measure what staging saves. */
+int cmd_stage(int k, char *err, size_t n, struct stats *st)
+{
+	if (k < 1 || k > 64) {
+		snprintf(err, n, "stage %d: want 1..64 workers", k);
+		return -1;
+	}
+	if (released || driver_next) {
+		snprintf(err, n, "stage: too late (memory released or the driver's step announced)");
+		return -1;
+	}
+	const char *e = getenv("GPUCR_PRELOAD_STAGE");
+	if ((e && !strcmp(e, "0")) || !nctx)
+		return 0;
+	double t0 = mono();
+	struct stager a[64];
+	int started = 0;
+	for (int i = 0; i < k; i++) {
+		if (staged[i].buf[0])
+			stage_free(&staged[i]);
+		a[i] = (struct stager){&staged[i], buf_size(), CUDA_SUCCESS, 0};
+		if (pthread_create(&a[i].t, NULL, stager_main, &a[i]) != 0)
+			break;
+		started++;
+	}
+	CUresult r = CUDA_SUCCESS;
+	for (int i = 0; i < started; i++) {
+		pthread_join(a[i].t, NULL);
+		if (a[i].r != CUDA_SUCCESS)
+			r = a[i].r;
+	}
+	if (r != CUDA_SUCCESS || started < k) {
+		unstage_all();
+		snprintf(err, n, "stage: pinned buffers of %zu bytes: CUresult %d", buf_size(), r);
+		return -1;
+	}
+	st->workers = st->staged = k;
+	st->setup = mono() - t0;
+	return 0;
+}
+
+static void job_time(struct job *j, double *max, double d)
+{
+	pthread_mutex_lock(&j->err_mu);
+	if (d > *max)
+		*max = d;
+	pthread_mutex_unlock(&j->err_mu);
+}
+
+static void job_fail(struct job *j, const char *fmt, ...)
+{
+	pthread_mutex_lock(&j->err_mu);
+	if (!atomic_exchange(&j->failed, 1)) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(j->err, sizeof j->err, fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&j->err_mu);
+}
+
+/* piece_of checks that [va, va+n) is one piece of a mapping as copy-out
+ * cuts them (PIECE bytes from the mapping's start, the last one shorter)
+ * and marks it arrived; -1 if it is none, -2 if it came before. It returns
+ * the mapping's context in *ctx. */
+static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
+{
+	int rc = -1;
+	pthread_mutex_lock(&tab_mu);
+	for (int i = 0; i < nm; i++) {
+		struct mrec *m = &ms[i];
+		if (!m->live || !m->mapped || va < m->va || va - m->va >= m->size)
+			continue;
+		size_t off = va - m->va;
+		if (off % PIECE == 0 && n == (m->size - off < PIECE ? m->size - off : PIECE)) {
+			int k = j->first[i] + off / PIECE;
+			rc = atomic_exchange(&j->seen[k], 1) ? -2 : 0;
+			*ctx = m->ctx;
+		}
+		break;
+	}
+	pthread_mutex_unlock(&tab_mu);
+	return rc;
+}
+
+/* copy_out writes the job's pieces from the device into w->fd through two
+ * pinned buffers, one copying from the device while the other is written. */
+static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
+{
+	struct job *j = w->j;
+	CUresult r;
+	if (write_all(w->fd, MAGIC, 8) < 0) {
+		job_fail(j, "write: %s", strerror(errno));
+		return;
+	}
+	for (;;) {
+		int k = atomic_fetch_add(&j->next, 1);
+		if (k >= j->npieces || atomic_load(&j->failed))
+			break;
+		struct piece *p = &j->pieces[k];
+		if (p->ctx)
+			r_CtxSetCurrent(p->ctx);
+		uint64_t hdr[2] = {p->va, p->n};
+		if (write_all(w->fd, hdr, sizeof hdr) < 0) {
+			job_fail(j, "write: %s", strerror(errno));
+			return;
+		}
+		size_t nch = (p->n + j->buf - 1) / j->buf, plen[2] = {0, 0};
+		for (size_t i = 0; i <= nch; i++) {
+			int b = i & 1;
+			if (i < nch) {
+				plen[b] = p->n - i * j->buf < j->buf ? p->n - i * j->buf : j->buf;
+				if ((r = r_DtoHAsync(buf[b], p->va + i * j->buf, plen[b], st[b])) != CUDA_SUCCESS) {
+					job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, i * j->buf, r);
+					return;
+				}
+			}
+			if (i > 0) {
+				int pb = b ^ 1;
+				double t0 = mono();
+				if ((r = r_StreamSync(st[pb])) != CUDA_SUCCESS) {
+					job_fail(j, "copy to host: CUresult %d", r);
+					return;
+				}
+				double t1 = mono();
+				if (write_all(w->fd, buf[pb], plen[pb]) < 0) {
+					job_fail(j, "write: %s", strerror(errno));
+					return;
+				}
+				atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+				atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
+				atomic_fetch_add(&j->bytes, plen[pb]);
+			}
+		}
+		if (fault("copyout")) {
+			job_fail(j, "injected fault (copyout)");
+			return;
+		}
+	}
+	uint64_t end[2] = {0, 0};
+	if (!atomic_load(&j->failed) && write_all(w->fd, end, sizeof end) < 0)
+		job_fail(j, "write: %s", strerror(errno));
+}
+
+/* copy_in reads a VRAM file from w->fd and copies each piece to the device,
+ * alternating the two pinned buffers; the caller synchronizes the streams. */
+static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
+{
+	struct job *j = w->j;
+	CUresult r;
+	char magic[8];
+	int e = read_full(w->fd, magic, 8);
+	if (e || memcmp(magic, MAGIC, 8)) {
+		job_fail(j, "VRAM file: %s", e ? "truncated header" : "bad magic");
+		return;
+	}
+	size_t pending[2] = {0, 0};
+	int b = 0;
+	for (;;) {
+		uint64_t hdr[2];
+		if (read_full(w->fd, hdr, sizeof hdr)) {
+			job_fail(j, "VRAM file: truncated (no end record)");
+			return;
+		}
+		if (hdr[0] == 0 && hdr[1] == 0)
+			break;
+		CUcontext c = NULL;
+		int pc = piece_of(j, hdr[0], hdr[1], &c);
+		if (pc < 0) {
+			job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)hdr[0], (unsigned long long)hdr[1],
+				 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
+			return;
+		}
+		if (c)
+			r_CtxSetCurrent(c);
+		for (size_t off = 0; off < hdr[1];) {
+			size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
+			double t0 = mono();
+			if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
+				job_fail(j, "copy to device: CUresult %d", r);
+				return;
+			}
+			double t1 = mono();
+			if (read_full(w->fd, buf[b], len)) {
+				job_fail(j, "VRAM file: truncated in range %#llx", (unsigned long long)hdr[0]);
+				return;
+			}
+			atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+			atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
+			if ((r = r_HtoDAsync(hdr[0] + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
+				job_fail(j, "copy %#llx to device: CUresult %d", (unsigned long long)hdr[0] + off, r);
+				return;
+			}
+			pending[b] = len;
+			atomic_fetch_add(&j->bytes, len);
+			off += len;
+			b ^= 1;
+		}
+		if (fault("copyin")) {
+			job_fail(j, "injected fault (copyin)");
+			return;
+		}
+	}
+}
+
+/* worker_main is one copy thread of a job: two pinned buffers and two
+ * streams, then copy_out or copy_in over its fd. */
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct job *j = w->j;
+	internal = 1;
+	double t0 = mono();
+	CUresult r;
+	if (nctx)
+		r_CtxSetCurrent(ctxs[0]);
+	struct stage sg = {0};
+	if (staged[w->idx].buf[0] && staged[w->idx].size == j->buf) {
+		sg = staged[w->idx];
+		memset(&staged[w->idx], 0, sizeof sg);
+		atomic_fetch_add(&j->nstaged, 1);
+	} else if ((r = stage_alloc(&sg, j->buf)) != CUDA_SUCCESS) {
+		job_fail(j, "pinned buffers of %zu bytes and their streams: CUresult %d", j->buf, r);
+		goto out;
+	}
+	double t1 = mono();
+	job_time(j, &j->setup, t1 - t0);
+	if (j->out)
+		copy_out(w, sg.buf, sg.st);
+	else
+		copy_in(w, sg.buf, sg.st);
+	t0 = mono();
+	job_time(j, &j->work, t0 - t1);
+	stage_free(&sg);
+	job_time(j, &j->teardown, mono() - t0);
+out:
+	/* Copy out writes the kept copy (a regular file): a delayed write
+	 * error shows at close, and must fail the job. */
+	if (close(w->fd) < 0 && j->out)
+		job_fail(j, "close: %s", strerror(errno));
+	return NULL;
+}
+
+static size_t buf_size(void)
+{
+	const char *e = getenv("GPUCR_PRELOAD_BUF_MIB");
+	long v = e ? atol(e) : 0;
+	return (size_t)(v > 0 && v <= 1024 ? v : 32) << 20;
+}
+
+int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
+{
+	struct job j;
+	memset(&j, 0, sizeof j);
+	pthread_mutex_init(&j.err_mu, NULL);
+	j.out = out;
+	j.buf = buf_size();
+	if (out) {
+		pthread_mutex_lock(&tab_mu);
+		int cap = 0;
+		for (int i = 0; i < nm; i++)
+			if (ms[i].live)
+				cap += (ms[i].size + PIECE - 1) / PIECE;
+		j.pieces = calloc(cap ? cap : 1, sizeof *j.pieces);
+		for (int i = 0; i < nm; i++)
+			for (size_t off = 0; ms[i].live && off < ms[i].size; off += PIECE)
+				j.pieces[j.npieces++] = (struct piece){ms[i].va + off, ms[i].size - off < PIECE ? ms[i].size - off : PIECE, ms[i].ctx};
+		pthread_mutex_unlock(&tab_mu);
+	} else {
+		pthread_mutex_lock(&tab_mu);
+		j.first = calloc(nm ? nm : 1, sizeof *j.first);
+		for (int i = 0; i < nm; i++) {
+			j.first[i] = j.nseen;
+			if (ms[i].live)
+				j.nseen += (ms[i].size + PIECE - 1) / PIECE;
+		}
+		j.seen = calloc(j.nseen ? j.nseen : 1, sizeof *j.seen);
+		pthread_mutex_unlock(&tab_mu);
+	}
+	struct worker *ws = calloc(nfds, sizeof *ws);
+	int started = 0;
+	for (int i = 0; i < nfds; i++) {
+		ws[i].j = &j;
+		ws[i].fd = fds[i];
+		ws[i].idx = i;
+		if (pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) != 0) {
+			job_fail(&j, "pthread_create failed");
+			for (int k = i; k < nfds; k++)
+				close(fds[k]);
+			break;
+		}
+		started++;
+	}
+	for (int i = 0; i < started; i++)
+		pthread_join(ws[i].t, NULL);
+	free(ws);
+	free(j.pieces);
+	/* Copy in: every piece of every mapping must have come. */
+	for (int k = 0; !out && k < j.nseen && !atomic_load(&j.failed); k++)
+		if (!atomic_load(&j.seen[k])) {
+			CUdeviceptr va = 0;
+			pthread_mutex_lock(&tab_mu);
+			for (int i = nm - 1; i >= 0; i--)
+				if (ms[i].live && j.first[i] <= k) {
+					va = ms[i].va + (CUdeviceptr)(k - j.first[i]) * PIECE;
+					break;
+				}
+			pthread_mutex_unlock(&tab_mu);
+			job_fail(&j, "VRAM files: range at %#llx missing (the files do not cover the process's memory)", va);
+		}
+	free(j.first);
+	free((void *)j.seen);
+	unstage_all();
+	*st = (struct stats){atomic_load(&j.bytes), j.setup, j.work, j.teardown, atomic_load(&j.wait_ns) / 1e9,
+			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged)};
+	if (atomic_load(&j.failed)) {
+		snprintf(err, n, "%s", j.err);
+		return -1;
+	}
+	return 0;
+}
+
+/* cmd_copy runs copyout or copyin over the descriptors that came with the
+ * line; the workers close them (*nfds is set to 0 once they own them). */
+int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st)
+{
+	int outdir = line[4] == 'o';
+	if (!parked) {
+		snprintf(err, n, "not parked");
+		return -1;
+	}
+	if (*nfds == 0 || *nfds > 64) {
+		snprintf(err, n, "%s with %d descriptors, want 1..64", line, *nfds);
+		return -1;
+	}
+	if (released) {
+		snprintf(err, n, "%s", outdir ? "memory is released" : "memory is released: remap first");
+		return -1;
+	}
+	int rc = run_job(outdir, fds, *nfds, err, n, st);
+	*nfds = 0;
+	if (rc == 0 && !outdir)
+		unfilled = 0;
+	return rc;
+}

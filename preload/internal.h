@@ -1,0 +1,254 @@
+/*
+ * libgpucr-preload: the in-process half of gpucr-stream's GPU fast path.
+ *
+ * Loaded with LD_PRELOAD (`gpucr-stream run -- CMD`), it sits between a CUDA
+ * program and the driver (libcuda.so.1) and does three things:
+ *
+ * 1. Interposition. The CUDA runtime (so PyTorch) reaches the driver by
+ *    dlopen("libcuda.so.1") + dlsym(h, "cuGetProcAddress_v2") and fetches
+ *    every entry point through it. A preloaded symbol is not what dlsym on a
+ *    handle finds, so this library interposes dlsym itself (the real one
+ *    comes from dlvsym(RTLD_NEXT, "dlsym", ...), as HAMi-core does) and wraps
+ *    the pointers cuGetProcAddress hands out. Wrappers are matched by the
+ *    driver's own pointer, so the _ptsz/_ptds variants each get theirs. The
+ *    same wrappers are exported under the driver's names for programs linked
+ *    against libcuda directly.
+ *
+ * 2. Bookkeeping. cuMemAlloc_v2 / cuMemAllocPitch_v2 / cuMemFree_v2 are
+ *    backed by a reservation plus one physical handle (cuMemAddressReserve,
+ *    cuMemCreate, cuMemMap, cuMemSetAccess). The program's own virtual memory
+ *    calls (PyTorch's expandable_segments, NCCL) are tracked: every handle
+ *    (with its properties) and every mapping (with its access). Handles the
+ *    program holds are virtualised: after a release and remap the program's
+ *    handle value still works, this library translates it to the new one.
+ *    Memory it cannot recreate (cuMemAllocManaged, stream-ordered pools,
+ *    IPC and exported handles, entry points it does not know) marks the
+ *    process "not capable": gpucr-stream then takes the driver-only path.
+ *
+ * 3. A control thread on a unix socket (GPUCR_PRELOAD_DIR, default
+ *    /run/gpucr-stream, mode 0700; preload-PID.sock, mode 0600, peers of
+ *    our uid or root only) that answers gpucr-stream: report, stage, park,
+ *    copyout (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark. The
+ *    data format of copyout/copyin is in docs/PRODUCERS.md ("VRAM files");
+ *    a copy answers with where its time went. The directory must be ours
+ *    and no symlink; it is held open and the socket and the status file are
+ *    made through it. PID is ours as we see it (gpucr-stream in another pid
+ *    namespace reads our NSpid). One connection is served at a time; one
+ *    that does not own the park waits at most GPUCR_PRELOAD_IDLE_MS for its
+ *    next line (default 60 s). Nothing a client says makes the library open
+ *    or unlink a path (docs/THREATS.md, "The GPU fast path across users").
+ *
+ * The library is one file per room; this header is what they share:
+ *
+ *   init.c         the real driver's entry points, the library's load, fork
+ *   gate.c         quiescence: the gate every work-submitting call passes
+ *   bookkeeping.c  handles, mappings and our allocations; release, remap
+ *   wrappers.c     the interposed entry points, dlsym, cuGetProcAddress
+ *   control.c      the control socket and its protocol (the order of a
+ *                  checkpoint and a restore)
+ *   copy.c         copy workers: staged pinned buffers, copy out and in
+ *   recover.c      the kept copy, and recovery without gpucr-stream
+ *
+ * Nothing declared here is exported: the library's interface is the
+ * driver's entry points in wrappers.c (and dlsym), nothing else.
+ */
+#ifndef GPUCR_PRELOAD_INTERNAL_H
+#define GPUCR_PRELOAD_INTERNAL_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the few driver types (cuda.h, ABI-stable) ---- */
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef struct {
+	int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+	int id;
+} CUmemLocation;
+typedef struct {
+	int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+	CUmemLocation location;
+	int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} CUmemAccessDesc;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_STREAM_NON_BLOCKING 1
+
+typedef unsigned long long U; /* every gated entry point takes integer-class arguments only */
+
+/* Shared between the files, hidden from the program. */
+#pragma GCC visibility push(hidden)
+
+/* ---- init.c: real entry points this library calls itself ---- */
+extern void *(*real_dlsym)(void *, const char *);
+extern CUresult (*r_GetProcAddress)(const char *, void **, int, unsigned long long);
+extern CUresult (*r_GetProcAddress_v2)(const char *, void **, int, unsigned long long, int *);
+extern CUresult (*r_MemAlloc)(CUdeviceptr *, size_t);
+extern CUresult (*r_MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+extern CUresult (*r_MemFree)(CUdeviceptr);
+extern CUresult (*r_AddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+extern CUresult (*r_AddressFree)(CUdeviceptr, size_t);
+extern CUresult (*r_Create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+extern CUresult (*r_Release)(CUmemGenericAllocationHandle);
+extern CUresult (*r_Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+extern CUresult (*r_Unmap)(CUdeviceptr, size_t);
+extern CUresult (*r_SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+extern CUresult (*r_RetainHandle)(CUmemGenericAllocationHandle *, void *);
+extern CUresult (*r_PropsFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+extern CUresult (*r_Granularity)(size_t *, const CUmemAllocationProp *, int);
+extern CUresult (*r_CtxGetCurrent)(CUcontext *);
+extern CUresult (*r_CtxSetCurrent)(CUcontext);
+extern CUresult (*r_CtxGetDevice)(CUdevice *);
+extern CUresult (*r_CtxSynchronize)(void);
+extern CUresult (*r_HostAlloc)(void **, size_t, unsigned);
+extern CUresult (*r_FreeHost)(void *);
+extern CUresult (*r_HostRegister)(void *, size_t, unsigned);
+extern CUresult (*r_HostUnregister)(void *);
+extern CUresult (*r_StreamCreate)(CUstream *, unsigned);
+extern CUresult (*r_StreamDestroy)(CUstream);
+extern CUresult (*r_StreamSync)(CUstream);
+extern CUresult (*r_DtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+extern CUresult (*r_HtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+extern CUresult (*r_MemGetInfo)(size_t *, size_t *);
+extern void *libcuda;
+extern pthread_mutex_t tab_mu; /* guards bookkeeping.c's tables */
+extern char incapable[512];    /* why not (empty: capable) */
+extern atomic_int wrapped;     /* entry points handed out wrapped */
+extern __thread int internal;  /* control thread and workers: no gate */
+extern pthread_once_t dlsym_once;
+void init_dlsym(void);
+int ensure_cuda(void);
+void mark_incapable(const char *fmt, ...);
+
+/* ---- gate.c ---- */
+void gate_enter(void);
+void gate_leave(void);
+int gate_close(long ms);
+void gate_open(void);
+void gate_reset(void);
+
+/* ---- bookkeeping.c: handles and mappings ---- */
+struct hrec {
+	int live;
+	int own;          /* backs one of our cuMemAlloc allocations */
+	int app_released; /* the program released it (it lives while mapped) */
+	int present;      /* physical memory exists now */
+	CUmemGenericAllocationHandle app, real;
+	size_t size;
+	CUmemAllocationProp prop;
+};
+struct mrec {
+	int live;
+	int mapped;
+	CUdeviceptr va;
+	size_t size, offset;
+	int h; /* index into hs */
+	CUmemAccessDesc acc[4];
+	int nacc;
+	CUcontext ctx;
+};
+struct orec { /* our cuMemAlloc: one reservation, one handle, one mapping */
+	int live;
+	CUdeviceptr va;
+	size_t size;
+	int h, m;
+};
+extern struct hrec *hs;
+extern int nh;
+extern struct mrec *ms;
+extern int nm;
+extern struct orec *os_;
+extern int no;
+extern CUcontext ctxs[16];
+extern int nctx;
+extern int parked, released;
+/* unfilled: memory was mapped again but not yet copied in: the program
+ * must not run on it. */
+extern int unfilled;
+extern U handle_seq; /* handles we give out for ours: never used by the app */
+int new_h(void);
+int new_m(void);
+int new_o(void);
+int find_h_app(CUmemGenericAllocationHandle app);
+void note_ctx(void);
+CUcontext cur_ctx(void);
+void drop_h_if_unused(int h);
+int do_release(char *err, size_t n);
+int do_remap(char *err, size_t n);
+
+/* ---- wrappers.c ---- */
+void resolve_real(void);
+
+/* ---- control.c ---- */
+extern int ctl_fd;
+extern int ctl_dir_fd;
+extern char sock_name[64]; /* preload-PID.sock in ctl_dir_fd */
+extern atomic_int ctl_started;
+void start_control(void);
+int write_all(int fd, const void *b, size_t n);
+int read_full(int fd, void *b, size_t n);
+int fault(const char *step);
+
+/* ---- copy.c ---- */
+/* What a command answers with besides ok: a copy's bytes and where its
+ * time went (seconds; wait and io are summed over the workers). */
+struct stats {
+	long long bytes;
+	double setup, work, teardown, wait, io;
+	int workers, staged;
+};
+int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st);
+int cmd_stage(int k, char *err, size_t n, struct stats *st);
+int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st);
+void unstage_all(void);
+int staged_count(void);
+
+/* ---- recover.c: the kept copy ---- */
+extern int said;
+extern int nkeep;
+extern char *keep_paths[64];
+extern int driver_next, detached;
+void keep_close_fds(void);
+void keep_clear(int rm);
+int cmd_keep(int *fds, int *nfds, char *err, size_t n);
+int do_recover(int *fds, int nfds, int rm, char *err, size_t n);
+void on_orphan(void);
+
+#pragma GCC visibility pop
+
+#endif
