@@ -136,12 +136,7 @@ func TestNoLeftovers(t *testing.T) {
 	CRIU(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
-	tmp := filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	BuildBinary(t, "./cmd/gpucr-stream") // its build dir is in $TMPDIR
-	t.Setenv("TMPDIR", tmp)
+	tmp := ownTMPDIR(t, dir)
 	leftNothing := func(what string) {
 		t.Helper()
 		ents, _ := os.ReadDir(tmp)
@@ -286,12 +281,7 @@ func TestS3FirstDay(t *testing.T) {
 	e := startS3(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
-	tmp := filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	BuildBinary(t, "./cmd/gpucr-stream") // not timed below; its build dir is in $TMPDIR
-	t.Setenv("TMPDIR", tmp)
+	tmp := ownTMPDIR(t, dir) // the build is not timed below
 
 	start := time.Now()
 	r := gcsRun(ctx, t, "ls", e.url(""), "--s3-endpoint", "http://no-such-host.invalid:9000")
@@ -398,4 +388,18 @@ func reapZombieOrphans(except int) {
 			unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 		}
 	}
+}
+
+// ownTMPDIR gives the commands this test runs a $TMPDIR of their own in
+// dir, to see what they leave there; gpucr-stream is built first (its
+// build dir is in the old $TMPDIR).
+func ownTMPDIR(t *testing.T, dir string) string {
+	t.Helper()
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	BuildBinary(t, "./cmd/gpucr-stream")
+	t.Setenv("TMPDIR", tmp)
+	return tmp
 }
