@@ -56,9 +56,6 @@ install: binary
 	else \
 		echo "no C compiler ($(CC)): libgpucr-preload.so not built; gpucr-stream run needs it (apt-get install gcc, then make install again)"; \
 	fi
-	@if [ "$(PREFIX)" != /usr/local ]; then \
-		echo "note: gpucr-stream run looks for libgpucr-preload.so next to its binary and in /usr/local/lib/gpucr-stream: copy $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so next to $(DESTDIR)$(PREFIX)/bin/gpucr-stream"; \
-	fi
 	@if [ -x $(CRIU_PREFIX)/bin/criu ]; then \
 		ln -sfn $(CRIU_PREFIX)/bin/criu $(DESTDIR)$(PREFIX)/bin/criu && \
 		echo "installed $(DESTDIR)$(PREFIX)/bin/criu -> $(CRIU_PREFIX)/bin/criu"; \

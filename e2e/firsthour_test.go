@@ -234,39 +234,42 @@ func phasesAddUp(t *testing.T, out string) {
 
 // TestMakeInstall: the README's `make install` installs the binary and the
 // fast path's library where that binary looks for it (`gpucr-stream run`
-// once failed right after the install step).
+// once failed right after the install step), for the default PREFIX (under
+// DESTDIR) and for another PREFIX: the binary finds PREFIX/lib/gpucr-stream
+// from its own PREFIX/bin.
 func TestMakeInstall(t *testing.T) {
 	if _, err := exec.LookPath("cc"); err != nil {
 		missing(t, "a C compiler (cc) for libgpucr-preload.so")
 	}
 	root := ModuleRoot(t)
-	dest := t.TempDir()
-	cmd := exec.Command("make", "--no-print-directory", "install", "DESTDIR="+dest)
-	cmd.Dir = root
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("make install: %v\n%s", err, out)
-	}
-	bin := filepath.Join(dest, "usr/local/bin/gpucr-stream")
-	lib := filepath.Join(dest, "usr/local/lib/gpucr-stream/libgpucr-preload.so")
-	for _, p := range []string{bin, lib} {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("make install did not install %s:\n%s", p, out)
-		}
-	}
-	// The installed binary, run from DESTDIR, says where it looks: the
-	// library's place without DESTDIR must be among them.
-	run := exec.Command(bin, "run", "--", "true")
-	msg, err := run.CombinedOutput()
-	installed := strings.TrimPrefix(lib, dest)
-	if _, statErr := os.Stat(installed); statErr == nil {
-		if err != nil {
-			t.Fatalf("gpucr-stream run with %s installed: %v\n%s", installed, err, msg)
-		}
-		return
-	}
-	if err == nil || !strings.Contains(string(msg), installed) {
-		t.Fatalf("gpucr-stream run does not look for the library where make install puts it (%s):\n%s", installed, msg)
+	for _, tc := range []struct{ name, arg, prefix string }{
+		{"default prefix", "DESTDIR=", "usr/local"},
+		{"own prefix", "PREFIX=", "opt/gcs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dest := t.TempDir()
+			arg, prefix := tc.arg+dest, filepath.Join(dest, tc.prefix)
+			if tc.arg == "PREFIX=" {
+				arg = tc.arg + prefix
+			}
+			cmd := exec.Command("make", "--no-print-directory", "install", arg)
+			cmd.Dir = root
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("make install %s: %v\n%s", arg, err, out)
+			}
+			bin := filepath.Join(prefix, "bin/gpucr-stream")
+			lib := filepath.Join(prefix, "lib/gpucr-stream/libgpucr-preload.so")
+			for _, p := range []string{bin, lib} {
+				if _, err := os.Stat(p); err != nil {
+					t.Fatalf("make install %s did not install %s:\n%s", arg, p, out)
+				}
+			}
+			msg, err := exec.Command(bin, "run", "--", "true").CombinedOutput()
+			if err != nil {
+				t.Fatalf("the installed gpucr-stream run does not find the installed library: %v\n%s", err, msg)
+			}
+		})
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -382,15 +383,20 @@ func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (CopyS
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // FindPreload finds the library: next to the running binary (where make
-// build puts it), else the install dir.
+// build puts it), else in PREFIX/lib/gpucr-stream beside the binary's
+// PREFIX/bin (where make install puts it, whatever PREFIX), else the
+// default install dir.
 func FindPreload() (string, error) {
 	var tried []string
 	if exe, err := os.Executable(); err == nil {
 		if exe, err = filepath.EvalSymlinks(exe); err == nil {
-			tried = append(tried, filepath.Join(filepath.Dir(exe), PreloadLibrary))
+			bin := filepath.Dir(exe)
+			tried = append(tried, filepath.Join(bin, PreloadLibrary), filepath.Join(bin, "..", "lib", "gpucr-stream", PreloadLibrary))
 		}
 	}
-	tried = append(tried, filepath.Join("/usr/local/lib/gpucr-stream", PreloadLibrary))
+	if def := filepath.Join("/usr/local/lib/gpucr-stream", PreloadLibrary); !slices.Contains(tried, def) {
+		tried = append(tried, def)
+	}
 	for _, p := range tried {
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
