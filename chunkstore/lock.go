@@ -13,7 +13,9 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -47,7 +49,15 @@ func TakeLock(ctx context.Context, st store.Store, kind string) (*Lock, error) {
 	name := LockPrefix + kind + "-" + hex.EncodeToString(id[:])
 	host, _ := os.Hostname()
 	body, _ := json.Marshal(map[string]any{"kind": kind, "host": host, "pid": os.Getpid(), "created": time.Now().UTC()})
-	if err := putNew(ctx, st, name, body); err != nil {
+	// A gc at age 0 removes a directory's temporary files, the lock's
+	// among them before it is committed: try again.
+	var err error
+	for range 3 {
+		if err = putNew(ctx, st, name, body); !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("take %s lock: %w", kind, err)
 	}
 	l := &Lock{st: st, name: name, Others: map[string][]string{}}

@@ -5,6 +5,8 @@
 #   first   checkpoint --dedup --leave-running into a location (empty)
 #   same    the same again, nothing changed
 #   tenth   after the target rewrote a tenth of its memory (SIGUSR2)
+# then restores the process from full and from first (the same memory) in
+# turn, each proved by the target's memory checksum,
 # into a directory (BENCH_DIR, tmpfs by default) and into MinIO on loopback
 # (BENCH_DEDUP_S3=0 skips). Times are the checkpoint command's wall time;
 # "new" is what each checkpoint added to its location (ls --json new_bytes).
@@ -82,6 +84,24 @@ ck() { # store metric DEST [--dedup]
 		{ cat "$WORK/ck.out" >&2; exit 1; }
 	record "$1" "$2" "$(elapsed "$t0")"
 }
+gone() { while [ -e "/proc/$1" ]; do sleep 0.02; done; }
+restore_from() { # store metric SRC: kills the target, restores it from SRC, proves and kills it
+	local t0 kids
+	kids=$(cat /proc/"$PID"/task/*/children 2>/dev/null || true)
+	kill -9 $kids "$PID" 2>/dev/null || true
+	gone "$PID"
+	for k in $kids; do gone "$k"; done
+	t0=$(now)
+	"$GCS" restore --criu "$CRIU" --from "$3" >"$WORK/rs.out" 2>&1 || { cat "$WORK/rs.out" >&2; exit 1; }
+	record "$1" "$2" "$(elapsed "$t0")"
+	rm -f "$RUN/proof.json"
+	kill -USR1 "$PID"
+	for _ in $(seq 200); do [ -s "$RUN/proof.json" ] && break; sleep 0.05; done
+	local a e
+	a=$(sed -n 's/.*"checksum_actual": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
+	e=$(sed -n 's/.*"checksum_expected": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
+	[ -n "$a" ] && [ "$a" = "$e" ] || { echo "bench-dedup: the target restored from $3 is wrong ($RUN)" >&2; exit 1; }
+}
 new_bytes() { # LOCATION NAME -> new_bytes of that checkpoint
 	"$GCS" ls --json "$1" | awk -v n="\"$2\"," '$1 == "\"name\":" {cur = $2} cur == n && $1 == "\"new_bytes\":" {gsub(",", "", $2); print $2}'
 }
@@ -99,6 +119,8 @@ for r in $(seq "$ROUNDS"); do
 		rewrite
 		ck "$s" tenth "$loc/tenth" --dedup
 		for n in first same tenth; do record "$s" "${n}_new" "$(new_bytes "$loc" "$n")"; done
+		restore_from "$s" restore_full "$full/ck"
+		restore_from "$s" restore_first "$loc/first"
 		kill -9 $(cat /proc/"$PID"/task/*/children 2>/dev/null) "$PID" 2>/dev/null || true
 		[ "$s" = dir ] && rm -rf "$loc" "$full"
 	done
@@ -116,4 +138,5 @@ for s in $STORES; do
 	printf '%-5s %9.3f %9.3f %9.3f %9.3f  %9s %9s  %10s %10s %10s\n' "$s" "$f" "$a" "$b" "$c" \
 		"$(div "$a" "$f" %.2fx)" "$(div "$b" "$a" %.2fx)" "$n1" "$(pct "$n2" "$n1")" "$(pct "$n3" "$n1")"
 	echo "  tenth/first time $(div "$c" "$a" %.2fx); full checkpoint's bytes $(get "$s" full_bytes), first dedup's $n1"
+	echo "  restore: from full $(get "$s" restore_full) s, from first (dedup) $(get "$s" restore_first) s: $(div "$(get "$s" restore_first)" "$(get "$s" restore_full)" %.2fx)"
 done

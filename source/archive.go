@@ -147,6 +147,9 @@ type ArchiveSource struct {
 	payloads sync.Pool     // compressed payloads
 	seal     *crypt.Session
 	sums     pipeline.Digester
+	// runs, for a format 4 checkpoint, are each file's chunks grouped
+	// into reads (runs.go).
+	runs map[string][]run
 	// Counters count the bytes written out (RawBytes) and the payload
 	// bytes read from the store (StoredBytes), for progress displays.
 	Counters pipeline.Counters
@@ -223,6 +226,12 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	}
 	a.parallel = min(a.parallel, a.window)
 	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
+	if m.SharedChunks {
+		a.runs = map[string][]run{}
+		for i := range m.Files {
+			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw)
+		}
+	}
 	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a
 }

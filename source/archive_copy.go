@@ -54,6 +54,7 @@ type fetchResult struct {
 type fileCopy struct {
 	a            *ArchiveSource
 	f            *manifest.File
+	runs         []run // the reads, when the chunks are read in runs (runs.go); else one a chunk
 	n, window    int
 	parallel     int
 	slots        []chan fetchResult // chunk i uses slot i % window
@@ -67,9 +68,13 @@ type fileCopy struct {
 }
 
 func newFileCopy(a *ArchiveSource, f *manifest.File) *fileCopy {
+	runs := a.runs[f.Name]
 	n := len(f.Chunks)
+	if runs != nil {
+		n = len(runs)
+	}
 	window := min(a.window, n)
-	c := &fileCopy{a: a, f: f, n: n, window: window, parallel: max(1, min(a.parallel, window)),
+	c := &fileCopy{a: a, f: f, runs: runs, n: n, window: window, parallel: max(1, min(a.parallel, window)),
 		slots: make([]chan fetchResult, window), shared: make([]bool, window),
 		credits: make(chan struct{}, window), own: make(chan struct{}, 1),
 		next: make(chan int), producerDone: make(chan struct{})}
@@ -144,7 +149,7 @@ func (c *fileCopy) startFetchers(ctx context.Context) {
 				}
 			}
 			for i := range c.next {
-				v, err := c.a.fetch(ctx, c.f, i)
+				v, err := c.fetch(ctx, i)
 				c.slots[i%c.window] <- fetchResult{v, err}
 				for range 2 {
 					select {
@@ -180,17 +185,34 @@ func (c *fileCopy) writeOut(ctx context.Context, name string, w io.Writer) (writ
 			}
 			c.a.drop(r.v)
 			c.release(i)
-			chunk := c.f.Chunks[i]
+			off, n := c.span(i)
 			if err != nil {
-				return written, emitted, fmt.Errorf("write %s at offset %d: %w", name, chunk.Offset, err)
+				return written, emitted, fmt.Errorf("write %s at offset %d: %w", name, off, err)
 			}
-			written += int64(chunk.RawLen)
-			c.a.Counters.RawBytes.Add(int64(chunk.RawLen))
+			written += n
+			c.a.Counters.RawBytes.Add(n)
 		case <-ctx.Done():
 			err = context.Cause(ctx)
 		}
 	}
 	return written, emitted, err
+}
+
+// fetch reads read i: a chunk, or a run of them.
+func (c *fileCopy) fetch(ctx context.Context, i int) (fetched, error) {
+	if c.runs != nil {
+		return c.a.fetchRun(ctx, c.f, c.runs[i])
+	}
+	return c.a.fetch(ctx, c.f, i)
+}
+
+// span is where read i starts in the file and how many bytes it holds.
+func (c *fileCopy) span(i int) (off, n int64) {
+	if c.runs != nil {
+		r := c.runs[i]
+		return c.f.Chunks[r.first].Offset, r.raw
+	}
+	return c.f.Chunks[i].Offset, int64(c.f.Chunks[i].RawLen)
 }
 
 // drain gives back the buffers and tokens of the chunks fetched after the

@@ -45,6 +45,10 @@ import (
 // go to lane 0, where they cost a buffered copy rather than a hand-off.
 const minLanePayload = 64 << 10
 
+// packRun is how many payload bytes a pack output writes on one lane
+// before it picks the least busy one again.
+const packRun = 8 << 20
+
 // DefaultLanes is how many segments an ArchiveOutput writes at once: one
 // file takes about 3.5 GB/s of buffered writes (tmpfs, ext4, xfs), less
 // than a GPU's copy out, while writes into several files scale with cores.
@@ -91,9 +95,14 @@ type ArchiveOutput struct {
 	format      pipeline.Format
 	nLanes      int
 	start       int64 // offset of a segment's first frame, after its header
-	// packs: the segments are packs of a chunk store (PackOutput), named
-	// by random ids, holding DATA frames only.
-	packs bool
+	// packs: the segments are packs of a chunk store (DedupOutput), named
+	// by random ids, holding DATA frames only. Their frames stay on one
+	// lane for packRun bytes at a time, so that consecutive chunks of a
+	// file lie one after the other in a pack, where a reader takes them in
+	// one request (source/runs.go).
+	packs     bool
+	stick     *lane
+	stickLeft int
 
 	// placement: the caller's goroutine only
 	lanes    []*lane
@@ -307,7 +316,14 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 		a.slots = make(chan struct{}, DefaultCommitting+a.nLanes-1)
 	}
 	l := a.lanes[0]
-	if large(fh, payload) {
+	switch {
+	case a.packs:
+		if a.stick == nil || a.stickLeft <= 0 {
+			a.stick, a.stickLeft = a.leastBusy(), packRun
+		}
+		l = a.stick
+		a.stickLeft -= len(payload)
+	case large(fh, payload):
 		l = a.leastBusy()
 	}
 	if l.cur != nil && l.cur.planned >= a.segmentSize {
