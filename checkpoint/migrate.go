@@ -7,7 +7,7 @@ package checkpoint
 // commit a failure leaves the process running here; after it, the local
 // copy is what is not lost.
 //
-// The GPU fast path (gpuckpt/fastpath.go) is taken as for a checkpoint when
+// The GPU fast path (gpuckpt/vramfiles.go) is taken as for a checkpoint when
 // the receiver restores (it brings the VRAM files back after the driver's
 // restore; one that serves an external criu restore would leave the
 // processes parked): the VRAM files go first into the stream, the commit

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // ReceiveOptions are a receiver's.
@@ -220,7 +220,7 @@ func (r *receiver) restore(ctx context.Context) error {
 		return err
 	}
 	ci, cerr := r.src.WaitCommitted(ctx)
-	var pairs []vram.GPUPair
+	var pairs []cudadriver.GPUPair
 	if cerr == nil {
 		r.res.LeftRunning = ci.LeftRunning
 		if pairs, cerr = r.o.GPUMap.For(ci.GPUs); cerr == nil {
@@ -378,10 +378,10 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep capture.RestoreReport, err error, pairs []vram.GPUPair) (tcp.Report, []int, vram.Timings, error) {
+func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep capture.RestoreReport, err error, pairs []cudadriver.GPUPair) (tcp.Report, []int, cudadriver.Timings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
-	var t vram.Timings
+	var t cudadriver.Timings
 	if err == nil {
 		if cudaPIDs, t, err = gpuckpt.Restore(ctx, c, rep.PID, pairs); err != nil {
 			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)

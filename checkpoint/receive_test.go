@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/cudadriver"
+	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
-	"github.com/gpucr/gpucr-stream/vram"
-	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // TestFinishRestore: receive --restore reports the restored PID to the
@@ -32,13 +32,13 @@ func TestFinishRestore(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := vramtest.NewFake(pid)
+			f := drivertest.NewFake(pid)
 			// As CRIU restores it: device memory still in host memory.
-			f.States[pid] = vram.StateCheckpointed
+			f.States[pid] = cudadriver.StateCheckpointed
 			if c.failOn != "" {
 				f.FailOn[c.failOn] = true
 			}
-			cuda := gpuckpt.CUDA{Mode: gpuckpt.CUDAMode(c.cuda), OpenDriver: func() (vram.Driver, error) { return f, nil }, FindProcs: vramtest.Find(pid)}
+			cuda := gpuckpt.CUDA{Mode: gpuckpt.CUDAMode(c.cuda), OpenDriver: func() (cudadriver.Driver, error) { return f, nil }, FindProcs: drivertest.Find(pid)}
 			rep := capture.RestoreReport{PID: pid}
 			rep.Served = 7
 			report, cudaPIDs, tm, err := finishRestore(context.Background(), cuda, rep, c.criuErr, nil)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -39,12 +40,12 @@ type CUDA struct {
 	// LockTimeout is how long the lock may wait for GPU work in flight
 	// (0: the driver's default).
 	LockTimeout time.Duration
-	// OpenDriver and FindProcs default to vram.Open and vram.FindCUDA;
+	// OpenDriver and FindProcs default to cudadriver.Open and cudadriver.FindCUDA;
 	// tests hand in fakes.
-	OpenDriver func() (vram.Driver, error)
-	FindProcs  func(root int) ([]vram.Usage, []int, error)
-	// HostGPUs defaults to vram.HostGPUs (the GPUs a --gpu-map may name).
-	HostGPUs func(ctx context.Context) ([]vram.HostGPU, error)
+	OpenDriver func() (cudadriver.Driver, error)
+	FindProcs  func(root int) ([]cudadriver.Usage, []int, error)
+	// HostGPUs defaults to cudadriver.HostGPUs (the GPUs a --gpu-map may name).
+	HostGPUs func(ctx context.Context) ([]cudadriver.HostGPU, error)
 }
 
 // EffectiveMode is c.Mode, with "" read as CUDAAuto.
@@ -55,31 +56,31 @@ func (c CUDA) EffectiveMode() CUDAMode {
 	return c.Mode
 }
 
-func (c CUDA) open() (vram.Driver, error) {
+func (c CUDA) open() (cudadriver.Driver, error) {
 	if c.OpenDriver != nil {
 		return c.OpenDriver()
 	}
-	return vram.Open()
+	return cudadriver.Open()
 }
 
-func (c CUDA) find(root int) ([]vram.Usage, []int, error) {
+func (c CUDA) find(root int) ([]cudadriver.Usage, []int, error) {
 	if c.FindProcs != nil {
 		return c.FindProcs(root)
 	}
-	return vram.FindCUDA(root)
+	return cudadriver.FindCUDA(root)
 }
 
 // Checkpoint is the GPU side of one checkpoint: the CUDA processes of
 // the tree and their suspension.
 type Checkpoint struct {
-	drv  vram.Driver
+	drv  cudadriver.Driver
 	pids []int
-	gpus []vram.GPUInfo
+	gpus []cudadriver.GPUInfo
 	// queried: gpus holds nvidia-smi's answer (GPUs asks once).
 	queried bool
-	sus     *vram.Suspension
+	sus     *cudadriver.Suspension
 	// fast: the device memory the fast path moved out (nil: the driver
-	// takes it all); keepDir holds its copy until the commit (fastpath.go).
+	// takes it all); keepDir holds its copy until the commit (vramfiles.go).
 	fast    *vram.FastSuspension
 	keepDir *scratch.Dir
 	// driverVersion is the CUDA version of the driver ("13.0").
@@ -102,13 +103,13 @@ func Find(c CUDA, root int) (*Checkpoint, error) {
 	drv, err := c.open()
 	if err != nil {
 		if len(found) > 0 {
-			return nil, fmt.Errorf("processes %v of the tree use CUDA, but the driver cannot be used: %w (--cuda off dumps without the GPU step, which CRIU refuses for a process holding the GPU)", vram.PIDs(found), err)
+			return nil, fmt.Errorf("processes %v of the tree use CUDA, but the driver cannot be used: %w (--cuda off dumps without the GPU step, which CRIU refuses for a process holding the GPU)", cudadriver.PIDs(found), err)
 		}
 		return nil, fmt.Errorf("--cuda on: %w", err)
 	}
 	cc := &Checkpoint{drv: drv}
 	if v, err := drv.Version(); err == nil {
-		cc.driverVersion = vram.VersionString(v)
+		cc.driverVersion = cudadriver.VersionString(v)
 	}
 	for _, u := range found {
 		if u.DeviceFDs == 0 {
@@ -170,12 +171,12 @@ func (cc *Checkpoint) QueryGPUs(ctx context.Context, meta *manifest.Manifest) []
 // gpuInfo is which GPUs cc's processes use and the memory each holds
 // there, asked of nvidia-smi once (a migration asks before it opens its
 // local copy, the dump again later); nil-safe, nil when it cannot tell.
-func (cc *Checkpoint) GPUs(ctx context.Context) []vram.GPUInfo {
+func (cc *Checkpoint) GPUs(ctx context.Context) []cudadriver.GPUInfo {
 	if cc == nil {
 		return nil
 	}
 	if !cc.queried {
-		cc.gpus, _ = vram.GPUs(ctx, cc.pids)
+		cc.gpus, _ = cudadriver.GPUs(ctx, cc.pids)
 		cc.queried = true
 	}
 	return cc.gpus
@@ -183,12 +184,12 @@ func (cc *Checkpoint) GPUs(ctx context.Context) []vram.GPUInfo {
 
 // Suspend moves the GPU state of cc's processes into host memory (lock,
 // then checkpoint), so that CRIU can dump them. The tree is locked all or
-// nothing (vram.Suspend): a process that cannot be locked has the others
+// nothing (cudadriver.Suspend): a process that cannot be locked has the others
 // unlocked at once. On failure the steps are undone, and the memory the
 // fast path released comes back: the processes run on, or the error is a
 // StuckError saying where each is left. The fast path's libraries hear of
 // the driver's lock before it, and are detached after the checkpoint
-// (fastpath.go).
+// (vramfiles.go).
 func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
 	if cc == nil {
 		return nil, nil
@@ -204,9 +205,9 @@ func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([
 		drv = faultyCheckpoint{drv}
 	}
 	var err error
-	cc.sus, err = vram.Suspend(drv, cc.pids, lockTimeout)
+	cc.sus, err = cudadriver.Suspend(drv, cc.pids, lockTimeout)
 	if err != nil {
-		// vram.Suspend undid the driver's steps; the states tell whether
+		// cudadriver.Suspend undid the driver's steps; the states tell whether
 		// that worked.
 		fastErr := cc.fastUndo()
 		err = cc.failed(lockFailed(err, cc.pids), fastErr, fastErr)
@@ -241,7 +242,7 @@ func (cc *Checkpoint) Resume() ([]Phase, error) {
 	before := cc.sus.Timings
 	drvErr := cc.sus.Resume(nil)
 	t := cc.sus.Timings
-	ps := TimingPhases(vram.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
+	ps := TimingPhases(cudadriver.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
 	var fastErr error
 	if cc.fast != nil {
 		start := time.Now()
@@ -266,8 +267,8 @@ func (cc *Checkpoint) PIDs() []int {
 
 // Restore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
-func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int, vram.Timings, error) {
-	var t vram.Timings
+func Restore(ctx context.Context, c CUDA, root int, pairs []cudadriver.GPUPair) ([]int, cudadriver.Timings, error) {
+	var t cudadriver.Timings
 	if c.EffectiveMode() == CUDAOff {
 		return nil, t, nil
 	}
@@ -283,7 +284,7 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int
 	}
 	drv, err := c.open()
 	if err != nil {
-		return nil, t, fmt.Errorf("restored processes %v use CUDA, but the driver cannot be used: %w; they stay suspended (checkpointed) until `gpucr-stream gpu resume --pid PID` succeeds", vram.PIDs(found), err)
+		return nil, t, fmt.Errorf("restored processes %v use CUDA, but the driver cannot be used: %w; they stay suspended (checkpointed) until `gpucr-stream gpu resume --pid PID` succeeds", cudadriver.PIDs(found), err)
 	}
 	var pids []int
 	for _, u := range found {
@@ -293,8 +294,8 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int
 			return nil, t, err
 		}
 	}
-	resumed, t, err := vram.ResumeRestored(drv, pids, pairs)
-	if err != nil && len(pairs) > 0 && errors.Is(err, vram.ErrUnsupported) {
+	resumed, t, err := cudadriver.ResumeRestored(drv, pids, pairs)
+	if err != nil && len(pairs) > 0 && errors.Is(err, cudadriver.ErrUnsupported) {
 		// Driver 580 on two H100s refused (CUDA_ERROR_INVALID_VALUE) a
 		// map that named only the GPU the process used (GPU0=GPU1) and
 		// took the same move as the permutation GPU0=GPU1,GPU1=GPU0: it
@@ -303,12 +304,12 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int
 		// still checkpointed, the others only wait for their unlock.
 		if host, herr := c.hostUUIDs(ctx); herr == nil {
 			if full := completePairs(pairs, host); len(full) > len(pairs) {
-				var t2 vram.Timings
-				resumed, t2, err = vram.ResumeRestored(drv, pids, full)
+				var t2 cudadriver.Timings
+				resumed, t2, err = cudadriver.ResumeRestored(drv, pids, full)
 				t.Restore += t2.Restore
 				t.Unlock += t2.Unlock
 				if err != nil {
-					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, vram.FormatGPUMap(full))
+					err = fmt.Errorf("%w (also with the map completed to every GPU of this host: %s)", err, cudadriver.FormatGPUMap(full))
 				}
 			}
 		}
@@ -325,14 +326,14 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []vram.GPUPair) ([]int
 // GPUMap moves GPU state to other GPUs on restore: explicit pairs, or the
 // checkpoint's one GPU, whichever it is, to AllTo.
 type GPUMap struct {
-	Pairs []vram.GPUPair
+	Pairs []cudadriver.GPUPair
 	All   bool
-	AllTo vram.UUID
+	AllTo cudadriver.UUID
 }
 
 // For resolves m against the GPUs a checkpoint records. A map that does
 // not fit them is an error wrapping errdefs.ErrUsage.
-func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
+func (m GPUMap) For(gpus []manifest.GPU) ([]cudadriver.GPUPair, error) {
 	if !m.All {
 		return m.Pairs, nil
 	}
@@ -345,13 +346,13 @@ func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
 	if len(uuids) != 1 {
 		return nil, errdefs.Usagef("--gpu-map all=%s: the checkpoint records %d GPUs; name each OLD_UUID", m.AllTo, len(uuids))
 	}
-	var pairs []vram.GPUPair
+	var pairs []cudadriver.GPUPair
 	for u := range uuids {
-		old, err := vram.ParseUUID(u)
+		old, err := cudadriver.ParseUUID(u)
 		if err != nil {
 			return nil, errdefs.Usagef("--gpu-map: %v", err)
 		}
-		pairs = append(pairs, vram.GPUPair{Old: old, New: m.AllTo})
+		pairs = append(pairs, cudadriver.GPUPair{Old: old, New: m.AllTo})
 	}
 	return pairs, nil
 }
@@ -362,7 +363,7 @@ func (m GPUMap) For(gpus []manifest.GPU) ([]vram.GPUPair, error) {
 // checkpoint recorded for the GPUs mapped onto it. recorded nil checks the
 // GPUs only (a receiver before any sender). Without nvidia-smi nothing
 // is checked: the driver's restore decides.
-func (c CUDA) CheckMap(ctx context.Context, pairs []vram.GPUPair, recorded []manifest.GPU) error {
+func (c CUDA) CheckMap(ctx context.Context, pairs []cudadriver.GPUPair, recorded []manifest.GPU) error {
 	if len(pairs) == 0 || c.EffectiveMode() == CUDAOff {
 		return nil
 	}
@@ -370,19 +371,19 @@ func (c CUDA) CheckMap(ctx context.Context, pairs []vram.GPUPair, recorded []man
 	if err != nil {
 		return nil
 	}
-	free := map[vram.UUID]int64{}
+	free := map[cudadriver.UUID]int64{}
 	var names []string
 	for _, g := range host {
 		free[g.UUID] = g.Free
 		names = append(names, g.UUID.String())
 	}
-	need := map[vram.UUID]int64{}
+	need := map[cudadriver.UUID]int64{}
 	for _, p := range pairs {
 		if _, ok := free[p.New]; !ok {
 			return errdefs.Usagef("--gpu-map: GPU %s is not on this host (its GPUs: %s)", p.New, strings.Join(names, ", "))
 		}
 		for _, g := range recorded {
-			if u, err := vram.ParseUUID(g.UUID); err == nil && u == p.Old {
+			if u, err := cudadriver.ParseUUID(g.UUID); err == nil && u == p.Old {
 				need[p.New] += g.Bytes
 			}
 		}
@@ -396,17 +397,17 @@ func (c CUDA) CheckMap(ctx context.Context, pairs []vram.GPUPair, recorded []man
 }
 
 // hostGPUs lists this host's GPUs (c.HostGPUs, else nvidia-smi).
-func (c CUDA) hostGPUs(ctx context.Context) ([]vram.HostGPU, error) {
+func (c CUDA) hostGPUs(ctx context.Context) ([]cudadriver.HostGPU, error) {
 	if c.HostGPUs != nil {
 		return c.HostGPUs(ctx)
 	}
-	return vram.HostGPUs(ctx)
+	return cudadriver.HostGPUs(ctx)
 }
 
 // hostUUIDs lists this host's GPUs by UUID.
-func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
+func (c CUDA) hostUUIDs(ctx context.Context) ([]cudadriver.UUID, error) {
 	gpus, err := c.hostGPUs(ctx)
-	var out []vram.UUID
+	var out []cudadriver.UUID
 	for _, g := range gpus {
 		out = append(out, g.UUID)
 	}
@@ -417,16 +418,16 @@ func (c CUDA) hostUUIDs(ctx context.Context) ([]vram.UUID, error) {
 // host that the map does not move stays where it is if it can, and the
 // rest take the GPUs the map freed, in the host's order (GPU0=GPU1 on two
 // GPUs becomes GPU0=GPU1,GPU1=GPU0).
-func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
-	olds, news := map[vram.UUID]bool{}, map[vram.UUID]bool{}
+func completePairs(pairs []cudadriver.GPUPair, host []cudadriver.UUID) []cudadriver.GPUPair {
+	olds, news := map[cudadriver.UUID]bool{}, map[cudadriver.UUID]bool{}
 	for _, p := range pairs {
 		olds[p.Old], news[p.New] = true, true
 	}
-	out := append([]vram.GPUPair(nil), pairs...)
-	var fromFree, toFree []vram.UUID
+	out := append([]cudadriver.GPUPair(nil), pairs...)
+	var fromFree, toFree []cudadriver.UUID
 	for _, g := range host {
 		if !olds[g] && !news[g] {
-			out = append(out, vram.GPUPair{Old: g, New: g})
+			out = append(out, cudadriver.GPUPair{Old: g, New: g})
 			continue
 		}
 		if !olds[g] {
@@ -437,22 +438,22 @@ func completePairs(pairs []vram.GPUPair, host []vram.UUID) []vram.GPUPair {
 		}
 	}
 	for i := 0; i < len(fromFree) && i < len(toFree); i++ {
-		out = append(out, vram.GPUPair{Old: fromFree[i], New: toFree[i]})
+		out = append(out, cudadriver.GPUPair{Old: fromFree[i], New: toFree[i]})
 	}
 	return out
 }
 
 // targets are m's new GPUs as pairs (Old is zero for all=NEW), for
 // CheckMap before the checkpoint's GPUs are known.
-func (m GPUMap) Targets() []vram.GPUPair {
+func (m GPUMap) Targets() []cudadriver.GPUPair {
 	if m.All {
-		return []vram.GPUPair{{New: m.AllTo}}
+		return []cudadriver.GPUPair{{New: m.AllTo}}
 	}
 	return m.Pairs
 }
 
 // TimingPhases lists the non-zero driver steps.
-func TimingPhases(t vram.Timings) []Phase {
+func TimingPhases(t cudadriver.Timings) []Phase {
 	var ps []Phase
 	for _, p := range []Phase{{"gpu lock", t.Lock.Seconds()}, {"gpu checkpoint", t.Checkpoint.Seconds()},
 		{"gpu restore", t.Restore.Seconds()}, {"gpu unlock", t.Unlock.Seconds()}} {

@@ -10,17 +10,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
+	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/vram"
-	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // TestGPUMapAll: all=NEW resolves against the one GPU a checkpoint
 // records, and is a usage error for any other number.
 func TestGPUMapAll(t *testing.T) {
 	const u = "GPU-b9866d0b-7eb7-389c-2420-04c59d30be30"
-	to, err := vram.ParseUUID(u)
+	to, err := cudadriver.ParseUUID(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestGPUMapAll(t *testing.T) {
 // error.
 func TestGPUStep(t *testing.T) {
 	const pid = 4343
-	f := vramtest.NewFake(pid)
+	f := drivertest.NewFake(pid)
 	steps := []struct {
 		action, calls, state string
 	}{
@@ -68,7 +68,7 @@ func TestGPUStep(t *testing.T) {
 		{"unlock", "lock P, checkpoint P, restore P, unlock P, lock P, unlock P", ""},
 	}
 	for _, s := range steps {
-		res, err := GPUStep(context.Background(), f, GPUStepOptions{Action: s.action, PID: pid, FindProcs: vramtest.Find(pid)})
+		res, err := GPUStep(context.Background(), f, GPUStepOptions{Action: s.action, PID: pid, FindProcs: drivertest.Find(pid)})
 		if err != nil {
 			t.Fatalf("%s: %v", s.action, err)
 		}
@@ -85,33 +85,33 @@ func TestGPUStep(t *testing.T) {
 }
 
 // uuidN is a GPU UUID whose bytes are all n.
-func uuidN(n byte) vram.UUID {
-	var u vram.UUID
+func uuidN(n byte) cudadriver.UUID {
+	var u cudadriver.UUID
 	for i := range u {
 		u[i] = n
 	}
 	return u
 }
 
-func pr(o, n vram.UUID) vram.GPUPair { return vram.GPUPair{Old: o, New: n} }
+func pr(o, n cudadriver.UUID) cudadriver.GPUPair { return cudadriver.GPUPair{Old: o, New: n} }
 
 func TestCompletePairs(t *testing.T) {
 	a, b, c := uuidN(0xa), uuidN(0xb), uuidN(0xc)
 	for _, tc := range []struct {
 		name        string
-		pairs, want []vram.GPUPair
-		host        []vram.UUID
+		pairs, want []cudadriver.GPUPair
+		host        []cudadriver.UUID
 	}{
-		{"one of two", []vram.GPUPair{pr(a, b)}, []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.UUID{a, b}},
-		{"swap stays", []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.GPUPair{pr(a, b), pr(b, a)}, []vram.UUID{a, b}},
-		{"third stays", []vram.GPUPair{pr(a, b)}, []vram.GPUPair{pr(a, b), pr(c, c), pr(b, a)}, []vram.UUID{a, b, c}},
-		{"onto itself", []vram.GPUPair{pr(a, a)}, []vram.GPUPair{pr(a, a), pr(b, b)}, []vram.UUID{a, b}},
-		{"new not here", []vram.GPUPair{pr(a, c)}, []vram.GPUPair{pr(a, c), pr(b, b)}, []vram.UUID{a, b}},
+		{"one of two", []cudadriver.GPUPair{pr(a, b)}, []cudadriver.GPUPair{pr(a, b), pr(b, a)}, []cudadriver.UUID{a, b}},
+		{"swap stays", []cudadriver.GPUPair{pr(a, b), pr(b, a)}, []cudadriver.GPUPair{pr(a, b), pr(b, a)}, []cudadriver.UUID{a, b}},
+		{"third stays", []cudadriver.GPUPair{pr(a, b)}, []cudadriver.GPUPair{pr(a, b), pr(c, c), pr(b, a)}, []cudadriver.UUID{a, b, c}},
+		{"onto itself", []cudadriver.GPUPair{pr(a, a)}, []cudadriver.GPUPair{pr(a, a), pr(b, b)}, []cudadriver.UUID{a, b}},
+		{"new not here", []cudadriver.GPUPair{pr(a, c)}, []cudadriver.GPUPair{pr(a, c), pr(b, b)}, []cudadriver.UUID{a, b}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := completePairs(tc.pairs, tc.host)
-			if vram.FormatGPUMap(got) != vram.FormatGPUMap(tc.want) {
-				t.Fatalf("completePairs = %s, want %s", vram.FormatGPUMap(got), vram.FormatGPUMap(tc.want))
+			if cudadriver.FormatGPUMap(got) != cudadriver.FormatGPUMap(tc.want) {
+				t.Fatalf("completePairs = %s, want %s", cudadriver.FormatGPUMap(got), cudadriver.FormatGPUMap(tc.want))
 			}
 		})
 	}
@@ -120,23 +120,23 @@ func TestCompletePairs(t *testing.T) {
 // permDriver refuses, as driver 580 did on two H100s, a map that does
 // not name every GPU of the host.
 type permDriver struct {
-	*vramtest.Fake
+	*drivertest.Fake
 	gpus  int
 	tries []int
 }
 
-func (d *permDriver) Restore(pid int, pairs []vram.GPUPair) error {
+func (d *permDriver) Restore(pid int, pairs []cudadriver.GPUPair) error {
 	d.tries = append(d.tries, len(pairs))
 	if len(pairs) > 0 && len(pairs) != d.gpus {
-		return fmt.Errorf("%w: CUDA_ERROR_INVALID_VALUE", vram.ErrUnsupported)
+		return fmt.Errorf("%w: CUDA_ERROR_INVALID_VALUE", cudadriver.ErrUnsupported)
 	}
 	return d.Fake.Restore(pid, pairs)
 }
 
 func TestCUDARestoreCompletesMap(t *testing.T) {
 	a, b := uuidN(0xa), uuidN(0xb)
-	host := func(context.Context) ([]vram.HostGPU, error) {
-		return []vram.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 80 << 30}}, nil
+	host := func(context.Context) ([]cudadriver.HostGPU, error) {
+		return []cudadriver.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 80 << 30}}, nil
 	}
 	for _, tc := range []struct {
 		name      string
@@ -149,11 +149,11 @@ func TestCUDARestoreCompletesMap(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const pid = 4242
-			fake := vramtest.NewFake(pid)
-			fake.States[pid] = vram.StateCheckpointed
+			fake := drivertest.NewFake(pid)
+			fake.States[pid] = cudadriver.StateCheckpointed
 			d := &permDriver{Fake: fake, gpus: tc.gpus}
-			c := CUDA{OpenDriver: func() (vram.Driver, error) { return d, nil }, FindProcs: vramtest.Find(pid), HostGPUs: host}
-			resumed, _, err := Restore(context.Background(), c, pid, []vram.GPUPair{pr(a, b)})
+			c := CUDA{OpenDriver: func() (cudadriver.Driver, error) { return d, nil }, FindProcs: drivertest.Find(pid), HostGPUs: host}
+			resumed, _, err := Restore(context.Background(), c, pid, []cudadriver.GPUPair{pr(a, b)})
 			if fmt.Sprint(d.tries) != fmt.Sprint(tc.wantTries) {
 				t.Fatalf("restore tries with %v pairs, want %v", d.tries, tc.wantTries)
 			}
@@ -163,7 +163,7 @@ func TestCUDARestoreCompletesMap(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || len(resumed) != 1 || fake.StateOf(pid) != vram.StateRunning {
+			if err != nil || len(resumed) != 1 || fake.StateOf(pid) != cudadriver.StateRunning {
 				t.Fatalf("resumed %v, state %v, err %v", resumed, fake.StateOf(pid), err)
 			}
 		})
@@ -172,21 +172,21 @@ func TestCUDARestoreCompletesMap(t *testing.T) {
 
 func TestCheckMap(t *testing.T) {
 	a, b, ghost := uuidN(0xa), uuidN(0xb), uuidN(0xe)
-	host := func(context.Context) ([]vram.HostGPU, error) {
-		return []vram.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 1 << 30}}, nil
+	host := func(context.Context) ([]cudadriver.HostGPU, error) {
+		return []cudadriver.HostGPU{{UUID: a, Free: 80 << 30}, {UUID: b, Free: 1 << 30}}, nil
 	}
 	rec := []manifest.GPU{{UUID: a.String(), Bytes: 7 << 30}, {UUID: b.String(), Bytes: 512 << 20}}
 	for _, tc := range []struct {
 		name     string
-		pairs    []vram.GPUPair
+		pairs    []cudadriver.GPUPair
 		recorded []manifest.GPU
 		want     string // "" : no error
 	}{
-		{"fits", []vram.GPUPair{pr(b, a)}, rec, ""},
-		{"missing GPU", []vram.GPUPair{pr(a, ghost)}, rec, "GPU " + ghost.String() + " is not on this host"},
-		{"too little free", []vram.GPUPair{pr(a, b)}, rec, "has 1024 MiB free, the checkpoint's memory mapped onto it needs 7168 MiB"},
-		{"swap sums per target", []vram.GPUPair{pr(a, b), pr(b, a)}, rec, "needs 7168 MiB"},
-		{"receiver before a sender", []vram.GPUPair{{New: b}}, nil, ""},
+		{"fits", []cudadriver.GPUPair{pr(b, a)}, rec, ""},
+		{"missing GPU", []cudadriver.GPUPair{pr(a, ghost)}, rec, "GPU " + ghost.String() + " is not on this host"},
+		{"too little free", []cudadriver.GPUPair{pr(a, b)}, rec, "has 1024 MiB free, the checkpoint's memory mapped onto it needs 7168 MiB"},
+		{"swap sums per target", []cudadriver.GPUPair{pr(a, b), pr(b, a)}, rec, "needs 7168 MiB"},
+		{"receiver before a sender", []cudadriver.GPUPair{{New: b}}, nil, ""},
 		{"no map", nil, rec, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,23 +5,25 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // DriverInfo describes the CUDA driver and the GPUs.
 type DriverInfo struct {
-	CUDAVersion string         `json:"cuda_version"`
-	Library     string         `json:"library"`
-	GPUs        []vram.GPUInfo `json:"gpus,omitempty"`
+	CUDAVersion string               `json:"cuda_version"`
+	Library     string               `json:"library"`
+	GPUs        []cudadriver.GPUInfo `json:"gpus,omitempty"`
 }
 
 // GPUInfo describes drv and the GPUs nvidia-smi lists (none if it fails).
-func GPUInfo(ctx context.Context, drv vram.Driver) DriverInfo {
+func GPUInfo(ctx context.Context, drv cudadriver.Driver) DriverInfo {
 	v, _ := drv.Version()
-	info := DriverInfo{CUDAVersion: vram.VersionString(v), Library: vram.LibraryName}
-	if gpus, err := vram.GPUs(ctx, nil); err == nil {
+	info := DriverInfo{CUDAVersion: cudadriver.VersionString(v), Library: cudadriver.LibraryName}
+	if gpus, err := cudadriver.GPUs(ctx, nil); err == nil {
 		info.GPUs = gpus
 	}
 	return info
@@ -34,11 +36,11 @@ type GPUStepOptions struct {
 	Action      string
 	PID         int
 	LockTimeout time.Duration
-	Pairs       []vram.GPUPair
-	// FindProcs finds the CUDA processes of a tree (nil: vram.FindCUDA).
-	FindProcs func(root int) ([]vram.Usage, []int, error)
+	Pairs       []cudadriver.GPUPair
+	// FindProcs finds the CUDA processes of a tree (nil: cudadriver.FindCUDA).
+	FindProcs func(root int) ([]cudadriver.Usage, []int, error)
 	// To (suspend) and From (resume), where not stdio, take the fast path
-	// (fastpath.go): the device memory of processes that run with
+	// (vramfiles.go): the device memory of processes that run with
 	// libgpucr-preload goes into a checkpoint at To and comes back from
 	// one at From; Open opens them, FastPath configures the copy, Tool is
 	// recorded in the manifest.
@@ -69,7 +71,7 @@ type GPUStepResult struct {
 // GPUStep runs one of the driver's checkpoint steps on o.PID (what
 // cuda-checkpoint does), or suspends or resumes the CUDA processes of its
 // tree, for scripts, debugging and the plain-CRIU baseline.
-func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepResult, error) {
+func GPUStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions) (*GPUStepResult, error) {
 	start := time.Now()
 	res := &GPUStepResult{PID: o.PID, Action: o.Action}
 	if o.To.Kind != location.Stdio && o.Action != "suspend" {
@@ -81,7 +83,7 @@ func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepRe
 	var err error
 	switch o.Action {
 	case "state":
-		var st vram.State
+		var st cudadriver.State
 		if st, err = drv.State(o.PID); err == nil {
 			res.State = st.String()
 		}
@@ -107,7 +109,7 @@ func GPUStep(ctx context.Context, drv vram.Driver, o GPUStepOptions) (*GPUStepRe
 
 // treeStep suspends or resumes every CUDA process of o.PID's tree; with
 // o.To or o.From, through the fast path.
-func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time.Time, res *GPUStepResult) error {
+func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, start time.Time, res *GPUStepResult) error {
 	found, _, err := CUDA{FindProcs: o.FindProcs}.find(o.PID)
 	if err != nil {
 		return err
@@ -135,15 +137,15 @@ func treeStep(ctx context.Context, drv vram.Driver, o GPUStepOptions, start time
 	case o.Action == "suspend":
 		res.Phases, err = (&Checkpoint{drv: drv, pids: pids}).Suspend(ctx, o.LockTimeout)
 	default:
-		var t vram.Timings
-		_, t, err = vram.ResumeRestored(drv, pids, o.Pairs)
+		var t cudadriver.Timings
+		_, t, err = cudadriver.ResumeRestored(drv, pids, o.Pairs)
 		res.Phases = TimingPhases(t)
 		if err == nil {
 			// A process the fast path left parked (gpucr-stream died after
 			// the driver's lock) gets its memory back from the kept copy.
 			start := time.Now()
 			var rec []int
-			rec, err = vram.FastRecover(ctx, vram.PreloadDir(), "", pids)
+			rec, err = vram.FastRecover(ctx, preloadctl.PreloadDir(), "", pids)
 			if len(rec) > 0 {
 				res.Phases = append(res.Phases, Phase{"vram refill", time.Since(start).Seconds()})
 			}

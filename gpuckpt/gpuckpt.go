@@ -1,9 +1,11 @@
 // Package gpuckpt is the GPU side of a checkpoint: the CUDA
 // suspend/undo/resume policy around a CRIU dump and restore (cuda.go), the
-// GPU fast path for processes that run with libgpucr-preload (fastpath.go),
-// and the `gpu` steps, one driver step or a tree's suspend and resume
-// (gpu.go). Package checkpoint drives it around CRIU; the mechanism, the
-// driver's API and the preload library's control socket, is package vram.
+// GPU fast path for processes that run with libgpucr-preload, their device
+// memory as VRAM files of the checkpoint (vramfiles.go), and the `gpu`
+// steps, one driver step or a tree's suspend and resume (gpu.go). Package
+// checkpoint drives it around CRIU; the mechanisms are packages cudadriver
+// (the driver's API) and vram (device memory out as VRAM files and back,
+// through the preload library's control socket, package preloadctl).
 // The name says what it holds: the GPU's part of checkpointing (gpu +
 // ckpt), not the whole checkpoint, and not only CUDA's policy.
 package gpuckpt

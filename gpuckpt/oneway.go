@@ -30,8 +30,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/proc"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // ErrOneWay says a tree was refused before any GPU step: the driver could
@@ -77,7 +77,7 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 	}
 	var out []oneWay
 	for _, pid := range pids {
-		w := oneWay{pid: pid, preloaded: vram.HasPreload(pid)}
+		w := oneWay{pid: pid, preloaded: preloadctl.HasPreload(pid)}
 		if w.preloaded {
 			if call := preloadShared(ctx, pid); call != "" {
 				w.why = append(w.why, "the preload library saw it call "+call)
@@ -126,7 +126,7 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 func preloadShared(ctx context.Context, pid int) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	p, err := vram.DialPreload(ctx, vram.PreloadDir(), pid)
+	p, err := preloadctl.DialPreload(ctx, preloadctl.PreloadDir(), pid)
 	if err != nil {
 		return ""
 	}

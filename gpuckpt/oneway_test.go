@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
+	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/proc"
-	"github.com/gpucr/gpucr-stream/vram"
-	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // fakeProc is one process of a fake /proc tree.
@@ -98,11 +99,11 @@ func fakeProcRoot(t *testing.T, procs map[int]fakeProc) {
 
 // fakePreload answers `report` on pid's control socket in a fresh
 // GPUCR_PRELOAD_DIR as the library would.
-func fakePreload(t *testing.T, pid int, rep vram.PreloadReport) {
+func fakePreload(t *testing.T, pid int, rep preloadctl.PreloadReport) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GPUCR_PRELOAD_DIR", dir)
-	ln, err := net.Listen("unix", vram.PreloadSocket(dir, pid))
+	ln, err := net.Listen("unix", preloadctl.PreloadSocket(dir, pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +151,8 @@ func TestCheckUndoable(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		procs   map[int]fakeProc
-		report  *vram.PreloadReport // for pid 11, which then maps the library
-		refused []string            // in the error; none: not refused
+		report  *preloadctl.PreloadReport // for pid 11, which then maps the library
+		refused []string                  // in the error; none: not refused
 	}{
 		{"nccl shm segment", map[int]fakeProc{11: {maps: []string{libcuda, libnccl, "/dev/shm/nccl-Ab12Cd (deleted)"}}},
 			nil, []string{"process 11 is an NCCL rank", "maps libnccl.so.2", "/dev/shm/nccl-Ab12Cd", "CUDA_ERROR_NOT_SUPPORTED", "runs on", "`gpucr-stream run`"}},
@@ -168,12 +169,12 @@ func TestCheckUndoable(t *testing.T) {
 			11: {maps: []string{libcuda}, tcp: [][2]string{{lo40000, lo40001}}},
 			12: {maps: []string{libcuda, libnccl}, tcp: [][2]string{{lo40001, lo40000}}}}, nil, nil},
 		{"preload: IPC export", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&vram.PreloadReport{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
+			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
 			[]string{"process 11 shares device memory with another process", "the preload library saw it call cuIpcGetMemHandle", "cannot restore device memory that another process maps"}},
 		{"preload: managed memory", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&vram.PreloadReport{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
+			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
 		{"preload: capable", map[int]fakeProc{11: {maps: []string{libcuda, libnccl}}},
-			&vram.PreloadReport{PID: 11, Capable: true}, nil},
+			&preloadctl.PreloadReport{PID: 11, Capable: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.report != nil {
@@ -212,15 +213,15 @@ func TestCheckUndoable(t *testing.T) {
 // scripted is the fake driver with failures per process ("lock 12" answers
 // its code), and every call logged, failed or not.
 type scripted struct {
-	*vramtest.Fake
-	fail  map[string]vram.Result
+	*drivertest.Fake
+	fail  map[string]cudadriver.Result
 	calls []string
 }
 
-func newScripted(fail map[string]vram.Result, pids ...int) *scripted {
-	f := vramtest.NewFake(pids[0])
+func newScripted(fail map[string]cudadriver.Result, pids ...int) *scripted {
+	f := drivertest.NewFake(pids[0])
 	for _, p := range pids {
-		f.States[p] = vram.StateRunning
+		f.States[p] = cudadriver.StateRunning
 	}
 	return &scripted{Fake: f, fail: fail}
 }
@@ -228,7 +229,7 @@ func newScripted(fail map[string]vram.Result, pids ...int) *scripted {
 func (d *scripted) call(op string, pid int, real func() error) error {
 	d.calls = append(d.calls, fmt.Sprintf("%s %d", op, pid))
 	if code, ok := d.fail[fmt.Sprintf("%s %d", op, pid)]; ok {
-		return &vram.Error{Op: op, PID: pid, Code: code}
+		return &cudadriver.Error{Op: op, PID: pid, Code: code}
 	}
 	return real()
 }
@@ -239,7 +240,7 @@ func (d *scripted) Lock(pid int, t time.Duration) error {
 func (d *scripted) Checkpoint(pid int) error {
 	return d.call("checkpoint", pid, func() error { return d.Fake.Checkpoint(pid) })
 }
-func (d *scripted) Restore(pid int, p []vram.GPUPair) error {
+func (d *scripted) Restore(pid int, p []cudadriver.GPUPair) error {
 	return d.call("restore", pid, func() error { return d.Fake.Restore(pid, p) })
 }
 func (d *scripted) Unlock(pid int) error {
@@ -252,14 +253,14 @@ func (d *scripted) log() string { return strings.Join(d.calls, ", ") }
 // first is unlocked at once, nothing is checkpointed, and the error names
 // both.
 func TestSuspendAllOrNothing(t *testing.T) {
-	d := newScripted(map[string]vram.Result{"lock 12": vram.ErrorNotReady}, 11, 12)
+	d := newScripted(map[string]cudadriver.Result{"lock 12": cudadriver.ErrorNotReady}, 11, 12)
 	cc := &Checkpoint{drv: d, pids: []int{11, 12}}
 	_, err := cc.Suspend(context.Background(), 0)
 	if got, want := d.log(), "lock 11, lock 12, unlock 11"; got != want {
 		t.Fatalf("driver calls %q, want %q", got, want)
 	}
 	for _, pid := range []int{11, 12} {
-		if st := d.StateOf(pid); st != vram.StateRunning {
+		if st := d.StateOf(pid); st != cudadriver.StateRunning {
 			t.Errorf("process %d is %s", pid, st)
 		}
 	}
@@ -281,7 +282,7 @@ func TestNCCLRefusedBeforeLock(t *testing.T) {
 	const pid = 11
 	fakeProcRoot(t, map[int]fakeProc{pid: {maps: []string{libcuda, libnccl, "/dev/shm/nccl-Q1w2E3"}}})
 	d := newScripted(nil, pid)
-	c := CUDA{Mode: CUDAOn, OpenDriver: func() (vram.Driver, error) { return d, nil }, FindProcs: vramtest.Find(pid)}
+	c := CUDA{Mode: CUDAOn, OpenDriver: func() (cudadriver.Driver, error) { return d, nil }, FindProcs: drivertest.Find(pid)}
 	cc, err := Find(c, pid)
 	if err != nil {
 		t.Fatal(err)
@@ -289,10 +290,10 @@ func TestNCCLRefusedBeforeLock(t *testing.T) {
 	if err := cc.CheckDumpable(context.Background(), []int{pid}, []string{"--tcp-established"}); !errors.Is(err, ErrOneWay) {
 		t.Fatalf("checkpoint's check: %v, want ErrOneWay", err)
 	}
-	if _, err := GPUStep(context.Background(), d, GPUStepOptions{Action: "suspend", PID: pid, FindProcs: vramtest.Find(pid)}); !errors.Is(err, ErrOneWay) {
+	if _, err := GPUStep(context.Background(), d, GPUStepOptions{Action: "suspend", PID: pid, FindProcs: drivertest.Find(pid)}); !errors.Is(err, ErrOneWay) {
 		t.Fatalf("gpu suspend: %v, want ErrOneWay", err)
 	}
-	if d.log() != "" || d.StateOf(pid) != vram.StateRunning {
+	if d.log() != "" || d.StateOf(pid) != cudadriver.StateRunning {
 		t.Fatalf("the driver was called (%q), process %s", d.log(), d.StateOf(pid))
 	}
 }
@@ -302,7 +303,7 @@ func TestNCCLRefusedBeforeLock(t *testing.T) {
 // the error (and its JSON) says where each is left and the command that
 // brings it back.
 func TestUndoReportsStates(t *testing.T) {
-	d := newScripted(map[string]vram.Result{"restore 12": vram.ErrorNotSupported, "unlock 13": vram.ErrorIllegalState}, 11, 12, 13)
+	d := newScripted(map[string]cudadriver.Result{"restore 12": cudadriver.ErrorNotSupported, "unlock 13": cudadriver.ErrorIllegalState}, 11, 12, 13)
 	cc := &Checkpoint{drv: d, pids: []int{11, 12, 13}}
 	if _, err := cc.Suspend(context.Background(), 0); err != nil {
 		t.Fatal(err)
@@ -344,8 +345,8 @@ func TestFaultLocksAndUndoes(t *testing.T) {
 		11: {maps: []string{libcuda, libnccl}, tcp: [][2]string{lo}},
 		12: {maps: []string{libcuda, libnccl}, tcp: [][2]string{{lo[1], lo[0]}}}})
 	d := newScripted(nil, 11, 12)
-	find := func(root int) ([]vram.Usage, []int, error) {
-		return []vram.Usage{{PID: 11, DeviceFDs: 2}, {PID: 12, DeviceFDs: 2}}, []int{11, 12}, nil
+	find := func(root int) ([]cudadriver.Usage, []int, error) {
+		return []cudadriver.Usage{{PID: 11, DeviceFDs: 2}, {PID: 12, DeviceFDs: 2}}, []int{11, 12}, nil
 	}
 	_, err := GPUStep(context.Background(), d, GPUStepOptions{Action: "suspend", PID: 11, FindProcs: find})
 	if err == nil || !strings.Contains(err.Error(), "injected failure") || !strings.Contains(err.Error(), "runs on") {
@@ -355,7 +356,7 @@ func TestFaultLocksAndUndoes(t *testing.T) {
 		t.Fatalf("driver calls %q, want %q", got, want)
 	}
 	for _, pid := range []int{11, 12} {
-		if st := d.StateOf(pid); st != vram.StateRunning {
+		if st := d.StateOf(pid); st != cudadriver.StateRunning {
 			t.Errorf("process %d is %s", pid, st)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gpucr/gpucr-stream/vram"
+	"github.com/gpucr/gpucr-stream/cudadriver"
 )
 
 // ProcState is where one CUDA process is left after a failed undo, and the
@@ -58,7 +58,7 @@ func (e *StuckError) Unwrap() []error { return []error{e.Cause, e.Undo} }
 // it back; parked: the fast path's refill failed, so processes the driver
 // sees running may still be without their device memory. stuck says
 // whether any is not back.
-func procStates(drv vram.Driver, pids []int, parked bool) (states []ProcState, stuck bool) {
+func procStates(drv cudadriver.Driver, pids []int, parked bool) (states []ProcState, stuck bool) {
 	for _, pid := range pids {
 		p := ProcState{PID: pid}
 		st, err := drv.State(pid)
@@ -66,15 +66,15 @@ func procStates(drv vram.Driver, pids []int, parked bool) (states []ProcState, s
 		case err != nil:
 			p.State = "unknown (" + err.Error() + ")"
 			p.Recover = fmt.Sprintf("see `gpucr-stream gpu state --pid %d`", pid)
-		case st == vram.StateRunning && parked:
+		case st == cudadriver.StateRunning && parked:
 			p.State = "running, its device memory released by the GPU fast path"
 			p.Recover = fmt.Sprintf("`gpucr-stream gpu resume --pid %d` refills it from the kept copy", pid)
-		case st == vram.StateRunning:
+		case st == cudadriver.StateRunning:
 			p.State = st.String()
-		case st == vram.StateLocked:
+		case st == cudadriver.StateLocked:
 			p.State = st.String()
 			p.Recover = fmt.Sprintf("`gpucr-stream gpu unlock --pid %d`", pid)
-		case st == vram.StateCheckpointed:
+		case st == cudadriver.StateCheckpointed:
 			p.State = st.String()
 			p.Recover = fmt.Sprintf("`gpucr-stream gpu restore --pid %d`, then `gpucr-stream gpu unlock --pid %d`", pid, pid)
 		default:
@@ -104,7 +104,7 @@ func (cc *Checkpoint) failed(cause, undoErr, fastErr error) error {
 // be refused again.
 func refused(states []ProcState, undoErr error) {
 	for _, ve := range driverErrors(undoErr) {
-		if ve.Op != "restore" || ve.Code != vram.ErrorNotSupported {
+		if ve.Op != "restore" || ve.Code != cudadriver.ErrorNotSupported {
 			continue
 		}
 		for i := range states {
@@ -116,14 +116,14 @@ func refused(states []ProcState, undoErr error) {
 }
 
 // driverErrors are the driver's failures in err, joined ones included.
-func driverErrors(err error) []*vram.Error {
+func driverErrors(err error) []*cudadriver.Error {
 	switch e := err.(type) {
 	case nil:
 		return nil
-	case *vram.Error:
-		return []*vram.Error{e}
+	case *cudadriver.Error:
+		return []*cudadriver.Error{e}
 	case interface{ Unwrap() []error }:
-		var out []*vram.Error
+		var out []*cudadriver.Error
 		for _, x := range e.Unwrap() {
 			out = append(out, driverErrors(x)...)
 		}
@@ -132,11 +132,11 @@ func driverErrors(err error) []*vram.Error {
 	return driverErrors(errors.Unwrap(err))
 }
 
-// lockFailed explains a lock that failed inside vram.Suspend, which locks
+// lockFailed explains a lock that failed inside cudadriver.Suspend, which locks
 // the tree all or nothing: the processes locked before it were unlocked at
 // once (failed then checks that they run).
 func lockFailed(err error, pids []int) error {
-	var ve *vram.Error
+	var ve *cudadriver.Error
 	if !errors.As(err, &ve) || ve.Op != "lock" {
 		return err
 	}
@@ -145,7 +145,7 @@ func lockFailed(err error, pids []int) error {
 		i++
 	}
 	hint := ""
-	if ve.Code == vram.ErrorNotReady {
+	if ve.Code == cudadriver.ErrorNotReady {
 		hint = " (its GPU work does not drain: a collective that waits for a process locked before it)"
 	}
 	if i == 0 || i == len(pids) {
@@ -159,7 +159,7 @@ func lockFailed(err error, pids []int) error {
 // the driver (GPUCR_TEST_FAULT=gpu-checkpoint): the GPU machine's fault
 // round locks a real tree and sees it unlocked again, without the
 // checkpoint that the driver could not undo for an NCCL rank.
-type faultyCheckpoint struct{ vram.Driver }
+type faultyCheckpoint struct{ cudadriver.Driver }
 
 func (faultyCheckpoint) Checkpoint(pid int) error {
 	return fmt.Errorf("cuda checkpoint of pid %d: injected failure (GPUCR_TEST_FAULT=gpu-checkpoint)", pid)

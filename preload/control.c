@@ -2,7 +2,7 @@
  * control: the control socket (the top of internal.h) and the commands it
  * answers, one connection at a time, on the control thread.
  *
- * Order (gpucr-stream's side is vram/fastpath.go):
+ * Order (gpucr-stream's side is vram/producer.go):
  *   checkpoint: stage (the copy threads' pinned buffers, the program still
  *     running) -> park (gate closed, in-flight calls drained, contexts synced)
  *     -> copyout (into the kept copy: regular files gpucr-stream created;

@@ -3,6 +3,7 @@ package vram
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/preloadctl"
 )
 
 // Issue 25: root acts for processes of other users, so nothing the process
@@ -91,7 +94,7 @@ func TestRecoverOnlyWhatWasKept(t *testing.T) {
 func TestDialChecksListener(t *testing.T) {
 	tg := startTarget(t)
 	dir := t.TempDir()
-	l, err := net.Listen("unix", PreloadSocket(dir, tg.pid))
+	l, err := net.Listen("unix", preloadctl.PreloadSocket(dir, tg.pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +109,11 @@ func TestDialChecksListener(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	_, err = DialPreload(context.Background(), dir, tg.pid)
-	if !errors.Is(err, ErrNotTheProcess) || !strings.Contains(err.Error(), "served by process "+strconv.Itoa(os.Getpid())) {
-		t.Fatalf("dial a stranger's socket: %v, want %v", err, ErrNotTheProcess)
+	_, err = preloadctl.DialPreload(context.Background(), dir, tg.pid)
+	if !errors.Is(err, preloadctl.ErrNotTheProcess) || !strings.Contains(err.Error(), "served by process "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("dial a stranger's socket: %v, want %v", err, preloadctl.ErrNotTheProcess)
 	}
-	if _, err := DialPreload(context.Background(), tg.sockDir, tg.pid); err != nil {
+	if _, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid); err != nil {
 		t.Fatalf("dial the process's own socket: %v", err)
 	}
 }
@@ -143,7 +146,7 @@ func TestSocketDirSymlink(t *testing.T) {
 // library only for its idle timeout; the next is served.
 func TestIdleClient(t *testing.T) {
 	tg := startTarget(t, "GPUCR_PRELOAD_IDLE_MS=300")
-	c, err := net.Dial("unix", PreloadSocket(tg.sockDir, tg.pid))
+	c, err := net.Dial("unix", preloadctl.PreloadSocket(tg.sockDir, tg.pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +154,7 @@ func TestIdleClient(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // accepted first
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +175,7 @@ func TestKeepRemovesNothingNamed(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,8 +242,10 @@ func TestOtherPIDNamespace(t *testing.T) {
 		t.Fatal("unshare (util-linux) is needed")
 	}
 	tg := startWrapped(t, []string{unshare, "--pid", "--fork", "--mount-proc"})
-	if n := nsPID(tg.pid); n == tg.pid {
-		t.Fatalf("process %d: NSpid %d, want its own namespace's", tg.pid, n)
+	self, err1 := os.Readlink("/proc/self/ns/pid")
+	its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", tg.pid))
+	if err1 != nil || err2 != nil || self == its {
+		t.Fatalf("process %d: pid namespace %q (%v, %v), want one of its own", tg.pid, its, err1, err2)
 	}
 	ctx := context.Background()
 	reps, err := FastCheck(ctx, tg.sockDir, []int{tg.pid})

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", "ACTION",
@@ -43,9 +43,9 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	var pairs []vram.GPUPair
+	var pairs []cudadriver.GPUPair
 	if cfg.gpuMap != "" {
-		if pairs, err = vram.ParseGPUMap(cfg.gpuMap); err != nil {
+		if pairs, err = cudadriver.ParseGPUMap(cfg.gpuMap); err != nil {
 			return usagef("--gpu-map: %v", err)
 		}
 	}

@@ -13,19 +13,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
+	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/e2e"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/vram"
-	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // withFakeCUDA makes the commands see the target as a CUDA process driven
 // by a fake driver.
-func withFakeCUDA(t *testing.T, pid int) *vramtest.Fake {
-	f := vramtest.NewFake(pid)
+func withFakeCUDA(t *testing.T, pid int) *drivertest.Fake {
+	f := drivertest.NewFake(pid)
 	oldOpen, oldFind := openDriver, findCUDAProcs
-	openDriver = func() (vram.Driver, error) { return f, nil }
-	findCUDAProcs = vramtest.Find(pid)
+	openDriver = func() (cudadriver.Driver, error) { return f, nil }
+	findCUDAProcs = drivertest.Find(pid)
 	t.Cleanup(func() { openDriver, findCUDAProcs = oldOpen, oldFind })
 	return f
 }
@@ -98,7 +98,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 			if got, want := f.Log(), strings.ReplaceAll(c.want, "P", pid); got != want {
 				t.Fatalf("driver calls %q, want %q", got, want)
 			}
-			if f.States[tg.PID()] != vram.StateRunning {
+			if f.States[tg.PID()] != cudadriver.StateRunning {
 				t.Fatalf("GPU state left %s", f.States[tg.PID()])
 			}
 			if _, err := os.Stat(filepath.Join(archive, manifest.ManifestName)); err == nil {
@@ -195,7 +195,7 @@ func TestCheckpointUndoesGPUStep(t *testing.T) {
 func TestGPUMapFor(t *testing.T) {
 	// --gpu-map as restore and receive read it: parsed, then resolved
 	// against the checkpoint's GPUs.
-	gpuMapFor := func(spec string, gpus []manifest.GPU) ([]vram.GPUPair, error) {
+	gpuMapFor := func(spec string, gpus []manifest.GPU) ([]cudadriver.GPUPair, error) {
 		m, err := parseGPUMap(spec)
 		if err != nil {
 			return nil, err
@@ -217,7 +217,7 @@ func TestGPUMapFor(t *testing.T) {
 
 func TestNoDriverMessages(t *testing.T) {
 	old := openDriver
-	openDriver = func() (vram.Driver, error) { return vram.OpenLibrary("/nonexistent/libcuda.so.1") }
+	openDriver = func() (cudadriver.Driver, error) { return cudadriver.OpenLibrary("/nonexistent/libcuda.so.1") }
 	defer func() { openDriver = old }()
 	_, err := runGPUCmd(context.Background(), "gpu", "info")
 	if err == nil || !strings.Contains(err.Error(), "no CUDA driver") {

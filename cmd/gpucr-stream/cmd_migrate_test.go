@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/e2e"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 func TestMigrateUsage(t *testing.T) {
@@ -254,7 +254,7 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 			if got, want := f.Log(), strings.ReplaceAll(c.calls, "P", p); got != want {
 				t.Errorf("driver calls %q, want %q", got, want)
 			}
-			if st := f.States[pid]; c.failOn != "restore" && st != vram.StateRunning {
+			if st := f.States[pid]; c.failOn != "restore" && st != cudadriver.StateRunning {
 				t.Errorf("GPU state left %s", st)
 			}
 			// The receiver's criu restore starts once the sender connects:

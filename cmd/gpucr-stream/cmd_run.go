@@ -6,8 +6,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/redact"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 var runCommand = command{"run", "run a CUDA program with the fast-path library (LD_PRELOAD), so that checkpoint and gpu suspend --to can move its device memory themselves", "-- CMD [ARGS...]",
@@ -26,5 +26,5 @@ func runRun(_ context.Context, c *config, args []string) error {
 		}
 		c.logLine(fmt.Sprintf("run: not passing %s to the program (they would land in its checkpoints)", strings.Join(dropped, ", ")))
 	}
-	return vram.ExecPreloaded(args)
+	return preloadctl.ExecPreloaded(args)
 }

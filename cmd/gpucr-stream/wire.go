@@ -12,19 +12,19 @@ import (
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
-	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // openDriver is the CUDA driver the commands use, and findCUDAProcs how
 // they find CUDA processes; tests replace them with fakes.
 var (
-	openDriver    = vram.Open
-	findCUDAProcs = vram.FindCUDA
+	openDriver    = cudadriver.Open
+	findCUDAProcs = cudadriver.FindCUDA
 )
 
 // locationConfig is how the commands open their locations.
@@ -202,13 +202,13 @@ func parseGPUMap(spec string) (gpuckpt.GPUMap, error) {
 		return gpuckpt.GPUMap{}, nil
 	}
 	if old, nw, ok := strings.Cut(spec, "="); ok && old == "all" {
-		u, err := vram.ParseUUID(nw)
+		u, err := cudadriver.ParseUUID(nw)
 		if err != nil {
 			return gpuckpt.GPUMap{}, usagef("--gpu-map: %v", err)
 		}
 		return gpuckpt.GPUMap{All: true, AllTo: u}, nil
 	}
-	pairs, err := vram.ParseGPUMap(spec)
+	pairs, err := cudadriver.ParseGPUMap(spec)
 	if err != nil {
 		return gpuckpt.GPUMap{}, usagef("--gpu-map: %v", err)
 	}

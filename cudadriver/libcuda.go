@@ -1,6 +1,6 @@
 //go:build linux && !nocuda
 
-package vram
+package cudadriver
 
 import (
 	"fmt"
@@ -39,7 +39,7 @@ type gpuPair struct {
 func init() {
 	// A layout mistake here would hand the driver garbage: fail loudly.
 	if unsafe.Sizeof(lockArgs{}) != 64 || unsafe.Sizeof(restoreArgs{}) != 64 || unsafe.Sizeof(gpuPair{}) != 32 {
-		panic("vram: CUDA checkpoint argument structs are not 64 bytes")
+		panic("cudadriver: CUDA checkpoint argument structs are not 64 bytes")
 	}
 }
 

@@ -1,6 +1,6 @@
 //go:build !linux || nocuda
 
-package vram
+package cudadriver
 
 import "fmt"
 

@@ -9,12 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/source"
-	"github.com/gpucr/gpucr-stream/vram"
-	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
 // TestFastPathNotTaken: without the library in the process, with the fast
@@ -36,7 +36,7 @@ func TestFastPathNotTaken(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cc := &Checkpoint{drv: vramtest.NewFake(pid), pids: []int{pid}}
+			cc := &Checkpoint{drv: drivertest.NewFake(pid), pids: []int{pid}}
 			var meta manifest.Manifest
 			ps, err := cc.FastSuspend(context.Background(), tc.f, FastCarried(tc.dest), nil, &meta, nil)
 			if err != nil || ps != nil || cc.fast != nil {
@@ -67,12 +67,12 @@ func TestGPUStepFastPathRefusals(t *testing.T) {
 		{"suspend --from", GPUStepOptions{Action: "suspend", From: ar}, true, nil},
 		{"resume --to", GPUStepOptions{Action: "resume", To: ar}, true, nil},
 		{"suspend --to, fast path off", GPUStepOptions{Action: "suspend", To: ar, FastPath: FastPath{Mode: FastPathOff}}, true, nil},
-		{"suspend --to, no library", GPUStepOptions{Action: "suspend", To: ar}, false, vram.ErrNoPreload},
+		{"suspend --to, no library", GPUStepOptions{Action: "suspend", To: ar}, false, preloadctl.ErrNoPreload},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := vramtest.NewFake(pid)
-			tc.o.PID, tc.o.FindProcs = pid, vramtest.Find(pid)
+			f := drivertest.NewFake(pid)
+			tc.o.PID, tc.o.FindProcs = pid, drivertest.Find(pid)
 			_, err := GPUStep(context.Background(), f, tc.o)
 			if err == nil || errors.Is(err, errdefs.ErrUsage) != tc.usage || (tc.is != nil && !errors.Is(err, tc.is)) {
 				t.Fatalf("err %v; want usage %v, is %v", err, tc.usage, tc.is)
@@ -157,7 +157,7 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
 		t.Fatalf("FastRestore of another process: %v", err)
 	}
-	if errors.Is(err, vram.ErrNoPreload) {
+	if errors.Is(err, preloadctl.ErrNoPreload) {
 		t.Fatalf("FastRestore dialled process 4242: %v", err)
 	}
 }

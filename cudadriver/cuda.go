@@ -1,4 +1,4 @@
-// Package vram is gpucr-stream's GPU support: the CUDA driver's process
+// Package cudadriver is gpucr-stream's binding of the CUDA driver: its process
 // checkpoint API (lock, checkpoint, restore, unlock), finding the CUDA
 // processes of a process tree, GPU details for the manifest, and the
 // orchestration that suspends a tree's GPU state before a CRIU dump and
@@ -8,7 +8,7 @@
 // the one binary runs on hosts without a GPU and reports plainly that there
 // is no driver. Everything that calls the driver goes through the Driver
 // interface, so that the orchestration is tested with a fake.
-package vram
+package cudadriver
 
 import (
 	"errors"

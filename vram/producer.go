@@ -1,3 +1,9 @@
+// Package vram is the GPU fast path's producer: the device memory of CUDA
+// processes that run with libgpucr-preload leaves the device as VRAM files
+// (a kept copy, stored into the checkpoint) and comes back from them, with
+// the undo and the recovery after gpucr-stream's death (producer.go,
+// kept.go). The driver's API is package cudadriver; the library's control
+// protocol, package preloadctl.
 package vram
 
 import (
@@ -13,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/fsat"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,7 +64,7 @@ type GetFunc func(ctx context.Context, name string, w io.Writer) error
 
 // FastOptions configures FastSuspend.
 type FastOptions struct {
-	// Dir holds the control sockets (PreloadDir()).
+	// Dir holds the control sockets (preloadctl.PreloadDir()).
 	Dir string
 	// Files per process: copy threads in the library, files in the
 	// checkpoint (default DefaultFiles).
@@ -99,17 +106,17 @@ type FastTimings struct {
 	Stage                                 time.Duration
 	Park, CopyOut, Release, Store, Refill time.Duration
 	// Copy is the copy out of the process that took longest.
-	Copy CopyStats
+	Copy preloadctl.CopyStats
 }
 
 type fastProc struct {
 	FastProc
-	p                *Preload
+	p                *preloadctl.Preload
 	parked, released bool
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
 	ids  []fsat.ID
-	copy CopyStats
+	copy preloadctl.CopyStats
 }
 
 // FastSuspension is the state of the processes FastSuspend moved out.
@@ -130,10 +137,10 @@ type FastSuspension struct {
 
 // FastCheck reports on the library of every pid; it returns an error
 // unless all of them have it loaded and can take the fast path.
-func FastCheck(ctx context.Context, dir string, pids []int) ([]PreloadReport, error) {
-	var reps []PreloadReport
+func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.PreloadReport, error) {
+	var reps []preloadctl.PreloadReport
 	for _, pid := range pids {
-		p, err := DialPreload(ctx, dir, pid)
+		p, err := preloadctl.DialPreload(ctx, dir, pid)
 		if err != nil {
 			return reps, err
 		}
@@ -189,7 +196,7 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	}
 	s := &FastSuspension{opts: o, keepDir: keepDir}
 	for _, pid := range pids {
-		p, err := DialPreload(ctx, o.Dir, pid)
+		p, err := preloadctl.DialPreload(ctx, o.Dir, pid)
 		if err != nil {
 			return s, s.undo(ctx, err)
 		}
@@ -515,11 +522,11 @@ func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
 	// The owning connection while it is in step (its end would look like
 	// gpucr-stream's death), else a fresh one (the library answers one
 	// connection at a time, after the last).
-	if fp.p == nil || fp.p.broken {
+	if fp.p == nil || fp.p.Broken() {
 		if fp.p != nil {
 			fp.p.Close()
 		}
-		p, err := DialPreload(ctx, s.opts.Dir, fp.PID)
+		p, err := preloadctl.DialPreload(ctx, s.opts.Dir, fp.PID)
 		if err != nil {
 			return err
 		}
@@ -578,11 +585,11 @@ func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, e
 }
 
 func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
-	if !HasPreload(pid) {
+	if !preloadctl.HasPreload(pid) {
 		return false, nil
 	}
-	p, err := DialPreload(ctx, dir, pid)
-	if errors.Is(err, ErrNoPreload) {
+	p, err := preloadctl.DialPreload(ctx, dir, pid)
+	if errors.Is(err, preloadctl.ErrNoPreload) {
 		return false, nil
 	}
 	if err != nil {
@@ -680,8 +687,8 @@ func (s *FastSuspension) Bytes() int64 {
 // from the checkpoint), and unparks it. Call it after the driver's restore
 // and unlock. On failure the process stays parked, its memory not
 // refilled: it does not run on with missing memory.
-func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs CopyStats, err error) {
-	p, err := DialPreload(ctx, dir, pid)
+func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
+	p, err := preloadctl.DialPreload(ctx, dir, pid)
 	if err != nil {
 		return 0, 0, cs, err
 	}
@@ -700,7 +707,7 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	return remap, copyIn, cs, p.Unpark(ctx)
 }
 
-func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (CopyStats, error) {
+func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc) (preloadctl.CopyStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var rs, ws []*os.File
@@ -712,7 +719,7 @@ func copyInFrom(ctx context.Context, p *Preload, files []string, get GetFunc) (C
 	for range files {
 		r, w, err := pipePair()
 		if err != nil {
-			return CopyStats{}, err
+			return preloadctl.CopyStats{}, err
 		}
 		rs, ws = append(rs, r), append(ws, w)
 	}

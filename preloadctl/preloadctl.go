@@ -1,4 +1,10 @@
-package vram
+// Package preloadctl is the Go side of the control protocol of
+// libgpucr-preload (preload/control.c), the library a GPU process loads for
+// the fast path: finding a process's control socket and checking that the
+// process itself listens there, the commands and their answers, and
+// starting a program with the library (gpucr-stream run). What the
+// commands are for, in which order, is package vram's.
+package preloadctl
 
 import (
 	"bufio"
@@ -19,9 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The control channel of libgpucr-preload (preload/control.c), the
-// library a GPU process loads for the fast path. One text line per
-// command, one line back: "ok JSON" or "err MESSAGE". copyout and copyin
+// The control channel: one text line per command, one line back: "ok JSON" or "err MESSAGE". copyout and copyin
 // carry descriptors (SCM_RIGHTS) with their line. The library keeps its
 // state (parked, released) between connections, so a connection is closed
 // before CRIU dumps the process (CRIU refuses a socket connected to a
@@ -190,6 +194,10 @@ func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
 
 // Close ends the connection; the library's state stays.
 func (p *Preload) Close() error { return p.conn.Close() }
+
+// Broken says that a command got no answer: the connection is out of step,
+// good only to be closed.
+func (p *Preload) Broken() bool { return p.broken }
 
 // do sends one command (with fds) and returns the JSON of its answer.
 func (p *Preload) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, error) {

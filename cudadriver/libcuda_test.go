@@ -1,10 +1,11 @@
 //go:build linux && !nocuda
 
-package vram
+package cudadriver
 
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -50,7 +51,7 @@ func TestOpenNotACUDALibrary(t *testing.T) {
 // writes its answer through a pointer, which must not be left pointing
 // into a stack the runtime has moved (a state read back as -1 once).
 func TestStateAcrossStackGrowth(t *testing.T) {
-	l, err := OpenLibrary(filepath.Join(buildPreload(t), "lib", "libcuda.so.1"))
+	l, err := OpenLibrary(fakeLibcuda(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,4 +80,23 @@ func stateAtDepth(l Driver, n int) State {
 		return StateFailed
 	}
 	return st
+}
+
+// fakeLibcuda builds the fake driver (preload/testdata/fake_cuda.c). It
+// needs a C compiler: in CI (CI=true) its absence fails the test.
+func fakeLibcuda(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no C compiler (cc): the fake driver needs one in CI")
+		}
+		t.Skip("no C compiler (cc)")
+	}
+	lib := filepath.Join(t.TempDir(), LibraryName)
+	src := filepath.Join("..", "preload", "testdata", "fake_cuda.c")
+	if out, err := exec.Command(cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("build the fake driver: %v\n%s", err, out)
+	}
+	return lib
 }

@@ -1,6 +1,6 @@
 package gpuckpt
 
-// The GPU fast path around the CUDA policy of cuda.go (vram/fastpath.go has
+// The GPU fast path around the CUDA policy of cuda.go (vram/producer.go has
 // the mechanism, docs/PRODUCERS.md section 3 the order and why). Processes
 // started with `gpucr-stream run` (libgpucr-preload) move their device
 // memory into the capture themselves and release it before the driver's
@@ -19,9 +19,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -91,7 +93,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return err
 	}
 	start := time.Now()
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: vram.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
@@ -156,11 +158,11 @@ func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool
 		return 0, false
 	}
 	for _, pid := range cc.pids {
-		if !vram.HasPreload(pid) {
+		if !preloadctl.HasPreload(pid) {
 			return 0, false
 		}
 	}
-	reps, err := vram.FastCheck(ctx, vram.PreloadDir(), cc.pids)
+	reps, err := vram.FastCheck(ctx, preloadctl.PreloadDir(), cc.pids)
 	if err != nil {
 		say(log, fmt.Sprintf("GPU fast path not taken: %v", err))
 		return 0, false
@@ -220,7 +222,7 @@ func (cc *Checkpoint) FastCommit() {
 // runs with the library.
 func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
-	var slowest vram.CopyStats
+	var slowest preloadctl.CopyStats
 	var errs []error
 	get := func(ctx context.Context, name string, w io.Writer) error {
 		_, err := src.Copy(ctx, name, w)
@@ -241,7 +243,7 @@ func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAPr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, cs, err := vram.FastResume(ctx, vram.PreloadDir(), p.PID, p.Files, get)
+			r, c, cs, err := vram.FastResume(ctx, preloadctl.PreloadDir(), p.PID, p.Files, get)
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, r), max(copyIn, c)
@@ -304,11 +306,11 @@ func FastProcs(ctx context.Context, src source.Source) ([]manifest.CUDAProcess, 
 // res.DeviceFreedSecs) while the VRAM files are stored, and it returns
 // once the checkpoint at o.To is committed: the processes stay alive with
 // no device memory. On failure everything is put back and they run on.
-func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions, start time.Time, res *GPUStepResult) ([]Phase, error) {
+func suspendTo(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStepOptions, start time.Time, res *GPUStepResult) ([]Phase, error) {
 	if o.FastPath.Mode == FastPathOff {
 		return nil, errdefs.Usagef("gpu suspend --to needs the fast path (--fast-path auto)")
 	}
-	if _, err := vram.FastCheck(ctx, vram.PreloadDir(), pids); err != nil {
+	if _, err := vram.FastCheck(ctx, preloadctl.PreloadDir(), pids); err != nil {
 		return nil, fmt.Errorf("gpu suspend --to: %w", err)
 	}
 	c, _, err := location.StartCapture(ctx, o.To, o.Open)
@@ -355,7 +357,7 @@ func suspendTo(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOption
 // resumeFrom is `gpu resume --from SRC`: the driver's restore and unlock,
 // then the device memory of the processes that took the fast path comes
 // back from the archive at o.From.
-func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
+func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
 	src, err := location.OpenSource(ctx, o.From, o.Open, source.StreamOptions{})
 	if err != nil {
 		return nil, err
@@ -365,7 +367,7 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 	if !ok {
 		return nil, errdefs.Usagef("gpu resume --from: %s is not an archive", o.From)
 	}
-	_, t, err := vram.ResumeRestored(drv, pids, o.Pairs)
+	_, t, err := cudadriver.ResumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)
 	if err != nil {
 		return phases, err
@@ -377,7 +379,7 @@ func resumeFrom(ctx context.Context, drv vram.Driver, pids []int, o GPUStepOptio
 // copyPhases are the parts of the slowest process's copy (what the copy
 // threads' sums are, as a mean per thread): what bounds the VRAM phase, the
 // device or the files.
-func copyPhases(what string, c vram.CopyStats) []Phase {
+func copyPhases(what string, c preloadctl.CopyStats) []Phase {
 	if c.Workers == 0 {
 		return nil
 	}

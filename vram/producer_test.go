@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,7 +52,7 @@ func buildPreload(t testing.TB) string {
 		lib, _ := filepath.Glob(filepath.Join(src, "*.c")) // the library's files
 		steps := [][]string{
 			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, "lib", "libcuda.so.1"), filepath.Join(src, "testdata", "fake_cuda.c")},
-			append(append([]string{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, PreloadLibrary)}, lib...), "-ldl", "-lpthread"),
+			append(append([]string{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, preloadctl.PreloadLibrary)}, lib...), "-ldl", "-lpthread"),
 			{cc, "-O2", "-Wall", "-o", filepath.Join(buildDir, "fp_target"), filepath.Join(src, "testdata", "fp_target.c"), "-ldl", "-lpthread"},
 		}
 		if buildErr = os.MkdirAll(filepath.Join(buildDir, "lib"), 0o755); buildErr != nil {
@@ -117,7 +118,7 @@ func startWrapped(t testing.TB, wrap []string, env ...string) *target {
 	os.Mkdir(tg.dir, 0o755)
 	args := append(append([]string{}, wrap...), filepath.Join(b, "fp_target"), tg.dir)
 	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, preloadctl.PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
 		"GPUCR_PRELOAD_DIR="+tg.sockDir)
 	cmd.Env = append(cmd.Env, env...)
 	// Its output in a file: the library speaks on its stderr.
@@ -197,9 +198,9 @@ func (tg *target) mustBeIntact(t *testing.T) {
 	}
 }
 
-func (tg *target) report(t testing.TB) PreloadReport {
+func (tg *target) report(t testing.TB) preloadctl.PreloadReport {
 	t.Helper()
-	p, err := DialPreload(context.Background(), tg.sockDir, tg.pid)
+	p, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("socket directory: %v %v, want mode 0700", fi.Mode(), err)
 	}
-	si, err := os.Stat(PreloadSocket(tg.sockDir, tg.pid))
+	si, err := os.Stat(preloadctl.PreloadSocket(tg.sockDir, tg.pid))
 	if err != nil || si.Mode().Perm() != 0o600 {
 		t.Fatalf("socket: %v %v, want mode 0600", si.Mode(), err)
 	}
@@ -446,7 +447,7 @@ func testStageFreed(t *testing.T, env []string) {
 	tg := startTarget(t, env...)
 	ctx := context.Background()
 	staged := func() int {
-		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,7 +459,7 @@ func testStageFreed(t *testing.T, env []string) {
 		return r.Staged
 	}
 	for _, end := range []string{"unpark", "close"} {
-		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -485,7 +486,7 @@ func testStageFreed(t *testing.T, env []string) {
 		}
 	}
 	if err := func() error {
-		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			return err
 		}
@@ -747,7 +748,7 @@ func TestFastCheckIncapable(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cuMemAllocManaged") {
 		t.Fatalf("check of a process with managed memory: %v", err)
 	}
-	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, ErrNoPreload) {
+	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, preloadctl.ErrNoPreload) {
 		t.Fatalf("check of a process without the library: %v", err)
 	}
 }
@@ -802,7 +803,7 @@ func FuzzCopyIn(f *testing.F) {
 			t.Fatalf("after a refused copy-in (%v): %+v, want parked and unfilled", err, r)
 		}
 		// Nothing lets the program run on memory that was not refilled.
-		p, err := DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -872,8 +873,8 @@ func TestFastPathOrphaned(t *testing.T) {
 				tc.damage(t, big)
 			}
 			// gpucr-stream dies: its connection ends, nothing else.
-			s.procs[0].p.conn.Close()
-			status := PreloadStatusFile(tg.sockDir, tg.pid)
+			s.procs[0].p.Close()
+			status := preloadctl.PreloadStatusFile(tg.sockDir, tg.pid)
 			var said []byte
 			for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && len(said) == 0; time.Sleep(5 * time.Millisecond) {
 				said, _ = os.ReadFile(status)
