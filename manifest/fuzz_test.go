@@ -90,11 +90,11 @@ func FuzzReader(f *testing.F) {
 			if calls > limit {
 				t.Fatalf("Reader did not stop after %d calls on %d bytes", calls, len(in))
 			}
-			fr, err := rd.Next(func(n int) []byte {
-				if n < 0 || n > MaxPayload {
-					t.Fatalf("alloc(%d): over MaxPayload", n)
+			fr, err := rd.Next(func(fh FrameHeader) ([]byte, error) {
+				if fh.StoredLen > MaxPayload || fh.Type != FrameData {
+					t.Fatalf("alloc for a %s frame of %d bytes", fh.Type, fh.StoredLen)
 				}
-				return make([]byte, n)
+				return make([]byte, fh.StoredLen), nil
 			})
 			if err == io.EOF {
 				if rd.Pos() > int64(len(in)) {

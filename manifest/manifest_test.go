@@ -392,7 +392,7 @@ func TestReaderAlloc(t *testing.T) {
 	var asked []int
 	backing := make([]byte, 1<<20)
 	for {
-		f, err := rd.Next(func(n int) []byte { asked = append(asked, n); return backing })
+		f, err := rd.Next(func(fh FrameHeader) ([]byte, error) { asked = append(asked, int(fh.StoredLen)); return backing, nil })
 		if err == io.EOF {
 			break
 		}

@@ -130,10 +130,14 @@ func (r *Reader) errorf(pos int64, file string, format string, args ...any) erro
 	return fmt.Errorf("%s: %s: %w", where, msg, errdefs.ErrCorrupt)
 }
 
-// Next returns the next frame. alloc provides the payload buffer (nil means
-// make). After the END frame and its tail it returns io.EOF; a stream that
-// stops anywhere else is an error naming the offset.
-func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
+// Alloc provides the payload buffer of a DATA frame, at least StoredLen
+// bytes, once its header is checked; it may wait (for memory) and fail.
+type Alloc func(fh FrameHeader) ([]byte, error)
+
+// Next returns the next frame. alloc provides the payload buffer of DATA
+// frames (nil means make). After the END frame and its tail it returns
+// io.EOF; a stream that stops anywhere else is an error naming the offset.
+func (r *Reader) Next(alloc Alloc) (Frame, error) {
 	fr, err := r.next(alloc)
 	if err == nil && fr.Type == FrameKey {
 		return Frame{}, r.Errorf(fr.Pos, NoFile, "KEY frame anywhere but right after the stream header")
@@ -141,7 +145,7 @@ func (r *Reader) Next(alloc func(n int) []byte) (Frame, error) {
 	return fr, err
 }
 
-func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
+func (r *Reader) next(alloc Alloc) (Frame, error) {
 	if r.ended {
 		return Frame{}, io.EOF
 	}
@@ -169,7 +173,10 @@ func (r *Reader) next(alloc func(n int) []byte) (Frame, error) {
 	var payload []byte
 	if fh.StoredLen > 0 {
 		if alloc != nil && fh.Type == FrameData {
-			payload = alloc(int(fh.StoredLen))[:fh.StoredLen]
+			if payload, err = alloc(fh); err != nil {
+				return Frame{}, err
+			}
+			payload = payload[:fh.StoredLen]
 		} else {
 			payload = make([]byte, fh.StoredLen)
 		}

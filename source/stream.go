@@ -42,6 +42,9 @@ type StreamSource struct {
 	ended    bool
 	err      error
 	memUsed  int64
+	// inflight counts the DATA frames not yet stored: a quarter of the
+	// budget, which chunks kept in memory leave to it.
+	inflight *inflight
 	// metaUsed counts what the stream's metadata holds (files, names,
 	// chunk records): it shares the budget with the data, and a stream
 	// whose metadata alone exceeds it is refused.
@@ -208,6 +211,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		shardBytes: make([]int64, len(shards)),
 		spillMax:   max(1, min(runtime.GOMAXPROCS(0), maxSpillFiles)),
 	}
+	s.inflight = newInflight(s.opts.MemoryLimit / 4)
 	s.pages = pagePool{size: pipeline.DefaultChunkSize, keep: 2*s.opts.Workers + 2}
 	s.wg.Add(1)
 	go func() {
@@ -247,6 +251,7 @@ type decodeJob struct {
 	rd    *manifest.Reader
 	frame manifest.Frame
 	page  *pageBuf // the payload's page buffer, or nil
+	held  int64    // what it holds of s.inflight
 }
 
 // run reads all shards concurrently and decodes DATA frames on workers.
@@ -262,11 +267,10 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			for j := range jobs {
 				if ctx.Err() != nil {
 					s.putPage(j.page)
-					continue
-				}
-				if err := s.decode(j); err != nil {
+				} else if err := s.decode(j); err != nil {
 					cancel(err)
 				}
+				s.inflight.release(j.held)
 			}
 		}()
 	}
@@ -344,19 +348,32 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			return context.Cause(ctx)
 		}
 		var page *pageBuf
-		fr, err := rd.Next(func(n int) []byte {
+		var held int64
+		fr, err := rd.Next(func(fh manifest.FrameHeader) ([]byte, error) {
+			// Its payload and, decoded elsewhere, its raw bytes.
+			held = int64(fh.StoredLen)
+			if codec.ID(fh.Codec) != codec.None {
+				held += int64(min(fh.RawLen, codec.MaxChunk))
+			}
+			if err := s.inflight.acquire(ctx, held); err != nil {
+				held = 0
+				return nil, err
+			}
+			n := int(fh.StoredLen)
 			if n < minSpliceChunk || s.discard || s.extractDir != "" {
-				return make([]byte, n)
+				return make([]byte, n), nil
 			}
 			p, err := s.pages.get(n)
 			if err != nil {
-				return make([]byte, n) // no mapping: the heap will do
+				return make([]byte, n), nil // no mapping: the heap will do
 			}
 			page = p
-			return p.b[:n]
+			return p.b[:n], nil
 		})
+		s.inflight.read(held)
 		if err != nil {
 			s.putPage(page)
+			s.inflight.release(held)
 			if err == io.EOF {
 				return nil
 			}
@@ -370,12 +387,14 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		case manifest.FrameData:
 			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
 				s.putPage(page)
+				s.inflight.release(held)
 				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
 			select {
-			case jobs <- decodeJob{rd, fr, page}:
+			case jobs <- decodeJob{rd, fr, page, held}:
 			case <-ctx.Done():
 				s.putPage(page)
+				s.inflight.release(held)
 				return context.Cause(ctx)
 			}
 		case manifest.FrameFileEnd:
@@ -596,7 +615,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		switch {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
-		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit:
+		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit-s.inflight.max:
 			rec.mem, rec.page = raw, page
 			page = nil
 			s.memUsed += int64(len(raw))
