@@ -3,6 +3,7 @@ package vram
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -77,6 +79,37 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(buildDir)
 	}
 	os.Exit(code)
+}
+
+// TestPreloadExportsOnlyTheDriver: the library's files share their helpers
+// hidden (preload/internal.h), so a program binds to the driver's entry
+// points and dlsym in it, never to one of the library's own names.
+func TestPreloadExportsOnlyTheDriver(t *testing.T) {
+	f, err := elf.Open(filepath.Join(buildPreload(t), preloadctl.PreloadLibrary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	driver := regexp.MustCompile(`^cu[A-Z]\w*$`)
+	have := map[string]bool{}
+	for _, s := range syms {
+		if bind := elf.ST_BIND(s.Info); s.Section == elf.SHN_UNDEF || (bind != elf.STB_GLOBAL && bind != elf.STB_WEAK) {
+			continue
+		}
+		have[s.Name] = true
+		if s.Name != "dlsym" && !driver.MatchString(s.Name) {
+			t.Errorf("the library exports %s, not a driver entry point", s.Name)
+		}
+	}
+	for _, name := range []string{"dlsym", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemMap", "cuLaunchKernel", "cuMemAllocManaged"} {
+		if !have[name] {
+			t.Errorf("the library does not export %s", name)
+		}
+	}
 }
 
 type region struct {
