@@ -280,3 +280,43 @@ func TestCopyDedup(t *testing.T) {
 		t.Errorf("a capture after cp added %d bytes", m.Stats.NewStoredBytes)
 	}
 }
+
+// BenchmarkLoadIndexS3 is what a capture into a location of a million
+// chunks spends before it can dump: loading the index from MinIO (ten
+// index objects of 100k chunks, as ten captures wrote them), and the heap
+// the table then holds.
+func BenchmarkLoadIndexS3(b *testing.B) {
+	srv := miniotest.Start(b)
+	srv.MakeBucket(b, "dedup")
+	st, err := s3.New(context.Background(), s3.Config{Endpoint: srv.Endpoint(), Bucket: "dedup", Prefix: "loc",
+		AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), PartSize: 16 << 20, Parallel: 4, MaxRetries: 3})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(9, 9))
+	for range 10 {
+		packs := []chunkstore.Pack{{ID: chunkstore.NewPackID(), Size: 1 << 40}}
+		chunks := make([]chunkstore.Chunk, 100_000)
+		for i := range chunks {
+			for k := 0; k < 32; k += 8 {
+				v := r.Uint64()
+				for j := range 8 {
+					chunks[i].ID[k+j] = byte(v >> (8 * j))
+				}
+			}
+			chunks[i].Ref = chunkstore.Ref{Pack: packs[0].ID, RawLen: 1}
+		}
+		if _, err := chunkstore.WriteIndex(ctx, st, packs, chunks); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		t, err := chunkstore.Load(ctx, st)
+		if err != nil || t.Len() != 1_000_000 {
+			b.Fatalf("%d chunks, %v", t.Len(), err)
+		}
+	}
+}

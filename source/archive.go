@@ -205,6 +205,10 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 		a.byName[m.Files[i].Name] = &m.Files[i]
 	}
 	maxRaw, maxStored := chunkSizes(m)
+	if m.SharedChunks {
+		// Its chunks are read in runs of up to chunk_size (runs.go).
+		maxRaw = max(maxRaw, int64(m.ChunkSize))
+	}
 	perChunk := maxRaw + maxStored + manifest.FrameSize // decoded chunk and frame
 	budget := int(max(2, opts.MemoryLimit/perChunk))
 	a.tokens = make(chan struct{}, budget)
@@ -229,10 +233,15 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	if m.SharedChunks {
 		a.runs = map[string][]run{}
 		for i := range m.Files {
-			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw)
+			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw, runSpan(maxRaw))
 		}
 	}
-	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
+	payloadSize := maxStored
+	if m.SharedChunks {
+		// A run's frames, read at once (runs.go).
+		payloadSize = max(maxStored, runSpan(maxRaw))
+	}
+	a.payloads.New = func() any { b := make([]byte, payloadSize); return &b }
 	return a
 }
 

@@ -26,22 +26,32 @@ type run struct {
 	raw      int64
 }
 
-// runsOf groups f's chunks into runs of at most maxRaw raw bytes; a zero
-// chunk is a run of its own.
-func runsOf(f *manifest.File, maxRaw int64) []run {
+// runSpan is the most bytes of frames a run reads: its payloads, as many
+// as its raw bytes (a codec never stores a chunk larger), and a frame
+// header per 64 KiB.
+func runSpan(maxRaw int64) int64 { return maxRaw + maxRaw/1024 + manifest.FrameSize }
+
+// runsOf groups f's chunks into runs of at most maxRaw raw bytes and
+// maxSpan bytes of frames; a zero chunk is a run of its own.
+func runsOf(f *manifest.File, maxRaw, maxSpan int64) []run {
 	var out []run
+	var span int64 // of the last run
 	for i, c := range f.Chunks {
+		frame := manifest.FrameSize + int64(c.Stored)
 		if k := len(out) - 1; k >= 0 && codec.ID(c.Codec) != codec.Zero {
 			r := &out[k]
 			prev := f.Chunks[r.first+r.n-1]
 			if codec.ID(prev.Codec) != codec.Zero && prev.Segment == c.Segment &&
-				prev.Pos+manifest.FrameSize+int64(prev.Stored) == c.Pos && r.raw+int64(c.RawLen) <= maxRaw {
+				prev.Pos+manifest.FrameSize+int64(prev.Stored) == c.Pos &&
+				r.raw+int64(c.RawLen) <= maxRaw && span+frame <= maxSpan {
 				r.n++
 				r.raw += int64(c.RawLen)
+				span += frame
 				continue
 			}
 		}
 		out = append(out, run{first: i, n: 1, raw: int64(c.RawLen)})
+		span = frame
 	}
 	return out
 }
