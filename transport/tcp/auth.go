@@ -130,35 +130,35 @@ func TokenBits(tok []byte) int {
 	for i := 1; i <= n; i++ {
 		cost[i] = cost[i-1] + lit
 		for j := i - 2; j >= 0; j-- {
-			piece := tok[j:i]
-			c := math.Inf(1)
-			if len(piece) < minPattern {
-				// Short: only a word and the space after it ("on ").
-				if text && piece[len(piece)-1] == ' ' {
-					if w, _ := wordLike(piece); w {
-						c = float64(len(piece)-1) + 2
-					}
-				}
-				cost[i] = min(cost[i], cost[j]+c)
-				continue
-			}
-			if isRun(piece) {
-				// first character, length, step and direction
-				c = lit + math.Log2(float64(len(piece))) + 3
-			}
-			if j > 0 && bytes.Contains(tok[:j], piece) {
-				// where it was and how long
-				c = min(c, math.Log2(float64(j))+math.Log2(float64(len(piece)))+1)
-			}
-			if text {
-				if w, sep := wordLike(piece); w {
-					c = min(c, float64(len(piece)-sep)+float64(sep)+1)
-				}
-			}
-			cost[i] = min(cost[i], cost[j]+c)
+			cost[i] = min(cost[i], cost[j]+pieceBits(tok, j, i, lit, text))
 		}
 	}
 	return int(cost[n])
+}
+
+// pieceBits is what tok[j:i] costs read as one pattern (+Inf where it is
+// none); lit is one character's cost.
+func pieceBits(tok []byte, j, i int, lit float64, text bool) float64 {
+	piece := tok[j:i]
+	c := math.Inf(1)
+	if text {
+		// Short words only with the space after them ("on ").
+		if w, sep := wordLike(piece); w && (len(piece) >= minPattern || piece[len(piece)-1] == ' ') {
+			c = float64(len(piece)-sep) + float64(sep) + 1
+		}
+	}
+	if len(piece) < minPattern {
+		return c
+	}
+	if isRun(piece) {
+		// first character, length, step and direction
+		c = min(c, lit+math.Log2(float64(len(piece)))+3)
+	}
+	if j > 0 && bytes.Contains(tok[:j], piece) {
+		// where it was and how long
+		c = min(c, math.Log2(float64(j))+math.Log2(float64(len(piece)))+1)
+	}
+	return c
 }
 
 // minPattern is the shortest piece TokenBits reads as a pattern: shorter
