@@ -32,9 +32,6 @@ type DedupOutput struct {
 	table *chunkstore.Table
 	packs *ArchiveOutput
 	lock  *chunkstore.Lock
-	// Shared says whether the location's index was loaded: false when a
-	// gc held the location, and the capture then shares nothing.
-	Shared bool
 
 	// the writer's goroutine only
 	segOf     map[chunkstore.PackID]int // pack -> index in segs
@@ -65,12 +62,13 @@ func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int6
 	}
 	d := &DedupOutput{ckpt: ckpt, loc: loc, packs: packs, lock: lock, table: chunkstore.NewTable(),
 		segOf: map[chunkstore.PackID]int{}, newPack: map[int]chunkstore.PackID{}}
+	// While a gc holds the location, share nothing: gc may delete any
+	// pack the index lists (chunkstore/lock.go).
 	if len(lock.Others[chunkstore.LockGC]) == 0 {
 		if d.table, err = chunkstore.Load(ctx, loc); err != nil {
 			lock.Release(ctx)
 			return nil, err
 		}
-		d.Shared = true
 	}
 	return d, nil
 }
@@ -85,10 +83,6 @@ func (d *DedupOutput) Format() pipeline.Format { return pipeline.Format{ChunkHas
 // Knows says the location holds the chunk id already: a capture need not
 // encode it. Safe from any goroutine.
 func (d *DedupOutput) Knows(id [32]byte) bool { return d.table.Has(id) }
-
-// IndexLen is how many chunks the location's index listed, plus those
-// added so far.
-func (d *DedupOutput) IndexLen() int { return d.table.Len() }
 
 // WriteFrame implements Output.
 func (d *DedupOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
