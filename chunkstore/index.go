@@ -195,48 +195,59 @@ func TableOf(packs []Pack, chunks []Chunk) *Table {
 const loadParallel = 8
 
 // Load reads every index object of the location st into a table: one
-// listing and one read per index object, several at once.
+// listing and one read per index object, several at once, each inserted
+// as soon as it is read, so that what is held besides the table is the
+// objects in flight.
 func Load(ctx context.Context, st store.Store) (*Table, error) {
 	objs, err := st.List(ctx, IndexPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("list chunk index of %s: %w", st, err)
 	}
-	type result struct {
-		packs  []Pack
-		chunks []Chunk
-		err    error
-	}
-	var names []store.ObjectInfo
+	t := NewTable()
+	// Room for every chunk the objects' sizes allow, at once: grown by
+	// doubling, the table would pass through twice its size.
+	var most int64
 	for _, o := range objs {
-		if IsIndexName(o.Name) {
-			names = append(names, o)
+		if IsIndexName(o.Name) && o.Size > indexHeaderSize+4 && o.Size <= maxIndexObject {
+			most += (o.Size - indexHeaderSize - 4) / entryRecordSize
 		}
 	}
-	results := make([]result, len(names))
+	t.loaded = make([]entry, 0, most)
+	var mu sync.Mutex
+	var first error
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, loadParallel)
-	for i, o := range names {
+	for _, o := range objs {
+		if !IsIndexName(o.Name) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				results[i].err = ctx.Err()
 				return
 			}
 			defer func() { <-sem }()
-			r := &results[i]
-			r.packs, r.chunks, r.err = ReadIndex(ctx, st, o.Name)
+			packs, chunks, err := ReadIndex(ctx, st, o.Name)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				return
+			}
+			t.insert(packs, chunks)
 		}()
 	}
 	wg.Wait()
-	t := NewTable()
-	for _, r := range results {
-		if r.err != nil {
-			return nil, r.err
-		}
-		t.insert(r.packs, r.chunks)
+	if first == nil {
+		first = ctx.Err()
+	}
+	if first != nil {
+		return nil, first
 	}
 	t.finish()
 	return t, nil
