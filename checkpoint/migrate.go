@@ -55,6 +55,8 @@ type MigrateOptions struct {
 	FastPath gpuckpt.FastPath
 	Tool     string
 	Hooks    Hooks
+	// Precopy sends what the process holds while it runs (precopy.go).
+	Precopy PrecopyOptions
 }
 
 // MigrateResult is a migration's outcome.
@@ -84,6 +86,8 @@ type MigrateResult struct {
 	// CUDA processes suspended for the dump, and their GPUs.
 	CUDAPIDs []int          `json:"cuda_pids,omitempty"`
 	GPUs     []manifest.GPU `json:"gpus,omitempty"`
+	// Precopy says what pre-copy did, or why it was off.
+	Precopy *PrecopyResult `json:"precopy,omitempty"`
 }
 
 // migration is one Migrate in progress.
@@ -120,6 +124,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, err
 	}
 	defer m.closeKeep()
+	if err := m.precopy(ctx); err != nil {
+		return nil, err
+	}
 	if err := m.dump(ctx); err != nil {
 		return nil, err
 	}
@@ -151,6 +158,10 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	}
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
+	if !o.Precopy.Off {
+		// A chunk's hash is its content id, which pre-copy references.
+		o.Stream.ChunkHashes = true
 	}
 	format, err := o.Stream.NewFormat()
 	if err != nil {
@@ -251,6 +262,7 @@ func (m *migration) dump(ctx context.Context) error {
 	// The downtime starts where CUDA work stops: the fast path's park, or
 	// the GPU lock.
 	m.dumpStart = time.Now()
+	wireBefore := m.out.WireBytes()
 	ps, err := m.cc.FastSuspend(ctx, m.o.FastPath, m.info.Restores, c, &meta, m.o.Hooks.log)
 	phases = append(phases, ps...)
 	if err == nil {
@@ -278,6 +290,9 @@ func (m *migration) dump(ctx context.Context) error {
 		return fmt.Errorf("migrate %d: %w; the process was not migrated and keeps running here", m.o.PID, err)
 	}
 	m.recordDump(phases, rep)
+	if p := m.res.Precopy; p != nil && p.Method != "off" {
+		p.FinalWireBytes, p.FinalRefBytes = m.out.WireBytes()-wireBefore, m.out.RefBytes()
+	}
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
@@ -55,6 +56,10 @@ type ReceiveResult struct {
 	// CRIUWaitedSecs is how long CRIU's first request waited for the
 	// sender's commit: the part of its start that overlapped the transfer.
 	CRIUWaitedSecs float64 `json:"criu_waited_seconds,omitempty"`
+	// CachedChunks and CachedBytes are what the sender's pre-copy rounds
+	// sent ahead (the chunk cache, freed once the stream was read).
+	CachedChunks int   `json:"cached_chunks,omitempty"`
+	CachedBytes  int64 `json:"cached_bytes,omitempty"`
 	// Stats is the statistics line of a served (not restored) checkpoint.
 	Stats *Stats `json:"-"`
 }
@@ -87,7 +92,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	}
 	r.start = time.Now()
 	l, err := tcp.Listen(ctx, o.Listen, tcp.ListenOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Reports: true, Restores: o.Restore,
-		PIDSpace: proc.Space(), Log: o.Hooks.Log})
+		PIDSpace: proc.Space(), Log: o.Hooks.Log, ChunkCache: true, CacheMemory: cacheMemory(o.Stream), SpillDir: o.Stream.SpillDir})
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +114,15 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	}
 	r.res.TotalSecs = time.Since(r.start).Seconds()
 	return &r.res, nil
+}
+
+// cacheMemory is the memory of the pre-copy chunk cache: as much as the
+// held image may take before it spills (the cache spills beyond it too).
+func cacheMemory(so source.StreamOptions) int64 {
+	if so.MemoryLimit > 0 {
+		return so.MemoryLimit
+	}
+	return pipeline.DefaultMemoryLimit
 }
 
 // progress reports the stream's counters from when a sender connects
@@ -150,6 +164,7 @@ func (r *receiver) fill() {
 	res, src := &r.res, r.src
 	res.Peer, res.Session, res.Streams = s.Peer, s.ID, s.Streams()
 	res.StreamBytes, res.WireBytes = s.StreamBytes(), s.WireBytes()
+	res.CachedChunks, res.CachedBytes = s.CacheChunks, s.CacheBytes
 	if c := src.Counters(); c != nil {
 		res.Files, res.RawBytes = int(c.Files.Load()), c.RawBytes.Load()
 	}

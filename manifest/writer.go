@@ -11,9 +11,10 @@ import (
 // Writer writes one stream: header, frames, END frame and tail. It is not
 // safe for concurrent use; the pipeline's ordered writer owns it.
 type Writer struct {
-	w   *bufio.Writer
-	pos int64
-	hdr [FrameSize]byte
+	w     *bufio.Writer
+	under io.Writer
+	pos   int64
+	hdr   [FrameSize]byte
 	// transcript and endTag: an encrypted stream's END frame authenticates
 	// everything before it (EndTagInput).
 	transcript hash.Hash
@@ -46,7 +47,7 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if _, err := bw.Write(hb); err != nil {
 		return nil, fmt.Errorf("write stream header: %w", err)
 	}
-	wr := &Writer{w: bw, pos: HeaderSize}
+	wr := &Writer{w: bw, under: w, pos: HeaderSize}
 	if h.Encryption != nil {
 		wr.transcript = sha256.New()
 		wr.transcript.Write(hb)
@@ -85,6 +86,34 @@ func (w *Writer) WriteFrame(fh *FrameHeader, payload []byte) (int64, error) {
 		return pos, fmt.Errorf("write %s frame payload at offset %d: %w", fh.Type, pos, err)
 	}
 	w.pos += FrameSize + int64(len(payload))
+	return pos, nil
+}
+
+// RefWriter is a shard writer that can send a DATA frame by reference:
+// hdr is the frame's header, and the peer holds its payload (the live
+// migration's pre-copy, transport/tcp).
+type RefWriter interface {
+	WriteRef(hdr []byte) error
+}
+
+// WriteRef writes the DATA frame fh, whose StoredLen payload bytes the
+// reader already holds, by reference, through the underlying RefWriter;
+// it advances the position as the whole frame would. Not for an
+// encrypted stream (its transcript and tags cover what is written).
+func (w *Writer) WriteRef(fh *FrameHeader) (int64, error) {
+	rw, ok := w.under.(RefWriter)
+	if !ok || w.transcript != nil || fh.Type != FrameData {
+		return w.pos, fmt.Errorf("write frame at offset %d by reference: not possible on this stream", w.pos)
+	}
+	fh.Marshal(w.hdr[:])
+	pos := w.pos
+	if err := w.w.Flush(); err != nil {
+		return pos, fmt.Errorf("write DATA frame at offset %d: %w", pos, err)
+	}
+	if err := rw.WriteRef(w.hdr[:]); err != nil {
+		return pos, fmt.Errorf("write DATA frame at offset %d by reference: %w", pos, err)
+	}
+	w.pos += FrameSize + int64(fh.StoredLen)
 	return pos, nil
 }
 

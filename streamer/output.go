@@ -103,6 +103,14 @@ type unwrapper interface {
 // knowerOf is out's Knows, or nil when out does not deduplicate.
 func knowerOf(out Output) func(id [32]byte) bool {
 	for {
+		if t, ok := out.(TeeOutput); ok {
+			if knowerOf(t.Primary) == nil {
+				return nil
+			}
+			// Cut by content for the primary, but encode every chunk:
+			// the copy needs every byte.
+			return func([32]byte) bool { return false }
+		}
 		if k, ok := out.(knower); ok {
 			return k.Knows
 		}

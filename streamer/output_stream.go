@@ -146,6 +146,26 @@ func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHe
 	return Location{Segment: i, Pos: pos}, nil
 }
 
+// WriteRefAsync is WriteFrameAsync for a DATA frame whose payload (fh's
+// StoredLen bytes) the reader holds already: the frame goes by reference
+// (manifest.Writer.WriteRef), in its place among the shard's frames.
+func (o *StreamOutput) WriteRefAsync(ctx context.Context, fh *manifest.FrameHeader, done func(error)) (Location, error) {
+	if o.chains == nil {
+		o.startChains()
+	}
+	i := o.next
+	h := *fh
+	pos, err := o.place(ctx, i, int64(fh.StoredLen), func(w *manifest.Writer) error {
+		_, err := w.WriteRef(&h)
+		return err
+	}, done)
+	if err != nil {
+		return Location{}, err
+	}
+	o.next = (o.next + 1) % len(o.shards)
+	return Location{Segment: i, Pos: pos}, nil
+}
+
 // startChains switches to asynchronous writes, where the synchronous ones
 // left the shards.
 func (o *StreamOutput) startChains() {

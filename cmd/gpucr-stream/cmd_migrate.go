@@ -10,7 +10,7 @@ import (
 )
 
 var migrateCommand = command{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
-	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir"}, runMigrate}
+	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir", "precopy", "precopy-rounds", "precopy-shrink"}, runMigrate}
 
 type (
 	migrateResult = checkpoint.MigrateResult
@@ -40,9 +40,19 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.precopy != "on" && cfg.precopy != "off" {
+		return usagef("migrate: --precopy %q: want on or off", cfg.precopy)
+	}
+	if cfg.precopyMax < 1 || cfg.precopyMax > 100 {
+		return usagef("migrate: --precopy-rounds %d: want 1..100", cfg.precopyMax)
+	}
+	if cfg.precopyPct < 1 || cfg.precopyPct > 99 {
+		return usagef("migrate: --precopy-shrink %d: want a percentage, 1..99", cfg.precopyPct)
+	}
+	pre := checkpoint.PrecopyOptions{Off: cfg.precopy == "off", Rounds: cfg.precopyMax, Shrink: float64(cfg.precopyPct) / 100}
 	res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{PID: cfg.pid, Dest: dest, TCP: t, Stream: cfg.opts,
 		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, KeepDir: cfg.keepDir, NoKeep: cfg.keepDir == "none",
-		CUDA: cuda, FastPath: fast, Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
+		CUDA: cuda, FastPath: fast, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(), Precopy: pre})
 	if err != nil {
 		return err
 	}
@@ -64,6 +74,14 @@ func printMigrate(cfg *config, res *migrateResult) {
 		fmt.Fprintf(w, "  %-30s %7.3fs\n", p.Name, p.Secs)
 	}
 	fmt.Fprintf(w, "  %d files, %s raw, %s on the wire (%.2fx) over %d stream(s)\n", res.Files, humanBytes(res.RawBytes), humanBytes(res.WireBytes), res.WireRatio, res.Streams)
+	if p := res.Precopy; p != nil && p.Method != "off" {
+		for i, r := range p.Rounds {
+			fmt.Fprintf(w, "  pre-copy round %d: %s dumped, %s sent in %.2fs\n", i+1, humanBytes(r.RawBytes), humanBytes(r.SentBytes), r.Secs)
+		}
+		fmt.Fprintf(w, "  final dump: %s on the wire, %s by reference (%s)\n", humanBytes(p.FinalWireBytes), humanBytes(p.FinalRefBytes), p.Method)
+	} else if p != nil {
+		fmt.Fprintf(w, "  no pre-copy: %s\n", p.Why)
+	}
 	printGPUs(w, res.CUDAPIDs, res.GPUs)
 	if res.KeptImage != "" {
 		fmt.Fprintf(w, "  image kept at %s until you remove it\n", res.KeptImage)

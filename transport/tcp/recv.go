@@ -35,6 +35,12 @@ type ListenOptions struct {
 	PIDSpace string
 	// Log receives one line per refused peer and per session event.
 	Log func(msg string)
+	// ChunkCache keeps the chunks a sender sends ahead of its stream
+	// (pre-copy, wire/chunk.go): CacheMemory bytes in memory, the rest in
+	// SpillDir (empty: $TMPDIR).
+	ChunkCache  bool
+	CacheMemory int64
+	SpillDir    string
 }
 
 // Listener accepts one checkpoint: every peer that fails the TLS
@@ -177,6 +183,9 @@ func (l *Listener) admit(c *recvConn) error {
 	}
 	if l.o.Restores {
 		r.Flags |= wire.ReplyRestores
+	}
+	if l.o.ChunkCache {
+		r.Flags |= wire.ReplyChunkCache
 	}
 	r.Proof = replyProof(l.o.Auth.Token, c.exp, c.hb, r.Marshal())
 	_ = c.raw.SetWriteDeadline(time.Now().Add(l.o.Timeout))
@@ -321,8 +330,14 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 	}
 	delete(pending, c.h.Session)
 	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
+	if l.o.ChunkCache {
+		s.cache = newChunkCache(l.o.CacheMemory, l.o.SpillDir)
+	}
 	for _, c := range s.conns {
 		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
+		if s.cache != nil {
+			c.sr.SetChunkCache(s.cache.put, s.cache.frame)
+		}
 		// An authenticated sender that stays connected and silent is
 		// dropped like a dead link.
 		c.sr.SetIdleTimeout(c.raw, l.o.Timeout)
@@ -340,6 +355,21 @@ type Session struct {
 	l           *Listener
 	streamBytes atomic.Int64
 	closeOnce   sync.Once
+	// cache holds the pre-copy rounds' chunks until the stream is read.
+	cache       *chunkCache
+	cacheOnce   sync.Once
+	CacheChunks int
+	CacheBytes  int64
+}
+
+// freeCache drops the chunk cache, noting what it held.
+func (s *Session) freeCache() {
+	s.cacheOnce.Do(func() {
+		if s.cache != nil {
+			s.CacheChunks, s.CacheBytes = s.cache.stats()
+			s.cache.close()
+		}
+	})
 }
 
 // Streams is the number of connections (shards).
@@ -444,6 +474,7 @@ func (s *Session) Close() {
 			c.close()
 		}
 	})
+	s.freeCache()
 }
 
 // Source is a checkpoint received over TCP, as a source.Source. It
@@ -502,7 +533,9 @@ func (s *Source) run(ctx context.Context) {
 		s.sess.Close()
 		s.streamClose.Do(func() { s.stream.Close() }) // drops what was held
 	}
-	if err := s.stream.Wait(ctx); err != nil {
+	err = s.stream.Wait(ctx)
+	sess.freeCache() // every REF is resolved, or none will be
+	if err != nil {
 		if ctx.Err() != nil {
 			err = context.Cause(ctx) // why the receiver gave up, for the sender
 		}

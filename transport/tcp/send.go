@@ -74,6 +74,8 @@ type ReceiverInfo struct {
 	Reports bool
 	// Restores: it runs the restore itself (receive --restore).
 	Restores bool
+	// ChunkCache: it keeps chunks sent ahead of the stream (SendChunk).
+	ChunkCache bool
 }
 
 // Output is a streamer.Output that writes one stream over N TLS
@@ -94,6 +96,13 @@ type Output struct {
 	failed   chan struct{}
 	err      error
 	onFail   atomic.Pointer[func(error)]
+
+	// refs are the chunks sent ahead (SendChunk), which the stream's DATA
+	// frames reference; nextChunk spreads them over the connections.
+	refMu     sync.Mutex
+	refs      map[[32]byte]refChunk
+	nextChunk int
+	refBytes  atomic.Int64
 
 	mu        sync.Mutex
 	acked     bool
@@ -250,7 +259,8 @@ func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn,
 		}
 	}
 	done()
-	info = ReceiverInfo{Reports: rep.Flags&wire.ReplyReports != 0, Restores: rep.Flags&wire.ReplyRestores != 0}
+	info = ReceiverInfo{Reports: rep.Flags&wire.ReplyReports != 0, Restores: rep.Flags&wire.ReplyRestores != 0,
+		ChunkCache: rep.Flags&wire.ReplyChunkCache != 0}
 	c := &sendConn{
 		o: t, idx: idx, tc: tc, br: br,
 		queue: make(chan sendItem, sendBufCount+2), free: make(chan []byte, sendBufCount),
@@ -348,7 +358,7 @@ func (c *sendConn) writeLoop() {
 			wire.PutRecordHeader(it.buf, wire.RecData, len(it.buf)-wire.RecHeaderSize)
 			_, err = c.tc.Write(it.buf)
 		default:
-			err = wire.WriteRecord(c.tc, it.typ, nil)
+			err = wire.WriteRecord(c.tc, it.typ, it.buf)
 		}
 		c.wmu.Unlock()
 		if err != nil {
@@ -425,6 +435,18 @@ func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, paylo
 	if err := t.Err(); err != nil {
 		return streamer.Location{}, err
 	}
+	if loc, ok := t.refFrame(fh, payload); ok {
+		written := make(chan error, 1)
+		loc2, err := t.out.WriteRefAsync(ctx, fh, func(err error) { written <- err })
+		if err != nil {
+			return streamer.Location{}, err
+		}
+		if err := <-written; err != nil {
+			return streamer.Location{}, err
+		}
+		loc.Segment, loc.Pos = loc2.Segment, loc2.Pos
+		return loc, nil
+	}
 	return t.out.WriteFrame(ctx, fh, payload)
 }
 
@@ -434,6 +456,11 @@ func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, paylo
 func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
 	if err := t.Err(); err != nil {
 		return streamer.Location{}, err
+	}
+	if loc, ok := t.refFrame(fh, payload); ok {
+		loc2, err := t.out.WriteRefAsync(ctx, fh, done)
+		loc.Segment, loc.Pos = loc2.Segment, loc2.Pos
+		return loc, err
 	}
 	return t.out.WriteFrameAsync(ctx, fh, payload, done)
 }

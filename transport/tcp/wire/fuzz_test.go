@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"testing"
 )
@@ -85,6 +86,55 @@ func FuzzDecoders(f *testing.F) {
 			if h.Type != RecAck && h.Type != RecNak && h.Type != RecReport || len(p) > MaxControlRecord {
 				t.Fatalf("receiver record %+v of %d bytes", h, len(p))
 			}
+		}
+	})
+}
+
+// FuzzChunkRecords feeds arbitrary bytes to a shard reader that keeps a
+// chunk cache: CHUNK records go to the cache, REF records come back as the
+// cached bytes. It may not panic, accept a malformed CHUNK or REF, or hand
+// out more than the DATA records declared plus what the REFs stood for.
+func FuzzChunkRecords(f *testing.F) {
+	var ok bytes.Buffer
+	c := Chunk{Codec: 2, RawLen: 4096, CRC: 7, ID: [32]byte{9}}
+	WriteRecord(&ok, RecChunk, append(MarshalChunkHeader(c), "stored"...))
+	WriteRecord(&ok, RecData, []byte("head"))
+	hdr := make([]byte, RefFrameSize)
+	hdr[28] = 9
+	WriteRecord(&ok, RecRef, MarshalRef(hdr))
+	WriteRecord(&ok, RecEOS, nil)
+	f.Add(ok.Bytes())
+	var bad bytes.Buffer
+	WriteRecord(&bad, RecRef, MarshalRef(make([]byte, RefFrameSize)))
+	f.Add(bad.Bytes())
+	f.Add([]byte{RecChunk, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f})
+
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cache := map[[32]byte][]byte{}
+		var expanded int64
+		sr := &ShardReader{br: bufio.NewReaderSize(bytes.NewReader(b), 16)}
+		sr.SetChunkCache(func(c Chunk) error {
+			if c.RawLen == 0 || len(c.Stored) == 0 || len(c.Stored) > MaxChunkStored {
+				t.Fatalf("accepted chunk %+v", c)
+			}
+			cache[c.ID] = append([]byte(nil), c.Stored...)
+			return nil
+		}, func(hdr []byte) ([]byte, error) {
+			if len(hdr) != RefFrameSize {
+				t.Fatalf("REF header of %d bytes", len(hdr))
+			}
+			var id [32]byte
+			copy(id[:], hdr[28:60])
+			p, ok := cache[id]
+			if !ok {
+				return nil, fmt.Errorf("no chunk %x", id[:8])
+			}
+			expanded += int64(RefFrameSize + len(p))
+			return append(append([]byte(nil), hdr...), p...), nil
+		})
+		n, _ := io.Copy(io.Discard, sr)
+		if n > int64(len(b))+expanded {
+			t.Fatalf("shard reader produced %d bytes from %d input bytes and %d expanded", n, len(b), expanded)
 		}
 	})
 }

@@ -76,6 +76,8 @@ const (
 	RecEOS    = 2
 	RecAbort  = 3
 	RecCommit = 4
+	RecChunk  = 5 // pre-copy: a chunk for the receiver's cache (chunk.go)
+	RecRef    = 6 // a DATA frame by reference to a cached chunk (chunk.go)
 	RecAck    = 16
 	RecNak    = 17
 	RecReport = 18
@@ -85,6 +87,9 @@ const (
 const (
 	ReplyReports  = 1
 	ReplyRestores = 2
+	// ReplyChunkCache: the receiver keeps CHUNK records and reads REF
+	// records (pre-copy).
+	ReplyChunkCache = 4
 )
 
 // Hello opens every connection of a sender.
@@ -249,6 +254,14 @@ func ParseRecordHeader(b []byte, fromSender bool) (RecordHeader, error) {
 		if !fromSender {
 			return h, errors.New("EOS record from the receiver")
 		}
+	case RecChunk, RecRef:
+		limit = ChunkFixed + MaxChunkStored
+		if h.Type == RecRef {
+			limit = RefSize
+		}
+		if !fromSender {
+			return h, fmt.Errorf("record type %d from the receiver", h.Type)
+		}
 	case RecAbort, RecCommit:
 		if !fromSender {
 			return h, fmt.Errorf("record type %d from the receiver", h.Type)
@@ -276,8 +289,8 @@ func ReadRecord(r io.Reader, fromSender bool) (RecordHeader, []byte, error) {
 	if err != nil {
 		return h, nil, err
 	}
-	if h.Type == RecData {
-		return h, nil, errors.New("DATA record where a control record belongs")
+	if h.Type == RecData || h.Type == RecChunk || h.Type == RecRef {
+		return h, nil, fmt.Errorf("record type %d where a control record belongs", h.Type)
 	}
 	p := make([]byte, h.Len)
 	if _, err := io.ReadFull(r, p); err != nil {
@@ -315,6 +328,47 @@ type ShardReader struct {
 	// conn, when set, gets a read deadline of idle before every read.
 	conn net.Conn
 	idle time.Duration
+	// Pre-copy (chunk.go): chunks takes each CHUNK record, ref gives the
+	// bytes a REF record stands for, which are read before the next record.
+	chunks  func(Chunk) error
+	ref     func(hdr []byte) ([]byte, error)
+	pending []byte
+}
+
+// SetChunkCache makes s take CHUNK records (chunks owns each) and REF
+// records (ref returns the frame's bytes or why not); without it either
+// record fails the stream.
+func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) ([]byte, error)) {
+	s.chunks, s.ref = chunks, ref
+}
+
+// record reads a CHUNK or REF record's payload of n bytes and hands it on.
+func (s *ShardReader) record(typ uint8, n uint32) error {
+	if s.chunks == nil {
+		return fmt.Errorf("record type %d inside the stream (this receiver keeps no chunk cache)", typ)
+	}
+	p := make([]byte, n)
+	s.deadline()
+	if _, err := io.ReadFull(s.br, p); err != nil {
+		return s.broke(fmt.Sprintf("record type %d", typ), err)
+	}
+	if typ == RecChunk {
+		c, err := ParseChunk(p)
+		if err != nil {
+			return err
+		}
+		return s.chunks(c)
+	}
+	hdr, err := ParseRef(p)
+	if err != nil {
+		return err
+	}
+	b, err := s.ref(hdr)
+	if err != nil {
+		return err
+	}
+	s.pending = b
+	return nil
 }
 
 // SetIdleTimeout makes every read of s fail once conn has been silent for
@@ -347,6 +401,14 @@ func NewShardReader(br *bufio.Reader, counts *atomic.Int64) *ShardReader {
 
 // Read implements io.Reader: io.EOF at the EOS record.
 func (s *ShardReader) Read(p []byte) (int, error) {
+	if len(s.pending) > 0 {
+		n := copy(p, s.pending)
+		s.pending = s.pending[n:]
+		if s.counts != nil {
+			s.counts.Add(int64(n))
+		}
+		return n, nil
+	}
 	for s.left == 0 {
 		if s.err != nil {
 			return 0, s.err
@@ -370,6 +432,14 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 			s.left = h.Len
 		case RecEOS:
 			s.eos = true
+		case RecChunk, RecRef:
+			if err := s.record(h.Type, h.Len); err != nil {
+				s.err = err
+				return 0, err
+			}
+			if len(s.pending) > 0 {
+				return s.Read(p)
+			}
 		case RecAbort:
 			msg := make([]byte, h.Len)
 			if _, err := io.ReadFull(s.br, msg); err != nil {

@@ -1,0 +1,183 @@
+package checkpoint
+
+// Pre-copy (issue 23): before the stop-and-copy dump, migrate sends what
+// the process holds while it runs, in rounds, each a `criu dump
+// --leave-running --stream` whose chunks (cut by content, named by their
+// BLAKE3 id, as the chunk store's) go to the receiver's chunk cache unless
+// it holds them already. Neither kernel we run on tracks dirty pages for
+// CRIU, and CRIU's pre-dumps, which would use it, do not stream: content
+// ids find what changed instead, at the cost of CRIU freezing the process
+// for each round's dump (not for the transfer of what it held already,
+// which is neither encoded nor sent). Rounds go on while each sends at
+// least Shrink less than the one before, up to Rounds; then the final dump
+// sends the chunks the receiver holds by reference (wire.RecRef).
+//
+// Never worse on failure: a round leaves the process running whatever
+// happens (CRIU resumes it), a failed round fails the migration with the
+// process still here, and the receiver frees its cache when the stream is
+// read or fails.
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
+)
+
+// PrecopyOptions say whether and how long migrate pre-copies.
+type PrecopyOptions struct {
+	// Off keeps the plain stop-and-copy.
+	Off bool
+	// Rounds caps the rounds (default 5).
+	Rounds int
+	// Shrink is how much less a round must send than the one before for
+	// another to follow (default 0.25: a quarter less).
+	Shrink float64
+}
+
+// PrecopyResult says what pre-copy did.
+type PrecopyResult struct {
+	// Method: "criu dump --leave-running" or "off"; Why says why that one.
+	Method string         `json:"method"`
+	Why    string         `json:"why"`
+	Rounds []PrecopyRound `json:"rounds,omitempty"`
+	// FinalWireBytes went over the link during the final dump (stream,
+	// records, TLS); FinalRefBytes are the stored bytes it sent by
+	// reference instead.
+	FinalWireBytes int64 `json:"final_wire_bytes"`
+	FinalRefBytes  int64 `json:"final_ref_bytes"`
+}
+
+// PrecopyRound is one round while the process ran.
+type PrecopyRound struct {
+	Secs      float64 `json:"seconds"`
+	RawBytes  int64   `json:"raw_bytes"`
+	NewChunks int64   `json:"new_chunks"`
+	SentBytes int64   `json:"sent_bytes"`
+}
+
+func (o PrecopyOptions) withDefaults() PrecopyOptions {
+	if o.Rounds <= 0 {
+		o.Rounds = 5
+	}
+	if o.Shrink <= 0 || o.Shrink >= 1 {
+		o.Shrink = 0.25
+	}
+	return o
+}
+
+// precopyOff says why migrate does not pre-copy ("" when it does).
+func (m *migration) precopyOff() string {
+	f := m.out.Format()
+	switch {
+	case m.o.Precopy.Off:
+		return "--precopy off"
+	case !m.info.ChunkCache:
+		return "the receiver keeps no chunk cache (an older gpucr-stream)"
+	case f.Seal != nil:
+		return "the stream is encrypted (--key): its chunks are sealed where they are placed"
+	case !f.ChunkHashes:
+		return "the stream has no chunk hashes, which are the chunks' content ids"
+	case len(m.cc.PIDs()) > 0:
+		return "CUDA processes: rounds of device memory are not built yet"
+	}
+	return ""
+}
+
+// precopy runs the rounds; the process runs on, here, whatever happens.
+func (m *migration) precopy(ctx context.Context) error {
+	res := &PrecopyResult{Method: "off"}
+	m.res.Precopy = res
+	if res.Why = m.precopyOff(); res.Why != "" {
+		return nil
+	}
+	o := m.o.Precopy.withDefaults()
+	res.Method = "criu dump --leave-running"
+	res.Why = "CRIU's pre-dumps cannot stream; content ids find what changed"
+	if exec.CommandContext(ctx, m.criu, "check", "--feature", "mem_dirty_track").Run() != nil {
+		res.Why = "the kernel does not track dirty pages for CRIU (criu check --feature mem_dirty_track fails), and CRIU's pre-dumps cannot stream; content ids find what changed"
+	}
+	var prev int64
+	for i := range o.Rounds {
+		r, err := m.precopyRound(ctx)
+		if err != nil {
+			m.out.Cancel("a pre-copy round failed on the sender; the process keeps running there")
+			m.dropKeep()
+			return fmt.Errorf("migrate %d: pre-copy round %d: %w; the process was not migrated and keeps running here", m.o.PID, i+1, err)
+		}
+		res.Rounds = append(res.Rounds, r)
+		m.o.Hooks.log(fmt.Sprintf("migrate: pre-copy round %d: %.1f MiB dumped, %d new chunks, %.1f MiB sent in %.2fs",
+			i+1, float64(r.RawBytes)/(1<<20), r.NewChunks, float64(r.SentBytes)/(1<<20), r.Secs))
+		if i > 0 && float64(r.SentBytes) > (1-o.Shrink)*float64(prev) || r.SentBytes == 0 {
+			break
+		}
+		prev = r.SentBytes
+	}
+	// The final dump cuts by content too, and sends what the receiver
+	// holds by reference; without a local copy it does not even encode it.
+	if tee, ok := m.output.(streamer.TeeOutput); ok {
+		tee.Primary = tcp.RefOutput{Output: m.out}
+		m.output = tee
+	} else {
+		m.output = tcp.RefOutput{Output: m.out, Skip: true}
+	}
+	return nil
+}
+
+// precopyRound dumps the running process once into the receiver's cache.
+func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
+	start := time.Now()
+	out := &precopyOutput{out: m.out}
+	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
+	if err != nil {
+		return PrecopyRound{}, err
+	}
+	m.out.OnFailure(func(err error) { c.Abort(err) })
+	meta := manifest.Manifest{Tool: m.o.Tool, Process: processOf(m.o.PID)}
+	man, _, err := dump(ctx, c, meta, capture.DumpOptions{
+		CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: true, ExtraArgs: m.o.CRIU.Args,
+	}, m.cc)
+	if err != nil {
+		return PrecopyRound{}, err
+	}
+	return PrecopyRound{Secs: time.Since(start).Seconds(), RawBytes: man.Stats.RawBytes, NewChunks: out.chunks, SentBytes: out.sent}, nil
+}
+
+// precopyOutput sends a round's new chunks ahead of the stream; it writes
+// nothing else (the round's files and manifest are not needed: the final
+// dump's stream names every file).
+type precopyOutput struct {
+	out          *tcp.Output
+	chunks, sent int64
+}
+
+// Format implements the capture's formattedOutput: chunks carry their
+// content id.
+func (p *precopyOutput) Format() pipeline.Format { return pipeline.Format{ChunkHashes: true} }
+
+// Knows implements the capture's dedup test: a chunk the receiver holds
+// is neither encoded nor sent again.
+func (p *precopyOutput) Knows(id [32]byte) bool { return p.out.Holds(id) }
+
+func (p *precopyOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
+	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || len(payload) == 0 {
+		return streamer.Location{}, nil
+	}
+	if err := p.out.SendChunk(ctx, wire.Chunk{Codec: fh.Codec, RawLen: fh.RawLen, CRC: fh.Checksum, ID: fh.Hash, Stored: payload}); err != nil {
+		return streamer.Location{}, err
+	}
+	p.chunks++
+	p.sent += int64(len(payload))
+	return streamer.Location{}, nil
+}
+
+func (p *precopyOutput) Commit(context.Context, *manifest.Manifest) error { return nil }
+func (p *precopyOutput) Abort(context.Context) error                      { return nil }

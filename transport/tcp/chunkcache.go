@@ -1,0 +1,123 @@
+package tcp
+
+// The receiver's chunk cache (pre-copy, wire/chunk.go): the chunks a
+// sender sends while its process still runs, by content id, in memory up
+// to a budget and beyond it in an unlinked file of the spill directory.
+// The stream's REF records are resolved from it; it is freed once the
+// stream has been read, whatever its outcome.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
+)
+
+type cachedChunk struct {
+	codec       uint8
+	raw, crc    uint32
+	stored      []byte // in memory, or
+	off, length int64  // in the spill file
+}
+
+type chunkCache struct {
+	mu       sync.Mutex
+	limit    int64
+	spillDir string
+	mem      int64
+	spill    *os.File
+	spilled  int64
+	chunks   map[[32]byte]*cachedChunk
+	closed   bool
+}
+
+func newChunkCache(limit int64, spillDir string) *chunkCache {
+	return &chunkCache{limit: limit, spillDir: spillDir, chunks: map[[32]byte]*cachedChunk{}}
+}
+
+// put keeps c (its Stored is the cache's from here).
+func (k *chunkCache) put(c wire.Chunk) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return errors.New("chunk cache closed")
+	}
+	if _, ok := k.chunks[c.ID]; ok {
+		return nil
+	}
+	e := &cachedChunk{codec: c.Codec, raw: c.RawLen, crc: c.CRC}
+	n := int64(len(c.Stored))
+	if k.mem+n <= k.limit {
+		e.stored, k.mem = c.Stored, k.mem+n
+	} else {
+		if k.spill == nil {
+			f, err := os.CreateTemp(k.spillDir, "gpucr-chunk-cache-*")
+			if err != nil {
+				return fmt.Errorf("chunk cache: spill beyond %d bytes: %w", k.limit, err)
+			}
+			os.Remove(f.Name()) // gone with the last descriptor, whatever happens
+			k.spill = f
+		}
+		if _, err := k.spill.WriteAt(c.Stored, k.spilled); err != nil {
+			return fmt.Errorf("chunk cache: spill to %s: %w", k.spill.Name(), err)
+		}
+		e.off, e.length = k.spilled, n
+		k.spilled += n
+	}
+	k.chunks[c.ID] = e
+	return nil
+}
+
+// frame gives the DATA frame a REF record's header stands for: the header
+// and the cached payload, once the header checks and names a chunk held
+// here with the same raw length, CRC, codec and stored length.
+func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
+	fh, err := manifest.UnmarshalFrameHeader(hdr)
+	if err != nil {
+		return nil, fmt.Errorf("REF record: %w: %w", err, errdefs.ErrCorrupt)
+	}
+	if fh.Type != manifest.FrameData {
+		return nil, fmt.Errorf("REF record for a %s frame: %w", fh.Type, errdefs.ErrCorrupt)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.chunks[fh.Hash]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("REF record at offset %d of file %d names chunk %x, which this receiver does not hold: %w", fh.Offset, fh.FileID, fh.Hash, errdefs.ErrCorrupt)
+	case e.codec != fh.Codec || e.raw != fh.RawLen || e.crc != fh.Checksum || int64(fh.StoredLen) != max(int64(len(e.stored)), e.length):
+		return nil, fmt.Errorf("REF record names chunk %x as %d raw bytes in codec %d (%d stored, CRC-32C %08x); the cache holds %d in codec %d (CRC-32C %08x): %w",
+			fh.Hash, fh.RawLen, fh.Codec, fh.StoredLen, fh.Checksum, e.raw, e.codec, e.crc, errdefs.ErrCorrupt)
+	}
+	b := make([]byte, manifest.FrameSize+int(fh.StoredLen))
+	copy(b, hdr)
+	if e.stored != nil {
+		copy(b[manifest.FrameSize:], e.stored)
+	} else if _, err := k.spill.ReadAt(b[manifest.FrameSize:], e.off); err != nil {
+		return nil, fmt.Errorf("chunk cache: read %s: %w", k.spill.Name(), err)
+	}
+	return b, nil
+}
+
+// Len and Bytes are what the cache holds (chunks, stored bytes).
+func (k *chunkCache) stats() (n int, bytes int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.chunks), k.mem + k.spilled
+}
+
+// close frees the cache: memory and spill file.
+func (k *chunkCache) close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	k.chunks, k.mem = nil, 0
+	if k.spill != nil {
+		k.spill.Close()
+		k.spill = nil
+	}
+}

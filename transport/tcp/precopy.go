@@ -1,0 +1,120 @@
+package tcp
+
+// The sender's side of pre-copy (wire/chunk.go): chunks sent ahead of the
+// stream with SendChunk, and the stream's DATA frames of those chunks sent
+// as REF records. The receiver holds every chunk sent ahead until the
+// stream is read (its cache has no eviction), so a chunk sent is a chunk
+// it holds, or the whole transfer fails.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
+)
+
+// refChunk is what the receiver holds of a chunk sent ahead.
+type refChunk struct {
+	codec    uint8
+	raw, crc uint32
+	stored   uint32
+}
+
+// SendChunk sends one chunk ahead of the stream (the receiver must have
+// announced ReceiverInfo.ChunkCache), on the connections in turn; stored
+// may be reused once it returns. Chunks the receiver holds already are
+// not sent again.
+func (t *Output) SendChunk(ctx context.Context, c wire.Chunk) error {
+	if !t.info.ChunkCache {
+		return errors.New("the receiver keeps no chunk cache (an older gpucr-stream)")
+	}
+	if err := t.Err(); err != nil {
+		return err
+	}
+	t.refMu.Lock()
+	if _, ok := t.refs[c.ID]; ok {
+		t.refMu.Unlock()
+		return nil
+	}
+	conn := t.conns[t.nextChunk%len(t.conns)]
+	t.nextChunk++
+	t.refMu.Unlock()
+	p := append(wire.MarshalChunkHeader(c), c.Stored...)
+	select {
+	case conn.queue <- sendItem{typ: wire.RecChunk, buf: p}:
+	case <-t.failed:
+		return t.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	t.refMu.Lock()
+	if t.refs == nil {
+		t.refs = map[[32]byte]refChunk{}
+	}
+	t.refs[c.ID] = refChunk{codec: c.Codec, raw: c.RawLen, crc: c.CRC, stored: uint32(len(c.Stored))}
+	t.refMu.Unlock()
+	return nil
+}
+
+// Holds says the receiver holds chunk id (sent ahead).
+func (t *Output) Holds(id [32]byte) bool {
+	t.refMu.Lock()
+	defer t.refMu.Unlock()
+	_, ok := t.refs[id]
+	return ok
+}
+
+// refFrame says whether DATA frame fh goes by reference, and makes its
+// header the one of the chunk the receiver holds: a frame the capture did
+// not encode (RefOutput.Knows said the receiver holds it) takes the held
+// chunk's codec and length; an encoded one goes by reference only if it
+// is encoded as the held one.
+func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.Location, bool) {
+	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || fh.RawLen == 0 {
+		return streamer.Location{}, false
+	}
+	t.refMu.Lock()
+	r, ok := t.refs[fh.Hash]
+	t.refMu.Unlock()
+	if !ok || r.raw != fh.RawLen || r.crc != fh.Checksum {
+		return streamer.Location{}, false
+	}
+	if len(payload) == 0 && fh.StoredLen == 0 && codec.ID(fh.Codec) == codec.None {
+		fh.Codec, fh.StoredLen = r.codec, r.stored
+		return streamer.Location{Ref: true, Codec: r.codec, Stored: r.stored}, true
+	}
+	return streamer.Location{}, fh.Codec == r.codec && fh.StoredLen == r.stored
+}
+
+// RefBytes are the stored bytes the stream sent by reference.
+func (t *Output) RefBytes() int64 { return t.refBytes.Load() }
+
+// WriteRef implements manifest.RefWriter: a REF record in the shard's
+// place of the frame.
+func (c *sendConn) WriteRef(hdr []byte) error {
+	if err := c.push(); err != nil {
+		return err
+	}
+	select {
+	case c.queue <- sendItem{typ: wire.RecRef, buf: wire.MarshalRef(hdr)}:
+		c.o.refBytes.Add(int64(binary.LittleEndian.Uint32(hdr[20:])))
+		return nil
+	case <-c.o.failed:
+		return c.o.err
+	}
+}
+
+// RefOutput is t for a capture whose chunks are cut by content (so that
+// they meet the chunks sent ahead) and, with Skip, not encoded where the
+// receiver holds them (nothing else needs their bytes: no local copy).
+type RefOutput struct {
+	*Output
+	Skip bool
+}
+
+// Knows implements the capture's dedup test (streamer's knower).
+func (r RefOutput) Knows(id [32]byte) bool { return r.Skip && r.Holds(id) }
