@@ -7,8 +7,9 @@ package streamer
 // after a page whose CRC-32C meets a mask: the decision depends on that
 // page's content alone, so after a shift the cuts fall on the same pages
 // again, from the first cut after the change. Chunks are at least
-// minChunk and at most the chunk size; zero pages never cut, so a run of
-// zeros stays one chunk (which costs no storage).
+// minChunk and at most the chunk size; a run of zero pages of at least
+// minChunk is cut apart from the data around it, into chunks of its own,
+// which cost no storage.
 //
 // CRIU's pages images hold whole pages in order, so their content moves by
 // whole pages when a mapping grows or shrinks. The page CRC is the SSE4.2
@@ -74,6 +75,13 @@ func (c *cutter) next(buf []byte, s *chunkSums) (int, error) {
 	for {
 		for scanned+cdcPage <= n {
 			p := buf[scanned : scanned+cdcPage]
+			// Past minChunk, zeros are cut apart from data (a zero chunk
+			// costs no storage): before the first data page after zeros,
+			// and before the first zero page after data.
+			if scanned >= c.minChunk && s.zero != codec.IsZero(p) {
+				c.carry = append(c.carry, buf[scanned:n]...)
+				return scanned, nil
+			}
 			s.add(p)
 			scanned += cdcPage
 			if scanned < c.minChunk || scanned == n && c.eof {
