@@ -7,9 +7,9 @@ package streamer
 // after a page whose CRC-32C meets a mask: the decision depends on that
 // page's content alone, so after a shift the cuts fall on the same pages
 // again, from the first cut after the change. Chunks are at least
-// minChunk and at most the chunk size; a run of zero pages of at least
-// minChunk is cut apart from the data around it, into chunks of its own,
-// which cost no storage.
+// minChunk and at most the chunk size; zero pages never cut, and a chunk
+// that starts in a run of zero pages ends where the run does, a zero
+// chunk, which costs no storage.
 //
 // CRIU's pages images hold whole pages in order, so their content moves by
 // whole pages when a mapping grows or shrinks. The page CRC is the SSE4.2
@@ -75,10 +75,12 @@ func (c *cutter) next(buf []byte, s *chunkSums) (int, error) {
 	for {
 		for scanned+cdcPage <= n {
 			p := buf[scanned : scanned+cdcPage]
-			// Past minChunk, zeros are cut apart from data (a zero chunk
-			// costs no storage): before the first data page after zeros,
-			// and before the first zero page after data.
-			if scanned >= c.minChunk && s.zero != codec.IsZero(p) {
+			// A chunk of zeros (no storage) ends at the first data page
+			// after them, where the zero run ends: a cut by content. (A
+			// cut where data meets zeros would need to know the run is
+			// long; cut after minChunk bytes of data instead, as the
+			// chunk's start decides, it loses the content's phase.)
+			if scanned >= c.minChunk && s.zero && !codec.IsZero(p) {
 				c.carry = append(c.carry, buf[scanned:n]...)
 				return scanned, nil
 			}
