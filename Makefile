@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore gpu-e2e clean
+.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore gpu-e2e clean
 
 build: preload binary
 
@@ -120,6 +120,11 @@ bench-migrate: deps
 # beside criu restore -D (docs/BENCHMARKS.md, "Restore: inside CRIU or around it").
 bench-restore: deps build
 	bash scripts/bench-restore.sh
+
+# Restore from a stream (cat STREAM | serve, serve --early, restore --from -)
+# beside criu restore -D (docs/BENCHMARKS.md, "Restore from a stream while it is read").
+bench-stream-restore: deps build
+	bash scripts/bench-stream-restore.sh
 
 clean:
 	rm -rf bin

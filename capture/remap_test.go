@@ -2,16 +2,21 @@ package capture
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	fdinfo "github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	skinet "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-inet"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 )
 
 func u32(v uint32) *uint32 { return &v }
@@ -107,4 +112,74 @@ func FuzzPatchTCPListen(f *testing.F) {
 			t.Fatalf("patched image of %d bytes", len(out))
 		}
 	})
+}
+
+// TestRemapTCPListenLater: over a stream still arriving, the remap reads
+// nothing until files.img is asked for, then waits for it; the patched
+// image is served, other files pass through, and a port no socket listens
+// on fails the request for files.img.
+func TestRemapTCPListenLater(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	img, _ := filesImg(t, [][2]uint32{{8080, tcpListen}})
+	c, buf := newCapture(t, ctx)
+	for name, b := range map[string][]byte{"files.img": img, "other.img": []byte("other")} {
+		if _, err := c.WriteFile(name, bytes.NewReader(b), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := PatchTCPListen(img, map[uint16]uint16{8080: 9090})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		remaps  map[uint16]uint16
+		wantErr string
+	}{
+		{"remapped", map[uint16]uint16{8080: 9090}, ""},
+		{"no such port", map[uint16]uint16{7000: 7001}, "[7000]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pr, pw := io.Pipe()
+			src := source.NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, source.StreamOptions{ServeEarly: true})
+			defer src.Close()
+			r := RemapTCPListenLater(src, tc.remaps) // must not block: nothing has arrived
+			got := make(chan error, 1)
+			var out bytes.Buffer
+			go func() {
+				_, err := r.Copy(ctx, "files.img", &out)
+				got <- err
+			}()
+			select {
+			case err := <-got:
+				t.Fatalf("files.img served before the stream carried it: %v", err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			if _, err := pw.Write(buf.Bytes()); err != nil {
+				t.Fatal(err)
+			}
+			pw.Close()
+			err := <-got
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("files.img with a port nobody listens on: %v", err)
+				}
+				return
+			}
+			if err != nil || !bytes.Equal(out.Bytes(), want) {
+				t.Fatalf("files.img: %v, %d bytes, want the patched %d", err, out.Len(), len(want))
+			}
+			if f, err := r.Stat(ctx, "files.img"); err != nil || f.Size != int64(len(want)) {
+				t.Errorf("Stat(files.img) = %+v, %v; want the patched size %d", f, err, len(want))
+			}
+			var other bytes.Buffer
+			if _, err := r.Copy(ctx, "other.img", &other); err != nil || other.String() != "other" {
+				t.Errorf("other.img: %q, %v", other.String(), err)
+			}
+		})
+	}
 }

@@ -209,26 +209,27 @@ func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
 	defer done()
 	stream := location.StreamOf(src)
 	ended, endedAt := make(chan struct{}), make(chan time.Time, 1)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
 	if stream != nil {
 		go func() {
-			stream.Wait(ctx) // its error is Wait's below
+			stream.Wait(wctx) // its error is Wait's below
 			at := time.Now()
 			close(ended)
 			endedAt <- at
 		}()
 	} else {
 		close(ended) // read in CRIU's order as it asks: nothing to overlap
+		endedAt <- time.Time{}
 	}
 	first := &firstRequest{Source: capture.RemapTCPListenLater(src, o.TCPListenRemap), log: o.Hooks.log, ended: ended}
 	err = serveToCRIU(ctx, o, first)
-	if stream != nil {
-		if werr := stream.Wait(ctx); err == nil {
-			err = werr
-		}
-		end := <-endedAt
-		if err == nil {
-			o.Hooks.log(first.against(end))
-		}
+	if stream != nil && err == nil {
+		err = stream.Wait(ctx)
+	}
+	stopWatch()
+	if end := <-endedAt; stream != nil && err == nil {
+		o.Hooks.log(first.against(end))
 	}
 	var st *Stats
 	if err == nil {

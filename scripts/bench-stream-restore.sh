@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# bench-stream-restore.sh -- restore from a stream (`capture | ... | serve`)
+# against `criu restore -D` on tmpfs (docs/BENCHMARKS.md, "Restore from a
+# stream while it is read"). Each round dumps a fresh thirds target of
+# BENCH_MB MiB with criu dump -D and times criu restore -D; dumps another
+# through `capture --codec none` into a stream file on tmpfs; then restores
+# that stream, each time from `cat FILE |`, three ways, their order turned
+# round by round:
+#   serve          criu-image-streamer's order: the whole stream read, then
+#                  the statistics line, then socket-init (and criu)
+#   serve --early  socket-init at once, criu restores while the stream is read
+#   restore        gpucr-stream restore --from - (runs criu itself; early)
+# With BENCH_BEFORE=PATH (another build), its `restore --from -` is timed
+# too. Times run from the start of the pipeline to criu's and serve's exit.
+# Run as root from the repository root after make build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+	echo "bench-stream-restore: run as root (CRIU needs it)" >&2
+	exit 1
+fi
+CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
+GCS=${GCS:-$PWD/bin/gpucr-stream}
+BEFORE=${BENCH_BEFORE:-}
+MB=${BENCH_MB:-1024}
+ROUNDS=${BENCH_ROUNDS:-3}
+W=$(mktemp -d "${BENCH_DIR:-/dev/shm}/gcs-srestore-XXXX")
+TARGET=$W/target
+go build -o "$TARGET" ./e2e/target
+PID=
+cleanup() {
+	[ -z "$PID" ] || kill -9 "$PID" 2>/dev/null || true
+	pkill -9 -f "$TARGET --dir $W" 2>/dev/null || true
+	rm -rf "$W"
+}
+trap cleanup EXIT
+
+start() {
+	rm -rf "$W/run" && mkdir -p "$W/run"
+	(cd "$W/run" && exec setsid -f "$TARGET" --dir "$W/run" --mb "$MB" --mix thirds </dev/null >out.log 2>&1)
+	for _ in $(seq 2400); do [ -s "$W/run/ready" ] && break; sleep 0.05; done
+	PID=$(cat "$W/run/ready")
+}
+gone() { while [ -e "/proc/$PID" ]; do sleep 0.02; done; }
+stop() {
+	kill -9 "$PID" 2>/dev/null || true
+	pkill -9 -f "$TARGET --dir $W/run" 2>/dev/null || true
+	gone
+}
+wait_init() { for _ in $(seq 60000); do grep -qx socket-init "$1" 2>/dev/null && return; sleep 0.001; done; echo "bench-stream-restore: no socket-init in $1" >&2; exit 1; }
+ns() { date +%s%N; }
+ms() { echo $((($2 - $1) / 1000000)); }
+fresh() { rm -rf "$W/rimg" && mkdir -p "$W/rimg"; }
+
+# serve_through ARGS...: cat the stream into serve, criu restore --stream
+# once socket-init is out; prints the milliseconds.
+serve_through() {
+	fresh
+	rm -f "$W/srv.progress"
+	local t0 t1
+	t0=$(ns)
+	cat "$W/s.stream" | "$GCS" --images-dir "$W/rimg" --progress-fd 3 serve "$@" 3>"$W/srv.progress" 2>>"$W/srv.err" &
+	local srv=$!
+	wait_init "$W/srv.progress"
+	"$CRIU" restore --stream -D "$W/rimg" --restore-detached -o restore.log
+	wait "$srv"
+	t1=$(ns)
+	ms "$t0" "$t1"
+}
+restore_from() { # BIN
+	local t0 t1
+	t0=$(ns)
+	"$1" restore --from - --criu "$CRIU" --no-progress <"$W/s.stream" >/dev/null 2>>"$W/restore.err"
+	t1=$(ns)
+	ms "$t0" "$t1"
+}
+
+variants="serve early restore"
+[ -z "$BEFORE" ] || variants="$variants before"
+declare -A res
+res[plain]=""
+for v in $variants; do res[$v]=""; done
+echo "bench-stream-restore: ${MB} MiB thirds target, $ROUNDS rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for r in $(seq "$ROUNDS"); do
+	start
+	rm -rf "$W/d" && mkdir "$W/d"
+	"$CRIU" dump -D "$W/d" -t "$PID" -o dump.log
+	gone
+	t0=$(ns)
+	"$CRIU" restore -D "$W/d" --restore-detached -o restore.log
+	t1=$(ns)
+	stop
+	rm -rf "$W/d"
+	res[plain]+=" $(ms "$t0" "$t1")"
+	start
+	rm -rf "$W/img" && mkdir -p "$W/img"
+	"$GCS" --images-dir "$W/img" --progress-fd 3 capture --codec none >"$W/s.stream" 3>"$W/cap.progress" &
+	cap=$!
+	wait_init "$W/cap.progress"
+	"$CRIU" dump --stream -D "$W/img" -t "$PID" -o dump.log
+	wait "$cap"
+	gone
+	# Turn the order round by round.
+	order=$variants
+	for _ in $(seq $(((r - 1) % $(echo $variants | wc -w)))); do order="$(echo $order | cut -d' ' -f2-) $(echo $order | cut -d' ' -f1)"; done
+	line="round $r: criu restore -D ${res[plain]##* } ms"
+	for v in $order; do
+		case $v in
+		serve) t=$(serve_through) ;;
+		early) t=$(serve_through --early) ;;
+		restore) t=$(restore_from "$GCS") ;;
+		before) t=$(restore_from "$BEFORE") ;;
+		esac
+		stop
+		res[$v]+=" $t"
+		line+="; $v $t ms"
+	done
+	echo "$line" >&2
+done
+median() { tr ' ' '\n' | sed '/^$/d' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+base=$(echo "${res[plain]}" | median)
+printf '| variant | restore (median) | vs criu restore -D | runs (ms) |\n|---|---|---|---|\n'
+printf '| criu restore -D (tmpfs) | %d ms | 1.00x | %s |\n' "$base" "${res[plain]# }"
+for v in $variants; do
+	m=$(echo "${res[$v]}" | median)
+	case $v in
+	serve) label='`cat STREAM \| serve` (criu-image-streamer order: read whole, then socket-init)' ;;
+	early) label='`cat STREAM \| serve --early`' ;;
+	restore) label='`restore --from - < STREAM`' ;;
+	before) label="\`restore --from - < STREAM\`, $BEFORE" ;;
+	esac
+	printf '| %s | %d ms | %s | %s |\n' "$label" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN{printf "%.2fx", a/b}')" "${res[$v]# }"
+done
+grep -o 'criu asked for its first file[^;]*' "$W/srv.err" | sed 's/^/serve --early: /' >&2 || true
