@@ -93,7 +93,7 @@ for r in $(seq "$ROUNDS"); do
 	rm -rf "$W/d"
 	res[plain]+=" $(ms "$t0" "$t1")"
 	start
-	rm -rf "$W/img" && mkdir -p "$W/img"
+	rm -rf "$W/img" "$W/cap.progress" && mkdir -p "$W/img"
 	"$GCS" --images-dir "$W/img" --progress-fd 3 capture --codec none >"$W/s.stream" 3>"$W/cap.progress" &
 	cap=$!
 	wait_init "$W/cap.progress"
