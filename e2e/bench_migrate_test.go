@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -38,6 +39,11 @@ func TestBenchMigrate(t *testing.T) {
 		variants = []string{"plain", "s1", "s2", "s4"}
 	}
 	e := newMigrateEnv(t)
+	// Every round of every variant under one deadline: the tests' 4
+	// minutes are too short for 1 GiB targets on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	e.ctx = ctx
 	if rate := os.Getenv("GPUCR_BENCH_SHAPE"); rate != "" {
 		e.net.ShapeBurst(t, rate, "8mb")
 	}
@@ -105,7 +111,7 @@ func TestBenchMigrate(t *testing.T) {
 					}
 				}
 				var rout, mout bytes.Buffer
-				recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm)
+				recv := e.startReceiver(&rout, "--restore", "--json", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm)
 				m := e.migrate(tg, &mout, args...)
 				if err := m.wait(e.ctx); err != nil {
 					t.Fatalf("%s: %v; receiver: %v", name, err, recv.wait(e.ctx))

@@ -12,7 +12,8 @@
 #   restore        gpucr-stream restore --from - (runs criu itself; early)
 # With BENCH_BEFORE=PATH (another build), its `restore --from -` is timed
 # too. Times run from the start of the pipeline to criu's and serve's exit.
-# Run as root from the repository root after make build.
+# Run as root from the repository root after make build; without Go there,
+# give GCS, CRIU and BENCH_TARGET (CGO_ENABLED=0 go build ./e2e/target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -25,8 +26,9 @@ BEFORE=${BENCH_BEFORE:-}
 MB=${BENCH_MB:-1024}
 ROUNDS=${BENCH_ROUNDS:-3}
 W=$(mktemp -d "${BENCH_DIR:-/dev/shm}/gcs-srestore-XXXX")
+# The target: BENCH_TARGET (a machine without Go), else built here.
 TARGET=$W/target
-go build -o "$TARGET" ./e2e/target
+if [ -n "${BENCH_TARGET:-}" ]; then cp "$BENCH_TARGET" "$TARGET"; else go build -o "$TARGET" ./e2e/target; fi
 PID=
 cleanup() {
 	[ -z "$PID" ] || kill -9 "$PID" 2>/dev/null || true
