@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -163,22 +162,9 @@ func rewriteIndex(ctx context.Context, st store.Store, gone map[chunkstore.PackI
 	if err != nil {
 		return err
 	}
-	var packs []chunkstore.Pack
-	for _, p := range t.Packs() {
-		if !gone[p.ID] {
-			packs = append(packs, p)
-		}
-	}
-	sort.Slice(packs, func(i, j int) bool { return string(packs[i].ID[:]) < string(packs[j].ID[:]) })
-	var chunks []chunkstore.Chunk
-	t.Each(func(c chunkstore.Chunk) {
-		if !gone[c.Pack] {
-			chunks = append(chunks, c)
-		}
-	})
-	if len(chunks) == 0 && len(packs) == 0 {
+	if t.Len() == 0 {
 		return nil
 	}
-	_, err = chunkstore.WriteIndex(ctx, st, packs, chunks)
+	_, err = chunkstore.WriteTableIndex(ctx, st, t, func(p chunkstore.PackID) bool { return !gone[p] })
 	return err
 }

@@ -152,16 +152,6 @@ func (t *Table) PackSize(id PackID) (int64, bool) {
 	return t.packs[i].Size, true
 }
 
-// Packs are the packs the loaded index lists.
-func (t *Table) Packs() []Pack { return t.packs }
-
-// Each calls fn for every chunk of the loaded index, in id order.
-func (t *Table) Each(fn func(Chunk)) {
-	for i := range t.loaded {
-		fn(Chunk{ID: t.loaded[i].id, Ref: t.ref(&t.loaded[i])})
-	}
-}
-
 // insert adds one index object's contents; finish sorts.
 func (t *Table) insert(packs []Pack, chunks []Chunk) {
 	for _, p := range packs {
@@ -276,37 +266,118 @@ func ReadIndex(ctx context.Context, st store.Store, name string) ([]Pack, []Chun
 
 // MarshalIndex encodes an index object.
 func MarshalIndex(packs []Pack, chunks []Chunk) ([]byte, error) {
-	b := make([]byte, indexHeaderSize, indexHeaderSize+len(packs)*packRecordSize+len(chunks)*entryRecordSize+4)
-	copy(b, IndexMagic)
+	var b bytes.Buffer
+	b.Grow(indexHeaderSize + len(packs)*packRecordSize + len(chunks)*entryRecordSize + 4)
+	err := encodeIndex(&b, packs, len(chunks), func(yield func(Chunk) error) error {
+		for _, c := range chunks {
+			if err := yield(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return b.Bytes(), err
+}
+
+// encodeIndex writes an index object of packs and the n chunks each
+// yields, a record at a time.
+func encodeIndex(w io.Writer, packs []Pack, n int, each func(yield func(Chunk) error) error) error {
+	var h [indexHeaderSize]byte
+	copy(h[:], IndexMagic)
 	le := binary.LittleEndian
-	le.PutUint16(b[8:], manifest.VersionSharedChunks)
-	le.PutUint16(b[10:], indexHeaderSize)
-	le.PutUint32(b[12:], uint32(len(packs)))
-	le.PutUint64(b[16:], uint64(len(chunks)))
-	le.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	le.PutUint16(h[8:], manifest.VersionSharedChunks)
+	le.PutUint16(h[10:], indexHeaderSize)
+	le.PutUint32(h[12:], uint32(len(packs)))
+	le.PutUint64(h[16:], uint64(n))
+	le.PutUint32(h[28:], crc32.Checksum(h[:28], castagnoli))
+	if _, err := w.Write(h[:]); err != nil {
+		return err
+	}
+	sum := crc32.New(castagnoli)
+	out := io.MultiWriter(w, sum)
 	at := map[PackID]uint32{}
+	rec := make([]byte, 0, entryRecordSize)
 	for i, p := range packs {
 		at[p.ID] = uint32(i)
-		b = append(b, p.ID[:]...)
-		b = le.AppendUint64(b, uint64(p.Size))
+		rec = le.AppendUint64(append(rec[:0], p.ID[:]...), uint64(p.Size))
+		if _, err := out.Write(rec); err != nil {
+			return err
+		}
 	}
-	for _, c := range chunks {
+	written := 0
+	err := each(func(c Chunk) error {
 		k, ok := at[c.Pack]
 		if !ok {
-			return nil, fmt.Errorf("index: chunk %s in pack %x, which the index does not list", c.ID, c.Pack)
+			return fmt.Errorf("index: chunk %s in pack %x, which the index does not list", c.ID, c.Pack)
 		}
 		if c.Pos < 0 || c.Pos > maxPos {
-			return nil, fmt.Errorf("index: chunk %s at offset %d of its pack, over the limit of %d", c.ID, c.Pos, int64(maxPos))
+			return fmt.Errorf("index: chunk %s at offset %d of its pack, over the limit of %d", c.ID, c.Pos, int64(maxPos))
 		}
-		b = append(b, c.ID[:]...)
-		b = le.AppendUint32(b, k)
-		b = le.AppendUint64(b, uint64(c.Pos))
-		b = le.AppendUint32(b, c.RawLen)
-		b = le.AppendUint32(b, c.Stored)
-		b = append(b, c.Codec)
-		b = le.AppendUint32(b, c.Checksum)
+		rec = append(rec[:0], c.ID[:]...)
+		rec = le.AppendUint32(rec, k)
+		rec = le.AppendUint64(rec, uint64(c.Pos))
+		rec = le.AppendUint32(rec, c.RawLen)
+		rec = le.AppendUint32(rec, c.Stored)
+		rec = append(rec, c.Codec)
+		rec = le.AppendUint32(rec, c.Checksum)
+		written++
+		_, err := out.Write(rec)
+		return err
+	})
+	if err != nil {
+		return err
 	}
-	return le.AppendUint32(b, crc32.Checksum(b[indexHeaderSize:], castagnoli)), nil
+	if written != n {
+		return fmt.Errorf("index: %d chunks written, %d announced", written, n)
+	}
+	_, err = w.Write(le.AppendUint32(nil, sum.Sum32()))
+	return err
+}
+
+// WriteTableIndex writes one new index object of the chunks of t's loaded
+// index whose pack keep accepts, straight from the table (gc: no copy of a
+// million chunks beside it), and returns its name.
+func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(PackID) bool) (string, error) {
+	var packs []Pack
+	for _, p := range t.packs {
+		if keep(p.ID) {
+			packs = append(packs, p)
+		}
+	}
+	n := 0
+	for i := range t.loaded {
+		if keep(t.packs[t.loaded[i].pack].ID) {
+			n++
+		}
+	}
+	name := newIndexName()
+	w, err := st.Create(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("write chunk index: %w", err)
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	err = encodeIndex(bw, packs, n, func(yield func(Chunk) error) error {
+		for i := range t.loaded {
+			e := &t.loaded[i]
+			if keep(t.packs[e.pack].ID) {
+				if err := yield(Chunk{ID: e.id, Ref: t.ref(e)}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = w.CommitNew(ctx)
+	}
+	if err != nil {
+		_ = w.Abort(ctx)
+		return "", fmt.Errorf("write chunk index %s/%s: %w", st, name, err)
+	}
+	return name, nil
 }
 
 // DecodeIndex reads an index object of size bytes from r and checks it
