@@ -24,12 +24,9 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
-	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
-	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
 // PrecopyOptions say whether and how long migrate pre-copies.
@@ -135,7 +132,7 @@ func (m *migration) precopy(ctx context.Context) error {
 // precopyRound dumps the running process once into the receiver's cache.
 func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
 	start := time.Now()
-	out := &precopyOutput{out: m.out}
+	out := &tcp.AheadOutput{Out: m.out}
 	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
 	if err != nil {
 		return PrecopyRound{}, err
@@ -148,36 +145,5 @@ func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
 	if err != nil {
 		return PrecopyRound{}, err
 	}
-	return PrecopyRound{Secs: time.Since(start).Seconds(), RawBytes: man.Stats.RawBytes, NewChunks: out.chunks, SentBytes: out.sent}, nil
+	return PrecopyRound{Secs: time.Since(start).Seconds(), RawBytes: man.Stats.RawBytes, NewChunks: out.Chunks, SentBytes: out.Sent}, nil
 }
-
-// precopyOutput sends a round's new chunks ahead of the stream; it writes
-// nothing else (the round's files and manifest are not needed: the final
-// dump's stream names every file).
-type precopyOutput struct {
-	out          *tcp.Output
-	chunks, sent int64
-}
-
-// Format implements the capture's formattedOutput: chunks carry their
-// content id.
-func (p *precopyOutput) Format() pipeline.Format { return pipeline.Format{ChunkHashes: true} }
-
-// Knows implements the capture's dedup test: a chunk the receiver holds
-// is neither encoded nor sent again.
-func (p *precopyOutput) Knows(id [32]byte) bool { return p.out.Holds(id) }
-
-func (p *precopyOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
-	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || len(payload) == 0 {
-		return streamer.Location{}, nil
-	}
-	if err := p.out.SendChunk(ctx, wire.Chunk{Codec: fh.Codec, RawLen: fh.RawLen, CRC: fh.Checksum, ID: fh.Hash, Stored: payload}); err != nil {
-		return streamer.Location{}, err
-	}
-	p.chunks++
-	p.sent += int64(len(payload))
-	return streamer.Location{}, nil
-}
-
-func (p *precopyOutput) Commit(context.Context, *manifest.Manifest) error { return nil }
-func (p *precopyOutput) Abort(context.Context) error                      { return nil }

@@ -4,7 +4,10 @@ package tcp
 // sender sends while its process still runs, by content id, in memory up
 // to a budget and beyond it in an unlinked file of the spill directory.
 // The stream's REF records are resolved from it; it is freed once the
-// stream has been read, whatever its outcome.
+// stream has been read, whatever its outcome. A REF on one connection may
+// name a chunk sent on another whose reader has not got to it yet: a
+// chunk not held waits until every connection's reader has begun its
+// stream (each sends all its chunks first), and only then is refused.
 
 import (
 	"errors"
@@ -33,10 +36,24 @@ type chunkCache struct {
 	spilled  int64
 	chunks   map[[32]byte]*cachedChunk
 	closed   bool
+	// shards readers in all, begun of them in their stream; changed is
+	// signalled as chunks arrive, as begun grows and when the cache closes.
+	shards, begun int
+	changed       *sync.Cond
 }
 
-func newChunkCache(limit int64, spillDir string) *chunkCache {
-	return &chunkCache{limit: limit, spillDir: spillDir, chunks: map[[32]byte]*cachedChunk{}}
+func newChunkCache(limit int64, spillDir string, shards int) *chunkCache {
+	k := &chunkCache{limit: limit, spillDir: spillDir, chunks: map[[32]byte]*cachedChunk{}, shards: shards}
+	k.changed = sync.NewCond(&k.mu)
+	return k
+}
+
+// begin notes that one connection's reader has begun its stream.
+func (k *chunkCache) begin() {
+	k.mu.Lock()
+	k.begun++
+	k.mu.Unlock()
+	k.changed.Broadcast()
 }
 
 // put keeps c (its Stored is the cache's from here).
@@ -69,6 +86,7 @@ func (k *chunkCache) put(c wire.Chunk) error {
 		k.spilled += n
 	}
 	k.chunks[c.ID] = e
+	k.changed.Broadcast()
 	return nil
 }
 
@@ -86,6 +104,10 @@ func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	e, ok := k.chunks[fh.Hash]
+	for !ok && !k.closed && k.begun < k.shards {
+		k.changed.Wait()
+		e, ok = k.chunks[fh.Hash]
+	}
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("REF record at offset %d of file %d names chunk %x, which this receiver does not hold: %w", fh.Offset, fh.FileID, fh.Hash, errdefs.ErrCorrupt)
@@ -116,6 +138,7 @@ func (k *chunkCache) close() {
 	defer k.mu.Unlock()
 	k.closed = true
 	k.chunks, k.mem = nil, 0
+	k.changed.Broadcast()
 	if k.spill != nil {
 		k.spill.Close()
 		k.spill = nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
@@ -118,3 +119,42 @@ type RefOutput struct {
 
 // Knows implements the capture's dedup test (streamer's knower).
 func (r RefOutput) Knows(id [32]byte) bool { return r.Skip && r.Holds(id) }
+
+// AheadOutput is a capture's output that sends the chunks the receiver
+// does not hold ahead of the stream (SendChunk), and writes nothing else:
+// a pre-copy round, whose files and manifest are not needed (the final
+// stream names every file). Chunks counts the chunks it sent, Sent their
+// stored bytes.
+type AheadOutput struct {
+	// Out is not embedded: its WriteFrameAsync would write the stream.
+	Out          *Output
+	Chunks, Sent int64
+}
+
+// Format implements the capture's formattedOutput: chunks carry their
+// content id.
+func (a *AheadOutput) Format() pipeline.Format { return pipeline.Format{ChunkHashes: true} }
+
+// Knows implements the capture's dedup test: a chunk the receiver holds
+// is neither encoded nor sent again.
+func (a *AheadOutput) Knows(id [32]byte) bool { return a.Out.Holds(id) }
+
+// WriteFrame implements streamer.Output.
+func (a *AheadOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
+	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || len(payload) == 0 {
+		return streamer.Location{}, nil
+	}
+	if err := a.Out.SendChunk(ctx, wire.Chunk{Codec: fh.Codec, RawLen: fh.RawLen, CRC: fh.Checksum, ID: fh.Hash, Stored: payload}); err != nil {
+		return streamer.Location{}, err
+	}
+	a.Chunks++
+	a.Sent += int64(len(payload))
+	return streamer.Location{}, nil
+}
+
+// Commit implements streamer.Output: the chunks are queued; the stream
+// that follows them on each connection is what the receiver checks.
+func (a *AheadOutput) Commit(context.Context, *manifest.Manifest) error { return a.Out.Err() }
+
+// Abort implements streamer.Output; the caller cancels the transfer.
+func (a *AheadOutput) Abort(context.Context) error { return nil }

@@ -331,12 +331,12 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 	delete(pending, c.h.Session)
 	s := &Session{ID: hex.EncodeToString(c.h.Session[:8]), Peer: c.peer, conns: p.conns, timeout: l.o.Timeout, l: l}
 	if l.o.ChunkCache {
-		s.cache = newChunkCache(l.o.CacheMemory, l.o.SpillDir)
+		s.cache = newChunkCache(l.o.CacheMemory, l.o.SpillDir, len(s.conns))
 	}
 	for _, c := range s.conns {
 		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
 		if s.cache != nil {
-			c.sr.SetChunkCache(s.cache.put, s.cache.frame)
+			c.sr.SetChunkCache(s.cache.put, s.cache.frame, s.cache.begin)
 		}
 		// An authenticated sender that stays connected and silent is
 		// dropped like a dead link.

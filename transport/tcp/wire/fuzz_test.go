@@ -131,7 +131,7 @@ func FuzzChunkRecords(f *testing.F) {
 			}
 			expanded += int64(RefFrameSize + len(p))
 			return append(append([]byte(nil), hdr...), p...), nil
-		})
+		}, func() {})
 		n, _ := io.Copy(io.Discard, sr)
 		if n > int64(len(b))+expanded {
 			t.Fatalf("shard reader produced %d bytes from %d input bytes and %d expanded", n, len(b), expanded)

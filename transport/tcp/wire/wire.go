@@ -332,14 +332,19 @@ type ShardReader struct {
 	// bytes a REF record stands for, which are read before the next record.
 	chunks  func(Chunk) error
 	ref     func(hdr []byte) ([]byte, error)
+	begin   func()
+	begun   bool
 	pending []byte
 }
 
 // SetChunkCache makes s take CHUNK records (chunks owns each) and REF
 // records (ref returns the frame's bytes or why not); without it either
-// record fails the stream.
-func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) ([]byte, error)) {
-	s.chunks, s.ref = chunks, ref
+// record fails the stream. begin is called once, at the first record of
+// the stream itself (DATA, REF or EOS): a sender sends every CHUNK of a
+// connection before its stream, so once every connection's reader has
+// begun, the cache holds every chunk a REF may name.
+func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) ([]byte, error), begin func()) {
+	s.chunks, s.ref, s.begin = chunks, ref, begin
 }
 
 // record reads a CHUNK or REF record's payload of n bytes and hands it on.
@@ -426,6 +431,12 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 		if err != nil {
 			s.err = err
 			return 0, err
+		}
+		if !s.begun && (h.Type == RecData || h.Type == RecRef || h.Type == RecEOS) {
+			s.begun = true
+			if s.begin != nil {
+				s.begin()
+			}
 		}
 		switch h.Type {
 		case RecData:

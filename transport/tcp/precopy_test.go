@@ -1,0 +1,207 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
+)
+
+// capture writes files through a capture into out (chunks of up to 1 MiB,
+// lz4), committing when commit is set.
+func capture(t *testing.T, out streamer.Output, files map[string][]byte) error {
+	t.Helper()
+	spec, _ := codec.ParseSpec("lz4")
+	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20, Codec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		if _, err := c.WriteFile(name, bytes.NewReader(b), false); err != nil {
+			c.Abort(err)
+			_, _ = c.Close(testCtx(t), manifest.Manifest{})
+			return err
+		}
+	}
+	_, err = c.Close(testCtx(t), manifest.Manifest{})
+	return err
+}
+
+// TestPrecopyRoundTrip sends a round of chunks ahead, changes a little of
+// the image, and sends the stream with references: the receiver serves
+// the changed image, the stream sent most of it by reference, and the
+// cache spills beyond its memory without changing what is served.
+func TestPrecopyRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		streams int
+		cache   int64
+	}{{1, 64 << 20}, {3, 64 << 20}, {2, 0}} {
+		t.Run(fmt.Sprintf("streams=%d,cache=%d", c.streams, c.cache), func(t *testing.T) {
+			l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: 3 * time.Second, Reports: true,
+				ChunkCache: true, CacheMemory: c.cache, SpillDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+			defer src.Close()
+			out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: c.streams, Timeout: 3 * time.Second,
+				Format: pipeline.Format{ChunkHashes: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			if !out.Receiver().ChunkCache {
+				t.Fatal("the receiver does not announce its chunk cache")
+			}
+			files := testFiles()
+			ahead := &AheadOutput{Out: out}
+			if err := capture(t, ahead, files); err != nil {
+				t.Fatalf("pre-copy round: %v", err)
+			}
+			if ahead.Chunks < 3 || ahead.Sent < 3<<20 {
+				t.Fatalf("the round sent %d chunks, %d bytes", ahead.Chunks, ahead.Sent)
+			}
+			// What changed meanwhile: 4 KiB in the middle of the random part.
+			rand.Read(files["pages-1.img"][2<<20 : 2<<20+4096])
+			before := out.WireBytes()
+			if err := capture(t, RefOutput{Output: out, Skip: true}, files); err != nil {
+				t.Fatalf("final stream: %v", err)
+			}
+			final := out.WireBytes() - before
+			if err := out.Confirm(testCtx(t), CommitInfo{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := src.WaitCommitted(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			checkFiles(t, src, files)
+			if out.RefBytes() < 2<<20 || final > ahead.Sent/2 {
+				t.Errorf("final stream: %d bytes on the wire, %d by reference; the round sent %d", final, out.RefBytes(), ahead.Sent)
+			}
+			s := src.Session()
+			if s.CacheChunks != int(ahead.Chunks) || s.CacheBytes != ahead.Sent {
+				t.Errorf("the receiver cached %d chunks, %d bytes; sent %d, %d", s.CacheChunks, s.CacheBytes, ahead.Chunks, ahead.Sent)
+			}
+			if s.cache.chunks != nil || s.cache.spill != nil {
+				t.Error("the cache is not freed once the stream is read")
+			}
+		})
+	}
+}
+
+// TestChunkCache: a REF is resolved from memory or the spill file, waits
+// for a chunk another connection has not delivered yet, and is refused,
+// naming the chunk, when the cache does not hold it (or not as named).
+func TestChunkCache(t *testing.T) {
+	stored := []byte("stored bytes of the chunk")
+	id := [32]byte{0xab, 0xcd}
+	chunk := wire.Chunk{Codec: 2, RawLen: 4096, CRC: 0x1234, ID: id, Stored: stored}
+	hdr := func(id [32]byte, codec uint8, storedLen uint32) []byte {
+		b := make([]byte, manifest.FrameSize)
+		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: codec, FileID: 3, Offset: 8192, RawLen: 4096, StoredLen: storedLen, Checksum: 0x1234, Hash: id}
+		fh.Marshal(b)
+		return b
+	}
+	good := hdr(id, 2, uint32(len(stored)))
+	for _, c := range []struct {
+		name    string
+		limit   int64
+		ref     []byte
+		wantErr string
+	}{
+		{"memory", 1 << 20, good, ""},
+		{"spilled", 0, good, ""},
+		{"unknown", 1 << 20, hdr([32]byte{0xee}, 2, uint32(len(stored))), "names chunk ee00"},
+		{"other codec", 1 << 20, hdr(id, 3, uint32(len(stored))), "the cache holds 4096 in codec 2"},
+		{"other length", 1 << 20, hdr(id, 2, 3), "the cache holds"},
+		{"bad header", 1 << 20, append(good[:60:60], 0, 0, 0, 0), "frame header checksum"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newChunkCache(c.limit, t.TempDir(), 1)
+			defer k.close()
+			if err := k.put(chunk); err != nil {
+				t.Fatal(err)
+			}
+			k.begin()
+			b, err := k.frame(c.ref)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, errdefs.ErrCorrupt) {
+					t.Fatalf("frame: %v, want an error with %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || !bytes.Equal(b[:manifest.FrameSize], good) || !bytes.Equal(b[manifest.FrameSize:], stored) {
+				t.Fatalf("frame: %q, %v", b, err)
+			}
+		})
+	}
+	t.Run("waits for another connection", func(t *testing.T) {
+		k := newChunkCache(1<<20, t.TempDir(), 2)
+		defer k.close()
+		k.begin() // this connection's stream began; the other's has not
+		got := make(chan error, 1)
+		go func() {
+			_, err := k.frame(good)
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			t.Fatalf("frame did not wait for the other connection: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if err := k.put(chunk); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_, err := k.frame(hdr([32]byte{7}, 2, 5))
+			got <- err
+		}()
+		k.begin() // the other began too: a chunk not held now never comes
+		if err := <-got; err == nil {
+			t.Fatal("a chunk never sent was resolved")
+		}
+	})
+	t.Run("closed", func(t *testing.T) {
+		k := newChunkCache(1<<20, t.TempDir(), 2)
+		got := make(chan error, 1)
+		go func() {
+			_, err := k.frame(good)
+			got <- err
+		}()
+		k.close()
+		if err := <-got; err == nil {
+			t.Fatal("frame resolved from a closed cache")
+		}
+		if err := k.put(chunk); err == nil {
+			t.Fatal("put into a closed cache")
+		}
+	})
+}
+
+// TestPrecopyOlderReceiver: a receiver without a cache is not sent chunks.
+func TestPrecopyOlderReceiver(t *testing.T) {
+	r := startReceiver(t, tokenAuth(goodToken))
+	out, err := Dial(testCtx(t), r.addr(), SendOptions{Auth: tokenAuth(goodToken), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := out.SendChunk(context.Background(), wire.Chunk{RawLen: 1, Stored: []byte{1}}); err == nil {
+		t.Fatal("a chunk was sent to a receiver without a cache")
+	}
+}
