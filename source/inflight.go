@@ -16,15 +16,18 @@ import (
 // (read, queued or decoding) hold it: those are freed whatever the peer
 // does. Frames still being read may need input that the peer sends only
 // once another shard is drained (one writer interleaves the shards), so
-// waiting for them could deadlock; a reader goes ahead past the budget
-// instead. What the budget cannot bound is thus one frame being read per
-// shard.
+// waiting for them could deadlock; a frame that finds no room and nothing
+// to wait for is read and decoded into buffers of an unlinked spill file
+// instead (newFileBuf), which the kernel can write back: the process's own
+// memory for frames stays within the budget whatever the shards and chunk
+// sizes (16 shards of 64 MiB chunks once held 930 MB under 16 MiB).
 type inflight struct {
 	mu      sync.Mutex
 	used    int64
 	reading int64 // of used, held by frames still being read
 	max     int64
 	peak    int64         // the most ever held (for tests)
+	spilled int64         // frames sent to spill files (for tests)
 	freed   chan struct{} // closed and replaced on every release
 }
 
@@ -33,23 +36,30 @@ func newInflight(max int64) *inflight {
 }
 
 // acquire reserves n bytes for a frame about to be read: at once where
-// they fit or nothing read is held, else once enough is released.
-func (b *inflight) acquire(ctx context.Context, n int64) error {
+// they fit, else once enough is released. Where they do not fit and only
+// frames still being read hold the room, it reserves nothing and answers
+// false: the frame goes to a spill file.
+func (b *inflight) acquire(ctx context.Context, n int64) (bool, error) {
 	for {
 		b.mu.Lock()
-		if b.used == b.reading || b.used+n <= b.max {
+		if b.used+n <= b.max {
 			b.used += n
 			b.reading += n
 			b.peak = max(b.peak, b.used)
 			b.mu.Unlock()
-			return nil
+			return true, nil
+		}
+		if b.used == b.reading {
+			b.spilled++
+			b.mu.Unlock()
+			return false, nil
 		}
 		ch := b.freed
 		b.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return false, context.Cause(ctx)
 		}
 	}
 }

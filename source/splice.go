@@ -34,6 +34,7 @@ const minSpliceChunk = 1 << 20
 type pageBuf struct {
 	mapping []byte // what munmap takes
 	b       []byte // the usable, huge-page aligned part
+	file    bool   // an unlinked spill file's pages (newFileBuf): never pooled
 }
 
 func roundHuge(n int) int { return (n + hugePage - 1) &^ (hugePage - 1) }
@@ -51,6 +52,28 @@ func newPageBuf(size int) (*pageBuf, error) {
 	b := m[off : off+n]
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // a hint; without it, small pages
 	return &pageBuf{mapping: m, b: b}, nil
+}
+
+// newFileBuf is a pageBuf of size bytes whose pages are those of an
+// unlinked file in dir (a frame the memory budget has no room for:
+// inflight.go). Its blocks are allocated first, so that a full disk is an
+// error here and never a SIGBUS when the mapping is written.
+func newFileBuf(dir string, size int) (*pageBuf, error) {
+	f, err := os.CreateTemp(dir, "gpucr-frame-*")
+	if err != nil {
+		return nil, fmt.Errorf("spill file: %w", err)
+	}
+	defer f.Close() // the mapping keeps the pages
+	os.Remove(f.Name())
+	n := max(os.Getpagesize(), (size+os.Getpagesize()-1)&^(os.Getpagesize()-1))
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(n)); err != nil {
+		return nil, fmt.Errorf("spill file %s: allocate %d bytes: %w", f.Name(), n, err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("spill file %s: map %d bytes: %w", f.Name(), n, err)
+	}
+	return &pageBuf{mapping: m, b: m, file: true}, nil
 }
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -82,7 +105,7 @@ func (p *pagePool) get(n int) (*pageBuf, error) {
 
 func (p *pagePool) put(b *pageBuf) {
 	p.mu.Lock()
-	if len(b.b) == roundHuge(p.size) && len(p.free) < p.keep {
+	if !b.file && len(b.b) == roundHuge(p.size) && len(p.free) < p.keep {
 		p.free = append(p.free, b)
 		b = nil
 	}

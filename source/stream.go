@@ -252,6 +252,9 @@ type decodeJob struct {
 	frame manifest.Frame
 	page  *pageBuf // the payload's page buffer, or nil
 	held  int64    // what it holds of s.inflight
+	// spilled: the budget had no room for it; its payload, and its raw
+	// bytes once decoded, live in spill-file buffers.
+	spilled bool
 }
 
 // run reads all shards concurrently and decodes DATA frames on workers.
@@ -349,17 +352,26 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		}
 		var page *pageBuf
 		var held int64
+		spilled := false
 		fr, err := rd.Next(func(fh manifest.FrameHeader) ([]byte, error) {
 			// Its payload and, decoded elsewhere, its raw bytes.
-			held = int64(fh.StoredLen)
+			n := int(fh.StoredLen)
+			want := int64(n)
 			if codec.ID(fh.Codec) != codec.None {
-				held += int64(min(fh.RawLen, codec.MaxChunk))
+				want += int64(min(fh.RawLen, codec.MaxChunk))
 			}
-			if err := s.inflight.acquire(ctx, held); err != nil {
-				held = 0
+			fits, err := s.inflight.acquire(ctx, want)
+			if err != nil {
 				return nil, err
 			}
-			n := int(fh.StoredLen)
+			if !fits {
+				spilled = true
+				if page, err = newFileBuf(s.spillDir, n); err != nil {
+					return nil, fmt.Errorf("no room for a %d-byte frame in --memory-limit: %w", n, err)
+				}
+				return page.b[:n], nil
+			}
+			held = want
 			if n < minSpliceChunk || s.discard || s.extractDir != "" {
 				return make([]byte, n), nil
 			}
@@ -391,7 +403,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
 			select {
-			case jobs <- decodeJob{rd, fr, page, held}:
+			case jobs <- decodeJob{rd, fr, page, held, spilled}:
 			case <-ctx.Done():
 				s.putPage(page)
 				s.inflight.release(held)
@@ -571,6 +583,11 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	switch {
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
 		page, j.page = j.page, nil
+	case j.spilled && codec.ID(fr.Codec) != codec.None:
+		if page, err = newFileBuf(s.spillDir, int(fr.RawLen)); err != nil {
+			return nil, nil, fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
+		}
+		raw = page.b[:fr.RawLen]
 	case !s.discard && s.extractDir == "" && fr.RawLen >= minSpliceChunk:
 		if page, err = s.pages.get(int(fr.RawLen)); err != nil {
 			return nil, nil, fmt.Errorf("decode chunk at file offset %d: %w", fr.Offset, err)
