@@ -36,6 +36,8 @@ type migrateEnv struct {
 	recvBin string
 	criu    string
 	port    int
+	// migrateStderr, when set, gets a copy of migrate's stderr.
+	migrateStderr io.Writer
 }
 
 func newMigrateEnv(t *testing.T) *migrateEnv {
@@ -91,7 +93,7 @@ func (e *migrateEnv) migrate(tg *Target, stdout io.Writer, args ...string) *proc
 	var p *proc
 	args = append([]string{"migrate", "--pid", strconv.Itoa(tg.PID()), "--to", "tcp://" + e.addr(), "--token-file", e.token,
 		"--criu", e.criu, "--net-timeout", "3s"}, args...)
-	InNetns(e.t, e.net.A, func() { p = startGCS(e.ctx, e.t, gcsOpts{stdout: stdout}, args...) })
+	InNetns(e.t, e.net.A, func() { p = startGCS(e.ctx, e.t, gcsOpts{stdout: stdout, stderr: e.migrateStderr}, args...) })
 	rctx, stop := context.WithCancel(e.ctx)
 	go func() {
 		<-p.done
@@ -386,8 +388,11 @@ LogLevel VERBOSE
 // target, which runs on intact; the receiver restores nothing and leaves
 // no files behind.
 func TestMigrateLinkCut(t *testing.T) {
-	for _, how := range []string{"veth-down", "receiver-killed"} {
-		t.Run(how, func(t *testing.T) {
+	// With pre-copy (the default) the cut lands in its first round, while
+	// the process runs; with --precopy off, in the stop-and-copy dump.
+	for _, c := range []struct{ how, precopy string }{{"veth-down", "on"}, {"receiver-killed", "on"}, {"veth-down", "off"}, {"receiver-killed", "off"}} {
+		how := c.how
+		t.Run(how+"/precopy-"+c.precopy, func(t *testing.T) {
 			e := newMigrateEnv(t)
 			// Slow the link so that the cut lands in the transfer.
 			e.net.Shape(t, "200mbit")
@@ -398,7 +403,7 @@ func TestMigrateLinkCut(t *testing.T) {
 			var rout bytes.Buffer
 			recv := e.startReceiver(&rout, "--restore", "--criu", e.criu)
 			rx0 := e.net.RxBytes(t)
-			m := e.migrate(tg, io.Discard, "--streams", "2", "--codec", "none", "--keep-dir", keep)
+			m := e.migrate(tg, io.Discard, "--streams", "2", "--codec", "none", "--keep-dir", keep, "--precopy", c.precopy)
 			for e.net.RxBytes(t)-rx0 < 24<<20 {
 				select {
 				case <-m.done:
@@ -420,6 +425,9 @@ func TestMigrateLinkCut(t *testing.T) {
 			migErr := err.Error()
 			if !strings.Contains(err.Error(), "not migrated and keeps running here") {
 				t.Errorf("migrate does not say the process was resumed: %v", err)
+			}
+			if inRound := strings.Contains(err.Error(), "pre-copy round 1"); inRound != (c.precopy == "on") {
+				t.Errorf("with --precopy %s, the failure is not where the cut was: %v", c.precopy, err)
 			}
 			rerr := recv.wait(e.ctx)
 			if how == "veth-down" {
