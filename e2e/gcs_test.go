@@ -188,9 +188,9 @@ func provenRestore(ctx context.Context, t testing.TB, tg *Target, before Proof) 
 	}
 }
 
-func startedTarget(ctx context.Context, t testing.TB, dir string, mb int) (*Target, Proof) {
+func startedTarget(ctx context.Context, t testing.TB, dir string, mb int, extra ...string) (*Target, Proof) {
 	t.Helper()
-	tg := StartTarget(t, filepath.Join(dir, "target"), mb)
+	tg := StartTarget(t, filepath.Join(dir, "target"), mb, extra...)
 	before, err := tg.Prove(ctx)
 	if err != nil {
 		t.Fatalf("proof before dump: %v", err)

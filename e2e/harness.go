@@ -416,7 +416,7 @@ var subreaperOnce sync.Once
 // dir/target.out, as CRIU needs to dump it without --shell-job, and waits
 // until it is ready. The target tree is killed when the test ends, also
 // after a restore (CRIU restores the same pids).
-func StartTarget(t testing.TB, dir string, mb int) *Target {
+func StartTarget(t testing.TB, dir string, mb int, extra ...string) *Target {
 	t.Helper()
 	// Orphans come to us instead of init: the target's child after a dump
 	// kills the target, and the restored tree after criu restore -d exits.
@@ -442,7 +442,7 @@ func StartTarget(t testing.TB, dir string, mb int) *Target {
 	}
 	defer out.Close()
 
-	cmd := exec.Command(bin, "--dir", dir, "--mb", strconv.Itoa(mb))
+	cmd := exec.Command(bin, append([]string{"--dir", dir, "--mb", strconv.Itoa(mb)}, extra...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -65,11 +65,11 @@ func (e *migrateEnv) newToken(name string) string {
 func (e *migrateEnv) addr() string { return fmt.Sprintf("%s:%d", e.net.AddrB, e.port) }
 
 // startTarget starts the target inside A.
-func (e *migrateEnv) startTarget(name string, mb int) (*Target, Proof) {
+func (e *migrateEnv) startTarget(name string, mb int, extra ...string) (*Target, Proof) {
 	e.t.Helper()
 	var tg *Target
 	var before Proof
-	InNetns(e.t, e.net.A, func() { tg, before = startedTarget(e.ctx, e.t, filepath.Join(e.dir, name), mb) })
+	InNetns(e.t, e.net.A, func() { tg, before = startedTarget(e.ctx, e.t, filepath.Join(e.dir, name), mb, extra...) })
 	return tg, before
 }
 

@@ -7,6 +7,13 @@
 // (one run of pages, with new random bytes), takes the new checksum as the
 // expected one, and writes it to DIR/rewritten: the dedup tests' change.
 //
+// With --rewrite-pct P it rewrites P% of its pages every second while it
+// runs (a window that moves through memory, a tenth of it every 100 ms, as
+// a ring buffer being written): the live-migration benchmark's load. Its
+// proof then checks every page against a CRC-32C table kept beside the
+// memory (and migrated with it), and reports the first checksum as both
+// expected and actual when every page matches.
+//
 // It stays within what CRIU dumps without extra flags: no sockets, no tty,
 // started by the harness in its own session with stdin on /dev/null.
 package main
@@ -19,6 +26,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log"
 	"math"
@@ -85,6 +93,7 @@ func main() {
 	dir := flag.String("dir", "", "work directory (ready, proof.json, target.log)")
 	mb := flag.Int("mb", 256, "approximate memory to fill, in MiB")
 	mix := flag.String("mix", "model", "memory content: model (weights-like, zeros, random, text) or thirds (random, zeros, text: the capture benchmark's)")
+	rewritePct := flag.Float64("rewrite-pct", 0, "rewrite this percentage of the pages every second (0: never)")
 	flag.Parse()
 	if *dir == "" {
 		log.Fatal("target: --dir is required")
@@ -95,7 +104,10 @@ func main() {
 	if *mix != "model" && *mix != "thirds" {
 		log.Fatalf("target: --mix %q: want model or thirds", *mix)
 	}
-	if err := runParent(*dir, *mb, *mix, usr1, usr2); err != nil {
+	if *rewritePct < 0 || *rewritePct > 100 {
+		log.Fatal("target: --rewrite-pct must be 0..100")
+	}
+	if err := runParent(*dir, *mb, *mix, *rewritePct, usr1, usr2); err != nil {
 		log.Fatalf("target: %v", err)
 	}
 }
@@ -115,9 +127,14 @@ type parent struct {
 	nonce     uint64
 	seq       uint64
 	rewrites  uint64
+
+	// With --rewrite-pct: the rewriter holds pageMu while it writes;
+	// pageSums are the CRC-32C of every page, as written.
+	pageMu   sync.Mutex
+	pageSums []uint32
 }
 
-func runParent(dir string, mb int, mix string, usr1, usr2 <-chan os.Signal) error {
+func runParent(dir string, mb int, mix string, rewritePct float64, usr1, usr2 <-chan os.Signal) error {
 	p := &parent{dir: dir}
 	var err error
 	p.logFile, err = os.OpenFile(filepath.Join(dir, "target.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -138,6 +155,10 @@ func runParent(dir string, mb int, mix string, usr1, usr2 <-chan os.Signal) erro
 	}
 	go p.count()
 	go p.feedChild()
+	if rewritePct > 0 {
+		p.pageSums = pageSums(p.regions)
+		go p.rewriteLoop(rewritePct)
+	}
 
 	if err := writeAtomic(filepath.Join(dir, "ready"), []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
 		return fmt.Errorf("write ready: %w", err)
@@ -191,6 +212,11 @@ func (p *parent) rewrite() error {
 		}
 	}
 	p.expected = checksum(p.regions)
+	if p.pageSums != nil {
+		p.pageMu.Lock()
+		p.pageSums = pageSums(p.regions)
+		p.pageMu.Unlock()
+	}
 	p.logf("rewrote a tenth of memory, sha256 %s", p.expected)
 	return writeAtomic(filepath.Join(p.dir, "rewritten"), []byte(p.expected+"\n"))
 }
@@ -327,7 +353,11 @@ func (p *parent) prove() error {
 		}
 	}
 	pr.ChildAlive = err == nil && !p.childDead.Load() && processAlive(p.childPID)
-	pr.ChecksumActual = checksum(p.regions)
+	if p.pageSums != nil {
+		pr.ChecksumActual = p.checkPages()
+	} else {
+		pr.ChecksumActual = checksum(p.regions)
+	}
 	pr.Counter = p.counter.Load()
 	pr.Time = time.Now().Format(time.RFC3339Nano)
 	pr.Error = strings.Join(errs, "; ")
@@ -493,4 +523,72 @@ func writeAtomic(path string, data []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// pageSums are the CRC-32C of every page of the regions, in order.
+func pageSums(regions [][]byte) []uint32 {
+	var sums []uint32
+	for _, r := range regions {
+		for i := 0; i+pageSize <= len(r); i += pageSize {
+			sums = append(sums, crc32.Checksum(r[i:i+pageSize], castagnoli))
+		}
+	}
+	return sums
+}
+
+// rewriteLoop rewrites pct% of the pages a second, every 100 ms the next
+// window of pct/10 % of them with new random bytes, wrapping around.
+func (p *parent) rewriteLoop(pct float64) {
+	n := max(1, int(float64(len(p.pageSums))*pct/1000))
+	rnd := rand.New(rand.NewPCG(uint64(os.Getpid()), 0x7077))
+	next := 0
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for range t.C {
+		p.pageMu.Lock()
+		for range n {
+			r, off := p.page(next)
+			for i := 0; i < pageSize; i += 8 {
+				binary.LittleEndian.PutUint64(r[off+i:], rnd.Uint64())
+			}
+			p.pageSums[next] = crc32.Checksum(r[off:off+pageSize], castagnoli)
+			next = (next + 1) % len(p.pageSums)
+		}
+		p.pageMu.Unlock()
+	}
+}
+
+// page is the region and offset of whole page k.
+func (p *parent) page(k int) ([]byte, int) {
+	for _, r := range p.regions {
+		if n := len(r) / pageSize; k >= n {
+			k -= n
+			continue
+		}
+		return r, k * pageSize
+	}
+	panic("page out of range")
+}
+
+// checkPages compares every page with its CRC-32C: the expected checksum
+// when all match (the memory is what the rewriter wrote), else why not.
+func (p *parent) checkPages() string {
+	p.pageMu.Lock()
+	defer p.pageMu.Unlock()
+	now := pageSums(p.regions)
+	bad, first := 0, -1
+	for i := range now {
+		if now[i] != p.pageSums[i] {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		return fmt.Sprintf("%d of %d pages differ from what was written (the first: page %d)", bad, len(now), first)
+	}
+	return p.expected
 }
