@@ -28,6 +28,10 @@ import (
 //	GPUCR_BENCH_SHAPE     shape the link to this rate with tc tbf (e.g. 10gbit)
 //	GPUCR_BENCH_BEFORE    another gpucr-stream build: variants with -before
 //	                      run their receiver with it
+//	GPUCR_BENCH_REWRITE   the target rewrites this percentage of its pages
+//	                      a second while it runs (e2e/target --rewrite-pct)
+//
+// Variants sN migrate with pre-copy (the default); -off adds --precopy off.
 func TestBenchMigrate(t *testing.T) {
 	if os.Getenv("GPUCR_BENCH_MIGRATE") != "1" {
 		t.Skip("benchmark: set GPUCR_BENCH_MIGRATE=1 (scripts/bench-migrate.sh)")
@@ -62,7 +66,7 @@ func TestBenchMigrate(t *testing.T) {
 	for r := range rounds {
 		for _, v := range variants {
 			name := fmt.Sprintf("r%d-%s", r, v)
-			tg, before := e.startTarget(name, mb)
+			tg, before := e.startTarget(name, mb, "--rewrite-pct", strconv.Itoa(envInt("GPUCR_BENCH_REWRITE", 0)))
 			var s sample
 			if v == "plain" {
 				img := mkdir(t, filepath.Join(shm, name))
@@ -106,6 +110,8 @@ func TestBenchMigrate(t *testing.T) {
 						args = append(args, "--keep-dir", "none")
 					case "hashes":
 						args = append(args, "--chunk-hashes")
+					case "off":
+						args = append(args, "--precopy", "off")
 					default:
 						t.Fatalf("variant %s: unknown option %q", v, o)
 					}
@@ -119,7 +125,7 @@ func TestBenchMigrate(t *testing.T) {
 				if err := recv.wait(e.ctx); err != nil {
 					t.Fatalf("%s: receive: %v", name, err)
 				}
-				var res migrateJSON
+				var res migratePrecopyJSON
 				if err := json.Unmarshal(mout.Bytes(), &res); err != nil {
 					t.Fatalf("%s: %v: %s", name, err, mout.String())
 				}
@@ -131,6 +137,14 @@ func TestBenchMigrate(t *testing.T) {
 				var ps []string
 				for _, p := range res.Phases {
 					ps = append(ps, fmt.Sprintf("%s %.2f", p.Name, p.Secs))
+				}
+				if p := res.Precopy; p.Method != "" && p.Method != "off" {
+					var rs []string
+					for _, r := range p.Rounds {
+						rs = append(rs, fmt.Sprintf("%.2fs %.0f MiB", r.Secs, float64(r.SentBytes)/(1<<20)))
+					}
+					ps = append(ps, fmt.Sprintf("pre-copy rounds [%s], final dump %.1f MiB on the wire, %.0f MiB by reference",
+						strings.Join(rs, ", "), float64(p.FinalWireBytes)/(1<<20), float64(p.FinalRefBytes)/(1<<20)))
 				}
 				var rres struct {
 					CRIUWaited float64 `json:"criu_waited_seconds"`
@@ -170,7 +184,11 @@ func TestBenchMigrate(t *testing.T) {
 	if rate := os.Getenv("GPUCR_BENCH_SHAPE"); rate != "" {
 		link = "veth shaped to " + rate + " (tc tbf)"
 	}
-	fmt.Fprintf(&out, "Target %d MiB, %d rounds, medians; machine: %d CPUs; link: %s.\n\n", mb, rounds, nprocs(), link)
+	load := "idle"
+	if pct := envInt("GPUCR_BENCH_REWRITE", 0); pct > 0 {
+		load = fmt.Sprintf("rewriting %d%% of its pages a second", pct)
+	}
+	fmt.Fprintf(&out, "Target %d MiB (%s), %d rounds, medians; machine: %d CPUs; link: %s.\n\n", mb, load, rounds, nprocs(), link)
 	base := med("plain", func(s sample) float64 { return s.down })
 	fmt.Fprintf(&out, "| variant | downtime | vs plain dump+restore | raw image | stream | on the wire | wire / raw | runs |\n|---|---|---|---|---|---|---|---|\n")
 	for _, v := range variants {
@@ -182,13 +200,14 @@ func TestBenchMigrate(t *testing.T) {
 		for _, s := range results[v] {
 			runs = append(runs, fmt.Sprintf("%.2f", s.down))
 		}
-		label := "migrate --streams " + strings.ReplaceAll(strings.TrimPrefix(v, "s"), "-", " ")
+		label := "migrate --streams " + strings.ReplaceAll(strings.Replace(strings.TrimPrefix(v, "s"), "-off", " --precopy off", 1), "-", " ")
 		if v == "plain" {
 			label = fmt.Sprintf("criu dump -D tmpfs (%.2fs) + criu restore -D tmpfs (%.2fs)",
 				med(v, func(s sample) float64 { return s.dump }), med(v, func(s sample) float64 { return s.restore }))
 		}
 		ratio, wr, ws, st := "1.00x", "-", "-", "-"
 		if v != "plain" {
+			ratio = "-"
 			if base > 0 {
 				ratio = fmt.Sprintf("%.2fx", d/base)
 			}
@@ -197,6 +216,14 @@ func TestBenchMigrate(t *testing.T) {
 			wr = fmt.Sprintf("%.3f", wire/raw)
 		}
 		fmt.Fprintf(&out, "| %s | %.2f s | %s | %.0f MiB | %s | %s | %s | %s |\n", label, d, ratio, raw/(1<<20), st, ws, wr, strings.Join(runs, " "))
+	}
+	for _, v := range variants {
+		off := v + "-off"
+		if len(results[off]) == 0 || strings.HasSuffix(v, "-off") {
+			continue
+		}
+		fmt.Fprintf(&out, "\nDowntime with pre-copy / with --precopy off (%s): %.2fx (medians %.2f s / %.2f s).\n", v, med(v, func(s sample) float64 { return s.down })/med(off, func(s sample) float64 { return s.down }),
+			med(v, func(s sample) float64 { return s.down }), med(off, func(s sample) float64 { return s.down }))
 	}
 	fmt.Fprintf(&out, "\nPhases of each migration (seconds):\n\n")
 	for _, v := range variants {
