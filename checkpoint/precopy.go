@@ -102,6 +102,8 @@ func (m *migration) precopy(ctx context.Context) error {
 	if exec.CommandContext(ctx, m.criu, "check", "--feature", "mem_dirty_track").Run() != nil {
 		res.Why = "the kernel does not track dirty pages for CRIU (criu check --feature mem_dirty_track fails), and CRIU's pre-dumps cannot stream; content ids find what changed"
 	}
+	stop := m.keepAlive()
+	defer stop()
 	var prev int64
 	for i := range o.Rounds {
 		r, err := m.precopyRound(ctx)
@@ -127,6 +129,33 @@ func (m *migration) precopy(ctx context.Context) error {
 		m.output = tcp.RefOutput{Output: m.out, Skip: true}
 	}
 	return nil
+}
+
+// keepAlive tells the receiver the link lives every third of its
+// timeout while rounds run, until stop.
+func (m *migration) keepAlive() (stop func()) {
+	every := m.o.TCP.Timeout / 3
+	if every <= 0 {
+		every = tcp.DefaultTCPTimeout / 3
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				m.out.KeepAlive()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
 }
 
 // precopyRound dumps the running process once into the receiver's cache.

@@ -61,6 +61,18 @@ func (t *Output) SendChunk(ctx context.Context, c wire.Chunk) error {
 	return nil
 }
 
+// KeepAlive sends an empty DATA record on every connection that has
+// nothing queued: during pre-copy rounds that send nothing for a while
+// the receiver must not take the silence for a dead link.
+func (t *Output) KeepAlive() {
+	for _, c := range t.conns {
+		select {
+		case c.queue <- sendItem{typ: wire.RecData}:
+		default: // full: it is sending anyway
+		}
+	}
+}
+
 // Holds says the receiver holds chunk id (sent ahead).
 func (t *Output) Holds(id [32]byte) bool {
 	t.refMu.Lock()

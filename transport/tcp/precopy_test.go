@@ -205,3 +205,45 @@ func TestPrecopyOlderReceiver(t *testing.T) {
 		t.Fatal("a chunk was sent to a receiver without a cache")
 	}
 }
+
+// TestPrecopyKeepAlive: a sender that sends nothing but keepalives for
+// several of the receiver's timeouts (a round of chunks the receiver
+// holds) is not dropped, and its keepalives do not begin the stream: a
+// REF still waits for every connection's chunks.
+func TestPrecopyKeepAlive(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: timeout, Reports: true,
+		ChunkCache: true, CacheMemory: 1 << 20, SpillDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	defer src.Close()
+	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: timeout,
+		Format: pipeline.Format{ChunkHashes: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	files := testFiles()
+	if err := capture(t, &AheadOutput{Out: out}, files); err != nil {
+		t.Fatal(err)
+	}
+	for range 12 { // 4 timeouts
+		time.Sleep(timeout / 3)
+		out.KeepAlive()
+	}
+	if err := capture(t, RefOutput{Output: out, Skip: true}, files); err != nil {
+		t.Fatalf("after the keepalives: %v", err)
+	}
+	if err := out.Confirm(testCtx(t), CommitInfo{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.WaitCommitted(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, src, files)
+	if out.RefBytes() == 0 {
+		t.Error("nothing went by reference")
+	}
+}

@@ -353,8 +353,8 @@ func (c *sendConn) writeLoop() {
 	for it := range c.queue {
 		var err error
 		c.wmu.Lock()
-		switch it.typ {
-		case wire.RecData:
+		switch {
+		case it.typ == wire.RecData && it.buf != nil:
 			wire.PutRecordHeader(it.buf, wire.RecData, len(it.buf)-wire.RecHeaderSize)
 			_, err = c.tc.Write(it.buf)
 		default:
@@ -365,7 +365,7 @@ func (c *sendConn) writeLoop() {
 			c.o.fail(fmt.Errorf("stream %d to %s: %w", c.idx, c.o.addr, err))
 			return
 		}
-		if it.typ == wire.RecData {
+		if it.typ == wire.RecData && it.buf != nil {
 			c.free <- it.buf[:wire.RecHeaderSize]
 		}
 	}

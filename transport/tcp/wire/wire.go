@@ -432,7 +432,9 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 			s.err = err
 			return 0, err
 		}
-		if !s.begun && (h.Type == RecData || h.Type == RecRef || h.Type == RecEOS) {
+		// An empty DATA record is a keepalive (pre-copy): it does not
+		// begin the stream.
+		if !s.begun && (h.Type == RecData && h.Len > 0 || h.Type == RecRef || h.Type == RecEOS) {
 			s.begun = true
 			if s.begin != nil {
 				s.begin()
