@@ -2,6 +2,15 @@
  * copy workers: a copy out or in runs one thread per descriptor, each with
  * two pinned buffers and two streams (staged ahead where `stage` came), over
  * the VRAM file format (docs/PRODUCERS.md, "VRAM files").
+ *
+ * The layout of a copy out is a function of the mappings alone (layout()):
+ * the pieces sorted by device address, cut into as many runs of about
+ * equal bytes as there are files, each piece at a fixed offset of its file.
+ * The threads still take pieces as they come free (so a slow thread does
+ * not hold the copy back) and pwrite each where the layout put it. Two
+ * copies of unchanged memory are byte-identical files, and a changed
+ * allocation changes only its own bytes: a deduplicated checkpoint's
+ * content-defined chunks find the rest again (docs/FORMAT.md section 17).
  */
 #include "internal.h"
 
@@ -12,6 +21,8 @@ struct piece {
 	CUdeviceptr va;
 	size_t n;
 	CUcontext ctx;
+	int file;  /* copy out: index into the job's fds */
+	off_t off; /* where its record starts in that file */
 };
 struct job {
 	int out; /* 1: device to fd; 0: fd to device */
@@ -23,6 +34,7 @@ struct job {
 	atomic_uchar *seen;
 	int nseen;
 	atomic_int next;
+	int *fds; /* copy out: every file, written by any worker */
 	size_t buf;
 	atomic_int failed;
 	char err[256];
@@ -241,25 +253,80 @@ static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
 	return rc;
 }
 
-/* copy_out writes the job's pieces from the device into w->fd through two
- * pinned buffers, one copying from the device while the other is written. */
+static int pwrite_all(int fd, const void *b, size_t n, off_t off)
+{
+	const char *p = b;
+	while (n > 0) {
+		ssize_t k = pwrite(fd, p, n, off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			if (k == 0)
+				errno = ENOSPC;
+			return -1;
+		}
+		p += k;
+		n -= (size_t)k;
+		off += k;
+	}
+	return 0;
+}
+
+static int by_va(const void *a, const void *b)
+{
+	CUdeviceptr x = ((const struct piece *)a)->va, y = ((const struct piece *)b)->va;
+	return x < y ? -1 : x > y;
+}
+
+/* layout sorts the pieces by device address and places them: the sorted
+ * run is cut into nfiles runs of about equal bytes (a piece goes to the
+ * file its middle byte falls in), each file the magic, its pieces' records
+ * in address order, and the end record. It writes the magic and end record
+ * of every file. Nothing in it depends on timing. */
+static int layout(struct job *j, int nfiles)
+{
+	qsort(j->pieces, j->npieces, sizeof *j->pieces, by_va);
+	unsigned long long total = 0, before = 0;
+	for (int k = 0; k < j->npieces; k++)
+		total += j->pieces[k].n;
+	off_t end[64];
+	for (int f = 0; f < nfiles; f++)
+		end[f] = 8;
+	for (int k = 0; k < j->npieces; k++) {
+		struct piece *p = &j->pieces[k];
+		unsigned long long mid = before + p->n / 2;
+		int f = (int)(mid / ((total + nfiles - 1) / nfiles));
+		p->file = f < nfiles ? f : nfiles - 1;
+		p->off = end[p->file];
+		end[p->file] += 16 + (off_t)p->n;
+		before += p->n;
+	}
+	uint64_t rec[2] = {0, 0};
+	for (int f = 0; f < nfiles; f++)
+		if (pwrite_all(j->fds[f], MAGIC, 8, 0) < 0 || pwrite_all(j->fds[f], rec, sizeof rec, end[f]) < 0) {
+			job_fail(j, "write: %s", strerror(errno));
+			return -1;
+		}
+	return 0;
+}
+
+/* copy_out copies pieces as they come free from the device into their
+ * places in the files through two pinned buffers, one copying from the
+ * device while the other is written. */
 static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 {
 	struct job *j = w->j;
 	CUresult r;
-	if (write_all(w->fd, MAGIC, 8) < 0) {
-		job_fail(j, "write: %s", strerror(errno));
-		return;
-	}
 	for (;;) {
 		int k = atomic_fetch_add(&j->next, 1);
 		if (k >= j->npieces || atomic_load(&j->failed))
 			break;
 		struct piece *p = &j->pieces[k];
+		int fd = j->fds[p->file];
 		if (p->ctx)
 			r_CtxSetCurrent(p->ctx);
 		uint64_t hdr[2] = {p->va, p->n};
-		if (write_all(w->fd, hdr, sizeof hdr) < 0) {
+		if (pwrite_all(fd, hdr, sizeof hdr, p->off) < 0) {
 			job_fail(j, "write: %s", strerror(errno));
 			return;
 		}
@@ -281,7 +348,7 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 					return;
 				}
 				double t1 = mono();
-				if (write_all(w->fd, buf[pb], plen[pb]) < 0) {
+				if (pwrite_all(fd, buf[pb], plen[pb], p->off + 16 + (off_t)((i - 1) * j->buf)) < 0) {
 					job_fail(j, "write: %s", strerror(errno));
 					return;
 				}
@@ -295,9 +362,6 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 			return;
 		}
 	}
-	uint64_t end[2] = {0, 0};
-	if (!atomic_load(&j->failed) && write_all(w->fd, end, sizeof end) < 0)
-		job_fail(j, "write: %s", strerror(errno));
 }
 
 /* copy_in reads a VRAM file from w->fd and copies each piece to the device,
@@ -392,10 +456,9 @@ static void *worker_main(void *arg)
 	stage_free(&sg);
 	job_time(j, &j->teardown, mono() - t0);
 out:
-	/* Copy out writes the kept copy (a regular file): a delayed write
-	 * error shows at close, and must fail the job. */
-	if (close(w->fd) < 0 && j->out)
-		job_fail(j, "close: %s", strerror(errno));
+	/* A copy out's files are every worker's: run_job closes them. */
+	if (!j->out)
+		close(w->fd);
 	return NULL;
 }
 
@@ -424,6 +487,8 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 			for (size_t off = 0; ms[i].live && off < ms[i].size; off += PIECE)
 				j.pieces[j.npieces++] = (struct piece){ms[i].va + off, ms[i].size - off < PIECE ? ms[i].size - off : PIECE, ms[i].ctx};
 		pthread_mutex_unlock(&tab_mu);
+		j.fds = fds;
+		layout(&j, nfds);
 	} else {
 		pthread_mutex_lock(&tab_mu);
 		j.first = calloc(nm ? nm : 1, sizeof *j.first);
@@ -437,20 +502,24 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 	}
 	struct worker *ws = calloc(nfds, sizeof *ws);
 	int started = 0;
-	for (int i = 0; i < nfds; i++) {
+	for (int i = 0; i < nfds && !atomic_load(&j.failed); i++) {
 		ws[i].j = &j;
 		ws[i].fd = fds[i];
 		ws[i].idx = i;
 		if (pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) != 0) {
 			job_fail(&j, "pthread_create failed");
-			for (int k = i; k < nfds; k++)
-				close(fds[k]);
 			break;
 		}
 		started++;
 	}
 	for (int i = 0; i < started; i++)
 		pthread_join(ws[i].t, NULL);
+	/* Copy out writes the kept copy (regular files): a delayed write
+	 * error shows at close, and must fail the job. A copy in's workers
+	 * closed theirs; the rest were never started. */
+	for (int i = out ? 0 : started; i < nfds; i++)
+		if (close(fds[i]) < 0 && out)
+			job_fail(&j, "close: %s", strerror(errno));
 	free(ws);
 	free(j.pieces);
 	/* Copy in: every piece of every mapping must have come. */

@@ -8,7 +8,9 @@
  *
  * Usage: fp_target DIR. Writes DIR/addrs (name va size per line) and
  * DIR/ready (the pid); whenever DIR/check appears it reads every allocation
- * back, compares, and writes DIR/result ("ok" or "bad: why"). With
+ * back, compares, and writes DIR/result ("ok" or "bad: why"); whenever
+ * DIR/rewrite appears (holding a region's number K) it writes region K
+ * with its next pattern (the one check expects from then on). With
  * FP_MANAGED=1 it also calls cuMemAllocManaged.
  */
 #define _GNU_SOURCE
@@ -57,7 +59,8 @@ static void die(const char *what, int r)
 			die(what, r_);  \
 	} while (0)
 
-static unsigned char pat(int k, size_t i) { return (unsigned char)(i * 31 + k * 7 + (i >> 13)); }
+static unsigned gen[8]; /* rewrites of each region */
+static unsigned char pat(int k, size_t i) { return (unsigned char)(i * 31 + k * 7 + (i >> 13)) ^ (unsigned char)(gen[k] * 0x5b); }
 
 struct region {
 	const char *name;
@@ -169,11 +172,23 @@ static void allocate(int dev)
 static void serve_checks(const char *dir)
 {
 	FILE *f;
-	char check[4096], result[4096], tmp[4200];
+	char check[4096], result[4096], tmp[4200], rewrite[4096];
 	snprintf(check, sizeof check, "%s/check", dir);
+	snprintf(rewrite, sizeof rewrite, "%s/rewrite", dir);
 	snprintf(result, sizeof result, "%s/result", dir);
 	snprintf(tmp, sizeof tmp, "%s/result.tmp", dir);
 	for (;;) {
+		if ((f = fopen(rewrite, "r"))) {
+			int k = -1;
+			if (fscanf(f, "%d", &k) == 1 && k >= 0 && k < nrs) {
+				gen[k]++;
+				fill(k);
+			}
+			fclose(f);
+			unlink(rewrite);
+			snprintf(tmp, sizeof tmp, "%s/rewritten", dir);
+			fclose(fopen(tmp, "w"));
+		}
 		if (access(check, F_OK) != 0) {
 			usleep(5000);
 			continue;

@@ -1,0 +1,184 @@
+package vram
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// vramRecord is one record of a VRAM file: a piece of device memory at va,
+// its n bytes starting at off in the file.
+type vramRecord struct {
+	va, n uint64
+	off   int
+}
+
+func parseRecords(t *testing.T, name string, b []byte) []vramRecord {
+	t.Helper()
+	if len(b) < 8 || string(b[:8]) != "GPUCRVM1" {
+		t.Fatalf("%s: no magic", name)
+	}
+	var rs []vramRecord
+	for off := 8; ; {
+		if len(b)-off < 16 {
+			t.Fatalf("%s: truncated at %d", name, off)
+		}
+		va, n := binary.LittleEndian.Uint64(b[off:]), binary.LittleEndian.Uint64(b[off+8:])
+		off += 16
+		if va == 0 && n == 0 {
+			if off != len(b) {
+				t.Fatalf("%s: %d bytes after the end record", name, len(b)-off)
+			}
+			return rs
+		}
+		if uint64(len(b)-off) < n {
+			t.Fatalf("%s: record %#x+%d truncated", name, va, n)
+		}
+		rs = append(rs, vramRecord{va, n, off})
+		off += int(n)
+	}
+}
+
+// fastRound checkpoints tg into a memory store and resumes it: the VRAM
+// files of that checkpoint.
+func fastRound(t *testing.T, tg *target) map[string][]byte {
+	t.Helper()
+	ctx := context.Background()
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Commit()
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get); err != nil {
+		t.Fatal(err)
+	}
+	tg.mustBeIntact(t)
+	return st.files
+}
+
+// TestFastPathLayoutStable: the VRAM files are a function of the
+// allocations (sorted by device address, each piece at a fixed place), not
+// of which copy thread came first, so that a deduplicated checkpoint finds
+// unchanged device memory again. Two checkpoints of the unchanged target
+// differ only in the kernel's counter; after one region is rewritten, only
+// in the counter and that region.
+func TestFastPathLayoutStable(t *testing.T) {
+	tg := startTarget(t)
+	first := fastRound(t, tg)
+	checkRecords(t, tg, first)
+	second := fastRound(t, tg)
+
+	// Sorted by address: within each file and from one file to the next.
+	names := make([]string, 0, len(first))
+	for name := range first {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var last uint64
+	var pieces, nonEmpty int
+	for _, name := range names {
+		rs := parseRecords(t, name, first[name])
+		for _, r := range rs {
+			if r.va <= last {
+				t.Fatalf("%s: record %#x after %#x: not in address order across the files %v", name, r.va, last, names)
+			}
+			last = r.va
+		}
+		pieces += len(rs)
+		if len(rs) > 0 {
+			nonEmpty++
+		}
+	}
+	if pieces < 4 || nonEmpty < 3 {
+		t.Fatalf("%d pieces in %d of %d files: want the pieces spread over every file", pieces, nonEmpty, len(names))
+	}
+
+	regionOf := func(name string) region {
+		for _, r := range tg.regions {
+			if r.name == name {
+				return r
+			}
+		}
+		t.Fatalf("no region %s", name)
+		return region{}
+	}
+	// differing compares two checkpoints' files: same records at the same
+	// places, and the regions whose bytes differ (by name).
+	differing := func(a, b map[string][]byte) []string {
+		t.Helper()
+		if len(a) != len(b) {
+			t.Fatalf("%d files, then %d", len(a), len(b))
+		}
+		changed := map[string]bool{}
+		for name, fa := range a {
+			fb, ok := b[name]
+			if !ok || len(fa) != len(fb) {
+				t.Fatalf("%s: %d bytes, then %d (present %v)", name, len(fa), len(fb), ok)
+			}
+			ra, rb := parseRecords(t, name, fa), parseRecords(t, name, fb)
+			if !slices.Equal(ra, rb) {
+				t.Fatalf("%s: records %v, then %v", name, ra, rb)
+			}
+			for _, r := range ra {
+				if bytes.Equal(fa[r.off:r.off+int(r.n)], fb[r.off:r.off+int(r.n)]) {
+					continue
+				}
+				what := ""
+				for _, g := range tg.regions {
+					if g.va < r.va+r.n && r.va < g.va+uint64(g.size) {
+						what = g.name
+					}
+				}
+				if what == "" {
+					t.Fatalf("%s: record %#x+%d (no region) changed", name, r.va, r.n)
+				}
+				changed[what] = true
+			}
+		}
+		var out []string
+		for k := range changed {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	// The kernel thread keeps counting: its counter is the one change.
+	if d := differing(first, second); !slices.Equal(d, []string{"counter"}) {
+		t.Fatalf("unchanged target: regions %v differ, want only the counter", d)
+	}
+
+	// Rewrite one region; the target checks it against its new pattern.
+	pitch := regionOf("pitch")
+	k := slices.IndexFunc(tg.regions, func(r region) bool { return r.name == "pitch" })
+	tmp := filepath.Join(tg.dir, "rewrite.tmp")
+	if err := os.WriteFile(tmp, []byte{byte('0' + k), '\n'}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(tg.dir, "rewrite")); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(tg.dir, "rewritten")); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("target did not rewrite its region")
+		}
+	}
+	third := fastRound(t, tg)
+	if d := differing(second, third); !slices.Equal(d, []string{"counter", pitch.name}) {
+		t.Fatalf("one region rewritten: regions %v differ, want the counter and %s", d, pitch.name)
+	}
+}
