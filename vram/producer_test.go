@@ -296,7 +296,14 @@ func (m *memStore) get(ctx context.Context, name string, w io.Writer) error {
 	return err
 }
 
-func pat(k, i int) byte { return byte(i*31 + k*7 + (i >> 13)) }
+// pat is region k's byte i as preload/testdata/fp_target.c writes it.
+func pat(k, i int) byte {
+	h := uint64(i)*0x9E3779B97F4A7C15 ^ uint64(k+1)*0xC2B2AE3D27D4EB4F
+	h ^= h >> 29
+	h *= 0xBF58476D1CE4E5B9
+	h ^= h >> 32
+	return byte(h >> 24)
+}
 
 // checkRecords parses the stored VRAM files (docs/PRODUCERS.md) and checks
 // that every region of the target is in them with its pattern.

@@ -11,7 +11,8 @@
  * back, compares, and writes DIR/result ("ok" or "bad: why"); whenever
  * DIR/rewrite appears (holding a region's number K) it writes region K
  * with its next pattern (the one check expects from then on). With
- * FP_MANAGED=1 it also calls cuMemAllocManaged.
+ * FP_MANAGED=1 it also calls cuMemAllocManaged; with FP_EXTRA_MB=N it
+ * allocates N MiB more.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -60,7 +61,17 @@ static void die(const char *what, int r)
 	} while (0)
 
 static unsigned gen[8]; /* rewrites of each region */
-static unsigned char pat(int k, size_t i) { return (unsigned char)(i * 31 + k * 7 + (i >> 13)) ^ (unsigned char)(gen[k] * 0x5b); }
+/* pat is region k's byte i: a hash, so that the memory does not compress
+ * and a deduplicated checkpoint's new bytes are those of what changed
+ * (vram/producer_test.go has the same function). */
+static unsigned char pat(int k, size_t i)
+{
+	unsigned long long h = (unsigned long long)i * 0x9E3779B97F4A7C15ULL ^ (unsigned long long)(k + 1) * 0xC2B2AE3D27D4EB4FULL;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ULL;
+	h ^= h >> 32;
+	return (unsigned char)(h >> 24) ^ (unsigned char)(gen[k] * 0x5b);
+}
 
 struct region {
 	const char *name;
@@ -159,6 +170,12 @@ static void allocate(int dev)
 	CK(pAlloc(&counter, 8), "counter");
 	U zero = 0;
 	CK(pHtoD(counter, &zero, 8), "zero");
+	if (getenv("FP_EXTRA_MB")) { /* a larger allocation, for dedup's shares */
+		U x;
+		size_t n = (size_t)atoi(getenv("FP_EXTRA_MB")) << 20;
+		CK(pAlloc(&x, n), "cuMemAlloc extra");
+		rs[nrs++] = (struct region){"extra", x, n};
+	}
 	if (getenv("FP_MANAGED")) {
 		U m;
 		CK(pManaged(&m, 1 << 20, 1), "managed");

@@ -1,0 +1,149 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/catalog"
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
+)
+
+// TestFastPathDedup: `checkpoint --dedup` of a fast-path process (fake
+// driver, real CRIU). The VRAM files are laid out by device address, so a
+// second checkpoint of the unchanged process finds its device memory in the
+// location's chunk store (only the kernel's counter is new), and after the
+// program rewrote one allocation only that one's bytes are new; the last
+// checkpoint restores, and the program proves its memory, the rewritten
+// allocation with its new pattern.
+func TestFastPathDedup(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	// 64 MiB more device memory (e.env passes it on): the target's few
+	// MiB alone are about one chunk's worth around each change.
+	t.Setenv("FP_EXTRA_MB", "64")
+	pid, tdir, waitGone := e.start(t, "t")
+	loc := filepath.Join(e.dir, "loc")
+	ck := func(name string, extra ...string) *manifest.Manifest {
+		t.Helper()
+		out, err := e.gcsRun(ctx, append([]string{"checkpoint", "--dedup", "--pid", strconv.Itoa(pid), "--to", filepath.Join(loc, name),
+			"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--json", "--no-progress", "--vram-files", "3"}, extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ph phases
+		if err := json.Unmarshal(out, &ph); err != nil || !ph.has("vram copy out") {
+			t.Fatalf("checkpoint %s took no fast path: %s (%v)", name, out, err)
+		}
+		b, err := os.ReadFile(filepath.Join(loc, name, manifest.ManifestName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := manifest.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Format != 4 || len(m.CUDA) != 1 || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 {
+			t.Fatalf("checkpoint %s: format %d, cuda %+v", name, m.Format, m.CUDA)
+		}
+		return m
+	}
+	intact := func(when string) {
+		t.Helper()
+		if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+			t.Fatalf("%s: %q", when, r)
+		}
+	}
+	intact("before")
+	one := ck("one", "--leave-running")
+	intact("after the first checkpoint")
+	two := ck("two", "--leave-running")
+	intact("after the second checkpoint")
+
+	// The target rewrites its pitched allocation with a new pattern.
+	regions, err := os.ReadFile(filepath.Join(tdir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pitch int64
+	for k, l := range strings.Split(strings.TrimSpace(string(regions)), "\n") {
+		if f := strings.Fields(l); f[0] == "pitch" {
+			pitch, _ = strconv.ParseInt(f[2], 10, 64)
+			if err := os.WriteFile(filepath.Join(tdir, "rewrite.tmp"), []byte(strconv.Itoa(k)+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(filepath.Join(tdir, "rewrite.tmp"), filepath.Join(tdir, "rewrite")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for end := time.Now().Add(5 * time.Second); !fileExists(filepath.Join(tdir, "rewritten")); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) || pitch == 0 {
+			t.Fatalf("the target did not rewrite its pitched allocation (%d bytes)", pitch)
+		}
+	}
+	intact("after the rewrite")
+	three := ck("three")
+	waitGone()
+
+	// What each checkpoint's VRAM files hold that the one before did not.
+	vramStored, newTwo := vramNew(one, two)
+	_, newThree := vramNew(two, three)
+	es := map[string]catalog.Entry{}
+	out, err := e.gcsRun(ctx, "ls", "--json", loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []catalog.Entry
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("ls --json: %v\n%s", err, out)
+	}
+	for _, en := range list {
+		es[en.Name] = en
+	}
+	t.Logf("VRAM %d stored bytes; new in the second checkpoint %d, in the third (%d bytes rewritten) %d; new bytes in the location: %d, %d, %d",
+		vramStored, newTwo, pitch, newThree, es["one"].NewBytes, es["two"].NewBytes, es["three"].NewBytes)
+	// The counter's page is in one chunk; the rewritten allocation
+	// (random bytes: stored as they are) in a few, with their neighbours.
+	if float64(newTwo) > 0.02*float64(vramStored) {
+		t.Errorf("unchanged device memory: %d of %d stored VRAM bytes new in the second checkpoint, want at most 2%% (the counter's chunk)", newTwo, vramStored)
+	}
+	if newThree < pitch || float64(newThree) > float64(pitch)+0.02*float64(vramStored) {
+		t.Errorf("one allocation of %d bytes rewritten: %d VRAM bytes new, want at least it and at most 2%% of %d more", pitch, newThree, vramStored)
+	}
+	if !es["two"].Dedup || float64(es["two"].NewBytes) > 0.02*float64(es["one"].NewBytes) {
+		t.Errorf("ls: the second checkpoint added %d bytes to the location, over 2%% of the first's %d (%+v)", es["two"].NewBytes, es["one"].NewBytes, es["two"])
+	}
+
+	out, err = e.gcsRun(ctx, "restore", "--from", filepath.Join(loc, "three"), "--work-dir", filepath.Join(e.dir, "w-restore"), "--criu", e.criu, "--json", "--no-progress")
+	mustRestoreFast(t, out, err, pid, tdir)
+}
+
+// vramNew returns the stored bytes of cur's VRAM files and how many of
+// them are in chunks prev does not have (zero chunks cost nothing).
+func vramNew(prev, cur *manifest.Manifest) (stored, fresh int64) {
+	known := map[manifest.Hash]bool{}
+	for _, f := range prev.Files {
+		for _, c := range f.Chunks {
+			known[c.Hash] = true
+		}
+	}
+	for _, f := range cur.Files {
+		if !slices.Contains(cur.CUDA[0].Files, f.Name) {
+			continue
+		}
+		for _, c := range f.Chunks {
+			stored += int64(c.Stored)
+			if c.Codec != uint8(codec.Zero) && !known[c.Hash] {
+				fresh += int64(c.Stored)
+			}
+		}
+	}
+	return stored, fresh
+}
