@@ -159,8 +159,9 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	if !o.Precopy.Off {
-		// A chunk's hash is its content id, which pre-copy references.
+	if !o.Precopy.Off && cc == nil {
+		// A chunk's hash is its content id, which pre-copy references (not
+		// for CUDA processes: precopyOff).
 		o.Stream.ChunkHashes = true
 	}
 	format, err := o.Stream.NewFormat()

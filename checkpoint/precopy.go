@@ -83,7 +83,7 @@ func (m *migration) precopyOff() string {
 		return "the stream is encrypted (--key): its chunks are sealed where they are placed"
 	case !f.ChunkHashes:
 		return "the stream has no chunk hashes, which are the chunks' content ids"
-	case len(m.cc.PIDs()) > 0:
+	case m.cc != nil:
 		return "CUDA processes: rounds of device memory are not built yet"
 	}
 	return ""

@@ -200,7 +200,8 @@ func TestBenchMigrate(t *testing.T) {
 		for _, s := range results[v] {
 			runs = append(runs, fmt.Sprintf("%.2f", s.down))
 		}
-		label := "migrate --streams " + strings.ReplaceAll(strings.Replace(strings.TrimPrefix(v, "s"), "-off", " --precopy off", 1), "-", " ")
+		label := "migrate --streams " + strings.ReplaceAll(strings.TrimPrefix(v, "s"), "-", " ")
+		label = strings.Replace(label, " off", " --precopy off", 1)
 		if v == "plain" {
 			label = fmt.Sprintf("criu dump -D tmpfs (%.2fs) + criu restore -D tmpfs (%.2fs)",
 				med(v, func(s sample) float64 { return s.dump }), med(v, func(s sample) float64 { return s.restore }))
