@@ -53,6 +53,9 @@ type Capture struct {
 	// a chunk already: such a chunk is not encoded, and files are cut by
 	// content (cdc.go).
 	knows func(id [32]byte) bool
+	// heldRaw says a chunk goes raw (codec none), not encoded: the tee's
+	// primary sends it by reference, its copy needs only the bytes.
+	heldRaw func(id [32]byte) bool
 
 	mu     sync.Mutex
 	nextID uint32
@@ -138,6 +141,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		seal:       seal,
 		sums:       format.Digester(),
 		knows:      knowerOf(out),
+		heldRaw:    heldRawOf(out),
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -342,6 +346,10 @@ func (c *Capture) encode(it *item) error {
 		// Stored already: the output references it (Location.Ref).
 		it.codec, it.stored = codec.None, nil
 		c.dropRaw(it)
+		return nil
+	}
+	if c.heldRaw != nil && c.heldRaw(it.hash) {
+		it.codec, it.stored = codec.None, it.raw
 		return nil
 	}
 	var dst []byte

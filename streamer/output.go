@@ -96,6 +96,27 @@ type knower interface {
 	Knows(id [32]byte) bool
 }
 
+// holder is an output whose peer holds some chunks already, by content
+// id, without deduplicating: a copy beside it still needs their bytes.
+type holder interface {
+	Holds(id [32]byte) bool
+}
+
+// heldRawOf says, for a tee whose primary deduplicates against what its
+// peer holds (a live migration's pre-copy), which chunks the primary will
+// not send: the capture stores those raw, for the copy, rather than spend
+// the encoding on them in the downtime.
+func heldRawOf(out Output) func(id [32]byte) bool {
+	t, ok := out.(TeeOutput)
+	if !ok || knowerOf(t.Primary) == nil {
+		return nil
+	}
+	if h, ok := t.Primary.(holder); ok {
+		return h.Holds
+	}
+	return nil
+}
+
 type unwrapper interface {
 	Unwrap() Output
 }
@@ -107,8 +128,8 @@ func knowerOf(out Output) func(id [32]byte) bool {
 			if knowerOf(t.Primary) == nil {
 				return nil
 			}
-			// Cut by content for the primary, but encode every chunk:
-			// the copy needs every byte.
+			// Cut by content for the primary, but drop no chunk: the
+			// copy needs every byte (heldRawOf).
 			return func([32]byte) bool { return false }
 		}
 		if k, ok := out.(knower); ok {

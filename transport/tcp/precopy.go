@@ -83,9 +83,9 @@ func (t *Output) Holds(id [32]byte) bool {
 
 // refFrame says whether DATA frame fh goes by reference, and makes its
 // header the one of the chunk the receiver holds: a frame the capture did
-// not encode (RefOutput.Knows said the receiver holds it) takes the held
-// chunk's codec and length; an encoded one goes by reference only if it
-// is encoded as the held one.
+// not encode (RefOutput.Knows said the receiver holds it), or stored raw
+// for a copy beside this output, takes the held chunk's codec and length;
+// an encoded one goes by reference only if it is encoded as the held one.
 func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.Location, bool) {
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || fh.RawLen == 0 {
 		return streamer.Location{}, false
@@ -96,11 +96,19 @@ func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.Lo
 	if !ok || r.raw != fh.RawLen || r.crc != fh.Checksum {
 		return streamer.Location{}, false
 	}
-	if len(payload) == 0 && fh.StoredLen == 0 && codec.ID(fh.Codec) == codec.None {
+	switch {
+	case len(payload) == 0 && fh.StoredLen == 0 && codec.ID(fh.Codec) == codec.None:
 		fh.Codec, fh.StoredLen = r.codec, r.stored
 		return streamer.Location{Ref: true, Codec: r.codec, Stored: r.stored}, true
+	case fh.Codec == r.codec && fh.StoredLen == r.stored:
+		return streamer.Location{}, true
+	case codec.ID(fh.Codec) == codec.None && fh.StoredLen == fh.RawLen:
+		// Stored raw for a local copy beside this output (a tee): the
+		// receiver's frame is the held one, as it was encoded.
+		fh.Codec, fh.StoredLen = r.codec, r.stored
+		return streamer.Location{}, true
 	}
-	return streamer.Location{}, fh.Codec == r.codec && fh.StoredLen == r.stored
+	return streamer.Location{}, false
 }
 
 // RefBytes are the stored bytes the stream sent by reference.

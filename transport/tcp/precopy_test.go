@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,55 @@ func TestPrecopyKeepAlive(t *testing.T) {
 	checkFiles(t, src, files)
 	if out.RefBytes() == 0 {
 		t.Error("nothing went by reference")
+	}
+}
+
+// TestPrecopyWithCopy: the final stream teed with a local copy (migrate's
+// kept image) sends held chunks by reference while the copy gets every
+// byte, held chunks stored raw rather than encoded; both read back whole.
+func TestPrecopyWithCopy(t *testing.T) {
+	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: 3 * time.Second, Reports: true,
+		ChunkCache: true, CacheMemory: 64 << 20, SpillDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	defer src.Close()
+	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second,
+		Format: pipeline.Format{ChunkHashes: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	files := testFiles()
+	files["text.img"] = bytes.Repeat([]byte("compressible text "), 200000) // lz4 in the round, raw in the copy
+	if err := capture(t, &AheadOutput{Out: out}, files); err != nil {
+		t.Fatal(err)
+	}
+	rand.Read(files["pages-1.img"][1<<20 : 1<<20+4096])
+	var copyBuf bytes.Buffer
+	keep, err := streamer.NewStreamOutputAs([]io.Writer{&copyBuf}, out.Format())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := capture(t, streamer.TeeOutput{Primary: RefOutput{Output: out}, Copy: keep}, files); err != nil {
+		t.Fatalf("final stream: %v", err)
+	}
+	if err := out.Confirm(testCtx(t), CommitInfo{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.WaitCommitted(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, src, files)
+	if out.RefBytes() < 2<<20 {
+		t.Errorf("%d bytes by reference", out.RefBytes())
+	}
+	kept := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(copyBuf.Bytes())}, []string{"copy"}, source.StreamOptions{})
+	defer kept.Close()
+	checkFiles(t, kept, files)
+	// The copy holds the text raw: it was held, so not encoded again.
+	if n := int64(copyBuf.Len()); n < int64(len(files["text.img"])) {
+		t.Errorf("the copy is %d bytes: the held text was encoded for it", n)
 	}
 }
