@@ -11,18 +11,25 @@
  * copies of unchanged memory are byte-identical files, and a changed
  * allocation changes only its own bytes: a deduplicated checkpoint's
  * content-defined chunks find the rest again (docs/FORMAT.md section 17).
+ * Each piece's bytes start at a 4 KiB boundary of its file (GPUCRVM2), so
+ * that an allocation added or freed, which moves the pieces after it,
+ * moves them by whole pages, and the chunker, which cuts at pages by
+ * their content, still finds them.
  */
 #include "internal.h"
 
-#define MAGIC "GPUCRVM1"
+#define MAGIC "GPUCRVM2"   /* written: each piece's bytes at a 4 KiB boundary */
+#define MAGIC_V1 "GPUCRVM1" /* read too: the bytes right after the header */
+#define ALIGN 4096ULL
 #define PIECE (64ULL << 20)
 
 struct piece {
 	CUdeviceptr va;
 	size_t n;
 	CUcontext ctx;
-	int file;  /* copy out: index into the job's fds */
-	off_t off; /* where its record starts in that file */
+	int file;   /* copy out: index into the job's fds */
+	off_t off;  /* where its record header is in that file */
+	off_t data; /* and its bytes: the next 4 KiB boundary after the header */
 };
 struct job {
 	int out; /* 1: device to fd; 0: fd to device */
@@ -278,11 +285,15 @@ static int by_va(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+static off_t align_up(off_t o) { return (off_t)(((unsigned long long)o + ALIGN - 1) & ~(ALIGN - 1)); }
+
 /* layout sorts the pieces by device address and places them: the sorted
  * run is cut into nfiles runs of about equal bytes (a piece goes to the
  * file its middle byte falls in), each file the magic, its pieces' records
- * in address order, and the end record. It writes the magic and end record
- * of every file. Nothing in it depends on timing. */
+ * in address order (each header followed by zeros up to a 4 KiB boundary,
+ * where its bytes start), and the end record. It writes the magic and end
+ * record of every file; the zeros are holes. Nothing in it depends on
+ * timing. */
 static int layout(struct job *j, int nfiles)
 {
 	qsort(j->pieces, j->npieces, sizeof *j->pieces, by_va);
@@ -298,7 +309,8 @@ static int layout(struct job *j, int nfiles)
 		int f = (int)(mid / ((total + nfiles - 1) / nfiles));
 		p->file = f < nfiles ? f : nfiles - 1;
 		p->off = end[p->file];
-		end[p->file] += 16 + (off_t)p->n;
+		p->data = align_up(p->off + 16);
+		end[p->file] = p->data + (off_t)p->n;
 		before += p->n;
 	}
 	uint64_t rec[2] = {0, 0};
@@ -348,7 +360,7 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 					return;
 				}
 				double t1 = mono();
-				if (pwrite_all(fd, buf[pb], plen[pb], p->off + 16 + (off_t)((i - 1) * j->buf)) < 0) {
+				if (pwrite_all(fd, buf[pb], plen[pb], p->data + (off_t)((i - 1) * j->buf)) < 0) {
 					job_fail(j, "write: %s", strerror(errno));
 					return;
 				}
@@ -372,10 +384,12 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 	CUresult r;
 	char magic[8];
 	int e = read_full(w->fd, magic, 8);
-	if (e || memcmp(magic, MAGIC, 8)) {
+	int aligned = !e && !memcmp(magic, MAGIC, 8);
+	if (e || (!aligned && memcmp(magic, MAGIC_V1, 8))) {
 		job_fail(j, "VRAM file: %s", e ? "truncated header" : "bad magic");
 		return;
 	}
+	unsigned long long pos = 8; /* the descriptor may be a pipe: count */
 	size_t pending[2] = {0, 0};
 	int b = 0;
 	for (;;) {
@@ -384,8 +398,24 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 			job_fail(j, "VRAM file: truncated (no end record)");
 			return;
 		}
+		pos += sizeof hdr;
 		if (hdr[0] == 0 && hdr[1] == 0)
 			break;
+		if (aligned && pos % ALIGN) {
+			unsigned char pad[ALIGN];
+			size_t np = ALIGN - pos % ALIGN;
+			if (read_full(w->fd, pad, np)) {
+				job_fail(j, "VRAM file: truncated at offset %llu", pos);
+				return;
+			}
+			for (size_t i = 0; i < np; i++)
+				if (pad[i]) {
+					job_fail(j, "VRAM file: byte %llu is not zero (padding before range %#llx)", pos + i,
+						 (unsigned long long)hdr[0]);
+					return;
+				}
+			pos += np;
+		}
 		CUcontext c = NULL;
 		int pc = piece_of(j, hdr[0], hdr[1], &c);
 		if (pc < 0) {
@@ -416,6 +446,7 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 			pending[b] = len;
 			atomic_fetch_add(&j->bytes, len);
 			off += len;
+			pos += len;
 			b ^= 1;
 		}
 		if (fault("copyin")) {

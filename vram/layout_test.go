@@ -18,11 +18,15 @@ type vramRecord struct {
 	off   int
 }
 
+// parseRecords parses a VRAM file (docs/PRODUCERS.md): GPUCRVM2, each
+// record's bytes at the next 4 KiB boundary after its header (zeros
+// between), or GPUCRVM1, right after it.
 func parseRecords(t *testing.T, name string, b []byte) []vramRecord {
 	t.Helper()
-	if len(b) < 8 || string(b[:8]) != "GPUCRVM1" {
+	if len(b) < 8 || (string(b[:8]) != "GPUCRVM2" && string(b[:8]) != "GPUCRVM1") {
 		t.Fatalf("%s: no magic", name)
 	}
+	aligned := string(b[:8]) == "GPUCRVM2"
 	var rs []vramRecord
 	for off := 8; ; {
 		if len(b)-off < 16 {
@@ -35,6 +39,13 @@ func parseRecords(t *testing.T, name string, b []byte) []vramRecord {
 				t.Fatalf("%s: %d bytes after the end record", name, len(b)-off)
 			}
 			return rs
+		}
+		if aligned && off%4096 != 0 {
+			pad := 4096 - off%4096
+			if len(b)-off < pad || !bytes.Equal(b[off:off+pad], make([]byte, pad)) {
+				t.Fatalf("%s: padding at %d before record %#x not zeros", name, off, va)
+			}
+			off += pad
 		}
 		if uint64(len(b)-off) < n {
 			t.Fatalf("%s: record %#x+%d truncated", name, va, n)
@@ -91,6 +102,9 @@ func TestFastPathLayoutStable(t *testing.T) {
 	for _, name := range names {
 		rs := parseRecords(t, name, first[name])
 		for _, r := range rs {
+			if r.off%4096 != 0 {
+				t.Fatalf("%s: record %#x's bytes at offset %d: not at a 4 KiB boundary", name, r.va, r.off)
+			}
 			if r.va <= last {
 				t.Fatalf("%s: record %#x after %#x: not in address order across the files %v", name, r.va, last, names)
 			}

@@ -311,27 +311,8 @@ func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
 	t.Helper()
 	got := map[uint64][]byte{}
 	for name, b := range files {
-		if len(b) < 8 || string(b[:8]) != "GPUCRVM1" {
-			t.Fatalf("%s: no magic", name)
-		}
-		b = b[8:]
-		for {
-			if len(b) < 16 {
-				t.Fatalf("%s: truncated", name)
-			}
-			va, n := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
-			b = b[16:]
-			if va == 0 && n == 0 {
-				break
-			}
-			if uint64(len(b)) < n {
-				t.Fatalf("%s: range %#x+%d truncated", name, va, n)
-			}
-			got[va] = b[:n]
-			b = b[n:]
-		}
-		if len(b) != 0 {
-			t.Fatalf("%s: %d bytes after the end record", name, len(b))
+		for _, r := range parseRecords(t, name, b) {
+			got[r.va] = b[r.off : r.off+int(r.n)]
 		}
 	}
 	for k, r := range tg.regions {
@@ -732,8 +713,7 @@ func TestFastResumeBadFiles(t *testing.T) {
 	for k, v := range st.files {
 		good[k] = v
 	}
-	// The file with the most ranges (the copy threads take pieces as they
-	// come free: one may have written none).
+	// The file with the most ranges.
 	f0 := files[0]
 	for _, f := range files {
 		if len(good[f]) > len(good[f0]) {
@@ -745,20 +725,36 @@ func TestFastResumeBadFiles(t *testing.T) {
 		b := binary.LittleEndian.AppendUint64(nil, va)
 		return binary.LittleEndian.AppendUint64(b, n)
 	}
+	rs := parseRecords(t, f0, g0)
+	r0 := rs[0]
+	// The first piece again before the end record (which is at a 4 KiB
+	// boundary: pieces are whole pages).
+	twice := append(append([]byte{}, g0[:len(g0)-16]...), rec(r0.va, r0.n)...)
+	twice = append(append(append(twice, make([]byte, 4096-16)...), g0[r0.off:r0.off+int(r0.n)]...), rec(0, 0)...)
+	padded := append([]byte{}, g0...)
+	padded[8+16] = 1
+	// The same file as GPUCRVM1 (no padding): still read.
+	v1 := []byte("GPUCRVM1")
+	for _, r := range rs {
+		v1 = append(append(v1, rec(r.va, r.n)...), g0[r.off:r.off+int(r.n)]...)
+	}
+	v1 = append(v1, rec(0, 0)...)
 	for _, tc := range []struct {
 		name string
 		data []byte
 		want string
 	}{
-		{"bad magic", []byte("GPUCRVM2"), "bad magic"},
+		{"bad magic", []byte("GPUCRVM3"), "bad magic"},
 		{"empty", nil, "truncated header"},
 		{"no end record", []byte("GPUCRVM1"), "no end record"},
 		{"outside the mappings", append(append([]byte("GPUCRVM1"), rec(4096, 8)...), make([]byte, 8)...), "not a mapping"},
 		{"wraps around", append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 1<<63)...), "not a mapping"},
-		{"truncated range", g0[:8+16+3], "truncated in range"},
+		{"truncated padding", g0[:8+16+3], "truncated at offset 24"},
+		{"padding not zero", padded, "byte 24 is not zero"},
+		{"truncated range", g0[:4096+3], "truncated in range"},
 		{"not a piece", append(append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 4096)...), make([]byte, 4096)...), "not one of its pieces"},
 		{"a piece missing", append([]byte("GPUCRVM1"), rec(0, 0)...), "missing"},
-		{"a piece twice", append(append([]byte{}, g0[:len(g0)-16]...), g0[8:]...), "came twice"},
+		{"a piece twice", twice, "came twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range good {
@@ -776,8 +772,9 @@ func TestFastResumeBadFiles(t *testing.T) {
 	for k, v := range good {
 		st.files[k] = v
 	}
+	st.files[f0] = v1
 	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
-		t.Fatal(err)
+		t.Fatalf("resume with one file in GPUCRVM1: %v", err)
 	}
 	tg.mustBeIntact(t)
 }
@@ -811,6 +808,7 @@ func FuzzCopyIn(f *testing.F) {
 	f.Add(g0)
 	f.Add([]byte("GPUCRVM1"))
 	f.Add(append([]byte("GPUCRVM1"), make([]byte, 16)...))
+	f.Add(append([]byte("GPUCRVM2"), make([]byte, 16)...))
 	if len(g0) > 40 {
 		f.Add(g0[:40])
 	}

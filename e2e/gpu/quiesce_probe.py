@@ -92,13 +92,16 @@ def copy_out(ctl, n=4):
     dt = time.time() - t0
     recs = []
     for b in data:
-        assert b[:8] == b"GPUCRVM1", "bad magic"
+        assert b[:8] in (b"GPUCRVM1", b"GPUCRVM2"), "bad magic"
+        aligned = b[:8] == b"GPUCRVM2"  # a record's bytes at the next 4 KiB boundary
         off = 8
         while True:
             va, ln = int.from_bytes(b[off:off + 8], "little"), int.from_bytes(b[off + 8:off + 16], "little")
             off += 16
             if va == 0 and ln == 0:
                 break
+            if aligned:
+                off = (off + 4095) // 4096 * 4096
             recs.append((va, b[off:off + ln]))
             off += ln
     h = hashlib.sha256()

@@ -32,6 +32,20 @@
 #              took the fast path (its "vram copy out" phase).
 #   fasttree   the tree round on the fast path (every process of the tree
 #              runs with the library)
+#   dedupfast  deduplicated checkpoints on the fast path (issue 22), into a
+#              location on tmpfs (DEDUP_TMPFS, /dev/shm) and one on disk
+#              ($WORK): checkpoint --dedup into LOC/one, restore, prove; the
+#              target rewrites REWRITE_PCT percent of its tensor bytes
+#              (SIGUSR2: new random values in place, checksums updated),
+#              proves, checkpoint --dedup into LOC/two, restore, prove.
+#              Reports both checkpoint times and the second's new bytes as a
+#              share of the first's (ls --json LOC). The round fails unless
+#              every checkpoint took the fast path and every proof holds
+#   dedupreplicas
+#              REPLICAS fast-path targets with the same seed (same tensors)
+#              checkpointed --dedup one after the other into one location
+#              (DEDUP_TMPFS), each restored and proved: reports the bytes
+#              all of them added over what the first added
 #   fastsuspend
 #              gpucr-stream gpu suspend --to ARCHIVE (the process stays alive
 #              with no device memory), then gpu resume --from ARCHIVE
@@ -117,7 +131,10 @@
 # directory made in it, e.g. /dev/shm; empty: gpucr-stream's default, a
 # tmpfs of huge pages of its own; none: no copy),
 # HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
-# (nccl: device memory of each rank, 1024).
+# (nccl: device memory of each rank, 1024), DEDUP_TMPFS (dedup rounds: the
+# tmpfs that holds a location, /dev/shm), REWRITE_PCT (dedupfast: share of
+# the tensor bytes rewritten between the checkpoints, 10), REPLICAS
+# (dedupreplicas: targets, 4).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -137,6 +154,9 @@ FAST_CODEC=${FAST_CODEC:-none}
 VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-}
 HOG_LEAVE_MIB=${HOG_LEAVE_MIB:-512}
 NCCL_MIB=${NCCL_MIB:-1024}
+DEDUP_TMPFS=${DEDUP_TMPFS:-/dev/shm}
+REWRITE_PCT=${REWRITE_PCT:-10}
+REPLICAS=${REPLICAS:-4}
 HOG_PID=
 TCHILDREN=0
 RECV_SPILL_DIR=${RECV_SPILL_DIR:-}
@@ -271,6 +291,15 @@ for r in rows:
     if r.get("memory_released_seconds"):
         print("          gpu suspend: device memory released after %.2fs, device freed after %.2fs" % (
             r["memory_released_seconds"], r.get("device_freed_seconds", 0)))
+    d = r.get("dedup")
+    if d and "replicas" in d:
+        print("          dedup: %d replicas added %s GiB, the first %.2f GiB: %.2fx of one (location on disk: %.2f GiB after one, %.2f after all)" % (
+            d["replicas"], " + ".join("%.2f" % (b / 2**30) for b in d["new_bytes"]), d["new_bytes"][0] / 2**30, d["over_one"],
+            d["location_bytes_one"] / 2**30, d["location_bytes_all"] / 2**30))
+    elif d:
+        print("          dedup (%s): first %.2fs, %.2f GiB new; %.1f%% of the tensor bytes rewritten; second %.2fs, %.3f GiB new = %.1f%% of the first's; restores %.2fs, %.2fs" % (
+            d["location"], d["first_seconds"], d["first_new_bytes"] / 2**30, 100 * d["rewrite_share"], d["second_seconds"],
+            d["second_new_bytes"] / 2**30, 100 * d["second_share"], d["first_restore_seconds"], d["second_restore_seconds"]))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -368,10 +397,10 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	esac
-	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" "${kids[@]}")
+	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" --rewrite-pct "$REWRITE_PCT" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
 	nccl | ncclfault)
@@ -1206,6 +1235,195 @@ print(json.dumps({"round": sys.argv[1], "ok": sys.argv[2] == "true", "note": "%s
 	$ok
 }
 
+# dedup_checkpoint LABEL DEST [ARGS...]: checkpoint --dedup of the target
+# into DEST (LOC/NAME); its --json in logs/$ROUND-LABEL-checkpoint.json.
+# Fails unless it took the fast path (on a GPU).
+dedup_checkpoint() {
+	local label=$1 dest=$2 t0 j
+	shift 2
+	j=$WORK/logs/$ROUND-$label-checkpoint.json
+	rm -rf "$WORK/w"
+	mkdir -p "$WORK/w"
+	t0=$(now)
+	if ! "$GCS" checkpoint --dedup --pid "$TPID" --to "$dest" --codec "$FAST_CODEC" --work-dir "$WORK/w" --criu "$CRIU" --json \
+		${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"} "$@" \
+		>"$j" 2>"$WORK/logs/$ROUND-$label-checkpoint.err"; then
+		log "$ROUND: checkpoint --dedup $label failed: $(tail -c 3000 "$WORK/logs/$ROUND-$label-checkpoint.err")"
+		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-$label-dump.log"
+		crit_errors "$WORK/w/img/dump.log"
+		return 1
+	fi
+	log "$ROUND: checkpoint --dedup $label into $dest in $(since "$t0")s: $(cat "$j")"
+	if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$j"; then
+		log "$ROUND: checkpoint $label did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-$label-checkpoint.err"))"
+		return 1
+	fi
+}
+
+# dedup_restore LABEL SRC: restore the target from SRC once its tree is gone;
+# it must prove itself (and go on counting); restore --json in
+# logs/$ROUND-LABEL-restore.json.
+dedup_restore() {
+	local label=$1 src=$2 t0 before=$COUNTER
+	wait_tree_gone "$ROUND"
+	rm -rf "$WORK/w2"
+	mkdir -p "$WORK/w2"
+	t0=$(now)
+	if ! "$GCS" restore --from "$src" --work-dir "$WORK/w2" --criu "$CRIU" --json \
+		>"$WORK/logs/$ROUND-$label-restore.json" 2>"$WORK/logs/$ROUND-$label-restore.err"; then
+		log "$ROUND: restore $label failed: $(tail -c 3000 "$WORK/logs/$ROUND-$label-restore.err")"
+		keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-$label-restore.log"
+		crit_errors "$WORK/w2/img/restore.log"
+		return 1
+	fi
+	log "$ROUND: restore $label in $(since "$t0")s: $(cat "$WORK/logs/$ROUND-$label-restore.json")"
+	prove "after-$label" && [ "$COUNTER" -gt "$before" ]
+}
+
+# rewrite_tensors: the target rewrites REWRITE_PCT percent of its tensor
+# bytes (SIGUSR2) and says which in rewritten.json.
+rewrite_tensors() {
+	local i=0
+	rm -f "$TDIR/rewritten.json"
+	kill -USR2 "$TPID" 2>/dev/null || return 1
+	while [ ! -s "$TDIR/rewritten.json" ]; do
+		sleep 0.1
+		i=$((i + 1))
+		if [ $i -gt 1200 ]; then
+			log "$ROUND: the target did not rewrite its tensors within 120s"
+			return 1
+		fi
+	done
+	cp "$TDIR/rewritten.json" "$WORK/logs/$ROUND-rewritten-$1.json"
+	log "$ROUND: rewritten: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("%d tensors, %d of %d bytes (%.1f%%) in %.2fs" % (len(d["tensors"]), d["bytes"], d["tensor_bytes"], 100.0 * d["bytes"] / d["tensor_bytes"], d["seconds"]))' "$TDIR/rewritten.json")"
+}
+
+# tmpfs_room DIR BYTES: whether the file system of DIR has BYTES free.
+tmpfs_room() {
+	local avail
+	avail=$(df --output=avail -B1 "$1" 2>/dev/null | tail -1 | tr -d ' ')
+	[ "${avail:-0}" -ge "$2" ]
+}
+
+# round_dedupfast: two deduplicated checkpoints of the fast-path target
+# into each location (tmpfs, then disk), a tenth of its tensors rewritten
+# between them; each restored and proved. One result row per location.
+round_dedupfast() {
+	local kind loc ok=true need
+	need=$(python3 -c 'import json, sys; print(int(2.5 * json.load(open(sys.argv[1]))["info"]["tensor_bytes"]))' "$TDIR/checksums.json")
+	for kind in tmpfs disk; do
+		local rok=true note=""
+		if [ $kind = tmpfs ]; then
+			loc=$DEDUP_TMPFS/gpucr-dedup-$ROUND
+			if ! tmpfs_room "$DEDUP_TMPFS" "$need"; then
+				log "$ROUND: $DEDUP_TMPFS has less than $need bytes free: no tmpfs location"
+				continue
+			fi
+		else
+			loc=$WORK/dedup-$ROUND
+		fi
+		rm -rf "$loc"
+		if dedup_checkpoint "$kind-one" "$loc/one" && dedup_restore "$kind-one" "$loc/one" &&
+			rewrite_tensors "$kind" && prove "after-rewrite-$kind" &&
+			dedup_checkpoint "$kind-two" "$loc/two" && dedup_restore "$kind-two" "$loc/two"; then
+			:
+		else
+			rok=false ok=false note="failed: see run.log"
+		fi
+		"$GCS" ls --json "$loc" >"$WORK/logs/$ROUND-$kind-ls.json" 2>&1
+		emit "$(python3 -c '
+import json, os, sys
+rnd, kind, loc, ok, note, logs, locbytes = sys.argv[1:8]
+def load(name, default=None):
+    try:
+        return json.load(open(os.path.join(logs, "%s-%s" % (rnd, name))))
+    except (OSError, ValueError):
+        return default if default is not None else {}
+c1, c2 = load(kind + "-one-checkpoint.json"), load(kind + "-two-checkpoint.json")
+r1, r2 = load(kind + "-one-restore.json"), load(kind + "-two-restore.json")
+rw = load("rewritten-%s.json" % kind)
+es = {e["name"]: e for e in load(kind + "-ls.json", [])}
+n1, n2 = es.get("one", {}).get("new_bytes", 0), es.get("two", {}).get("new_bytes", 0)
+ph = {p["name"]: p["seconds"] for p in c1.get("phases", [])}
+rp = {p["name"]: p["seconds"] for p in r1.get("phases", [])}
+phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "dump": ph.get("criu dump + encode + write", 0),
+  "commit": ph.get("commit", 0), "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0),
+  "unlock": rp.get("gpu unlock", 0), "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0),
+  "vram_release": ph.get("vram release", 0), "vram_store": ph.get("vram store (beside the dump)", 0),
+  "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)}
+d = {"location": kind + " " + loc, "first_seconds": c1.get("total_seconds", 0), "second_seconds": c2.get("total_seconds", 0),
+  "first_new_bytes": n1, "second_new_bytes": n2, "second_share": (n2 / n1) if n1 else 0,
+  "rewrite_bytes": rw.get("bytes", 0), "rewrite_share": (rw["bytes"] / rw["tensor_bytes"]) if rw.get("tensor_bytes") else 0,
+  "first_restore_seconds": r1.get("total_seconds", 0), "second_restore_seconds": r2.get("total_seconds", 0),
+  "location_bytes": int(locbytes or 0)}
+print(json.dumps({"round": rnd + "/" + kind, "codec": "dedup", "ok": ok == "true", "raw_bytes": c1.get("raw_bytes", 0),
+  "stored_bytes": c1.get("stored_bytes", 0), "phases": phases, "checkpoint_total": c1.get("total_seconds", 0),
+  "restore_total": r1.get("total_seconds", 0), "dedup": d, "note": note}))
+' "$ROUND" "$kind" "$loc" "$rok" "$note" "$WORK/logs" "$(du -sb "$loc" 2>/dev/null | awk '{print $1}')")"
+		rm -rf "$loc"
+		$rok || break
+	done
+	$ok
+}
+
+# round_dedupreplicas: REPLICAS targets with the same seed checkpointed
+# --dedup into one location one after the other, then each restored and
+# proved; what all added over what the first added.
+round_dedupreplicas() {
+	local loc=$DEDUP_TMPFS/gpucr-dedup-$ROUND ok=true k need pids=("$TPID") dirs=("$TDIR") counters=("$COUNTER") sizes=()
+	need=$(python3 -c 'import json, sys; print(int(2.5 * json.load(open(sys.argv[1]))["info"]["tensor_bytes"]))' "$TDIR/checksums.json")
+	tmpfs_room "$DEDUP_TMPFS" "$need" || loc=$WORK/dedup-$ROUND
+	rm -rf "$loc"
+	for ((k = 2; k <= REPLICAS; k++)); do
+		if ! start_target "$ROUND-r$k" || ! prove before; then
+			log "$ROUND: replica $k did not start"
+			ok=false
+			break
+		fi
+		pids+=("$TPID") dirs+=("$TDIR") counters+=("$COUNTER")
+	done
+	for ((k = 0; k < ${#pids[@]} && ${#pids[@]} == REPLICAS; k++)); do
+		TPID=${pids[$k]} TDIR=${dirs[$k]} COUNTER=${counters[$k]}
+		dedup_checkpoint "r$((k + 1))" "$loc/r$((k + 1))" || {
+			ok=false
+			break
+		}
+		sizes+=("$(du -sb "$loc" | awk '{print $1}')")
+	done
+	for ((k = 0; k < ${#sizes[@]} && ${#sizes[@]} == REPLICAS; k++)); do
+		TPID=${pids[$k]} TDIR=${dirs[$k]} COUNTER=${counters[$k]}
+		dedup_restore "r$((k + 1))" "$loc/r$((k + 1))" || ok=false
+	done
+	"$GCS" ls --json "$loc" >"$WORK/logs/$ROUND-ls.json" 2>&1
+	emit "$(python3 -c '
+import json, os, sys
+rnd, ok, logs, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sizes = [int(x) for x in sys.argv[5:]]
+try:
+    es = {e["name"]: e for e in json.load(open(os.path.join(logs, rnd + "-ls.json")))}
+except (OSError, ValueError):
+    es = {}
+def load(name):
+    try:
+        return json.load(open(os.path.join(logs, "%s-%s" % (rnd, name))))
+    except (OSError, ValueError):
+        return {}
+new = [es.get("r%d" % (k + 1), {}).get("new_bytes", 0) for k in range(n)]
+c = [load("r%d-checkpoint.json" % (k + 1)) for k in range(n)]
+r = [load("r%d-restore.json" % (k + 1)) for k in range(n)]
+d = {"replicas": n, "new_bytes": new, "over_one": (sum(new) / new[0]) if new and new[0] else 0,
+  "checkpoint_seconds": [x.get("total_seconds", 0) for x in c], "restore_seconds": [x.get("total_seconds", 0) for x in r],
+  "location_bytes_one": sizes[0] if sizes else 0, "location_bytes_all": sizes[-1] if sizes else 0}
+print(json.dumps({"round": rnd, "codec": "dedup", "ok": ok == "true" and len(sizes) == n, "raw_bytes": c[0].get("raw_bytes", 0),
+  "stored_bytes": c[0].get("stored_bytes", 0), "checkpoint_total": c[0].get("total_seconds", 0),
+  "restore_total": r[0].get("total_seconds", 0), "dedup": d}))
+' "$ROUND" "$ok" "$WORK/logs" "$REPLICAS" "${sizes[@]}")"
+	for ((k = 0; k < ${#pids[@]} - 1; k++)); do kill_tree "${pids[$k]}" "${dirs[$k]}"; done
+	TPID=${pids[-1]} TDIR=${dirs[-1]}
+	rm -rf "$loc"
+	$ok
+}
+
 CRIU_OPTS=${CRIU_OPTS:-}
 # If CRIU refuses the first dump, the rounds are tried again once with these
 # options (what a process with external sockets, locks or unlinked files
@@ -1267,6 +1485,8 @@ while [ $# -gt 0 ]; do
 	fasttree) round_gcs "$FAST_CODEC" ;;
 	fastsuspend) round_suspend ;;
 	fastfault) round_fault ;;
+	dedupfast) round_dedupfast ;;
+	dedupreplicas) round_dedupreplicas ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;

@@ -30,6 +30,11 @@ way, and runs its own x @ W0 loop. A child exits when its parent is gone.
 Protocol (files in --dir):
   ready            written once everything is allocated and checksummed (and
                    every child is ready): the pid
+  rewritten.json   written on SIGUSR2, after the process rewrote --rewrite-pct
+                   percent of its tensor bytes with new random values (in
+                   place: same addresses) and recomputed their checksums, so
+                   proofs hold; which tensors, a function of --seed and the
+                   rewrite's number (x @ W0's tensors are never rewritten)
   proof.json       written on SIGUSR1: every checksum recomputed and
                    compared, the product compared, the step counter, device
                    memory in use; with children, their proofs merged in (a
@@ -49,6 +54,7 @@ parent is gone.
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -149,6 +155,28 @@ class Worker:
             self.check(x, w, ref, "x @ W on %s" % x.device)
         self.sync()
         self.counter += 1
+
+    def rewrite(self, pct, seed, generation):
+        """Rewrite pct percent of the tensor bytes in place with new random
+        values (tensors picked by seed and generation; W0 never) and
+        recompute their checksums."""
+        t = time.time()
+        order = [i for i, (name, tt) in enumerate(self.tensors) if tt is not self.w0 and not name.startswith("pair")]
+        random.Random(seed * 1000 + generation).shuffle(order)
+        want, done, names = self.nbytes * pct / 100.0, 0, []
+        for i in order:
+            if done >= want:
+                break
+            name, tt = self.tensors[i]
+            g = torch.Generator(device=tt.device)
+            g.manual_seed(seed + 100000 * generation + i)
+            tt.normal_(0.0, 0.03, generator=g)
+            self.sums[name] = self.sum(tt)
+            done += tt.numel() * tt.element_size()
+            names.append(name)
+        self.sync()
+        return {"generation": generation, "pct": pct, "tensors": names, "bytes": done, "tensor_bytes": self.nbytes,
+                "seconds": time.time() - t, "time": time.time()}
 
     def proof(self):
         t = time.time()
@@ -334,6 +362,7 @@ def main():
     p.add_argument("--devices", default="", help="CUDA ordinals to spread over, e.g. 0,1 (default: --device alone)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--period", type=float, default=0.05)
+    p.add_argument("--rewrite-pct", type=float, default=10.0, help="share of the tensor bytes SIGUSR2 rewrites, percent")
     p.add_argument("--side", type=int, default=8192, help="weight matrices are side x side (8192: 128 MiB in bf16)")
     p.add_argument("--children", type=int, default=0, help="start this many CUDA child processes (a process tree)")
     p.add_argument("--child-mib", type=int, default=512, help="device memory each child holds, MiB")
@@ -411,8 +440,9 @@ def main():
         "torch": torch.__version__,
     }
 
-    state = {"prove": False, "stop": False}
+    state = {"prove": False, "stop": False, "rewrite": False, "rewrites": 0}
     signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
+    signal.signal(signal.SIGUSR2, lambda s, f: state.__setitem__("rewrite", True))
     signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
     children = []
     if args.children:
@@ -429,6 +459,13 @@ def main():
 
     while not state["stop"]:
         wk.step()
+        if state["rewrite"]:
+            state["rewrite"] = False
+            state["rewrites"] += 1
+            rw = wk.rewrite(args.rewrite_pct, args.seed, state["rewrites"])
+            write_atomic(os.path.join(args.dir, "rewritten.json"), json.dumps(rw))
+            log(args, "rewrite %d: %d tensors, %.2f GiB (%.1f%% of the tensor bytes) in %.2fs" % (
+                rw["generation"], len(rw["tensors"]), rw["bytes"] / 2**30, 100.0 * rw["bytes"] / max(1, wk.nbytes), rw["seconds"]))
         if state["prove"]:
             state["prove"] = False
             # The children verify while this process does.
