@@ -3,13 +3,19 @@ package catalog
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
@@ -36,7 +42,16 @@ func noise(n int, seed uint64) []byte {
 
 // dedupIn captures files as the deduplicated checkpoint name of loc.
 func dedupIn(ctx context.Context, loc store.Store, name string, files map[string][]byte) (*manifest.Manifest, error) {
-	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 1<<20)
+	return dedupKeyed(ctx, loc, name, files, nil)
+}
+
+// dedupKeyed is dedupIn encrypted under key, when not nil.
+func dedupKeyed(ctx context.Context, loc store.Store, name string, files map[string][]byte, key *crypt.Key) (*manifest.Manifest, error) {
+	f, err := pipeline.Options{Key: key}.NewFormat()
+	if err != nil {
+		return nil, err
+	}
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 1<<20, f.Seal)
 	if err != nil {
 		return nil, err
 	}
@@ -56,8 +71,14 @@ func dedupIn(ctx context.Context, loc store.Store, name string, files map[string
 // verifyIn restores every file of a checkpoint and verifies it whole.
 func verifyIn(t *testing.T, ckpt store.Store, want map[string][]byte) {
 	t.Helper()
+	verifyKeyed(t, ckpt, want, nil)
+}
+
+// verifyKeyed is verifyIn with key.
+func verifyKeyed(t *testing.T, ckpt store.Store, want map[string][]byte, key *crypt.Key) {
+	t.Helper()
 	ctx := context.Background()
-	a, err := source.OpenArchive(ctx, ckpt, pipeline.Options{VerifyHashes: true})
+	a, err := source.OpenArchive(ctx, ckpt, pipeline.Options{VerifyHashes: true, Key: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +131,7 @@ func TestDedupS3Parent(t *testing.T) {
 		if !ok || base != name || loc.String() != "s3://dedup/fleet" {
 			t.Fatalf("parent of %s: %v %q %v", ckpt, loc, base, ok)
 		}
-		out, err := streamer.NewDedupOutput(ctx, ckpt, loc, 1<<20)
+		out, err := streamer.NewDedupOutput(ctx, ckpt, loc, 1<<20, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,5 +339,113 @@ func BenchmarkLoadIndexS3(b *testing.B) {
 		if err != nil || t.Len() != 1_000_000 {
 			b.Fatalf("%d chunks, %v", t.Len(), err)
 		}
+	}
+}
+
+// TestDedupEncrypted: encrypted checkpoints share chunks with checkpoints
+// of their key only; another key's captures into the same location share
+// nothing and break nothing (gc included); packs hold no plain text; a
+// wrong key or none is refused naming the key needed; cp copies them.
+func TestDedupEncrypted(t *testing.T) {
+	keyA, _ := crypt.NewKey(bytes.Repeat([]byte{0xa}, crypt.KeySize))
+	keyB, _ := crypt.NewKey(bytes.Repeat([]byte{0xb}, crypt.KeySize))
+	text := bytes.Repeat([]byte("the quick brown fox jumps over the lazy dog, secretly. "), 40000)
+	files := map[string][]byte{"pages-1.img": append(noise(3<<20, 40), text...), "core-1.img": []byte("core of the process")}
+	for kind, loc := range locations(t) {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			caps := []struct {
+				name string
+				key  *crypt.Key
+				new  bool // adds every chunk it stores
+			}{{"a1", keyA, true}, {"a2", keyA, false}, {"b1", keyB, true}, {"plain", nil, true}, {"b2", keyB, false}}
+			ids := map[manifest.Hash]string{}
+			for _, c := range caps {
+				m, err := dedupKeyed(ctx, loc, c.name, files, c.key)
+				if err != nil {
+					t.Fatalf("%s: %v", c.name, err)
+				}
+				distinct := map[manifest.Hash]bool{}
+				for _, f := range m.Files {
+					for _, ch := range f.Chunks {
+						if codec.ID(ch.Codec) != codec.Zero {
+							distinct[ch.Hash] = true
+						}
+					}
+				}
+				if c.new && (m.Stats.NewChunks != int64(len(distinct)) || m.Stats.NewChunks == 0) {
+					t.Errorf("%s added %d of its %d distinct chunks: it shares with another key's checkpoints", c.name, m.Stats.NewChunks, len(distinct))
+				}
+				if !c.new && m.Stats.NewStoredBytes != 0 {
+					t.Errorf("%s added %d bytes; its key's first checkpoint holds them all", c.name, m.Stats.NewStoredBytes)
+				}
+				if (m.Encryption != nil) != (c.key != nil) || m.Format != manifest.VersionSharedChunks {
+					t.Fatalf("%s: format %d, encryption %+v", c.name, m.Format, m.Encryption)
+				}
+				for _, f := range m.Files {
+					for _, ch := range f.Chunks {
+						if other, ok := ids[ch.Hash]; ok && other[0] != c.name[0] {
+							t.Fatalf("chunk id %s in %s and %s, of other keys", ch.Hash, other, c.name)
+						}
+						ids[ch.Hash] = c.name
+					}
+				}
+			}
+			// No plain text in any pack of the encrypted checkpoints.
+			objs, err := loc.List(ctx, chunkstore.PackPrefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain, _ := source.ReadManifest(ctx, store.Sub(loc, "plain"))
+			for _, o := range objs {
+				if slices.ContainsFunc(plain.Segments, func(s manifest.Segment) bool { return s.Name == o.Name }) {
+					continue
+				}
+				r, err := loc.Open(ctx, o.Name, 0, -1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(r)
+				r.Close()
+				if bytes.Contains(b, text[:64]) || bytes.Contains(b, files["pages-1.img"][:64]) {
+					t.Fatalf("pack %s holds plain text", o.Name)
+				}
+			}
+			for _, c := range caps {
+				verifyKeyed(t, store.Sub(loc, c.name), files, c.key)
+			}
+			// The wrong key, or none, is refused naming the key needed.
+			for _, k := range []*crypt.Key{keyB, nil} {
+				_, err := source.OpenArchive(ctx, store.Sub(loc, "a1"), pipeline.Options{Key: k})
+				want := crypt.ErrWrongKey
+				if k == nil {
+					want = crypt.ErrNoKey
+				}
+				if !errors.Is(err, want) || !strings.Contains(err.Error(), keyA.ID().String()) {
+					t.Errorf("a1 opened with key %v: %v, want %v naming %s", k != nil, err, want, keyA.ID())
+				}
+			}
+			// Another key's checkpoints removed and collected: A's stay whole.
+			for _, n := range []string{"b1", "b2", "a1"} {
+				if _, err := Remove(ctx, store.Sub(loc, n), n, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := GCChunks(ctx, loc, 0, false)
+			if err != nil || res.Removed == 0 {
+				t.Fatalf("gc: %+v, %v", res, err)
+			}
+			verifyKeyed(t, store.Sub(loc, "a2"), files, keyA)
+			verifyKeyed(t, store.Sub(loc, "plain"), files, nil)
+			// cp with the key, into another location.
+			dst := mem.New("dst")
+			if _, err := Copy(ctx, store.Sub(loc, "a2"), store.Sub(dst, "a2"), pipeline.Options{Key: keyA}, nil); err != nil {
+				t.Fatal(err)
+			}
+			verifyKeyed(t, store.Sub(dst, "a2"), files, keyA)
+			if m, err := dedupKeyed(ctx, dst, "a3", files, keyA); err != nil || m.Stats.NewStoredBytes != 0 {
+				t.Fatalf("capture after cp: %v, %+v", err, m)
+			}
+		})
 	}
 }

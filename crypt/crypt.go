@@ -243,6 +243,9 @@ type Session struct {
 	aead    cipher.AEAD
 	macKey  []byte
 	hashKey []byte
+	// sharedKey seals the chunks of a shared chunk store (SealShared): from
+	// K alone, as every checkpoint of K reads them.
+	sharedKey []byte
 
 	zmu   sync.Mutex
 	zeros map[int][32]byte // keyed hashes of zero chunks, by length
@@ -298,11 +301,12 @@ func open(k *Key, p Params) (*Session, error) {
 		return nil, err
 	}
 	return &Session{
-		p:       p,
-		aead:    aead,
-		macKey:  derive(k, p.Salt[:], "gpucr-stream v2 hmac-sha256 metadata key "+string(sid[:])),
-		hashKey: derive(k, nil, "gpucr-stream v2 blake3 content hash key"),
-		zeros:   map[int][32]byte{},
+		p:         p,
+		aead:      aead,
+		macKey:    derive(k, p.Salt[:], "gpucr-stream v2 hmac-sha256 metadata key "+string(sid[:])),
+		hashKey:   derive(k, nil, "gpucr-stream v2 blake3 content hash key"),
+		sharedKey: derive(k, nil, "gpucr-stream v4 shared chunk master key"),
+		zeros:     map[int][32]byte{},
 	}, nil
 }
 
@@ -420,4 +424,70 @@ func (s *Session) MAC(label string, b []byte) [32]byte {
 func (s *Session) CheckMAC(label string, b []byte, tag []byte) bool {
 	want := s.MAC(label, b)
 	return hmac.Equal(want[:], tag)
+}
+
+// PackOverhead is what sealing adds to a chunk of a shared chunk store
+// (format 4): the chunk's salt, the GCM tag and the encrypted CRC-32C.
+const PackOverhead = packSaltSize + Overhead
+
+const packSaltSize = 32
+
+// A chunk of a shared chunk store is read by every checkpoint that
+// references it, so its sealing cannot depend on one checkpoint's keys, or
+// on a place in a pack (readers read chunks by range, never a pack's
+// header). Each sealing draws a fresh 256-bit salt, stored in front of the
+// ciphertext, and derives a key used for that one chunk only: a nonce of
+// zeros is then never reused under a key. The associated data binds the
+// sealed bytes to the chunk's keyed id, raw length and codec.
+
+// SealShared seals an encoded chunk and the CRC-32C of its raw bytes for a
+// chunk store, appending to dst (never in place: the salt comes first).
+func (s *Session) SealShared(dst, encoded []byte, rawCRC uint32, id [32]byte, rawLen uint32, codecID uint8) []byte {
+	var salt [packSaltSize]byte
+	rand.Read(salt[:])
+	aead := s.sharedAEAD(salt[:])
+	dst = append(dst, salt[:]...)
+	pt := binary.LittleEndian.AppendUint32(encoded, rawCRC)
+	return aead.Seal(dst, make([]byte, 12), pt, sharedAD(id, rawLen, codecID))
+}
+
+// OpenShared authenticates and decrypts a chunk sealed by SealShared, in
+// place, returning the encoded chunk (inside sealed) and the raw bytes'
+// CRC-32C.
+func (s *Session) OpenShared(sealed []byte, id [32]byte, rawLen uint32, codecID uint8) ([]byte, uint32, error) {
+	if len(sealed) < PackOverhead {
+		return nil, 0, fmt.Errorf("sealed chunk of %d bytes, shorter than its salt and tag: %w", len(sealed), ErrAuth)
+	}
+	aead := s.sharedAEAD(sealed[:packSaltSize])
+	ct := sealed[packSaltSize:]
+	pt, err := aead.Open(ct[:0], make([]byte, 12), ct, sharedAD(id, rawLen, codecID))
+	if err != nil {
+		return nil, 0, ErrAuth
+	}
+	n := len(pt) - 4
+	return pt[:n], binary.LittleEndian.Uint32(pt[n:]), nil
+}
+
+func (s *Session) sharedAEAD(salt []byte) cipher.AEAD {
+	k, err := hkdf.Key(sha256.New, s.sharedKey, salt, "gpucr-stream v4 aes-256-gcm shared chunk key", 32)
+	if err != nil {
+		panic(err) // only for lengths out of range; 32 is not
+	}
+	block, err := aes.NewCipher(k)
+	if err != nil {
+		panic(err) // 32-byte keys are valid
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return aead
+}
+
+func sharedAD(id [32]byte, rawLen uint32, codecID uint8) []byte {
+	b := make([]byte, 0, 64)
+	b = append(b, "gpucr-stream v4 shared chunk\x00"...)
+	b = append(b, id[:]...)
+	b = binary.LittleEndian.AppendUint32(b, rawLen)
+	return append(b, codecID)
 }

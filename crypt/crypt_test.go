@@ -352,3 +352,55 @@ func TestSecretFileErrorsHideThePath(t *testing.T) {
 		t.Errorf("missing: %v, want one that is os.ErrNotExist", err)
 	}
 }
+
+// TestSealShared: a chunk sealed for a chunk store opens in any checkpoint
+// of the key (another session), not under another key, and not as another
+// id, length or codec; each sealing draws its own salt.
+func TestSealShared(t *testing.T) {
+	k := key(t, 1)
+	s, _ := NewSession(k)
+	other, _ := NewSession(k) // another checkpoint of the same key
+	foreign, _ := NewSession(key(t, 2))
+	enc := []byte("the encoded chunk, compressed or not")
+	id := [32]byte{1, 2, 3}
+	sealed := s.SealShared(nil, enc, 0xdeadbeef, id, 1<<20, 2)
+	if len(sealed) != len(enc)+PackOverhead || bytes.Contains(sealed, enc[:8]) {
+		t.Fatalf("sealed %d bytes for %d (plain text inside: %v)", len(sealed), len(enc), bytes.Contains(sealed, enc[:8]))
+	}
+	if again := s.SealShared(nil, enc, 0xdeadbeef, id, 1<<20, 2); bytes.Equal(again, sealed) {
+		t.Fatal("two sealings of one chunk are equal: the salt is not fresh")
+	}
+	fresh := func() []byte { return append([]byte(nil), sealed...) }
+	got, crc, err := other.OpenShared(fresh(), id, 1<<20, 2)
+	if err != nil || !bytes.Equal(got, enc) || crc != 0xdeadbeef {
+		t.Fatalf("open in another checkpoint of the key: %q %08x %v", got, crc, err)
+	}
+	for _, tc := range []struct {
+		what  string
+		s     *Session
+		id    [32]byte
+		raw   uint32
+		codec uint8
+	}{
+		{"key", foreign, id, 1 << 20, 2},
+		{"id", s, [32]byte{1, 2, 4}, 1 << 20, 2},
+		{"raw length", s, id, 1<<20 - 1, 2},
+		{"codec", s, id, 1 << 20, 3},
+	} {
+		if _, _, err := tc.s.OpenShared(fresh(), tc.id, tc.raw, tc.codec); !errors.Is(err, ErrAuth) {
+			t.Errorf("%s changed: %v", tc.what, err)
+		}
+	}
+	for i := range sealed {
+		b := fresh()
+		b[i] ^= 0x80
+		if _, _, err := s.OpenShared(b, id, 1<<20, 2); !errors.Is(err, ErrAuth) {
+			t.Fatalf("byte %d flipped: %v", i, err)
+		}
+	}
+	for n := range PackOverhead {
+		if _, _, err := s.OpenShared(fresh()[:n], id, 1<<20, 2); !errors.Is(err, ErrAuth) {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+	}
+}

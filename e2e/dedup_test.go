@@ -108,8 +108,8 @@ func TestDedupCheckpoints(t *testing.T) {
 
 // TestDedupS3: checkpoints of one process into one S3 prefix share its
 // chunk store on MinIO; the process comes back from the second; ls shows
-// what each added. A key with --dedup is refused (not yet supported),
-// before anything is written.
+// what each added. Encrypted checkpoints share chunks with their key's
+// only, and come back with it.
 func TestDedupS3(t *testing.T) {
 	e := startS3(t)
 	ctx := testCtx(t)
@@ -133,13 +133,44 @@ func TestDedupS3(t *testing.T) {
 	gcsRun(ctx, t, "restore", "--from", e.url("fleet/two"), "--work-dir", filepath.Join(dir, "w3")).ok(t, "restore")
 	provenRestore(ctx, t, tg, before)
 
-	key := filepath.Join(dir, "key")
-	writeKey(ctx, t, key)
-	r := gcsRun(ctx, t, "checkpoint", "--dedup", "--key-file", key, "--pid", pid, "--to", e.url("fleet/three"))
-	if r.code != 2 || !strings.Contains(r.stderr, "encrypted checkpoints are not deduplicated yet") {
-		t.Fatalf("--dedup with a key: exit %d\n%s", r.code, r.stderr)
+	// Encrypted: checkpoints of one key share chunks, another key's
+	// share nothing with them and do not break them (gc included).
+	keyA, keyB := filepath.Join(dir, "keyA"), filepath.Join(dir, "keyB")
+	ka, kb := writeKey(ctx, t, keyA), writeKey(ctx, t, keyB)
+	ckKeyed := func(name, key string, leave bool) {
+		t.Helper()
+		args := []string{"checkpoint", "--dedup", "--key-file", key, "--pid", pid, "--to", e.url("fleet/" + name), "--work-dir", filepath.Join(dir, "w-"+name)}
+		if leave {
+			args = append(args, "--leave-running")
+		}
+		gcsRun(ctx, t, args...).ok(t, "checkpoint "+name)
 	}
-	if keys := e.keys(ctx, t, "fleet/three"); len(keys) != 0 {
-		t.Fatalf("a refused checkpoint wrote %v", keys)
+	ckKeyed("a1", keyA, true)
+	ckKeyed("b1", keyB, true)
+	before, err = tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	ckKeyed("a2", keyA, false)
+	if err := tg.WaitGone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	es = lsEntries(t, gcsRun(ctx, t, "ls", "--json", e.url("fleet")).ok(t, "ls"))
+	a1, b1, a2 := es["a1"], es["b1"], es["a2"]
+	t.Logf("encrypted new bytes: key A first %d, key B first %d, key A second %d", a1.NewBytes, b1.NewBytes, a2.NewBytes)
+	if !a2.Dedup || float64(a2.NewBytes) > 0.02*float64(a1.NewBytes) {
+		t.Errorf("second checkpoint of key A added %d bytes, first %d", a2.NewBytes, a1.NewBytes)
+	}
+	if float64(b1.NewBytes) < 0.9*float64(a1.NewBytes) {
+		t.Errorf("key B's first checkpoint added %d bytes, key A's %d: it shares chunks across keys", b1.NewBytes, a1.NewBytes)
+	}
+	failsNaming(t, "verify without key", gcsRun(ctx, t, "verify", e.url("fleet/a2")), 1, ka.ID().String())
+	failsNaming(t, "restore with the wrong key", gcsRun(ctx, t, "restore", "--key-file", keyB, "--from", e.url("fleet/a2"), "--work-dir", filepath.Join(dir, "w4")), 1,
+		ka.ID().String(), kb.ID().String())
+	gcsRun(ctx, t, "rm", e.url("fleet/b1")).ok(t, "rm b1")
+	gcsRun(ctx, t, "rm", e.url("fleet/a1")).ok(t, "rm a1")
+	gcsRun(ctx, t, "gc", "--older-than", "0s", e.url("fleet")).ok(t, "gc")
+	gcsRun(ctx, t, "verify", "--key-file", keyA, e.url("fleet/a2")).ok(t, "verify a2")
+	gcsRun(ctx, t, "restore", "--key-file", keyA, "--from", e.url("fleet/a2"), "--work-dir", filepath.Join(dir, "w5")).ok(t, "restore a2")
+	provenRestore(ctx, t, tg, before)
 }

@@ -93,9 +93,6 @@ func (o *Output) Unwrap() streamer.Output { return o.Output }
 // dedupOutput opens a deduplicated checkpoint in ckpt, whose chunks go to
 // the chunk store of the location that holds it.
 func (c *Config) dedupOutput(ctx context.Context, ckpt store.Store) (*streamer.DedupOutput, error) {
-	if c.Options.Key != nil {
-		return nil, errdefs.Usagef("--dedup: encrypted checkpoints are not deduplicated yet; leave out --dedup or the key")
-	}
 	loc, name, ok := store.Parent(ckpt)
 	if !ok {
 		return nil, errdefs.Usagef("--dedup: %s is no checkpoint of a location (a directory or S3 prefix holding checkpoints)", ckpt)
@@ -103,7 +100,11 @@ func (c *Config) dedupOutput(ctx context.Context, ckpt store.Store) (*streamer.D
 	if name+"/" == chunkstore.Dir {
 		return nil, errdefs.Usagef("--dedup: %s is the location's chunk store, not a checkpoint name", ckpt)
 	}
-	return streamer.NewDedupOutput(ctx, ckpt, loc, c.SegmentSize)
+	f, err := c.Options.NewFormat()
+	if err != nil {
+		return nil, err
+	}
+	return streamer.NewDedupOutput(ctx, ckpt, loc, c.SegmentSize, f.Seal)
 }
 
 // Format is what the output writes: a capture writing into it seals every

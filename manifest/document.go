@@ -335,8 +335,8 @@ func Parse(b []byte) (*Manifest, error) {
 	if m.NoChunkHashes && (m.Format < VersionNoChunkHashes || m.Encryption != nil) {
 		return nil, fmt.Errorf("manifest: no_chunk_hashes in a format %d manifest (encrypted: %t): %w", m.Format, m.Encryption != nil, errdefs.ErrCorrupt)
 	}
-	if m.SharedChunks && (m.Format < VersionSharedChunks || m.Encryption != nil || m.NoChunkHashes) {
-		return nil, fmt.Errorf("manifest: shared_chunks in a format %d manifest (encrypted: %t, no chunk hashes: %t): %w", m.Format, m.Encryption != nil, m.NoChunkHashes, errdefs.ErrCorrupt)
+	if m.SharedChunks && (m.Format < VersionSharedChunks || m.NoChunkHashes) {
+		return nil, fmt.Errorf("manifest: shared_chunks in a format %d manifest (no chunk hashes: %t): %w", m.Format, m.NoChunkHashes, errdefs.ErrCorrupt)
 	}
 	if m.Format >= VersionSharedChunks && !m.SharedChunks {
 		return nil, fmt.Errorf("manifest: format %d without shared_chunks: %w", m.Format, errdefs.ErrCorrupt)

@@ -22,6 +22,10 @@ type Format struct {
 	// ChunkHashes hashes every chunk of a plain checkpoint with BLAKE3
 	// (format 1); without, it is written as format 3.
 	ChunkHashes bool
+	// Shared: the chunks go to a chunk store shared by checkpoints
+	// (format 4); sealed ones are bound to their keyed id, not to this
+	// checkpoint (crypt.Session.SealShared).
+	Shared bool
 }
 
 // NewFormat is the format of one new output written with o: sealed under

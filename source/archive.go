@@ -98,6 +98,9 @@ func readManifest(ctx context.Context, st store.Store) (*manifest.Manifest, []by
 	sealed := 0 // what sealing adds to each stored chunk
 	if m.Encryption != nil {
 		sealed = crypt.Overhead
+		if m.SharedChunks {
+			sealed = crypt.PackOverhead
+		}
 	}
 	// An archive's chunks live in its segments: a manifest without them
 	// (Validate checks segment references only when "segments" is there)
@@ -362,14 +365,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 		(a.man.SharedChunks && (fh.FileID != 0 || fh.Hash != c.Hash)) {
 		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
 	}
-	sum := c.Checksum
-	if a.seal != nil {
-		ch := crypt.Chunk{FileID: f.ID, Name: f.Name, Offset: uint64(c.Offset), RawLen: c.RawLen, Codec: c.Codec}
-		if payload, sum, err = openChunk(a.seal, payload, ch); err != nil {
-			return fail(where("%w", err))
-		}
-	}
-	if err := decodeChunk(raw, c.Codec, sum, payload); err != nil {
+	if err := a.decode(raw, f, c, payload); err != nil {
 		return fail(where("%w", err))
 	}
 	if a.opts.VerifyHashes && a.sums.Content(raw) != c.Hash {
@@ -422,4 +418,24 @@ func anyChunks(m *manifest.Manifest) bool {
 		}
 	}
 	return false
+}
+
+// decode opens (when sealed) and decodes chunk c of f from its stored
+// payload into raw, checking its CRC-32C.
+func (a *ArchiveSource) decode(raw []byte, f *manifest.File, c manifest.Chunk, payload []byte) error {
+	sum := c.Checksum
+	if a.seal != nil {
+		var err error
+		if a.man.SharedChunks {
+			// Sealed for the chunk store: bound to its keyed id.
+			payload, sum, err = a.seal.OpenShared(payload, c.Hash, c.RawLen, c.Codec)
+		} else {
+			ch := crypt.Chunk{FileID: f.ID, Name: f.Name, Offset: uint64(c.Offset), RawLen: c.RawLen, Codec: c.Codec}
+			payload, sum, err = openChunk(a.seal, payload, ch)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return decodeChunk(raw, c.Codec, sum, payload)
 }

@@ -47,7 +47,7 @@ func pagesImage(n int, seed uint64) []byte {
 func dedupCapture(t testing.TB, loc store.Store, name string, files map[string][]byte, opts pipeline.Options) *manifest.Manifest {
 	t.Helper()
 	ctx := context.Background()
-	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 8<<20)
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 8<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 		}
 		raw := page.b[off : off+int64(c.RawLen)]
 		payload := buf[at+manifest.FrameSize : at+manifest.FrameSize+int64(c.Stored)]
-		if err := decodeChunk(raw, c.Codec, c.Checksum, payload); err != nil {
+		if err := a.decode(raw, f, c, payload); err != nil {
 			return fail(where(c, "%w", err))
 		}
 		if a.opts.VerifyHashes && a.sums.Content(raw) != c.Hash {

@@ -48,6 +48,8 @@ type Capture struct {
 	bufs   *bufpool.Pool  // raw and encoded chunks alike
 	encDst bool           // the codec writes into a buffer of its own
 	seal   *crypt.Session // the output's, when it is encrypted
+	// shared: chunks are sealed for a chunk store (Format.Shared).
+	shared bool
 	sums   pipeline.Digester
 	// knows, for an output that deduplicates, says its destination holds
 	// a chunk already: such a chunk is not encoded, and files are cut by
@@ -119,7 +121,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)
 	bufSize := max(opts.ChunkSize, encMax)
 	if seal != nil {
-		bufSize += crypt.Overhead // sealed in place
+		bufSize += crypt.PackOverhead // sealed in place, or after a salt
 	}
 	tokens := chunkTokens(opts, opts.ChunkSize+encMax)
 	// window: the items (so chunk buffers) that may wait between the
@@ -139,6 +141,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		bufs:       bufpool.New(bufSize, 2*tokens),
 		encDst:     encMax > 0,
 		seal:       seal,
+		shared:     format.Shared && seal != nil,
 		sums:       format.Digester(),
 		knows:      knowerOf(out),
 		heldRaw:    heldRawOf(out),

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -32,6 +33,7 @@ type DedupOutput struct {
 	table *chunkstore.Table
 	packs *ArchiveOutput
 	lock  *chunkstore.Lock
+	seal  *crypt.Session // nil: not encrypted
 
 	// the writer's goroutine only
 	segOf     map[chunkstore.PackID]int // pack -> index in segs
@@ -45,8 +47,11 @@ type DedupOutput struct {
 
 // NewDedupOutput opens the chunk store of loc for a checkpoint written into
 // ckpt (a checkpoint of loc): it takes a capture lock and loads the index,
-// once. It refuses a ckpt that holds a checkpoint already.
-func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int64) (*DedupOutput, error) {
+// once. It refuses a ckpt that holds a checkpoint already. With seal, the
+// checkpoint is encrypted: chunk ids are keyed hashes under seal's key, so
+// only checkpoints of that key share chunks, and chunks are sealed for the
+// store (crypt.Session.SealShared).
+func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int64, seal *crypt.Session) (*DedupOutput, error) {
 	if _, err := ckpt.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", ckpt)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
@@ -60,7 +65,7 @@ func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int6
 	if err != nil {
 		return nil, err
 	}
-	d := &DedupOutput{ckpt: ckpt, loc: loc, packs: packs, lock: lock, table: chunkstore.NewTable(),
+	d := &DedupOutput{ckpt: ckpt, loc: loc, packs: packs, lock: lock, seal: seal, table: chunkstore.NewTable(),
 		segOf: map[chunkstore.PackID]int{}, newPack: map[int]chunkstore.PackID{}}
 	// While a gc holds the location, share nothing: gc may delete any
 	// pack the index lists (chunkstore/lock.go).
@@ -76,9 +81,11 @@ func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int6
 // SetLanes sets how many packs are written at once (ArchiveOutput.SetLanes).
 func (d *DedupOutput) SetLanes(n int) { d.packs.SetLanes(n) }
 
-// Format implements formattedOutput: chunks carry their BLAKE3 hash, which
-// is their id.
-func (d *DedupOutput) Format() pipeline.Format { return pipeline.Format{ChunkHashes: true} }
+// Format implements formattedOutput: chunks carry their BLAKE3 hash (keyed
+// when encrypted), which is their id.
+func (d *DedupOutput) Format() pipeline.Format {
+	return pipeline.Format{Seal: d.seal, ChunkHashes: true, Shared: true}
+}
 
 // Knows says the location holds the chunk id already: a capture need not
 // encode it. Safe from any goroutine.
@@ -199,7 +206,7 @@ func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	m.Format = manifest.VersionSharedChunks
 	m.Stats.NewChunks = int64(len(d.added))
 	m.Stats.NewStoredBytes = d.newStored
-	return commitManifest(ctx, d.ckpt, m, pipeline.Format{ChunkHashes: true})
+	return commitManifest(ctx, d.ckpt, m, d.Format())
 }
 
 // Abort implements Output: the packs written so far are deleted, unless

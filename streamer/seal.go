@@ -24,6 +24,9 @@ func (c *Capture) sealChunk(it *item) error {
 		it.crc, it.hash = c.sums.Zero(len(it.raw))
 	} else {
 		it.crc, it.hash = it.sums.crc, c.sums.Content(it.raw)
+		if c.shared {
+			return c.sealShared(it)
+		}
 		var dst []byte
 		if c.encDst {
 			it.encBuf = c.bufs.Get()
@@ -49,5 +52,34 @@ func (c *Capture) sealChunk(it *item) error {
 		c.bufs.Put(it.encBuf)
 		it.encBuf = nil
 	}
+	return nil
+}
+
+// sealShared seals a chunk for a chunk store (format 4): bound to its keyed
+// id, not to this checkpoint, since every checkpoint of the key that holds
+// the same chunk references it. A chunk the store holds is not encoded.
+func (c *Capture) sealShared(it *item) error {
+	if c.knows != nil && c.knows(it.hash) {
+		it.codec, it.stored, it.crc = codec.None, nil, 0
+		c.dropRaw(it)
+		return nil
+	}
+	var dst []byte
+	if c.encDst {
+		it.encBuf = c.bufs.Get()
+		dst = it.encBuf[:0]
+	}
+	id, stored, err := c.enc.Encode(dst, it.raw)
+	if err != nil {
+		return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+	}
+	// The salt goes first, so the sealed bytes go to a buffer of their
+	// own; raw and encoded are free after.
+	buf := c.bufs.Get()
+	sealed := c.seal.SealShared(buf[:0], stored, it.crc, it.hash, uint32(it.rawLen), uint8(id))
+	c.dropRaw(it)
+	c.bufs.Put(it.encBuf)
+	it.encBuf = buf
+	it.codec, it.stored, it.crc = id, sealed, 0
 	return nil
 }

@@ -158,7 +158,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.spillDir, "spill-dir", "", "where serve spills held images beyond --memory-limit (default: $TMPDIR)")
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.chunkHashes, "chunk-hashes", "hash every chunk with BLAKE3 beside its CRC-32C, for verify to check too (format 1; costs about 0.2 CPU-s/GiB); encrypted checkpoints always have them")
-	boolean(&c.dedup, "dedup", "archive destinations: store each chunk once in the chunk store of the location that holds the checkpoint (its parent directory or S3 prefix), shared by every checkpoint there (format 4; not yet with --key-file)")
+	boolean(&c.dedup, "dedup", "archive destinations: store each chunk once in the chunk store of the location that holds the checkpoint (its parent directory or S3 prefix), shared by every checkpoint there (format 4; with --key-file, shared only among checkpoints of that key)")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
 	str(&c.keyFile, "key-file", "", "encryption key file (mode 0600; make one with: gpucr-stream keygen > FILE), else $GPUCR_KEY (64 hex digits or base64): captures encrypt with it, readers require it")
