@@ -125,7 +125,7 @@ func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
 	return b, nil
 }
 
-// Len and Bytes are what the cache holds (chunks, stored bytes).
+// stats are what the cache holds: chunks, and their stored bytes.
 func (k *chunkCache) stats() (n int, bytes int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -122,7 +122,7 @@ func (c *sendConn) WriteRef(hdr []byte) error {
 	}
 	select {
 	case c.queue <- sendItem{typ: wire.RecRef, buf: wire.MarshalRef(hdr)}:
-		c.o.refBytes.Add(int64(binary.LittleEndian.Uint32(hdr[20:])))
+		c.o.refBytes.Add(int64(binary.LittleEndian.Uint32(hdr[20:]))) // the frame's stored length
 		return nil
 	case <-c.o.failed:
 		return c.o.err
