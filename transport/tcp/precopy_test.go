@@ -212,7 +212,7 @@ func TestPrecopyOlderReceiver(t *testing.T) {
 // holds) is not dropped, and its keepalives do not begin the stream: a
 // REF still waits for every connection's chunks.
 func TestPrecopyKeepAlive(t *testing.T) {
-	const timeout = 300 * time.Millisecond
+	const timeout = time.Second
 	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: timeout, Reports: true,
 		ChunkCache: true, CacheMemory: 1 << 20, SpillDir: t.TempDir()})
 	if err != nil {
