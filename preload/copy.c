@@ -516,7 +516,7 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 		j.pieces = calloc(cap ? cap : 1, sizeof *j.pieces);
 		for (int i = 0; i < nm; i++)
 			for (size_t off = 0; ms[i].live && off < ms[i].size; off += PIECE)
-				j.pieces[j.npieces++] = (struct piece){ms[i].va + off, ms[i].size - off < PIECE ? ms[i].size - off : PIECE, ms[i].ctx};
+				j.pieces[j.npieces++] = (struct piece){.va = ms[i].va + off, .n = ms[i].size - off < PIECE ? ms[i].size - off : PIECE, .ctx = ms[i].ctx};
 		pthread_mutex_unlock(&tab_mu);
 		j.fds = fds;
 		layout(&j, nfds);

@@ -259,6 +259,7 @@ finish() {
 	for t in "$WORK"/t-*; do
 		[ -s "$t/ready" ] && kill_tree "$(cat "$t/ready")" "$t" nowait
 	done
+	rm -rf "$DEDUP_TMPFS"/gpucr-dedup-*
 	for t in "$WORK"/t-*/child-*.out; do [ -f "$t" ] && tail -n 100 "$t" >"$WORK/logs/$(basename "$(dirname "$t")")-$(basename "$t")" 2>/dev/null; done
 	for t in "$WORK"/t-*; do [ -d "$t" ] && tail -n 200 "$t/target.out" >"$WORK/logs/$(basename "$t")-target.out" 2>/dev/null; done
 	(cd "$WORK/logs" && tar czf "$OUTDIR/logs.tar.gz" . 2>/dev/null)
@@ -273,12 +274,12 @@ summary() {
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print()
-print("%-9s %-4s %8s %8s %8s %8s %8s | %8s %8s %8s %8s | %9s %9s %6s" % (
+print("%-15s %-4s %8s %8s %8s %8s %8s | %8s %8s %8s %8s | %9s %9s %6s" % (
     "round", "ok", "lock", "gpu-ckpt", "dump", "commit", "CKPT", "criu-rst", "gpu-rst", "unlock", "RESTORE", "raw GiB", "stored", "ratio"))
 for r in rows:
     p = r.get("phases", {})
     g = lambda k: p.get(k, 0.0)
-    print("%-9s %-4s %8.2f %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %6.2f" % (
+    print("%-15s %-4s %8.2f %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %6.2f" % (
         r["round"], "yes" if r.get("ok") else "NO", g("lock"), g("gpu_checkpoint"), g("dump"), g("commit"),
         r.get("checkpoint_total", 0), g("criu_restore"), g("gpu_restore"), g("unlock"), r.get("restore_total", 0),
         r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
@@ -293,11 +294,11 @@ for r in rows:
             r["memory_released_seconds"], r.get("device_freed_seconds", 0)))
     d = r.get("dedup")
     if d and "replicas" in d:
-        print("          dedup: %d replicas added %s GiB, the first %.2f GiB: %.2fx of one (location on disk: %.2f GiB after one, %.2f after all)" % (
+        print("          dedup: %d replicas added %s GiB, the first %.2f GiB: %.2fx of one (issue 22: at most 1.3x; location: %.2f GiB after one, %.2f after all)" % (
             d["replicas"], " + ".join("%.2f" % (b / 2**30) for b in d["new_bytes"]), d["new_bytes"][0] / 2**30, d["over_one"],
             d["location_bytes_one"] / 2**30, d["location_bytes_all"] / 2**30))
     elif d:
-        print("          dedup (%s): first %.2fs, %.2f GiB new; %.1f%% of the tensor bytes rewritten; second %.2fs, %.3f GiB new = %.1f%% of the first's; restores %.2fs, %.2fs" % (
+        print("          dedup (%s): first %.2fs, %.2f GiB new; %.1f%% of the tensor bytes rewritten; second %.2fs, %.3f GiB new = %.1f%% of the first's (issue 22: at most 12%%, 1.0s into tmpfs, 2.0s onto disk); restores %.2fs, %.2fs" % (
             d["location"], d["first_seconds"], d["first_new_bytes"] / 2**30, 100 * d["rewrite_share"], d["second_seconds"],
             d["second_new_bytes"] / 2**30, 100 * d["second_share"], d["first_restore_seconds"], d["second_restore_seconds"]))
     if r.get("note"):
