@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -19,26 +18,6 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
-
-// capture writes files through a capture into out (chunks of up to 1 MiB,
-// lz4), committing when commit is set.
-func capture(t *testing.T, out streamer.Output, files map[string][]byte) error {
-	t.Helper()
-	spec, _ := codec.ParseSpec("lz4")
-	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20, Codec: spec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range files {
-		if _, err := c.WriteFile(name, bytes.NewReader(b), false); err != nil {
-			c.Abort(err)
-			_, _ = c.Close(testCtx(t), manifest.Manifest{})
-			return err
-		}
-	}
-	_, err = c.Close(testCtx(t), manifest.Manifest{})
-	return err
-}
 
 // TestPrecopyRoundTrip sends a round of chunks ahead, changes a little of
 // the image, and sends the stream with references: the receiver serves
@@ -68,7 +47,7 @@ func TestPrecopyRoundTrip(t *testing.T) {
 			}
 			files := testFiles()
 			ahead := &AheadOutput{Out: out}
-			if err := capture(t, ahead, files); err != nil {
+			if err := send(t, ahead, files); err != nil {
 				t.Fatalf("pre-copy round: %v", err)
 			}
 			if ahead.Chunks < 3 || ahead.Sent < 3<<20 {
@@ -77,7 +56,7 @@ func TestPrecopyRoundTrip(t *testing.T) {
 			// What changed meanwhile: 4 KiB in the middle of the random part.
 			rand.Read(files["pages-1.img"][2<<20 : 2<<20+4096])
 			before := out.WireBytes()
-			if err := capture(t, RefOutput{Output: out, Skip: true}, files); err != nil {
+			if err := send(t, RefOutput{Output: out, Skip: true}, files); err != nil {
 				t.Fatalf("final stream: %v", err)
 			}
 			final := out.WireBytes() - before
@@ -227,14 +206,14 @@ func TestPrecopyKeepAlive(t *testing.T) {
 	}
 	defer out.Close()
 	files := testFiles()
-	if err := capture(t, &AheadOutput{Out: out}, files); err != nil {
+	if err := send(t, &AheadOutput{Out: out}, files); err != nil {
 		t.Fatal(err)
 	}
 	for range 12 { // 4 timeouts
 		time.Sleep(timeout / 3)
 		out.KeepAlive()
 	}
-	if err := capture(t, RefOutput{Output: out, Skip: true}, files); err != nil {
+	if err := send(t, RefOutput{Output: out, Skip: true}, files); err != nil {
 		t.Fatalf("after the keepalives: %v", err)
 	}
 	if err := out.Confirm(testCtx(t), CommitInfo{}); err != nil {
@@ -268,7 +247,7 @@ func TestPrecopyWithCopy(t *testing.T) {
 	defer out.Close()
 	files := testFiles()
 	files["text.img"] = bytes.Repeat([]byte("compressible text "), 200000) // lz4 in the round, raw in the copy
-	if err := capture(t, &AheadOutput{Out: out}, files); err != nil {
+	if err := send(t, &AheadOutput{Out: out}, files); err != nil {
 		t.Fatal(err)
 	}
 	rand.Read(files["pages-1.img"][1<<20 : 1<<20+4096])
@@ -277,7 +256,7 @@ func TestPrecopyWithCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := capture(t, streamer.TeeOutput{Primary: RefOutput{Output: out}, Copy: keep}, files); err != nil {
+	if err := send(t, streamer.TeeOutput{Primary: RefOutput{Output: out}, Copy: keep}, files); err != nil {
 		t.Fatalf("final stream: %v", err)
 	}
 	if err := out.Confirm(testCtx(t), CommitInfo{}); err != nil {
