@@ -6,8 +6,10 @@
  * The layout of a copy out is a function of the mappings alone (layout()):
  * the pieces sorted by device address, cut into as many runs of about
  * equal bytes as there are files, each piece at a fixed offset of its file.
- * The threads still take pieces as they come free (so a slow thread does
- * not hold the copy back) and pwrite each where the layout put it. Two
+ * Thread i copies the pieces of file i and then helps with the others'
+ * (so a slow thread does not hold the copy back), pwriting each where the
+ * layout put it. Mostly one writer a file: writes to one file are
+ * serialized by its inode's lock (tmpfs, ext4, xfs alike). Two
  * copies of unchanged memory are byte-identical files, and a changed
  * allocation changes only its own bytes: a deduplicated checkpoint's
  * content-defined chunks find the rest again (docs/FORMAT.md section 17).
@@ -40,8 +42,12 @@ struct job {
 	int *first;
 	atomic_uchar *seen;
 	int nseen;
-	atomic_int next;
-	int *fds; /* copy out: every file, written by any worker */
+	/* copy out: every file (any worker may write any), and the pieces
+	 * of file f, [next[f], hi[f]) still to take. */
+	int *fds;
+	int nfiles;
+	atomic_int next[64];
+	int hi[64];
 	size_t buf;
 	atomic_int failed;
 	char err[256];
@@ -301,8 +307,11 @@ static int layout(struct job *j, int nfiles)
 	for (int k = 0; k < j->npieces; k++)
 		total += j->pieces[k].n;
 	off_t end[64];
-	for (int f = 0; f < nfiles; f++)
+	int count[64];
+	for (int f = 0; f < nfiles; f++) {
 		end[f] = 8;
+		count[f] = 0;
+	}
 	for (int k = 0; k < j->npieces; k++) {
 		struct piece *p = &j->pieces[k];
 		unsigned long long mid = before + p->n / 2;
@@ -311,7 +320,14 @@ static int layout(struct job *j, int nfiles)
 		p->off = end[p->file];
 		p->data = align_up(p->off + 16);
 		end[p->file] = p->data + (off_t)p->n;
+		count[p->file]++;
 		before += p->n;
+	}
+	/* The files' pieces are consecutive runs of the sorted ones. */
+	j->nfiles = nfiles;
+	for (int f = 0, lo = 0; f < nfiles; lo += count[f++]) {
+		atomic_init(&j->next[f], lo);
+		j->hi[f] = lo + count[f];
 	}
 	uint64_t rec[2] = {0, 0};
 	for (int f = 0; f < nfiles; f++)
@@ -322,17 +338,29 @@ static int layout(struct job *j, int nfiles)
 	return 0;
 }
 
-/* copy_out copies pieces as they come free from the device into their
- * places in the files through two pinned buffers, one copying from the
- * device while the other is written. */
+/* take_piece returns the next piece for worker idx to copy: one of its
+ * own file's, else of the next file that has one left; -1 when none is. */
+static int take_piece(struct job *j, int idx)
+{
+	for (int s = 0; s < j->nfiles && !atomic_load(&j->failed); s++) {
+		int f = (idx + s) % j->nfiles;
+		if (atomic_load(&j->next[f]) >= j->hi[f])
+			continue;
+		int k = atomic_fetch_add(&j->next[f], 1);
+		if (k < j->hi[f])
+			return k;
+	}
+	return -1;
+}
+
+/* copy_out copies pieces from the device into their places in the files
+ * through two pinned buffers, one copying from the device while the other
+ * is written. */
 static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 {
 	struct job *j = w->j;
 	CUresult r;
-	for (;;) {
-		int k = atomic_fetch_add(&j->next, 1);
-		if (k >= j->npieces || atomic_load(&j->failed))
-			break;
+	for (int k; (k = take_piece(j, w->idx)) >= 0;) {
 		struct piece *p = &j->pieces[k];
 		int fd = j->fds[p->file];
 		if (p->ctx)
