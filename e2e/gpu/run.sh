@@ -1236,35 +1236,36 @@ print(json.dumps({"round": sys.argv[1], "ok": sys.argv[2] == "true", "note": "%s
 	$ok
 }
 
-# dedup_checkpoint LABEL DEST [ARGS...]: checkpoint --dedup of the target
-# into DEST (LOC/NAME); its --json in logs/$ROUND-LABEL-checkpoint.json.
-# Fails unless it took the fast path (on a GPU).
-dedup_checkpoint() {
+# fast_checkpoint LABEL DEST [ARGS...]: checkpoint of the target into DEST
+# (--dedup in ARGS: LOC/NAME); its --json in
+# logs/$ROUND-LABEL-checkpoint.json. Fails unless it took the fast path (on
+# a GPU).
+fast_checkpoint() {
 	local label=$1 dest=$2 t0 j
 	shift 2
 	j=$WORK/logs/$ROUND-$label-checkpoint.json
 	rm -rf "$WORK/w"
 	mkdir -p "$WORK/w"
 	t0=$(now)
-	if ! "$GCS" checkpoint --dedup --pid "$TPID" --to "$dest" --codec "$FAST_CODEC" --work-dir "$WORK/w" --criu "$CRIU" --json \
+	if ! "$GCS" checkpoint --pid "$TPID" --to "$dest" --codec "$FAST_CODEC" --work-dir "$WORK/w" --criu "$CRIU" --json \
 		${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"} "$@" \
 		>"$j" 2>"$WORK/logs/$ROUND-$label-checkpoint.err"; then
-		log "$ROUND: checkpoint --dedup $label failed: $(tail -c 3000 "$WORK/logs/$ROUND-$label-checkpoint.err")"
+		log "$ROUND: checkpoint $label failed: $(tail -c 3000 "$WORK/logs/$ROUND-$label-checkpoint.err")"
 		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-$label-dump.log"
 		crit_errors "$WORK/w/img/dump.log"
 		return 1
 	fi
-	log "$ROUND: checkpoint --dedup $label into $dest in $(since "$t0")s: $(cat "$j")"
+	log "$ROUND: checkpoint $label ($*) into $dest in $(since "$t0")s: $(cat "$j")"
 	if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$j"; then
 		log "$ROUND: checkpoint $label did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-$label-checkpoint.err"))"
 		return 1
 	fi
 }
 
-# dedup_restore LABEL SRC: restore the target from SRC once its tree is gone;
+# fast_restore LABEL SRC: restore the target from SRC once its tree is gone;
 # it must prove itself (and go on counting); restore --json in
 # logs/$ROUND-LABEL-restore.json.
-dedup_restore() {
+fast_restore() {
 	local label=$1 src=$2 t0 before=$COUNTER
 	wait_tree_gone "$ROUND"
 	rm -rf "$WORK/w2"
@@ -1306,12 +1307,37 @@ tmpfs_room() {
 	[ "${avail:-0}" -ge "$2" ]
 }
 
-# round_dedupfast: two deduplicated checkpoints of the fast-path target
-# into each location (tmpfs, then disk), a tenth of its tensors rewritten
-# between them; each restored and proved. One result row per location.
+# round_dedupfast: today's checkpoint (no --dedup) into tmpfs, restored and
+# proved, for the comparison in the same run; then two deduplicated
+# checkpoints of the fast-path target into each location (tmpfs, then
+# disk), a tenth of its tensors rewritten between them; each restored and
+# proved. One result row each.
 round_dedupfast() {
-	local kind loc ok=true need
+	local kind loc ok=true need plain=$DEDUP_TMPFS/gpucr-dedup-$ROUND-plain pok=true
 	need=$(python3 -c 'import json, sys; print(int(2.5 * json.load(open(sys.argv[1]))["info"]["tensor_bytes"]))' "$TDIR/checksums.json")
+	if tmpfs_room "$DEDUP_TMPFS" "$need"; then
+		rm -rf "$plain"
+		fast_checkpoint plain "$plain" && fast_restore plain "$plain" || pok=false ok=false
+		emit "$(python3 -c '
+import json, os, sys
+rnd, ok, logs = sys.argv[1:4]
+def load(name):
+    try:
+        return json.load(open(os.path.join(logs, "%s-%s" % (rnd, name))))
+    except (OSError, ValueError):
+        return {}
+c, r = load("plain-checkpoint.json"), load("plain-restore.json")
+ph = {p["name"]: p["seconds"] for p in c.get("phases", [])}
+rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
+phases = {"dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0), "criu_restore": rp.get("criu restore + read + decode", 0),
+  "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+  "vram_store": ph.get("vram store (beside the dump)", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)}
+print(json.dumps({"round": rnd + "/plain", "codec": "plain", "ok": ok == "true", "raw_bytes": c.get("raw_bytes", 0),
+  "stored_bytes": c.get("stored_bytes", 0), "phases": phases, "checkpoint_total": c.get("total_seconds", 0),
+  "restore_total": r.get("total_seconds", 0), "note": "today\x27s checkpoint (no --dedup) into tmpfs, beside the dedup rows"}))
+' "$ROUND" "$pok" "$WORK/logs")"
+		rm -rf "$plain"
+	fi
 	for kind in tmpfs disk; do
 		local rok=true note=""
 		if [ $kind = tmpfs ]; then
@@ -1324,9 +1350,9 @@ round_dedupfast() {
 			loc=$WORK/dedup-$ROUND
 		fi
 		rm -rf "$loc"
-		if dedup_checkpoint "$kind-one" "$loc/one" && dedup_restore "$kind-one" "$loc/one" &&
+		if fast_checkpoint "$kind-one" "$loc/one" --dedup && fast_restore "$kind-one" "$loc/one" &&
 			rewrite_tensors "$kind" && prove "after-rewrite-$kind" &&
-			dedup_checkpoint "$kind-two" "$loc/two" && dedup_restore "$kind-two" "$loc/two"; then
+			fast_checkpoint "$kind-two" "$loc/two" --dedup && fast_restore "$kind-two" "$loc/two"; then
 			:
 		else
 			rok=false ok=false note="failed: see run.log"
@@ -1385,7 +1411,7 @@ round_dedupreplicas() {
 	done
 	for ((k = 0; k < ${#pids[@]} && ${#pids[@]} == REPLICAS; k++)); do
 		TPID=${pids[$k]} TDIR=${dirs[$k]} COUNTER=${counters[$k]}
-		dedup_checkpoint "r$((k + 1))" "$loc/r$((k + 1))" || {
+		fast_checkpoint "r$((k + 1))" "$loc/r$((k + 1))" --dedup || {
 			ok=false
 			break
 		}
@@ -1393,7 +1419,7 @@ round_dedupreplicas() {
 	done
 	for ((k = 0; k < ${#sizes[@]} && ${#sizes[@]} == REPLICAS; k++)); do
 		TPID=${pids[$k]} TDIR=${dirs[$k]} COUNTER=${counters[$k]}
-		dedup_restore "r$((k + 1))" "$loc/r$((k + 1))" || ok=false
+		fast_restore "r$((k + 1))" "$loc/r$((k + 1))" || ok=false
 	done
 	"$GCS" ls --json "$loc" >"$WORK/logs/$ROUND-ls.json" 2>&1
 	emit "$(python3 -c '
