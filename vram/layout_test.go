@@ -119,15 +119,6 @@ func TestFastPathLayoutStable(t *testing.T) {
 		t.Fatalf("%d pieces in %d of %d files: want the pieces spread over every file", pieces, nonEmpty, len(names))
 	}
 
-	regionOf := func(name string) region {
-		for _, r := range tg.regions {
-			if r.name == name {
-				return r
-			}
-		}
-		t.Fatalf("no region %s", name)
-		return region{}
-	}
 	// differing compares two checkpoints' files: same records at the same
 	// places, and the regions whose bytes differ (by name).
 	differing := func(a, b map[string][]byte) []string {
@@ -174,8 +165,8 @@ func TestFastPathLayoutStable(t *testing.T) {
 	}
 
 	// Rewrite one region; the target checks it against its new pattern.
-	pitch := regionOf("pitch")
 	k := slices.IndexFunc(tg.regions, func(r region) bool { return r.name == "pitch" })
+	pitch := tg.regions[k]
 	tmp := filepath.Join(tg.dir, "rewrite.tmp")
 	if err := os.WriteFile(tmp, []byte{byte('0' + k), '\n'}, 0o644); err != nil {
 		t.Fatal(err)
