@@ -1,44 +1,71 @@
 package catalog
 
 // GC of a location's chunk store (docs/FORMAT.md section 17.5): mark the
-// packs that the manifests of the location's checkpoints name, sweep the
-// others, and rewrite the index without them. It runs under a gc lock and
+// frames the manifests of the location's checkpoints use (found as a
+// reader finds them: chunkstore.Relocate), sweep the packs with none,
+// repack those mostly garbage, and rewrite the index. It runs under a gc lock and
 // only when no capture holds one (chunkstore/lock.go): a capture in flight
 // may reference any pack its index listed, or write packs no manifest
 // names yet. A manifest that cannot be read stops the sweep: what it
 // references is unknown.
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/streamer"
 )
 
 // ChunkGCResult is what GCChunks removed (or would remove).
 type ChunkGCResult struct {
 	Packs        int   `json:"packs"`         // packs in the location
-	Referenced   int   `json:"referenced"`    // packs a manifest names
+	Referenced   int   `json:"referenced"`    // packs a manifest's chunks lie in
 	Removed      int   `json:"removed_packs"` // unreferenced packs removed
 	RemovedBytes int64 `json:"removed_bytes"`
+	// Repacked packs were mostly garbage: their live chunks were copied
+	// into RepackedInto new packs (RepackedBytes) and they were removed.
+	Repacked      int   `json:"repacked_packs,omitempty"`
+	RepackedInto  int   `json:"repacked_into,omitempty"`
+	RepackedBytes int64 `json:"repacked_bytes,omitempty"`
 	// IndexObjects are the index objects replaced by one.
 	IndexObjects int `json:"index_objects_replaced"`
+	// Lost are checkpoints with chunks in no pack (damaged before).
+	Lost []string `json:"lost,omitempty"`
 	// Skipped says why nothing was removed (a capture holds a lock).
 	Skipped string `json:"skipped,omitempty"`
 	DryRun  bool   `json:"dry_run,omitempty"`
 }
 
+// RepackShare is the default share of a pack its live frames must fill
+// for gc to keep it as it is: below, gc repacks it.
+const RepackShare = 0.5
+
+// repackSize is the size of the packs repacking writes.
+const repackSize = 256 << 20
+
 // GCChunks removes the packs of st's chunk store that no checkpoint's
-// manifest names and that are older than age, then replaces the index
-// objects by one listing the chunks of the packs that remain.
-func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun bool) (*ChunkGCResult, error) {
+// chunks lie in and that are older than age, repacks those older than age
+// whose live frames fill less than repackBelow of them (0: RepackShare;
+// negative: none), then replaces the index objects by one listing the
+// chunks of the packs that remain.
+func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun bool, repackBelow float64) (*ChunkGCResult, error) {
 	res := &ChunkGCResult{DryRun: dryRun}
+	if repackBelow == 0 {
+		repackBelow = RepackShare
+	}
 	objs, err := st.List(ctx, chunkstore.Dir)
 	if err != nil {
 		return nil, err
@@ -70,55 +97,92 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	if objs, err = st.List(ctx, ""); err != nil {
 		return nil, err
 	}
-	live, err := referencedPacks(ctx, st, objs)
+	present := map[chunkstore.PackID]int64{}
+	for _, o := range objs {
+		if id, ok := chunkstore.ParsePackName(o.Name); ok {
+			present[id] = o.Size
+		}
+	}
+	t, err := chunkstore.Load(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	live, err := liveFrames(ctx, st, objs, t, present, res)
 	if err != nil {
 		return nil, err
 	}
 	cutoff := time.Now().Add(-age)
-	var doomed []string
+	var doomed, repack []string
 	gone := map[chunkstore.PackID]bool{}
 	for _, p := range packs {
 		id, _ := chunkstore.ParsePackName(p.Name)
-		if live[id] {
+		frames, used := live[id]
+		if used {
 			res.Referenced++
-			continue
 		}
 		if p.Modified.After(cutoff) {
 			continue
 		}
-		doomed = append(doomed, p.Name)
-		gone[id] = true
-		res.Removed++
-		res.RemovedBytes += p.Size
+		if !used {
+			doomed = append(doomed, p.Name)
+			gone[id] = true
+			res.Removed++
+			res.RemovedBytes += p.Size
+			continue
+		}
+		var bytes int64
+		for _, n := range frames {
+			bytes += n
+		}
+		if float64(bytes) < repackBelow*float64(p.Size) {
+			repack = append(repack, p.Name)
+			res.Repacked++
+			res.RepackedBytes += bytes
+		}
 	}
-	if dryRun || (len(doomed) == 0 && len(indexes) <= 1) {
+	if dryRun || (len(doomed) == 0 && len(repack) == 0 && len(indexes) <= 1) {
 		return res, nil
 	}
-	// The new index first: until the old ones go, both list the live
-	// chunks, and a crash in between leaves a valid (larger) index.
-	if err := rewriteIndex(ctx, st, gone); err != nil {
+	// Repacked chunks first, in new packs, then the index that lists them:
+	// until the old index objects and packs go, both copies are readable.
+	var moved []chunkstore.Chunk
+	var newPacks []chunkstore.Pack
+	if len(repack) > 0 {
+		if newPacks, moved, err = repackAll(ctx, st, repack, live); err != nil {
+			return nil, err
+		}
+		res.RepackedInto = len(newPacks)
+		for _, n := range repack {
+			id, _ := chunkstore.ParsePackName(n)
+			gone[id] = true
+		}
+	}
+	if _, err := chunkstore.WriteTableIndex(ctx, st, t, func(p chunkstore.PackID) bool { return !gone[p] }, newPacks, moved); err != nil {
 		return nil, err
 	}
 	res.IndexObjects = len(indexes)
 	if _, err := removeObjects(ctx, st, indexes); err != nil {
 		return nil, fmt.Errorf("remove replaced index objects: %w", err)
 	}
-	if _, err := removeObjects(ctx, st, doomed); err != nil {
-		return nil, fmt.Errorf("remove unreferenced packs: %w", err)
+	if _, err := removeObjects(ctx, st, append(doomed, repack...)); err != nil {
+		return nil, fmt.Errorf("remove unreferenced and repacked packs: %w", err)
 	}
 	return res, nil
 }
 
-// referencedPacks reads every manifest in objs and returns the packs they
-// name. Any manifest it cannot read is an error: its references are unknown.
-func referencedPacks(ctx context.Context, st store.Store, objs []store.ObjectInfo) (map[chunkstore.PackID]bool, error) {
+// liveFrames reads every manifest in objs and returns, for each pack its
+// chunks lie in (through the index t where a manifest's pack is gone:
+// chunkstore.Relocate, as a reader finds them), the frames they use: offset
+// and length. Any manifest it cannot read is an error: its references are
+// unknown. A checkpoint with chunks in no pack is reported in res.Lost.
+func liveFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t *chunkstore.Table, present map[chunkstore.PackID]int64, res *ChunkGCResult) (map[chunkstore.PackID]map[int64]int64, error) {
 	var prefixes []string
 	for _, g := range groups(objs) {
 		if g.manifest != nil {
 			prefixes = append(prefixes, g.prefix)
 		}
 	}
-	live := map[chunkstore.PackID]bool{}
+	live := map[chunkstore.PackID]map[int64]int64{}
 	var mu sync.Mutex
 	var first error
 	var wg sync.WaitGroup
@@ -130,6 +194,15 @@ func referencedPacks(ctx context.Context, st store.Store, objs []store.ObjectInf
 			defer wg.Done()
 			defer func() { <-sem }()
 			m, err := source.ReadManifest(ctx, store.Sub(st, p))
+			if err == nil && m.SharedChunks {
+				err = chunkstore.Relocate(m, t, present)
+				if errors.Is(err, errdefs.ErrNotFound) {
+					mu.Lock()
+					res.Lost = append(res.Lost, Join(st.String(), p))
+					mu.Unlock()
+					return
+				}
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if errors.Is(err, errdefs.ErrNotFound) {
@@ -144,9 +217,16 @@ func referencedPacks(ctx context.Context, st store.Store, objs []store.ObjectInf
 			if !m.SharedChunks {
 				return
 			}
-			for _, s := range m.Segments {
-				if id, ok := chunkstore.ParsePackName(s.Name); ok {
-					live[id] = true
+			for _, f := range m.Files {
+				for _, c := range f.Chunks {
+					if codec.ID(c.Codec) == codec.Zero {
+						continue
+					}
+					id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
+					if live[id] == nil {
+						live[id] = map[int64]int64{}
+					}
+					live[id][c.Pos] = manifest.FrameSize + int64(c.Stored)
 				}
 			}
 		}()
@@ -155,16 +235,72 @@ func referencedPacks(ctx context.Context, st store.Store, objs []store.ObjectInf
 	return live, first
 }
 
-// rewriteIndex writes one index object listing every chunk of the current
-// index that is not in a pack of gone.
-func rewriteIndex(ctx context.Context, st store.Store, gone map[chunkstore.PackID]bool) error {
-	t, err := chunkstore.Load(ctx, st)
+// repackAll copies the live frames of the packs names into new packs and
+// returns them and the chunks they hold. Each old pack is read once, from
+// start to end, a frame at a time.
+func repackAll(ctx context.Context, st store.Store, names []string, live map[chunkstore.PackID]map[int64]int64) ([]chunkstore.Pack, []chunkstore.Chunk, error) {
+	w, err := streamer.NewPackWriter(st, repackSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	var moved []chunkstore.Chunk
+	for _, name := range names {
+		id, _ := chunkstore.ParsePackName(name)
+		if err := repackOne(ctx, st, name, live[id], func(fh *manifest.FrameHeader, payload []byte) error {
+			pack, pos, err := w.Write(ctx, fh, payload)
+			if err == nil {
+				moved = append(moved, chunkstore.Chunk{ID: fh.Hash, Ref: chunkstore.Ref{Pack: pack, Pos: pos,
+					RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum}})
+			}
+			return err
+		}); err != nil {
+			_ = w.Abort(ctx)
+			return nil, nil, fmt.Errorf("repack %s/%s: %w", st, name, err)
+		}
+	}
+	packs, err := w.Commit(ctx)
+	if err != nil {
+		_ = w.Abort(ctx)
+		return nil, nil, fmt.Errorf("repack: %w", err)
+	}
+	return packs, moved, nil
+}
+
+// repackOne reads the frames at the offsets of frames from the pack name
+// and hands each to put, checked: a DATA frame of the length expected.
+func repackOne(ctx context.Context, st store.Store, name string, frames map[int64]int64, put func(*manifest.FrameHeader, []byte) error) error {
+	offs := slices.Sorted(maps.Keys(frames))
+	r, err := st.Open(ctx, name, 0, -1)
 	if err != nil {
 		return err
 	}
-	if t.Len() == 0 {
-		return nil
+	defer r.Close()
+	br := bufio.NewReaderSize(r, 1<<20)
+	var at int64
+	var buf []byte
+	for _, off := range offs {
+		if off < at {
+			return fmt.Errorf("frames at %d and before %d overlap: %w", off, at, errdefs.ErrCorrupt)
+		}
+		if _, err := br.Discard(int(off - at)); err != nil {
+			return fmt.Errorf("offset %d: %w", off, err)
+		}
+		n := frames[off]
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		buf = buf[:n]
+		if _, err := io.ReadFull(br, buf); err != nil {
+			return fmt.Errorf("frame at %d: %w", off, err)
+		}
+		at = off + n
+		fh, err := manifest.UnmarshalFrameHeader(buf[:manifest.FrameSize])
+		if err != nil || fh.Type != manifest.FrameData || int64(fh.StoredLen) != n-manifest.FrameSize {
+			return fmt.Errorf("frame at %d is not the chunk its checkpoints name (%v): %w", off, err, errdefs.ErrCorrupt)
+		}
+		if err := put(&fh, buf[manifest.FrameSize:]); err != nil {
+			return err
+		}
 	}
-	_, err = chunkstore.WriteTableIndex(ctx, st, t, func(p chunkstore.PackID) bool { return !gone[p] })
-	return err
+	return nil
 }

@@ -176,7 +176,7 @@ func TestGCChunks(t *testing.T) {
 			if _, err := Remove(ctx, store.Sub(loc, "a"), "a", false); err != nil {
 				t.Fatal(err)
 			}
-			res, err := GC(ctx, loc, "loc", 0, false)
+			res, err := GC(ctx, loc, "loc", 0, false, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -212,8 +212,10 @@ func TestGCRacesCapture(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			ctx := context.Background()
 			base := noise(1<<20, 10)
+			// Each image shares its last part with the next: once one goes,
+			// its pack of new chunks is mostly garbage, and gc repacks it.
 			img := func(i int) map[string][]byte {
-				return map[string][]byte{"pages-1.img": append(bytes.Clone(base), noise(256<<10, uint64(100+i))...)}
+				return map[string][]byte{"pages-1.img": slices.Concat(base, noise(512<<10, uint64(100+i)), noise(128<<10, uint64(101+i)))}
 			}
 			if _, err := dedupIn(ctx, loc, "c0", img(0)); err != nil {
 				t.Fatal(err)
@@ -223,7 +225,7 @@ func TestGCRacesCapture(t *testing.T) {
 			stop := make(chan struct{})
 			stopGC := sync.OnceFunc(func() { close(stop); wg.Wait() })
 			defer stopGC()
-			gcRuns, skipped, removed := 0, 0, 0
+			gcRuns, skipped, removed, repacked := 0, 0, 0, 0
 			wg.Go(func() {
 				for {
 					select {
@@ -233,13 +235,14 @@ func TestGCRacesCapture(t *testing.T) {
 					}
 					// The chunk store's part of gc: the rest, at age 0,
 					// would take the temporary files of writes in flight.
-					res, err := GCChunks(ctx, loc, 0, false)
+					res, err := GCChunks(ctx, loc, 0, false, 0)
 					if err != nil {
 						t.Errorf("gc: %v", err)
 						return
 					}
 					gcRuns++
 					removed += res.Removed
+					repacked += res.Repacked
 					if res.Skipped != "" {
 						skipped++
 					}
@@ -257,11 +260,11 @@ func TestGCRacesCapture(t *testing.T) {
 				}
 			}
 			stopGC()
-			t.Logf("%d gc runs, %d skipped for a capture's lock, %d packs removed", gcRuns, skipped, removed)
+			t.Logf("%d gc runs, %d skipped for a capture's lock, %d packs removed, %d repacked", gcRuns, skipped, removed, repacked)
 			verifyIn(t, store.Sub(loc, fmt.Sprintf("c%d", rounds)), img(rounds))
-			res, err := GCChunks(ctx, loc, 0, false)
-			if err != nil || res.Packs != res.Referenced+res.Removed || removed+res.Removed == 0 {
-				t.Fatalf("gc after the race: %+v, %v (%d removed during it)", res, err, removed)
+			res, err := GCChunks(ctx, loc, 0, false, 0)
+			if err != nil || res.Packs != res.Referenced+res.Removed || removed+res.Removed == 0 || repacked+res.Repacked == 0 {
+				t.Fatalf("gc after the race: %+v, %v (%d removed, %d repacked during it)", res, err, removed, repacked)
 			}
 			verifyIn(t, store.Sub(loc, fmt.Sprintf("c%d", rounds)), img(rounds))
 		})
@@ -431,7 +434,7 @@ func TestDedupEncrypted(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			res, err := GCChunks(ctx, loc, 0, false)
+			res, err := GCChunks(ctx, loc, 0, false, 0)
 			if err != nil || res.Removed == 0 {
 				t.Fatalf("gc: %+v, %v", res, err)
 			}
@@ -446,6 +449,82 @@ func TestDedupEncrypted(t *testing.T) {
 			if m, err := dedupKeyed(ctx, dst, "a3", files, keyA); err != nil || m.Stats.NewStoredBytes != 0 {
 				t.Fatalf("capture after cp: %v, %+v", err, m)
 			}
+		})
+	}
+}
+
+// TestGCRepack: a pack whose chunks are mostly garbage is repacked: its
+// live chunks move to a new pack, the old one goes, and checkpoints whose
+// manifests name it (plain and encrypted) read every byte through the
+// index; captures after it share the moved chunks; cp copies the packs
+// the chunks are in now.
+func TestGCRepack(t *testing.T) {
+	key, _ := crypt.NewKey(bytes.Repeat([]byte{0xc}, crypt.KeySize))
+	for kind, loc := range locations(t) {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			big := noise(3<<20, 50)
+			// small's chunks are big's first ones, but for the last cut.
+			small := map[string][]byte{"pages-1.img": big[:200<<10]}
+			for _, k := range []*crypt.Key{nil, key} {
+				p := "plain-"
+				if k != nil {
+					p = "enc-"
+				}
+				if _, err := dedupKeyed(ctx, loc, p+"big", map[string][]byte{"pages-1.img": big}, k); err != nil {
+					t.Fatal(err)
+				}
+				if m, err := dedupKeyed(ctx, loc, p+"small", small, k); err != nil || m.Stats.NewChunks > 1 {
+					t.Fatalf("small: %v, %d new chunks", err, m.Stats.NewChunks)
+				}
+				if _, err := Remove(ctx, store.Sub(loc, p+"big"), "", false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before, err := chunkstore.Packs(ctx, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := GCChunks(ctx, loc, 0, false, 0)
+			if err != nil || res.Repacked < 2 || res.RepackedInto != 1 || res.Removed == 0 || len(res.Lost) != 0 {
+				t.Fatalf("gc: %+v, %v", res, err)
+			}
+			after, err := chunkstore.Packs(ctx, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var old int
+			for _, p := range []string{"plain-small", "enc-small"} {
+				m, err := source.ReadManifest(ctx, store.Sub(loc, p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range m.Segments {
+					id, _ := chunkstore.ParsePackName(s.Name)
+					if _, ok := after[id]; !ok {
+						old++
+					}
+				}
+			}
+			if old == 0 || len(after) >= len(before) {
+				t.Fatalf("repacking left every pack the manifests name (%d packs before, %d after)", len(before), len(after))
+			}
+			verifyKeyed(t, store.Sub(loc, "plain-small"), small, nil)
+			verifyKeyed(t, store.Sub(loc, "enc-small"), small, key)
+			// Nothing more to do; the moved chunks are found by captures.
+			if res, err := GCChunks(ctx, loc, 0, false, 0); err != nil || res.Repacked != 0 || res.Removed != 0 {
+				t.Fatalf("second gc: %+v, %v", res, err)
+			}
+			for _, k := range []*crypt.Key{nil, key} {
+				if m, err := dedupKeyed(ctx, loc, fmt.Sprintf("again-%v", k != nil), small, k); err != nil || m.Stats.NewStoredBytes != 0 {
+					t.Fatalf("capture after repack: %v, %+v", err, m)
+				}
+			}
+			dst := mem.New("dst")
+			if _, err := Copy(ctx, store.Sub(loc, "enc-small"), store.Sub(dst, "enc-small"), pipeline.Options{Key: key}, nil); err != nil {
+				t.Fatal(err)
+			}
+			verifyKeyed(t, store.Sub(dst, "enc-small"), small, key)
 		})
 	}
 }

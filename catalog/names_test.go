@@ -113,7 +113,7 @@ func TestOldSegmentNames(t *testing.T) {
 				t.Fatalf("List: %+v, %v", entries, err)
 			}
 			all := names(t, st)
-			if res, err := GC(ctx, st, "mem://old", 0, false); err != nil || res.Objects != 0 {
+			if res, err := GC(ctx, st, "mem://old", 0, false, 0); err != nil || res.Objects != 0 {
 				t.Fatalf("gc of a complete old archive: %+v, %v", res, err)
 			}
 			dst := mem.New("copy")
@@ -172,10 +172,10 @@ func TestLeftoversBesideACheckpoint(t *testing.T) {
 		t.Fatalf("List: %+v, %v; want one checkpoint of %d bytes", entries, err, stored)
 	}
 	// Recent leftovers stay (their capture may still be running).
-	if res, err := GC(ctx, st, "mem://shared", time.Hour, false); err != nil || res.Objects != 0 {
+	if res, err := GC(ctx, st, "mem://shared", time.Hour, false, 0); err != nil || res.Objects != 0 {
 		t.Fatalf("gc of recent leftovers: %+v, %v", res, err)
 	}
-	res, err := GC(ctx, st, "mem://shared", 0, false)
+	res, err := GC(ctx, st, "mem://shared", 0, false, 0)
 	if err != nil || res.Objects != 4 || len(res.Unfinished) != 1 || res.Bytes != 4000 {
 		t.Fatalf("gc: %+v, %v; want the 4 leftovers", res, err)
 	}
@@ -193,7 +193,7 @@ func TestLeftoversBesideACheckpoint(t *testing.T) {
 	if got := names(t, st); !slices.Equal(got, leftovers) {
 		t.Fatalf("after rm the store holds %v, want the other capture's %v", got, leftovers)
 	}
-	if res, err := GC(ctx, st, "mem://shared", 0, false); err != nil || res.Objects != 3 || len(names(t, st)) != 0 {
+	if res, err := GC(ctx, st, "mem://shared", 0, false, 0); err != nil || res.Objects != 3 || len(names(t, st)) != 0 {
 		t.Fatalf("gc after rm: %+v, %v, left %v", res, err, names(t, st))
 	}
 }
@@ -207,7 +207,7 @@ func TestRemoveUnreadableManifest(t *testing.T) {
 	archiveIn(t, st, 6)
 	st.Put(manifest.ManifestName, []byte("{not json"))
 	n := len(names(t, st))
-	if res, err := GC(ctx, st, "mem://bad", 0, false); err != nil || res.Objects != 0 {
+	if res, err := GC(ctx, st, "mem://bad", 0, false, 0); err != nil || res.Objects != 0 {
 		t.Fatalf("gc beside an unreadable manifest: %+v, %v", res, err)
 	}
 	res, err := Remove(ctx, st, "mem://bad", false)
@@ -217,7 +217,7 @@ func TestRemoveUnreadableManifest(t *testing.T) {
 	if left := names(t, st); len(left) != n-1 {
 		t.Fatalf("rm left %v", left)
 	}
-	if res, err := GC(ctx, st, "mem://bad", 0, false); err != nil || res.Objects != n-1 || len(names(t, st)) != 0 {
+	if res, err := GC(ctx, st, "mem://bad", 0, false, 0); err != nil || res.Objects != n-1 || len(names(t, st)) != 0 {
 		t.Fatalf("gc after rm: %+v, %v", res, err)
 	}
 }

@@ -152,7 +152,7 @@ type GCResult struct {
 // writes one at least every segment), and the store's own leftovers
 // (incomplete uploads, temporary files) that old. Where a manifest cannot
 // be read, no segment beside it is removed: which are its own is unknown.
-func GC(ctx context.Context, st store.Store, where string, age time.Duration, dryRun bool) (*GCResult, error) {
+func GC(ctx context.Context, st store.Store, where string, age time.Duration, dryRun bool, repackBelow float64) (*GCResult, error) {
 	objs, err := st.List(ctx, "")
 	if err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 			return nil, err
 		}
 	}
-	if res.Chunks, err = GCChunks(ctx, st, age, dryRun); err != nil {
+	if res.Chunks, err = GCChunks(ctx, st, age, dryRun, repackBelow); err != nil {
 		return nil, err
 	}
 	if res.Chunks.Packs == 0 {

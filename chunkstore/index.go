@@ -336,15 +336,17 @@ func encodeIndex(w io.Writer, packs []Pack, n int, each func(yield func(Chunk) e
 
 // WriteTableIndex writes one new index object of the chunks of t's loaded
 // index whose pack keep accepts, straight from the table (gc: no copy of a
-// million chunks beside it), and returns its name.
-func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(PackID) bool) (string, error) {
+// million chunks beside it), and of extra chunks in extraPacks (those gc
+// repacked), and returns its name.
+func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(PackID) bool, extraPacks []Pack, extra []Chunk) (string, error) {
 	var packs []Pack
 	for _, p := range t.packs {
 		if keep(p.ID) {
 			packs = append(packs, p)
 		}
 	}
-	n := 0
+	packs = append(packs, extraPacks...)
+	n := len(extra)
 	for i := range t.loaded {
 		if keep(t.packs[t.loaded[i].pack].ID) {
 			n++
@@ -363,6 +365,11 @@ func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(Pa
 				if err := yield(Chunk{ID: e.id, Ref: t.ref(e)}); err != nil {
 					return err
 				}
+			}
+		}
+		for _, c := range extra {
+			if err := yield(c); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -97,12 +97,28 @@ func TestDedupCheckpoints(t *testing.T) {
 	gcsRun(ctx, t, "cp", filepath.Join(loc, "four"), filepath.Join(other, "four")).ok(t, "cp four")
 	gcsRun(ctx, t, "verify", filepath.Join(other, "four")).ok(t, "verify the copy")
 
-	// The process as it was at the last checkpoint comes back from the copy.
+	// With two's copy gone, the copied packs of one's chunks hold the tenth
+	// rewritten before three as garbage: gc repacks them (at 95% here, to
+	// be sure of it), and three (and four, where it shares them) are then
+	// read through the index.
+	gcsRun(ctx, t, "cp", filepath.Join(loc, "two"), filepath.Join(other, "two")).ok(t, "cp two")
+	gcsRun(ctx, t, "rm", filepath.Join(other, "two")).ok(t, "rm the copy of two")
+	var res catalog.GCResult
+	r := gcsRun(ctx, t, "gc", "--json", "--older-than", "0s", "--repack-below", "95%", other).ok(t, "gc repacking")
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Chunks == nil || res.Chunks.Repacked == 0 {
+		t.Fatalf("gc repacked nothing: %v\n%s", err, r.stdout)
+	}
+	t.Logf("repacked %d packs (%d bytes live) into %d", res.Chunks.Repacked, res.Chunks.RepackedBytes, res.Chunks.RepackedInto)
+	gcsRun(ctx, t, "verify", filepath.Join(other, "three")).ok(t, "verify three after repacking")
+	gcsRun(ctx, t, "verify", filepath.Join(other, "four")).ok(t, "verify four after repacking")
+
+	// The process as it was at the last checkpoint comes back from the
+	// repacked copy.
 	tg.Kill()
 	if err := tg.WaitGone(ctx); err != nil {
 		t.Fatal(err)
 	}
-	gcsRun(ctx, t, "restore", "--from", filepath.Join(other, "four")).ok(t, "restore from the copy")
+	gcsRun(ctx, t, "restore", "--from", filepath.Join(other, "four")).ok(t, "restore from the repacked copy")
 	provenRestore(ctx, t, tg, beforeFour)
 }
 

@@ -164,11 +164,42 @@ func OpenArchive(ctx context.Context, st store.Store, opts pipeline.Options) (*A
 	if err != nil {
 		return nil, err
 	}
+	if err := relocate(ctx, st, m); err != nil {
+		return nil, err
+	}
 	a := newArchiveSource(st, m, seal, opts)
 	if err := a.findChunks(); err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// relocate finds the chunks of a format 4 checkpoint in st whose packs gc
+// repacked (chunkstore/relocate.go) through its location's index: one
+// listing of the packs, and the index loaded only when one is gone.
+func relocate(ctx context.Context, st store.Store, m *manifest.Manifest) error {
+	if !m.SharedChunks || len(m.Segments) == 0 {
+		return nil
+	}
+	loc, _, ok := store.Parent(st)
+	if !ok {
+		return nil // findChunks says why it cannot be read
+	}
+	present, err := chunkstore.Packs(ctx, loc)
+	if err != nil {
+		return err
+	}
+	if !chunkstore.Missing(m, present) {
+		return nil
+	}
+	t, err := chunkstore.Load(ctx, loc)
+	if err != nil {
+		return err
+	}
+	if err := chunkstore.Relocate(m, t, present); err != nil {
+		return fmt.Errorf("%s: %w", st, err)
+	}
+	return nil
 }
 
 // findChunks points a format 4 checkpoint's reads at the location that
@@ -192,6 +223,10 @@ func (a *ArchiveSource) findChunks() error {
 func OpenArchiveAt(ctx context.Context, src, at store.Store, opts pipeline.Options) (*ArchiveSource, []byte, error) {
 	m, doc, seal, err := openManifestDoc(ctx, src, opts.Key)
 	if err != nil {
+		return nil, nil, err
+	}
+	// The packs to copy are where src's location holds the chunks.
+	if err := relocate(ctx, src, m); err != nil {
 		return nil, nil, err
 	}
 	a := newArchiveSource(at, m, seal, opts)

@@ -12,7 +12,7 @@ import (
 )
 
 var gcCommand = command{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
-	[]string{"@s3conn", "older-than", "dry-run", "json"}, runGc}
+	[]string{"@s3conn", "older-than", "repack-below", "dry-run", "json"}, runGc}
 
 // parseAge reads --older-than: a Go duration, or a number of days ("7d").
 func parseAge(s string) (time.Duration, error) {
@@ -40,12 +40,20 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return usagef("--older-than: %v (want e.g. 30m, 2h, 7d)", err)
 	}
+	pct, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(cfg.repackBelow), "%"), 64)
+	if err != nil || pct < 0 || pct > 100 {
+		return usagef("--repack-below: %q is no share of 0%% to 100%%", cfg.repackBelow)
+	}
+	repack := pct / 100
+	if pct == 0 {
+		repack = -1 // never
+	}
 	st, loc, closeStore, err := storeAt(ctx, cfg, "gc", args)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-	res, err := catalog.GC(ctx, st, loc.String(), age, cfg.dryRun)
+	res, err := catalog.GC(ctx, st, loc.String(), age, cfg.dryRun, repack)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
@@ -69,6 +77,12 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 			fmt.Fprintf(cfg.stdout, "chunk store: skipped: %s\n", c.Skipped)
 		} else {
 			fmt.Fprintf(cfg.stdout, "chunk store: %d pack(s), %d referenced; %s %d unreferenced pack(s) (%s)\n", c.Packs, c.Referenced, v, c.Removed, humanBytes(c.RemovedBytes))
+			if c.Repacked > 0 {
+				fmt.Fprintf(cfg.stdout, "chunk store: repacked %d mostly unreferenced pack(s): %s live into %d new\n", c.Repacked, humanBytes(c.RepackedBytes), c.RepackedInto)
+			}
+		}
+		for _, l := range c.Lost {
+			fmt.Fprintf(cfg.stderr, "warning: %s has chunks in no pack of the chunk store (damaged; verify says which)\n", l)
 		}
 	}
 	return nil

@@ -71,6 +71,7 @@ type config struct {
 	s3SSE       string
 	s3SSEKey    string
 	olderThan   string
+	repackBelow string
 	dryRun      bool
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
@@ -184,6 +185,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.s3SSE, "s3-sse", "", "S3 server-side encryption of the objects written: none, s3 (SSE-S3), kms[:KEY-ID] (SSE-KMS), c (SSE-C, key from --s3-sse-key-file; https only)")
 	str(&c.s3SSEKey, "s3-sse-key-file", "", "S3 SSE-C key file (32 bytes, hex or base64, mode 0600), needed to write and to read SSE-C objects")
 	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
+	str(&c.repackBelow, "repack-below", "50%", "gc: repack a pack of the chunk store whose live chunks fill less than this share of it (0%: never)")
 	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
