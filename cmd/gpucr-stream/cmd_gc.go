@@ -78,7 +78,11 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		} else {
 			fmt.Fprintf(cfg.stdout, "chunk store: %d pack(s), %d referenced; %s %d unreferenced pack(s) (%s)\n", c.Packs, c.Referenced, v, c.Removed, humanBytes(c.RemovedBytes))
 			if c.Repacked > 0 {
-				fmt.Fprintf(cfg.stdout, "chunk store: repacked %d mostly unreferenced pack(s): %s live into %d new\n", c.Repacked, humanBytes(c.RepackedBytes), c.RepackedInto)
+				what := fmt.Sprintf("repacked %d mostly unreferenced pack(s): %s live into %d new", c.Repacked, humanBytes(c.RepackedBytes), c.RepackedInto)
+				if cfg.dryRun {
+					what = fmt.Sprintf("would repack %d mostly unreferenced pack(s): %s live", c.Repacked, humanBytes(c.RepackedBytes))
+				}
+				fmt.Fprintf(cfg.stdout, "chunk store: %s\n", what)
 			}
 		}
 		for _, l := range c.Lost {
