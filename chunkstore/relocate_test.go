@@ -14,7 +14,9 @@ import (
 func TestRelocate(t *testing.T) {
 	oldP, keptP, newP := PackID{1}, PackID{2}, PackID{3}
 	a, b := manifest.Hash{0xa}, manifest.Hash{0xb}
-	ref := func(p PackID, pos int64) Ref { return Ref{Pack: p, Pos: pos, RawLen: 100, Stored: 90, Codec: 2, Checksum: 7} }
+	ref := func(p PackID, pos int64) Ref {
+		return Ref{Pack: p, Pos: pos, RawLen: 100, Stored: 90, Codec: 2, Checksum: 7}
+	}
 	man := func() *manifest.Manifest {
 		return &manifest.Manifest{SharedChunks: true,
 			Segments: []manifest.Segment{{Name: oldP.Name(), Size: 1000}, {Name: keptP.Name(), Size: 500}},
