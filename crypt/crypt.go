@@ -445,6 +445,10 @@ const packSaltSize = 32
 func (s *Session) SealShared(dst, encoded []byte, rawCRC uint32, id [32]byte, rawLen uint32, codecID uint8) []byte {
 	var salt [packSaltSize]byte
 	rand.Read(salt[:])
+	return s.sealSharedSalt(dst, encoded, rawCRC, id, rawLen, codecID, salt)
+}
+
+func (s *Session) sealSharedSalt(dst, encoded []byte, rawCRC uint32, id [32]byte, rawLen uint32, codecID uint8, salt [packSaltSize]byte) []byte {
 	aead := s.sharedAEAD(salt[:])
 	dst = append(dst, salt[:]...)
 	pt := binary.LittleEndian.AppendUint32(encoded, rawCRC)
