@@ -66,6 +66,21 @@ func TestDedupCheckpoints(t *testing.T) {
 	if float64(three.NewBytes) > 0.13*float64(one.RawBytes) {
 		t.Errorf("after a tenth of memory was rewritten, the checkpoint added %d bytes, over 13%% of the first's %d raw bytes", three.NewBytes, one.RawBytes)
 	}
+	// Encrypted checkpoints in the same location share with their key's
+	// only: the first adds as much as the first plain one, the second
+	// next to nothing; they stay whole through the rm and gc below.
+	key := filepath.Join(dir, "key")
+	k := writeKey(ctx, t, key)
+	for _, n := range []string{"enc1", "enc2"} {
+		gcsRun(ctx, t, "checkpoint", "--dedup", "--key-file", key, "--leave-running", "--pid", pid, "--to", filepath.Join(loc, n)).ok(t, "checkpoint "+n)
+	}
+	es = lsEntries(t, gcsRun(ctx, t, "ls", "--json", loc).ok(t, "ls"))
+	enc1, enc2 := es["enc1"], es["enc2"]
+	t.Logf("encrypted new bytes: first %d, second %d (%.2f%%)", enc1.NewBytes, enc2.NewBytes, 100*float64(enc2.NewBytes)/float64(enc1.NewBytes))
+	if float64(enc1.NewBytes) < 0.9*float64(one.NewBytes) || float64(enc2.NewBytes) > 0.02*float64(enc1.NewBytes) {
+		t.Errorf("encrypted checkpoints added %d and %d bytes (plain first %d)", enc1.NewBytes, enc2.NewBytes, one.NewBytes)
+	}
+	failsNaming(t, "verify without the key", gcsRun(ctx, t, "verify", filepath.Join(loc, "enc2")), 1, k.ID().String())
 	insp := gcsRun(ctx, t, "inspect", filepath.Join(loc, "three")).ok(t, "inspect")
 	if !strings.Contains(insp.stdout, "format      4") || !strings.Contains(insp.stdout, "dedup ") {
 		t.Errorf("inspect of a deduplicated checkpoint:\n%s", insp.stdout)
@@ -92,6 +107,7 @@ func TestDedupCheckpoints(t *testing.T) {
 	for _, n := range []string{"two", "three", "four"} {
 		gcsRun(ctx, t, "verify", filepath.Join(loc, n)).ok(t, "verify "+n)
 	}
+	gcsRun(ctx, t, "verify", "--key-file", key, filepath.Join(loc, "enc2")).ok(t, "verify enc2")
 	other := filepath.Join(dir, "other")
 	gcsRun(ctx, t, "cp", filepath.Join(loc, "three"), filepath.Join(other, "three")).ok(t, "cp three")
 	gcsRun(ctx, t, "cp", filepath.Join(loc, "four"), filepath.Join(other, "four")).ok(t, "cp four")
