@@ -271,7 +271,7 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	if m.SharedChunks {
 		a.runs = map[string][]run{}
 		for i := range m.Files {
-			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw, runSpan(maxRaw))
+			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw, runSpan(maxRaw), runGap(maxRaw))
 		}
 	}
 	payloadSize := maxStored

@@ -5,9 +5,10 @@ package source
 // the requests of a plain archive (a ranged GET each on S3). Consecutive
 // chunks of a file that lie one after the other in one pack, as a capture
 // writes a file's new chunks, are read as one run: one request for their
-// frames, each frame checked and decoded into its place in one page buffer
-// of at most the largest chunk's size, so that read-ahead and memory are
-// counted as for one chunk.
+// frames (stepping over a few of another file's, runsOf), each frame
+// checked and decoded into its place in one page buffer of at most the
+// largest chunk's size, so that read-ahead and memory are counted as for
+// one chunk (and twice its size of frames read).
 
 import (
 	"context"
@@ -26,14 +27,21 @@ type run struct {
 	raw      int64
 }
 
-// runSpan is the most bytes of frames a run reads: its payloads, as many
-// as its raw bytes (a codec never stores a chunk larger), and a frame
-// header per 64 KiB.
-func runSpan(maxRaw int64) int64 { return maxRaw + maxRaw/1024 + manifest.FrameSize }
+// runSpan is the most bytes a run reads: its payloads, as many as its raw
+// bytes (a codec never stores a chunk larger), a frame header per 64 KiB,
+// and as much again of other frames it steps over.
+func runSpan(maxRaw int64) int64 { return 2 * (maxRaw + maxRaw/1024 + manifest.FrameSize) }
+
+// runGap is the most bytes of other frames a run steps over at once.
+func runGap(maxRaw int64) int64 { return maxRaw / 2 }
 
 // runsOf groups f's chunks into runs of at most maxRaw raw bytes and
-// maxSpan bytes of frames; a zero chunk is a run of its own.
-func runsOf(f *manifest.File, maxRaw, maxSpan int64) []run {
+// maxSpan bytes read; a zero chunk is a run of its own. A run may step
+// over at most maxGap bytes of other frames between two of its chunks:
+// where more files were captured at once than packs were written, two
+// files' chunks alternate in a pack, and reading the other's too costs
+// less than a request per chunk (BenchmarkRestoreDedupFiles).
+func runsOf(f *manifest.File, maxRaw, maxSpan, maxGap int64) []run {
 	var out []run
 	var span int64 // of the last run
 	for i, c := range f.Chunks {
@@ -41,12 +49,13 @@ func runsOf(f *manifest.File, maxRaw, maxSpan int64) []run {
 		if k := len(out) - 1; k >= 0 && codec.ID(c.Codec) != codec.Zero {
 			r := &out[k]
 			prev := f.Chunks[r.first+r.n-1]
+			gap := c.Pos - (prev.Pos + manifest.FrameSize + int64(prev.Stored))
 			if codec.ID(prev.Codec) != codec.Zero && prev.Segment == c.Segment &&
-				prev.Pos+manifest.FrameSize+int64(prev.Stored) == c.Pos &&
-				r.raw+int64(c.RawLen) <= maxRaw && span+frame <= maxSpan {
+				gap >= 0 && gap <= maxGap &&
+				r.raw+int64(c.RawLen) <= maxRaw && span+gap+frame <= maxSpan {
 				r.n++
 				r.raw += int64(c.RawLen)
-				span += frame
+				span += gap + frame
 				continue
 			}
 		}

@@ -100,9 +100,12 @@ type ArchiveOutput struct {
 	// lane for packRun bytes at a time, so that consecutive chunks of a
 	// file lie one after the other in a pack, where a reader takes them in
 	// one request (source/runs.go).
-	packs     bool
-	stick     *lane
-	stickLeft int
+	packs bool
+	// packFile is the file the next pack frame belongs to (DedupOutput
+	// sets it before each frame, from the one writing goroutine); sticks
+	// are the lanes the files' frames stay on.
+	packFile uint32
+	sticks   map[uint32]*stick
 
 	// placement: the caller's goroutine only
 	lanes    []*lane
@@ -136,6 +139,13 @@ type lane struct {
 	queued  atomic.Int64 // payload bytes queued, for placement
 	cur     *segment     // the segment its frames go to; nil: none open
 	started bool
+	stuck   int // files whose pack frames stay on it now
+}
+
+// stick keeps one file's pack frames on one lane for packRun bytes.
+type stick struct {
+	lane *lane
+	left int
 }
 
 // segment is one segment object. Placement owns index to announced; the
@@ -318,11 +328,7 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 	l := a.lanes[0]
 	switch {
 	case a.packs:
-		if a.stick == nil || a.stickLeft <= 0 {
-			a.stick, a.stickLeft = a.leastBusy(), packRun
-		}
-		l = a.stick
-		a.stickLeft -= len(payload)
+		l = a.stuckLane(a.packFile, len(payload))
 	case large(fh, payload):
 		l = a.leastBusy()
 	}
@@ -371,6 +377,42 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 		}
 	}
 	return Location{Segment: s.index, Pos: pos}, nil
+}
+
+// stuckLane is the lane for n payload bytes of file's in a pack: the one
+// the file's last frames went to, for packRun bytes, so that a file's
+// chunks lie one after the other there even when several files are
+// captured at once (the GPU fast path writes 16); then the lane with the
+// fewest files on it, the least busy of those.
+func (a *ArchiveOutput) stuckLane(file uint32, n int) *lane {
+	if a.sticks == nil {
+		a.sticks = map[uint32]*stick{}
+	}
+	st := a.sticks[file]
+	if st == nil || st.left <= 0 {
+		if st != nil {
+			st.lane.stuck--
+		}
+		best := a.leastBusy()
+		for _, l := range a.lanes {
+			if l.stuck < best.stuck {
+				best = l
+			}
+		}
+		best.stuck++
+		st = &stick{lane: best, left: packRun}
+		a.sticks[file] = st
+	}
+	st.left -= n
+	return st.lane
+}
+
+// unstick forgets file's lane: its last frame was written.
+func (a *ArchiveOutput) unstick(file uint32) {
+	if st := a.sticks[file]; st != nil {
+		st.lane.stuck--
+		delete(a.sticks, file)
+	}
 }
 
 // leastBusy is the lane with the fewest payload bytes queued, the search

@@ -110,6 +110,9 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 		}
 		return loc, err
 	}
+	if fh.Type == manifest.FrameFileEnd {
+		d.packs.unstick(fh.FileID)
+	}
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero {
 		return finish(Location{}, nil)
 	}
@@ -134,6 +137,7 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 	pf.FileID, pf.Offset = 0, 0
 	var loc Location
 	var err error
+	d.packs.packFile = fh.FileID
 	if done != nil {
 		loc, err = d.packs.WriteFrameAsync(ctx, &pf, payload, done)
 	} else {
