@@ -31,7 +31,7 @@ import (
 //	GPUCR_BENCH_REWRITE   the target rewrites this percentage of its pages
 //	                      a second while it runs (e2e/target --rewrite-pct)
 //
-// Variants sN migrate with pre-copy (the default); -off adds --precopy off.
+// Variants sN migrate with --precopy on; -off with --precopy off.
 func TestBenchMigrate(t *testing.T) {
 	if os.Getenv("GPUCR_BENCH_MIGRATE") != "1" {
 		t.Skip("benchmark: set GPUCR_BENCH_MIGRATE=1 (scripts/bench-migrate.sh)")
@@ -98,6 +98,7 @@ func TestBenchMigrate(t *testing.T) {
 				opt := strings.Split(v, "-")
 				args = append(args, "--streams", strings.TrimPrefix(opt[0], "s"))
 				e.recvBin = ""
+				precopy := "on"
 				for _, o := range opt[1:] {
 					switch o {
 					case "before":
@@ -111,11 +112,12 @@ func TestBenchMigrate(t *testing.T) {
 					case "hashes":
 						args = append(args, "--chunk-hashes")
 					case "off":
-						args = append(args, "--precopy", "off")
+						precopy = "off"
 					default:
 						t.Fatalf("variant %s: unknown option %q", v, o)
 					}
 				}
+				args = append(args, "--precopy", precopy)
 				var rout, mout bytes.Buffer
 				recv := e.startReceiver(&rout, "--restore", "--json", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm)
 				m := e.migrate(tg, &mout, args...)
