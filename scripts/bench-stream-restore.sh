@@ -29,29 +29,8 @@ W=$(mktemp -d "${BENCH_DIR:-/dev/shm}/gcs-srestore-XXXX")
 # The target: BENCH_TARGET (a machine without Go), else built here.
 TARGET=$W/target
 if [ -n "${BENCH_TARGET:-}" ]; then cp "$BENCH_TARGET" "$TARGET"; else go build -o "$TARGET" ./e2e/target; fi
-PID=
-cleanup() {
-	[ -z "$PID" ] || kill -9 "$PID" 2>/dev/null || true
-	pkill -9 -f "$TARGET --dir $W" 2>/dev/null || true
-	rm -rf "$W"
-}
-trap cleanup EXIT
-
-start() {
-	rm -rf "$W/run" && mkdir -p "$W/run"
-	(cd "$W/run" && exec setsid -f "$TARGET" --dir "$W/run" --mb "$MB" --mix thirds </dev/null >out.log 2>&1)
-	for _ in $(seq 2400); do [ -s "$W/run/ready" ] && break; sleep 0.05; done
-	PID=$(cat "$W/run/ready")
-}
-gone() { while [ -e "/proc/$PID" ]; do sleep 0.02; done; }
-stop() {
-	kill -9 "$PID" 2>/dev/null || true
-	pkill -9 -f "$TARGET --dir $W/run" 2>/dev/null || true
-	gone
-}
+. scripts/bench-target.sh
 wait_init() { for _ in $(seq 60000); do grep -qx socket-init "$1" 2>/dev/null && return; sleep 0.001; done; echo "bench-stream-restore: no socket-init in $1" >&2; exit 1; }
-ns() { date +%s%N; }
-ms() { echo $((($2 - $1) / 1000000)); }
 fresh() { rm -rf "$W/rimg" && mkdir -p "$W/rimg"; }
 
 # serve_through ARGS...: cat the stream into serve, criu restore --stream
