@@ -15,8 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -107,16 +105,17 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	if err != nil {
 		return nil, err
 	}
-	live, err := liveFrames(ctx, st, objs, t, present, res)
+	marks, err := markFrames(ctx, st, objs, t, present, res)
 	if err != nil {
 		return nil, err
 	}
+	live := marks.Live()
 	cutoff := time.Now().Add(-age)
 	var doomed, repack []string
 	gone := map[chunkstore.PackID]bool{}
 	for _, p := range packs {
 		id, _ := chunkstore.ParsePackName(p.Name)
-		frames, used := live[id]
+		bytes, used := live[id]
 		if used {
 			res.Referenced++
 		}
@@ -130,10 +129,6 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 			res.RemovedBytes += p.Size
 			continue
 		}
-		var bytes int64
-		for _, n := range frames {
-			bytes += n
-		}
 		if float64(bytes) < repackBelow*float64(p.Size) {
 			repack = append(repack, p.Name)
 			res.Repacked++
@@ -145,19 +140,16 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	}
 	// Repacked chunks first, in new packs, then the index that lists them:
 	// until the old index objects and packs go, both copies are readable.
-	var moved []chunkstore.Chunk
-	var newPacks []chunkstore.Pack
 	if len(repack) > 0 {
-		if newPacks, moved, err = repackAll(ctx, st, repack, live); err != nil {
-			return nil, err
-		}
-		res.RepackedInto = len(newPacks)
 		for _, n := range repack {
 			id, _ := chunkstore.ParsePackName(n)
 			gone[id] = true
 		}
+		if res.RepackedInto, err = repackAll(ctx, st, repack, marks); err != nil {
+			return nil, err
+		}
 	}
-	if _, err := chunkstore.WriteTableIndex(ctx, st, t, func(p chunkstore.PackID) bool { return !gone[p] }, newPacks, moved); err != nil {
+	if _, err := chunkstore.WriteTableIndex(ctx, st, t, func(p chunkstore.PackID) bool { return !gone[p] }, marks.Extra()); err != nil {
 		return nil, err
 	}
 	res.IndexObjects = len(indexes)
@@ -170,19 +162,20 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	return res, nil
 }
 
-// liveFrames reads every manifest in objs and returns, for each pack its
+// markFrames reads every manifest in objs and marks, in the packs its
 // chunks lie in (through the index t where a manifest's pack is gone:
-// chunkstore.Relocate, as a reader finds them), the frames they use: offset
-// and length. Any manifest it cannot read is an error: its references are
-// unknown. A checkpoint with chunks in no pack is reported in res.Lost.
-func liveFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t *chunkstore.Table, present map[chunkstore.PackID]int64, res *ChunkGCResult) (map[chunkstore.PackID]map[int64]int64, error) {
+// chunkstore.Relocate, as a reader finds them), the frames they use. Any
+// manifest it cannot read is an error: its references are unknown. A
+// checkpoint with chunks in no pack is reported in res.Lost. What it holds
+// besides the marks (a bit per chunk of t) is the manifests in flight.
+func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t *chunkstore.Table, present map[chunkstore.PackID]int64, res *ChunkGCResult) (*chunkstore.Marks, error) {
 	var prefixes []string
 	for _, g := range groups(objs) {
 		if g.manifest != nil {
 			prefixes = append(prefixes, g.prefix)
 		}
 	}
-	live := map[chunkstore.PackID]map[int64]int64{}
+	marks := t.NewMarks()
 	var mu sync.Mutex
 	var first error
 	var wg sync.WaitGroup
@@ -223,53 +216,55 @@ func liveFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 						continue
 					}
 					id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
-					if live[id] == nil {
-						live[id] = map[int64]int64{}
-					}
-					live[id][c.Pos] = manifest.FrameSize + int64(c.Stored)
+					marks.Mark(c.Hash, id, c.Pos, c.Stored)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return live, first
+	return marks, first
 }
 
-// repackAll copies the live frames of the packs names into new packs and
-// returns them and the chunks they hold. Each old pack is read once, from
-// start to end, a frame at a time.
-func repackAll(ctx context.Context, st store.Store, names []string, live map[chunkstore.PackID]map[int64]int64) ([]chunkstore.Pack, []chunkstore.Chunk, error) {
+// repackAll copies the marked frames of the packs names into new packs,
+// moves the table's entries to them (marks.Moved), and says how many it
+// wrote. Each old pack is read once, from start to end, a frame at a time.
+func repackAll(ctx context.Context, st store.Store, names []string, marks *chunkstore.Marks) (int, error) {
 	w, err := streamer.NewPackWriter(st, repackSize)
 	if err != nil {
-		return nil, nil, err
+		return 0, err
 	}
-	var moved []chunkstore.Chunk
+	want := map[chunkstore.PackID]bool{}
 	for _, name := range names {
 		id, _ := chunkstore.ParsePackName(name)
-		if err := repackOne(ctx, st, name, live[id], func(fh *manifest.FrameHeader, payload []byte) error {
+		want[id] = true
+	}
+	frames := marks.Frames(func(p chunkstore.PackID) bool { return want[p] })
+	for _, name := range names {
+		id, _ := chunkstore.ParsePackName(name)
+		if err := repackOne(ctx, st, name, frames[id], func(f chunkstore.Frame, fh *manifest.FrameHeader, payload []byte) error {
 			pack, pos, err := w.Write(ctx, fh, payload)
 			if err == nil {
-				moved = append(moved, chunkstore.Chunk{ID: fh.Hash, Ref: chunkstore.Ref{Pack: pack, Pos: pos,
-					RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum}})
+				marks.Moved(f, fh.Hash, chunkstore.Ref{Pack: pack, Pos: pos,
+					RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum})
 			}
 			return err
 		}); err != nil {
 			_ = w.Abort(ctx)
-			return nil, nil, fmt.Errorf("repack %s/%s: %w", st, name, err)
+			return 0, fmt.Errorf("repack %s/%s: %w", st, name, err)
 		}
 	}
 	packs, err := w.Commit(ctx)
 	if err != nil {
 		_ = w.Abort(ctx)
-		return nil, nil, fmt.Errorf("repack: %w", err)
+		return 0, fmt.Errorf("repack: %w", err)
 	}
-	return packs, moved, nil
+	marks.Committed(packs)
+	return len(packs), nil
 }
 
-// repackOne reads the frames at the offsets of frames from the pack name
-// and hands each to put, checked: a DATA frame of the length expected.
-func repackOne(ctx context.Context, st store.Store, name string, frames map[int64]int64, put func(*manifest.FrameHeader, []byte) error) error {
-	offs := slices.Sorted(maps.Keys(frames))
+// repackOne reads frames, in offset order, from the pack name and hands
+// each to put, checked: a DATA frame of the length expected.
+func repackOne(ctx context.Context, st store.Store, name string, frames []chunkstore.Frame, put func(chunkstore.Frame, *manifest.FrameHeader, []byte) error) error {
 	r, err := st.Open(ctx, name, 0, -1)
 	if err != nil {
 		return err
@@ -278,14 +273,14 @@ func repackOne(ctx context.Context, st store.Store, name string, frames map[int6
 	br := bufio.NewReaderSize(r, 1<<20)
 	var at int64
 	var buf []byte
-	for _, off := range offs {
+	for _, f := range frames {
+		off, n := f.Pos, f.Len
 		if off < at {
 			return fmt.Errorf("frames at %d and before %d overlap: %w", off, at, errdefs.ErrCorrupt)
 		}
 		if _, err := br.Discard(int(off - at)); err != nil {
 			return fmt.Errorf("offset %d: %w", off, err)
 		}
-		n := frames[off]
 		if cap(buf) < int(n) {
 			buf = make([]byte, n)
 		}
@@ -298,7 +293,7 @@ func repackOne(ctx context.Context, st store.Store, name string, frames map[int6
 		if err != nil || fh.Type != manifest.FrameData || int64(fh.StoredLen) != n-manifest.FrameSize {
 			return fmt.Errorf("frame at %d is not the chunk its checkpoints name (%v): %w", off, err, errdefs.ErrCorrupt)
 		}
-		if err := put(&fh, buf[manifest.FrameSize:]); err != nil {
+		if err := put(f, &fh, buf[manifest.FrameSize:]); err != nil {
 			return err
 		}
 	}

@@ -336,19 +336,20 @@ func encodeIndex(w io.Writer, packs []Pack, n int, each func(yield func(Chunk) e
 
 // WriteTableIndex writes one new index object of the chunks of t's loaded
 // index whose pack keep accepts, straight from the table (gc: no copy of a
-// million chunks beside it), and of extra chunks in extraPacks (those gc
-// repacked), and returns its name.
-func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(PackID) bool, extraPacks []Pack, extra []Chunk) (string, error) {
+// million chunks beside it; the chunks it repacked are in the table, moved
+// by Marks.Moved), and of extra chunks, and returns its name. The packs of
+// extra are t's.
+func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(PackID) bool, extra []Chunk) (string, error) {
 	var packs []Pack
-	for _, p := range t.packs {
-		if keep(p.ID) {
+	kept := make([]bool, len(t.packs))
+	for k, p := range t.packs {
+		if kept[k] = keep(p.ID); kept[k] {
 			packs = append(packs, p)
 		}
 	}
-	packs = append(packs, extraPacks...)
 	n := len(extra)
 	for i := range t.loaded {
-		if keep(t.packs[t.loaded[i].pack].ID) {
+		if kept[t.loaded[i].pack] {
 			n++
 		}
 	}
@@ -361,7 +362,7 @@ func WriteTableIndex(ctx context.Context, st store.Store, t *Table, keep func(Pa
 	err = encodeIndex(bw, packs, n, func(yield func(Chunk) error) error {
 		for i := range t.loaded {
 			e := &t.loaded[i]
-			if keep(t.packs[e.pack].ID) {
+			if kept[e.pack] {
 				if err := yield(Chunk{ID: e.id, Ref: t.ref(e)}); err != nil {
 					return err
 				}
