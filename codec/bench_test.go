@@ -112,11 +112,17 @@ func BenchmarkChecksum(b *testing.B) {
 	}
 }
 
+// BenchmarkContentHash: a whole chunk, and the sizes of content-defined
+// ones (on page boundaries, anywhere in a 16 KiB SIMD group).
 func BenchmarkContentHash(b *testing.B) {
 	raw := benchInput(dataKinds[0])
-	b.SetBytes(int64(len(raw)))
-	for b.Loop() {
-		ContentHash(raw)
+	for _, n := range []int{len(raw), 320 << 10, 332 << 10} {
+		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				ContentHash(raw[:n])
+			}
+		})
 	}
 }
 
