@@ -419,19 +419,37 @@ func (s *chunkSums) add(b []byte) {
 			s.n += len(b)
 			return
 		}
-		// The zeros so far count too (rarely many: chunks tend to be
-		// all zero or not at all).
 		s.zero = false
-		for k := s.n; k > 0; k -= min(k, len(zeroPiece)) {
-			s.crc = codec.UpdateChecksum(s.crc, zeroPiece[:min(k, len(zeroPiece))])
-		}
+		s.crc = zerosCRC(s.n) // the zeros so far count too
 	}
 	s.crc = codec.UpdateChecksum(s.crc, b)
 	s.n += len(b)
 }
 
-// zeroPiece is read, never written: it stays on the shared zero page.
-var zeroPiece [64 << 10]byte
+// addPage adds one page (cdcPage bytes) whose zero test and CRC-32C the
+// cutter has made: the chunk's CRC-32C is joined from its pages', without
+// a second pass over them.
+func (s *chunkSums) addPage(zero bool, crc uint32) {
+	if s.zero {
+		if zero {
+			s.n += cdcPage
+			return
+		}
+		s.zero = false
+		s.crc = zerosCRC(s.n)
+	}
+	s.crc = pageCRCs.Combine(s.crc, crc)
+	s.n += cdcPage
+}
+
+// zerosCRC is the CRC-32C of n zero bytes, joined from the zero page's.
+func zerosCRC(n int) uint32 {
+	var crc uint32
+	for ; n >= cdcPage; n -= cdcPage {
+		crc = pageCRCs.Combine(crc, zeroPageCRC)
+	}
+	return codec.UpdateChecksum(crc, zeroPage[:n])
+}
 
 // dropRaw gives an encoded chunk's raw buffer back.
 func (c *Capture) dropRaw(it *item) {

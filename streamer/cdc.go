@@ -26,9 +26,11 @@ import (
 
 const cdcPage = 4 << 10
 
-// cdcRead is the most one Read asks for: what is read past a cut is copied
-// to the next chunk's buffer, so a read stays short.
-const cdcRead = 256 << 10
+// cdcRead is the most one Read asks for once a chunk may end (past its
+// minimum): what is read past a cut is copied to the next chunk's buffer
+// (twice: out and back), so a read stays short. Before the minimum no cut
+// can fall, and one read asks for all of it.
+const cdcRead = 64 << 10
 
 // cdcParams are the boundaries' limits for a chunk size of max bytes: at
 // least max/64, on average about max/16 after that, at most max (with the
@@ -46,7 +48,14 @@ func cdcParams(max int) (minChunk int, mask uint32) {
 }
 
 // zeroPageCRC is the CRC-32C of a zero page: such pages never cut.
-var zeroPageCRC = codec.Checksum(make([]byte, cdcPage))
+var zeroPageCRC = codec.Checksum(zeroPage[:])
+
+// zeroPage is read, never written: it stays on the shared zero page.
+var zeroPage [cdcPage]byte
+
+// pageCRCs joins a chunk's CRC-32C from its pages' (the cut decision's),
+// instead of a second pass over the chunk's bytes.
+var pageCRCs = codec.NewChecksumCombiner(cdcPage)
 
 // cutter reads one file into content-defined chunks.
 type cutter struct {
@@ -59,7 +68,7 @@ type cutter struct {
 
 func newCutter(r io.Reader, chunkSize int, first []byte) *cutter {
 	minChunk, mask := cdcParams(chunkSize)
-	c := &cutter{r: r, minChunk: minChunk, mask: mask, carry: make([]byte, 0, max(cdcRead, len(first)))}
+	c := &cutter{r: r, minChunk: minChunk, mask: mask, carry: make([]byte, 0, max(cdcRead+cdcPage, len(first)))}
 	c.carry = append(c.carry, first...)
 	return c
 }
@@ -75,21 +84,28 @@ func (c *cutter) next(buf []byte, s *chunkSums) (int, error) {
 	for {
 		for scanned+cdcPage <= n {
 			p := buf[scanned : scanned+cdcPage]
+			// One zero test and one CRC-32C a page serve the cut, the
+			// chunk's zero test and its CRC-32C (chunkSums.addPage).
+			zero := codec.IsZero(p)
 			// A chunk of zeros (no storage) ends at the first data page
 			// after them, where the zero run ends: a cut by content. (A
 			// cut where data meets zeros would need to know the run is
 			// long; cut after minChunk bytes of data instead, as the
 			// chunk's start decides, it loses the content's phase.)
-			if scanned >= c.minChunk && s.zero && !codec.IsZero(p) {
+			if scanned >= c.minChunk && s.zero && !zero {
 				c.carry = append(c.carry, buf[scanned:n]...)
 				return scanned, nil
 			}
-			s.add(p)
+			crc := zeroPageCRC
+			if !zero {
+				crc = codec.Checksum(p)
+			}
+			s.addPage(zero, crc)
 			scanned += cdcPage
 			if scanned < c.minChunk || scanned == n && c.eof {
 				continue
 			}
-			if crc := codec.Checksum(p); crc&c.mask == c.mask && crc != zeroPageCRC {
+			if crc&c.mask == c.mask && crc != zeroPageCRC {
 				c.carry = append(c.carry, buf[scanned:n]...)
 				return scanned, nil
 			}
@@ -101,7 +117,7 @@ func (c *cutter) next(buf []byte, s *chunkSums) (int, error) {
 			}
 			return n, nil
 		}
-		k, err := c.r.Read(buf[n:min(len(buf), n+cdcRead)])
+		k, err := c.r.Read(buf[n:min(len(buf), max(c.minChunk, n+cdcRead))])
 		n += k
 		if err != nil {
 			if !errors.Is(err, io.EOF) {

@@ -2,17 +2,27 @@ package streamer
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"slices"
 	"testing"
+	"testing/iotest"
 
 	"github.com/gpucr/gpucr-stream/codec"
 )
 
 // cuts returns the chunk lengths the cutter makes of data, checking that
-// each chunk's sums are those of its bytes.
+// each chunk's sums are those of its bytes (its CRC-32C is joined from
+// its pages').
 func cuts(t *testing.T, data []byte, chunkSize int) []int {
 	t.Helper()
-	c := newCutter(bytes.NewReader(data), chunkSize, nil)
+	return cutsFrom(t, bytes.NewReader(data), data, chunkSize)
+}
+
+// cutsFrom is cuts of data read from r.
+func cutsFrom(t *testing.T, r io.Reader, data []byte, chunkSize int) []int {
+	t.Helper()
+	c := newCutter(r, chunkSize, nil)
 	buf := make([]byte, chunkSize)
 	var out []int
 	off := 0
@@ -60,6 +70,11 @@ func TestCutter(t *testing.T) {
 					t.Fatalf("chunk %d of %d bytes, want %d..%d", i, n, minChunk, size)
 				}
 			}
+			// Reads of any size, not on pages (a pipe's), cut the same.
+			odd := cutsFrom(t, iotest.HalfReader(&pieceReader{b: tc.data, max: 5000}), tc.data, size)
+			if !slices.Equal(odd, ls) {
+				t.Errorf("read in odd pieces: %d chunks %v, from whole reads %d %v", len(odd), odd, len(ls), ls)
+			}
 		})
 	}
 	// The zero run becomes zero chunks, but for what the data chunk before
@@ -91,5 +106,48 @@ func TestCutter(t *testing.T) {
 	}
 	if float64(same) < 0.9*float64(len(img)) {
 		t.Errorf("after a page inserted at 8 KiB, %d of %d bytes are in chunks seen before", same, len(img))
+	}
+}
+
+// TestCutterStable pins what the cutter makes of fixed inputs: every
+// chunk's length, zero flag, CRC-32C and id, folded into one BLAKE3
+// digest. Chunk boundaries and sums are part of what a location stores
+// (format 4): a change here makes every chunk of existing locations new.
+// The digest was taken from the cutter of c748e21.
+func TestCutterStable(t *testing.T) {
+	img := benchImage(16)
+	zeros := make([]byte, 3<<20)
+	mixed := append(append(append([]byte(nil), img[:3<<20]...), zeros...), img[3<<20:]...)
+	var log []byte
+	chunks := 0
+	for _, tc := range []struct {
+		data      []byte
+		chunkSize int
+	}{{img, 4 << 20}, {img, 1 << 20}, {mixed, 4 << 20}, {mixed[5000:], 1 << 20}, {img[:5<<20+123], 256 << 10}, {zeros, 4 << 20}} {
+		c := newCutter(bytes.NewReader(tc.data), tc.chunkSize, nil)
+		buf := make([]byte, tc.chunkSize)
+		for {
+			var s chunkSums
+			n, err := c.next(buf, &s)
+			if err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				crc := s.crc
+				if s.zero {
+					crc = 0 // not computed: zero chunks have a fixed sum
+				}
+				log = fmt.Appendf(log, "%d %t %08x %x\n", n, s.zero, crc, codec.ContentHash(buf[:n]))
+				chunks++
+			}
+			if err == io.EOF {
+				break
+			}
+		}
+	}
+	t.Logf("%d chunks", chunks)
+	const want = "09bbce1562578e06c9f8e4725ee6ecf96ac1ccd1f1c75bd57bb52e5a33dd7c7d"
+	if got := fmt.Sprintf("%x", codec.ContentHash(log)); got != want {
+		t.Errorf("the cutter's chunks changed: digest %s, want %s", got, want)
 	}
 }
