@@ -192,3 +192,62 @@ func (r *blockReader) Read(p []byte) (int, error) {
 	r.left -= int64(n)
 	return n, nil
 }
+
+// BenchmarkPrecopyFinal is the receiver's side of a pre-copy migration's
+// final dump, the part in the downtime: every chunk was sent ahead in a
+// round (not timed), and the final stream names them all by reference;
+// timed from the final stream's start until every file has been served.
+// The image is a quarter each noise and text-like bytes, twice (lz4).
+func BenchmarkPrecopyFinal(b *testing.B) {
+	size := int(migrateSize())
+	img := make([]byte, size)
+	rand.Read(img[:size/4])
+	for i := size / 4; i < size/2; i++ {
+		img[i] = "gpucr-stream pre-copy "[i%22]
+	}
+	copy(img[size/2:], img[:size/2])
+	files := map[string][]byte{"pages-1.img": img[:size/2], "pages-2.img": img[size/2:]}
+	for _, streams := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for range b.N {
+				b.StopTimer()
+				l, err := Listen(testCtx(b), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Reports: true,
+					ChunkCache: true, CacheMemory: int64(size) * 2, SpillDir: b.TempDir()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				src := NewSource(testCtx(b), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: int64(size) + 256<<20}, SpillDir: b.TempDir()})
+				out, err := Dial(testCtx(b), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams,
+					Format: pipeline.Format{ChunkHashes: true}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := send(b, &AheadOutput{Out: out}, files); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if err := send(b, RefOutput{Output: out, Skip: true}, files); err != nil {
+					b.Fatal(err)
+				}
+				if err := out.Confirm(testCtx(b), CommitInfo{}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := src.WaitCommitted(testCtx(b)); err != nil {
+					b.Fatal(err)
+				}
+				for name := range files {
+					if _, err := src.Copy(testCtx(b), name, io.Discard); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if out.RefBytes() < int64(size)/2 {
+					b.Fatalf("only %d of %d bytes went by reference", out.RefBytes(), size)
+				}
+				out.Close()
+				src.Close()
+			}
+		})
+	}
+}

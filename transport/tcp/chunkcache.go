@@ -90,10 +90,13 @@ func (k *chunkCache) put(c wire.Chunk) error {
 	return nil
 }
 
-// frame gives the DATA frame a REF record's header stands for: the header
-// and the cached payload, once the header checks and names a chunk held
-// here with the same raw length, CRC, codec and stored length.
-func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
+// payload gives the payload of the DATA frame a REF record's header
+// stands for, once the header checks and names a chunk held here with the
+// same raw length, CRC, codec and stored length. A chunk held in memory is
+// given as the cache's own bytes (read only, and kept alive by the caller
+// after close): the final dump's references are most of a migration's
+// image, and copying them on the way cost the downtime time and memory.
+func (k *chunkCache) payload(hdr []byte) ([]byte, error) {
 	fh, err := manifest.UnmarshalFrameHeader(hdr)
 	if err != nil {
 		return nil, fmt.Errorf("REF record: %w: %w", err, errdefs.ErrCorrupt)
@@ -102,12 +105,13 @@ func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
 		return nil, fmt.Errorf("REF record for a %s frame: %w", fh.Type, errdefs.ErrCorrupt)
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	e, ok := k.chunks[fh.Hash]
 	for !ok && !k.closed && k.begun < k.shards {
 		k.changed.Wait()
 		e, ok = k.chunks[fh.Hash]
 	}
+	spill := k.spill
+	k.mu.Unlock()
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("REF record at offset %d of file %d names chunk %x, which this receiver does not hold: %w", fh.Offset, fh.FileID, fh.Hash, errdefs.ErrCorrupt)
@@ -115,12 +119,14 @@ func (k *chunkCache) frame(hdr []byte) ([]byte, error) {
 		return nil, fmt.Errorf("REF record names chunk %x as %d raw bytes in codec %d (%d stored, CRC-32C %08x); the cache holds %d in codec %d (CRC-32C %08x): %w",
 			fh.Hash, fh.RawLen, fh.Codec, fh.StoredLen, fh.Checksum, e.raw, e.codec, e.crc, errdefs.ErrCorrupt)
 	}
-	b := make([]byte, manifest.FrameSize+int(fh.StoredLen))
-	copy(b, hdr)
 	if e.stored != nil {
-		copy(b[manifest.FrameSize:], e.stored)
-	} else if _, err := k.spill.ReadAt(b[manifest.FrameSize:], e.off); err != nil {
-		return nil, fmt.Errorf("chunk cache: read %s: %w", k.spill.Name(), err)
+		return e.stored, nil
+	}
+	// Spilled: the entry and the file's bytes are never rewritten, and a
+	// closed cache's file is closed, which ReadAt reports.
+	b := make([]byte, e.length)
+	if _, err := spill.ReadAt(b, e.off); err != nil {
+		return nil, fmt.Errorf("chunk cache: read %s: %w", spill.Name(), err)
 	}
 	return b, nil
 }

@@ -115,15 +115,15 @@ func TestChunkCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			k.begin()
-			b, err := k.frame(c.ref)
+			b, err := k.payload(c.ref)
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, errdefs.ErrCorrupt) {
-					t.Fatalf("frame: %v, want an error with %q", err, c.wantErr)
+					t.Fatalf("payload: %v, want an error with %q", err, c.wantErr)
 				}
 				return
 			}
-			if err != nil || !bytes.Equal(b[:manifest.FrameSize], good) || !bytes.Equal(b[manifest.FrameSize:], stored) {
-				t.Fatalf("frame: %q, %v", b, err)
+			if err != nil || !bytes.Equal(b, stored) {
+				t.Fatalf("payload: %q, %v", b, err)
 			}
 		})
 	}
@@ -133,12 +133,12 @@ func TestChunkCache(t *testing.T) {
 		k.begin() // this connection's stream began; the other's has not
 		got := make(chan error, 1)
 		go func() {
-			_, err := k.frame(good)
+			_, err := k.payload(good)
 			got <- err
 		}()
 		select {
 		case err := <-got:
-			t.Fatalf("frame did not wait for the other connection: %v", err)
+			t.Fatalf("payload did not wait for the other connection: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if err := k.put(chunk); err != nil {
@@ -148,7 +148,7 @@ func TestChunkCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() {
-			_, err := k.frame(hdr([32]byte{7}, 2, 5))
+			_, err := k.payload(hdr([32]byte{7}, 2, 5))
 			got <- err
 		}()
 		k.begin() // the other began too: a chunk not held now never comes
@@ -160,12 +160,12 @@ func TestChunkCache(t *testing.T) {
 		k := newChunkCache(1<<20, t.TempDir(), 2)
 		got := make(chan error, 1)
 		go func() {
-			_, err := k.frame(good)
+			_, err := k.payload(good)
 			got <- err
 		}()
 		k.close()
 		if err := <-got; err == nil {
-			t.Fatal("frame resolved from a closed cache")
+			t.Fatal("payload resolved from a closed cache")
 		}
 		if err := k.put(chunk); err == nil {
 			t.Fatal("put into a closed cache")

@@ -336,7 +336,7 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 	for _, c := range s.conns {
 		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
 		if s.cache != nil {
-			c.sr.SetChunkCache(s.cache.put, s.cache.frame, s.cache.begin)
+			c.sr.SetChunkCache(s.cache.put, s.cache.payload, s.cache.begin)
 		}
 		// An authenticated sender that stays connected and silent is
 		// dropped like a dead link.

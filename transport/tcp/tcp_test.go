@@ -68,7 +68,7 @@ const (
 	otherToken = "c42507a72743f066ab012986423285cf201791d5a42f4825b0927c4b4e2e9ecb"
 )
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
@@ -107,7 +107,7 @@ func testFiles() map[string][]byte {
 }
 
 // send writes files through a capture into out and commits.
-func send(t *testing.T, out streamer.Output, files map[string][]byte) error {
+func send(t testing.TB, out streamer.Output, files map[string][]byte) error {
 	t.Helper()
 	spec, _ := codec.ParseSpec("lz4")
 	c, err := streamer.NewCapture(testCtx(t), out, pipeline.Options{ChunkSize: 1 << 20, Codec: spec})
@@ -140,7 +140,7 @@ func transferAll(t *testing.T, r *receiver, o SendOptions) {
 	checkFiles(t, r.src, files)
 }
 
-func checkFiles(t *testing.T, src source.Source, files map[string][]byte) {
+func checkFiles(t testing.TB, src source.Source, files map[string][]byte) {
 	t.Helper()
 	for name, want := range files {
 		var buf bytes.Buffer

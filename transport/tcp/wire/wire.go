@@ -329,16 +329,19 @@ type ShardReader struct {
 	conn net.Conn
 	idle time.Duration
 	// Pre-copy (chunk.go): chunks takes each CHUNK record, ref gives the
-	// bytes a REF record stands for, which are read before the next record.
-	chunks  func(Chunk) error
-	ref     func(hdr []byte) ([]byte, error)
-	begin   func()
-	begun   bool
-	pending []byte
+	// payload of the frame a REF record stands for. The frame's header and
+	// then that payload (the cache's own bytes, never written to) are read
+	// before the next record.
+	chunks         func(Chunk) error
+	ref            func(hdr []byte) ([]byte, error)
+	begin          func()
+	begun          bool
+	pending, after []byte
 }
 
 // SetChunkCache makes s take CHUNK records (chunks owns each) and REF
-// records (ref returns the frame's bytes or why not); without it either
+// records (ref returns the frame's payload, which s only reads, or why
+// not); without it either
 // record fails the stream. begin is called once, at the first record of
 // the stream itself (DATA, REF or EOS): a sender sends every CHUNK of a
 // connection before its stream, so once every connection's reader has
@@ -368,11 +371,11 @@ func (s *ShardReader) record(typ uint8, n uint32) error {
 	if err != nil {
 		return err
 	}
-	b, err := s.ref(hdr)
+	payload, err := s.ref(hdr)
 	if err != nil {
 		return err
 	}
-	s.pending = b
+	s.pending, s.after = hdr, payload
 	return nil
 }
 
@@ -406,6 +409,9 @@ func NewShardReader(br *bufio.Reader, counts *atomic.Int64) *ShardReader {
 
 // Read implements io.Reader: io.EOF at the EOS record.
 func (s *ShardReader) Read(p []byte) (int, error) {
+	if len(s.pending) == 0 && len(s.after) > 0 {
+		s.pending, s.after = s.after, nil
+	}
 	if len(s.pending) > 0 {
 		n := copy(p, s.pending)
 		s.pending = s.pending[n:]
