@@ -162,30 +162,52 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	return res, nil
 }
 
+// manifestBudget bounds the bytes of the manifests markFrames reads at
+// once, besides their number: a manifest takes about three times its size
+// while it is read and parsed, and a checkpoint of 40,000 chunks (13 GB of
+// device memory) has one of 8 MB. A larger one is read alone.
+const manifestBudget = 4 << 20
+
 // markFrames reads every manifest in objs and marks, in the packs its
 // chunks lie in (through the index t where a manifest's pack is gone:
 // chunkstore.Relocate, as a reader finds them), the frames they use. Any
 // manifest it cannot read is an error: its references are unknown. A
 // checkpoint with chunks in no pack is reported in res.Lost. What it holds
-// besides the marks (a bit per chunk of t) is the manifests in flight.
+// besides the marks (a bit per chunk of t) is the manifests in flight:
+// parallel of them, manifestBudget bytes at most.
 func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t *chunkstore.Table, present map[chunkstore.PackID]int64, res *ChunkGCResult) (*chunkstore.Marks, error) {
-	var prefixes []string
+	var ckpts []*group
 	for _, g := range groups(objs) {
 		if g.manifest != nil {
-			prefixes = append(prefixes, g.prefix)
+			ckpts = append(ckpts, g)
 		}
 	}
 	marks := t.NewMarks()
 	var mu sync.Mutex
+	reading := sync.NewCond(&mu)
+	var inFlight int64 // bytes of the manifests being read
 	var first error
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, parallel)
-	for _, p := range prefixes {
-		wg.Add(1)
+	for _, g := range ckpts {
+		p, n := g.prefix, min(g.manifest.Size, manifestBudget)
 		sem <- struct{}{}
+		mu.Lock()
+		for inFlight > 0 && inFlight+n > manifestBudget {
+			reading.Wait()
+		}
+		inFlight += n
+		mu.Unlock()
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
+			defer func() {
+				mu.Lock()
+				inFlight -= n
+				reading.Broadcast()
+				mu.Unlock()
+				<-sem
+			}()
 			m, err := source.ReadManifest(ctx, store.Sub(st, p))
 			if err == nil && m.SharedChunks {
 				err = chunkstore.Relocate(m, t, present)
@@ -239,9 +261,10 @@ func repackAll(ctx context.Context, st store.Store, names []string, marks *chunk
 		want[id] = true
 	}
 	frames := marks.Frames(func(p chunkstore.PackID) bool { return want[p] })
+	br := bufio.NewReaderSize(nil, 1<<20) // one for every pack: no megabyte of garbage each
 	for _, name := range names {
 		id, _ := chunkstore.ParsePackName(name)
-		if err := repackOne(ctx, st, name, frames[id], func(f chunkstore.Frame, fh *manifest.FrameHeader, payload []byte) error {
+		if err := repackOne(ctx, st, br, name, frames[id], func(f chunkstore.Frame, fh *manifest.FrameHeader, payload []byte) error {
 			pack, pos, err := w.Write(ctx, fh, payload)
 			if err == nil {
 				marks.Moved(f, fh.Hash, chunkstore.Ref{Pack: pack, Pos: pos,
@@ -262,15 +285,15 @@ func repackAll(ctx context.Context, st store.Store, names []string, marks *chunk
 	return len(packs), nil
 }
 
-// repackOne reads frames, in offset order, from the pack name and hands
-// each to put, checked: a DATA frame of the length expected.
-func repackOne(ctx context.Context, st store.Store, name string, frames []chunkstore.Frame, put func(chunkstore.Frame, *manifest.FrameHeader, []byte) error) error {
+// repackOne reads frames, in offset order, from the pack name through br
+// and hands each to put, checked: a DATA frame of the length expected.
+func repackOne(ctx context.Context, st store.Store, br *bufio.Reader, name string, frames []chunkstore.Frame, put func(chunkstore.Frame, *manifest.FrameHeader, []byte) error) error {
 	r, err := st.Open(ctx, name, 0, -1)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	br := bufio.NewReaderSize(r, 1<<20)
+	br.Reset(r)
 	var at int64
 	var buf []byte
 	for _, f := range frames {

@@ -257,7 +257,10 @@ func ReadIndex(ctx context.Context, st store.Store, name string) ([]Pack, []Chun
 		return nil, nil, fmt.Errorf("%s/%s: %w", st, name, err)
 	}
 	defer r.Close()
-	packs, chunks, err := DecodeIndex(bufio.NewReaderSize(r, 1<<20), info.Size)
+	// A small buffer: Load reads hundreds of objects, and a megabyte each
+	// would be garbage the collector must keep up with while the table
+	// fills.
+	packs, chunks, err := DecodeIndex(bufio.NewReaderSize(r, 64<<10), info.Size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s/%s: %w", st, name, err)
 	}
