@@ -42,8 +42,6 @@ type Frame struct {
 
 func (e *entry) offset() int64 { return int64(e.posHi)<<32 | int64(e.pos) }
 
-func (m *Marks) marked(i int) bool { return m.bits[i/64]&(1<<(i%64)) != 0 }
-
 // Mark records that a manifest references the chunk id in pack at pos,
 // with stored payload bytes.
 func (m *Marks) Mark(id manifest.Hash, pack PackID, pos int64, stored uint32) {
