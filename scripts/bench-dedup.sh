@@ -11,7 +11,8 @@
 # (BENCH_DEDUP_S3=0 skips). Times are the checkpoint command's wall time;
 # "new" is what each checkpoint added to its location (ls --json new_bytes).
 # Printed as medians and ratios. Tunables as scripts/bench.sh: BENCH_MB,
-# BENCH_MIX, BENCH_ROUNDS, CRIU, GCS, MINIO.
+# BENCH_MIX, BENCH_ROUNDS, CRIU, GCS, MINIO; BENCH_TARGET (a prebuilt
+# e2e/target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -40,8 +41,9 @@ cleanup() {
 }
 trap cleanup EXIT
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
-TARGET_BIN=$WORK/target
-CGO_ENABLED=0 go build -o "$TARGET_BIN" ./e2e/target
+# BENCH_TARGET: an e2e/target built elsewhere (a machine without Go).
+TARGET_BIN=${BENCH_TARGET:-$WORK/target}
+[ -n "${BENCH_TARGET:-}" ] || CGO_ENABLED=0 go build -o "$TARGET_BIN" ./e2e/target
 
 STORES="dir"
 if [ "${BENCH_DEDUP_S3:-1}" = 1 ]; then
