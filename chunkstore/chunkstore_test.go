@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -149,4 +150,36 @@ func TestTableMemory(t *testing.T) {
 	}
 	runtime.KeepAlive(chunks)
 	runtime.KeepAlive(tbl)
+}
+
+// TestTableBuckets: in a table large enough for buckets (Table.first),
+// every id is found with its place, at the ends of the id space too, and
+// ids it lacks are not, whatever bucket they fall in.
+func TestTableBuckets(t *testing.T) {
+	packs := testPacks(4)
+	chunks := randomChunks(bucketsFrom+5000, packs, 11)
+	for i, b := range [][2]byte{{0, 0}, {0, 0}, {0, 1}, {0xff, 0xfe}, {0xff, 0xff}, {0xff, 0xff}} {
+		chunks[i].ID[0], chunks[i].ID[1] = b[0], b[1]
+	}
+	tbl := TableOf(packs, chunks)
+	if tbl.first == nil {
+		t.Fatal("no buckets")
+	}
+	for _, c := range chunks {
+		if r, ok := tbl.Lookup(c.ID); !ok || r != c.Ref {
+			t.Fatalf("chunk %s: %+v, %v; want %+v", c.ID, r, ok, c.Ref)
+		}
+		for _, flip := range []int{0, 1, 31} {
+			missing := c.ID
+			missing[flip] ^= 0x80
+			if _, ok := tbl.Lookup(missing); ok && !slices.ContainsFunc(chunks, func(o Chunk) bool { return o.ID == missing }) {
+				t.Fatalf("id %s found, not in the table", missing)
+			}
+		}
+	}
+	for _, id := range []manifest.Hash{{}, {0xff, 0xff, 0xff}, {0x80}} {
+		if _, ok := tbl.Lookup(id); ok {
+			t.Fatalf("id %s found, not in the table", id)
+		}
+	}
 }

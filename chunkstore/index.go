@@ -88,6 +88,11 @@ type Table struct {
 	packs   []Pack
 	packIdx map[PackID]uint32
 	loaded  []entry // sorted by id, never changed after Load
+	// first[b] is the first entry of loaded whose id's first two bytes
+	// are b or more (nil for a small table): a lookup searches the ~15
+	// entries of one bucket of a million, in a cache line or two, instead
+	// of probing 20 places across 56 MB. 256 KiB.
+	first []uint32
 
 	mu    sync.RWMutex
 	added map[manifest.Hash]Ref
@@ -123,8 +128,13 @@ func (t *Table) Lookup(id manifest.Hash) (Ref, bool) {
 }
 
 func (t *Table) search(id manifest.Hash) (int, bool) {
-	i := sort.Search(len(t.loaded), func(i int) bool { return bytes.Compare(t.loaded[i].id[:], id[:]) >= 0 })
-	return i, i < len(t.loaded) && t.loaded[i].id == id
+	lo, hi := 0, len(t.loaded)
+	if t.first != nil {
+		b := int(id[0])<<8 | int(id[1])
+		lo, hi = int(t.first[b]), int(t.first[b+1])
+	}
+	i := lo + sort.Search(hi-lo, func(i int) bool { return bytes.Compare(t.loaded[lo+i].id[:], id[:]) >= 0 })
+	return i, i < hi && t.loaded[i].id == id
 }
 
 func (t *Table) ref(e *entry) Ref {
@@ -171,7 +181,24 @@ func (t *Table) finish() {
 	// Keep one entry per id (the first pack's, by sort order: any works).
 	t.loaded = slices.CompactFunc(t.loaded, func(a, b entry) bool { return a.id == b.id })
 	t.loaded = slices.Clip(t.loaded)
+	if len(t.loaded) < bucketsFrom {
+		return
+	}
+	t.first = make([]uint32, 1<<16+1)
+	b := 0
+	for i := range t.loaded {
+		for k := int(t.loaded[i].id[0])<<8 | int(t.loaded[i].id[1]); b <= k; b++ {
+			t.first[b] = uint32(i)
+		}
+	}
+	for ; b <= 1<<16; b++ {
+		t.first[b] = uint32(len(t.loaded))
+	}
 }
+
+// bucketsFrom is the size of table from which lookups go through buckets
+// (Table.first): where they save more than their 256 KiB costs.
+const bucketsFrom = 1 << 16
 
 // TableOf is the table of one index object's contents.
 func TableOf(packs []Pack, chunks []Chunk) *Table {
