@@ -313,12 +313,16 @@ type heapWatch struct {
 	stop       chan struct{}
 	done       sync.WaitGroup
 	heap, live uint64
+	// before is the live heap when it starts: what the benchmark holds.
+	before uint64
 }
 
 func watchHeap() *heapWatch {
 	runtime.GC()
 	w := &heapWatch{stop: make(chan struct{})}
 	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	w.before = s[1].Value.Uint64()
 	w.done.Go(func() {
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
@@ -336,11 +340,12 @@ func watchHeap() *heapWatch {
 	return w
 }
 
-// end stops sampling and returns the peaks, in MiB.
-func (w *heapWatch) end() (heap, live float64) {
+// end stops sampling and returns the peaks and the live heap before, in
+// MiB.
+func (w *heapWatch) end() (heap, live, before float64) {
 	close(w.stop)
 	w.done.Wait()
-	return float64(w.heap) / (1 << 20), float64(w.live) / (1 << 20)
+	return float64(w.heap) / (1 << 20), float64(w.live) / (1 << 20), float64(w.before) / (1 << 20)
 }
 
 // BenchmarkGCFleet is gc of a location of a million chunks (-fleet-chunks)
@@ -377,12 +382,12 @@ func BenchmarkGCFleet(b *testing.B) {
 				res, err := GCChunks(ctx, loc, 0, false, 0)
 				took := time.Since(start)
 				b.StopTimer()
-				heap, live := w.end()
+				heap, live, before := w.end()
 				if err != nil || res.Removed != removed || res.Repacked != repacked || len(res.Lost) != 0 {
 					b.Fatalf("gc: %+v, %v; want %d packs removed, %d repacked", res, err, removed, repacked)
 				}
-				b.Logf("gc in %s: %d packs, %d removed, %d repacked into %d; peak heap %.1f MiB, peak live heap %.1f MiB",
-					took.Round(time.Millisecond), res.Packs, res.Removed, res.Repacked, res.RepackedInto, heap, live)
+				b.Logf("gc in %s: %d packs, %d removed, %d repacked into %d; peak heap %.1f MiB, peak live heap %.1f MiB (%.1f MiB before gc)",
+					took.Round(time.Millisecond), res.Packs, res.Removed, res.Repacked, res.RepackedInto, heap, live, before)
 				b.ReportMetric(heap, "peak-heap-MiB")
 				b.ReportMetric(live, "peak-live-MiB")
 			}
