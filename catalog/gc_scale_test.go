@@ -24,6 +24,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -393,4 +394,57 @@ func BenchmarkGCFleet(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestMarkFramesMemory: what gc keeps of the manifests' references to
+// decide what to sweep and repack is a bit per chunk of the index beside
+// the table, not a record per frame (which took as much again as the
+// table: 40 MiB for a million chunks).
+func TestMarkFramesMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a location of 200,000 chunks")
+	}
+	ctx := context.Background()
+	f := fleet{ckpts: 64, perCkpt: 3125, packBytes: 250 * chunkFrame}
+	loc := mem.New("fleet")
+	if _, err := f.build(ctx, loc); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := loc.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	present, err := chunkstore.Packs(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := chunkstore.Load(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Twice: a pool's objects outlive one collection.
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	marks, err := markFrames(ctx, loc, objs, tbl, present, &ChunkGCResult{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	n := tbl.Len()
+	per := (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(n)
+	t.Logf("%.2f bytes a chunk kept of the marks (%d chunks, %d packs live)", per, n, len(marks.Live()))
+	// A bit a chunk, and the packs': 4 leaves room for the runtime's
+	// own; a record per live frame was about 22.
+	if per > 4 {
+		t.Errorf("the marks keep %.2f bytes a chunk, want at most 4", per)
+	}
+	runtime.KeepAlive(marks)
+	runtime.KeepAlive(tbl)
+	runtime.KeepAlive(loc) // and objs, present: what the marks must not be charged for
+	runtime.KeepAlive(objs)
+	runtime.KeepAlive(present)
 }

@@ -87,7 +87,7 @@ type entry struct {
 type Table struct {
 	packs   []Pack
 	packIdx map[PackID]uint32
-	loaded  []entry // sorted by id, never changed after Load
+	loaded  []entry // sorted by id; only gc's repacking changes it (Marks.Moved), never its order
 	// first[b] is the first entry of loaded whose id's first two bytes
 	// are b or more (nil for a small table): a lookup searches the ~15
 	// entries of one bucket of a million, in a cache line or two, instead
