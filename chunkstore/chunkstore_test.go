@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
@@ -181,5 +185,43 @@ func TestTableBuckets(t *testing.T) {
 		if _, ok := tbl.Lookup(id); ok {
 			t.Fatalf("id %s found, not in the table", id)
 		}
+	}
+}
+
+// slowOpen is a store whose reads wait a while first, and which counts
+// the goroutines there are while they wait.
+type slowOpen struct {
+	store.Store
+	mu   sync.Mutex
+	most int
+}
+
+func (s *slowOpen) Open(ctx context.Context, name string, off, length int64) (io.ReadCloser, error) {
+	time.Sleep(5 * time.Millisecond)
+	s.mu.Lock()
+	s.most = max(s.most, runtime.NumGoroutine())
+	s.mu.Unlock()
+	return s.Store.Open(ctx, name, off, length)
+}
+
+// TestLoadGoroutines: Load reads many index objects with a goroutine per
+// read in flight, not one per object.
+func TestLoadGoroutines(t *testing.T) {
+	ctx := context.Background()
+	st := &slowOpen{Store: mem.New("loc")}
+	packs := testPacks(1)
+	const objects = 300
+	for i := range objects {
+		if _, err := WriteIndex(ctx, st, packs, randomChunks(2, packs, uint64(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := runtime.NumGoroutine()
+	tbl, err := Load(ctx, st)
+	if err != nil || tbl.Len() != 2*objects {
+		t.Fatalf("load: %d chunks, %v", tbl.Len(), err)
+	}
+	if st.most > before+2*loadParallel {
+		t.Errorf("%d goroutines while loading %d index objects (%d before), want at most %d more", st.most, objects, before, 2*loadParallel)
 	}
 }

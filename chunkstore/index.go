@@ -234,18 +234,22 @@ func Load(ctx context.Context, st store.Store) (*Table, error) {
 	var first error
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, loadParallel)
+objects:
 	for _, o := range objs {
 		if !IsIndexName(o.Name) {
 			continue
 		}
+		// A goroutine per read in flight, not per object: a location of
+		// ten thousand index objects (one a capture, gc not run since)
+		// would hold ten thousand stacks.
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break objects
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
 			defer func() { <-sem }()
 			packs, chunks, err := ReadIndex(ctx, st, o.Name)
 			mu.Lock()
