@@ -235,7 +235,11 @@ func TestGCRacesCapture(t *testing.T) {
 					}
 					// The chunk store's part of gc: the rest, at age 0,
 					// would take the temporary files of writes in flight.
-					res, err := GCChunks(ctx, loc, 0, false, 0)
+					// Any pack with garbage is repacked, so that repacks
+					// race the captures whenever gc finds no capture's
+					// lock (at the default share, a loaded machine's
+					// interleaving could leave none to repack).
+					res, err := GCChunks(ctx, loc, 0, false, 0.99)
 					if err != nil {
 						t.Errorf("gc: %v", err)
 						return
