@@ -147,6 +147,7 @@ type ArchiveSource struct {
 	parallel int
 	tokens   chan struct{} // the shared budget
 	pages    pagePool      // decoded chunks
+	frames   pagePool      // a format 4 checkpoint's runs of frames (runs.go)
 	payloads sync.Pool     // compressed payloads
 	seal     *crypt.Session
 	sums     pipeline.Digester
@@ -269,17 +270,13 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	a.parallel = min(a.parallel, a.window)
 	a.pages = pagePool{size: int(maxRaw), keep: budget + 2}
 	if m.SharedChunks {
+		a.frames = pagePool{size: int(runSpan(maxRaw)), keep: budget + 2}
 		a.runs = map[string][]run{}
 		for i := range m.Files {
 			a.runs[m.Files[i].Name] = runsOf(&m.Files[i], maxRaw, runSpan(maxRaw), runGap(maxRaw))
 		}
 	}
-	payloadSize := maxStored
-	if m.SharedChunks {
-		// A run's frames, read at once (runs.go).
-		payloadSize = max(maxStored, runSpan(maxRaw))
-	}
-	a.payloads.New = func() any { b := make([]byte, payloadSize); return &b }
+	a.payloads.New = func() any { b := make([]byte, maxStored); return &b }
 	return a
 }
 
@@ -305,16 +302,31 @@ func (a *ArchiveSource) Files(ctx context.Context) ([]manifest.File, error) { re
 // Close implements Source; it must not be called while a Copy runs.
 func (a *ArchiveSource) Close() error {
 	a.pages.close()
+	a.frames.close()
 	return nil
 }
 
-// fetched is one chunk ready to write: raw lies in page (or is zero bytes
-// long for a zero chunk); payload is the stored form it was decoded from.
+// fetched is one read ready to write: a chunk, or a run of them (runs.go).
+// Its bytes are the pieces of raw, in order, which lie in page and frames
+// (or none, for zero zero bytes); payload is the stored form a chunk was
+// decoded from.
 type fetched struct {
-	raw     []byte
+	raw     [][]byte
 	zero    int64
 	page    *pageBuf
+	frames  *pageBuf
 	payload *[]byte
+}
+
+// unmap frees v's page buffers once a pipe holds their pages: they must
+// never be reused.
+func (v *fetched) unmap() {
+	for _, p := range []*pageBuf{v.page, v.frames} {
+		if p != nil {
+			p.free()
+		}
+	}
+	v.page, v.frames = nil, nil
 }
 
 func (a *ArchiveSource) drop(v fetched) {
@@ -323,6 +335,9 @@ func (a *ArchiveSource) drop(v fetched) {
 	}
 	if v.page != nil {
 		a.pages.put(v.page)
+	}
+	if v.frames != nil {
+		a.frames.put(v.frames)
 	}
 }
 
@@ -406,7 +421,7 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	if a.opts.VerifyHashes && a.sums.Content(raw) != c.Hash {
 		return fail(where("content hash mismatch: %w", errdefs.ErrCorrupt))
 	}
-	v.raw = raw
+	v.raw = [][]byte{raw}
 	a.Counters.StoredBytes.Add(int64(c.Stored))
 	a.Counters.StoredRaw.Add(int64(c.RawLen))
 	return v, nil
@@ -458,19 +473,23 @@ func anyChunks(m *manifest.Manifest) bool {
 // decode opens (when sealed) and decodes chunk c of f from its stored
 // payload into raw, checking its CRC-32C.
 func (a *ArchiveSource) decode(raw []byte, f *manifest.File, c manifest.Chunk, payload []byte) error {
-	sum := c.Checksum
-	if a.seal != nil {
-		var err error
-		if a.man.SharedChunks {
-			// Sealed for the chunk store: bound to its keyed id.
-			payload, sum, err = a.seal.OpenShared(payload, c.Hash, c.RawLen, c.Codec)
-		} else {
-			ch := crypt.Chunk{FileID: f.ID, Name: f.Name, Offset: uint64(c.Offset), RawLen: c.RawLen, Codec: c.Codec}
-			payload, sum, err = openChunk(a.seal, payload, ch)
-		}
-		if err != nil {
-			return err
-		}
+	enc, sum, err := a.open(f, c, payload)
+	if err != nil {
+		return err
 	}
-	return decodeChunk(raw, c.Codec, sum, payload)
+	return decodeChunk(raw, c.Codec, sum, enc)
+}
+
+// open authenticates and decrypts a sealed payload in place; it returns
+// the encoded chunk and its raw bytes' CRC-32C (the index's, unsealed).
+func (a *ArchiveSource) open(f *manifest.File, c manifest.Chunk, payload []byte) ([]byte, uint32, error) {
+	switch {
+	case a.seal == nil:
+		return payload, c.Checksum, nil
+	case a.man.SharedChunks:
+		// Sealed for the chunk store: bound to its keyed id.
+		return a.seal.OpenShared(payload, c.Hash, c.RawLen, c.Codec)
+	}
+	ch := crypt.Chunk{FileID: f.ID, Name: f.Name, Offset: uint64(c.Offset), RawLen: c.RawLen, Codec: c.Codec}
+	return openChunk(a.seal, payload, ch)
 }

@@ -174,12 +174,11 @@ func (c *fileCopy) writeOut(ctx context.Context, name string, w io.Writer) (writ
 				c.release(i)
 				return written, emitted, r.err
 			}
-			if r.v.page == nil {
+			if r.v.raw == nil {
 				err = out.zeros(r.v.zero)
-			} else if spliced, werr := out.write(r.v.raw); spliced {
-				// The pipe holds the pages: they must never be reused.
-				r.v.page.free()
-				r.v.page, err = nil, werr
+			} else if spliced, werr := out.write(r.v.raw...); spliced {
+				r.v.unmap()
+				err = werr
 			} else {
 				err = werr
 			}

@@ -65,7 +65,12 @@ func runsOf(f *manifest.File, maxRaw, maxSpan, maxGap int64) []run {
 	return out
 }
 
-// fetchRun reads and decodes one run of f's chunks.
+// fetchRun reads and decodes one run of f's chunks. The run's frames are
+// read at once into a page buffer (pooled; spliceable like a plain
+// chunk's); a chunk stored raw is checked where it lies there and written
+// from there, and only encoded chunks are decoded, into a second page
+// buffer of the run's raw size. So no byte is copied that a plain
+// archive's restore would not copy.
 func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (fetched, error) {
 	if r.n == 1 {
 		return a.fetch(ctx, f, r.first)
@@ -76,22 +81,22 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 	where := func(c manifest.Chunk, format string, args ...any) error {
 		return fmt.Errorf("%s: %s at offset %d (file %s, chunk at file offset %d): %w", a.chunks, seg, c.Pos, f.Name, c.Offset, fmt.Errorf(format, args...))
 	}
-	page, err := a.pages.get(int(r.raw))
+	span := last.Pos + manifest.FrameSize + int64(last.Stored) - first.Pos
+	frames, err := a.frames.get(int(span))
 	if err != nil {
 		return fetched{}, where(first, "%w", err)
 	}
-	span := last.Pos + manifest.FrameSize + int64(last.Stored) - first.Pos
-	v := fetched{page: page, payload: a.payloadBuf(int(span))}
+	v := fetched{frames: frames, raw: make([][]byte, 0, r.n)}
 	fail := func(err error) (fetched, error) {
 		a.drop(v)
 		return fetched{}, err
 	}
-	buf := *v.payload
+	buf := frames.b[:span]
 	rd, err := a.chunks.Open(ctx, seg, first.Pos, span)
 	if err != nil {
 		return fail(where(first, "%w", err))
 	}
-	_, err = io.ReadFull(rd, buf)
+	packed, err := readFrames(rd, buf, cs)
 	rd.Close()
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
@@ -99,9 +104,11 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 		}
 		return fail(where(first, "read frames: %w", err))
 	}
-	var off int64
+	var at, off, stored int64 // at: c's frame in buf; off: in v.page, of the next encoded chunk
 	for _, c := range cs {
-		at := c.Pos - first.Pos
+		if !packed {
+			at = c.Pos - first.Pos
+		}
 		fh, err := manifest.UnmarshalFrameHeader(buf[at : at+manifest.FrameSize])
 		if err != nil {
 			return fail(where(c, "%w: %w", err, errdefs.ErrCorrupt))
@@ -110,17 +117,72 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 			fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum || fh.Hash != c.Hash {
 			return fail(where(c, "frame does not match the index: %w", errdefs.ErrCorrupt))
 		}
-		raw := page.b[off : off+int64(c.RawLen)]
-		payload := buf[at+manifest.FrameSize : at+manifest.FrameSize+int64(c.Stored)]
-		if err := a.decode(raw, f, c, payload); err != nil {
+		enc, sum, err := a.open(f, c, buf[at+manifest.FrameSize:at+manifest.FrameSize+int64(c.Stored)])
+		if err != nil {
+			return fail(where(c, "%w", err))
+		}
+		raw := enc // stored raw: checked in place
+		if codec.ID(c.Codec) == codec.None && len(enc) != int(c.RawLen) {
+			return fail(where(c, "raw chunk stores %d bytes for %d: %w", len(enc), c.RawLen, errdefs.ErrCorrupt))
+		} else if codec.ID(c.Codec) != codec.None {
+			if v.page == nil {
+				if v.page, err = a.pages.get(int(r.raw)); err != nil {
+					return fail(where(c, "%w", err))
+				}
+			}
+			raw = v.page.b[off : off+int64(c.RawLen)]
+			off += int64(c.RawLen)
+		}
+		if err := decodeChunk(raw, c.Codec, sum, enc); err != nil {
 			return fail(where(c, "%w", err))
 		}
 		if a.opts.VerifyHashes && a.sums.Content(raw) != c.Hash {
 			return fail(where(c, "content hash mismatch: %w", errdefs.ErrCorrupt))
 		}
-		off += int64(c.RawLen)
-		a.Counters.StoredBytes.Add(int64(c.Stored))
+		v.raw = appendAdjacent(v.raw, raw)
+		stored += int64(c.Stored)
+		at += manifest.FrameSize + int64(c.Stored)
 	}
-	v.raw = page.b[:r.raw]
+	a.Counters.StoredBytes.Add(stored)
+	a.Counters.StoredRaw.Add(r.raw)
 	return v, nil
+}
+
+// appendAdjacent appends b to bs, joining it to the last piece when it
+// follows that piece in memory (chunks decoded one after another).
+func appendAdjacent(bs [][]byte, b []byte) [][]byte {
+	if k := len(bs) - 1; k >= 0 && len(b) > 0 {
+		if last := bs[k]; cap(last) >= len(last)+len(b) && addr(last)+uintptr(len(last)) == addr(b) {
+			bs[k] = last[:len(last)+len(b)]
+			return bs
+		}
+	}
+	return append(bs, b)
+}
+
+// readFrames reads the frames of cs into buf. A reader at offsets (a
+// local file) reads only them, stepping over other frames between, one
+// after another from buf's start (packed): only the pages they need are
+// touched. Others read the whole span, each frame at its place.
+func readFrames(rd io.Reader, buf []byte, cs []manifest.Chunk) (packed bool, err error) {
+	ra, ok := rd.(io.ReaderAt)
+	if !ok {
+		_, err := io.ReadFull(rd, buf)
+		return false, err
+	}
+	base, at := cs[0].Pos, int64(0)
+	for i := 0; i < len(cs); {
+		start, n := cs[i].Pos-base, manifest.FrameSize+int64(cs[i].Stored)
+		for i++; i < len(cs) && cs[i].Pos-base == start+n; i++ {
+			n += manifest.FrameSize + int64(cs[i].Stored)
+		}
+		if k, err := ra.ReadAt(buf[at:at+n], start); k < int(n) {
+			if err == nil || err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return true, err
+		}
+		at += n
+	}
+	return true, nil
 }

@@ -165,15 +165,19 @@ func newChunkWriter(w io.Writer) chunkWriter {
 	return chunkWriter{w: w, pipe: rc}
 }
 
-// write writes b, which lies in a pageBuf. It reports whether the pipe
-// took references to b's pages, in which case b must never be written
-// again.
-func (cw chunkWriter) write(b []byte) (spliced bool, err error) {
+// write writes the pieces of bs in order, each in a pageBuf. It reports
+// whether the pipe took references to their pages, in which case they must
+// never be written again.
+func (cw chunkWriter) write(bs ...[]byte) (spliced bool, err error) {
 	if cw.pipe == nil {
-		_, err := cw.w.Write(b)
-		return false, err
+		for _, b := range bs {
+			if _, err := cw.w.Write(b); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
 	}
-	n, err := cw.vmsplice(b)
+	n, err := cw.vmsplice(bs...)
 	return n > 0, err
 }
 
@@ -237,15 +241,22 @@ func (cw chunkWriter) fromFile(f *os.File, off, n int64, buf []byte) error {
 	return nil
 }
 
-// vmsplice hands all of b to the pipe, waiting for room as a write does.
-func (cw chunkWriter) vmsplice(b []byte) (int, error) {
+// vmsplice hands all of bs to the pipe, waiting for room as a write does:
+// one call for many pieces (a run's chunks), as for one.
+func (cw chunkWriter) vmsplice(bs ...[]byte) (int, error) {
+	iov := make([]unix.Iovec, 0, len(bs))
+	for _, b := range bs {
+		if len(b) > 0 {
+			iov = append(iov, unix.Iovec{Base: &b[0]})
+			iov[len(iov)-1].SetLen(len(b))
+		}
+	}
 	done := 0
 	var serr error
 	err := cw.pipe.Write(func(fd uintptr) bool {
-		for done < len(b) {
-			iov := []unix.Iovec{{Base: &b[done]}}
-			iov[0].SetLen(len(b) - done)
-			n, err := unix.Vmsplice(int(fd), iov, 0)
+		for len(iov) > 0 {
+			// At most UIO_MAXIOV pieces a call.
+			n, err := unix.Vmsplice(int(fd), iov[:min(len(iov), 1024)], 0)
 			switch {
 			case err == unix.EINTR:
 				continue
@@ -256,6 +267,15 @@ func (cw chunkWriter) vmsplice(b []byte) (int, error) {
 				return true
 			}
 			done += n
+			for n > 0 {
+				if k := int(iov[0].Len); n >= k {
+					iov, n = iov[1:], n-k
+				} else {
+					iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
+					iov[0].SetLen(k - n)
+					n = 0
+				}
+			}
 		}
 		return true
 	})

@@ -276,8 +276,10 @@ func (d *Store) removeDir(parts []string) bool {
 	return unix.Unlinkat(int(parent.Fd()), parts[len(parts)-1], unix.AT_REMOVEDIR) == nil
 }
 
+// sectionReader also reads at offsets in its section (io.ReaderAt): a
+// reader of several frames of a pack steps over those between.
 type sectionReader struct {
-	io.Reader
+	*io.SectionReader
 	f *os.File
 }
 
@@ -299,7 +301,7 @@ func (d *Store) Open(ctx context.Context, name string, off, length int64) (io.Re
 	if length < 0 {
 		length = st.Size() - off
 	}
-	return sectionReader{Reader: io.NewSectionReader(f, off, length), f: f}, nil
+	return sectionReader{SectionReader: io.NewSectionReader(f, off, length), f: f}, nil
 }
 
 // ErrNotRegular marks an object that is not a regular file: a symlink

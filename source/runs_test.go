@@ -1,0 +1,240 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// runsCapture writes files at once, on one lane, as a format 4 checkpoint
+// "ckpt" of loc: their chunks alternate in the packs, so that runs step
+// over each other's frames.
+func runsCapture(t *testing.T, loc store.Store, files map[string][]byte) *manifest.Manifest {
+	t.Helper()
+	ctx := context.Background()
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 8<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.SetLanes(1)
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 1 << 20, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for n, data := range files {
+		wg.Go(func() {
+			if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	m, err := c.Close(ctx, manifest.Manifest{Tool: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// runShape says what the runs of an archive hold: runs of several chunks,
+// runs that step over other frames, and runs mixing chunks stored raw
+// (checked in place) with encoded ones.
+func runShape(a *ArchiveSource) (multi, gapped, mixed int) {
+	for _, f := range a.man.Files {
+		for _, r := range a.runs[f.Name] {
+			if r.n < 2 {
+				continue
+			}
+			multi++
+			cs := f.Chunks[r.first : r.first+r.n]
+			var stored int64
+			codecs := map[codec.ID]bool{}
+			for _, c := range cs {
+				stored += manifest.FrameSize + int64(c.Stored)
+				codecs[codec.ID(c.Codec)] = true
+			}
+			if cs[len(cs)-1].Pos+manifest.FrameSize+int64(cs[len(cs)-1].Stored)-cs[0].Pos > stored {
+				gapped++
+			}
+			if len(codecs) > 1 {
+				mixed++
+			}
+		}
+	}
+	return multi, gapped, mixed
+}
+
+// A run's chunks stored raw are checked and written where they were read,
+// the others decoded: through a pipe (vmsplice, a small pipe so that the
+// pieces go in several calls) and by Write; read from a directory (only
+// the run's frames, packed) and from memory (the whole span). The counters
+// count what was read.
+func TestDedupRunsRestore(t *testing.T) {
+	ctx := context.Background()
+	files := map[string][]byte{}
+	for i := range 3 {
+		files[fmt.Sprintf("pages-%d.img", i)] = pagesImage(2048, uint64(i+1)) // 8 MiB
+	}
+	for kind, loc := range map[string]store.Store{"dir": dir.New(t.TempDir()), "mem": mem.New("loc")} {
+		t.Run(kind, func(t *testing.T) {
+			m := runsCapture(t, loc, files)
+			var raw, stored int64
+			for _, f := range m.Files {
+				for _, c := range f.Chunks {
+					if codec.ID(c.Codec) != codec.Zero {
+						raw, stored = raw+int64(c.RawLen), stored+int64(c.Stored)
+					}
+				}
+			}
+			a, err := OpenArchive(ctx, store.Sub(loc, "ckpt"), pipeline.Options{VerifyHashes: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			multi, gapped, mixed := runShape(a)
+			t.Logf("%d runs of several chunks, %d stepping over other frames, %d mixing raw and encoded chunks", multi, gapped, mixed)
+			if gapped == 0 || mixed == 0 {
+				t.Fatalf("the capture made no run stepping over other frames (%d) or none mixing codecs (%d): nothing tested", gapped, mixed)
+			}
+			for name, want := range files {
+				for _, nonblock := range []bool{false, true} {
+					got, err := copyThroughPipe(ctx, a, name, nonblock, -1)
+					if err != nil {
+						t.Fatalf("%s through a pipe (nonblock %v): %v", name, nonblock, err)
+					}
+					if !bytes.Equal(got, want) {
+						t.Fatalf("%s through a pipe (nonblock %v): %d bytes read, want %d, not equal", name, nonblock, len(got), len(want))
+					}
+				}
+				var buf bytes.Buffer
+				if _, err := a.Copy(ctx, name, &buf); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(buf.Bytes(), want) {
+					t.Fatalf("%s by Write: %d bytes, want %d, not equal", name, buf.Len(), len(want))
+				}
+			}
+			if got, want := a.Counters.StoredRaw.Load(), 3*raw; got != want {
+				t.Errorf("StoredRaw %d after three copies, want %d", got, want)
+			}
+			if got, want := a.Counters.StoredBytes.Load(), 3*stored; got != want {
+				t.Errorf("StoredBytes %d after three copies, want %d", got, want)
+			}
+		})
+	}
+}
+
+// A damaged frame in a run, stored raw or encoded, or a pack cut short,
+// is an error naming the pack and the frame's offset, and nothing of the
+// run is written.
+func TestDedupRunsDamage(t *testing.T) {
+	ctx := context.Background()
+	files := map[string][]byte{}
+	for i := range 2 {
+		files[fmt.Sprintf("pages-%d.img", i)] = pagesImage(2048, uint64(i+7))
+	}
+	root := t.TempDir()
+	m := runsCapture(t, dir.New(root), files)
+	// A chunk stored raw and an encoded one, each inside a run.
+	type target struct {
+		file  string
+		chunk manifest.Chunk
+		run   int64 // where its run starts in the file
+	}
+	var raw, enc *target
+	a, err := OpenArchive(ctx, store.Sub(dir.New(root), "ckpt"), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range m.Files {
+		for _, r := range a.runs[f.Name] {
+			for _, c := range f.Chunks[r.first+1 : r.first+r.n] {
+				tg := &target{f.Name, c, f.Chunks[r.first].Offset}
+				switch {
+				case raw == nil && codec.ID(c.Codec) == codec.None:
+					raw = tg
+				case enc == nil && codec.ID(c.Codec) == codec.LZ4:
+					enc = tg
+				}
+			}
+		}
+	}
+	a.Close()
+	if raw == nil || enc == nil {
+		t.Fatalf("no run holds a raw chunk (%v) or an lz4 one (%v) after its first", raw != nil, enc != nil)
+	}
+	for _, tc := range []struct {
+		name string
+		tg   *target
+		at   int64 // what is damaged, from the frame's start; -1: the pack ends at the frame's middle
+	}{
+		{"raw payload", raw, manifest.FrameSize + 100},
+		{"lz4 payload", enc, manifest.FrameSize + int64(enc.chunk.Stored) - 1},
+		{"frame header", raw, 8},
+		{"pack cut short", enc, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.tg.chunk
+			pack := filepath.Join(root, filepath.FromSlash(m.Segments[c.Segment].Name))
+			orig, err := os.ReadFile(pack)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.WriteFile(pack, orig, 0o600)
+			bad := bytes.Clone(orig)
+			if tc.at < 0 {
+				bad = bad[:c.Pos+manifest.FrameSize+int64(c.Stored)/2]
+			} else {
+				bad[c.Pos+tc.at] ^= 0x40
+			}
+			if err := os.WriteFile(pack, bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			a, err := OpenArchive(ctx, store.Sub(dir.New(root), "ckpt"), pipeline.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			for _, pipe := range []bool{false, true} {
+				var got []byte
+				if pipe {
+					got, err = copyThroughPipe(ctx, a, tc.tg.file, false, -1)
+				} else {
+					var buf bytes.Buffer
+					_, err = a.Copy(ctx, tc.tg.file, &buf)
+					got = buf.Bytes()
+				}
+				if !errors.Is(err, errdefs.ErrCorrupt) {
+					t.Fatalf("pipe %v: %v, want corrupt", pipe, err)
+				}
+				where := fmt.Sprintf("%s at offset %d", m.Segments[c.Segment].Name, c.Pos)
+				if tc.at < 0 {
+					where = m.Segments[c.Segment].Name // the run's first frame
+				}
+				if !strings.Contains(err.Error(), where) {
+					t.Errorf("pipe %v: %q does not name %q", pipe, err, where)
+				}
+				if int64(len(got)) > tc.tg.run || !bytes.Equal(got, files[tc.tg.file][:len(got)]) {
+					t.Fatalf("pipe %v: %d bytes written before the error, the damaged run starts at %d", pipe, len(got), tc.tg.run)
+				}
+			}
+		})
+	}
+}
