@@ -341,11 +341,11 @@ type ShardReader struct {
 
 // SetChunkCache makes s take CHUNK records (chunks owns each) and REF
 // records (ref returns the frame's payload, which s only reads, or why
-// not); without it either
-// record fails the stream. begin is called once, at the first record of
-// the stream itself (DATA, REF or EOS): a sender sends every CHUNK of a
-// connection before its stream, so once every connection's reader has
-// begun, the cache holds every chunk a REF may name.
+// not); without it either record fails the stream. begin is called once,
+// at the first record of the stream itself (DATA, REF or EOS): a sender
+// sends every CHUNK of a connection before its stream, so once every
+// connection's reader has begun, the cache holds every chunk a REF may
+// name.
 func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) ([]byte, error), begin func()) {
 	s.chunks, s.ref, s.begin = chunks, ref, begin
 }
