@@ -198,7 +198,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
 	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
 	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR; none: keep no copy)")
-	str(&c.precopy, "precopy", "off", "migrate: off (stop-and-copy) or on (send what the process holds while it runs, in rounds, then only the chunks that changed; experimental: docs/MIGRATION.md)")
+	str(&c.precopy, "precopy", "off", "migrate: off (stop-and-copy) or on (send what the process holds while it runs, in rounds, then only the chunks that changed; it pays only on a link slower than CRIU's dump: docs/MIGRATION.md)")
 	num(&c.precopyMax, "precopy-rounds", 5, "migrate: at most this many pre-copy rounds")
 	num(&c.precopyPct, "precopy-shrink", 25, "migrate: another pre-copy round follows one that sent at least this percentage less than the one before")
 	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
