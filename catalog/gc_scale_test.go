@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"io"
 	"runtime"
 	"runtime/metrics"
 	"sync"
@@ -30,7 +31,10 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-var fleetChunks = flag.Int("fleet-chunks", 1_000_000, "chunks in BenchmarkGCFleet's location")
+var (
+	fleetChunks = flag.Int("fleet-chunks", 1_000_000, "chunks in BenchmarkGCFleet's location")
+	fleetCkpts  = flag.Int("fleet-checkpoints", 320, "checkpoints in BenchmarkGCFleet's location")
+)
 
 // fleet is the shape of a location: ckpts checkpoints, each adding perCkpt
 // chunks of its own (its index object, its packs of packBytes) and
@@ -44,11 +48,11 @@ type fleet struct {
 // chunkFrame is the frame size of a chunk: the header and 8 bytes.
 const chunkFrame = manifest.FrameSize + 8
 
-// fleetOf is a fleet of about n chunks in 320 checkpoints, with packs of
-// 250 chunks (a 256 MiB pack holds about 800 of the ~320 KiB average
+// fleetOf is a fleet of about n chunks in ckpts checkpoints, with packs
+// of 250 chunks (a 256 MiB pack holds about 800 of the ~320 KiB average
 // chunk; a capture's lanes leave several packs part full).
-func fleetOf(n int) fleet {
-	return fleet{ckpts: 320, perCkpt: max(1, n/320), packBytes: 250 * chunkFrame}
+func fleetOf(n, ckpts int) fleet {
+	return fleet{ckpts: ckpts, perCkpt: max(1, n/ckpts), packBytes: 250 * chunkFrame}
 }
 
 // removed says checkpoint i was removed: the oldest tenth (their chunks
@@ -296,6 +300,9 @@ func TestGCFleet(t *testing.T) {
 // buildFor builds the fleet in loc for a benchmark and says what gc must
 // remove and repack; what it knows of the fleet is garbage once it returns.
 func (f fleet) buildFor(b *testing.B, loc store.Store) (removed, repacked int) {
+	if c, ok := loc.(io.Closer); ok {
+		defer c.Close()
+	}
 	start := time.Now()
 	bl, err := f.build(context.Background(), loc)
 	if err != nil {
@@ -350,24 +357,31 @@ func (w *heapWatch) end() (heap, live, before float64) {
 }
 
 // BenchmarkGCFleet is gc of a location of a million chunks (-fleet-chunks)
-// in 320 checkpoints, a tenth of them the oldest removed and a fourth of
+// in 320 checkpoints (-fleet-checkpoints), a tenth of them the oldest removed and a fourth of
 // the rest: the time and the peaks of the Go heap (sampled every
 // millisecond) while it runs. Run it with -benchtime 1x: each round builds
 // the location again, untimed.
 func BenchmarkGCFleet(b *testing.B) {
-	f := fleetOf(*fleetChunks)
-	stores := map[string]func(b *testing.B) store.Store{
-		"dir": func(b *testing.B) store.Store { return dir.New(b.TempDir()) },
-		"s3": func(b *testing.B) store.Store {
+	f := fleetOf(*fleetChunks, *fleetCkpts)
+	// Each returns how to open the location; gc opens it afresh, as a
+	// gc process would, so that it is not charged for what the store
+	// handle the build wrote through keeps (an S3 store's part buffers).
+	stores := map[string]func(b *testing.B) func() store.Store{
+		"dir": func(b *testing.B) func() store.Store {
+			path := b.TempDir()
+			return func() store.Store { return dir.New(path) }
+		},
+		"s3": func(b *testing.B) func() store.Store {
 			srv := miniotest.Start(b)
 			srv.MakeBucket(b, "dedup")
-			st, err := s3.New(context.Background(), s3.Config{Endpoint: srv.Endpoint(), Bucket: "dedup", Prefix: "fleet",
-				AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), PartSize: 16 << 20, Parallel: 4, MaxRetries: 3})
-			if err != nil {
-				b.Fatal(err)
+			return func() store.Store {
+				st, err := s3.New(context.Background(), s3.Config{Endpoint: srv.Endpoint(), Bucket: "dedup", Prefix: "fleet",
+					AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), PartSize: 16 << 20, Parallel: 4, MaxRetries: 3})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return st
 			}
-			b.Cleanup(func() { st.Close() })
-			return st
 		},
 	}
 	for _, kind := range []string{"dir", "s3"} {
@@ -375,8 +389,9 @@ func BenchmarkGCFleet(b *testing.B) {
 			ctx := context.Background()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				loc := stores[kind](b)
-				removed, repacked := f.buildFor(b, loc)
+				open := stores[kind](b)
+				removed, repacked := f.buildFor(b, open())
+				loc := open()
 				w := watchHeap()
 				b.StartTimer()
 				start := time.Now()
@@ -384,6 +399,9 @@ func BenchmarkGCFleet(b *testing.B) {
 				took := time.Since(start)
 				b.StopTimer()
 				heap, live, before := w.end()
+				if c, ok := loc.(io.Closer); ok {
+					c.Close()
+				}
 				if err != nil || res.Removed != removed || res.Repacked != repacked || len(res.Lost) != 0 {
 					b.Fatalf("gc: %+v, %v; want %d packs removed, %d repacked", res, err, removed, repacked)
 				}
