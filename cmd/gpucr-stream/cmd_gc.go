@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +32,14 @@ func parseAge(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// gcMemoryLimit is gc's soft memory limit (GOMEMLIMIT, when set, wins).
+// What gc holds live is the index table (60 MB for a million chunks) and
+// the manifests it reads; left to GOGC, the garbage of large manifests took
+// its heap to 134-159 MiB at a million chunks, 108 MiB with this limit
+// (docs/BENCHMARKS.md, BenchmarkGCFleet). A location so large that the
+// table alone passes it still finishes, with the collector working harder.
+const gcMemoryLimit = 120 << 20
+
 // runGc removes what unfinished captures left under a location, older
 // than --older-than (catalog.GC).
 func runGc(ctx context.Context, cfg *config, args []string) error {
@@ -53,6 +63,9 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		return err
 	}
 	defer closeStore()
+	if _, ok := os.LookupEnv("GOMEMLIMIT"); !ok {
+		debug.SetMemoryLimit(gcMemoryLimit)
+	}
 	res, err := catalog.GC(ctx, st, loc.String(), age, cfg.dryRun, repack)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
