@@ -238,3 +238,63 @@ func TestDedupRunsDamage(t *testing.T) {
 		})
 	}
 }
+
+// FuzzDedupRuns damages a pack of a deduplicated checkpoint (bytes
+// written over it at an offset, or the pack cut there) and restores every
+// file: each is its bytes exactly or an error wrapping errdefs.ErrCorrupt,
+// never other bytes or a panic.
+func FuzzDedupRuns(f *testing.F) {
+	ctx := context.Background()
+	files := map[string][]byte{"a.img": pagesImage(96, 1), "b.img": pagesImage(64, 2)}
+	loc := mem.New("loc")
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 8<<20, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 1, Codec: pipelinetest.MustSpec(f, "lz4")})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, n := range []string{"a.img", "b.img"} {
+		if _, err := c.WriteFile(n, bytes.NewReader(files[n]), false); err != nil {
+			f.Fatal(err)
+		}
+	}
+	m, err := c.Close(ctx, manifest.Manifest{Tool: "test"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	pack := m.Segments[0].Name
+	orig := loc.Object(pack)
+	f.Add(uint32(0), []byte{1}, false)
+	f.Add(uint32(manifest.FrameSize+10), []byte{0xff, 0}, false)
+	f.Add(uint32(len(orig)/2), []byte(nil), true)
+	f.Fuzz(func(t *testing.T, at uint32, over []byte, cut bool) {
+		bad := bytes.Clone(orig)
+		if int(at) > len(bad) {
+			at %= uint32(len(bad) + 1)
+		}
+		if cut {
+			bad = bad[:at]
+		} else {
+			copy(bad[at:], over)
+		}
+		loc.Put(pack, bad)
+		defer loc.Put(pack, orig)
+		a, err := OpenArchive(ctx, store.Sub(loc, "ckpt"), pipeline.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		for name, want := range files {
+			var buf bytes.Buffer
+			_, err := a.Copy(ctx, name, &buf)
+			if err != nil && !errors.Is(err, errdefs.ErrCorrupt) {
+				t.Fatalf("%s: %v, want corrupt", name, err)
+			}
+			if got := buf.Bytes(); !bytes.Equal(got, want[:min(len(got), len(want))]) || (err == nil && len(got) != len(want)) {
+				t.Fatalf("%s: %d bytes restored (error %v) are not the file's", name, len(got), err)
+			}
+		}
+	})
+}
