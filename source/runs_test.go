@@ -54,9 +54,9 @@ func runsCapture(t *testing.T, loc store.Store, files map[string][]byte) *manife
 }
 
 // runShape says what the runs of an archive hold: runs of several chunks,
-// runs that step over other frames, and runs mixing chunks stored raw
-// (checked in place) with encoded ones.
-func runShape(a *ArchiveSource) (multi, gapped, mixed int) {
+// runs that step over other frames, runs read in two pieces (two packs),
+// and runs mixing chunks stored raw (checked in place) with encoded ones.
+func runShape(a *ArchiveSource) (multi, gapped, split, mixed int) {
 	for _, f := range a.man.Files {
 		for _, r := range a.runs[f.Name] {
 			if r.n < 2 {
@@ -64,13 +64,22 @@ func runShape(a *ArchiveSource) (multi, gapped, mixed int) {
 			}
 			multi++
 			cs := f.Chunks[r.first : r.first+r.n]
-			var stored int64
+			pieces := [][]manifest.Chunk{cs}
+			if r.split > 0 {
+				split++
+				pieces = [][]manifest.Chunk{cs[:r.split], cs[r.split:]}
+			}
+			var frames int64
 			codecs := map[codec.ID]bool{}
 			for _, c := range cs {
-				stored += manifest.FrameSize + int64(c.Stored)
+				frames += manifest.FrameSize + int64(c.Stored)
 				codecs[codec.ID(c.Codec)] = true
 			}
-			if cs[len(cs)-1].Pos+manifest.FrameSize+int64(cs[len(cs)-1].Stored)-cs[0].Pos > stored {
+			var span int64
+			for _, p := range pieces {
+				span += spanOf(p)
+			}
+			if span > frames {
 				gapped++
 			}
 			if len(codecs) > 1 {
@@ -78,7 +87,7 @@ func runShape(a *ArchiveSource) (multi, gapped, mixed int) {
 			}
 		}
 	}
-	return multi, gapped, mixed
+	return multi, gapped, split, mixed
 }
 
 // A run's chunks stored raw are checked and written where they were read,
@@ -108,10 +117,10 @@ func TestDedupRunsRestore(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			multi, gapped, mixed := runShape(a)
-			t.Logf("%d runs of several chunks, %d stepping over other frames, %d mixing raw and encoded chunks", multi, gapped, mixed)
-			if gapped == 0 || mixed == 0 {
-				t.Fatalf("the capture made no run stepping over other frames (%d) or none mixing codecs (%d): nothing tested", gapped, mixed)
+			multi, gapped, split, mixed := runShape(a)
+			t.Logf("%d runs of several chunks, %d stepping over other frames, %d in two packs, %d mixing raw and encoded chunks", multi, gapped, split, mixed)
+			if gapped == 0 || split == 0 || mixed == 0 {
+				t.Fatalf("the capture made no run stepping over other frames (%d), none in two packs (%d) or none mixing codecs (%d): nothing tested", gapped, split, mixed)
 			}
 			for name, want := range files {
 				for _, nonblock := range []bool{false, true} {
@@ -158,16 +167,18 @@ func TestDedupRunsDamage(t *testing.T) {
 		chunk manifest.Chunk
 		run   int64 // where its run starts in the file
 	}
-	var raw, enc *target
+	var raw, enc, second *target // second: in a run's second pack
 	a, err := OpenArchive(ctx, store.Sub(dir.New(root), "ckpt"), pipeline.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range m.Files {
 		for _, r := range a.runs[f.Name] {
-			for _, c := range f.Chunks[r.first+1 : r.first+r.n] {
+			for i, c := range f.Chunks[r.first+1 : r.first+r.n] {
 				tg := &target{f.Name, c, f.Chunks[r.first].Offset}
 				switch {
+				case second == nil && r.split > 0 && i+1 >= r.split:
+					second = tg
 				case raw == nil && codec.ID(c.Codec) == codec.None:
 					raw = tg
 				case enc == nil && codec.ID(c.Codec) == codec.LZ4:
@@ -177,8 +188,8 @@ func TestDedupRunsDamage(t *testing.T) {
 		}
 	}
 	a.Close()
-	if raw == nil || enc == nil {
-		t.Fatalf("no run holds a raw chunk (%v) or an lz4 one (%v) after its first", raw != nil, enc != nil)
+	if raw == nil || enc == nil || second == nil {
+		t.Fatalf("no run holds a raw chunk (%v) or an lz4 one (%v) after its first, or one in a second pack (%v)", raw != nil, enc != nil, second != nil)
 	}
 	for _, tc := range []struct {
 		name string
@@ -189,6 +200,8 @@ func TestDedupRunsDamage(t *testing.T) {
 		{"lz4 payload", enc, manifest.FrameSize + int64(enc.chunk.Stored) - 1},
 		{"frame header", raw, 8},
 		{"pack cut short", enc, -1},
+		{"in the second pack", second, manifest.FrameSize + int64(second.chunk.Stored) - 1},
+		{"second pack cut short", second, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.tg.chunk
@@ -247,7 +260,7 @@ func FuzzDedupRuns(f *testing.F) {
 	ctx := context.Background()
 	files := map[string][]byte{"a.img": pagesImage(96, 1), "b.img": pagesImage(64, 2)}
 	loc := mem.New("loc")
-	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 8<<20, nil)
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 256<<10, nil) // packs of 256 KiB: runs in two
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -264,12 +277,15 @@ func FuzzDedupRuns(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	pack := m.Segments[0].Name
-	orig := loc.Object(pack)
-	f.Add(uint32(0), []byte{1}, false)
-	f.Add(uint32(manifest.FrameSize+10), []byte{0xff, 0}, false)
-	f.Add(uint32(len(orig)/2), []byte(nil), true)
-	f.Fuzz(func(t *testing.T, at uint32, over []byte, cut bool) {
+	if len(m.Segments) < 2 {
+		f.Fatalf("%d packs, want several", len(m.Segments))
+	}
+	f.Add(uint8(0), uint32(0), []byte{1}, false)
+	f.Add(uint8(1), uint32(manifest.FrameSize+10), []byte{0xff, 0}, false)
+	f.Add(uint8(0), uint32(100<<10), []byte(nil), true)
+	f.Fuzz(func(t *testing.T, seg uint8, at uint32, over []byte, cut bool) {
+		pack := m.Segments[int(seg)%len(m.Segments)].Name
+		orig := loc.Object(pack)
 		bad := bytes.Clone(orig)
 		if int(at) > len(bad) {
 			at %= uint32(len(bad) + 1)
