@@ -307,26 +307,30 @@ func (a *ArchiveSource) Close() error {
 }
 
 // fetched is one read ready to write: a chunk, or a run of them (runs.go).
-// Its bytes are the pieces of raw, in order, which lie in page and frames
-// (or none, for zero zero bytes); payload is the stored form a chunk was
-// decoded from.
+// Its bytes are the pieces of raw, in order, which lie in page and frames;
+// a zero chunk has none, and zero bytes of zeros. payload is the stored
+// form a chunk was decoded from.
 type fetched struct {
 	raw     [][]byte
 	zero    int64
 	page    *pageBuf
 	frames  *pageBuf
+	inPlace bool // some of raw lies in frames (chunks stored raw)
 	payload *[]byte
 }
 
-// unmap frees v's page buffers once a pipe holds their pages: they must
-// never be reused.
+// unmap frees the page buffers that raw lies in once a pipe holds their
+// pages: they must never be reused. A run's frames of encoded chunks only
+// stay v's, to be reused.
 func (v *fetched) unmap() {
-	for _, p := range []*pageBuf{v.page, v.frames} {
-		if p != nil {
-			p.free()
-		}
+	if v.page != nil {
+		v.page.free()
+		v.page = nil
 	}
-	v.page, v.frames = nil, nil
+	if v.frames != nil && v.inPlace {
+		v.frames.free()
+		v.frames = nil
+	}
 }
 
 func (a *ArchiveSource) drop(v fetched) {

@@ -137,9 +137,12 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 			return fail(where(c, "%w", err))
 		}
 		raw := enc // stored raw: checked in place
-		if codec.ID(c.Codec) == codec.None && len(enc) != int(c.RawLen) {
-			return fail(where(c, "raw chunk stores %d bytes for %d: %w", len(enc), c.RawLen, errdefs.ErrCorrupt))
-		} else if codec.ID(c.Codec) != codec.None {
+		if codec.ID(c.Codec) == codec.None {
+			if len(enc) != int(c.RawLen) {
+				return fail(where(c, "raw chunk stores %d bytes for %d: %w", len(enc), c.RawLen, errdefs.ErrCorrupt))
+			}
+			v.inPlace = true
+		} else {
 			if v.page == nil {
 				if v.page, err = a.pages.get(int(r.raw)); err != nil {
 					return fail(where(c, "%w", err))
