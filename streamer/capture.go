@@ -355,14 +355,9 @@ func (c *Capture) encode(it *item) error {
 		it.codec, it.stored = codec.None, it.raw
 		return nil
 	}
-	var dst []byte
-	if c.encDst {
-		it.encBuf = c.bufs.Get()
-		dst = it.encBuf[:0]
-	}
-	id, stored, err := c.enc.Encode(dst, it.raw)
+	id, stored, err := c.encodeRaw(it)
 	if err != nil {
-		return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+		return err
 	}
 	it.codec, it.stored = id, stored
 	// Of raw and encoded, keep only the buffer that stored is in: chunks
@@ -374,6 +369,22 @@ func (c *Capture) encode(it *item) error {
 		c.dropRaw(it)
 	}
 	return nil
+}
+
+// encodeRaw runs the codec over the chunk's raw bytes, into a pooled
+// buffer (it.encBuf) where the codec wants one; the caller keeps or drops
+// the buffers.
+func (c *Capture) encodeRaw(it *item) (codec.ID, []byte, error) {
+	var dst []byte
+	if c.encDst {
+		it.encBuf = c.bufs.Get()
+		dst = it.encBuf[:0]
+	}
+	id, stored, err := c.enc.Encode(dst, it.raw)
+	if err != nil {
+		return 0, nil, fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+	}
+	return id, stored, nil
 }
 
 // chunkSums is what the producer computes of a chunk as it reads it: each

@@ -4,7 +4,6 @@ package streamer
 // share: package pipeline, seal.go).
 
 import (
-	"fmt"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -27,14 +26,9 @@ func (c *Capture) sealChunk(it *item) error {
 		if c.shared {
 			return c.sealShared(it)
 		}
-		var dst []byte
-		if c.encDst {
-			it.encBuf = c.bufs.Get()
-			dst = it.encBuf[:0]
-		}
 		var err error
-		if id, stored, err = c.enc.Encode(dst, it.raw); err != nil {
-			return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+		if id, stored, err = c.encodeRaw(it); err != nil {
+			return err
 		}
 	}
 	ch := crypt.Chunk{FileID: it.fileID, Name: it.name, Offset: uint64(it.off), RawLen: uint32(it.rawLen), Codec: uint8(id)}
@@ -64,14 +58,9 @@ func (c *Capture) sealShared(it *item) error {
 		c.dropRaw(it)
 		return nil
 	}
-	var dst []byte
-	if c.encDst {
-		it.encBuf = c.bufs.Get()
-		dst = it.encBuf[:0]
-	}
-	id, stored, err := c.enc.Encode(dst, it.raw)
+	id, stored, err := c.encodeRaw(it)
 	if err != nil {
-		return fmt.Errorf("encode chunk at offset %d: %w", it.off, err)
+		return err
 	}
 	// The salt goes first, so the sealed bytes go to a buffer of their
 	// own; raw and encoded are free after.
