@@ -15,6 +15,7 @@
 # e2e/target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-proof.sh
 if [ "$(id -u)" != 0 ]; then
 	echo "bench-dedup: run as root (CRIU needs it)" >&2
 	exit 1
@@ -96,13 +97,7 @@ restore_from() { # store metric SRC: kills the target, restores it from SRC, pro
 	t0=$(now)
 	"$GCS" restore --criu "$CRIU" --from "$3" >"$WORK/rs.out" 2>&1 || { cat "$WORK/rs.out" >&2; exit 1; }
 	record "$1" "$2" "$(elapsed "$t0")"
-	rm -f "$RUN/proof.json"
-	kill -USR1 "$PID"
-	for _ in $(seq 200); do [ -s "$RUN/proof.json" ] && break; sleep 0.05; done
-	local a e
-	a=$(sed -n 's/.*"checksum_actual": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	e=$(sed -n 's/.*"checksum_expected": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	[ -n "$a" ] && [ "$a" = "$e" ] || { echo "bench-dedup: the target restored from $3 is wrong ($RUN)" >&2; exit 1; }
+	memory_proven "$PID" "$RUN" || { echo "bench-dedup: the target restored from $3 is wrong ($RUN)" >&2; exit 1; }
 }
 new_bytes() { # LOCATION NAME -> new_bytes of that checkpoint
 	"$GCS" ls --json "$1" | awk -v n="\"$2\"," '$1 == "\"name\":" {cur = $2} cur == n && $1 == "\"new_bytes\":" {gsub(",", "", $2); print $2}'

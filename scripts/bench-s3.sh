@@ -28,6 +28,7 @@
 # dump of a 64 MiB target; with BENCH_S3_SYNTH_ONLY=1 no CRIU is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-proof.sh
 if [ "$(id -u)" != 0 ]; then
 	echo "bench-s3: run as root (CRIU needs it)" >&2
 	exit 1
@@ -118,13 +119,7 @@ start_target() { # [MB] -> PID, CHILD, RUN
 }
 wait_gone() { while [ -e "/proc/$PID" ] || { [ -n "$CHILD" ] && [ -e "/proc/$CHILD" ]; }; do sleep 0.02; done; }
 check_restored() {
-	rm -f "$RUN/proof.json"
-	kill -USR1 "$PID"
-	for _ in $(seq 200); do [ -s "$RUN/proof.json" ] && break; sleep 0.05; done
-	local a e
-	a=$(sed -n 's/.*"checksum_actual": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	e=$(sed -n 's/.*"checksum_expected": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	[ -n "$a" ] && [ "$a" = "$e" ] || { echo "bench-s3: restored target's memory is wrong in $RUN" >&2; exit 1; }
+	memory_proven "$PID" "$RUN" || { echo "bench-s3: restored target's memory is wrong in $RUN" >&2; exit 1; }
 	kill -9 "$PID" "$CHILD" 2>/dev/null || true
 	wait_gone
 }

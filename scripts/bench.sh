@@ -33,6 +33,7 @@
 # $OUT/bench-results.txt and $OUT/bench-results.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-proof.sh
 if [ "$(id -u)" != 0 ]; then
 	echo "bench: run as root (CRIU needs it)" >&2
 	exit 1
@@ -131,13 +132,7 @@ start_target() { # -> PID, CHILD, RUN
 }
 wait_gone() { while [ -e "/proc/$PID" ] || { [ -n "$CHILD" ] && [ -e "/proc/$CHILD" ]; }; do sleep 0.02; done; }
 check_restored() { # the restored target proves its memory checksum
-	rm -f "$RUN/proof.json"
-	kill -USR1 "$PID"
-	for _ in $(seq 200); do [ -s "$RUN/proof.json" ] && break; sleep 0.05; done
-	local a e
-	a=$(sed -n 's/.*"checksum_actual": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	e=$(sed -n 's/.*"checksum_expected": *"\([0-9a-f]*\)".*/\1/p' "$RUN/proof.json")
-	[ -n "$a" ] && [ "$a" = "$e" ] || { echo "bench: restored target's memory is wrong in $RUN" >&2; exit 1; }
+	memory_proven "$PID" "$RUN" || { echo "bench: restored target's memory is wrong in $RUN" >&2; exit 1; }
 	kill -9 "$PID" "$CHILD" 2>/dev/null || true
 	wait_gone
 }
