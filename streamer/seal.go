@@ -4,7 +4,6 @@ package streamer
 // share: package pipeline, seal.go).
 
 import (
-
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 )
