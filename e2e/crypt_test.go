@@ -242,19 +242,8 @@ func TestMigrateNetnsEncrypted(t *testing.T) {
 	writeKey(e.ctx, t, keyFile)
 	tg, before := e.startTarget("target", 96)
 	keep := mkdir(t, filepath.Join(e.dir, "keep"))
-	var rout, mout bytes.Buffer
-	recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--json", "--key-file", keyFile)
-	m := e.migrate(tg, &mout, "--json", "--keep-dir", keep, "--key-file", keyFile)
-	if err := m.wait(e.ctx); err != nil {
-		t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
-	}
-	if err := recv.wait(e.ctx); err != nil {
-		t.Fatalf("receive: %v", err)
-	}
 	var res migrateJSON
-	if err := json.Unmarshal(mout.Bytes(), &res); err != nil {
-		t.Fatalf("migrate --json: %v: %s", err, mout.String())
-	}
+	e.migrated(tg, []string{"--key-file", keyFile}, []string{"--keep-dir", keep, "--key-file", keyFile}, &res, nil)
 	if res.RestoredPID != tg.PID() || res.RawBytes < 64<<20 {
 		t.Fatalf("migrate says %+v, target pid %d", res, tg.PID())
 	}

@@ -103,6 +103,31 @@ func (e *migrateEnv) migrate(tg *Target, stdout io.Writer, args ...string) *proc
 	return p
 }
 
+// migrated migrates tg to a receiver that restores it, both with --json
+// (recvArgs and args add to their flags), waits for both, and decodes the
+// results into res (migrate's) and rres (receive's; nil: not decoded).
+func (e *migrateEnv) migrated(tg *Target, recvArgs, args []string, res, rres any) {
+	e.t.Helper()
+	var rout, mout bytes.Buffer
+	recv := e.startReceiver(&rout, append([]string{"--restore", "--criu", e.criu, "--json"}, recvArgs...)...)
+	m := e.migrate(tg, &mout, append([]string{"--json"}, args...)...)
+	if err := m.wait(e.ctx); err != nil {
+		e.t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
+	}
+	if err := recv.wait(e.ctx); err != nil {
+		e.t.Fatalf("receive: %v", err)
+	}
+	if err := json.Unmarshal(mout.Bytes(), res); err != nil {
+		e.t.Fatalf("migrate --json: %v: %s", err, mout.String())
+	}
+	if rres == nil {
+		return
+	}
+	if err := json.Unmarshal(rout.Bytes(), rres); err != nil {
+		e.t.Fatalf("receive --json: %v: %s", err, rout.String())
+	}
+}
+
 type migrateJSON struct {
 	PID          int     `json:"pid"`
 	RestoredPID  int     `json:"restored_pid"`
@@ -191,34 +216,20 @@ func TestMigrateNetns(t *testing.T) {
 	// its own (as root), mounted under root's /run/gpucr-stream.
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 96)
-	var rout, mout bytes.Buffer
-	recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--json")
-	m := e.migrate(tg, &mout, "--streams", "2", "--json")
-	if err := m.wait(e.ctx); err != nil {
-		t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
-	}
-	if err := recv.wait(e.ctx); err != nil {
-		t.Fatalf("receive: %v", err)
-	}
 	var res migrateJSON
-	if err := json.Unmarshal(mout.Bytes(), &res); err != nil {
-		t.Fatalf("migrate --json: %v: %s", err, mout.String())
-	}
 	var rres struct {
 		PID        int     `json:"pid"`
 		Streams    int     `json:"streams"`
 		CRIUWaited float64 `json:"criu_waited_seconds"`
 	}
-	if err := json.Unmarshal(rout.Bytes(), &rres); err != nil {
-		t.Fatalf("receive --json: %v: %s", err, rout.String())
-	}
+	e.migrated(tg, nil, []string{"--streams", "2"}, &res, &rres)
 	if res.RestoredPID != tg.PID() || rres.PID != tg.PID() || res.DowntimeTo != "restored" || rres.Streams != 2 {
 		t.Fatalf("migrate says %+v, receive says %+v, target pid %d", res, rres, tg.PID())
 	}
 	// The receiver's criu started beside the transfer: its first request
 	// was there, waiting, before the sender committed.
 	if rres.CRIUWaited <= 0 {
-		t.Errorf("the receiver's criu asked for its first file only after the commit: %s", rout.String())
+		t.Errorf("the receiver's criu asked for its first file only after the commit: receive says %+v", rres)
 	}
 	if res.WireBytes <= 0 || res.RawBytes < 64<<20 || res.DowntimeSecs <= 0 {
 		t.Errorf("implausible numbers: %+v", res)

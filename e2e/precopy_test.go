@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -43,33 +42,19 @@ func TestMigratePrecopy(t *testing.T) {
 func migratePrecopy(t *testing.T, rewrite string) {
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 96, "--rewrite-pct", rewrite)
-	var rout, mout bytes.Buffer
-	recv := e.startReceiver(&rout, "--restore", "--criu", e.criu, "--json")
-	m := e.migrate(tg, &mout, "--streams", "2", "--json", "--precopy", "on")
-	if err := m.wait(e.ctx); err != nil {
-		t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(e.ctx))
-	}
-	if err := recv.wait(e.ctx); err != nil {
-		t.Fatalf("receive: %v", err)
-	}
 	var res migratePrecopyJSON
-	if err := json.Unmarshal(mout.Bytes(), &res); err != nil {
-		t.Fatalf("migrate --json: %v: %s", err, mout.String())
-	}
 	var rres struct {
 		PID          int   `json:"pid"`
 		CachedChunks int   `json:"cached_chunks"`
 		CachedBytes  int64 `json:"cached_bytes"`
 	}
-	if err := json.Unmarshal(rout.Bytes(), &rres); err != nil {
-		t.Fatalf("receive --json: %v: %s", err, rout.String())
-	}
+	e.migrated(tg, nil, []string{"--streams", "2", "--precopy", "on"}, &res, &rres)
 	if res.RestoredPID != tg.PID() || rres.PID != tg.PID() {
 		t.Fatalf("migrate says %+v, receive says %+v, target pid %d", res, rres, tg.PID())
 	}
 	p := res.Precopy
 	if p.Method != "criu dump --leave-running" || p.Why == "" || len(p.Rounds) == 0 {
-		t.Fatalf("pre-copy did not run: %s", mout.String())
+		t.Fatalf("pre-copy did not run: %+v", res)
 	}
 	if p.Rounds[0].SentBytes < 8<<20 || rres.CachedChunks == 0 || rres.CachedBytes < p.Rounds[0].SentBytes {
 		t.Errorf("the first round sent %d bytes, the receiver cached %d chunks, %d bytes", p.Rounds[0].SentBytes, rres.CachedChunks, rres.CachedBytes)
