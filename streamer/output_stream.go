@@ -133,17 +133,11 @@ func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHe
 		}
 		return loc, err
 	}
-	i := o.next
 	h := *fh
-	pos, err := o.place(ctx, i, int64(len(payload)), func(w *manifest.Writer) error {
+	return o.placeNext(ctx, int64(len(payload)), func(w *manifest.Writer) error {
 		_, err := w.WriteFrame(&h, payload)
 		return err
 	}, done)
-	if err != nil {
-		return Location{}, err
-	}
-	o.next = (o.next + 1) % len(o.shards)
-	return Location{Segment: i, Pos: pos}, nil
 }
 
 // WriteRefAsync is WriteFrameAsync for a DATA frame whose payload (fh's
@@ -153,12 +147,18 @@ func (o *StreamOutput) WriteRefAsync(ctx context.Context, fh *manifest.FrameHead
 	if o.chains == nil {
 		o.startChains()
 	}
-	i := o.next
 	h := *fh
-	pos, err := o.place(ctx, i, int64(fh.StoredLen), func(w *manifest.Writer) error {
+	return o.placeNext(ctx, int64(fh.StoredLen), func(w *manifest.Writer) error {
 		_, err := w.WriteRef(&h)
 		return err
 	}, done)
+}
+
+// placeNext places a DATA frame's write on the next shard in turn (place),
+// and moves the turn on once it is placed.
+func (o *StreamOutput) placeNext(ctx context.Context, n int64, write func(*manifest.Writer) error, done func(error)) (Location, error) {
+	i := o.next
+	pos, err := o.place(ctx, i, n, write, done)
 	if err != nil {
 		return Location{}, err
 	}
