@@ -16,7 +16,9 @@ struct ent {
 static struct ent *find_by_name(const char *name);
 static struct ent *find_by_real(void *p);
 
-#define GATED_N(name, decl, call)                               \
+/* WRAP_N defines a wrapper that calls the real entry point inside the gate
+ * and then runs `after` (which may look at its result r). */
+#define WRAP_N(name, decl, call, after)                         \
 	static CUresult (*real_##name) decl;                    \
 	CUresult name decl                                      \
 	{                                                       \
@@ -26,8 +28,10 @@ static struct ent *find_by_real(void *p);
 		gate_enter();                                   \
 		CUresult r = real_##name call;                  \
 		gate_leave();                                   \
+		after;                                          \
 		return r;                                       \
 	}
+#define GATED_N(name, decl, call) WRAP_N(name, decl, call, (void)0)
 /* The argument lists of the wrappers, by count (every argument is integer
  * class, so U carries any of them). */
 #define ARGS1 (U a)
@@ -82,20 +86,8 @@ GATED_LIST(DEF_GATED)
  * but the process is no longer fast-path capable. (cuIpcOpenMemHandle takes
  * a 64-byte struct by value, which these integer-argument wrappers cannot
  * forward; cuIpcGetMemHandle in the exporting process marks it.) */
-#define INCAPABLE_N(name, decl, call)                                                   \
-	static CUresult (*real_##name) decl;                                            \
-	CUresult name decl                                                              \
-	{                                                                               \
-		ensure_cuda();                                                          \
-		if (!real_##name)                                                       \
-			return CUDA_ERROR_NOT_FOUND;                                    \
-		gate_enter();                                                           \
-		CUresult r = real_##name call;                                          \
-		gate_leave();                                                           \
-		if (r == CUDA_SUCCESS)                                                  \
-			mark_incapable("the program called %s", #name);                 \
-		return r;                                                               \
-	}
+#define INCAPABLE_N(name, decl, call) \
+	WRAP_N(name, decl, call, if (r == CUDA_SUCCESS) mark_incapable("the program called %s", #name))
 #define INCAPABLE_LIST(X)                                                                                  \
 	X(3, cuMemAllocManaged) X(3, cuMemAllocAsync) X(3, cuMemAllocAsync_ptsz) X(4, cuMemAllocFromPoolAsync) \
 	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemExportToShareableHandle)         \
