@@ -60,18 +60,7 @@ func parseRecords(t *testing.T, name string, b []byte) []vramRecord {
 func fastRound(t *testing.T, tg *target) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
-	st := newStore()
-	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Detach(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s.Commit()
+	st, s := fastSuspended(t, tg, true)
 	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get); err != nil {
 		t.Fatal(err)
 	}

@@ -349,6 +349,29 @@ func fastOpts(tg *target, t testing.TB) FastOptions {
 		Records: filepath.Join(t.TempDir(), "kept")}
 }
 
+// fastSuspended moves tg's device memory into a new store and commits;
+// with detach the library is detached and waited for first, as a
+// checkpoint does between its copy and its commit.
+func fastSuspended(tb testing.TB, tg *target, detach bool) (*memStore, *FastSuspension) {
+	tb.Helper()
+	ctx := context.Background()
+	st := newStore()
+	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if detach {
+		if err := s.Detach(ctx); err != nil {
+			tb.Fatal(err)
+		}
+		if err := s.Wait(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	s.Commit()
+	return st, s
+}
+
 // keptPaths are the paths of the kept files of s's i-th process.
 func keptPaths(s *FastSuspension, i int) []string {
 	var ps []string
@@ -517,18 +540,7 @@ func testStageFreed(t *testing.T, env []string) {
 		t.Fatalf("stage 65: %v, want refused", err)
 	}
 	// A whole round on them.
-	st := newStore()
-	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Detach(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s.Commit()
+	st, s := fastSuspended(t, tg, true)
 	if c := s.Timings.Copy; c.Staged != 3 {
 		t.Fatalf("copy out: %+v, want 3 workers on staged buffers", c)
 	}
@@ -676,12 +688,7 @@ func TestFastResumeFaults(t *testing.T) {
 	for _, fault := range []string{"remap", "copyin"} {
 		t.Run(fault, func(t *testing.T) {
 			tg := startTarget(t, "GPUCR_PRELOAD_FAULT="+fault)
-			st := newStore()
-			s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.Commit()
+			st, s := fastSuspended(t, tg, false)
 			files := s.Procs()[0].Files
 			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("resume with a %s fault: %v", fault, err)
@@ -702,12 +709,7 @@ func TestFastResumeFaults(t *testing.T) {
 func TestFastResumeBadFiles(t *testing.T) {
 	ctx := context.Background()
 	tg := startTarget(t)
-	st := newStore()
-	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Commit()
+	st, s := fastSuspended(t, tg, false)
 	files := s.Procs()[0].Files
 	good := map[string][]byte{}
 	for k, v := range st.files {
@@ -797,12 +799,7 @@ func TestFastCheckIncapable(t *testing.T) {
 func FuzzCopyIn(f *testing.F) {
 	ctx := context.Background()
 	tg := startTarget(f)
-	st := newStore()
-	s, err := FastSuspend(ctx, []int{tg.pid}, st.put, fastOpts(tg, f))
-	if err != nil {
-		f.Fatal(err)
-	}
-	s.Commit()
+	st, s := fastSuspended(f, tg, false)
 	files := s.Procs()[0].Files
 	g0 := st.files[files[0]]
 	f.Add(g0)
