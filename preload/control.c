@@ -109,8 +109,9 @@ static const char *capable_reason(void)
 {
 	int u = 0;
 	live_bytes(NULL, NULL, &u);
-	if (incapable[0])
-		return incapable;
+	const char *why = incapable();
+	if (why)
+		return why;
 	if (!atomic_load(&wrapped))
 		return "no driver entry point was reached through the library";
 	if (u)

@@ -40,20 +40,59 @@ CUresult (*r_MemGetInfo)(size_t *, size_t *);
 /* ---- state ---- */
 pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
 void *libcuda;
-char incapable[512]; /* why not (empty: capable) */
+/* Why the process is not fast-path capable: written once, by the first
+ * mark_incapable, which may run with tab_mu held (so it has a lock of its
+ * own), and read only once incapable_set says it is whole. */
+static char incapable_why[512];
+static atomic_int incapable_set;
+static pthread_mutex_t incapable_mu = PTHREAD_MUTEX_INITIALIZER;
 atomic_int wrapped;  /* entry points handed out wrapped */
 __thread int internal; /* control thread and workers: no gate */
 
+/* trace_on: GPUCR_PRELOAD_TRACE is set: every reason the process is not
+ * fast-path capable, not only the first that the report keeps, and what
+ * the driver was asked to allocate, go to stderr (what a job shares and
+ * where is found this way). */
+int trace_on(void)
+{
+	static int on = -1;
+	if (on < 0)
+		on = getenv("GPUCR_PRELOAD_TRACE") != NULL;
+	return on;
+}
+
+void trace(const char *fmt, ...)
+{
+	if (!trace_on())
+		return;
+	char line[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "gpucr-preload[%d]: %s\n", (int)getpid(), line);
+}
+
 void mark_incapable(const char *fmt, ...)
 {
-	pthread_mutex_lock(&tab_mu);
-	if (!incapable[0]) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(incapable, sizeof incapable, fmt, ap);
-		va_end(ap);
+	char why[sizeof incapable_why];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	trace("incapable: %s", why);
+	pthread_mutex_lock(&incapable_mu);
+	if (!atomic_load(&incapable_set)) {
+		memcpy(incapable_why, why, sizeof why);
+		atomic_store(&incapable_set, 1);
 	}
-	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&incapable_mu);
+}
+
+/* incapable: why the process is not fast-path capable, or NULL. */
+const char *incapable(void)
+{
+	return atomic_load(&incapable_set) ? incapable_why : NULL;
 }
 
 /* ---- init ---- */
@@ -103,7 +142,8 @@ static void atfork_child(void)
 	nh = nm = no = nctx = 0;
 	parked = released = unfilled = said = 0;
 	keep_clear(0);
-	incapable[0] = 0;
+	atomic_store(&incapable_set, 0);
+	pthread_mutex_init(&incapable_mu, NULL);
 	atomic_store(&wrapped, 0);
 	gate_reset();
 	pthread_mutex_init(&tab_mu, NULL);

@@ -147,13 +147,15 @@ extern CUresult (*r_HtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 extern CUresult (*r_MemGetInfo)(size_t *, size_t *);
 extern void *libcuda;
 extern pthread_mutex_t tab_mu; /* guards bookkeeping.c's tables */
-extern char incapable[512];    /* why not (empty: capable) */
 extern atomic_int wrapped;     /* entry points handed out wrapped */
 extern __thread int internal;  /* control thread and workers: no gate */
 extern pthread_once_t dlsym_once;
 void init_dlsym(void);
 int ensure_cuda(void);
 void mark_incapable(const char *fmt, ...);
+const char *incapable(void);
+int trace_on(void);
+void trace(const char *fmt, ...);
 
 /* ---- gate.c ---- */
 void gate_enter(void);

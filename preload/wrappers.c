@@ -217,6 +217,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
 		return CUDA_ERROR_NOT_FOUND;
 	gate_enter();
 	CUresult r = r_Create(h, size, prop, flags);
+	trace("cuMemCreate %zu bytes at location %d/%d, handle types %d, flags %llu: %d", size, prop->location.type,
+	      prop->location.id, prop->requestedHandleTypes, flags, r);
 	if (r == CUDA_SUCCESS) {
 		pthread_mutex_lock(&tab_mu);
 		if (flags)

@@ -781,12 +781,25 @@ func TestFastResumeBadFiles(t *testing.T) {
 	tg.mustBeIntact(t)
 }
 
+// TestFastCheckIncapable: what the library cannot recreate makes the
+// process incapable, and the check says why. The flags and access cases are
+// noticed while the library holds its table lock: a target that hangs there
+// (the library locking it twice) never gets ready.
 func TestFastCheckIncapable(t *testing.T) {
-	tg := startTarget(t, "FP_MANAGED=1")
-	_, err := FastCheck(context.Background(), tg.sockDir, []int{tg.pid})
-	if err == nil || !strings.Contains(err.Error(), "cuMemAllocManaged") {
-		t.Fatalf("check of a process with managed memory: %v", err)
+	for _, c := range []struct{ env, want string }{
+		{"FP_MANAGED=1", "cuMemAllocManaged"},
+		{"FP_CREATE_FLAGS=1", "cuMemCreate with flags 1"},
+		{"FP_WIDE_ACCESS=1", "access set for more than 4 locations"},
+	} {
+		t.Run(c.env, func(t *testing.T) {
+			tg := startTarget(t, c.env)
+			_, err := FastCheck(context.Background(), tg.sockDir, []int{tg.pid})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("check of a process with %s: %v, want %q", c.env, err, c.want)
+			}
+		})
 	}
+	tg := startTarget(t)
 	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, preloadctl.ErrNoPreload) {
 		t.Fatalf("check of a process without the library: %v", err)
 	}

@@ -11,8 +11,10 @@
  * back, compares, and writes DIR/result ("ok" or "bad: why"); whenever
  * DIR/rewrite appears (holding a region's number K) it writes region K
  * with its next pattern (the one check expects from then on). With
- * FP_MANAGED=1 it also calls cuMemAllocManaged; with FP_EXTRA_MB=N it
- * allocates N MiB more.
+ * FP_MANAGED=1 it also calls cuMemAllocManaged; with FP_CREATE_FLAGS=1 it
+ * calls cuMemCreate with flags; with FP_WIDE_ACCESS=1 it sets access for
+ * five devices (each makes it incapable where the library holds its own
+ * lock); with FP_EXTRA_MB=N it allocates N MiB more.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -179,6 +181,17 @@ static void allocate(int dev)
 	if (getenv("FP_MANAGED")) {
 		U m;
 		CK(pManaged(&m, 1 << 20, 1), "managed");
+	}
+	if (getenv("FP_CREATE_FLAGS")) {
+		U h;
+		CK(pCreate(&h, 2 << 20, &prop, 1), "create with flags");
+		CK(pRelease(h), "release flags");
+	}
+	if (getenv("FP_WIDE_ACCESS")) {
+		Access wide[5];
+		for (int i = 0; i < 5; i++)
+			wide[i] = (Access){{1, dev + i}, 3};
+		CK(pSetAccess(r, 6 << 20, wide, 5), "wide access");
 	}
 	for (int k = 0; k < nrs; k++)
 		fill(k);
