@@ -85,13 +85,17 @@ GATED_LIST(DEF_GATED)
 /* Entry points whose memory this library cannot recreate: passed through,
  * but the process is no longer fast-path capable. (cuIpcOpenMemHandle takes
  * a 64-byte struct by value, which these integer-argument wrappers cannot
- * forward; cuIpcGetMemHandle in the exporting process marks it.) */
+ * forward; cuIpcGetMemHandle in the exporting process marks it.) A pool
+ * alone holds nothing the library must recreate (NCCL creates one in every
+ * rank and never allocates from it): allocating from one, or sharing one,
+ * marks. */
 #define INCAPABLE_N(name, decl, call) \
 	WRAP_N(name, decl, call, if (r == CUDA_SUCCESS) mark_incapable("the program called %s", #name))
 #define INCAPABLE_LIST(X)                                                                                  \
 	X(3, cuMemAllocManaged) X(3, cuMemAllocAsync) X(3, cuMemAllocAsync_ptsz) X(4, cuMemAllocFromPoolAsync) \
 	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemExportToShareableHandle)         \
-	X(3, cuMemImportFromShareableHandle) X(2, cuMemPoolCreate) X(2, cuArrayCreate_v2)                      \
+	X(3, cuMemImportFromShareableHandle) X(4, cuMemPoolExportToShareableHandle)                            \
+	X(4, cuMemPoolImportFromShareableHandle) X(3, cuMemPoolImportPointer) X(2, cuArrayCreate_v2)          \
 	X(2, cuArray3DCreate_v2) X(3, cuMipmappedArrayCreate)
 #define DEF_INCAP(n, name) INCAPABLE_N(name, ARGS##n, CALL##n)
 INCAPABLE_LIST(DEF_INCAP)

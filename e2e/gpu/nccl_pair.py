@@ -11,6 +11,11 @@ which must sum to 3 everywhere, and a counter. The files in --dir follow
 torch_target.py's protocol (ready, proof.json on SIGUSR1 with rank 1 as
 child 0: ready-child-0, proof-child-0.json), so run.sh proves it the same
 way. NCCL_NVLS_ENABLE=0 is forced (no NVLink multicast on shared hosts).
+
+While --dir/pause exists, the pair idles at a collective boundary both
+ranks agree on: rank 0 adds PAUSE to its all_reduce input when it sees the
+file, every rank sees the sum and stops after that same collective, writes
+paused-RANK, and waits (no GPU work in flight) until the file is gone.
 """
 
 import argparse
@@ -29,6 +34,9 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_target import Checksummer, write_atomic  # noqa: E402
+
+
+PAUSE = 1000.0
 
 
 def main():
@@ -65,14 +73,28 @@ def main():
     signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
     signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
 
+    pause = os.path.join(a.dir, "pause")
+
     def step():
-        vec.fill_(a.rank + 1)
+        flag = PAUSE if a.rank == 0 and os.path.exists(pause) else 0
+        vec.fill_(a.rank + 1 + flag)
         dist.all_reduce(vec)
         torch.cuda.synchronize(dev)
-        if state["ok"] and not bool((vec == 3).all()):
+        paused = float(vec[0]) >= PAUSE
+        want = 3 + (PAUSE if paused else 0)
+        if state["ok"] and not bool((vec == want).all()):
             state["ok"] = False
-            state["error"] = "rank %d: all_reduce gave %s at step %d, want 3" % (a.rank, vec[:4].tolist(), state["counter"])
+            state["error"] = "rank %d: all_reduce gave %s at step %d, want %d" % (a.rank, vec[:4].tolist(), state["counter"], want)
         state["counter"] += 1
+        if paused:
+            mark = os.path.join(a.dir, "paused-%d" % a.rank)
+            write_atomic(mark, "%d\n" % state["counter"])
+            while os.path.exists(pause):
+                time.sleep(0.01)
+            try:
+                os.unlink(mark)
+            except FileNotFoundError:
+                print("rank %d: %s was gone at the end of the pause" % (a.rank, mark), flush=True)
 
     def proof():
         t = time.time()

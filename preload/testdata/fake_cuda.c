@@ -131,6 +131,8 @@ CUresult cuMemAlloc_v2(U *p, size_t size)
 CUresult cuMemAllocPitch_v2(U *p, size_t *pitch, size_t w, size_t h, unsigned e) { (void)e; *pitch = w; return cuMemAlloc_v2(p, w * h); }
 CUresult cuMemFree_v2(U p) { (void)p; return OK; }
 CUresult cuMemAllocManaged(U *p, size_t size, unsigned f) { (void)f; return cuMemAlloc_v2(p, size); }
+/* A pool object, and nothing in it (as NCCL makes one in every rank). */
+CUresult cuMemPoolCreate(U *pool, const void *props) { (void)props; *pool = 0x900d; return OK; }
 CUresult cuMemHostAlloc(void **p, size_t size, unsigned f) { (void)f; *p = malloc(size); return *p ? OK : 2; }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 /* GPUCR_FAKE_NO_REGISTER: a driver that cannot register host memory (the
@@ -166,7 +168,7 @@ static const struct {
 	{"cuMemAddressReserve", cuMemAddressReserve}, {"cuMemAddressFree", cuMemAddressFree}, {"cuMemCreate", cuMemCreate},
 	{"cuMemRelease", cuMemRelease}, {"cuMemMap", cuMemMap}, {"cuMemUnmap", cuMemUnmap},
 	{"cuMemSetAccess", cuMemSetAccess}, {"cuMemAlloc", cuMemAlloc_v2}, {"cuMemAllocPitch", cuMemAllocPitch_v2},
-	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemHostAlloc", cuMemHostAlloc},
+	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemPoolCreate", cuMemPoolCreate}, {"cuMemHostAlloc", cuMemHostAlloc},
 	{"cuMemFreeHost", cuMemFreeHost}, {"cuMemHostRegister", cuMemHostRegister_v2}, {"cuMemHostUnregister", cuMemHostUnregister}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
 	{"cuStreamSynchronize", cuStreamSynchronize}, {"cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2},
 	{"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2}, {"cuMemcpyDtoH", cuMemcpyDtoH_v2}, {"cuMemcpyHtoD", cuMemcpyHtoD_v2},

@@ -14,7 +14,8 @@
  * FP_MANAGED=1 it also calls cuMemAllocManaged; with FP_CREATE_FLAGS=1 it
  * calls cuMemCreate with flags; with FP_WIDE_ACCESS=1 it sets access for
  * five devices (each makes it incapable where the library holds its own
- * lock); with FP_EXTRA_MB=N it allocates N MiB more.
+ * lock); with FP_POOL=1 it creates a memory pool and allocates nothing
+ * from it (still capable); with FP_EXTRA_MB=N it allocates N MiB more.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -48,6 +49,7 @@ static CUresult (*pAlloc)(U *, size_t), (*pAllocPitch)(U *, size_t *, size_t, si
 static CUresult (*pReserve)(U *, size_t, size_t, U, U), (*pCreate)(U *, size_t, const Prop *, U);
 static CUresult (*pMap)(U, size_t, size_t, U, U), (*pSetAccess)(U, size_t, const Access *, size_t), (*pRelease)(U);
 static CUresult (*pHtoD)(U, const void *, size_t), (*pDtoH)(void *, U, size_t), (*pManaged)(U *, size_t, unsigned);
+static CUresult (*pPoolCreate)(U *, const void *);
 static CUresult (*pLaunch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 
 static void die(const char *what, int r)
@@ -140,6 +142,7 @@ static void bind_driver(void *gpa)
 	get((void **)&pHtoD, gpa, "cuMemcpyHtoD");
 	get((void **)&pDtoH, gpa, "cuMemcpyDtoH");
 	get((void **)&pManaged, gpa, "cuMemAllocManaged");
+	get((void **)&pPoolCreate, gpa, "cuMemPoolCreate");
 	get((void **)&pLaunch, gpa, "cuLaunchKernel");
 }
 
@@ -181,6 +184,11 @@ static void allocate(int dev)
 	if (getenv("FP_MANAGED")) {
 		U m;
 		CK(pManaged(&m, 1 << 20, 1), "managed");
+	}
+	if (getenv("FP_POOL")) {
+		U pool;
+		Prop pp = {.type = 1, .location = {1, dev}};
+		CK(pPoolCreate(&pool, &pp), "pool");
 	}
 	if (getenv("FP_CREATE_FLAGS")) {
 		U h;
