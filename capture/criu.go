@@ -293,8 +293,14 @@ type RestoreReport struct {
 // Restore runs `criu restore --stream --restore-detached` fed by an
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
-// it cannot be trusted.
+// it cannot be trusted. TIME_WAIT sockets that would refuse CRIU's bind of
+// the image's listeners are cleared first (ClearTimeWait).
 func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
+	src = ClearTimeWait(src, func(s string) {
+		if o.Hooks.Log != nil {
+			o.Hooks.Log(s)
+		}
+	})
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err

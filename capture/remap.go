@@ -100,17 +100,13 @@ func (r *replaced) load(ctx context.Context) error {
 	return nil
 }
 
-// PatchTCPListen rewrites a files.img.
-func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
+// eachFileEntry walks the entries of a files.img and returns the image
+// rebuilt from what fn returns for each (its raw bytes, or new ones).
+func eachFileEntry(img []byte, fn func(fe *fdinfo.FileEntry, raw []byte, off int) ([]byte, error)) ([]byte, error) {
 	if len(img) < 8 || binary.LittleEndian.Uint32(img) != imgCommonMagic || binary.LittleEndian.Uint32(img[4:]) != filesMagic {
 		return nil, fmt.Errorf("not a CRIU files image (bad magic at offset 0): %w", errdefs.ErrCorrupt)
 	}
 	out := append([]byte(nil), img[:8]...)
-	left := map[uint16]bool{}
-	for p := range remaps {
-		left[p] = true
-	}
-	var listening []int
 	for off := 8; off < len(img); {
 		if len(img)-off < 4 {
 			return nil, fmt.Errorf("entry length truncated at offset %d: %w", off, errdefs.ErrCorrupt)
@@ -125,23 +121,46 @@ func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
 		if err := (proto.UnmarshalOptions{AllowPartial: true}).Unmarshal(raw, &fe); err != nil {
 			return nil, fmt.Errorf("entry at offset %d: %v: %w", off, err, errdefs.ErrCorrupt)
 		}
-		isk := fe.GetIsk()
-		if isk != nil && isk.GetProto() == ipprotoTCP && isk.GetState() == tcpListen {
-			port := isk.GetSrcPort()
-			listening = append(listening, int(port))
-			if nw, ok := remaps[uint16(port)]; ok && port <= 0xffff {
-				v := uint32(nw)
-				isk.SrcPort = &v
-				delete(left, uint16(port))
-				var err error
-				if raw, err = (proto.MarshalOptions{AllowPartial: true}).Marshal(&fe); err != nil {
-					return nil, fmt.Errorf("entry at offset %d: %w", off, err)
-				}
-			}
+		raw, err := fn(&fe, raw, off)
+		if err != nil {
+			return nil, err
 		}
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(raw)))
 		out = append(out, raw...)
 		off += 4 + n
+	}
+	return out, nil
+}
+
+// PatchTCPListen rewrites a files.img.
+func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
+	left := map[uint16]bool{}
+	for p := range remaps {
+		left[p] = true
+	}
+	var listening []int
+	out, err := eachFileEntry(img, func(fe *fdinfo.FileEntry, raw []byte, off int) ([]byte, error) {
+		isk := fe.GetIsk()
+		if isk == nil || isk.GetProto() != ipprotoTCP || isk.GetState() != tcpListen {
+			return raw, nil
+		}
+		port := isk.GetSrcPort()
+		listening = append(listening, int(port))
+		nw, ok := remaps[uint16(port)]
+		if !ok || port > 0xffff {
+			return raw, nil
+		}
+		v := uint32(nw)
+		isk.SrcPort = &v
+		delete(left, uint16(port))
+		raw, err := (proto.MarshalOptions{AllowPartial: true}).Marshal(fe)
+		if err != nil {
+			return nil, fmt.Errorf("entry at offset %d: %w", off, err)
+		}
+		return raw, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(left) > 0 {
 		var missing []int
@@ -153,6 +172,22 @@ func PatchTCPListen(img []byte, remaps map[uint16]uint16) ([]byte, error) {
 		return nil, fmt.Errorf("no TCP socket listens on port %v in the image (listening ports: %v)", missing, listening)
 	}
 	return out, nil
+}
+
+// BoundTCPPorts lists the ports a files.img has CRIU bind() for TCP
+// sockets that are not connections (listeners, sockets bound and not
+// connected): connections are restored in repair mode, which binds over
+// anything.
+func BoundTCPPorts(img []byte) (map[uint16]bool, error) {
+	ports := map[uint16]bool{}
+	_, err := eachFileEntry(img, func(fe *fdinfo.FileEntry, raw []byte, _ int) ([]byte, error) {
+		if isk := fe.GetIsk(); isk != nil && isk.GetProto() == ipprotoTCP && isk.GetDstPort() == 0 &&
+			isk.GetSrcPort() != 0 && isk.GetSrcPort() <= 0xffff {
+			ports[uint16(isk.GetSrcPort())] = true
+		}
+		return raw, nil
+	})
+	return ports, err
 }
 
 // replaced serves files.img patched in place of src's.

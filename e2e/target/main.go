@@ -94,6 +94,7 @@ func main() {
 	mb := flag.Int("mb", 256, "approximate memory to fill, in MiB")
 	mix := flag.String("mix", "model", "memory content: model (weights-like, zeros, random, text) or thirds (random, zeros, text: the capture benchmark's)")
 	rewritePct := flag.Float64("rewrite-pct", 0, "rewrite this percentage of the pages every second (0: never)")
+	listenTimeWait := flag.Bool("listen-timewait", false, "hold a TCP listener without SO_REUSEADDR whose one accepted connection closed first (a TIME_WAIT socket on its port, as NCCL's bootstrap leaves); its port goes to DIR/listen-port")
 	flag.Parse()
 	if *dir == "" {
 		log.Fatal("target: --dir is required")
@@ -106,6 +107,15 @@ func main() {
 	}
 	if *rewritePct < 0 || *rewritePct > 100 {
 		log.Fatal("target: --rewrite-pct must be 0..100")
+	}
+	if *listenTimeWait {
+		port, err := listenWithTimeWait()
+		if err != nil {
+			log.Fatalf("target: --listen-timewait: %v", err)
+		}
+		if err := writeAtomic(filepath.Join(*dir, "listen-port"), []byte(strconv.Itoa(port)+"\n")); err != nil {
+			log.Fatalf("target: %v", err)
+		}
 	}
 	if err := runParent(*dir, *mb, *mix, *rewritePct, usr1, usr2); err != nil {
 		log.Fatalf("target: %v", err)
@@ -591,4 +601,45 @@ func (p *parent) checkPages() string {
 		return fmt.Sprintf("%d of %d pages differ from what was written (the first: page %d)", bad, len(now), first)
 	}
 	return p.expected
+}
+
+// listenWithTimeWait makes a listener on 127.0.0.1 without SO_REUSEADDR
+// (Go's own listeners set it), kept open for the life of the process, and
+// leaves a TIME_WAIT socket on its port: one connection to it, whose
+// accepted side closes first.
+func listenWithTimeWait() (int, error) {
+	l, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return 0, err
+	}
+	lo := [4]byte{127, 0, 0, 1}
+	if err := syscall.Bind(l, &syscall.SockaddrInet4{Addr: lo}); err != nil {
+		return 0, err
+	}
+	if err := syscall.Listen(l, 4); err != nil {
+		return 0, err
+	}
+	sa, err := syscall.Getsockname(l)
+	if err != nil {
+		return 0, err
+	}
+	port := sa.(*syscall.SockaddrInet4).Port
+	c, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer syscall.Close(c)
+	if err := syscall.Connect(c, &syscall.SockaddrInet4{Addr: lo, Port: port}); err != nil {
+		return 0, err
+	}
+	a, _, err := syscall.Accept(l)
+	if err != nil {
+		return 0, err
+	}
+	syscall.Close(a)
+	var b [1]byte
+	if _, err := syscall.Read(c, b[:]); err != nil {
+		return 0, err
+	}
+	return port, nil
 }

@@ -1,0 +1,65 @@
+package capture
+
+// Restoring in place, where the checkpointed process ran: a listener of the
+// image whose accepted connections left TIME_WAIT sockets on its port, and
+// did not allow reuse, makes CRIU's bind fail with "Address already in
+// use" for up to a minute (NCCL's bootstrap listeners do this; package
+// tcpwait has the why). CRIU reads files.img before it creates a single
+// socket, so the first read of files.img is where the ports it will bind
+// are known and nothing is bound yet: the TIME_WAIT sockets on them are
+// cleared then, whatever the source (an archive, a stream, a receiver).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/tcpwait"
+)
+
+// ClearTimeWait returns src, whose first read of files.img clears the
+// TIME_WAIT sockets on the TCP ports that image binds and says so through
+// log. A clear that fails (no CAP_NET_ADMIN, a kernel without
+// SOCK_DESTROY) is logged, not fatal: CRIU's bind may still succeed.
+func ClearTimeWait(src source.Source, log func(string)) source.Source {
+	return &clearing{Source: src, log: log}
+}
+
+type clearing struct {
+	source.Source
+	log  func(string)
+	once sync.Once
+}
+
+func (c *clearing) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	if name != remappedFile {
+		return c.Source.Copy(ctx, name, w)
+	}
+	var buf bytes.Buffer
+	if _, err := c.Source.Copy(ctx, name, &limitWriter{&buf, maxFilesImg}); err != nil {
+		return 0, err
+	}
+	c.once.Do(func() { c.clear(ctx, buf.Bytes()) })
+	n, err := w.Write(buf.Bytes())
+	return int64(n), err
+}
+
+func (c *clearing) clear(ctx context.Context, img []byte) {
+	ports, err := BoundTCPPorts(img)
+	if err != nil || len(ports) == 0 {
+		return // a damaged files.img is CRIU's to refuse
+	}
+	cl, err := tcpwait.Clear(ctx, ports)
+	if err != nil {
+		c.log(fmt.Sprintf("TIME_WAIT sockets on the ports the checkpoint binds not cleared (criu may fail with \"Address already in use\"): %v", err))
+		return
+	}
+	if cl.Sockets > 0 {
+		slices.Sort(cl.Ports)
+		c.log(fmt.Sprintf("cleared %d TIME_WAIT sockets on ports %v, which would refuse criu's bind of the restored sockets", cl.Sockets, cl.Ports))
+	}
+}
