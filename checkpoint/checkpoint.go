@@ -172,7 +172,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The tree as it is before the dump, to wait for it to be gone after.
 	tree, _ := proc.Tree(o.PID)
-	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, fastIf(o.FastPath, gpuckpt.FastCarried(o.Dest))); err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
 	}
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
@@ -357,6 +357,15 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
+}
+
+// fastIf is f, or the fast path off where what restores the checkpoint
+// would not bring the VRAM files back (the fast path is not taken then).
+func fastIf(f gpuckpt.FastPath, carried bool) gpuckpt.FastPath {
+	if !carried {
+		f.Mode = gpuckpt.FastPathOff
+	}
+	return f
 }
 
 // streamEnded waits for the end of a stream CRIU restored pid from while

@@ -149,11 +149,14 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	}
 	// The CUDA processes of the tree: their GPU state is moved into host
 	// memory (lock, checkpoint) before CRIU dumps them, as for checkpoint.
+	// Whether the receiver restores (and so whether the fast path is
+	// taken) is not known yet: an NCCL tree is refused as on the driver's
+	// path.
 	cc, err := gpuckpt.Find(o.CUDA, o.PID)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args); err != nil {
+	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, fastIf(o.FastPath, false)); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {

@@ -471,11 +471,11 @@ func TimingPhases(t cudadriver.Timings) []Phase {
 // --tcp-close) in criuArgs. Undoing the driver's checkpoint is not always
 // possible (driver 580 refused it for an NCCL pair, leaving both processes
 // frozen), so the refusal must come first. tree is the whole process tree.
-func (cc *Checkpoint) CheckDumpable(ctx context.Context, tree []int, criuArgs []string) error {
+func (cc *Checkpoint) CheckDumpable(ctx context.Context, tree []int, criuArgs []string, f FastPath) error {
 	if cc == nil || len(cc.pids) == 0 {
 		return nil
 	}
-	if err := CheckUndoable(ctx, cc.pids); err != nil {
+	if err := CheckUndoable(ctx, cc.pids, f.Mode != FastPathOff); err != nil {
 		return err
 	}
 	if slices.ContainsFunc(criuArgs, func(a string) bool { return a == "--tcp-established" || a == "--tcp-close" }) {

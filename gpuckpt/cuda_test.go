@@ -215,7 +215,7 @@ func TestCheckDumpable(t *testing.T) {
 	defer ln.Close()
 	self := []int{os.Getpid()}
 	cuda := &Checkpoint{pids: self}
-	if err := cuda.CheckDumpable(context.Background(), self, nil); err != nil {
+	if err := cuda.CheckDumpable(context.Background(), self, nil, FastPath{}); err != nil {
 		t.Fatalf("a listener alone: %v", err)
 	}
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -235,7 +235,7 @@ func TestCheckDumpable(t *testing.T) {
 		{"cuda-tcp-close", cuda, []string{"--tcp-close"}, false},
 		{"no-cuda", nil, nil, false},
 	} {
-		err := tc.cc.CheckDumpable(context.Background(), self, tc.args)
+		err := tc.cc.CheckDumpable(context.Background(), self, tc.args, FastPath{})
 		if tc.refused != (err != nil) {
 			t.Errorf("%s: refused=%v, got %v", tc.name, tc.refused, err)
 			continue

@@ -125,7 +125,7 @@ func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, star
 	}
 	res.PIDs = pids
 	if o.Action == "suspend" {
-		if err := CheckUndoable(ctx, pids); err != nil {
+		if err := CheckUndoable(ctx, pids, o.To.Kind != location.Stdio && o.FastPath.Mode != FastPathOff); err != nil {
 			return fmt.Errorf("gpu suspend: %w", err)
 		}
 	}

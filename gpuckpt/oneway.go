@@ -121,17 +121,37 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 	return out
 }
 
-// preloadShared asks pid's library which call made it share device
-// memory ("" if none, or if the library does not answer in time).
-func preloadShared(ctx context.Context, pid int) string {
+// allFastCapable says whether every process of pids runs with the
+// library and its library says it can release and recreate all its device
+// memory.
+func allFastCapable(ctx context.Context, pids []int) bool {
+	for _, pid := range pids {
+		if !preloadctl.HasPreload(pid) {
+			return false
+		}
+		r, err := preloadReport(ctx, pid)
+		if err != nil || !r.Capable {
+			return false
+		}
+	}
+	return len(pids) > 0
+}
+
+func preloadReport(ctx context.Context, pid int) (preloadctl.PreloadReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	p, err := preloadctl.DialPreload(ctx, preloadctl.PreloadDir(), pid)
 	if err != nil {
-		return ""
+		return preloadctl.PreloadReport{}, err
 	}
 	defer p.Close()
-	r, err := p.Report(ctx)
+	return p.Report(ctx)
+}
+
+// preloadShared asks pid's library which call made it share device
+// memory ("" if none, or if the library does not answer in time).
+func preloadShared(ctx context.Context, pid int) string {
+	r, err := preloadReport(ctx, pid)
 	if err != nil || r.Capable {
 		return ""
 	}
@@ -149,8 +169,20 @@ func preloadShared(ctx context.Context, pid int) string {
 // ways out. Nothing was touched. The GPU machine's fault round
 // (GPUCR_TEST_FAULT=gpu-checkpoint) fails the driver's checkpoint before
 // it reaches the driver: nothing is one way then, and nothing is refused.
-func CheckUndoable(ctx context.Context, pids []int) error {
+//
+// NCCL ranks whose device memory the fast path takes (fast: it is not
+// off; every process of pids runs with the library and shares no device
+// memory) are not refused: the fast path parks them at one collective
+// boundary (preload/gate.c), moves their memory out itself, and the driver
+// checkpoints and restores contexts that hold almost nothing (measured on
+// driver 580 with NCCL 2.28.9, whose ranks then shared no memory: the
+// driver's own checkpoint of the same ranks left them failing their next
+// kernel, docs/BENCHMARKS.md, "NCCL").
+func CheckUndoable(ctx context.Context, pids []int, fast bool) error {
 	if testFault("gpu-checkpoint") {
+		return nil
+	}
+	if fast && allFastCapable(ctx, pids) {
 		return nil
 	}
 	ws := findOneWay(ctx, pids)

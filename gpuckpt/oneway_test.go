@@ -188,7 +188,7 @@ func TestCheckUndoable(t *testing.T) {
 			for pid := range tc.procs {
 				pids = append(pids, pid)
 			}
-			err := CheckUndoable(context.Background(), pids)
+			err := CheckUndoable(context.Background(), pids, true)
 			if len(tc.refused) == 0 {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -287,7 +287,7 @@ func TestNCCLRefusedBeforeLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cc.CheckDumpable(context.Background(), []int{pid}, []string{"--tcp-established"}); !errors.Is(err, ErrOneWay) {
+	if err := cc.CheckDumpable(context.Background(), []int{pid}, []string{"--tcp-established"}, FastPath{}); !errors.Is(err, ErrOneWay) {
 		t.Fatalf("checkpoint's check: %v, want ErrOneWay", err)
 	}
 	if _, err := GPUStep(context.Background(), d, GPUStepOptions{Action: "suspend", PID: pid, FindProcs: drivertest.Find(pid)}); !errors.Is(err, ErrOneWay) {

@@ -257,6 +257,29 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		unstage_all();
 		parked = 0;
 		gate_open();
+		collective_release();
+		return 0;
+	}
+	if (!strcmp(line, "collhold")) {
+		st->collectives = collective_hold();
+		*owns = 1;
+		return 0;
+	}
+	if (!strncmp(line, "colluntil ", 10)) {
+		long long want = 0;
+		long ms = 0;
+		if (sscanf(line + 10, "%lld %ld", &want, &ms) != 2 || want < 0 || ms <= 0) {
+			snprintf(err, n, "colluntil N MS");
+			return -1;
+		}
+		if (collective_until(want, ms, &st->collectives) < 0) {
+			snprintf(err, n, "launched %lld collectives, not %lld, within %ld ms", st->collectives, want, ms);
+			return -1;
+		}
+		return 0;
+	}
+	if (!strcmp(line, "collrelease")) {
+		collective_release();
 		return 0;
 	}
 	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
@@ -337,8 +360,8 @@ static void serve_conn(int c)
 		} else if (strcmp(line, "report")) {
 			snprintf(out, sizeof out,
 				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
-				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d}\n",
-				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged);
+				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld}\n",
+				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged, st.collectives);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
@@ -347,6 +370,8 @@ static void serve_conn(int c)
 	unstage_all();
 	if (owns && parked && !detached)
 		on_orphan();
+	if (!parked)
+		collective_release(); /* held, and then left without a park */
 }
 
 static void *control_main(void *arg)

@@ -598,7 +598,7 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 	free((void *)j.seen);
 	unstage_all();
 	*st = (struct stats){atomic_load(&j.bytes), j.setup, j.work, j.teardown, atomic_load(&j.wait_ns) / 1e9,
-			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged)};
+			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged), 0};
 	if (atomic_load(&j.failed)) {
 		snprintf(err, n, "%s", j.err);
 		return -1;

@@ -25,6 +25,21 @@
  * libc's. Its limit: work submitted through an entry point the gate does not
  * know (cuGetExportTable's private tables) is not held back, hence the
  * capability checks (wrappers.c, bookkeeping.c).
+ *
+ * The collective barrier. The ranks of an NCCL job cannot be parked one by
+ * one: a rank's collective kernel in flight waits for the same collective
+ * of every other rank, and a rank parked before launching it never does, so
+ * the first rank never drains. So the ranks are first brought to one
+ * collective boundary: `collhold` stops each rank's next collective launch
+ * (any kernel whose name, unmangled, starts with "nccl") and answers how many it
+ * launched; `colluntil N` lets a rank launch until it has launched N (the
+ * most any rank had) and holds it there. Then every collective launched
+ * has its peers launched too, every one completes, and park drains. This
+ * counts collectives per process, not per communicator: it holds for jobs
+ * whose ranks launch the same sequence of collectives (data and tensor
+ * parallel, one process group). A held launch waits outside the gate, so
+ * park never waits for it; unpark, `collrelease` and the end of the
+ * connection that held (while not parked) let it go.
  */
 #include "internal.h"
 
@@ -34,6 +49,10 @@ static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_open_cv = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t gate_drained_cv = PTHREAD_COND_INITIALIZER;
 static __thread int gate_depth;
+static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t coll_cv = PTHREAD_COND_INITIALIZER;
+static long long coll_launched;
+static long long coll_allow = -1; /* -1: no hold */
 
 void gate_enter(void)
 {
@@ -110,4 +129,116 @@ void gate_reset(void)
 	atomic_store(&gate_closed, 0);
 	atomic_store(&gate_inflight, 0);
 	pthread_mutex_init(&gate_mu, NULL);
+	pthread_mutex_init(&coll_mu, NULL);
+	coll_launched = 0;
+	coll_allow = -1;
+}
+
+
+/* collective_name: an NCCL kernel's name, as the driver gives it (C++
+ * mangled: "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL...", or plain). */
+static int collective_name(const char *name)
+{
+	if (!strncmp(name, "_Z", 2)) {
+		name += 2;
+		while (*name >= '0' && *name <= '9')
+			name++;
+	}
+	return !strncmp(name, "nccl", 4);
+}
+
+/* is_collective says whether f is an NCCL kernel; answers are cached
+ * per function (a job launches few distinct ones). */
+static int is_collective(void *f)
+{
+	static struct {
+		void *f;
+		int yes;
+	} seen[512];
+	static int nseen;
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < nseen; i++)
+		if (seen[i].f == f) {
+			int y = seen[i].yes;
+			pthread_mutex_unlock(&mu);
+			return y;
+		}
+	pthread_mutex_unlock(&mu);
+	const char *name = NULL;
+	int yes = r_FuncGetName && r_FuncGetName(&name, f) == CUDA_SUCCESS && name && collective_name(name);
+	pthread_mutex_lock(&mu);
+	if (nseen < (int)(sizeof seen / sizeof seen[0]))
+		seen[nseen++] = (typeof(seen[0])){f, yes};
+	pthread_mutex_unlock(&mu);
+	trace("kernel %s%s", name ? name : "(no name)", yes ? ": a collective" : "");
+	return yes;
+}
+
+/* collective_enter is gate_enter for a launch of f: a collective beyond
+ * what the barrier allows steps back out of the gate and waits. */
+void collective_enter(void *f)
+{
+	for (;;) {
+		gate_enter();
+		if (internal || !f || !is_collective(f))
+			return;
+		pthread_mutex_lock(&coll_mu);
+		if (coll_allow < 0 || coll_launched < coll_allow) {
+			coll_launched++;
+			pthread_cond_broadcast(&coll_cv);
+			pthread_mutex_unlock(&coll_mu);
+			return;
+		}
+		pthread_mutex_unlock(&coll_mu);
+		gate_leave();
+		pthread_mutex_lock(&coll_mu);
+		while (coll_allow >= 0 && coll_launched >= coll_allow)
+			pthread_cond_wait(&coll_cv, &coll_mu);
+		pthread_mutex_unlock(&coll_mu);
+	}
+}
+
+/* collective_hold stops further collective launches and returns how many
+ * were launched. */
+long long collective_hold(void)
+{
+	pthread_mutex_lock(&coll_mu);
+	coll_allow = coll_launched;
+	long long n = coll_launched;
+	pthread_mutex_unlock(&coll_mu);
+	return n;
+}
+
+/* collective_until lets collectives be launched until n were, waiting up
+ * to ms for it; -1 on timeout (still held, at *launched). */
+int collective_until(long long n, long ms, long long *launched)
+{
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += ms / 1000;
+	dl.tv_nsec += (ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&coll_mu);
+	if (n > coll_allow)
+		coll_allow = n;
+	pthread_cond_broadcast(&coll_cv);
+	int rc = 0;
+	while (coll_launched < n && rc == 0)
+		rc = pthread_cond_timedwait(&coll_cv, &coll_mu, &dl);
+	*launched = coll_launched;
+	int ok = coll_launched >= n;
+	pthread_mutex_unlock(&coll_mu);
+	return ok ? 0 : -1;
+}
+
+void collective_release(void)
+{
+	pthread_mutex_lock(&coll_mu);
+	coll_allow = -1;
+	pthread_cond_broadcast(&coll_cv);
+	pthread_mutex_unlock(&coll_mu);
 }

@@ -26,6 +26,7 @@ CUresult (*r_CtxGetCurrent)(CUcontext *);
 CUresult (*r_CtxSetCurrent)(CUcontext);
 CUresult (*r_CtxGetDevice)(CUdevice *);
 CUresult (*r_CtxSynchronize)(void);
+CUresult (*r_FuncGetName)(const char **, void *);
 CUresult (*r_HostAlloc)(void **, size_t, unsigned);
 CUresult (*r_FreeHost)(void *);
 CUresult (*r_HostRegister)(void *, size_t, unsigned);

@@ -135,6 +135,7 @@ extern CUresult (*r_CtxGetCurrent)(CUcontext *);
 extern CUresult (*r_CtxSetCurrent)(CUcontext);
 extern CUresult (*r_CtxGetDevice)(CUdevice *);
 extern CUresult (*r_CtxSynchronize)(void);
+extern CUresult (*r_FuncGetName)(const char **, void *);
 extern CUresult (*r_HostAlloc)(void **, size_t, unsigned);
 extern CUresult (*r_FreeHost)(void *);
 extern CUresult (*r_HostRegister)(void *, size_t, unsigned);
@@ -163,6 +164,10 @@ void gate_leave(void);
 int gate_close(long ms);
 void gate_open(void);
 void gate_reset(void);
+void collective_enter(void *f);
+long long collective_hold(void);
+int collective_until(long long n, long ms, long long *launched);
+void collective_release(void);
 
 /* ---- bookkeeping.c: handles and mappings ---- */
 struct hrec {
@@ -233,6 +238,7 @@ struct stats {
 	long long bytes;
 	double setup, work, teardown, wait, io;
 	int workers, staged;
+	long long collectives; /* collhold, colluntil: launched so far */
 };
 int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st);
 int cmd_stage(int k, char *err, size_t n, struct stats *st);

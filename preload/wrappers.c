@@ -32,6 +32,20 @@ static struct ent *find_by_real(void *p);
 		return r;                                       \
 	}
 #define GATED_N(name, decl, call) WRAP_N(name, decl, call, (void)0)
+/* LAUNCH_N is GATED_N for a kernel launch of function fn: a collective's
+ * launch may also wait at the collective barrier (gate.c). */
+#define LAUNCH_N(name, decl, call, fn)                          \
+	static CUresult (*real_##name) decl;                    \
+	CUresult name decl                                      \
+	{                                                       \
+		ensure_cuda();                                  \
+		if (!real_##name)                               \
+			return CUDA_ERROR_NOT_FOUND;            \
+		collective_enter((void *)(fn));                 \
+		CUresult r = real_##name call;                  \
+		gate_leave();                                   \
+		return r;                                       \
+	}
 /* The argument lists of the wrappers, by count (every argument is integer
  * class, so U carries any of them). */
 #define ARGS1 (U a)
@@ -54,8 +68,10 @@ static struct ent *find_by_real(void *p);
 #define CALL11 (a, b, c, d, e, f, g, h, i, j, k)
 
 /* The work-submitting entry points, by argument count. */
+#define LAUNCH_LIST(X) X(11, cuLaunchKernel, a) X(11, cuLaunchKernel_ptsz, a) X(4, cuLaunchKernelEx, b) X(4, cuLaunchKernelEx_ptsz, b)
+#define DEF_LAUNCH(n, name, fn) LAUNCH_N(name, ARGS##n, CALL##n, fn)
+LAUNCH_LIST(DEF_LAUNCH)
 #define GATED_LIST(X)                                                                                   \
-	X(11, cuLaunchKernel) X(11, cuLaunchKernel_ptsz) X(4, cuLaunchKernelEx) X(4, cuLaunchKernelEx_ptsz) \
 	X(10, cuLaunchCooperativeKernel) X(10, cuLaunchCooperativeKernel_ptsz)                             \
 	X(3, cuLaunchCooperativeKernelMultiDevice) X(2, cuGraphLaunch) X(2, cuGraphLaunch_ptsz)            \
 	X(3, cuLaunchHostFunc) X(3, cuLaunchHostFunc_ptsz)                                                 \
@@ -420,8 +436,9 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long lo
 /* The table: every wrapper and where its real entry point goes. */
 static void *r_dummy;
 #define ENT_G(n, name) {#name, (void *)name, (void **)&real_##name},
+#define ENT_L(n, name, fn) ENT_G(n, name)
 static struct ent table[] = {
-	GATED_LIST(ENT_G) INCAPABLE_LIST(ENT_G)
+	LAUNCH_LIST(ENT_L) GATED_LIST(ENT_G) INCAPABLE_LIST(ENT_G)
 	{"cuMemAlloc_v2", (void *)cuMemAlloc_v2, (void **)&r_MemAlloc},
 	{"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2, (void **)&r_MemAllocPitch},
 	{"cuMemFree_v2", (void *)cuMemFree_v2, (void **)&r_MemFree},
@@ -470,6 +487,7 @@ void resolve_real(void)
 	R(r_CtxSetCurrent, "cuCtxSetCurrent");
 	R(r_CtxGetDevice, "cuCtxGetDevice");
 	R(r_CtxSynchronize, "cuCtxSynchronize");
+	R(r_FuncGetName, "cuFuncGetName");
 	R(r_HostAlloc, "cuMemHostAlloc");
 	R(r_FreeHost, "cuMemFreeHost");
 	R(r_HostRegister, "cuMemHostRegister_v2");

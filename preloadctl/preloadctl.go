@@ -261,6 +261,41 @@ func (p *Preload) Park(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
+// CollectivesHold stops the process's next collective launch (an NCCL
+// kernel) and returns how many it has launched: the first step of the
+// collective barrier (preload/gate.c) that brings the ranks of a job to
+// one collective boundary before they are parked. Unpark, CollectivesRelease
+// and the end of this connection (while not parked) let them go.
+func (p *Preload) CollectivesHold(ctx context.Context) (int64, error) {
+	return p.collectives(ctx, "collhold")
+}
+
+// CollectivesUntil lets the process launch collectives until it has
+// launched n, waiting up to timeout for that, and holds it there.
+func (p *Preload) CollectivesUntil(ctx context.Context, n int64, timeout time.Duration) (int64, error) {
+	return p.collectives(ctx, fmt.Sprintf("colluntil %d %d", n, max(timeout.Milliseconds(), 1)))
+}
+
+// CollectivesRelease lets held collective launches go.
+func (p *Preload) CollectivesRelease(ctx context.Context) error {
+	_, err := p.do(ctx, "collrelease", nil)
+	return err
+}
+
+func (p *Preload) collectives(ctx context.Context, cmd string) (int64, error) {
+	b, err := p.do(ctx, cmd, nil)
+	if err != nil {
+		return 0, err
+	}
+	var r struct {
+		Collectives int64 `json:"collectives"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return 0, fmt.Errorf("process %d: %s: answer %q: %w", p.PID, cmd, b, err)
+	}
+	return r.Collectives, nil
+}
+
 // Unpark lets the program run again (refused while memory is released).
 func (p *Preload) Unpark(ctx context.Context) error {
 	_, err := p.do(ctx, "unpark", nil)

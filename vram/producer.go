@@ -160,6 +160,36 @@ func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.Preloa
 	return reps, nil
 }
 
+// collectiveBarrier brings the processes of a tree to one collective
+// boundary before any is parked (preload/gate.c, "The collective
+// barrier"): each stops its next collective launch, and those that
+// launched fewer than the most launch up to it. A tree without collectives
+// passes at once. Unpark, or the end of the connections on an undo, lets
+// the held launches go.
+func (s *FastSuspension) collectiveBarrier(ctx context.Context) error {
+	if len(s.procs) < 2 {
+		return nil
+	}
+	counts := make([]int64, len(s.procs))
+	var most int64
+	for i, fp := range s.procs {
+		n, err := fp.p.CollectivesHold(ctx)
+		if err != nil {
+			return fmt.Errorf("fast path: hold collectives: %w", err)
+		}
+		counts[i], most = n, max(most, n)
+	}
+	for i, fp := range s.procs {
+		if counts[i] == most {
+			continue
+		}
+		if _, err := fp.p.CollectivesUntil(ctx, most, s.opts.ParkTimeout); err != nil {
+			return fmt.Errorf("fast path: process %d launched %d collectives, the others %d: bring it to theirs: %w", fp.PID, counts[i], most, err)
+		}
+	}
+	return nil
+}
+
 // FastSuspend parks every process (all before any copy, so that none runs
 // on while another is copied), has each library copy its device memory
 // into KeepDir, hands it the kept copy and releases the memory. Then it
@@ -210,6 +240,12 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		_ = fp.p.Stage(ctx, o.Files)
 	}
 	s.Timings.Stage = time.Since(t)
+	t = time.Now()
+	err = s.collectiveBarrier(ctx)
+	s.Timings.Park += time.Since(t)
+	if err != nil {
+		return s, s.undo(ctx, err)
+	}
 	for _, fp := range s.procs {
 		t := time.Now()
 		err := fp.p.Park(ctx, o.ParkTimeout)
