@@ -1096,3 +1096,81 @@ func TestFileName(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectiveBarrier: the library's collective barrier (preload/gate.c)
+// on a target whose every launch is a collective (its kernel named as
+// NCCL's, mangled and plain) or none is. A hold stops the launches where
+// they are; until N lets exactly N through and holds again; a held launch
+// does not keep park from closing the gate; unpark lets it go. A target
+// without collectives is never held.
+func TestCollectiveBarrier(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LLv", "ncclKernel_AllGather"} {
+		t.Run(name, func(t *testing.T) {
+			tg := startTarget(t, "GPUCR_FAKE_KERNEL_NAME="+name)
+			p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			n0, err := p.CollectivesHold(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n, err := p.CollectivesHold(ctx); err != nil || n != n0 {
+				t.Fatalf("held at %d, then %d (%v): launches went on", n0, n, err)
+			}
+			if n, err := p.CollectivesUntil(ctx, n0+5, 5*time.Second); err != nil || n != n0+5 {
+				t.Fatalf("until %d: %d, %v", n0+5, n, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n, err := p.CollectivesHold(ctx); err != nil || n != n0+5 {
+				t.Fatalf("held again at %d: %d, %v", n0+5, n, err)
+			}
+			if err := p.Park(ctx, 2*time.Second); err != nil {
+				t.Fatalf("park with a launch held at the barrier: %v", err)
+			}
+			if err := p.Unpark(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n, err := p.CollectivesHold(ctx); err != nil || n <= n0+5 {
+				t.Fatalf("after unpark: %d collectives launched, %v: still held at %d", n, err, n0+5)
+			}
+			if _, err := p.CollectivesUntil(ctx, 1<<40, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "within 100 ms") {
+				t.Fatalf("until a count never reached: %v", err)
+			}
+			p.Close()
+			// The connection that held is gone, not parked: released.
+			if n1, n2 := tg.collectives(t), tg.collectives(t); n2 <= n1 {
+				t.Fatalf("after the holder left: %d, then %d: still held", n1, n2)
+			}
+			tg.mustBeIntact(t)
+		})
+	}
+	t.Run("none", func(t *testing.T) {
+		tg := startTarget(t)
+		if n := tg.collectives(t); n != 0 {
+			t.Fatalf("a target without collectives launched %d", n)
+		}
+		tg.mustBeIntact(t)
+	})
+}
+
+// collectives holds the target's collectives for a moment and tells how
+// many it launched (the hold ends with the connection).
+func (tg *target) collectives(t *testing.T) int64 {
+	t.Helper()
+	p, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	time.Sleep(30 * time.Millisecond)
+	n, err := p.CollectivesHold(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

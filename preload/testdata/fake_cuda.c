@@ -147,6 +147,16 @@ CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st
 CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoD_v2(U d, const void *s, size_t n) { memcpy((void *)d, s, n); return OK; }
 CUresult cuMemsetD8_v2(U d, unsigned char c, size_t n) { memset((void *)d, c, n); return OK; }
+/* Every kernel is named GPUCR_FAKE_KERNEL_NAME (default "fakeKernel"):
+ * an NCCL-like name makes every launch a collective for the library. */
+CUresult cuFuncGetName(const char **name, void *f)
+{
+	(void)f;
+	const char *n = getenv("GPUCR_FAKE_KERNEL_NAME");
+	*name = n ? n : "fakeKernel";
+	return OK;
+}
+
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			unsigned shm, void *st, void **params, void **extra)
 {
