@@ -178,6 +178,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w (the process was not touched)", o.PID, err)
 	}
+	o.CRIU.Args = dumpGhostLimit(o.CRIU.Args, tree, o.Hooks.log)
 	start := time.Now()
 	c, out, err := location.StartCapture(ctx, o.Dest, o.Open)
 	if err != nil {

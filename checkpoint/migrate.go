@@ -162,6 +162,7 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
+	o.CRIU.Args = dumpGhostLimit(o.CRIU.Args, tree, o.Hooks.log)
 	if !o.Precopy.Off && cc == nil {
 		// A chunk's hash is its content id, which pre-copy references (not
 		// for CUDA processes: precopyOff).

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // MappedFiles lists the files pid maps, each once, in the order of
@@ -85,4 +87,32 @@ func UnixSocketNames(pid int) []string {
 		}
 	}
 	return out
+}
+
+// LargestDeletedFile is the size of the largest regular file that the
+// processes pids hold open or mapped after it was unlinked (what CRIU
+// dumps as a ghost file, into the image), and that file's path; 0 if none.
+// Mapped files are seen through map_files (root).
+func LargestDeletedFile(pids []int) (int64, string) {
+	var most int64
+	var path string
+	for _, pid := range pids {
+		for _, dir := range []string{"fd", "map_files"} {
+			d := filepath.Join(Root, strconv.Itoa(pid), dir)
+			ents, err := os.ReadDir(d)
+			if err != nil {
+				continue
+			}
+			for _, e := range ents {
+				var st unix.Stat_t
+				p := filepath.Join(d, e.Name())
+				if unix.Stat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 0 || st.Size <= most {
+					continue
+				}
+				most = st.Size
+				path, _ = os.Readlink(p)
+			}
+		}
+	}
+	return most, path
 }

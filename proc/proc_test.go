@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -100,5 +101,26 @@ func TestKillTree(t *testing.T) {
 	cmd.Wait()
 	if err := WaitGone(context.Background(), tree[1:], false, 5*time.Second); err != nil {
 		t.Fatalf("the child outlived KillTree: %v", err)
+	}
+}
+
+func TestLargestDeletedFile(t *testing.T) {
+	self := []int{os.Getpid()}
+	before, _ := LargestDeletedFile(self)
+	f, err := os.CreateTemp(t.TempDir(), "ghost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := before + 3<<20 + 5
+	if err := f.Truncate(want); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := LargestDeletedFile(self); n == want {
+		t.Fatalf("a file not unlinked counted: %d", n)
+	}
+	os.Remove(f.Name())
+	if n, p := LargestDeletedFile(self); n != want || !strings.Contains(p, "ghost") {
+		t.Fatalf("largest deleted file: %d %q, want %d bytes of %s", n, p, want, f.Name())
 	}
 }
