@@ -102,6 +102,16 @@
 #              undo fails, the round logs each rank's state and the recovery
 #              command from --json, runs it, and fails
 #
+#   ncclfast   the pair under `gpucr-stream run`, NCCL over sockets
+#              (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the ranks share no
+#              device memory), stepping all_reduce: checkpoint on the fast
+#              path (the collective barrier parks both ranks after the same
+#              collective) into an archive, restore in place; both ranks
+#              prove every tensor, the sums and their counters
+#   ncclfastswap
+#              the same, restored with the two GPUs swapped: each rank's
+#              device memory must now be on the other GPU
+#
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again. After
@@ -131,7 +141,8 @@
 # directory made in it, e.g. /dev/shm; empty: gpucr-stream's default, a
 # tmpfs of huge pages of its own; none: no copy),
 # HOG_LEAVE_MIB (badmap: what the hog leaves free on GPU 1, 512), NCCL_MIB
-# (nccl: device memory of each rank, 1024), DEDUP_TMPFS (dedup rounds: the
+# (nccl: device memory of each rank, 1024), NCCL_PERIOD (seconds the pair
+# sleeps between its all_reduce steps, 0: back to back), DEDUP_TMPFS (dedup rounds: the
 # tmpfs that holds a location, /dev/shm), REWRITE_PCT (dedupfast: share of
 # the tensor bytes rewritten between the checkpoints, 10), REPLICAS
 # (dedupreplicas: targets, 4).
@@ -154,6 +165,8 @@ FAST_CODEC=${FAST_CODEC:-none}
 VRAM_KEEP_DIR=${VRAM_KEEP_DIR:-}
 HOG_LEAVE_MIB=${HOG_LEAVE_MIB:-512}
 NCCL_MIB=${NCCL_MIB:-1024}
+NCCL_PERIOD=${NCCL_PERIOD:-0}
+PLACED1=
 DEDUP_TMPFS=${DEDUP_TMPFS:-/dev/shm}
 REWRITE_PCT=${REWRITE_PCT:-10}
 REPLICAS=${REPLICAS:-4}
@@ -345,7 +358,7 @@ log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
 
 # two_gpu ROUND: whether the round needs two GPUs.
 two_gpu() {
-	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault) return 0 ;; esac
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap) return 0 ;; esac
 	return 1
 }
 
@@ -371,6 +384,7 @@ check_placement() {
 	BEGIN {
 		if (r ~ /^remap|^migrateremap/) ok = b0 > 0 && b1 == 0 && a0 == 0 && a1 > 0
 		else if (r ~ /^spanswap/) ok = b0 > 0 && b1 > 0 && near(a0, b1) && near(a1, b0)
+		else if (r ~ /^ncclfastswap/) ok = b0 + b1 > 0 && near(a0, b1) && near(a1, b0)
 		else if (r ~ /^span/) ok = a0 > 0 && a1 > 0 && near(a0, b0) && near(a1, b1)
 		else ok = 1
 		print ok ? "ok" : "WRONG"
@@ -383,7 +397,7 @@ check_placement() {
 remap_spec() {
 	case ${ROUND%%-*} in
 	remap | remapfast | migrateremap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]}" ;;
-	spanswap | spanswapfast) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]},${GPU_UUIDS[1]}=${GPU_UUIDS[0]}" ;;
+	spanswap | spanswapfast | ncclfastswap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]},${GPU_UUIDS[1]}=${GPU_UUIDS[0]}" ;;
 	esac
 }
 
@@ -400,12 +414,13 @@ start_target() {
 	case ${1%%-*} in
 	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
+	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
 	esac
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" --rewrite-pct "$REWRITE_PCT" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
-	nccl | ncclfault)
-		script=nccl_pair.py args=(--mib "$NCCL_MIB")
+	nccl | ncclfault | ncclfast | ncclfastswap)
+		script=nccl_pair.py args=(--mib "$NCCL_MIB" --period "$NCCL_PERIOD")
 		TCHILDREN=1
 		;;
 	esac
@@ -437,6 +452,7 @@ start_target() {
 	if [ "$DEVICE" = cuda ]; then
 		nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader | tee -a "$RUNLOG"
 		[ "$NGPU" -ge 2 ] && PLACED=$(gpu_mem "$TPID")
+		[ "$NGPU" -ge 2 ] && [ -s "$TDIR/ready-child-0" ] && PLACED1=$(gpu_mem "$(cat "$TDIR/ready-child-0")")
 		local p
 		for p in $(tree_pids); do
 			log "cuda state of $p: $("$GCS" gpu state --pid "$p" 2>&1)"
@@ -638,7 +654,7 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 # CRIU refuses the connected sockets without it).
 round_criu_opts() {
 	local o=$CRIU_OPTS
-	case ${ROUND%%-*} in nccl | ncclfault) o="${o:+$o }--tcp-established" ;; esac
+	case ${ROUND%%-*} in nccl | ncclfault | ncclfast | ncclfastswap) o="${o:+$o }--tcp-established" ;; esac
 	echo "$o"
 }
 
@@ -777,6 +793,10 @@ round_gcs() {
 		if two_gpu "$ROUND" && ! check_placement "$ROUND: after restore" "$PLACED" "$(gpu_mem "$TPID")"; then
 			ok=false
 			note="${note:+$note; }GPU memory not where the map puts it"
+		fi
+		if [ "${ROUND%%-*}" = ncclfastswap ] && ! check_placement "$ROUND: rank 1 after restore" "$PLACED1" "$(gpu_mem "$(cat "$TDIR/ready-child-0")")"; then
+			ok=false
+			note="${note:+$note; }rank 1's GPU memory not where the map puts it"
 		fi
 		[ -s "$TDIR/target.out" ] && grep -a "gpucr-preload" "$TDIR/target.out" | tail -5 | tee -a "$RUNLOG"
 	fi
@@ -1505,6 +1525,7 @@ while [ $# -gt 0 ]; do
 	fast | fastexp | remapfast | spanfast | spanswapfast) round_gcs "$FAST_CODEC" ;;
 	remap | span | spanswap) round_gcs auto ;;
 	nccl) round_nccl ;;
+	ncclfast | ncclfastswap) round_gcs "$FAST_CODEC" ;;
 	ncclfault) round_nccl fault ;;
 	migrateremap) round_migrate ;;
 	badmap) round_badmap ;;
