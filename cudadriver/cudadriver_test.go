@@ -102,7 +102,8 @@ func TestSuspendUndo(t *testing.T) {
 		{"lock 10", "lock 10"},
 		{"lock 11", "lock 10, lock 11, unlock 10"},
 		{"lock 12", "lock 10, lock 11, lock 12, unlock 11, unlock 10"},
-		{"checkpoint 10", "lock 10, lock 11, lock 12, checkpoint 10, unlock 12, unlock 11, unlock 10"},
+		// The checkpoints run at once: those that succeeded are restored.
+		{"checkpoint 10", "lock 10, lock 11, lock 12, checkpoint 10, checkpoint 11, checkpoint 12, restore 12, restore 11, unlock 12, unlock 11, unlock 10"},
 		{"checkpoint 12", "lock 10, lock 11, lock 12, checkpoint 10, checkpoint 11, checkpoint 12, restore 11, restore 10, unlock 12, unlock 11, unlock 10"},
 	}
 	for _, c := range cases {

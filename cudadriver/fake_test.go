@@ -2,6 +2,8 @@ package cudadriver
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,8 +65,31 @@ func (f *fakeDriver) Unlock(pid int) error {
 	return f.step("unlock", pid, StateLocked, StateRunning)
 }
 
+// log lists the calls in order; a run of calls of one step that ran at
+// once (checkpoints in Suspend, restores in ResumeRestored) in the order of
+// their pids.
 func (f *fakeDriver) log() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return strings.Join(f.calls, ", ")
+	return strings.Join(atOnce(f.calls), ", ")
+}
+
+func atOnce(calls []string) []string {
+	out := slices.Clone(calls)
+	for i := 0; i < len(out); {
+		j := i + 1
+		verb := strings.Fields(out[i])[0]
+		for j < len(out) && strings.Fields(out[j])[0] == verb {
+			j++
+		}
+		if verb == "checkpoint" || (verb == "restore" && i == 0) {
+			slices.SortFunc(out[i:j], func(a, b string) int {
+				x, _ := strconv.Atoi(strings.Fields(a)[1])
+				y, _ := strconv.Atoi(strings.Fields(b)[1])
+				return x - y
+			})
+		}
+		i = j
+	}
+	return out
 }

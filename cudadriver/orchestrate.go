@@ -3,11 +3,13 @@ package cudadriver
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
-// Timings are the wall-clock times of the driver steps, summed over the
-// processes of a tree.
+// Timings are the wall-clock times of the driver steps of a tree: locks
+// and unlocks summed over its processes; checkpoints and restores, which
+// run for all of them at once, the wall time of that step.
 type Timings struct {
 	Lock       time.Duration
 	Checkpoint time.Duration
@@ -61,16 +63,37 @@ func Suspend(d Driver, pids []int, lockTimeout time.Duration) (*Suspension, erro
 			return s, s.undo(fmt.Errorf("cuda process %d is in state %s; it cannot be checkpointed", pid, st))
 		}
 	}
-	for _, pid := range toCheckpoint {
-		start := time.Now()
-		err := d.Checkpoint(pid)
-		s.Timings.Checkpoint += time.Since(start)
-		if err != nil {
-			return s, s.undo(err)
+	// Every process is locked: their checkpoints run at once (each moves
+	// its own state, ranks usually on GPUs of their own; one after the
+	// other, a tree waits for the sum).
+	start := time.Now()
+	errs := eachAtOnce(toCheckpoint, d.Checkpoint)
+	s.Timings.Checkpoint += time.Since(start)
+	for i, pid := range toCheckpoint {
+		if errs[i] == nil {
+			s.checkpointed = append(s.checkpointed, pid)
 		}
-		s.checkpointed = append(s.checkpointed, pid)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return s, s.undo(err)
 	}
 	return s, nil
+}
+
+// eachAtOnce runs step for every pid at once and returns their errors in
+// the order of pids.
+func eachAtOnce(pids []int, step func(int) error) []error {
+	errs := make([]error, len(pids))
+	var wg sync.WaitGroup
+	for i, pid := range pids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = step(pid)
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // undo reverts a partial suspension and returns cause joined with any
@@ -110,13 +133,14 @@ func (s *Suspension) Resume(pairs []GPUPair) error {
 }
 
 // ResumeRestored brings the CUDA processes of a restored tree back onto the
-// GPU: every checkpointed one is restored (onto the GPUs pairs name) and
-// then every one left locked is unlocked, all restores before any unlock.
+// GPU: every checkpointed one is restored (onto the GPUs pairs name; all at
+// once) and then every one left locked is unlocked, all restores before any
+// unlock.
 // Processes already running are left alone. It returns the pids it
 // resumed.
 func ResumeRestored(d Driver, pids []int, pairs []GPUPair) ([]int, Timings, error) {
 	var t Timings
-	var toUnlock, resumed []int
+	var toRestore, toUnlock, resumed []int
 	for _, pid := range pids {
 		st, err := d.State(pid)
 		if err != nil {
@@ -124,12 +148,7 @@ func ResumeRestored(d Driver, pids []int, pairs []GPUPair) ([]int, Timings, erro
 		}
 		switch st {
 		case StateCheckpointed:
-			start := time.Now()
-			err := d.Restore(pid, pairs)
-			t.Restore += time.Since(start)
-			if err != nil {
-				return resumed, t, err
-			}
+			toRestore = append(toRestore, pid)
 			toUnlock = append(toUnlock, pid)
 		case StateLocked:
 			toUnlock = append(toUnlock, pid)
@@ -137,6 +156,12 @@ func ResumeRestored(d Driver, pids []int, pairs []GPUPair) ([]int, Timings, erro
 		default:
 			return resumed, t, fmt.Errorf("restored cuda process %d is in state %s", pid, st)
 		}
+	}
+	start := time.Now()
+	errs := eachAtOnce(toRestore, func(pid int) error { return d.Restore(pid, pairs) })
+	t.Restore += time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return resumed, t, err
 	}
 	for _, pid := range toUnlock {
 		start := time.Now()

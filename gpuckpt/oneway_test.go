@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,6 +216,7 @@ func TestCheckUndoable(t *testing.T) {
 type scripted struct {
 	*drivertest.Fake
 	fail  map[string]cudadriver.Result
+	mu    sync.Mutex // checkpoints and restores of a tree run at once
 	calls []string
 }
 
@@ -227,7 +229,9 @@ func newScripted(fail map[string]cudadriver.Result, pids ...int) *scripted {
 }
 
 func (d *scripted) call(op string, pid int, real func() error) error {
+	d.mu.Lock()
 	d.calls = append(d.calls, fmt.Sprintf("%s %d", op, pid))
+	d.mu.Unlock()
 	if code, ok := d.fail[fmt.Sprintf("%s %d", op, pid)]; ok {
 		return &cudadriver.Error{Op: op, PID: pid, Code: code}
 	}
@@ -246,7 +250,11 @@ func (d *scripted) Restore(pid int, p []cudadriver.GPUPair) error {
 func (d *scripted) Unlock(pid int) error {
 	return d.call("unlock", pid, func() error { return d.Fake.Unlock(pid) })
 }
-func (d *scripted) log() string { return strings.Join(d.calls, ", ") }
+func (d *scripted) log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return strings.Join(d.calls, ", ")
+}
 
 // TestSuspendAllOrNothing: the second process of a tree cannot be locked
 // (an NCCL rank whose collective waits for the first, locked one): the

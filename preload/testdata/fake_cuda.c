@@ -216,14 +216,20 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int 
 static struct {
 	int pid, state;
 } pstate[64];
+/* gpucr-stream steps the processes of a tree from several threads at once. */
+static pthread_mutex_t pstate_mu = PTHREAD_MUTEX_INITIALIZER;
 static int *state_of(int pid)
 {
+	pthread_mutex_lock(&pstate_mu);
+	int *st = &pstate[63].state;
 	for (int i = 0; i < 64; i++)
 		if (pstate[i].pid == pid || pstate[i].pid == 0) {
 			pstate[i].pid = pid;
-			return &pstate[i].state;
+			st = &pstate[i].state;
+			break;
 		}
-	return &pstate[63].state;
+	pthread_mutex_unlock(&pstate_mu);
+	return st;
 }
 static int get_state(int pid)
 {
