@@ -259,6 +259,15 @@ func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAPr
 	if remap == 0 && copyIn == 0 && len(errs) == 0 {
 		return nil, nil
 	}
+	// What the processes map of each other's memory, once all are
+	// refilled (vram/shared.go).
+	if len(errs) == 0 {
+		t := time.Now()
+		if err := vram.Reimport(ctx, preloadctl.PreloadDir(), pids); err != nil {
+			errs = append(errs, err)
+		}
+		copyIn += time.Since(t)
+	}
 	ps := append([]Phase{{"vram remap", remap.Seconds()}, {"vram copy in", copyIn.Seconds()}}, copyPhases("copy in", slowest)...)
 	if err := errors.Join(errs...); err != nil {
 		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)

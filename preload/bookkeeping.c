@@ -15,6 +15,9 @@ static int capm;
 struct orec *os_;
 int no;
 static int capo;
+struct srec *ss;
+int nsh;
+static int caps;
 CUcontext ctxs[16];
 int nctx;
 int parked, released;
@@ -50,6 +53,89 @@ U handle_seq = 0x6770000000000000ULL;
 NEW_SLOT(new_h, hs, nh, caph)
 NEW_SLOT(new_m, ms, nm, capm)
 NEW_SLOT(new_o, os_, no, capo)
+NEW_SLOT(new_s, ss, nsh, caps)
+
+/* note_shared keeps a duplicate of a shareable descriptor of handle h
+ * (under tab_mu). */
+void note_shared(int h, int fd, int import)
+{
+	int d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (d < 0) {
+		mark_incapable("duplicating a shareable descriptor: %s", strerror(errno));
+		return;
+	}
+	int i = new_s();
+	ss[i] = (struct srec){.live = 1, .h = h, .fd = d, .import = import};
+}
+
+/* close_shared closes the duplicates (under tab_mu): at the release, so
+ * that CRIU finds none, and the match was made before. */
+void close_shared(void)
+{
+	for (int i = 0; i < nsh; i++)
+		if (ss[i].live) {
+			close(ss[i].fd);
+			ss[i].live = 0;
+		}
+}
+
+/* imports_pending: an imported handle with mappings is not imported again
+ * yet (the program must not run). */
+int imports_pending(void)
+{
+	for (int i = 0; i < nm; i++)
+		if (ms[i].live && !ms[i].mapped && hs[ms[i].h].imported)
+			return 1;
+	return 0;
+}
+
+/* do_import imports fd (an exporter's new shareable handle) as handle
+ * record h and maps it wherever h was mapped, with its access. */
+int do_import(int h, int fd, char *err, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	int rc = 0;
+	if (h < 0 || h >= nh || !hs[h].live || !hs[h].imported) {
+		snprintf(err, n, "import: %d is no imported handle", h);
+		rc = -1;
+	} else if (hs[h].present) {
+		snprintf(err, n, "import: handle %d is present already", h);
+		rc = -1;
+	}
+	if (rc == 0 && nctx)
+		r_CtxSetCurrent(ctxs[0]);
+	CUmemGenericAllocationHandle real = 0;
+	CUresult r = CUDA_SUCCESS;
+	if (rc == 0 && (r = r_Import(&real, (void *)(uintptr_t)fd, 1, 0)) != CUDA_SUCCESS) {
+		snprintf(err, n, "cuMemImportFromShareableHandle: CUresult %d", r);
+		rc = -1;
+	}
+	if (rc == 0) {
+		hs[h].real = real;
+		hs[h].present = 1;
+	}
+	for (int i = 0; i < nm && rc == 0; i++) {
+		struct mrec *m = &ms[i];
+		if (!m->live || m->mapped || m->h != h)
+			continue;
+		r = r_Map(m->va, m->size, m->offset, real, 0);
+		if (r == CUDA_SUCCESS && m->nacc)
+			r = r_SetAccess(m->va, m->size, m->acc, m->nacc);
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, n, "map imported %#llx: CUresult %d", m->va, r);
+			rc = -1;
+			break;
+		}
+		m->mapped = 1;
+	}
+	/* A handle the program released lives only while mapped. */
+	if (rc == 0 && hs[h].app_released && hs[h].real != hs[h].app) {
+		r_Release(hs[h].real);
+		hs[h].app = handle_seq++;
+	}
+	pthread_mutex_unlock(&tab_mu);
+	return rc;
+}
 int find_h_app(CUmemGenericAllocationHandle app)
 {
 	for (int i = 0; i < nh; i++)
@@ -134,6 +220,8 @@ int do_release(char *err, size_t n)
 		}
 		hs[i].present = 0;
 	}
+	if (rc == 0)
+		close_shared();
 	released = 1;
 	pthread_mutex_unlock(&tab_mu);
 	return rc;
@@ -153,7 +241,7 @@ int do_remap(char *err, size_t n)
 		rc = -1;
 	}
 	for (int i = 0; i < nh && rc == 0; i++) {
-		if (!hs[i].live || hs[i].present)
+		if (!hs[i].live || hs[i].present || hs[i].imported)
 			continue;
 		CUmemGenericAllocationHandle h;
 		CUresult r = r_Create(&h, hs[i].size, &hs[i].prop, 0);
@@ -167,7 +255,7 @@ int do_remap(char *err, size_t n)
 	}
 	for (int i = 0; i < nm && rc == 0; i++) {
 		struct mrec *m = &ms[i];
-		if (!m->live || m->mapped)
+		if (!m->live || m->mapped || hs[m->h].imported)
 			continue;
 		CUresult r = r_Map(m->va, m->size, m->offset, hs[m->h].real, 0);
 		if (r == CUDA_SUCCESS && m->nacc)
@@ -181,7 +269,7 @@ int do_remap(char *err, size_t n)
 	}
 	/* Handles the program had released live only while mapped. */
 	for (int i = 0; i < nh && rc == 0; i++)
-		if (hs[i].live && hs[i].present && hs[i].app_released && hs[i].real != hs[i].app) {
+		if (hs[i].live && hs[i].present && !hs[i].imported && hs[i].app_released && hs[i].real != hs[i].app) {
 			r_Release(hs[i].real);
 			/* The program released its handle: no value of its names
 			 * this record any more (the driver may reuse values). */

@@ -83,7 +83,8 @@ static size_t live_bytes(int *nmaps, int *nhandles, int *unmapped_handles)
 	int m = 0, h = 0, u = 0;
 	for (int i = 0; i < nm; i++)
 		if (ms[i].live) {
-			b += ms[i].size;
+			if (!hs[ms[i].h].imported)
+				b += ms[i].size;
 			m++;
 		}
 	for (int i = 0; i < nh; i++) {
@@ -162,6 +163,70 @@ static void cmd_report(char *out, size_t n)
 	}
 	size_t k = strlen(out);
 	snprintf(out + k, n - k, "]}\n");
+}
+
+/* cmd_shared lists the shareable descriptors the library holds (exports
+ * and imports, for gpucr-stream's kcmp) and every imported handle with the
+ * export it came from, as far as gpucr-stream told (`source`). */
+static void cmd_shared(char *out, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	size_t k = (size_t)snprintf(out, n, "ok {\"descriptors\":[");
+	int first = 1;
+	for (int i = 0; i < nsh && k + 80 < n; i++)
+		if (ss[i].live) {
+			k += (size_t)snprintf(out + k, n - k, "%s{\"h\":%d,\"fd\":%d,\"import\":%s}", first ? "" : ",", ss[i].h, ss[i].fd,
+					      ss[i].import ? "true" : "false");
+			first = 0;
+		}
+	k += (size_t)snprintf(out + k, n - k, "],\"imports\":[");
+	first = 1;
+	for (int i = 0; i < nh && k + 80 < n; i++)
+		if (hs[i].live && hs[i].imported) {
+			k += (size_t)snprintf(out + k, n - k, "%s{\"h\":%d,\"src_pid\":%d,\"src_h\":%d,\"present\":%s}", first ? "" : ",", i,
+					      hs[i].src_pid, hs[i].src_h, hs[i].present ? "true" : "false");
+			first = 0;
+		}
+	pthread_mutex_unlock(&tab_mu);
+	snprintf(out + k, n > k ? n - k : 0, "]}\n");
+}
+
+/* export_fd: the descriptor the last `export` made, open until the next
+ * command of the connection (gpucr-stream takes its own copy meanwhile,
+ * pidfd_getfd) or its end. */
+static int export_fd = -1;
+
+static void export_close(void)
+{
+	if (export_fd >= 0)
+		close(export_fd);
+	export_fd = -1;
+}
+
+/* cmd_export exports handle record h (present, the program's own) as a
+ * POSIX descriptor for an importer's `import`. */
+static int cmd_export(int h, char *out, size_t on, char *err, size_t n)
+{
+	pthread_mutex_lock(&tab_mu);
+	int rc = 0, fd = -1;
+	if (h < 0 || h >= nh || !hs[h].live || !hs[h].present || hs[h].imported || hs[h].own) {
+		snprintf(err, n, "export: %d is no present handle of the program's", h);
+		rc = -1;
+	} else {
+		if (nctx)
+			r_CtxSetCurrent(ctxs[0]);
+		CUresult r = r_Export(&fd, hs[h].real, 1, 0);
+		if (r != CUDA_SUCCESS) {
+			snprintf(err, n, "cuMemExportToShareableHandle: CUresult %d", r);
+			rc = -1;
+		}
+	}
+	pthread_mutex_unlock(&tab_mu);
+	if (rc == 0) {
+		export_fd = fd;
+		snprintf(out, on, "ok {\"fd\":%d}\n", fd);
+	}
+	return rc;
 }
 
 static int sync_all(char *err, size_t n)
@@ -253,6 +318,10 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 				 released ? "remap and copy in" : "copy in");
 			return -1;
 		}
+		if (imports_pending()) {
+			snprintf(err, n, "memory of another process is not imported again: import first");
+			return -1;
+		}
 		keep_clear(0);
 		unstage_all();
 		parked = 0;
@@ -277,6 +346,32 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 			return -1;
 		}
 		return 0;
+	}
+	if (!strncmp(line, "source ", 7)) {
+		int h, pid, sh;
+		if (sscanf(line + 7, "%d %d %d", &h, &pid, &sh) != 3) {
+			snprintf(err, n, "source H PID H");
+			return -1;
+		}
+		pthread_mutex_lock(&tab_mu);
+		int ok = h >= 0 && h < nh && hs[h].live && hs[h].imported;
+		if (ok) {
+			hs[h].src_pid = pid;
+			hs[h].src_h = sh;
+		}
+		pthread_mutex_unlock(&tab_mu);
+		if (!ok) {
+			snprintf(err, n, "source: %d is no imported handle", h);
+			return -1;
+		}
+		return 0;
+	}
+	if (!strncmp(line, "import ", 7)) {
+		if (*nfds != 1) {
+			snprintf(err, n, "import H takes one descriptor");
+			return -1;
+		}
+		return do_import(atoi(line + 7), fds[0], err, n);
 	}
 	if (!strcmp(line, "collrelease")) {
 		collective_release();
@@ -347,17 +442,27 @@ static void serve_conn(int c)
 		err[0] = 0;
 		struct stats st = {0};
 		int rc = 0;
-		if (!strcmp(line, "report"))
+		int custom = 0;
+		export_close();
+		if (!strcmp(line, "report")) {
 			cmd_report(out, sizeof out);
-		else
+			custom = 1;
+		} else if (!strcmp(line, "shared")) {
+			cmd_shared(out, sizeof out);
+			custom = 1;
+		} else if (!strncmp(line, "export ", 7)) {
+			rc = cmd_export(atoi(line + 7), out, sizeof out, err, sizeof err);
+			custom = 1;
+		} else {
 			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
+		}
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
 		if (rc < 0) {
 			char e[512];
 			json_str(e, sizeof e, err);
 			snprintf(out, sizeof out, "err %s\n", e);
-		} else if (strcmp(line, "report")) {
+		} else if (!custom) {
 			snprintf(out, sizeof out,
 				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
 				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld}\n",
@@ -367,6 +472,7 @@ static void serve_conn(int c)
 			break;
 		set_timeout(c, SO_RCVTIMEO, owns ? 0 : idle);
 	}
+	export_close();
 	unstage_all();
 	if (owns && parked && !detached)
 		on_orphan();

@@ -242,6 +242,10 @@ static void job_fail(struct job *j, const char *fmt, ...)
 	pthread_mutex_unlock(&j->err_mu);
 }
 
+/* copied: mapping i is one of the process's own memory, which the VRAM
+ * files hold (an imported one is its exporter's). Under tab_mu. */
+static int copied(int i) { return ms[i].live && !hs[ms[i].h].imported; }
+
 /* piece_of checks that [va, va+n) is one piece of a mapping as copy-out
  * cuts them (PIECE bytes from the mapping's start, the last one shorter)
  * and marks it arrived; -1 if it is none, -2 if it came before. It returns
@@ -252,7 +256,7 @@ static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
 	pthread_mutex_lock(&tab_mu);
 	for (int i = 0; i < nm; i++) {
 		struct mrec *m = &ms[i];
-		if (!m->live || !m->mapped || va < m->va || va - m->va >= m->size)
+		if (!copied(i) || !m->mapped || va < m->va || va - m->va >= m->size)
 			continue;
 		size_t off = va - m->va;
 		if (off % PIECE == 0 && n == (m->size - off < PIECE ? m->size - off : PIECE)) {
@@ -539,11 +543,11 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 		pthread_mutex_lock(&tab_mu);
 		int cap = 0;
 		for (int i = 0; i < nm; i++)
-			if (ms[i].live)
+			if (copied(i))
 				cap += (ms[i].size + PIECE - 1) / PIECE;
 		j.pieces = calloc(cap ? cap : 1, sizeof *j.pieces);
 		for (int i = 0; i < nm; i++)
-			for (size_t off = 0; ms[i].live && off < ms[i].size; off += PIECE)
+			for (size_t off = 0; copied(i) && off < ms[i].size; off += PIECE)
 				j.pieces[j.npieces++] = (struct piece){.va = ms[i].va + off, .n = ms[i].size - off < PIECE ? ms[i].size - off : PIECE, .ctx = ms[i].ctx};
 		pthread_mutex_unlock(&tab_mu);
 		j.fds = fds;
@@ -553,7 +557,7 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 		j.first = calloc(nm ? nm : 1, sizeof *j.first);
 		for (int i = 0; i < nm; i++) {
 			j.first[i] = j.nseen;
-			if (ms[i].live)
+			if (copied(i))
 				j.nseen += (ms[i].size + PIECE - 1) / PIECE;
 		}
 		j.seen = calloc(j.nseen ? j.nseen : 1, sizeof *j.seen);
@@ -587,7 +591,7 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 			CUdeviceptr va = 0;
 			pthread_mutex_lock(&tab_mu);
 			for (int i = nm - 1; i >= 0; i--)
-				if (ms[i].live && j.first[i] <= k) {
+				if (copied(i) && j.first[i] <= k) {
 					va = ms[i].va + (CUdeviceptr)(k - j.first[i]) * PIECE;
 					break;
 				}

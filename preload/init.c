@@ -27,6 +27,8 @@ CUresult (*r_CtxSetCurrent)(CUcontext);
 CUresult (*r_CtxGetDevice)(CUdevice *);
 CUresult (*r_CtxSynchronize)(void);
 CUresult (*r_FuncGetName)(const char **, void *);
+CUresult (*r_Export)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult (*r_Import)(CUmemGenericAllocationHandle *, void *, int, unsigned long long);
 CUresult (*r_HostAlloc)(void **, size_t, unsigned);
 CUresult (*r_FreeHost)(void *);
 CUresult (*r_HostRegister)(void *, size_t, unsigned);

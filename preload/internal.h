@@ -136,6 +136,8 @@ extern CUresult (*r_CtxSetCurrent)(CUcontext);
 extern CUresult (*r_CtxGetDevice)(CUdevice *);
 extern CUresult (*r_CtxSynchronize)(void);
 extern CUresult (*r_FuncGetName)(const char **, void *);
+extern CUresult (*r_Export)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+extern CUresult (*r_Import)(CUmemGenericAllocationHandle *, void *, int, unsigned long long);
 extern CUresult (*r_HostAlloc)(void **, size_t, unsigned);
 extern CUresult (*r_FreeHost)(void *);
 extern CUresult (*r_HostRegister)(void *, size_t, unsigned);
@@ -178,6 +180,20 @@ struct hrec {
 	CUmemGenericAllocationHandle app, real;
 	size_t size;
 	CUmemAllocationProp prop;
+	/* imported: from another process's shareable handle (its memory, not
+	 * ours: never copied; released with the rest, imported again after a
+	 * remap by `import`). src_pid, src_h: whose, and that process's
+	 * handle record, as gpucr-stream matched them (`source`). */
+	int imported, src_pid, src_h;
+};
+/* A shareable descriptor the program exported or imported, the library's
+ * own duplicate of it: gpucr-stream matches an import to its export by
+ * comparing the two (kcmp), while both exist (until the release). */
+struct srec {
+	int live;
+	int h; /* index into hs */
+	int fd;
+	int import;
 };
 struct mrec {
 	int live;
@@ -208,6 +224,13 @@ extern int parked, released;
  * must not run on it. */
 extern int unfilled;
 extern U handle_seq; /* handles we give out for ours: never used by the app */
+extern struct srec *ss;
+extern int nsh;
+int new_s(void);
+void note_shared(int h, int fd, int import);
+void close_shared(void);
+int imports_pending(void);
+int do_import(int h, int fd, char *err, size_t n);
 int new_h(void);
 int new_m(void);
 int new_o(void);

@@ -207,6 +207,10 @@ int do_recover(int *fds, int nfds, int rm, char *err, size_t n)
 			return -1;
 		unfilled = 0;
 	}
+	/* Memory of another process comes back only through gpucr-stream
+	 * (`import`, the exporter's new handle): parked until then. */
+	if (parked && imports_pending())
+		return 0;
 	if (parked) {
 		parked = 0;
 		gate_open();
@@ -232,7 +236,14 @@ void on_orphan(void)
 		return;
 	}
 	int was = released;
-	if (do_recover(NULL, 0, 1, err, sizeof err) < 0) {
+	int rc = do_recover(NULL, 0, 1, err, sizeof err);
+	if (rc == 0 && parked) {
+		say("waiting", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released; the process's own is back, "
+			       "but it maps memory of another process, which only gpucr-stream can map again: run `gpucr-stream gpu resume --pid %d`",
+		    getpid());
+		return;
+	}
+	if (rc < 0) {
 		say("NOT RESUMED", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released, and the kept copy cannot refill it: "
 				   "%s. The program stays paused: it never runs on wrong memory",
 		    err);

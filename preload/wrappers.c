@@ -109,8 +109,7 @@ GATED_LIST(DEF_GATED)
 	WRAP_N(name, decl, call, if (r == CUDA_SUCCESS) mark_incapable("the program called %s", #name))
 #define INCAPABLE_LIST(X)                                                                                  \
 	X(3, cuMemAllocManaged) X(3, cuMemAllocAsync) X(3, cuMemAllocAsync_ptsz) X(4, cuMemAllocFromPoolAsync) \
-	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemExportToShareableHandle)         \
-	X(3, cuMemImportFromShareableHandle) X(4, cuMemPoolExportToShareableHandle)                            \
+	X(4, cuMemAllocFromPoolAsync_ptsz) X(2, cuIpcGetMemHandle) X(4, cuMemPoolExportToShareableHandle)    \
 	X(4, cuMemPoolImportFromShareableHandle) X(3, cuMemPoolImportPointer) X(2, cuArrayCreate_v2)          \
 	X(2, cuArray3DCreate_v2) X(3, cuMipmappedArrayCreate)
 #define DEF_INCAP(n, name) INCAPABLE_N(name, ARGS##n, CALL##n)
@@ -350,6 +349,58 @@ CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc
 	return r;
 }
 
+/* Shareable handles (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1) of the
+ * program's own cuMemCreate allocations, and imports of them (NCCL's P2P
+ * transport maps each rank's buffers into the others): the library keeps
+ * a duplicate of each descriptor so that gpucr-stream can tell which
+ * export an import came from, releases imports with the rest, and imports
+ * the exporter's new handle after a remap (`import`). Other handle types
+ * (fabric, Win32) make the process incapable. */
+CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHandle h, int type, unsigned long long flags)
+{
+	if (!ensure_cuda() || !r_Export)
+		return CUDA_ERROR_NOT_FOUND;
+	gate_enter();
+	pthread_mutex_lock(&tab_mu);
+	int i = find_h_app(h);
+	CUresult r = r_Export(sh, i >= 0 ? hs[i].real : h, type, flags);
+	if (r == CUDA_SUCCESS) {
+		if (i < 0 || hs[i].own || hs[i].imported)
+			mark_incapable("cuMemExportToShareableHandle of a handle the library did not create for the program");
+		else if (type != 1)
+			mark_incapable("cuMemExportToShareableHandle of type %d (only POSIX descriptors are recreated)", type);
+		else
+			note_shared(i, *(int *)sh, 0);
+	}
+	pthread_mutex_unlock(&tab_mu);
+	gate_leave();
+	return r;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type, unsigned long long flags)
+{
+	if (!ensure_cuda() || !r_Import)
+		return CUDA_ERROR_NOT_FOUND;
+	gate_enter();
+	CUresult r = r_Import(h, os, type, flags);
+	if (r == CUDA_SUCCESS) {
+		pthread_mutex_lock(&tab_mu);
+		if (type != 1) {
+			mark_incapable("cuMemImportFromShareableHandle of type %d (only POSIX descriptors are recreated)", type);
+		} else {
+			int i = new_h();
+			hs[i] = (struct hrec){.live = 1, .present = 1, .imported = 1, .app = *h, .real = *h};
+			if (r_PropsFromHandle)
+				r_PropsFromHandle(&hs[i].prop, *h);
+			note_shared(i, (int)(uintptr_t)os, 1);
+			note_ctx();
+		}
+		pthread_mutex_unlock(&tab_mu);
+	}
+	gate_leave();
+	return r;
+}
+
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
 {
 	if (!ensure_cuda() || !r_RetainHandle)
@@ -448,6 +499,8 @@ static struct ent table[] = {
 	{"cuMemUnmap", (void *)cuMemUnmap, (void **)&r_Unmap},
 	{"cuMemSetAccess", (void *)cuMemSetAccess, (void **)&r_SetAccess},
 	{"cuMemRetainAllocationHandle", (void *)cuMemRetainAllocationHandle, (void **)&r_RetainHandle},
+	{"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle, (void **)&r_Export},
+	{"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle, (void **)&r_Import},
 	{"cuMemGetAllocationPropertiesFromHandle", (void *)cuMemGetAllocationPropertiesFromHandle, (void **)&r_PropsFromHandle},
 	{"cuGetProcAddress", (void *)cuGetProcAddress, (void **)&r_GetProcAddress},
 	{"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, (void **)&r_GetProcAddress_v2},

@@ -296,6 +296,90 @@ func (p *Preload) collectives(ctx context.Context, cmd string) (int64, error) {
 	return r.Collectives, nil
 }
 
+// Shared is what the library says of the device memory its process shares
+// with others through shareable handles (preload/wrappers.c).
+type Shared struct {
+	// Descriptors are the library's duplicates of the descriptors the
+	// program exported or imported (numbers in the process's table),
+	// there until the release: an import and its export are the same open
+	// file (kcmp).
+	Descriptors []SharedDescriptor `json:"descriptors"`
+	// Imports are the handles imported from other processes, with the
+	// export each came from as gpucr-stream matched it (Source).
+	Imports []SharedImport `json:"imports"`
+}
+
+// SharedDescriptor is one exported or imported descriptor of handle
+// record H.
+type SharedDescriptor struct {
+	H      int  `json:"h"`
+	FD     int  `json:"fd"`
+	Import bool `json:"import"`
+}
+
+// SharedImport is an imported handle record H, from handle record SrcH of
+// process SrcPID (0: not matched); Present: mapped now.
+type SharedImport struct {
+	H       int  `json:"h"`
+	SrcPID  int  `json:"src_pid"`
+	SrcH    int  `json:"src_h"`
+	Present bool `json:"present"`
+}
+
+// Pending says whether an import is not mapped again yet.
+func (s Shared) Pending() bool {
+	for _, im := range s.Imports {
+		if !im.Present {
+			return true
+		}
+	}
+	return false
+}
+
+// Shared asks what the process shares.
+func (p *Preload) Shared(ctx context.Context) (Shared, error) {
+	var s Shared
+	js, err := p.do(ctx, "shared", nil)
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(js, &s); err != nil {
+		return s, fmt.Errorf("process %d: shared: %w", p.PID, err)
+	}
+	return s, nil
+}
+
+// Source records that imported handle record h came from handle record
+// srcH of process pid (kept in the process: it survives CRIU).
+func (p *Preload) Source(ctx context.Context, h, pid, srcH int) error {
+	_, err := p.do(ctx, fmt.Sprintf("source %d %d %d", h, pid, srcH), nil)
+	return err
+}
+
+// Export has the library export handle record h (mapped again after a
+// remap) and returns the descriptor's number in the process, open until
+// the next command on this connection: take it with pidfd_getfd first.
+func (p *Preload) Export(ctx context.Context, h int) (int, error) {
+	js, err := p.do(ctx, "export "+strconv.Itoa(h), nil)
+	if err != nil {
+		return -1, err
+	}
+	var r struct {
+		FD int `json:"fd"`
+	}
+	if err := json.Unmarshal(js, &r); err != nil {
+		return -1, fmt.Errorf("process %d: export: %w", p.PID, err)
+	}
+	return r.FD, nil
+}
+
+// Import has the library import f (an exporter's handle) as imported
+// handle record h and map it where h was mapped.
+func (p *Preload) Import(ctx context.Context, h int, f *os.File) error {
+	_, err := p.do(ctx, "import "+strconv.Itoa(h), []*os.File{f})
+	return err
+}
+
 // Unpark lets the program run again (refused while memory is released).
 func (p *Preload) Unpark(ctx context.Context) error {
 	_, err := p.do(ctx, "unpark", nil)

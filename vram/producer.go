@@ -255,6 +255,9 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		}
 		fp.parked = true
 	}
+	if err := s.matchShared(ctx); err != nil {
+		return s, s.undo(ctx, err)
+	}
 	// Parked here, so not waiting for `gpu resume --pid`: a copy still
 	// recorded for them is stale, as is one of a process that is gone.
 	sweepRecords(o.Records, pids)
@@ -544,6 +547,15 @@ func (s *FastSuspension) Undo(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	// Memory the processes import from each other, once every one is
+	// refilled.
+	var pids []int
+	for _, fp := range s.procs {
+		pids = append(pids, fp.PID)
+	}
+	if err := Reimport(ctx, s.opts.Dir, pids); err != nil {
+		errs = append(errs, err)
+	}
 	if s.storeDone != nil {
 		<-s.storeDone
 	}
@@ -617,6 +629,7 @@ func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, e
 		}
 		errs = append(errs, err)
 	}
+	errs = append(errs, Reimport(ctx, dir, pids))
 	return done, errors.Join(errs...)
 }
 
@@ -720,7 +733,8 @@ func (s *FastSuspension) Bytes() int64 {
 
 // FastResume brings a restored process's device memory back: it maps
 // fresh memory where the old was, copies the files in (get fetches each
-// from the checkpoint), and unparks it. Call it after the driver's restore
+// from the checkpoint), and unparks it, unless it maps memory of another
+// process: then it stays parked for Reimport, once all are refilled. Call it after the driver's restore
 // and unlock. On failure the process stays parked, its memory not
 // refilled: it does not run on with missing memory.
 func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
@@ -739,6 +753,10 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	copyIn = time.Since(t)
 	if err != nil {
 		return remap, copyIn, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+	}
+	// A process that maps another's memory waits, parked, for Reimport.
+	if sh, err := p.Shared(ctx); err != nil || sh.Pending() {
+		return remap, copyIn, cs, err
 	}
 	return remap, copyIn, cs, p.Unpark(ctx)
 }

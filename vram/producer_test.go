@@ -1174,3 +1174,59 @@ func (tg *target) collectives(t *testing.T) int64 {
 	}
 	return n
 }
+
+// TestFastPathSharedMemory: a process that maps memory it imported through
+// a shareable handle (here its own export, as an NCCL rank maps a peer's
+// buffer) takes the fast path: the import is released with the rest and
+// never copied; after the refill the process stays parked until Reimport
+// has the exporter export its new handle and the importer map it where
+// the old one was; then both addresses hold the refilled bytes. The undo
+// (a failed checkpoint) does the same.
+func TestFastPathSharedMemory(t *testing.T) {
+	ctx := context.Background()
+	tg := startTarget(t, "FP_SELF_SHARE=1")
+	reps, err := FastCheck(ctx, tg.sockDir, []int{tg.pid})
+	if err != nil {
+		t.Fatalf("a process that imports its own export: %v, want capable", err)
+	}
+	var own int64
+	for _, r := range tg.regions {
+		if r.name != "imported" {
+			own += int64(r.size)
+		}
+	}
+	if reps[0].Bytes < own || reps[0].Bytes >= own+2<<20+3<<20 {
+		t.Fatalf("report: %d bytes, want the process's own (%d, rounded up), not the import", reps[0].Bytes, own)
+	}
+	tg.mustBeIntact(t)
+
+	st, s := fastSuspended(t, tg, false)
+	files := s.Procs()[0].Files
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+		t.Fatal(err)
+	}
+	if r := tg.report(t); !r.Parked {
+		t.Fatalf("after the refill, the import not mapped again: %+v, want parked", r)
+	}
+	if err := Reimport(ctx, tg.sockDir, []int{tg.pid}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tg.report(t); r.Parked {
+		t.Fatalf("after Reimport: %+v, want running", r)
+	}
+	tg.mustBeIntact(t)
+
+	// The undo of a checkpoint that failed after the release.
+	st2 := newStore()
+	s2, err := FastSuspend(ctx, []int{tg.pid}, st2.put, fastOpts(tg, t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Undo(ctx); err != nil {
+		t.Fatalf("undo: %v", err)
+	}
+	if r := tg.report(t); r.Parked {
+		t.Fatalf("after the undo: %+v, want running", r)
+	}
+	tg.mustBeIntact(t)
+}

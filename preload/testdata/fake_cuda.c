@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -94,6 +96,37 @@ CUresult cuMemRelease(U h)
 	close(x->fd);
 	pthread_mutex_unlock(&mu);
 	atomic_fetch_sub(&phys, x->size);
+	return OK;
+}
+/* A shareable handle is a duplicate of the handle's memfd; an import is a
+ * new handle on it (the same memory, released on its own). */
+CUresult cuMemExportToShareableHandle(void *sh, U h, int type, U flags)
+{
+	(void)flags;
+	if (type != 1)
+		return BAD;
+	pthread_mutex_lock(&mu);
+	struct h *x = geth(h);
+	int fd = x ? fcntl(x->fd, F_DUPFD_CLOEXEC, 3) : -1;
+	pthread_mutex_unlock(&mu);
+	if (fd < 0)
+		return BAD;
+	*(int *)sh = fd;
+	return OK;
+}
+CUresult cuMemImportFromShareableHandle(U *h, void *os, int type, U flags)
+{
+	(void)flags;
+	struct stat st;
+	int fd = type == 1 ? fcntl((int)(uintptr_t)os, F_DUPFD_CLOEXEC, 3) : -1;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return BAD;
+	pthread_mutex_lock(&mu);
+	int i = nhs++;
+	hs[i] = (struct h){fd, (size_t)st.st_size, 1};
+	pthread_mutex_unlock(&mu);
+	atomic_fetch_add(&phys, (size_t)st.st_size);
+	*h = 0x5000 + i;
 	return OK;
 }
 CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
@@ -178,7 +211,8 @@ static const struct {
 	{"cuMemAddressReserve", cuMemAddressReserve}, {"cuMemAddressFree", cuMemAddressFree}, {"cuMemCreate", cuMemCreate},
 	{"cuMemRelease", cuMemRelease}, {"cuMemMap", cuMemMap}, {"cuMemUnmap", cuMemUnmap},
 	{"cuMemSetAccess", cuMemSetAccess}, {"cuMemAlloc", cuMemAlloc_v2}, {"cuMemAllocPitch", cuMemAllocPitch_v2},
-	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemPoolCreate", cuMemPoolCreate}, {"cuMemHostAlloc", cuMemHostAlloc},
+	{"cuMemFree", cuMemFree_v2}, {"cuMemAllocManaged", cuMemAllocManaged}, {"cuMemPoolCreate", cuMemPoolCreate},
+	{"cuMemExportToShareableHandle", cuMemExportToShareableHandle}, {"cuMemImportFromShareableHandle", cuMemImportFromShareableHandle}, {"cuMemHostAlloc", cuMemHostAlloc},
 	{"cuMemFreeHost", cuMemFreeHost}, {"cuMemHostRegister", cuMemHostRegister_v2}, {"cuMemHostUnregister", cuMemHostUnregister}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
 	{"cuStreamSynchronize", cuStreamSynchronize}, {"cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2},
 	{"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2}, {"cuMemcpyDtoH", cuMemcpyDtoH_v2}, {"cuMemcpyHtoD", cuMemcpyHtoD_v2},

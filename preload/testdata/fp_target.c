@@ -15,7 +15,10 @@
  * calls cuMemCreate with flags; with FP_WIDE_ACCESS=1 it sets access for
  * five devices (each makes it incapable where the library holds its own
  * lock); with FP_POOL=1 it creates a memory pool and allocates nothing
- * from it (still capable); with FP_EXTRA_MB=N it allocates N MiB more.
+ * from it (still capable); with FP_SELF_SHARE=1 it exports a 2 MiB
+ * allocation as a POSIX descriptor and imports it again at another
+ * address (region "imported", the same memory, as an NCCL rank maps a
+ * peer's buffer); with FP_EXTRA_MB=N it allocates N MiB more.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,6 +53,7 @@ static CUresult (*pReserve)(U *, size_t, size_t, U, U), (*pCreate)(U *, size_t, 
 static CUresult (*pMap)(U, size_t, size_t, U, U), (*pSetAccess)(U, size_t, const Access *, size_t), (*pRelease)(U);
 static CUresult (*pHtoD)(U, const void *, size_t), (*pDtoH)(void *, U, size_t), (*pManaged)(U *, size_t, unsigned);
 static CUresult (*pPoolCreate)(U *, const void *);
+static CUresult (*pExport)(void *, U, int, U), (*pImport)(U *, void *, int, U);
 static CUresult (*pLaunch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 
 static void die(const char *what, int r)
@@ -81,6 +85,7 @@ struct region {
 	const char *name;
 	U va;
 	size_t size;
+	int alias; /* holds region alias's memory (an import of it); -1: its own */
 };
 static struct region rs[8];
 static int nrs;
@@ -143,6 +148,8 @@ static void bind_driver(void *gpa)
 	get((void **)&pDtoH, gpa, "cuMemcpyDtoH");
 	get((void **)&pManaged, gpa, "cuMemAllocManaged");
 	get((void **)&pPoolCreate, gpa, "cuMemPoolCreate");
+	get((void **)&pExport, gpa, "cuMemExportToShareableHandle");
+	get((void **)&pImport, gpa, "cuMemImportFromShareableHandle");
 	get((void **)&pLaunch, gpa, "cuLaunchKernel");
 }
 
@@ -153,11 +160,11 @@ static void allocate(int dev)
 	U a, gone, p;
 	size_t pitch;
 	CK(pAlloc(&a, (3 << 20) + 5), "cuMemAlloc");
-	rs[nrs++] = (struct region){"alloc", a, (3 << 20) + 5};
+	rs[nrs++] = (struct region){"alloc", a, (3 << 20) + 5, -1};
 	CK(pAlloc(&gone, 1 << 20), "cuMemAlloc 2");
 	CK(pFree(gone), "cuMemFree");
 	CK(pAllocPitch(&p, &pitch, 1000, 300, 4), "cuMemAllocPitch");
-	rs[nrs++] = (struct region){"pitch", p, pitch * 300};
+	rs[nrs++] = (struct region){"pitch", p, pitch * 300, -1};
 
 	/* The virtual memory API, as expandable_segments uses it: a large
 	 * reservation, handles mapped into it one after another. */
@@ -171,7 +178,7 @@ static void allocate(int dev)
 	CK(pMap(r + (2 << 20), 4 << 20, 0, h2, 0), "map 2");
 	CK(pSetAccess(r, 6 << 20, &acc, 1), "access");
 	CK(pRelease(h1), "release 1"); /* lives on while mapped */
-	rs[nrs++] = (struct region){"vmm", r, 6 << 20};
+	rs[nrs++] = (struct region){"vmm", r, 6 << 20, -1};
 	CK(pAlloc(&counter, 8), "counter");
 	U zero = 0;
 	CK(pHtoD(counter, &zero, 8), "zero");
@@ -179,7 +186,7 @@ static void allocate(int dev)
 		U x;
 		size_t n = (size_t)atoi(getenv("FP_EXTRA_MB")) << 20;
 		CK(pAlloc(&x, n), "cuMemAlloc extra");
-		rs[nrs++] = (struct region){"extra", x, n};
+		rs[nrs++] = (struct region){"extra", x, n, -1};
 	}
 	if (getenv("FP_MANAGED")) {
 		U m;
@@ -189,6 +196,25 @@ static void allocate(int dev)
 		U pool;
 		Prop pp = {.type = 1, .location = {1, dev}};
 		CK(pPoolCreate(&pool, &pp), "pool");
+	}
+	if (getenv("FP_SELF_SHARE")) {
+		Prop sp = {.type = 1, .requestedHandleTypes = 1, .location = {1, dev}};
+		U ra, rb, ha, hb;
+		int fd = -1;
+		CK(pReserve(&ra, 2 << 20, 0, 0, 0), "reserve shared");
+		CK(pCreate(&ha, 2 << 20, &sp, 0), "create shared");
+		CK(pMap(ra, 2 << 20, 0, ha, 0), "map shared");
+		CK(pSetAccess(ra, 2 << 20, &acc, 1), "access shared");
+		CK(pExport(&fd, ha, 1, 0), "export");
+		CK(pImport(&hb, (void *)(uintptr_t)fd, 1, 0), "import");
+		close(fd);
+		CK(pReserve(&rb, 2 << 20, 0, 0, 0), "reserve imported");
+		CK(pMap(rb, 2 << 20, 0, hb, 0), "map imported");
+		CK(pSetAccess(rb, 2 << 20, &acc, 1), "access imported");
+		CK(pRelease(hb), "release imported"); /* lives on while mapped */
+		int sk = nrs;
+		rs[nrs++] = (struct region){"shared", ra, 2 << 20, -1};
+		rs[nrs++] = (struct region){"imported", rb, 2 << 20, sk};
 	}
 	if (getenv("FP_CREATE_FLAGS")) {
 		U h;
@@ -202,7 +228,8 @@ static void allocate(int dev)
 		CK(pSetAccess(r, 6 << 20, wide, 5), "wide access");
 	}
 	for (int k = 0; k < nrs; k++)
-		fill(k);
+		if (rs[k].alias < 0)
+			fill(k);
 }
 
 /* serve_checks answers DIR/check forever: it reads every region and the
@@ -236,9 +263,10 @@ static void serve_checks(const char *dir)
 		for (int k = 0; k < nrs && !strcmp(msg, "ok"); k++) {
 			unsigned char *b = malloc(rs[k].size);
 			CK(pDtoH(b, rs[k].va, rs[k].size), "read back");
+			int pk = rs[k].alias < 0 ? k : rs[k].alias;
 			for (size_t i = 0; i < rs[k].size; i++)
-				if (b[i] != pat(k, i)) {
-					snprintf(msg, sizeof msg, "bad: %s byte %zu is %u, want %u", rs[k].name, i, b[i], pat(k, i));
+				if (b[i] != pat(pk, i)) {
+					snprintf(msg, sizeof msg, "bad: %s byte %zu is %u, want %u", rs[k].name, i, b[i], pat(pk, i));
 					break;
 				}
 			free(b);
