@@ -111,6 +111,11 @@
 #   ncclfastswap
 #              the same, restored with the two GPUs swapped: each rank's
 #              device memory must now be on the other GPU
+#   ncclp2p, ncclp2pswap
+#              ncclfast and ncclfastswap with NCCL's defaults: P2P over
+#              shareable handles, each rank mapping buffers of the other
+#              (released before the driver's checkpoint, mapped again from
+#              the exporter's new handle after the refill)
 #
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
@@ -358,7 +363,7 @@ log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
 
 # two_gpu ROUND: whether the round needs two GPUs.
 two_gpu() {
-	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap) return 0 ;; esac
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) return 0 ;; esac
 	return 1
 }
 
@@ -384,7 +389,7 @@ check_placement() {
 	BEGIN {
 		if (r ~ /^remap|^migrateremap/) ok = b0 > 0 && b1 == 0 && a0 == 0 && a1 > 0
 		else if (r ~ /^spanswap/) ok = b0 > 0 && b1 > 0 && near(a0, b1) && near(a1, b0)
-		else if (r ~ /^ncclfastswap/) ok = b0 + b1 > 0 && near(a0, b1) && near(a1, b0)
+		else if (r ~ /^ncclfastswap|^ncclp2pswap/) ok = b0 + b1 > 0 && near(a0, b1) && near(a1, b0)
 		else if (r ~ /^span/) ok = a0 > 0 && a1 > 0 && near(a0, b0) && near(a1, b1)
 		else ok = 1
 		print ok ? "ok" : "WRONG"
@@ -397,7 +402,7 @@ check_placement() {
 remap_spec() {
 	case ${ROUND%%-*} in
 	remap | remapfast | migrateremap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]}" ;;
-	spanswap | spanswapfast | ncclfastswap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]},${GPU_UUIDS[1]}=${GPU_UUIDS[0]}" ;;
+	spanswap | spanswapfast | ncclfastswap | ncclp2pswap) echo "${GPU_UUIDS[0]}=${GPU_UUIDS[1]},${GPU_UUIDS[1]}=${GPU_UUIDS[0]}" ;;
 	esac
 }
 
@@ -415,11 +420,12 @@ start_target() {
 	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
+	ncclp2p | ncclp2pswap) pre=(env "$GCS" run --) ;;
 	esac
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" --rewrite-pct "$REWRITE_PCT" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
-	nccl | ncclfault | ncclfast | ncclfastswap)
+	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap)
 		script=nccl_pair.py args=(--mib "$NCCL_MIB" --period "$NCCL_PERIOD")
 		TCHILDREN=1
 		;;
@@ -654,7 +660,7 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 # CRIU refuses the connected sockets without it).
 round_criu_opts() {
 	local o=$CRIU_OPTS
-	case ${ROUND%%-*} in nccl | ncclfault | ncclfast | ncclfastswap) o="${o:+$o }--tcp-established" ;; esac
+	case ${ROUND%%-*} in nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) o="${o:+$o }--tcp-established" ;; esac
 	echo "$o"
 }
 
@@ -668,7 +674,7 @@ round_gcs() {
 	local co
 	co=$(round_criu_opts)
 	[ -n "$co" ] && extra+=(--criu-opts "$co")
-	case $ROUND in *fast*) extra+=(${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
+	case $ROUND in *fast* | ncclp2p*) extra+=(${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
 	t0=$(now)
 	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
 		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
@@ -699,7 +705,7 @@ round_gcs() {
 		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
 		cuda_ok=false
 	fi
-	case $ROUND in *fast*)
+	case $ROUND in *fast* | ncclp2p*)
 		if [ "$DEVICE" = cuda ] && ! grep -q '"vram copy out"' "$WORK/logs/$ROUND-checkpoint.json"; then
 			log "$ROUND: the checkpoint did not take the fast path: the round fails ($(tail -c 600 "$WORK/logs/$ROUND-checkpoint.err"))"
 			cuda_ok=false
@@ -770,7 +776,7 @@ round_gcs() {
 			if [ -e "/proc/$TPID" ] && [ "$DEVICE" = cuda ]; then
 				# On the fast path the device memory comes from the archive too.
 				local from=()
-				case $ROUND in *fast*) from=(--from "$ar") ;; esac
+				case $ROUND in *fast* | ncclp2p*) from=(--from "$ar") ;; esac
 				log "$ROUND: restored process $TPID is there; resuming its GPU state without --gpu-map"
 				"$GCS" gpu resume --pid "$TPID" "${from[@]}" 2>&1 | tee -a "$RUNLOG"
 				note="$note; RESTORE FAILED, resumed by gpu resume: $(tail -c 300 "$WORK/logs/$ROUND-restore.err" | tr '\n"' '  ')"
@@ -794,7 +800,7 @@ round_gcs() {
 			ok=false
 			note="${note:+$note; }GPU memory not where the map puts it"
 		fi
-		if [ "${ROUND%%-*}" = ncclfastswap ] && ! check_placement "$ROUND: rank 1 after restore" "$PLACED1" "$(gpu_mem "$(cat "$TDIR/ready-child-0")")"; then
+		if case ${ROUND%%-*} in ncclfastswap | ncclp2pswap) true ;; *) false ;; esac && ! check_placement "$ROUND: rank 1 after restore" "$PLACED1" "$(gpu_mem "$(cat "$TDIR/ready-child-0")")"; then
 			ok=false
 			note="${note:+$note; }rank 1's GPU memory not where the map puts it"
 		fi
@@ -1525,7 +1531,7 @@ while [ $# -gt 0 ]; do
 	fast | fastexp | remapfast | spanfast | spanswapfast) round_gcs "$FAST_CODEC" ;;
 	remap | span | spanswap) round_gcs auto ;;
 	nccl) round_nccl ;;
-	ncclfast | ncclfastswap) round_gcs "$FAST_CODEC" ;;
+	ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) round_gcs "$FAST_CODEC" ;;
 	ncclfault) round_nccl fault ;;
 	migrateremap) round_migrate ;;
 	badmap) round_badmap ;;
