@@ -149,14 +149,13 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	}
 	// The CUDA processes of the tree: their GPU state is moved into host
 	// memory (lock, checkpoint) before CRIU dumps them, as for checkpoint.
-	// Whether the receiver restores (and so whether the fast path is
-	// taken) is not known yet: an NCCL tree is refused as on the driver's
-	// path.
+	// Whether the receiver restores (and so whether the fast path can be
+	// taken) is known once connected: checked again then.
 	cc, err := gpuckpt.Find(o.CUDA, o.PID)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
-	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, fastIf(o.FastPath, false)); err != nil {
+	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, o.FastPath); err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	if o.CRIU.Args, err = dumpNetworkLock(ctx, criu, o.CRIU.Args, tree); err != nil {
@@ -176,6 +175,14 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 	out, err := tcp.Dial(ctx, o.Dest.Path, tcp.SendOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Streams: o.TCP.Streams, Format: format})
 	if err != nil {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
+	}
+	if !out.Receiver().Restores {
+		// No fast path to a receiver that does not restore: the tree must
+		// pass as on the driver's path.
+		if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, fastIf(o.FastPath, false)); err != nil {
+			out.Cancel("sender refused the tree")
+			return nil, fmt.Errorf("migrate %d: %w (the receiver does not restore, so the fast path is not taken; the process was not touched)", o.PID, err)
+		}
 	}
 	m := &migration{o: o, criu: criu, tree: tree, cc: cc, out: out, info: out.Receiver(), output: out, start: start}
 	m.res = MigrateResult{PID: o.PID, Destination: o.Dest.String(), Session: out.Session(), Streams: o.TCP.Streams, LeftRunning: o.LeaveRunning}

@@ -116,6 +116,16 @@
 #              shareable handles, each rank mapping buffers of the other
 #              (released before the driver's checkpoint, mapped again from
 #              the exporter's new handle after the refill)
+#   ncclp2pmigrate
+#              the ncclp2p pair migrated on loopback (migratefast's
+#              receive --restore and migrate --pid)
+#   ncclp2pfault
+#              fastfault's three faults on the ncclp2p pair: the store
+#              fails, CRIU refuses its options (both after the release:
+#              the undo maps each rank's imports again), gpucr-stream is
+#              killed after the release (each rank refills its own memory
+#              and waits, parked, for `gpu resume --pid`, which the round
+#              runs); the pair must run on intact after each
 #
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
@@ -363,7 +373,7 @@ log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
 
 # two_gpu ROUND: whether the round needs two GPUs.
 two_gpu() {
-	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) return 0 ;; esac
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault) return 0 ;; esac
 	return 1
 }
 
@@ -420,12 +430,12 @@ start_target() {
 	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
-	ncclp2p | ncclp2pswap) pre=(env "$GCS" run --) ;;
+	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault) pre=(env "$GCS" run --) ;;
 	esac
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" --rewrite-pct "$REWRITE_PCT" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
-	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap)
+	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault)
 		script=nccl_pair.py args=(--mib "$NCCL_MIB" --period "$NCCL_PERIOD")
 		TCHILDREN=1
 		;;
@@ -660,7 +670,7 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 # CRIU refuses the connected sockets without it).
 round_criu_opts() {
 	local o=$CRIU_OPTS
-	case ${ROUND%%-*} in nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) o="${o:+$o }--tcp-established" ;; esac
+	case ${ROUND%%-*} in nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p*) o="${o:+$o }--tcp-established" ;; esac
 	echo "$o"
 }
 
@@ -843,17 +853,18 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
 # the library to refill on its own. After each the target must run on
 # with every tensor intact.
 round_fault() {
-	local ar=$WORK/ar-$ROUND t0 step rc notes=() ok=true
+	local ar=$WORK/ar-$ROUND t0 step rc notes=() ok=true co
 	local args=(checkpoint --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --criu "$CRIU" --work-dir "$WORK/w" --json --no-progress)
+	co=$(round_criu_opts)
 	for step in store criu kill; do
 		rm -rf "$ar" "$WORK/w" "$WORK/paused"
 		t0=$(now)
 		rc=0
 		case $step in
-		store) GPUCR_TEST_FAULT=store "$GCS" "${args[@]}" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
-		criu) "$GCS" "${args[@]}" --criu-opts --no-such-criu-option >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
+		store) GPUCR_TEST_FAULT=store "$GCS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
+		criu) "$GCS" "${args[@]}" --criu-opts "${co:+$co }--no-such-criu-option" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
 		kill)
-			GPUCR_TEST_PAUSE=released:$WORK/paused "$GCS" "${args[@]}" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" &
+			GPUCR_TEST_PAUSE=released:$WORK/paused "$GCS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" &
 			local gp=$! i=0
 			while [ ! -e "$WORK/paused" ] && kill -0 "$gp" 2>/dev/null && [ $i -lt 600 ]; do
 				sleep 0.1
@@ -867,6 +878,13 @@ round_fault() {
 		local tf
 		tf=$(since "$t0")
 		log "$ROUND: $step: exit $rc after ${tf}s: $(tail -c 600 "$WORK/logs/$ROUND-$step.err")"
+		if [ "$step" = kill ] && [ "$TCHILDREN" -gt 0 ] && [ "${ROUND%%-*}" = ncclp2pfault ]; then
+			# Ranks that map each other's memory cannot map it again on
+			# their own: they wait for the recovery command they name.
+			local p
+			for p in $(tree_pids); do log "$ROUND: after kill: $p: $(cat "${GPUCR_PRELOAD_DIR:-/run/gpucr-stream}/preload-$p.status" 2>/dev/null | tail -c 400)"; done
+			log "$ROUND: gpu resume --pid $TPID: $("$GCS" gpu resume --pid "$TPID" 2>&1 | tail -3 | tr '\n' ' ')"
+		fi
 		local before=$COUNTER sok=true
 		if [ $rc -eq 0 ]; then
 			notes+=("$step: the checkpoint did not fail")
@@ -981,8 +999,9 @@ round_migrate() {
 		log "$ROUND: no free port"
 		return 1
 	}
-	local copts=() mopts=() ropts=()
-	[ -n "$CRIU_OPTS" ] && copts+=(--criu-opts "$CRIU_OPTS")
+	local copts=() mopts=() ropts=() co
+	co=$(round_criu_opts)
+	[ -n "$co" ] && copts+=(--criu-opts "$co")
 	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" ${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"})
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
 	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
@@ -1532,6 +1551,8 @@ while [ $# -gt 0 ]; do
 	remap | span | spanswap) round_gcs auto ;;
 	nccl) round_nccl ;;
 	ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) round_gcs "$FAST_CODEC" ;;
+	ncclp2pmigrate) round_migrate fast ;;
+	ncclp2pfault) round_fault ;;
 	ncclfault) round_nccl fault ;;
 	migrateremap) round_migrate ;;
 	badmap) round_badmap ;;
