@@ -92,7 +92,9 @@ func UnixSocketNames(pid int) []string {
 // LargestDeletedFile is the size of the largest regular file that the
 // processes pids hold open or mapped after it was unlinked (what CRIU
 // dumps as a ghost file, into the image), and that file's path; 0 if none.
-// Mapped files are seen through map_files (root).
+// Mapped files are seen through map_files (root). Shared anonymous and
+// System V memory ("/dev/zero (deleted)", "/SYSV...") look the same there
+// but CRIU dumps them as memory: they are not counted.
 func LargestDeletedFile(pids []int) (int64, string) {
 	var most int64
 	var path string
@@ -109,8 +111,11 @@ func LargestDeletedFile(pids []int) (int64, string) {
 				if unix.Stat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 0 || st.Size <= most {
 					continue
 				}
-				most = st.Size
-				path, _ = os.Readlink(p)
+				link, _ := os.Readlink(p)
+				if strings.HasPrefix(link, "/dev/zero") || strings.HasPrefix(link, "/SYSV") {
+					continue
+				}
+				most, path = st.Size, link
 			}
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestTreeAndWaitGone(t *testing.T) {
@@ -122,5 +124,14 @@ func TestLargestDeletedFile(t *testing.T) {
 	os.Remove(f.Name())
 	if n, p := LargestDeletedFile(self); n != want || !strings.Contains(p, "ghost") {
 		t.Fatalf("largest deleted file: %d %q, want %d bytes of %s", n, p, want, f.Name())
+	}
+	// Shared anonymous memory is memory to CRIU, not a ghost file.
+	m, err := unix.Mmap(-1, 0, int(want)+4<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if n, p := LargestDeletedFile(self); n != want {
+		t.Fatalf("with a shared anonymous mapping: %d %q, want the file's %d", n, p, want)
 	}
 }
