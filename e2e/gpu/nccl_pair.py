@@ -12,6 +12,14 @@ torch_target.py's protocol (ready, proof.json on SIGUSR1 with rank 1 as
 child 0: ready-child-0, proof-child-0.json), so run.sh proves it the same
 way. NCCL_NVLS_ENABLE=0 is forced (no NVLink multicast on shared hosts).
 
+With --tp-layers N the pair is also a tensor-parallel model (Megatron's
+MLP split): N layers of d -> 4d -> d with residuals, bf16, each rank holding
+half of every layer's columns of W1 and rows of W2; a layer's output is the
+all_reduce of the two halves. Every step runs the model on a fixed input and
+compares the output bit for bit with the one of the first step (same
+communicator, same ring, same sums); the weights are checksummed with the
+other tensors.
+
 While --dir/pause exists, the pair idles at a collective boundary both
 ranks agree on: rank 0 adds PAUSE to its all_reduce input when it sees the
 file, every rank sees the sum and stops after that same collective, writes
@@ -45,6 +53,8 @@ def main():
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--mib", type=int, default=1024)
     p.add_argument("--period", type=float, default=0.05)
+    p.add_argument("--tp-layers", type=int, default=0)
+    p.add_argument("--tp-dim", type=int, default=4096)
     a = p.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     dev = torch.device("cuda", a.rank)
@@ -58,7 +68,8 @@ def main():
                 pass
         out = open(os.path.join(a.dir, "child-0.out"), "ab")
         child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--dir", a.dir, "--rank", "1",
-                                  "--mib", str(a.mib), "--period", str(a.period)],
+                                  "--mib", str(a.mib), "--period", str(a.period),
+                                  "--tp-layers", str(a.tp_layers), "--tp-dim", str(a.tp_dim)],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, close_fds=True)
     dist.init_process_group("nccl", init_method="file://" + os.path.join(a.dir, "store"), rank=a.rank, world_size=2,
                             device_id=dev)
@@ -66,6 +77,29 @@ def main():
     g.manual_seed(99 + a.rank)
     per = (256 << 20) // 4
     tensors = [("rank%d.random%02d" % (a.rank, i), torch.randn(per, generator=g, device=dev)) for i in range(max(1, a.mib // 256))]
+    # The model's shards: the same seed on both ranks gives the whole
+    # layer, each keeps its half (columns of W1, rows of W2).
+    d, layers = a.tp_dim, []
+    gw = torch.Generator(device=dev)
+    gw.manual_seed(7)
+    for i in range(a.tp_layers):
+        w1 = (torch.randn(d, 4 * d, generator=gw, device=dev) * 0.02).to(torch.bfloat16)
+        w2 = (torch.randn(4 * d, d, generator=gw, device=dev) * 0.02).to(torch.bfloat16)
+        h = 2 * d
+        layers.append((w1[:, a.rank * h:(a.rank + 1) * h].contiguous(), w2[a.rank * h:(a.rank + 1) * h, :].contiguous()))
+        del w1, w2
+        tensors += [("rank%d.tp%02d.w1" % (a.rank, i), layers[-1][0]), ("rank%d.tp%02d.w2" % (a.rank, i), layers[-1][1])]
+    x0 = (torch.randn(64, d, generator=gw, device=dev)).to(torch.bfloat16)
+
+    def model():
+        x = x0
+        for w1, w2 in layers:
+            y = torch.nn.functional.gelu(x @ w1) @ w2
+            dist.all_reduce(y)
+            x = x + y
+        return x
+
+    y0 = model() if layers else None
     cs = Checksummer(dev)
     sums = {n: cs(t) for n, t in tensors}
     vec = torch.empty(1 << 20, device=dev)
@@ -85,6 +119,9 @@ def main():
         if state["ok"] and not bool((vec == want).all()):
             state["ok"] = False
             state["error"] = "rank %d: all_reduce gave %s at step %d, want %d" % (a.rank, vec[:4].tolist(), state["counter"], want)
+        if layers and state["ok"] and not torch.equal(model(), y0):
+            state["ok"] = False
+            state["error"] = "rank %d: the tensor-parallel model's output changed at step %d" % (a.rank, state["counter"])
         state["counter"] += 1
         if paused:
             mark = os.path.join(a.dir, "paused-%d" % a.rank)
@@ -100,7 +137,7 @@ def main():
         t = time.time()
         bad = [n for n, tt in tensors if cs(tt) != sums[n]]
         return {"pid": os.getpid(), "counter": state["counter"], "tensors": len(tensors),
-                "tensor_bytes": sum(tt.numel() * 4 for _, tt in tensors), "checksums_ok": not bad, "mismatched": bad,
+                "tensor_bytes": sum(tt.numel() * tt.element_size() for _, tt in tensors), "checksums_ok": not bad, "mismatched": bad,
                 "matmul_ok": state["ok"], "error": state["error"], "verify_seconds": time.time() - t, "time": time.time()}
 
     step()

@@ -119,6 +119,10 @@
 #   ncclp2pmigrate
 #              the ncclp2p pair migrated on loopback (migratefast's
 #              receive --restore and migrate --pid)
+#   ncclp2ptp  the ncclp2p round with the pair also a tensor-parallel model
+#              (nccl_pair.py --tp-layers TP_LAYERS, default 4: d=4096 MLP
+#              layers split Megatron-style, bf16): after the restore its
+#              output must be bit-identical to the first one
 #   ncclp2pfault
 #              fastfault's three faults on the ncclp2p pair: the store
 #              fails, CRIU refuses its options (both after the release:
@@ -373,7 +377,7 @@ log "GPUs: $NGPU${NGPU:+ (${GPU_UUIDS[*]})}"
 
 # two_gpu ROUND: whether the round needs two GPUs.
 two_gpu() {
-	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault) return 0 ;; esac
+	case ${1%%-*} in remap | remapfast | span | spanfast | spanswap | spanswapfast | migrateremap | badmap | nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp) return 0 ;; esac
 	return 1
 }
 
@@ -430,13 +434,14 @@ start_target() {
 	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
-	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault) pre=(env "$GCS" run --) ;;
+	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp) pre=(env "$GCS" run --) ;;
 	esac
 	local script=torch_target.py args=(--device "$DEVICE" --gib-random "$GIB_RANDOM" --gib-weights "$GIB_WEIGHTS" --side "$SIDE" --rewrite-pct "$REWRITE_PCT" "${kids[@]}")
 	case ${1%%-*} in
 	span | spanfast | spanswap | spanswapfast) args+=(--devices 0,1) ;;
-	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault)
+	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp)
 		script=nccl_pair.py args=(--mib "$NCCL_MIB" --period "$NCCL_PERIOD")
+		[ "${1%%-*}" = ncclp2ptp ] && args+=(--tp-layers "${TP_LAYERS:-4}")
 		TCHILDREN=1
 		;;
 	esac
@@ -1550,7 +1555,7 @@ while [ $# -gt 0 ]; do
 	fast | fastexp | remapfast | spanfast | spanswapfast) round_gcs "$FAST_CODEC" ;;
 	remap | span | spanswap) round_gcs auto ;;
 	nccl) round_nccl ;;
-	ncclfast | ncclfastswap | ncclp2p | ncclp2pswap) round_gcs "$FAST_CODEC" ;;
+	ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2ptp) round_gcs "$FAST_CODEC" ;;
 	ncclp2pmigrate) round_migrate fast ;;
 	ncclp2pfault) round_fault ;;
 	ncclfault) round_nccl fault ;;
