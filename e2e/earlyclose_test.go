@@ -7,9 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // TestRestoreNftablesClosedEarly: real CRIU in stream mode reads a
@@ -37,24 +35,8 @@ func TestRestoreNftablesClosedEarly(t *testing.T) {
 	if err := os.WriteFile(rules, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ready := filepath.Join(dir, "ready")
-	cmd := exec.CommandContext(ctx, "unshare", "-n", "sh", "-c", "nft -f "+rules+" && touch "+ready+" && exec sleep 600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	gone := make(chan error, 1)
-	go func() { gone <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the rules did not load within 30 s")
-		}
-	}
-	pid := cmd.Process.Pid // unshare execs sh, which execs sleep
+	// unshare execs sh, which execs sleep: one pid.
+	pid, gone := startScript(ctx, t, dir, []string{"unshare", "-n"}, "nft -f "+rules+" && touch \"$1\" && exec sleep 600")
 	archive := filepath.Join(dir, "ck")
 	gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(pid), "--to", archive).ok(t, "checkpoint")
 	<-gone
@@ -62,17 +44,8 @@ func TestRestoreNftablesClosedEarly(t *testing.T) {
 	if !strings.Contains(insp.stdout, "nftables-") {
 		t.Fatalf("the checkpoint holds no nftables image:\n%s", insp.stdout)
 	}
-	r := gcsRun(ctx, t, "restore", "--from", archive)
-	restored, _ := strconv.Atoi(strings.TrimSpace(r.stdout))
-	if restored > 0 {
-		t.Cleanup(func() {
-			syscall.Kill(restored, syscall.SIGKILL)
-			WaitPIDGone(ctx, restored)
-		})
-	}
-	if r.code != 0 || restored != pid {
-		t.Fatalf("restore: exit %d, printed %q (want %d):\n%s", r.code, r.stdout, pid, r.stderr)
-	}
+	r := restoreInPlace(ctx, t, archive, pid)
+	restored := pid
 	if !strings.Contains(r.stderr, "nftables-") || !strings.Contains(r.stderr, "closed by its reader with") {
 		t.Errorf("restore does not name the nftables image CRIU closed early:\n%s", r.stderr)
 	}

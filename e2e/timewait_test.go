@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -37,17 +36,7 @@ func TestRestoreInPlaceTimeWait(t *testing.T) {
 	if err := tg.WaitGone(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := gcsRun(ctx, t, "restore", "--from", archive)
-	restored, _ := strconv.Atoi(strings.TrimSpace(r.stdout))
-	if restored > 0 {
-		t.Cleanup(func() {
-			syscall.Kill(restored, syscall.SIGKILL)
-			WaitPIDGone(ctx, restored)
-		})
-	}
-	if r.code != 0 {
-		t.Fatalf("restore in place: exit %d:\n%s", r.code, r.stderr)
-	}
+	r := restoreInPlace(ctx, t, archive, tg.PID())
 	if !strings.Contains(r.stderr, "TIME_WAIT sockets on ports ["+port+"]") {
 		t.Errorf("restore did not say it cleared the TIME_WAIT socket on port %s:\n%s", port, r.stderr)
 	}

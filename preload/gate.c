@@ -86,9 +86,9 @@ void gate_leave(void)
 	}
 }
 
-/* gate_close closes the gate and waits up to ms for in-flight calls to
- * leave; on timeout it opens it again and returns -1. */
-int gate_close(long ms)
+/* deadline_in is the CLOCK_REALTIME time ms from now, for
+ * pthread_cond_timedwait. */
+static struct timespec deadline_in(long ms)
 {
 	struct timespec dl;
 	clock_gettime(CLOCK_REALTIME, &dl);
@@ -98,6 +98,14 @@ int gate_close(long ms)
 		dl.tv_sec++;
 		dl.tv_nsec -= 1000000000L;
 	}
+	return dl;
+}
+
+/* gate_close closes the gate and waits up to ms for in-flight calls to
+ * leave; on timeout it opens it again and returns -1. */
+int gate_close(long ms)
+{
+	struct timespec dl = deadline_in(ms);
 	atomic_store(&gate_closed, 1);
 	pthread_mutex_lock(&gate_mu);
 	int rc = 0;
@@ -214,14 +222,7 @@ long long collective_hold(void)
  * to ms for it; -1 on timeout (still held, at *launched). */
 int collective_until(long long n, long ms, long long *launched)
 {
-	struct timespec dl;
-	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += ms / 1000;
-	dl.tv_nsec += (ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
+	struct timespec dl = deadline_in(ms);
 	pthread_mutex_lock(&coll_mu);
 	if (n > coll_allow)
 		coll_allow = n;

@@ -16,36 +16,27 @@ struct ent {
 static struct ent *find_by_name(const char *name);
 static struct ent *find_by_real(void *p);
 
-/* WRAP_N defines a wrapper that calls the real entry point inside the gate
- * and then runs `after` (which may look at its result r). */
-#define WRAP_N(name, decl, call, after)                         \
+/* WRAP_IN defines a wrapper that enters the gate with `enter`, calls the
+ * real entry point, leaves, and then runs `after` (which may look at its
+ * result r); WRAP_N enters plainly. */
+#define WRAP_IN(name, decl, call, enter, after)                 \
 	static CUresult (*real_##name) decl;                    \
 	CUresult name decl                                      \
 	{                                                       \
 		ensure_cuda();                                  \
 		if (!real_##name)                               \
 			return CUDA_ERROR_NOT_FOUND;            \
-		gate_enter();                                   \
+		enter;                                          \
 		CUresult r = real_##name call;                  \
 		gate_leave();                                   \
 		after;                                          \
 		return r;                                       \
 	}
+#define WRAP_N(name, decl, call, after) WRAP_IN(name, decl, call, gate_enter(), after)
 #define GATED_N(name, decl, call) WRAP_N(name, decl, call, (void)0)
 /* LAUNCH_N is GATED_N for a kernel launch of function fn: a collective's
  * launch may also wait at the collective barrier (gate.c). */
-#define LAUNCH_N(name, decl, call, fn)                          \
-	static CUresult (*real_##name) decl;                    \
-	CUresult name decl                                      \
-	{                                                       \
-		ensure_cuda();                                  \
-		if (!real_##name)                               \
-			return CUDA_ERROR_NOT_FOUND;            \
-		collective_enter((void *)(fn));                 \
-		CUresult r = real_##name call;                  \
-		gate_leave();                                   \
-		return r;                                       \
-	}
+#define LAUNCH_N(name, decl, call, fn) WRAP_IN(name, decl, call, collective_enter((void *)(fn)), (void)0)
 /* The argument lists of the wrappers, by count (every argument is integer
  * class, so U carries any of them). */
 #define ARGS1 (U a)
