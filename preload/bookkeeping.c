@@ -55,6 +55,21 @@ NEW_SLOT(new_m, ms, nm, capm)
 NEW_SLOT(new_o, os_, no, capo)
 NEW_SLOT(new_s, ss, nsh, caps)
 
+/* map_again maps physical memory h where mapping m was, with its access
+ * (under tab_mu). */
+static int map_again(struct mrec *m, CUmemGenericAllocationHandle h, char *err, size_t n)
+{
+	CUresult r = r_Map(m->va, m->size, m->offset, h, 0);
+	if (r == CUDA_SUCCESS && m->nacc)
+		r = r_SetAccess(m->va, m->size, m->acc, m->nacc);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, n, "map %#llx: CUresult %d", m->va, r);
+		return -1;
+	}
+	m->mapped = 1;
+	return 0;
+}
+
 /* note_shared keeps a duplicate of a shareable descriptor of handle h
  * (under tab_mu). */
 void note_shared(int h, int fd, int import)
@@ -118,15 +133,8 @@ int do_import(int h, int fd, char *err, size_t n)
 		struct mrec *m = &ms[i];
 		if (!m->live || m->mapped || m->h != h)
 			continue;
-		r = r_Map(m->va, m->size, m->offset, real, 0);
-		if (r == CUDA_SUCCESS && m->nacc)
-			r = r_SetAccess(m->va, m->size, m->acc, m->nacc);
-		if (r != CUDA_SUCCESS) {
-			snprintf(err, n, "map imported %#llx: CUresult %d", m->va, r);
+		if (map_again(m, real, err, n) < 0)
 			rc = -1;
-			break;
-		}
-		m->mapped = 1;
 	}
 	/* A handle the program released lives only while mapped. */
 	if (rc == 0 && hs[h].app_released && hs[h].real != hs[h].app) {
@@ -163,7 +171,9 @@ CUcontext cur_ctx(void)
 		r_CtxGetCurrent(&c);
 	return c;
 }
-/* drop_h forgets a handle record once it is released and mapped nowhere. */
+/* drop_h forgets a handle record once it is released and mapped nowhere,
+ * and closes the duplicates of its shareable descriptors (they would keep
+ * the memory alive, and the record's slot is reused). */
 void drop_h_if_unused(int h)
 {
 	if (!hs[h].live || !hs[h].app_released)
@@ -172,6 +182,11 @@ void drop_h_if_unused(int h)
 		if (ms[i].live && ms[i].h == h)
 			return;
 	hs[h].live = 0;
+	for (int i = 0; i < nsh; i++)
+		if (ss[i].live && ss[i].h == h) {
+			close(ss[i].fd);
+			ss[i].live = 0;
+		}
 }
 
 /* ---- release and remap ---- */
@@ -257,15 +272,8 @@ int do_remap(char *err, size_t n)
 		struct mrec *m = &ms[i];
 		if (!m->live || m->mapped || hs[m->h].imported)
 			continue;
-		CUresult r = r_Map(m->va, m->size, m->offset, hs[m->h].real, 0);
-		if (r == CUDA_SUCCESS && m->nacc)
-			r = r_SetAccess(m->va, m->size, m->acc, m->nacc);
-		if (r != CUDA_SUCCESS) {
-			snprintf(err, n, "map %#llx: CUresult %d", m->va, r);
+		if (map_again(m, hs[m->h].real, err, n) < 0)
 			rc = -1;
-			break;
-		}
-		m->mapped = 1;
 	}
 	/* Handles the program had released live only while mapped. */
 	for (int i = 0; i < nh && rc == 0; i++)
