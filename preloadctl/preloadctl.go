@@ -93,6 +93,13 @@ func statusField(pid int, key string) []string {
 	return nil
 }
 
+// SameOwner says whether processes a and b run with the same user ids
+// (real, effective, saved, file system), as /proc shows them.
+func SameOwner(a, b int) bool {
+	ua, ub := statusField(a, "Uid:"), statusField(b, "Uid:")
+	return len(ua) == 4 && slices.Equal(ua, ub)
+}
+
 // ErrNotTheProcess says the control socket found for a process is served
 // by another: someone else's listener in its place.
 var ErrNotTheProcess = errors.New("the control socket is not the process's own")

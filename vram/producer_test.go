@@ -1208,6 +1208,35 @@ func TestFastPathSharedMemory(t *testing.T) {
 	if r := tg.report(t); !r.Parked {
 		t.Fatalf("after the refill, the import not mapped again: %+v, want parked", r)
 	}
+	// What the process says it imported from is believed only for a
+	// process of the tree: pid 1 is not, and the process stays parked.
+	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := p.Shared(ctx)
+	if err != nil || len(sh.Imports) != 1 || sh.Imports[0].SrcPID != tg.pid {
+		t.Fatalf("shared after the refill: %+v %v, want one import, from the process itself", sh, err)
+	}
+	im := sh.Imports[0]
+	if err := p.Source(ctx, im.H, 1, im.SrcH); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if err := Reimport(ctx, tg.sockDir, []int{tg.pid}); !errors.Is(err, ErrSharedOutside) {
+		t.Fatalf("reimport from a process outside the tree: %v, want ErrSharedOutside", err)
+	}
+	if r := tg.report(t); !r.Parked {
+		t.Fatalf("after a refused reimport: %+v, want parked", r)
+	}
+	p, err = preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Source(ctx, im.H, im.SrcPID, im.SrcH); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
 	if err := Reimport(ctx, tg.sockDir, []int{tg.pid}); err != nil {
 		t.Fatal(err)
 	}

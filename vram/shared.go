@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -87,18 +88,21 @@ func (s *FastSuspension) matchShared(ctx context.Context) error {
 // Reimport maps again, in every process of pids that waits for it (its
 // own memory refilled, parked), the memory it imported from the others,
 // from their new handles, and lets it run. Exporters must be refilled
-// first. A process it cannot finish stays parked.
+// first. A process it cannot finish stays parked. What a process says it
+// imported from is believed only for another process of pids with the
+// same owner: root hands the importer a descriptor of the exporter's
+// memory, and a process may say anything.
 func Reimport(ctx context.Context, dir string, pids []int) error {
 	var errs []error
 	for _, pid := range pids {
-		if err := reimportOne(ctx, dir, pid); err != nil {
+		if err := reimportOne(ctx, dir, pid, pids); err != nil {
 			errs = append(errs, fmt.Errorf("process %d: %w (it stays parked)", pid, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func reimportOne(ctx context.Context, dir string, pid int) error {
+func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 	if !preloadctl.HasPreload(pid) {
 		return nil
 	}
@@ -115,8 +119,8 @@ func reimportOne(ctx context.Context, dir string, pid int) error {
 		if im.Present {
 			continue
 		}
-		if im.SrcPID <= 0 {
-			return fmt.Errorf("import of handle record %d: %w (not matched at the checkpoint)", im.H, ErrSharedOutside)
+		if im.SrcPID <= 0 || !slices.Contains(tree, im.SrcPID) || !preloadctl.SameOwner(pid, im.SrcPID) {
+			return fmt.Errorf("import of handle record %d from process %d: %w (not matched at the checkpoint, or not of this tree and owner)", im.H, im.SrcPID, ErrSharedOutside)
 		}
 		f, err := exportFrom(ctx, dir, p, im.SrcPID, im.SrcH)
 		if err != nil {
