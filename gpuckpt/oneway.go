@@ -121,22 +121,6 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 	return out
 }
 
-// allFastCapable says whether every process of pids runs with the
-// library and its library says it can release and recreate all its device
-// memory.
-func allFastCapable(ctx context.Context, pids []int) bool {
-	for _, pid := range pids {
-		if !preloadctl.HasPreload(pid) {
-			return false
-		}
-		r, err := preloadReport(ctx, pid)
-		if err != nil || !r.Capable {
-			return false
-		}
-	}
-	return len(pids) > 0
-}
-
 func preloadReport(ctx context.Context, pid int) (preloadctl.PreloadReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -182,8 +166,14 @@ func CheckUndoable(ctx context.Context, pids []int, fast bool) error {
 	if testFault("gpu-checkpoint") {
 		return nil
 	}
-	if fast && allFastCapable(ctx, pids) {
-		return nil
+	if fast {
+		// The fast path's own check, within the refusal's 2 s.
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := fastCheck(cctx, pids)
+		cancel()
+		if err == nil {
+			return nil
+		}
 	}
 	ws := findOneWay(ctx, pids)
 	if len(ws) == 0 {

@@ -150,6 +150,23 @@ func archived(dest location.Location) bool {
 	return dest.Kind == location.Archive || dest.Kind == location.S3
 }
 
+// errNotPreloaded: a process of the tree runs without the library (it
+// was not started under `gpucr-stream run`): the driver's path, silently.
+var errNotPreloaded = errors.New("a process runs without the fast-path library")
+
+// fastCheck is what the fast path asks of the CUDA processes pids before
+// it is taken (and CheckUndoable, before it lets an NCCL tree through):
+// every one runs with the library, which says it can release and recreate
+// all its device memory and is not parked by another checkpoint.
+func fastCheck(ctx context.Context, pids []int) ([]preloadctl.PreloadReport, error) {
+	for _, pid := range pids {
+		if !preloadctl.HasPreload(pid) {
+			return nil, fmt.Errorf("process %d: %w", pid, errNotPreloaded)
+		}
+	}
+	return vram.FastCheck(ctx, preloadctl.PreloadDir(), pids)
+}
+
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
 // and says it can. need is the device memory it would move.
@@ -157,12 +174,10 @@ func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool
 	if f.Mode == FastPathOff || !carried {
 		return 0, false
 	}
-	for _, pid := range cc.pids {
-		if !preloadctl.HasPreload(pid) {
-			return 0, false
-		}
+	reps, err := fastCheck(ctx, cc.pids)
+	if errors.Is(err, errNotPreloaded) {
+		return 0, false
 	}
-	reps, err := vram.FastCheck(ctx, preloadctl.PreloadDir(), cc.pids)
 	if err != nil {
 		say(log, fmt.Sprintf("GPU fast path not taken: %v", err))
 		return 0, false

@@ -734,9 +734,9 @@ func (s *FastSuspension) Bytes() int64 {
 // FastResume brings a restored process's device memory back: it maps
 // fresh memory where the old was, copies the files in (get fetches each
 // from the checkpoint), and unparks it, unless it maps memory of another
-// process: then it stays parked for Reimport, once all are refilled. Call it after the driver's restore
-// and unlock. On failure the process stays parked, its memory not
-// refilled: it does not run on with missing memory.
+// process: then it stays parked for Reimport, once all are refilled. Call
+// it after the driver's restore and unlock. On failure the process stays
+// parked, its memory not refilled: it does not run on with missing memory.
 func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
 	p, err := preloadctl.DialPreload(ctx, dir, pid)
 	if err != nil {
