@@ -324,9 +324,7 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		}
 		keep_clear(0);
 		unstage_all();
-		parked = 0;
-		gate_open();
-		collective_release();
+		run_again();
 		return 0;
 	}
 	if (!strcmp(line, "collhold")) {

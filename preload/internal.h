@@ -278,6 +278,7 @@ void keep_close_fds(void);
 void keep_clear(int rm);
 int cmd_keep(int *fds, int *nfds, char *err, size_t n);
 int do_recover(int *fds, int nfds, int rm, char *err, size_t n);
+void run_again(void);
 void on_orphan(void);
 
 #pragma GCC visibility pop

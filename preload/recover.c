@@ -174,6 +174,15 @@ static int keep_open(int *out, char *err, size_t n)
 	return nkeep;
 }
 
+/* run_again lets the parked program run: the gate and the collective
+ * barrier open. */
+void run_again(void)
+{
+	parked = 0;
+	gate_open();
+	collective_release();
+}
+
 /* do_recover brings the memory back and lets the program run: remap if
  * released, refill from fds (else the kept copy), unpark. On failure the
  * program stays parked. It owns fds. rm: remove the kept files after
@@ -212,8 +221,7 @@ int do_recover(int *fds, int nfds, int rm, char *err, size_t n)
 	if (parked && imports_pending())
 		return 0;
 	if (parked) {
-		parked = 0;
-		gate_open();
+		run_again();
 		/* After the gate: freeing GBs of tmpfs need not hold the
 		 * program back. */
 		keep_clear(rm);
