@@ -19,13 +19,12 @@ func cuts(t *testing.T, data []byte, chunkSize int) []int {
 	return cutsFrom(t, bytes.NewReader(data), data, chunkSize)
 }
 
-// cutsFrom is cuts of data read from r.
-func cutsFrom(t *testing.T, r io.Reader, data []byte, chunkSize int) []int {
+// eachCut runs fn on every chunk a cutter of chunkSize cuts from r, in
+// order, with its sums.
+func eachCut(t *testing.T, r io.Reader, chunkSize int, fn func(chunk []byte, s chunkSums)) {
 	t.Helper()
 	c := newCutter(r, chunkSize, nil)
 	buf := make([]byte, chunkSize)
-	var out []int
-	off := 0
 	for {
 		var s chunkSums
 		n, err := c.next(buf, &s)
@@ -33,20 +32,31 @@ func cutsFrom(t *testing.T, r io.Reader, data []byte, chunkSize int) []int {
 			t.Fatal(err)
 		}
 		if n > 0 {
-			chunk := data[off : off+n]
-			if !bytes.Equal(buf[:n], chunk) {
-				t.Fatalf("chunk at %d does not hold the file's bytes", off)
-			}
-			if s.zero != codec.IsZero(chunk) || (!s.zero && s.crc != codec.Checksum(chunk)) {
-				t.Fatalf("chunk at %d: sums %+v wrong", off, s)
-			}
-			out = append(out, n)
-			off += n
+			fn(buf[:n], s)
 		}
 		if err == io.EOF {
-			break
+			return
 		}
 	}
+}
+
+// cutsFrom is cuts of data read from r.
+func cutsFrom(t *testing.T, r io.Reader, data []byte, chunkSize int) []int {
+	t.Helper()
+	var out []int
+	off := 0
+	eachCut(t, r, chunkSize, func(got []byte, s chunkSums) {
+		n := len(got)
+		chunk := data[off : off+n]
+		if !bytes.Equal(got, chunk) {
+			t.Fatalf("chunk at %d does not hold the file's bytes", off)
+		}
+		if s.zero != codec.IsZero(chunk) || (!s.zero && s.crc != codec.Checksum(chunk)) {
+			t.Fatalf("chunk at %d: sums %+v wrong", off, s)
+		}
+		out = append(out, n)
+		off += n
+	})
 	if off != len(data) {
 		t.Fatalf("chunks cover %d of %d bytes", off, len(data))
 	}
@@ -124,26 +134,14 @@ func TestCutterStable(t *testing.T) {
 		data      []byte
 		chunkSize int
 	}{{img, 4 << 20}, {img, 1 << 20}, {mixed, 4 << 20}, {mixed[5000:], 1 << 20}, {img[:5<<20+123], 256 << 10}, {zeros, 4 << 20}} {
-		c := newCutter(bytes.NewReader(tc.data), tc.chunkSize, nil)
-		buf := make([]byte, tc.chunkSize)
-		for {
-			var s chunkSums
-			n, err := c.next(buf, &s)
-			if err != nil && err != io.EOF {
-				t.Fatal(err)
+		eachCut(t, bytes.NewReader(tc.data), tc.chunkSize, func(chunk []byte, s chunkSums) {
+			crc := s.crc
+			if s.zero {
+				crc = 0 // not computed: zero chunks have a fixed sum
 			}
-			if n > 0 {
-				crc := s.crc
-				if s.zero {
-					crc = 0 // not computed: zero chunks have a fixed sum
-				}
-				log = fmt.Appendf(log, "%d %t %08x %x\n", n, s.zero, crc, codec.ContentHash(buf[:n]))
-				chunks++
-			}
-			if err == io.EOF {
-				break
-			}
-		}
+			log = fmt.Appendf(log, "%d %t %08x %x\n", len(chunk), s.zero, crc, codec.ContentHash(chunk))
+			chunks++
+		})
 	}
 	t.Logf("%d chunks", chunks)
 	const want = "09bbce1562578e06c9f8e4725ee6ecf96ac1ccd1f1c75bd57bb52e5a33dd7c7d"
