@@ -1,7 +1,6 @@
 package source
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -34,15 +33,7 @@ func BenchmarkRestoreDedupFiles(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		for n, data := range imgs {
-			wg.Go(func() {
-				if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
-					b.Error(err)
-				}
-			})
-		}
-		wg.Wait()
+		writeAtOnce(b, c, imgs)
 		if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
 			b.Fatal(err)
 		}

@@ -22,6 +22,20 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
+// writeAtOnce writes every file into c, each from a goroutine of its own
+// (as CRIU's images and the VRAM files arrive together).
+func writeAtOnce(tb testing.TB, c *streamer.Capture, files map[string][]byte) {
+	var wg sync.WaitGroup
+	for n, data := range files {
+		wg.Go(func() {
+			if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
+				tb.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // runsCapture writes files at once, on one lane, as a format 4 checkpoint
 // "ckpt" of loc: their chunks alternate in the packs, so that runs step
 // over each other's frames.
@@ -37,15 +51,7 @@ func runsCapture(t *testing.T, loc store.Store, files map[string][]byte) *manife
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	for n, data := range files {
-		wg.Go(func() {
-			if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
+	writeAtOnce(t, c, files)
 	m, err := c.Close(ctx, manifest.Manifest{Tool: "test"})
 	if err != nil {
 		t.Fatal(err)
