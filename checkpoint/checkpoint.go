@@ -316,8 +316,17 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer src.Close()
 	defer done()
 	var recorded []manifest.GPU
+	var stage *gpuckpt.Stage
 	if a, ok := src.(*source.ArchiveSource); ok {
 		recorded = a.Manifest().GPUs
+		// The fast path's VRAM files are read into memory while CRIU
+		// restores (gpuckpt/stage.go).
+		if o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
+			if stage, err = gpuckpt.StartStage(ctx, src, a.Manifest().CUDA, o.CUDA.Stage); err != nil {
+				return nil, err
+			}
+			defer stage.Close()
+		}
 	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err == nil {
@@ -349,7 +358,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		procs, err := gpuckpt.FastProcs(ctx, src)
 		if err == nil {
 			var ps []Phase
-			ps, err = gpuckpt.FastRestore(ctx, src, procs, cudaPIDs)
+			ps, err = gpuckpt.FastRestore(ctx, src, stage, procs, cudaPIDs)
 			phases = append(phases, ps...)
 		}
 		if err != nil {

@@ -255,7 +255,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	var fast []Phase
 	if err == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
 		// Those that took the fast path wait, parked, for their memory.
-		if fast, err = gpuckpt.FastRestore(ctx, r.src, ci.CUDA, cudaPIDs); err != nil {
+		if fast, err = gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs); err != nil {
 			err = fmt.Errorf("process %d restored, but its device memory is not: %w; %s", rep.PID, err, killRestored(rep.PID))
 			report = tcp.Report{Served: rep.Served, Error: err.Error()}
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -201,20 +202,21 @@ func (e *fastEnv) gcsRunStderr(ctx context.Context, env []string, args ...string
 }
 
 type phases struct {
-	Phases []struct {
-		Name string  `json:"name"`
-		Secs float64 `json:"seconds"`
-	} `json:"phases"`
-	PID int `json:"pid"`
+	Phases []phase `json:"phases"`
+	PID    int     `json:"pid"`
+}
+
+type phase struct {
+	Name string  `json:"name"`
+	Secs float64 `json:"seconds"`
 }
 
 func (p phases) has(name string) bool {
-	for _, ph := range p.Phases {
-		if ph.Name == name {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(p.Phases, func(ph phase) bool { return ph.Name == name })
+}
+
+func (p phases) hasPrefix(name string) bool {
+	return slices.ContainsFunc(p.Phases, func(ph phase) bool { return strings.HasPrefix(ph.Name, name) })
 }
 
 func TestFastPathCheckpointRestore(t *testing.T) {
@@ -303,6 +305,11 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	}
 	out, err = restore("w2", keyArgs...)
 	mustRestoreFast(t, out, err, pid, tdir)
+	// Its VRAM files were read into memory while CRIU restored.
+	var rs phases
+	if json.Unmarshal(out, &rs) != nil || !rs.hasPrefix("vram staged ahead (3 of 3 files") {
+		t.Fatalf("restore staged no VRAM files: %s", out)
+	}
 }
 
 // A dump that fails after the release (CRIU refuses its options), or the

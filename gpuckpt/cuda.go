@@ -40,6 +40,9 @@ type CUDA struct {
 	// LockTimeout is how long the lock may wait for GPU work in flight
 	// (0: the driver's default).
 	LockTimeout time.Duration
+	// Stage is the memory a restore may read VRAM files ahead into while
+	// CRIU restores (stage.go).
+	Stage StageMemory
 	// OpenDriver and FindProcs default to cudadriver.Open and cudadriver.FindCUDA;
 	// tests hand in fakes.
 	OpenDriver func() (cudadriver.Driver, error)

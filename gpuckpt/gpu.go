@@ -48,6 +48,8 @@ type GPUStepOptions struct {
 	Open     location.Config
 	FastPath FastPath
 	Tool     string
+	// Stage is the memory resume --from may read VRAM files ahead into.
+	Stage StageMemory
 	// Log takes diagnostic lines (may be nil).
 	Log func(string)
 }

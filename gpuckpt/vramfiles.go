@@ -234,8 +234,9 @@ func (cc *Checkpoint) FastCommit() {
 // and unlock. Those that fail stay parked. It touches only the restored
 // CUDA processes, pids: a record naming any other (a damaged or hostile
 // checkpoint) is an error, never a copy into an unrelated process that
-// runs with the library.
-func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
+// runs with the library. The files staged (stage, which may be nil) are
+// read from memory, the others from src.
+func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var slowest preloadctl.CopyStats
 	var errs []error
@@ -258,7 +259,7 @@ func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAPr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, cs, err := vram.FastResume(ctx, preloadctl.PreloadDir(), p.PID, p.Files, get)
+			r, c, cs, err := vram.FastResume(ctx, preloadctl.PreloadDir(), p.PID, p.Files, get, stage.Take)
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, r), max(copyIn, c)
@@ -283,7 +284,8 @@ func FastRestore(ctx context.Context, src source.Source, procs []manifest.CUDAPr
 		}
 		copyIn += time.Since(t)
 	}
-	ps := append([]Phase{{"vram remap", remap.Seconds()}, {"vram copy in", copyIn.Seconds()}}, copyPhases("copy in", slowest)...)
+	ps := append(stage.Phases(), Phase{"vram remap", remap.Seconds()}, Phase{"vram copy in", copyIn.Seconds()})
+	ps = append(ps, copyPhases("copy in", slowest)...)
 	if err := errors.Join(errs...); err != nil {
 		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)
 	}
@@ -391,12 +393,19 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 	if !ok {
 		return nil, errdefs.Usagef("gpu resume --from: %s is not an archive", o.From)
 	}
+	// The files are read into memory while the driver restores.
+	procs := a.Manifest().CUDA
+	stage, err := StartStage(ctx, src, procs, o.Stage)
+	if err != nil {
+		return nil, err
+	}
+	defer stage.Close()
 	_, t, err := cudadriver.ResumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)
 	if err != nil {
 		return phases, err
 	}
-	ps, err := FastRestore(ctx, src, a.Manifest().CUDA, pids)
+	ps, err := FastRestore(ctx, src, stage, procs, pids)
 	return append(phases, ps...), err
 }
 

@@ -61,7 +61,7 @@ func fastRound(t *testing.T, tg *target) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
 	st, s := fastSuspended(t, tg, true)
-	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get); err != nil {
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get, nil); err != nil {
 		t.Fatal(err)
 	}
 	tg.mustBeIntact(t)

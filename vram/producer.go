@@ -62,6 +62,11 @@ type PutFunc func(ctx context.Context, name string, r io.Reader) error
 // GetFunc copies one VRAM file of a checkpoint into w (the source's Copy).
 type GetFunc func(ctx context.Context, name string, w io.Writer) error
 
+// StagedFunc hands over a VRAM file that was read into memory ahead of the
+// copy in: a descriptor open for reading at the file's start, which the
+// caller then owns, or nil where the file is not staged (get streams it).
+type StagedFunc func(ctx context.Context, name string) (*os.File, error)
+
 // FastOptions configures FastSuspend.
 type FastOptions struct {
 	// Dir holds the control sockets (preloadctl.PreloadDir()).
@@ -732,12 +737,13 @@ func (s *FastSuspension) Bytes() int64 {
 }
 
 // FastResume brings a restored process's device memory back: it maps
-// fresh memory where the old was, copies the files in (get fetches each
-// from the checkpoint), and unparks it, unless it maps memory of another
+// fresh memory where the old was, copies the files in (the library reads
+// those staged, if staged is not nil, itself; get streams the others from
+// the checkpoint), and unparks it, unless it maps memory of another
 // process: then it stays parked for Reimport, once all are refilled. Call
 // it after the driver's restore and unlock. On failure the process stays
 // parked, its memory not refilled: it does not run on with missing memory.
-func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
+func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc, staged StagedFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
 	p, err := preloadctl.DialPreload(ctx, dir, pid)
 	if err != nil {
 		return 0, 0, cs, err
@@ -749,7 +755,7 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	}
 	remap = time.Since(t)
 	t = time.Now()
-	cs, err = copyInFrom(ctx, p, files, get)
+	cs, err = copyInFrom(ctx, p, files, get, staged)
 	copyIn = time.Since(t)
 	if err != nil {
 		return remap, copyIn, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
@@ -761,25 +767,41 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	return remap, copyIn, cs, p.Unpark(ctx)
 }
 
-func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc) (preloadctl.CopyStats, error) {
+func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var rs, ws []*os.File
+	// rs[k] is what the library reads file k from: the staged file, or
+	// the read end of a pipe that get fills through ws[k].
+	rs, ws := make([]*os.File, len(files)), make([]*os.File, len(files))
 	defer func() {
 		for _, f := range append(rs, ws...) {
-			f.Close()
+			if f != nil {
+				f.Close()
+			}
 		}
 	}()
-	for range files {
+	for k, name := range files {
+		if staged != nil {
+			f, err := staged(ctx, name)
+			if err != nil {
+				return preloadctl.CopyStats{}, fmt.Errorf("%s: %w", name, err)
+			}
+			if rs[k] = f; f != nil {
+				continue
+			}
+		}
 		r, w, err := pipePair()
 		if err != nil {
 			return preloadctl.CopyStats{}, err
 		}
-		rs, ws = append(rs, r), append(ws, w)
+		rs[k], ws[k] = r, w
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(files))
 	for k := range files {
+		if ws[k] == nil {
+			continue
+		}
 		wg.Add(1)
 		go func(k int) {
 			defer wg.Done()
@@ -791,10 +813,13 @@ func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get 
 		}(k)
 	}
 	n, err := p.CopyIn(ctx, rs)
-	for _, r := range rs {
+	for k, r := range rs {
 		r.Close() // a writer still blocked gets EPIPE
+		rs[k] = nil
 	}
-	rs = nil
 	wg.Wait()
+	for k := range ws {
+		ws[k] = nil // closed by their writers
+	}
 	return n, errors.Join(append([]error{err}, errs...)...)
 }

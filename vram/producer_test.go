@@ -465,7 +465,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if len(procs) != 1 || procs[0].PID != tg.pid || len(procs[0].Files) != 3 {
 		t.Fatalf("procs %+v", procs)
 	}
-	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get); err != nil || cs.Bytes != before.Bytes {
+	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get, nil); err != nil || cs.Bytes != before.Bytes {
 		t.Fatalf("resume: %d bytes, %v", cs.Bytes, err)
 	}
 	// Same addresses (the target reads back through its own pointers), same
@@ -544,7 +544,7 @@ func testStageFreed(t *testing.T, env []string) {
 	if c := s.Timings.Copy; c.Staged != 3 {
 		t.Fatalf("copy out: %+v, want 3 workers on staged buffers", c)
 	}
-	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get); err != nil || cs.Bytes != s.Bytes() {
+	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, s.Procs()[0].Files, st.get, nil); err != nil || cs.Bytes != s.Bytes() {
 		t.Fatalf("resume: %+v %v", cs, err)
 	}
 	tg.mustBeIntact(t)
@@ -690,13 +690,13 @@ func TestFastResumeFaults(t *testing.T) {
 			tg := startTarget(t, "GPUCR_PRELOAD_FAULT="+fault)
 			st, s := fastSuspended(t, tg, false)
 			files := s.Procs()[0].Files
-			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err == nil || !strings.Contains(err.Error(), "injected") {
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("resume with a %s fault: %v", fault, err)
 			}
 			if r := tg.check(t, 200*time.Millisecond); r != "" {
 				t.Fatalf("the target ran after a failed resume: %q", r)
 			}
-			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err != nil {
 				t.Fatal(err)
 			}
 			tg.mustBeIntact(t)
@@ -763,7 +763,7 @@ func TestFastResumeBadFiles(t *testing.T) {
 				st.files[k] = v
 			}
 			st.files[f0] = tc.data
-			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("resume: %v, want %q", err, tc.want)
 			}
 			if r := tg.report(t); !r.Parked {
@@ -775,7 +775,7 @@ func TestFastResumeBadFiles(t *testing.T) {
 		st.files[k] = v
 	}
 	st.files[f0] = v1
-	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err != nil {
 		t.Fatalf("resume with one file in GPUCRVM1: %v", err)
 	}
 	tg.mustBeIntact(t)
@@ -838,7 +838,7 @@ func FuzzCopyIn(f *testing.F) {
 			}
 			return st.get(ctx, name, w)
 		}
-		_, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, get)
+		_, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, get, nil)
 		if err == nil {
 			// It covered everything: move the memory out again for the
 			// next input.
@@ -1078,7 +1078,7 @@ func TestFastPathTwoProcesses(t *testing.T) {
 		t.Fatalf("procs %+v, %d files stored, want 2 processes and 6 files", procs, len(st.files))
 	}
 	for i, tg := range []*target{a, b} {
-		if _, _, _, err := FastResume(ctx, a.sockDir, procs[i].PID, procs[i].Files, st.get); err != nil {
+		if _, _, _, err := FastResume(ctx, a.sockDir, procs[i].PID, procs[i].Files, st.get, nil); err != nil {
 			t.Fatalf("resume %d: %v", procs[i].PID, err)
 		}
 		tg.mustBeIntact(t)
@@ -1202,7 +1202,7 @@ func TestFastPathSharedMemory(t *testing.T) {
 
 	st, s := fastSuspended(t, tg, false)
 	files := s.Procs()[0].Files
-	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get); err != nil {
+	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err != nil {
 		t.Fatal(err)
 	}
 	if r := tg.report(t); !r.Parked {

@@ -10,7 +10,7 @@ import (
 )
 
 var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", "ACTION",
-	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "@key", "@encode", "@s3", "@fastpath", "@report"}, runGPU}
+	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "stage-memory", "@key", "@encode", "@s3", "@fastpath", "@report"}, runGPU}
 
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
 // steps one at a time (gpuckpt.GPUStep). Actions: info, state, lock,
@@ -61,8 +61,12 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
+	stage, err := cfg.stage()
+	if err != nil {
+		return err
+	}
 	res, err := gpuckpt.GPUStep(ctx, drv, gpuckpt.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
-		Pairs: pairs, FindProcs: findCUDAProcs, To: to, From: from, Open: cfg.locationConfig(), FastPath: fast,
+		Pairs: pairs, FindProcs: findCUDAProcs, To: to, From: from, Open: cfg.locationConfig(), FastPath: fast, Stage: stage,
 		Tool: "gpucr-stream " + version, Log: cfg.logLine})
 	if err != nil {
 		return err

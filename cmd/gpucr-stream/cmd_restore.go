@@ -9,7 +9,7 @@ import (
 )
 
 var restoreCommand = command{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", "[SRC]",
-	[]string{"@key", "@decode", "@s3read", "@tcpin", "@criu", "@report", "from", "cuda", "gpu-map", "producers"}, runRestore}
+	[]string{"@key", "@decode", "@s3read", "@tcpin", "@criu", "@report", "from", "cuda", "gpu-map", "stage-memory", "producers"}, runRestore}
 
 func runRestore(ctx context.Context, cfg *config, args []string) error {
 	from, err := srcArg(cfg, "restore", args)

@@ -59,6 +59,7 @@ type config struct {
 	producers   int
 	criuOpts    string
 	fastPath    string
+	stageMemory string
 	vramFiles   int
 	vramKeepDir string
 
@@ -172,6 +173,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.gpuMap, "gpu-map", "", "restore: move GPU state from OLD to NEW GPU: OLD_UUID=NEW_UUID[,...] (OLD may be 'all' for one GPU)")
 	str(&c.lockTimeout, "lock-timeout", "10s", "checkpoint: how long the CUDA lock may wait for GPU work in flight (0: the driver's default)")
 	num(&c.producers, "producers", 0, "checkpoint/restore/capture/serve: VRAM producers the image waits for before it is complete (see vram push/pull)")
+	str(&c.stageMemory, "stage-memory", "auto", "restore, gpu resume --from: memory to read the fast path's VRAM files into while criu (or the driver) restores, so that the copy in reads memory: a size, auto (half the available memory, less the images criu restores) or none (read them from the checkpoint during the copy in)")
 	str(&c.fastPath, "fast-path", "auto", "checkpoint, migrate, gpu suspend --to: CUDA processes started with gpucr-stream run move their device memory through the pipeline themselves: auto (when every CUDA process of the tree can), off (the driver's checkpoint only)")
 	num(&c.vramFiles, "vram-files", 16, "checkpoint, migrate, gpu suspend --to: fast path: files (and copy threads) per CUDA process, 1..64")
 	str(&c.vramKeepDir, "vram-keep-dir", "", "checkpoint, migrate, gpu suspend --to: fast path: where the copy of device memory kept until the commit goes (for an undo; default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR)")

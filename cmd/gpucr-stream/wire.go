@@ -162,8 +162,25 @@ func (c *config) cudaOptions(suspends bool) (gpuckpt.CUDA, error) {
 	cuda := gpuckpt.CUDA{Mode: mode, OpenDriver: openDriver, FindProcs: findCUDAProcs}
 	if suspends {
 		cuda.LockTimeout, err = c.lockTimeoutDur()
+	} else {
+		cuda.Stage, err = c.stage()
 	}
 	return cuda, err
+}
+
+// stage parses --stage-memory.
+func (c *config) stage() (gpuckpt.StageMemory, error) {
+	switch c.stageMemory {
+	case "auto":
+		return 0, nil
+	case "none":
+		return -1, nil
+	}
+	n, err := parseSize(c.stageMemory)
+	if err != nil || n <= 0 {
+		return 0, usagef("--stage-memory %q: want a size such as 16GiB, auto or none", c.stageMemory)
+	}
+	return gpuckpt.StageMemory(n), nil
 }
 
 // fastPathOptions are --fast-path, --vram-files and --vram-keep-dir.
