@@ -133,7 +133,8 @@
 #
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
-# A round name with a suffix (auto-2, tree-2) runs that round again. After
+# A round name with a suffix (auto-2, tree-2) runs that round again; the
+# suffix -nostage (fast-nostage) restores with --stage-memory none. After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
@@ -782,6 +783,10 @@ round_gcs() {
 			note="restored with --gpu-map all=$uuid (onto the same GPU)"
 		fi
 		[ -n "$co" ] && rextra+=(--criu-opts "$co")
+		# A round named X-nostage restores X's checkpoint with nothing
+		# staged in memory while CRIU restores: the copy in reads the
+		# archive, as before staging.
+		case $ROUND in *-nostage) rextra+=(--stage-memory none) ;; esac
 		t0=$(now)
 		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
 			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
