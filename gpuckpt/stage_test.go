@@ -70,8 +70,8 @@ func openFDs(t *testing.T) int {
 // TestStage: the VRAM files are staged within the memory limit; Take hands
 // over each staged file whole and read-only, and nil for one that is not
 // staged (over the limit, or asked for before its staging began: it is
-// never staged then); a failed staging is Take's error; Close frees what
-// was not taken.
+// never staged then); a failed staging is Take's error; Close frees every
+// staged file, taken or not (and, as root, the stage's tmpfs).
 func TestStage(t *testing.T) {
 	const size = 1 << 20
 	file := func(pid, k int) string { return fmt.Sprintf("vram-%d-%02d.bin", pid, k) }
@@ -129,6 +129,9 @@ func TestStage(t *testing.T) {
 			}
 			if s != nil {
 				s.wg.Wait() // CRIU's restore took long enough to stage all
+				if os.Geteuid() == 0 && s.dir == nil {
+					t.Fatal("as root, the files were not staged on a tmpfs of huge pages of the stage's own")
+				}
 			}
 			for _, n := range tc.staged {
 				f, err := s.Take(ctx, n)
@@ -142,7 +145,6 @@ func TestStage(t *testing.T) {
 				if _, err := f.Write([]byte{0}); err == nil {
 					t.Fatalf("%s: the staged file is writable", n)
 				}
-				f.Close()
 			}
 			for _, n := range tc.streamed {
 				if f, err := s.Take(ctx, n); f != nil || err != nil {
@@ -206,9 +208,7 @@ func TestStageTakeBeforeStaged(t *testing.T) {
 	got := make(chan error, 1)
 	go func() {
 		f, err := s.Take(ctx, p.Files[0])
-		if f != nil {
-			f.Close()
-		} else if err == nil {
+		if f == nil && err == nil {
 			err = errors.New("not staged")
 		}
 		got <- err

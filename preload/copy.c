@@ -538,7 +538,12 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 	memset(&j, 0, sizeof j);
 	pthread_mutex_init(&j.err_mu, NULL);
 	j.out = out;
-	j.buf = buf_size();
+	/* A copy in pins its buffers on the restore's path (a copy out's are
+	 * staged while the program runs): 16 threads of 2 x 32 MiB took 0.28
+	 * to 0.50 s to pin on an H200 host. A quarter of that still keeps
+	 * the driver's cost per copy (some microseconds) small beside the
+	 * copy itself (8 MiB: about 0.16 ms at 50 GB/s). */
+	j.buf = out ? buf_size() : buf_size() / 4;
 	if (out) {
 		pthread_mutex_lock(&tab_mu);
 		int cap = 0;

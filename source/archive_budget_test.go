@@ -44,12 +44,12 @@ func (w *blockingWriter) Write(p []byte) (int, error) {
 	return w.buf.Write(p)
 }
 
-// Files copied at once share one memory budget: with every writer blocked,
-// the chunks fetched ahead stay within the budget (plus one per file), and
-// every file still completes once its reader goes on.
-func TestArchiveSharedReadBudget(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+var budgetFiles = [6]struct{}{}
+
+// budgetArchive is an archive of six files of 2 MiB (pages-1.img, ...) in
+// chunks of 64 KiB, and the files' bytes.
+func budgetArchive(t *testing.T, ctx context.Context) (*countingStore, map[string][]byte, int) {
+	t.Helper()
 	store := &countingStore{Store: mem.New("budget")}
 	out, err := streamer.NewArchiveOutput(ctx, store, 4<<20)
 	if err != nil {
@@ -58,8 +58,7 @@ func TestArchiveSharedReadBudget(t *testing.T) {
 	const chunk = 64 << 10
 	c, _ := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
 	want := map[string][]byte{}
-	const files = 6
-	for i := range files {
+	for i := range budgetFiles {
 		name := fmt.Sprintf("pages-%d.img", i+1)
 		want[name] = pipelinetest.SmallData(2<<20, uint64(i+1))
 		if _, err := c.WriteFile(name, bytes.NewReader(want[name]), false); err != nil {
@@ -69,6 +68,72 @@ func TestArchiveSharedReadBudget(t *testing.T) {
 	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
 		t.Fatal(err)
 	}
+	return store, want, chunk
+}
+
+// Copies through a Behind view draw on its budget alone: with every one of
+// them blocked, they hold none of the archive's shared tokens and fetch
+// within their own budget, and a plain copy beside them runs through.
+func TestArchiveBehindOwnBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, want, _ := budgetArchive(t, ctx)
+	src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, Fetchers: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind := src.Behind(2, 4)
+	var wg sync.WaitGroup
+	ws := map[string]*blockingWriter{}
+	errs := make(chan error, len(want))
+	for name := range want {
+		if name == "pages-1.img" {
+			continue
+		}
+		w := &blockingWriter{release: make(chan struct{})}
+		ws[name] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := behind.Copy(ctx, name, w); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(src.tokens); n != 0 {
+		t.Fatalf("copies behind hold %d of the archive's tokens", n)
+	}
+	if got, bound := store.opens.Load(), int64(4+len(ws)); got > bound {
+		t.Fatalf("%d chunks fetched behind with every writer blocked; its budget allows %d", got, bound)
+	}
+	var b bytes.Buffer
+	if _, err := src.Copy(ctx, "pages-1.img", &b); err != nil || !bytes.Equal(b.Bytes(), want["pages-1.img"]) {
+		t.Fatalf("plain copy beside them: %d bytes, %v", b.Len(), err)
+	}
+	for _, w := range ws {
+		close(w.release)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for name, w := range ws {
+		if !bytes.Equal(w.buf.Bytes(), want[name]) {
+			t.Fatalf("%s served wrong bytes behind", name)
+		}
+	}
+}
+
+// Files copied at once share one memory budget: with every writer blocked,
+// the chunks fetched ahead stay within the budget (plus one per file), and
+// every file still completes once its reader goes on.
+func TestArchiveSharedReadBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, want, chunk := budgetArchive(t, ctx)
+	const files = len(budgetFiles)
 	// A budget of 8 chunks (each holds a frame and a decoded chunk).
 	limit := int64(8 * (2*chunk + manifest.FrameSize))
 	src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, Fetchers: 8, MemoryLimit: limit})

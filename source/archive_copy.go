@@ -25,6 +25,36 @@ import (
 // ahead of the one being written, each holding a token (see ArchiveSource),
 // and written in order.
 func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	return a.copyFile(ctx, name, w, copyLimits{window: a.window, parallel: a.parallel, tokens: a.tokens})
+}
+
+// copyLimits are how far one copy reads ahead: its window of chunks, its
+// fetchers, and the budget it draws tokens from beyond its own one.
+type copyLimits struct {
+	window, parallel int
+	tokens           chan struct{}
+}
+
+// Behind is a view of the archive for reading files ahead of their need
+// while a restore runs (the fast path's VRAM files, while CRIU restores):
+// its copies share a budget of their own of budget chunks, with fetchers
+// fetchers each, so that they never take the tokens that the files CRIU
+// waits for read ahead with. Closing it closes the archive.
+func (a *ArchiveSource) Behind(fetchers, budget int) Source {
+	fetchers = max(1, fetchers)
+	return &behind{a, copyLimits{window: max(2, min(a.window, 2*fetchers)), parallel: fetchers, tokens: make(chan struct{}, max(2, budget))}}
+}
+
+type behind struct {
+	*ArchiveSource
+	lim copyLimits
+}
+
+func (b *behind) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
+	return b.copyFile(ctx, name, w, b.lim)
+}
+
+func (a *ArchiveSource) copyFile(ctx context.Context, name string, w io.Writer, lim copyLimits) (int64, error) {
 	f, ok := a.byName[name]
 	if !ok {
 		return 0, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
@@ -34,7 +64,7 @@ func (a *ArchiveSource) Copy(ctx context.Context, name string, w io.Writer) (int
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := newFileCopy(a, f)
+	c := newFileCopy(a, f, lim)
 	c.wg.Add(1 + c.parallel)
 	go c.issue(ctx)
 	c.startFetchers(ctx)
@@ -58,7 +88,8 @@ type fileCopy struct {
 	n, window    int
 	parallel     int
 	slots        []chan fetchResult // chunk i uses slot i % window
-	shared       []bool             // the slot's token is from a.tokens
+	shared       []bool             // the slot's token is from tokens
+	tokens       chan struct{}      // the shared budget (a.tokens, or a Behind's)
 	credits      chan struct{}      // chunks issued and not yet written
 	own          chan struct{}      // this file's own token
 	next         chan int           // issued chunks, to the fetchers
@@ -67,14 +98,14 @@ type fileCopy struct {
 	wg           sync.WaitGroup
 }
 
-func newFileCopy(a *ArchiveSource, f *manifest.File) *fileCopy {
+func newFileCopy(a *ArchiveSource, f *manifest.File, lim copyLimits) *fileCopy {
 	runs := a.runs[f.Name]
 	n := len(f.Chunks)
 	if runs != nil {
 		n = len(runs)
 	}
-	window := min(a.window, n)
-	c := &fileCopy{a: a, f: f, runs: runs, n: n, window: window, parallel: max(1, min(a.parallel, window)),
+	window := min(lim.window, n)
+	c := &fileCopy{a: a, f: f, runs: runs, n: n, window: window, parallel: max(1, min(lim.parallel, window)), tokens: lim.tokens,
 		slots: make([]chan fetchResult, window), shared: make([]bool, window),
 		credits: make(chan struct{}, window), own: make(chan struct{}, 1),
 		next: make(chan int), producerDone: make(chan struct{})}
@@ -87,7 +118,7 @@ func newFileCopy(a *ArchiveSource, f *manifest.File) *fileCopy {
 // release gives back chunk i's token and credit.
 func (c *fileCopy) release(i int) {
 	if c.shared[i%c.window] {
-		<-c.a.tokens
+		<-c.tokens
 	} else {
 		<-c.own
 	}
@@ -114,7 +145,7 @@ func (c *fileCopy) issue(ctx context.Context) {
 			select {
 			case c.own <- struct{}{}:
 				c.shared[i%c.window] = false
-			case c.a.tokens <- struct{}{}:
+			case c.tokens <- struct{}{}:
 				c.shared[i%c.window] = true
 			case <-ctx.Done():
 				<-c.credits

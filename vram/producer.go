@@ -63,8 +63,9 @@ type PutFunc func(ctx context.Context, name string, r io.Reader) error
 type GetFunc func(ctx context.Context, name string, w io.Writer) error
 
 // StagedFunc hands over a VRAM file that was read into memory ahead of the
-// copy in: a descriptor open for reading at the file's start, which the
-// caller then owns, or nil where the file is not staged (get streams it).
+// copy in: a descriptor open for reading at the file's start, which stays
+// the stager's to close, or nil where the file is not staged (get streams
+// it).
 type StagedFunc func(ctx context.Context, name string) (*os.File, error)
 
 // FastOptions configures FastSuspend.
@@ -771,12 +772,14 @@ func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// rs[k] is what the library reads file k from: the staged file, or
-	// the read end of a pipe that get fills through ws[k].
+	// the read end of a pipe that get fills through ws[k]. Ours to close
+	// are the pipes (closing one twice is harmless).
 	rs, ws := make([]*os.File, len(files)), make([]*os.File, len(files))
 	defer func() {
-		for _, f := range append(rs, ws...) {
-			if f != nil {
-				f.Close()
+		for k := range ws {
+			if ws[k] != nil {
+				rs[k].Close()
+				ws[k].Close()
 			}
 		}
 	}()
@@ -803,23 +806,21 @@ func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get 
 			continue
 		}
 		wg.Add(1)
-		go func(k int) {
+		go func(w *os.File) {
 			defer wg.Done()
-			defer ws[k].Close()
-			if err := get(ctx, files[k], ws[k]); err != nil {
+			defer w.Close() // the library's end of file
+			if err := get(ctx, files[k], w); err != nil {
 				errs[k] = fmt.Errorf("%s: %w", files[k], err)
 				cancel(err)
 			}
-		}(k)
+		}(ws[k])
 	}
 	n, err := p.CopyIn(ctx, rs)
-	for k, r := range rs {
-		r.Close() // a writer still blocked gets EPIPE
-		rs[k] = nil
+	for k := range ws {
+		if ws[k] != nil {
+			rs[k].Close() // a writer still blocked gets EPIPE
+		}
 	}
 	wg.Wait()
-	for k := range ws {
-		ws[k] = nil // closed by their writers
-	}
 	return n, errors.Join(append([]error{err}, errs...)...)
 }
