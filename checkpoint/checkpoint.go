@@ -336,6 +336,17 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	opened := time.Since(start).Seconds()
+	// The driver is loaded and initialised while CRIU restores.
+	var warm sync.WaitGroup
+	var warmed time.Duration
+	warm.Add(1)
+	go func() {
+		defer warm.Done()
+		t := time.Now()
+		o.CUDA.Warm()
+		warmed = time.Since(t)
+	}()
+	defer warm.Wait()
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
 	if err == nil {
@@ -348,7 +359,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	phases := []Phase{{Name: "open source", Secs: opened}, {Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()}}
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
+	warm.Wait()
+	t0 := time.Now()
 	cudaPIDs, t, err := gpuckpt.Restore(ctx, o.CUDA, rep.PID, pairs)
+	if len(cudaPIDs) > 0 {
+		phases = append(phases, Phase{Name: "gpu driver init (beside criu)", Secs: warmed.Seconds()},
+			Phase{Name: "gpu find (processes, driver)", Secs: (time.Since(t0) - t.Restore - t.Unlock).Seconds()})
+	}
 	phases = append(phases, gpuckpt.TimingPhases(t)...)
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: process %d restored, but its GPU state is not: %w", o.Src, rep.PID, err)

@@ -89,6 +89,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 		if err = o.CUDA.CheckMap(ctx, o.GPUMap.Targets(), nil); err != nil {
 			return nil, fmt.Errorf("receive: %w", err)
 		}
+		o.CUDA.Warm() // not in the downtime
 	}
 	r.start = time.Now()
 	l, err := tcp.Listen(ctx, o.Listen, tcp.ListenOptions{Auth: o.TCP.Auth, Timeout: o.TCP.Timeout, Reports: true, Restores: o.Restore,

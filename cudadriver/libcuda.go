@@ -157,6 +157,10 @@ func (l *libcuda) fail(op string, pid int, r uintptr) error {
 
 func (l *libcuda) Version() (int, error) { return l.version, nil }
 
+// Init initialises the driver in this process (cuInit) ahead of the first
+// step that needs it (see Warm).
+func (l *libcuda) Init() error { return l.init() }
+
 func (l *libcuda) State(pid int) (State, error) {
 	if err := l.init(); err != nil {
 		return StateFailed, err

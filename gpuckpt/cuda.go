@@ -59,6 +59,21 @@ func (c CUDA) EffectiveMode() CUDAMode {
 	return c.Mode
 }
 
+// Warm loads the driver and initialises it in this process (cuInit), so
+// that a restore's first driver step does not wait for that: a restore
+// runs it beside CRIU's. Errors are left to the steps that need the
+// driver.
+func (c CUDA) Warm() {
+	if c.EffectiveMode() == CUDAOff {
+		return
+	}
+	if d, err := c.open(); err == nil {
+		if w, ok := d.(interface{ Init() error }); ok {
+			_ = w.Init()
+		}
+	}
+}
+
 func (c CUDA) open() (cudadriver.Driver, error) {
 	if c.OpenDriver != nil {
 		return c.OpenDriver()

@@ -245,3 +245,40 @@ func TestCheckDumpable(t *testing.T) {
 		}
 	}
 }
+
+// initCounting is a driver that counts its Init calls.
+type initCounting struct {
+	*drivertest.Fake
+	inits int
+}
+
+func (d *initCounting) Init() error { d.inits++; return nil }
+
+// TestWarm: Warm initialises the driver once, and never with --cuda off
+// or without a driver.
+func TestWarm(t *testing.T) {
+	for _, tc := range []struct {
+		mode  CUDAMode
+		open  bool
+		inits int
+	}{
+		{CUDAAuto, true, 1},
+		{CUDAOn, true, 1},
+		{CUDAOff, true, 0},
+		{CUDAAuto, false, 0},
+	} {
+		d := &initCounting{Fake: drivertest.NewFake(1)}
+		opened := 0
+		c := CUDA{Mode: tc.mode, OpenDriver: func() (cudadriver.Driver, error) {
+			opened++
+			if !tc.open {
+				return nil, cudadriver.ErrNoDriver
+			}
+			return d, nil
+		}}
+		c.Warm()
+		if d.inits != tc.inits || (tc.mode == CUDAOff && opened != 0) {
+			t.Errorf("mode %q, driver %v: %d inits, %d opens; want %d inits", tc.mode, tc.open, d.inits, opened, tc.inits)
+		}
+	}
+}

@@ -745,27 +745,28 @@ func (s *FastSuspension) Bytes() int64 {
 // it after the driver's restore and unlock. On failure the process stays
 // parked, its memory not refilled: it does not run on with missing memory.
 func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc, staged StagedFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
+	// remap counts from the dial, copyIn to the unpark: the two cover it
+	// all.
+	t := time.Now()
 	p, err := preloadctl.DialPreload(ctx, dir, pid)
 	if err != nil {
-		return 0, 0, cs, err
+		return time.Since(t), 0, cs, err
 	}
 	defer p.Close()
-	t := time.Now()
 	if err := p.Remap(ctx); err != nil {
 		return time.Since(t), 0, cs, err
 	}
 	remap = time.Since(t)
 	t = time.Now()
-	cs, err = copyInFrom(ctx, p, files, get, staged)
-	copyIn = time.Since(t)
-	if err != nil {
-		return remap, copyIn, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+	defer func() { copyIn = time.Since(t) }()
+	if cs, err = copyInFrom(ctx, p, files, get, staged); err != nil {
+		return remap, 0, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
 	}
 	// A process that maps another's memory waits, parked, for Reimport.
 	if sh, err := p.Shared(ctx); err != nil || sh.Pending() {
-		return remap, copyIn, cs, err
+		return remap, 0, cs, err
 	}
-	return remap, copyIn, cs, p.Unpark(ctx)
+	return remap, 0, cs, p.Unpark(ctx)
 }
 
 func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
