@@ -162,9 +162,8 @@ func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
 		return nil, fmt.Errorf("migrate %d: %w (the process was not touched)", o.PID, err)
 	}
 	o.CRIU.Args = dumpGhostLimit(o.CRIU.Args, tree, o.Hooks.log)
-	if !o.Precopy.Off && cc == nil {
-		// A chunk's hash is its content id, which pre-copy references (not
-		// for CUDA processes: precopyOff).
+	if !o.Precopy.Off {
+		// A chunk's hash is its content id, which pre-copy references.
 		o.Stream.ChunkHashes = true
 	}
 	format, err := o.Stream.NewFormat()

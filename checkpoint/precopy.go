@@ -12,6 +12,13 @@ package checkpoint
 // least Shrink less than the one before, up to Rounds; then the final dump
 // sends the chunks the receiver holds by reference (wire.RecRef).
 //
+// A tree of CUDA processes cannot be dumped by CRIU while it runs on the
+// GPU. When all of them take the fast path, a round instead has their
+// libraries copy their device memory out while they run (vram.Peek: no
+// park, no driver step), which is most of what they hold; their host
+// memory goes in the final dump only. The final copy out, parked, then
+// finds the unchanged device memory at the receiver by content id.
+//
 // Never worse on failure: a round leaves the process running whatever
 // happens (CRIU resumes it), a failed round fails the migration with the
 // process still here, and the receiver frees its cache when the stream is
@@ -19,6 +26,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"time"
@@ -83,8 +91,8 @@ func (m *migration) precopyOff() string {
 		return "the stream is encrypted (--key): its chunks are sealed where they are placed"
 	case !f.ChunkHashes:
 		return "the stream has no chunk hashes, which are the chunks' content ids"
-	case m.cc != nil:
-		return "CUDA processes: rounds of device memory are not built yet"
+	case m.cc != nil && !m.info.Restores:
+		return "CUDA processes and a receiver that does not restore: the fast path, which pre-copies device memory, is not taken"
 	}
 	return ""
 }
@@ -97,16 +105,25 @@ func (m *migration) precopy(ctx context.Context) error {
 		return nil
 	}
 	o := m.o.Precopy.withDefaults()
+	round := m.precopyRound
 	res.Method = "criu dump --leave-running"
 	res.Why = "CRIU's pre-dumps cannot stream; content ids find what changed"
-	if exec.CommandContext(ctx, m.criu, "check", "--feature", "mem_dirty_track").Run() != nil {
+	if m.cc != nil {
+		round = m.precopyVRAMRound
+		res.Method = "device memory through the library while the program runs; host memory in the final dump only"
+		res.Why = "CRIU cannot dump a CUDA process that runs on the GPU; content ids find the device memory that changed"
+	} else if exec.CommandContext(ctx, m.criu, "check", "--feature", "mem_dirty_track").Run() != nil {
 		res.Why = "the kernel does not track dirty pages for CRIU (criu check --feature mem_dirty_track fails), and CRIU's pre-dumps cannot stream; content ids find what changed"
 	}
 	stop := m.keepAlive()
 	defer stop()
 	var prev int64
 	for i := range o.Rounds {
-		r, err := m.precopyRound(ctx)
+		r, err := round(ctx)
+		if errors.Is(err, errNoRound) {
+			res.Method, res.Why = "off", "the CUDA processes do not all take the fast path (gpucr-stream run), which pre-copies device memory"
+			return nil
+		}
 		if err != nil {
 			m.out.Cancel("a pre-copy round failed on the sender; the process keeps running there")
 			m.dropKeep()
@@ -156,6 +173,33 @@ func (m *migration) keepAlive() (stop func()) {
 		close(quit)
 		<-done
 	}
+}
+
+// errNoRound: a round of device memory cannot be taken (no fast path).
+var errNoRound = errors.New("no pre-copy round")
+
+// precopyVRAMRound copies the device memory of the running CUDA processes
+// once into the receiver's cache (gpuckpt.PrecopyVRAM).
+func (m *migration) precopyVRAMRound(ctx context.Context) (PrecopyRound, error) {
+	start := time.Now()
+	out := &tcp.AheadOutput{Out: m.out}
+	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
+	if err != nil {
+		return PrecopyRound{}, err
+	}
+	m.out.OnFailure(func(err error) { c.Abort(err) })
+	n, taken, err := m.cc.PrecopyVRAM(ctx, m.o.FastPath, c, m.o.Hooks.log)
+	if err == nil && !taken {
+		err = errNoRound
+	}
+	if err == nil {
+		_, err = c.Close(ctx, manifest.Manifest{Tool: m.o.Tool})
+	}
+	if err != nil {
+		c.Abort(err)
+		return PrecopyRound{}, err
+	}
+	return PrecopyRound{Secs: time.Since(start).Seconds(), RawBytes: n, NewChunks: out.Chunks, SentBytes: out.Sent}, nil
 }
 
 // precopyRound dumps the running process once into the receiver's cache.

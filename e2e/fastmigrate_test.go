@@ -131,10 +131,13 @@ func TestFastPathMigrate(t *testing.T) {
 	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// With pre-copy: the device memory goes ahead while the program runs
+	// (the library's peek), and the final dump sends it by reference.
 	for _, tc := range []struct {
-		name string
-		key  []string
-	}{{"moved", nil}, {"moved encrypted", []string{"--key-file", keyFile}}} {
+		name    string
+		key     []string
+		precopy []string
+	}{{"moved", nil, nil}, {"moved encrypted", []string{"--key-file", keyFile}, nil}, {"moved with pre-copy", nil, []string{"--precopy", "on"}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := strings.ReplaceAll(tc.name, " ", "-")
 			pid, tdir, waitGone := e.start(t, name)
@@ -143,7 +146,7 @@ func TestFastPathMigrate(t *testing.T) {
 			}
 			keep := mkdir(t, filepath.Join(e.dir, "keep-"+name))
 			recv := e.startReceiver(ctx, t, nil, tokFile, append([]string{"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-"+name)}, tc.key...)...)
-			out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, name, append([]string{"--keep-dir", keep, "--streams", "2"}, tc.key...)...)...)
+			out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, name, append(append([]string{"--keep-dir", keep, "--streams", "2"}, tc.key...), tc.precopy...)...)...)
 			if err != nil {
 				t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(ctx))
 			}
@@ -155,10 +158,22 @@ func TestFastPathMigrate(t *testing.T) {
 				RestoredPID  int     `json:"restored_pid"`
 				DowntimeTo   string  `json:"downtime_to"`
 				DowntimeSecs float64 `json:"downtime_seconds"`
+				Precopy      struct {
+					Method string `json:"method"`
+					Rounds []struct {
+						RawBytes  int64 `json:"raw_bytes"`
+						SentBytes int64 `json:"sent_bytes"`
+					} `json:"rounds"`
+					FinalRefBytes int64 `json:"final_ref_bytes"`
+				} `json:"precopy"`
 			}
 			if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != "restored" ||
 				!mres.has("vram copy out") || !mres.has("vram release") || !mres.has("gpu checkpoint") {
 				t.Fatalf("migrate took no fast path or did not restore: %s (%v)", out, err)
+			}
+			if pc := mres.Precopy; tc.precopy != nil &&
+				(!strings.HasPrefix(pc.Method, "device memory") || len(pc.Rounds) == 0 || pc.Rounds[0].SentBytes == 0 || pc.FinalRefBytes < pc.Rounds[0].RawBytes/2) {
+				t.Fatalf("pre-copy did not send the device memory ahead, or the final dump sent it again: %+v", pc)
 			}
 			var rres phases
 			if err := json.Unmarshal([]byte(recv.stdout.String()), &rres); err != nil || rres.PID != pid || !rres.has("vram copy in") || !rres.has("gpu restore") {

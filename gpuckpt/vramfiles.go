@@ -79,21 +79,8 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		say(log, fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
 	}
 	cc.keepDir = keep
-	put := func(ctx context.Context, name string, r io.Reader) error {
-		// A cancelled store (an undo, another file failed) also ends a
-		// WriteFile that waits for room in c.
-		stop := context.AfterFunc(ctx, func() { c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, context.Cause(ctx))) })
-		defer stop()
-		_, err := c.WriteFile(name, r, true)
-		if err != nil {
-			// The checkpoint fails: CRIU's dump into c stops now, not
-			// at the commit.
-			c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, err))
-		}
-		return err
-	}
 	start := time.Now()
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, put, vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
@@ -111,6 +98,42 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		say(log, fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
 	}
 	return phases, nil
+}
+
+// putInto stores VRAM files into c; a failure aborts c.
+func putInto(c *streamer.Capture) vram.PutFunc {
+	return func(ctx context.Context, name string, r io.Reader) error {
+		// A cancelled store (an undo, another file failed) also ends a
+		// WriteFile that waits for room in c.
+		stop := context.AfterFunc(ctx, func() { c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, context.Cause(ctx))) })
+		defer stop()
+		_, err := c.WriteFile(name, r, true)
+		if err != nil {
+			// The checkpoint fails: CRIU's dump into c stops now, not
+			// at the commit.
+			c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, err))
+		}
+		return err
+	}
+}
+
+// PrecopyVRAM is a pre-copy round of the device memory of cc's processes
+// (vram.Peek), when every one of them can take the fast path (taken): their
+// libraries copy it out while they run, into a scratch directory (as the
+// kept copy's), and it is stored into c. Else it does nothing. It returns
+// the bytes copied.
+func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.Capture, log func(string)) (n int64, taken bool, err error) {
+	need, ok := cc.fastPossible(ctx, f, true, log)
+	if !ok {
+		return 0, false, nil
+	}
+	dir, err := scratch.New(scratch.DefaultRoot, f.KeepDir, "gpucr-precopy-", need)
+	if err != nil {
+		return 0, true, fmt.Errorf("pre-copy of device memory: %w", err)
+	}
+	defer dir.Remove()
+	n, err = vram.Peek(ctx, preloadctl.PreloadDir(), dir.File(), cc.pids, f.Files, putInto(c))
+	return n, true, err
 }
 
 // FastWait waits for the fast path's store into the capture (nil-safe);

@@ -377,6 +377,8 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 	}
 	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
 		return cmd_copy(line, fds, nfds, err, n, st);
+	if (!strcmp(line, "peek"))
+		return cmd_peek(fds, nfds, err, n, st);
 	if (!strncmp(line, "stage ", 6))
 		return cmd_stage(atoi(line + 6), err, n, st);
 	if (!strcmp(line, "keep"))

@@ -29,12 +29,14 @@ struct piece {
 	CUdeviceptr va;
 	size_t n;
 	CUcontext ctx;
+	int m;      /* its mapping, for a live copy's check */
 	int file;   /* copy out: index into the job's fds */
 	off_t off;  /* where its record header is in that file */
 	off_t data; /* and its bytes: the next 4 KiB boundary after the header */
 };
 struct job {
-	int out; /* 1: device to fd; 0: fd to device */
+	int out;  /* 1: device to fd; 0: fd to device */
+	int live; /* a copy out while the program runs (peek) */
 	struct piece *pieces;
 	int npieces;
 	/* copy in: the first piece of each mapping in seen[], and which
@@ -360,10 +362,16 @@ static int take_piece(struct job *j, int idx)
 /* copy_out copies pieces from the device into their places in the files
  * through two pinned buffers, one copying from the device while the other
  * is written. */
+static void copy_out_live(struct worker *w, void *buf, CUstream st);
+
 static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 {
 	struct job *j = w->j;
 	CUresult r;
+	if (j->live) {
+		copy_out_live(w, buf[0], st[0]);
+		return;
+	}
 	for (int k; (k = take_piece(j, w->idx)) >= 0;) {
 		struct piece *p = &j->pieces[k];
 		int fd = j->fds[p->file];
@@ -404,6 +412,58 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 		if (fault("copyout")) {
 			job_fail(j, "injected fault (copyout)");
 			return;
+		}
+	}
+}
+
+/* copy_out_live is copy_out while the program runs (a migration's
+ * pre-copy round: what it copies is a hint, which the final copy out,
+ * parked, makes exact). The program may free or unmap memory meanwhile,
+ * and a copy from an address no longer mapped would be a fault of the
+ * whole context: each buffer is copied under tab_mu, which every wrapper
+ * that unmaps takes, once its mapping is checked to be still there; a
+ * piece whose mapping went is left as zeros. One buffer at a time, so
+ * that the lock is held for one copy (milliseconds), never a write. */
+static void copy_out_live(struct worker *w, void *buf, CUstream st)
+{
+	struct job *j = w->j;
+	CUresult r;
+	for (int k; (k = take_piece(j, w->idx)) >= 0;) {
+		struct piece *p = &j->pieces[k];
+		int fd = j->fds[p->file];
+		uint64_t hdr[2] = {p->va, p->n};
+		if (pwrite_all(fd, hdr, sizeof hdr, p->off) < 0) {
+			job_fail(j, "write: %s", strerror(errno));
+			return;
+		}
+		for (size_t off = 0; off < p->n; off += j->buf) {
+			size_t len = p->n - off < j->buf ? p->n - off : j->buf;
+			double t0 = mono();
+			pthread_mutex_lock(&tab_mu);
+			struct mrec *m = &ms[p->m];
+			int there = m->live && m->mapped && p->va >= m->va && p->va + p->n <= m->va + m->size;
+			if (there) {
+				if (p->ctx)
+					r_CtxSetCurrent(p->ctx);
+				r = r_DtoHAsync(buf, p->va + off, len, st);
+				if (r == CUDA_SUCCESS)
+					r = r_StreamSync(st);
+			}
+			pthread_mutex_unlock(&tab_mu);
+			if (!there)
+				break; /* gone: zeros (holes) */
+			if (r != CUDA_SUCCESS) {
+				job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, off, r);
+				return;
+			}
+			double t1 = mono();
+			if (pwrite_all(fd, buf, len, p->data + (off_t)off) < 0) {
+				job_fail(j, "write: %s", strerror(errno));
+				return;
+			}
+			atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+			atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
+			atomic_fetch_add(&j->bytes, len);
 		}
 	}
 }
@@ -532,12 +592,13 @@ static size_t buf_size(void)
 	return (size_t)(v > 0 && v <= 1024 ? v : 32) << 20;
 }
 
-int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
+int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st)
 {
 	struct job j;
 	memset(&j, 0, sizeof j);
 	pthread_mutex_init(&j.err_mu, NULL);
 	j.out = out;
+	j.live = live;
 	/* A copy in pins its buffers on the restore's path (a copy out's are
 	 * staged while the program runs): 16 threads of 2 x 32 MiB took 0.28
 	 * to 0.50 s to pin on an H200 host. A quarter of that still keeps
@@ -553,7 +614,7 @@ int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st)
 		j.pieces = calloc(cap ? cap : 1, sizeof *j.pieces);
 		for (int i = 0; i < nm; i++)
 			for (size_t off = 0; copied(i) && off < ms[i].size; off += PIECE)
-				j.pieces[j.npieces++] = (struct piece){.va = ms[i].va + off, .n = ms[i].size - off < PIECE ? ms[i].size - off : PIECE, .ctx = ms[i].ctx};
+				j.pieces[j.npieces++] = (struct piece){.va = ms[i].va + off, .n = ms[i].size - off < PIECE ? ms[i].size - off : PIECE, .ctx = ms[i].ctx, .m = i};
 		pthread_mutex_unlock(&tab_mu);
 		j.fds = fds;
 		layout(&j, nfds);
@@ -632,9 +693,26 @@ int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct 
 		snprintf(err, n, "%s", outdir ? "memory is released" : "memory is released: remap first");
 		return -1;
 	}
-	int rc = run_job(outdir, fds, *nfds, err, n, st);
+	int rc = run_job(outdir, 0, fds, *nfds, err, n, st);
 	*nfds = 0;
 	if (rc == 0 && !outdir)
 		unfilled = 0;
+	return rc;
+}
+
+/* cmd_peek copies the memory out while the program runs (copy_out_live),
+ * into the descriptors that came with the line, in copyout's layout. */
+int cmd_peek(int *fds, int *nfds, char *err, size_t n, struct stats *st)
+{
+	if (parked || released || driver_next) {
+		snprintf(err, n, "peek: the program is parked (copyout copies it then)");
+		return -1;
+	}
+	if (*nfds == 0 || *nfds > 64) {
+		snprintf(err, n, "peek with %d descriptors, want 1..64", *nfds);
+		return -1;
+	}
+	int rc = run_job(1, 1, fds, *nfds, err, n, st);
+	*nfds = 0;
 	return rc;
 }

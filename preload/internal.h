@@ -28,7 +28,9 @@
  * 3. A control thread on a unix socket (GPUCR_PRELOAD_DIR, default
  *    /run/gpucr-stream, mode 0700; preload-PID.sock, mode 0600, peers of
  *    our uid or root only) that answers gpucr-stream: report, stage, park,
- *    copyout (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark. The
+ *    copyout (fds by SCM_RIGHTS), release, remap, copyin (fds), unpark; peek
+ *    (fds) copies the memory out while the program runs (a migration's
+ *    pre-copy round). The
  *    data format of copyout/copyin is in docs/PRODUCERS.md ("VRAM files");
  *    a copy answers with where its time went. The directory must be ours
  *    and no symlink; it is held open and the socket and the status file are
@@ -263,9 +265,10 @@ struct stats {
 	int workers, staged;
 	long long collectives; /* collhold, colluntil: launched so far */
 };
-int run_job(int out, int *fds, int nfds, char *err, size_t n, struct stats *st);
+int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st);
 int cmd_stage(int k, char *err, size_t n, struct stats *st);
 int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st);
+int cmd_peek(int *fds, int *nfds, char *err, size_t n, struct stats *st);
 void unstage_all(void);
 int staged_count(void);
 

@@ -484,6 +484,13 @@ func (p *Preload) CopyOut(ctx context.Context, files []*os.File) (CopyStats, err
 	return p.copy(ctx, "copyout", files)
 }
 
+// Peek is CopyOut while the program runs (a migration's pre-copy): a
+// hint of the memory, torn where the program writes meanwhile; memory
+// unmapped meanwhile is left as zeros.
+func (p *Preload) Peek(ctx context.Context, files []*os.File) (CopyStats, error) {
+	return p.copy(ctx, "peek", files)
+}
+
 // CopyIn reads files in that format and writes their ranges back.
 func (p *Preload) CopyIn(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "copyin", files)

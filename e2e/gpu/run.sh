@@ -134,7 +134,8 @@
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again; the
-# suffix -nostage (fast-nostage) restores with --stage-memory none. After
+# suffix -nostage (fast-nostage) restores with --stage-memory none, and
+# -precopy (migratefast-precopy) migrates with --precopy on. After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
@@ -157,6 +158,9 @@
 # RECV_SPILL_DIR (migrate rounds: where the receiver spills what it holds
 # beyond its memory limit until the restore; empty: its default, $TMPDIR),
 # MIGRATE_STREAMS (migrate rounds: --streams of migrate; empty: its default),
+# MIGRATE_REWRITE_EVERY (migrate rounds: the target rewrites REWRITE_PCT
+# percent of its tensors every that many seconds while it migrates; empty:
+# never),
 # MIGRATE_KEEP_DIR (migrate rounds: the sender's local copy goes into a
 # directory made in it, e.g. /dev/shm; empty: gpucr-stream's default, a
 # tmpfs of huge pages of its own; none: no copy),
@@ -1015,6 +1019,16 @@ round_migrate() {
 	[ -n "$fast" ] && mopts+=(--codec "$FAST_CODEC" ${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"})
 	[ -n "$RECV_SPILL_DIR" ] && ropts+=(--spill-dir "$RECV_SPILL_DIR")
 	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
+	# X-precopy: migrate --precopy on (device memory sent ahead while the
+	# target runs; the final dump sends what changed).
+	case $ROUND in *-precopy) mopts+=(--precopy on) ;; esac
+	# While it migrates, the target rewrites REWRITE_PCT percent of its
+	# tensor bytes every MIGRATE_REWRITE_EVERY seconds (SIGUSR2), if set.
+	local rewriter=
+	if [ -n "${MIGRATE_REWRITE_EVERY:-}" ]; then
+		(while kill -USR2 "$TPID" 2>/dev/null; do sleep "$MIGRATE_REWRITE_EVERY"; done) &
+		rewriter=$!
+	fi
 	local spec
 	spec=$(remap_spec)
 	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
@@ -1036,6 +1050,7 @@ round_migrate() {
 	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
 		${MIGRATE_KEEP_DIR:+--keep-dir "$([ "$MIGRATE_KEEP_DIR" = none ] && echo none || echo "$keep")"} --json "${copts[@]}" "${mopts[@]}" >"$mj" 2>"$me" || mrc=$?
 	tm=$(since "$t0")
+	[ -n "$rewriter" ] && kill "$rewriter" 2>/dev/null
 	# Once migrate has its report, the receiver is about done; after a
 	# failed migrate it may still wait for a sender.
 	stop_receiver "$([ $mrc -eq 0 ] && echo 120 || echo 15)"
