@@ -33,6 +33,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
 	"github.com/gpucr/gpucr-stream/transport/tcp"
 )
@@ -79,20 +80,26 @@ func (o PrecopyOptions) withDefaults() PrecopyOptions {
 	return o
 }
 
-// precopyOff says why migrate does not pre-copy ("" when it does).
-func (m *migration) precopyOff() string {
-	f := m.out.Format()
+// precopyOff says why migrate does not pre-copy ("" when it does): its
+// options, the stream's format, what the receiver keeps, and the CUDA
+// processes of the tree (none: nil).
+func precopyOff(o PrecopyOptions, f pipeline.Format, info tcp.ReceiverInfo, cudaPIDs []int) string {
 	switch {
-	case m.o.Precopy.Off:
+	case o.Off:
 		return "--precopy off"
-	case !m.info.ChunkCache:
+	case !info.ChunkCache:
 		return "the receiver keeps no chunk cache (an older gpucr-stream)"
 	case f.Seal != nil:
 		return "the stream is encrypted (--key): its chunks are sealed where they are placed"
 	case !f.ChunkHashes:
 		return "the stream has no chunk hashes, which are the chunks' content ids"
-	case m.cc != nil && !m.info.Restores:
+	case len(cudaPIDs) > 0 && !info.Restores:
 		return "CUDA processes and a receiver that does not restore: the fast path, which pre-copies device memory, is not taken"
+	case len(cudaPIDs) > 1:
+		// Seen on 2xH200: the first round of an NCCL pair (all_reduce
+		// back to back) never ended. Until it is understood, such trees
+		// are not copied while they run.
+		return "a tree of several CUDA processes (NCCL ranks): their device memory is not copied while they run (a pre-copy round of an NCCL pair hung; docs/MIGRATION.md)"
 	}
 	return ""
 }
@@ -101,7 +108,7 @@ func (m *migration) precopyOff() string {
 func (m *migration) precopy(ctx context.Context) error {
 	res := &PrecopyResult{Method: "off"}
 	m.res.Precopy = res
-	if res.Why = m.precopyOff(); res.Why != "" {
+	if res.Why = precopyOff(m.o.Precopy, m.out.Format(), m.info, m.cc.PIDs()); res.Why != "" {
 		return nil
 	}
 	o := m.o.Precopy.withDefaults()
