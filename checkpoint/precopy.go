@@ -127,8 +127,8 @@ func (m *migration) precopy(ctx context.Context) error {
 	var prev int64
 	for i := range o.Rounds {
 		r, err := round(ctx)
-		if errors.Is(err, errNoRound) {
-			res.Method, res.Why = "off", "the CUDA processes do not all take the fast path (gpucr-stream run), which pre-copies device memory"
+		if nr := (noRound{}); errors.As(err, &nr) {
+			res.Method, res.Why = "off", nr.why
 			return nil
 		}
 		if err != nil {
@@ -182,8 +182,10 @@ func (m *migration) keepAlive() (stop func()) {
 	}
 }
 
-// errNoRound: a round of device memory cannot be taken (no fast path).
-var errNoRound = errors.New("no pre-copy round")
+// noRound: a round of device memory cannot be taken, and why.
+type noRound struct{ why string }
+
+func (e noRound) Error() string { return "no pre-copy round: " + e.why }
 
 // precopyVRAMRound copies the device memory of the running CUDA processes
 // once into the receiver's cache (gpuckpt.PrecopyVRAM).
@@ -195,9 +197,9 @@ func (m *migration) precopyVRAMRound(ctx context.Context) (PrecopyRound, error) 
 		return PrecopyRound{}, err
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
-	n, taken, err := m.cc.PrecopyVRAM(ctx, m.o.FastPath, c, m.o.Hooks.log)
-	if err == nil && !taken {
-		err = errNoRound
+	n, why, err := m.cc.PrecopyVRAM(ctx, m.o.FastPath, c, m.o.Hooks.log)
+	if err == nil && why != "" {
+		err = noRound{why}
 	}
 	if err == nil {
 		_, err = c.Close(ctx, manifest.Manifest{Tool: m.o.Tool})

@@ -118,24 +118,35 @@ func putInto(c *streamer.Capture) vram.PutFunc {
 }
 
 // PrecopyVRAM is a pre-copy round of the device memory of cc's processes
-// (vram.Peek), when every one of them can take the fast path (taken): their
-// libraries copy it out while they run, into a scratch directory (as the
-// kept copy's), and it is stored into c. Else it does nothing. It returns
-// the bytes copied.
-func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.Capture, log func(string)) (n int64, taken bool, err error) {
+// (vram.Peek), when every one of them can take the fast path and none
+// runs NCCL collectives: their libraries copy it out while they run, into
+// a scratch directory (as the kept copy's), and it is stored into c. Else
+// it does nothing and says why. It returns the bytes copied.
+func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.Capture, log func(string)) (n int64, why string, err error) {
 	need, ok := cc.fastPossible(ctx, f, true, log)
 	if !ok {
-		return 0, false, nil
+		return 0, "the CUDA processes do not all take the fast path (gpucr-stream run), which pre-copies device memory", nil
+	}
+	reps, err := fastCheck(ctx, cc.pids)
+	if err != nil {
+		return 0, "", err
+	}
+	for _, r := range reps {
+		// A pre-copy round of an NCCL pair, all_reduce back to back,
+		// never ended on 2xH200: a process that runs collectives is not
+		// copied while it runs.
+		if r.Collectives > 0 {
+			return 0, fmt.Sprintf("process %d runs NCCL collectives (%d launched): its device memory is not copied while it runs", r.PID, r.Collectives), nil
+		}
 	}
 	dir, err := scratch.New(scratch.DefaultRoot, f.KeepDir, "gpucr-precopy-", need)
 	if err != nil {
-		return 0, true, fmt.Errorf("pre-copy of device memory: %w", err)
+		return 0, "", fmt.Errorf("pre-copy of device memory: %w", err)
 	}
 	defer dir.Remove()
 	n, err = vram.Peek(ctx, preloadctl.PreloadDir(), dir.File(), cc.pids, f.Files, putInto(c))
-	return n, true, err
+	return n, "", err
 }
-
 // FastWait waits for the fast path's store into the capture (nil-safe);
 // call it before the capture's Close.
 func (cc *Checkpoint) FastWait(ctx context.Context) error {

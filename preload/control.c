@@ -147,10 +147,10 @@ static void cmd_report(char *out, size_t n)
 	snprintf(out, n,
 		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
 		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu,"
-		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"kept\":[",
+		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"collectives\":%lld,\"kept\":[",
 		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
 		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr,
-		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count());
+		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count(), collectives_launched());
 	pthread_mutex_unlock(&tab_mu);
 	/* The kept files' paths, as far as they fit (with room for the end). */
 	for (int i = 0; i < nkeep; i++) {

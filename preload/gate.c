@@ -207,6 +207,15 @@ void collective_enter(void *f)
 	}
 }
 
+/* collectives_launched is how many collectives the program launched. */
+long long collectives_launched(void)
+{
+	pthread_mutex_lock(&coll_mu);
+	long long n = coll_launched;
+	pthread_mutex_unlock(&coll_mu);
+	return n;
+}
+
 /* collective_hold stops further collective launches and returns how many
  * were launched. */
 long long collective_hold(void)

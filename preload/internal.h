@@ -170,6 +170,7 @@ void gate_open(void);
 void gate_reset(void);
 void collective_enter(void *f);
 long long collective_hold(void);
+long long collectives_launched(void);
 int collective_until(long long n, long ms, long long *launched);
 void collective_release(void);
 

@@ -167,6 +167,8 @@ type PreloadReport struct {
 	// Staged counts the copy threads whose pinned buffers are staged
 	// (Stage), not yet taken by a copy.
 	Staged int `json:"staged"`
+	// Collectives counts the NCCL collectives the program launched.
+	Collectives int64 `json:"collectives"`
 }
 
 // Preload is a connection to one process's library.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
 )
@@ -64,5 +65,20 @@ func TestPeek(t *testing.T) {
 	}
 	if _, err := p.Peek(ctx, []*os.File{f}); err == nil || !strings.Contains(err.Error(), "parked") {
 		t.Fatalf("peek while parked: %v", err)
+	}
+}
+
+// TestReportCollectives: the report counts the NCCL collectives a program
+// launched (pre-copy leaves such a program alone), none for one that
+// launches none.
+func TestReportCollectives(t *testing.T) {
+	if n := startTarget(t).report(t).Collectives; n != 0 {
+		t.Fatalf("a target without collectives reports %d", n)
+	}
+	tg := startTarget(t, "GPUCR_FAKE_KERNEL_NAME=ncclKernel_AllGather")
+	for end := time.Now().Add(5 * time.Second); tg.report(t).Collectives == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("a target launching collectives reports none")
+		}
 	}
 }
