@@ -77,6 +77,10 @@ const (
 	stageTaken              // handed over, or left to the copy in
 )
 
+// stageRoot is where a stage mounts its tmpfs (tests name one that
+// cannot be, for the memfds).
+var stageRoot = scratch.DefaultRoot
+
 // StageMemory is how much memory a restore may stage VRAM files in: 0 is
 // auto (half of what is available, less what CRIU's images will take in
 // the restored processes, which go into memory too), negative none.
@@ -135,7 +139,7 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 			break
 		}
 	}
-	if d, err := scratch.New(scratch.DefaultRoot, "", "gpucr-stage-", min(vram, s.limit)); err == nil && d.Mounted {
+	if d, err := scratch.New(stageRoot, "", "gpucr-stage-", min(vram, s.limit)); err == nil && d.Mounted {
 		s.dir = d
 	} else if err == nil {
 		d.Remove() // not a tmpfs of its own: memfds

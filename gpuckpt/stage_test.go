@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -73,6 +74,21 @@ func openFDs(t *testing.T) int {
 // never staged then); a failed staging is Take's error; Close frees every
 // staged file, taken or not (and, as root, the stage's tmpfs).
 func TestStage(t *testing.T) {
+	t.Run("tmpfs", func(t *testing.T) { testStage(t, true) })
+	// Where no tmpfs can be mounted (not root, say): memfds.
+	t.Run("memfd", func(t *testing.T) {
+		f := filepath.Join(t.TempDir(), "file")
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		old := stageRoot
+		stageRoot = filepath.Join(f, "root")
+		defer func() { stageRoot = old }()
+		testStage(t, false)
+	})
+}
+
+func testStage(t *testing.T, tmpfs bool) {
 	const size = 1 << 20
 	file := func(pid, k int) string { return fmt.Sprintf("vram-%d-%02d.bin", pid, k) }
 	data := map[string][]byte{}
@@ -129,8 +145,8 @@ func TestStage(t *testing.T) {
 			}
 			if s != nil {
 				s.wg.Wait() // CRIU's restore took long enough to stage all
-				if os.Geteuid() == 0 && s.dir == nil {
-					t.Fatal("as root, the files were not staged on a tmpfs of huge pages of the stage's own")
+				if want := tmpfs && os.Geteuid() == 0; (s.dir != nil) != want {
+					t.Fatalf("staged on a tmpfs of the stage's own: %v, want %v", s.dir != nil, want)
 				}
 			}
 			for _, n := range tc.staged {
