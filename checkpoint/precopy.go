@@ -182,6 +182,18 @@ func (m *migration) keepAlive() (stop func()) {
 	}
 }
 
+// aheadCapture is a round's capture: its chunks go ahead of the stream
+// into the receiver's cache, and a failed transfer aborts it.
+func (m *migration) aheadCapture(ctx context.Context) (*streamer.Capture, *tcp.AheadOutput, error) {
+	out := &tcp.AheadOutput{Out: m.out}
+	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.out.OnFailure(func(err error) { c.Abort(err) })
+	return c, out, nil
+}
+
 // noRound: a round of device memory cannot be taken, and why.
 type noRound struct{ why string }
 
@@ -191,12 +203,10 @@ func (e noRound) Error() string { return "no pre-copy round: " + e.why }
 // once into the receiver's cache (gpuckpt.PrecopyVRAM).
 func (m *migration) precopyVRAMRound(ctx context.Context) (PrecopyRound, error) {
 	start := time.Now()
-	out := &tcp.AheadOutput{Out: m.out}
-	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
+	c, out, err := m.aheadCapture(ctx)
 	if err != nil {
 		return PrecopyRound{}, err
 	}
-	m.out.OnFailure(func(err error) { c.Abort(err) })
 	n, why, err := m.cc.PrecopyVRAM(ctx, m.o.FastPath, c, m.o.Hooks.log)
 	if err == nil && why != "" {
 		err = noRound{why}
@@ -214,12 +224,10 @@ func (m *migration) precopyVRAMRound(ctx context.Context) (PrecopyRound, error) 
 // precopyRound dumps the running process once into the receiver's cache.
 func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
 	start := time.Now()
-	out := &tcp.AheadOutput{Out: m.out}
-	c, err := streamer.NewCapture(ctx, out, m.o.Stream)
+	c, out, err := m.aheadCapture(ctx)
 	if err != nil {
 		return PrecopyRound{}, err
 	}
-	m.out.OnFailure(func(err error) { c.Abort(err) })
 	meta := manifest.Manifest{Tool: m.o.Tool, Process: processOf(m.o.PID)}
 	man, _, err := dump(ctx, c, meta, capture.DumpOptions{
 		CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: true, ExtraArgs: m.o.CRIU.Args,

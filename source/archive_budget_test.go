@@ -83,23 +83,13 @@ func TestArchiveBehindOwnBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	behind := src.Behind(2, 4)
-	var wg sync.WaitGroup
-	ws := map[string]*blockingWriter{}
-	errs := make(chan error, len(want))
+	var names []string
 	for name := range want {
-		if name == "pages-1.img" {
-			continue
+		if name != "pages-1.img" {
+			names = append(names, name)
 		}
-		w := &blockingWriter{release: make(chan struct{})}
-		ws[name] = w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := behind.Copy(ctx, name, w); err != nil {
-				errs <- fmt.Errorf("%s: %w", name, err)
-			}
-		}()
 	}
+	ws, finish := blockedCopies(ctx, behind.Copy, names)
 	time.Sleep(300 * time.Millisecond)
 	if n := len(src.tokens); n != 0 {
 		t.Fatalf("copies behind hold %d of the archive's tokens", n)
@@ -111,17 +101,41 @@ func TestArchiveBehindOwnBudget(t *testing.T) {
 	if _, err := src.Copy(ctx, "pages-1.img", &b); err != nil || !bytes.Equal(b.Bytes(), want["pages-1.img"]) {
 		t.Fatalf("plain copy beside them: %d bytes, %v", b.Len(), err)
 	}
-	for _, w := range ws {
-		close(w.release)
+	finish(t, want)
+}
+
+// blockedCopies starts a copy of each of names into a writer that takes
+// nothing until finish, which then checks every copy's bytes against
+// want.
+func blockedCopies(ctx context.Context, copyFile func(context.Context, string, io.Writer) (int64, error), names []string) (map[string]*blockingWriter, func(*testing.T, map[string][]byte)) {
+	var wg sync.WaitGroup
+	ws := map[string]*blockingWriter{}
+	errs := make(chan error, len(names))
+	for _, name := range names {
+		w := &blockingWriter{release: make(chan struct{})}
+		ws[name] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := copyFile(ctx, name, w); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for name, w := range ws {
-		if !bytes.Equal(w.buf.Bytes(), want[name]) {
-			t.Fatalf("%s served wrong bytes behind", name)
+	return ws, func(t *testing.T, want map[string][]byte) {
+		t.Helper()
+		for _, w := range ws {
+			close(w.release)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		for name, w := range ws {
+			if !bytes.Equal(w.buf.Bytes(), want[name]) {
+				t.Fatalf("%s served wrong bytes", name)
+			}
 		}
 	}
 }
@@ -140,39 +154,18 @@ func TestArchiveSharedReadBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	ws := map[string]*blockingWriter{}
-	errs := make(chan error, files)
+	var names []string
 	for name := range want {
-		w := &blockingWriter{release: make(chan struct{})}
-		ws[name] = w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := src.Copy(ctx, name, w); err != nil {
-				errs <- fmt.Errorf("%s: %w", name, err)
-			}
-		}()
+		names = append(names, name)
 	}
+	_, finish := blockedCopies(ctx, src.Copy, names)
 	time.Sleep(300 * time.Millisecond)
 	if got, bound := store.opens.Load(), int64(8+files); got > bound {
 		t.Fatalf("%d chunks fetched with every writer blocked; budget allows %d", got, bound)
 	} else {
 		t.Logf("%d chunks fetched ahead with every writer blocked (bound %d)", got, bound)
 	}
-	for _, w := range ws {
-		close(w.release)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for name, w := range ws {
-		if !bytes.Equal(w.buf.Bytes(), want[name]) {
-			t.Fatalf("%s served wrong bytes", name)
-		}
-	}
+	finish(t, want)
 	if n := len(src.tokens); n != 0 {
 		t.Fatalf("%d budget tokens still held after every copy", n)
 	}
