@@ -118,7 +118,7 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 		images -= p.Bytes
 	}
 	s := &Stage{files: map[string]*stagedFile{}, limit: m.limit(images), started: time.Now()}
-	var vram int64
+	var vramBytes int64
 	// File k of every process, then file k+1: each process as far along.
 	for k := 0; ; k++ {
 		more := false
@@ -133,13 +133,16 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 			}
 			s.files[p.Files[k]] = &stagedFile{size: n, done: make(chan struct{})}
 			s.order = append(s.order, p.Files[k])
-			vram += n
+			vramBytes += n
 		}
 		if !more {
 			break
 		}
 	}
-	if d, err := scratch.New(stageRoot, "", "gpucr-stage-", min(vram, s.limit)); err == nil && d.Mounted {
+	if len(s.order) == 0 || s.limit <= 0 {
+		return nil, nil // nothing to stage, or no memory for it
+	}
+	if d, err := scratch.New(stageRoot, "", "gpucr-stage-", min(vramBytes, s.limit)); err == nil && d.Mounted {
 		s.dir = d
 	} else if err == nil {
 		d.Remove() // not a tmpfs of its own: memfds

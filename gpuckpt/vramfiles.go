@@ -147,6 +147,7 @@ func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.C
 	n, err = vram.Peek(ctx, preloadctl.PreloadDir(), dir.File(), cc.pids, f.Files, putInto(c))
 	return n, "", err
 }
+
 // FastWait waits for the fast path's store into the capture (nil-safe);
 // call it before the capture's Close.
 func (cc *Checkpoint) FastWait(ctx context.Context) error {
