@@ -87,6 +87,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		phases = []Phase{{"vram stage (process running)", t.Stage.Seconds()}, {"vram park", t.Park.Seconds()},
 			{"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
 		phases = append(phases, copyPhases("copy out", t.Copy)...)
+		phases = append(phases, perProcess("copy out", cc.fast.Procs(), meta.GPUs)...)
 	}
 	if err != nil {
 		keep.Remove()
@@ -98,6 +99,29 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		say(log, fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
 	}
 	return phases, nil
+}
+
+// perProcess are the copy's time for each process of a tree of several
+// (each rank of an NCCL job: one per GPU), naming the GPU where the
+// checkpoint recorded one.
+func perProcess(what string, procs []vram.FastProc, gpus []manifest.GPU) []Phase {
+	if len(procs) < 2 {
+		return nil
+	}
+	var ps []Phase
+	for _, p := range procs {
+		on := ""
+		for _, g := range gpus {
+			if g.PID == p.PID {
+				on += " " + g.UUID
+			}
+		}
+		if on != "" {
+			on = " on" + on
+		}
+		ps = append(ps, Phase{fmt.Sprintf("vram %s: process %d%s (%.2f GiB)", what, p.PID, on, float64(p.Copy.Bytes)/(1<<30)), p.Copy.Work.Seconds()})
+	}
+	return ps
 }
 
 // putInto stores VRAM files into c; a failure aborts c.
@@ -274,6 +298,7 @@ func (cc *Checkpoint) FastCommit() {
 func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var slowest preloadctl.CopyStats
+	var each []vram.FastProc // what each process's copy in took
 	var errs []error
 	get := func(ctx context.Context, name string, w io.Writer) error {
 		_, err := src.Copy(ctx, name, w)
@@ -301,6 +326,7 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 			if cs.Work >= slowest.Work {
 				slowest = cs
 			}
+			each = append(each, vram.FastProc{PID: p.PID, Copy: cs})
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -321,6 +347,8 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 	}
 	ps := append(stage.Phases(), Phase{"vram remap", remap.Seconds()}, Phase{"vram copy in", copyIn.Seconds()})
 	ps = append(ps, copyPhases("copy in", slowest)...)
+	slices.SortFunc(each, func(a, b vram.FastProc) int { return a.PID - b.PID })
+	ps = append(ps, perProcess("copy in", each, nil)...)
 	if err := errors.Join(errs...); err != nil {
 		return ps, fmt.Errorf("%w; the process stays parked (its device memory is not back)", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -15,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/vram"
 )
 
 // TestFastPathNotTaken: without the library in the process, with the fast
@@ -159,5 +161,33 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	}
 	if errors.Is(err, preloadctl.ErrNoPreload) {
 		t.Fatalf("FastRestore dialled process 4242: %v", err)
+	}
+}
+
+// TestPerProcess: a tree of several processes gets one copy phase each,
+// naming its GPU where the checkpoint recorded it; one process gets none
+// (the copy's own phases say it all).
+func TestPerProcess(t *testing.T) {
+	cs := func(gib float64, secs float64) preloadctl.CopyStats {
+		return preloadctl.CopyStats{Bytes: int64(gib * (1 << 30)), Work: time.Duration(secs * float64(time.Second))}
+	}
+	for _, tc := range []struct {
+		name  string
+		procs []vram.FastProc
+		gpus  []manifest.GPU
+		want  []Phase
+	}{
+		{"one process", []vram.FastProc{{PID: 1, Copy: cs(6, 0.4)}}, nil, nil},
+		{"a pair", []vram.FastProc{{PID: 1, Copy: cs(6, 0.4)}, {PID: 2, Copy: cs(2, 0.25)}},
+			[]manifest.GPU{{PID: 1, UUID: "GPU-a"}, {PID: 2, UUID: "GPU-b"}, {PID: 3, UUID: "GPU-c"}},
+			[]Phase{{"vram copy out: process 1 on GPU-a (6.00 GiB)", 0.4}, {"vram copy out: process 2 on GPU-b (2.00 GiB)", 0.25}}},
+		{"no GPUs recorded", []vram.FastProc{{PID: 1, Copy: cs(1, 0.1)}, {PID: 2, Copy: cs(1, 0.1)}}, nil,
+			[]Phase{{"vram copy out: process 1 (1.00 GiB)", 0.1}, {"vram copy out: process 2 (1.00 GiB)", 0.1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := perProcess("copy out", tc.procs, tc.gpus); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("perProcess = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

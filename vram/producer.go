@@ -100,6 +100,8 @@ type FastProc struct {
 	PID   int
 	Files []string
 	Bytes int64
+	// Copy is where its copy out's time went.
+	Copy preloadctl.CopyStats
 }
 
 // FastTimings are the fast path's steps: park, release and refill summed
@@ -121,8 +123,7 @@ type fastProc struct {
 	parked, released bool
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
-	ids  []fsat.ID
-	copy preloadctl.CopyStats
+	ids []fsat.ID
 }
 
 // FastSuspension is the state of the processes FastSuspend moved out.
@@ -289,8 +290,8 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	wg.Wait()
 	s.Timings.CopyOut += time.Since(t)
 	for _, fp := range s.procs {
-		if fp.copy.Work >= s.Timings.Copy.Work {
-			s.Timings.Copy = fp.copy
+		if fp.Copy.Work >= s.Timings.Copy.Work {
+			s.Timings.Copy = fp.Copy
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -508,7 +509,7 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 		fp.ids = append(fp.ids, id)
 	}
 	cs, err := fp.p.CopyOut(ctx, ws)
-	fp.Bytes, fp.copy = cs.Bytes, cs
+	fp.Bytes, fp.Copy = cs.Bytes, cs
 	if err != nil {
 		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)
 	}
