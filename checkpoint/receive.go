@@ -244,16 +244,6 @@ func (r *receiver) restore(ctx context.Context) error {
 		}
 	}
 	rstart := gate.release(cerr)
-	// The VRAM files, all here and checked, are read into memory while
-	// CRIU restores (gpuckpt/stage.go); any not staged are streamed.
-	var stage *gpuckpt.Stage
-	if cerr == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-		var serr error
-		if stage, serr = gpuckpt.StartStage(ctx, r.src, ci.CUDA, r.o.CUDA.Stage); serr != nil {
-			r.o.Hooks.log(fmt.Sprintf("receive: VRAM files not staged: %v", serr))
-		}
-		defer stage.Close()
-	}
 	<-criuDone
 	if _, commitErr := r.src.WaitCommitted(ctx); commitErr != nil {
 		return commitErr // nothing was restored: the sender is not told
@@ -266,7 +256,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	var fast []Phase
 	if err == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
 		// Those that took the fast path wait, parked, for their memory.
-		if fast, err = gpuckpt.FastRestore(ctx, r.src, stage, ci.CUDA, cudaPIDs); err != nil {
+		if fast, err = gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs); err != nil {
 			err = fmt.Errorf("process %d restored, but its device memory is not: %w; %s", rep.PID, err, killRestored(rep.PID))
 			report = tcp.Report{Served: rep.Served, Error: err.Error()}
 		}
