@@ -85,6 +85,17 @@ func Create(dir *os.File, name string, flags int, perm uint32) (*os.File, error)
 	return openat(dir, name, flags|unix.O_CREAT|unix.O_EXCL, perm, unix.S_IFREG)
 }
 
+// CreateUnnamed creates an unnamed regular file in dir (O_TMPFILE), open
+// for reading and writing, of mode 0600: its memory or blocks go with its
+// last descriptor.
+func CreateUnnamed(dir *os.File) (*os.File, error) {
+	fd, err := unix.Openat(int(dir.Fd()), ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("an unnamed file in %s: %w", dir.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), dir.Name()), nil
+}
+
 // OpenDir opens the directory name beneath dir.
 func OpenDir(dir *os.File, name string) (*os.File, error) {
 	return openat(dir, name, unix.O_RDONLY|unix.O_DIRECTORY, 0, unix.S_IFDIR)

@@ -145,3 +145,27 @@ func TestOpenOwned(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateUnnamed: the file is there to write and read, under no name.
+func TestCreateUnnamed(t *testing.T) {
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	f, err := CreateUnnamed(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := f.ReadAt(b, 0); err != nil || string(b) != "kept" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+	if names, err := Names(dir); err != nil || len(names) != 0 {
+		t.Fatalf("the directory holds %v (%v), want nothing", names, err)
+	}
+}

@@ -35,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr-stream/fsat"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
@@ -204,22 +205,24 @@ func (s *Stage) claim() (string, *stagedFile) {
 // stageFile reads one file of src into a fresh unnamed file and returns a
 // read-only descriptor of it at offset 0.
 func (s *Stage) stageFile(ctx context.Context, src source.Source, name string) (*os.File, error) {
-	var fd int
-	var err error
+	var w *os.File
 	if s.dir != nil {
-		fd, err = unix.Openat(int(s.dir.File().Fd()), ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+		var err error
+		if w, err = fsat.CreateUnnamed(s.dir.File()); err != nil {
+			return nil, err
+		}
 	} else {
-		fd, err = unix.MemfdCreate("gpucr-stage", unix.MFD_CLOEXEC)
+		fd, err := unix.MemfdCreate("gpucr-stage", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("a memfd to stage it in: %w", err)
+		}
+		w = os.NewFile(uintptr(fd), "gpucr-stage")
 	}
-	if err != nil {
-		return nil, fmt.Errorf("a file to stage it in: %w", err)
-	}
-	w := os.NewFile(uintptr(fd), "gpucr-stage")
 	defer w.Close()
 	if _, err := src.Copy(ctx, name, w); err != nil {
 		return nil, err
 	}
-	r, err := os.Open("/proc/self/fd/" + strconv.Itoa(fd))
+	r, err := os.Open("/proc/self/fd/" + strconv.Itoa(int(w.Fd())))
 	if err != nil {
 		return nil, fmt.Errorf("reopen the staged file read-only: %w", err)
 	}

@@ -67,7 +67,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	need, ok := cc.fastPossible(ctx, f, carried, log)
+	_, need, ok := cc.fastPossible(ctx, f, carried, log)
 	if !ok {
 		return nil, nil
 	}
@@ -147,13 +147,9 @@ func putInto(c *streamer.Capture) vram.PutFunc {
 // a scratch directory (as the kept copy's), and it is stored into c. Else
 // it does nothing and says why. It returns the bytes copied.
 func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.Capture, log func(string)) (n int64, why string, err error) {
-	need, ok := cc.fastPossible(ctx, f, true, log)
+	reps, need, ok := cc.fastPossible(ctx, f, true, log)
 	if !ok {
 		return 0, "the CUDA processes do not all take the fast path (gpucr-stream run), which pre-copies device memory", nil
-	}
-	reps, err := fastCheck(ctx, cc.pids)
-	if err != nil {
-		return 0, "", err
 	}
 	for _, r := range reps {
 		// A pre-copy round of an NCCL pair, all_reduce back to back,
@@ -228,23 +224,24 @@ func fastCheck(ctx context.Context, pids []int) ([]preloadctl.PreloadReport, err
 
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
-// and says it can. need is the device memory it would move.
-func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (need int64, ok bool) {
+// and says it can: reps are the libraries' reports, need the device memory
+// it would move.
+func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (reps []preloadctl.PreloadReport, need int64, ok bool) {
 	if f.Mode == FastPathOff || !carried {
-		return 0, false
+		return nil, 0, false
 	}
 	reps, err := fastCheck(ctx, cc.pids)
 	if errors.Is(err, errNotPreloaded) {
-		return 0, false
+		return nil, 0, false
 	}
 	if err != nil {
 		say(log, fmt.Sprintf("GPU fast path not taken: %v", err))
-		return 0, false
+		return nil, 0, false
 	}
 	for _, r := range reps {
 		need += r.Bytes
 	}
-	return need, true
+	return reps, need, true
 }
 
 // recordPaths records in meta which path each CUDA process's device memory

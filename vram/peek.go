@@ -15,11 +15,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/gpucr/gpucr-stream/fsat"
 	"github.com/gpucr/gpucr-stream/preloadctl"
 )
 
@@ -51,11 +49,11 @@ func peekOne(ctx context.Context, sockDir string, dir *os.File, pid, files int, 
 	fs := make([]*os.File, 0, files)
 	defer func() { closeAll(fs) }()
 	for range files {
-		fd, err := unix.Openat(int(dir.Fd()), ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+		f, err := fsat.CreateUnnamed(dir)
 		if err != nil {
-			return 0, fmt.Errorf("a file in %s: %w", dir.Name(), err)
+			return 0, err
 		}
-		fs = append(fs, os.NewFile(uintptr(fd), "peek-"+strconv.Itoa(pid)))
+		fs = append(fs, f)
 	}
 	cs, err := p.Peek(ctx, fs)
 	if err != nil {
