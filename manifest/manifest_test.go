@@ -412,6 +412,61 @@ func TestReaderAlloc(t *testing.T) {
 	}
 }
 
+// heldReader holds the stream in memory and gives payloads of at least
+// min bytes as they are (a chunk cache's REF payloads).
+type heldReader struct {
+	*bytes.Reader
+	b   []byte
+	min int
+}
+
+func (h *heldReader) HeldPayload(n int) []byte {
+	pos := len(h.b) - h.Len()
+	if n < h.min || pos+n > len(h.b) {
+		return nil
+	}
+	h.Seek(int64(n), io.SeekCurrent)
+	return h.b[pos : pos+n]
+}
+
+func TestReaderHeld(t *testing.T) {
+	ts := writeStream(t, Header{}, sampleFrames(), nil)
+	for _, use := range []bool{false, true} {
+		hr := &heldReader{Reader: bytes.NewReader(ts.b), b: ts.b, min: 1000}
+		rd, err := NewReader(hr, "held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if use {
+			rd.UseHeld()
+		}
+		var asked []int
+		for i := 0; ; i++ {
+			f, err := rd.Next(func(fh FrameHeader) ([]byte, error) { asked = append(asked, int(fh.StoredLen)); return make([]byte, fh.StoredLen), nil })
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := ts.frames[i]; f.FrameHeader != w.FrameHeader || !bytes.Equal(f.Payload, w.Payload) {
+				t.Fatalf("UseHeld %v: frame %d differs", use, i)
+			}
+			held := use && f.Type == FrameData && f.StoredLen >= 1000
+			if f.Held != held || held && &f.Payload[0] != &ts.b[f.Pos+FrameSize] {
+				t.Fatalf("UseHeld %v: %s frame of %d bytes: Held %v, in the reader's memory %v", use, f.Type, f.StoredLen, f.Held, &f.Payload[0] == &ts.b[f.Pos+FrameSize])
+			}
+		}
+		want := []int{15, 320000, 4}
+		if use {
+			want = []int{15, 4}
+		}
+		if fmt.Sprint(asked) != fmt.Sprint(want) {
+			t.Fatalf("UseHeld %v: alloc called with %v, want %v", use, asked, want)
+		}
+	}
+}
+
 func TestReaderEmptyStream(t *testing.T) {
 	ts := writeStream(t, Header{}, nil, nil)
 	if len(ts.b) != HeaderSize+FrameSize+TailSize {

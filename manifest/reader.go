@@ -20,6 +20,21 @@ type Frame struct {
 	// Name is the name FILE bound to FileID (FILE, DATA, FILE-END): a
 	// DATA frame decoded after its file's FILE-END still has it.
 	Name string
+	// Held says Payload is memory the underlying reader held already
+	// (HeldPayloads): never written, by anyone, while it is referenced.
+	Held bool
+}
+
+// HeldPayloads is implemented by a reader that may hold a DATA frame's
+// whole payload already, in memory nobody writes again: a migration
+// receiver's chunk cache, for a frame sent by reference. Copying those
+// bytes into a frame buffer of their own was most of a pre-copy
+// migration's downtime on the receiver; a Reader told to (UseHeld) takes
+// them as they are.
+type HeldPayloads interface {
+	// HeldPayload consumes the next n bytes and returns them as such
+	// memory, or returns nil and consumes nothing.
+	HeldPayload(n int) []byte
 }
 
 // Reader decodes a stream frame by frame, checking structure as it goes.
@@ -43,6 +58,8 @@ type Reader struct {
 	// transcript and endCheck: see Writer.SetEndTag.
 	transcript hash.Hash
 	endCheck   func(input []byte, tag [32]byte) error
+	// held, when set (UseHeld), gives DATA payloads without a copy.
+	held HeldPayloads
 }
 
 // NewReader reads and checks the stream header.
@@ -86,6 +103,14 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 // check(EndTagInput(...), its hash) passes (Writer.SetEndTag). Call it
 // before the first Next.
 func (r *Reader) SetEndCheck(check func(input []byte, tag [32]byte) error) { r.endCheck = check }
+
+// UseHeld makes Next return the payloads that the underlying reader holds
+// already (HeldPayloads) as they are, marked Frame.Held, without calling
+// alloc: for a caller that never writes a DATA payload (one that opens
+// encrypted chunks in place does).
+func (r *Reader) UseHeld() {
+	r.held, _ = r.r.(HeldPayloads)
+}
 
 // Header is the stream's header.
 func (r *Reader) Header() Header { return r.header }
@@ -171,7 +196,12 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 		}
 	}
 	var payload []byte
-	if fh.StoredLen > 0 {
+	held := false
+	if r.held != nil && fh.Type == FrameData && fh.StoredLen > 0 {
+		payload = r.held.HeldPayload(int(fh.StoredLen))
+		held = payload != nil
+	}
+	if fh.StoredLen > 0 && !held {
 		if alloc != nil && fh.Type == FrameData {
 			if payload, err = alloc(fh); err != nil {
 				return Frame{}, err
@@ -240,7 +270,7 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 	if fh.Type == FrameEnd {
 		name = ""
 	}
-	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name}, nil
+	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Held: held}, nil
 }
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:

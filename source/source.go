@@ -43,6 +43,16 @@ func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) err
 	}
 }
 
+// checkChunk checks raw bytes stored as they are (codec none) where they
+// lie: bytes held by a reader's memory are never written, not even with
+// themselves.
+func checkChunk(raw []byte, checksum uint32) error {
+	if got := codec.Checksum(raw); got != checksum {
+		return fmt.Errorf("decode %s chunk: %w: %d bytes have CRC-32C %08x, want %08x", codec.None, codec.ErrChecksum, len(raw), got, checksum)
+	}
+	return nil
+}
+
 // openChunk is the reader stage before decoding: it authenticates and
 // decrypts a sealed DATA payload in place and returns the encoded chunk and
 // the raw bytes' CRC-32C. For a zero chunk the encoded chunk must be empty

@@ -172,6 +172,12 @@ type chunkRec struct {
 	zero bool
 	mem  []byte
 	page *pageBuf // mem's mapping, when mem may be spliced
+	// held: mem is the reader's memory (manifest.Frame.Held, a chunk
+	// cache's), not counted here and never written by anyone: it may be
+	// spliced too. The slice keeps it from Go's heap until Close, and the
+	// pipes it went to are read by then (CRIU and the GPU copy in have
+	// finished with them when a restore is done).
+	held bool
 	fd   *os.File // where a spilled or extracted chunk lives
 	foff int64
 }
@@ -314,6 +320,8 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			idMu.Unlock()
 			if seal != nil {
 				pipeline.CheckEnd(rd, seal)
+			} else {
+				rd.UseHeld() // only sealed payloads are written (opened in place)
 			}
 			if first && err != nil {
 				cancel(fmt.Errorf("%s: %w", names[i], err))
@@ -532,7 +540,9 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	s.metaUsed -= f.meta
 	f.meta = 0
 	for _, c := range f.chunks {
-		s.memUsed -= int64(len(c.mem))
+		if !c.held {
+			s.memUsed -= int64(len(c.mem))
+		}
 		if c.page != nil {
 			s.retired = append(s.retired, c.page)
 		}
@@ -580,6 +590,13 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
+	if fr.Held && codec.ID(fr.Codec) == codec.None {
+		// Checked where it is: it stays the chunk.
+		if err := checkChunk(raw, fr.Checksum); err != nil {
+			return nil, nil, j.rd.FrameErrorf(fr, "chunk at file offset %d: %v", fr.Offset, err)
+		}
+		return raw, nil, nil
+	}
 	switch {
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
 		page, j.page = j.page, nil
@@ -617,6 +634,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		return err
 	}
 	zero := codec.ID(fr.Codec) == codec.Zero
+	held := fr.Held && codec.ID(fr.Codec) == codec.None
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), crc: fr.Checksum, hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
@@ -632,6 +650,8 @@ func (s *StreamSource) decode(j decodeJob) error {
 		switch {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
+		case held:
+			rec.mem, rec.held = raw, true
 		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit-s.inflight.max:
 			rec.mem, rec.page = raw, page
 			page = nil
@@ -794,7 +814,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		switch {
 		case c.zero:
 			err = cw.zeros(c.n)
-		case c.page != nil:
+		case c.page != nil || c.held:
 			// Never written after decoding, so it may be spliced; the
 			// mapping lasts until Close, the pipe's references beyond.
 			_, err = cw.write(c.mem)

@@ -489,6 +489,21 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// HeldPayload gives the payload of the REF record being read when the next
+// n bytes are all of it: the chunk cache's own bytes, never written again
+// (manifest.HeldPayloads), instead of a copy.
+func (s *ShardReader) HeldPayload(n int) []byte {
+	if len(s.pending) > 0 || n == 0 || len(s.after) != n {
+		return nil
+	}
+	p := s.after
+	s.after = nil
+	if s.counts != nil {
+		s.counts.Add(int64(n))
+	}
+	return p
+}
+
 // Drain reads to the EOS record; DATA after the stream's end is an error.
 func (s *ShardReader) Drain() error {
 	var b [1]byte
