@@ -442,7 +442,10 @@ func TestReaderHeld(t *testing.T) {
 		}
 		var asked []int
 		for i := 0; ; i++ {
-			f, err := rd.Next(func(fh FrameHeader) ([]byte, error) { asked = append(asked, int(fh.StoredLen)); return make([]byte, fh.StoredLen), nil })
+			f, err := rd.Next(func(fh FrameHeader) ([]byte, error) {
+				asked = append(asked, int(fh.StoredLen))
+				return make([]byte, fh.StoredLen), nil
+			})
 			if err == io.EOF {
 				break
 			}
