@@ -132,6 +132,43 @@ func BenchmarkStreamSourcePipe(b *testing.B) {
 	}
 }
 
+// BenchmarkStreamSourceHeld is the receiver's side of a pre-copy
+// migration's final dump, whose frames go by reference to the chunk cache:
+// a codec-none stream decoded and served into pipes read by other
+// goroutines (vmsplice), its payloads read into the source's page buffers
+// ("read": frames sent whole, and REF frames before the cache's bytes were
+// taken as they are) or taken as the reader's memory ("held").
+func BenchmarkStreamSourceHeld(b *testing.B) {
+	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	var buf bytes.Buffer
+	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
+	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")}))
+	ctx := context.Background()
+	for _, mode := range []string{"read", "held"} {
+		b.Run(mode, func(b *testing.B) {
+			stageCPU(b, total, false, func() {
+				var r io.Reader = bytes.NewReader(buf.Bytes())
+				if mode == "held" {
+					r = &heldShard{Reader: bytes.NewReader(buf.Bytes()), b: buf.Bytes()}
+				}
+				src := NewStreamSource(ctx, []io.Reader{r}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
+				var wg sync.WaitGroup
+				for _, f := range m.Files {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := copyToPipeReader(ctx, src, f); err != nil {
+							b.Errorf("Copy(%s): %v", f.Name, err)
+						}
+					}()
+				}
+				wg.Wait()
+				src.Close()
+			})
+		})
+	}
+}
+
 // benchIntoPipe copies every file of a fresh source into pipes, once with
 // write(2) and once with vmsplice(2).
 func benchIntoPipe(b *testing.B, spec string, total int64, files []manifest.File, open func() (Source, error)) {
