@@ -93,16 +93,18 @@ func (k *chunkCache) put(c wire.Chunk) error {
 // payload gives the payload of the DATA frame a REF record's header
 // stands for, once the header checks and names a chunk held here with the
 // same raw length, CRC, codec and stored length. A chunk held in memory is
-// given as the cache's own bytes (read only, and kept alive by the caller
-// after close): the final dump's references are most of a migration's
-// image, and copying them on the way cost the downtime time and memory.
-func (k *chunkCache) payload(hdr []byte) ([]byte, error) {
+// given as the cache's own bytes (held: read only, counted by the cache's
+// budget, and kept alive by the caller after close): the final dump's
+// references are most of a migration's image, and copying them on the way
+// cost the downtime time and memory. A spilled one is read into a buffer
+// of its own, which the caller's budget must count.
+func (k *chunkCache) payload(hdr []byte) (b []byte, held bool, err error) {
 	fh, err := manifest.UnmarshalFrameHeader(hdr)
 	if err != nil {
-		return nil, fmt.Errorf("REF record: %w: %w", err, errdefs.ErrCorrupt)
+		return nil, false, fmt.Errorf("REF record: %w: %w", err, errdefs.ErrCorrupt)
 	}
 	if fh.Type != manifest.FrameData {
-		return nil, fmt.Errorf("REF record for a %s frame: %w", fh.Type, errdefs.ErrCorrupt)
+		return nil, false, fmt.Errorf("REF record for a %s frame: %w", fh.Type, errdefs.ErrCorrupt)
 	}
 	k.mu.Lock()
 	e, ok := k.chunks[fh.Hash]
@@ -114,21 +116,21 @@ func (k *chunkCache) payload(hdr []byte) ([]byte, error) {
 	k.mu.Unlock()
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("REF record at offset %d of file %d names chunk %x, which this receiver does not hold: %w", fh.Offset, fh.FileID, fh.Hash, errdefs.ErrCorrupt)
+		return nil, false, fmt.Errorf("REF record at offset %d of file %d names chunk %x, which this receiver does not hold: %w", fh.Offset, fh.FileID, fh.Hash, errdefs.ErrCorrupt)
 	case e.codec != fh.Codec || e.raw != fh.RawLen || e.crc != fh.Checksum || int64(fh.StoredLen) != max(int64(len(e.stored)), e.length):
-		return nil, fmt.Errorf("REF record names chunk %x as %d raw bytes in codec %d (%d stored, CRC-32C %08x); the cache holds %d in codec %d (CRC-32C %08x): %w",
+		return nil, false, fmt.Errorf("REF record names chunk %x as %d raw bytes in codec %d (%d stored, CRC-32C %08x); the cache holds %d in codec %d (CRC-32C %08x): %w",
 			fh.Hash, fh.RawLen, fh.Codec, fh.StoredLen, fh.Checksum, e.raw, e.codec, e.crc, errdefs.ErrCorrupt)
 	}
 	if e.stored != nil {
-		return e.stored, nil
+		return e.stored, true, nil
 	}
 	// Spilled: the entry and the file's bytes are never rewritten, and a
 	// closed cache's file is closed, which ReadAt reports.
-	b := make([]byte, e.length)
+	b = make([]byte, e.length)
 	if _, err := spill.ReadAt(b, e.off); err != nil {
-		return nil, fmt.Errorf("chunk cache: read %s: %w", spill.Name(), err)
+		return nil, false, fmt.Errorf("chunk cache: read %s: %w", spill.Name(), err)
 	}
-	return b, nil
+	return b, false, nil
 }
 
 // stats are what the cache holds: chunks, and their stored bytes.

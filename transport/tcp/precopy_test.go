@@ -115,15 +115,15 @@ func TestChunkCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			k.begin()
-			b, err := k.payload(c.ref)
+			b, held, err := k.payload(c.ref)
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, errdefs.ErrCorrupt) {
 					t.Fatalf("payload: %v, want an error with %q", err, c.wantErr)
 				}
 				return
 			}
-			if err != nil || !bytes.Equal(b, stored) {
-				t.Fatalf("payload: %q, %v", b, err)
+			if err != nil || !bytes.Equal(b, stored) || held != (c.limit > 0) {
+				t.Fatalf("payload: %q, held %v, %v", b, held, err)
 			}
 		})
 	}
@@ -133,7 +133,7 @@ func TestChunkCache(t *testing.T) {
 		k.begin() // this connection's stream began; the other's has not
 		got := make(chan error, 1)
 		go func() {
-			_, err := k.payload(good)
+			_, _, err := k.payload(good)
 			got <- err
 		}()
 		select {
@@ -148,7 +148,7 @@ func TestChunkCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() {
-			_, err := k.payload(hdr([32]byte{7}, 2, 5))
+			_, _, err := k.payload(hdr([32]byte{7}, 2, 5))
 			got <- err
 		}()
 		k.begin() // the other began too: a chunk not held now never comes
@@ -160,7 +160,7 @@ func TestChunkCache(t *testing.T) {
 		k := newChunkCache(1<<20, t.TempDir(), 2)
 		got := make(chan error, 1)
 		go func() {
-			_, err := k.payload(good)
+			_, _, err := k.payload(good)
 			got <- err
 		}()
 		k.close()

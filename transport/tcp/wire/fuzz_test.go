@@ -119,7 +119,7 @@ func FuzzChunkRecords(f *testing.F) {
 			}
 			cache[c.ID] = append([]byte(nil), c.Stored...)
 			return nil
-		}, func(hdr []byte) ([]byte, error) {
+		}, func(hdr []byte) ([]byte, bool, error) {
 			if len(hdr) != RefFrameSize {
 				t.Fatalf("REF header of %d bytes", len(hdr))
 			}
@@ -127,10 +127,10 @@ func FuzzChunkRecords(f *testing.F) {
 			copy(id[:], hdr[28:60])
 			p, ok := cache[id]
 			if !ok {
-				return nil, fmt.Errorf("no chunk %x", id[:8])
+				return nil, false, fmt.Errorf("no chunk %x", id[:8])
 			}
 			expanded += int64(RefFrameSize + len(p))
-			return p, nil
+			return p, true, nil
 		}, func() {})
 		n, _ := io.Copy(io.Discard, sr)
 		if n > int64(len(b))+expanded {

@@ -330,23 +330,25 @@ type ShardReader struct {
 	idle time.Duration
 	// Pre-copy (chunk.go): chunks takes each CHUNK record, ref gives the
 	// payload of the frame a REF record stands for. The frame's header and
-	// then that payload (the cache's own bytes, never written to) are read
-	// before the next record.
+	// then that payload (never written to; held: the cache's own bytes)
+	// are read before the next record.
 	chunks         func(Chunk) error
-	ref            func(hdr []byte) ([]byte, error)
+	ref            func(hdr []byte) (payload []byte, held bool, err error)
 	begin          func()
 	begun          bool
 	pending, after []byte
+	afterHeld      bool
 }
 
 // SetChunkCache makes s take CHUNK records (chunks owns each) and REF
-// records (ref returns the frame's payload, which s only reads, or why
-// not); without it either record fails the stream. begin is called once,
+// records (ref returns the frame's payload, which s only reads, whether
+// it is memory the cache holds and counts, or why not); without it either
+// record fails the stream. begin is called once,
 // at the first record of the stream itself (DATA, REF or EOS): a sender
 // sends every CHUNK of a connection before its stream, so once every
 // connection's reader has begun, the cache holds every chunk a REF may
 // name.
-func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) ([]byte, error), begin func()) {
+func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) (payload []byte, held bool, err error), begin func()) {
 	s.chunks, s.ref, s.begin = chunks, ref, begin
 }
 
@@ -371,11 +373,11 @@ func (s *ShardReader) record(typ uint8, n uint32) error {
 	if err != nil {
 		return err
 	}
-	payload, err := s.ref(hdr)
+	payload, held, err := s.ref(hdr)
 	if err != nil {
 		return err
 	}
-	s.pending, s.after = hdr, payload
+	s.pending, s.after, s.afterHeld = hdr, payload, held
 	return nil
 }
 
@@ -490,10 +492,12 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 }
 
 // HeldPayload gives the payload of the REF record being read when the next
-// n bytes are all of it: the chunk cache's own bytes, never written again
-// (manifest.HeldPayloads), instead of a copy.
+// n bytes are all of it and the chunk cache holds it in memory: the
+// cache's own bytes, never written again (manifest.HeldPayloads), instead
+// of a copy. A chunk read back from the cache's spill file is not: its
+// copy is read like DATA, into memory the reader's budget counts.
 func (s *ShardReader) HeldPayload(n int) []byte {
-	if len(s.pending) > 0 || n == 0 || len(s.after) != n {
+	if len(s.pending) > 0 || n == 0 || len(s.after) != n || !s.afterHeld {
 		return nil
 	}
 	p := s.after
