@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -86,6 +87,21 @@ func TestStreamHeldPayloads(t *testing.T) {
 	err = src.Wait(ctx)
 	if !errors.Is(err, errdefs.ErrCorrupt) || !bytes.Contains([]byte(err.Error()), fmt.Appendf(nil, "shard 0 at offset %d (file %s): chunk at file offset %d", pos, name, off)) {
 		t.Fatalf("damaged held chunk: %v", err)
+	}
+
+	// Its content id too, when asked to (--verify).
+	h := newHostile(t)
+	h.file(0, "pages-1.img")
+	raw := bytes.Repeat([]byte("not what the id says "), 1000)
+	other := codec.ContentHash([]byte("other bytes"))
+	h.frame(manifest.FrameHeader{Type: manifest.FrameData, FileID: 0, RawLen: uint32(len(raw)), Codec: uint8(codec.None),
+		Checksum: codec.Checksum(raw), Hash: other}, raw)
+	h.fileEnd(0, uint64(len(raw)), [][32]byte{other})
+	bad = h.bytes()
+	src = NewStreamSource(ctx, []io.Reader{&heldShard{Reader: bytes.NewReader(bad), b: bad}}, []string{"shard 0"}, so)
+	defer src.Close()
+	if err := src.Wait(ctx); !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "content hash mismatch") {
+		t.Fatalf("held chunk whose id is not its bytes', verified: %v", err)
 	}
 
 	// Sealed payloads are opened in place: never taken as held.

@@ -590,14 +590,9 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
-	if fr.Held && codec.ID(fr.Codec) == codec.None {
-		// Checked where it is: it stays the chunk.
-		if err := checkChunk(raw, fr.Checksum); err != nil {
-			return nil, nil, j.rd.FrameErrorf(fr, "chunk at file offset %d: %v", fr.Offset, err)
-		}
-		return raw, nil, nil
-	}
+	inPlace := fr.Held && codec.ID(fr.Codec) == codec.None // checked where it lies: it stays the chunk
 	switch {
+	case inPlace:
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
 		page, j.page = j.page, nil
 	case j.spilled && codec.ID(fr.Codec) != codec.None:
@@ -613,7 +608,11 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	case codec.ID(fr.Codec) != codec.None:
 		raw = make([]byte, fr.RawLen)
 	}
-	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
+	if inPlace {
+		err = checkChunk(raw, fr.Checksum)
+	} else {
+		err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
+	}
 	if err == nil && s.opts.VerifyHashes && s.sums.Content(raw) != fr.Hash {
 		err = errors.New("content hash mismatch")
 	}
