@@ -69,12 +69,18 @@ func FuzzReader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var before runtime.MemStats
 		runtime.ReadMemStats(&before)
-		rd, err := NewReader(bytes.NewReader(in), "fuzz")
+		// Inputs of odd length are read as a chunk cache's frames are:
+		// DATA payloads of 64 bytes or more held by the reader already.
+		useHeld := len(in)%2 == 1
+		rd, err := NewReader(&heldReader{Reader: bytes.NewReader(in), b: in, min: 64}, "fuzz")
 		if err != nil {
 			if rd != nil {
 				t.Fatal("NewReader returned a reader and an error")
 			}
 			return
+		}
+		if useHeld {
+			rd.UseHeld()
 		}
 		if h := rd.Header(); h.Version == 0 || h.Version > Version || h.ShardIndex >= h.ShardCount {
 			t.Fatalf("accepted header %+v", h)
@@ -125,6 +131,9 @@ func FuzzReader(f *testing.F) {
 			}
 			if fr.Pos+FrameSize+int64(fr.StoredLen) > int64(len(in)) {
 				t.Fatalf("frame at %d with %d payload bytes runs past the input", fr.Pos, fr.StoredLen)
+			}
+			if held := useHeld && fr.Type == FrameData && fr.StoredLen >= 64; fr.Held != held || held && &fr.Payload[0] != &in[fr.Pos+FrameSize] {
+				t.Fatalf("%v frame of %d bytes: Held %v, want %v, or not the reader's bytes", fr.Type, fr.StoredLen, fr.Held, held)
 			}
 			switch fr.Type {
 			case FrameFile:
