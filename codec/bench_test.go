@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -113,16 +114,19 @@ func BenchmarkChecksum(b *testing.B) {
 }
 
 // BenchmarkContentHash: a whole chunk, and the sizes of content-defined
-// ones (on page boundaries, anywhere in a 16 KiB SIMD group).
+// ones (on page boundaries, anywhere in a 16 KiB SIMD group), on each set
+// of kernels this CPU has.
 func BenchmarkContentHash(b *testing.B) {
 	raw := benchInput(dataKinds[0])
-	for _, n := range []int{len(raw), 320 << 10, 332 << 10} {
-		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				ContentHash(raw[:n])
-			}
-		})
+	for kernels := range hashKernels() {
+		for _, n := range []int{len(raw), 320 << 10, 332 << 10} {
+			b.Run(fmt.Sprintf("%s/%dKiB", strings.Fields(kernels)[0], n>>10), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					ContentHash(raw[:n])
+				}
+			})
+		}
 	}
 }
 
