@@ -20,40 +20,49 @@ func emit(format string, args ...any) { fmt.Fprintf(&out, "\t"+format+"\n", args
 // BLAKE3's message permutation, applied after every round.
 var perm = [16]int{2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8}
 
-// state word i lives in Z<i>, message word i in Z<16+i>.
-func v(i int) string { return fmt.Sprintf("Z%d", i) }
-func m(i int) string { return fmt.Sprintf("Z%d", 16+i) }
+// regs names the registers of the state words (v) and message words (m).
+type regs struct{ v, m [16]string }
+
+// fixed is state word i in Z<i>, message word i in Z<16+i>.
+func fixed() regs {
+	var r regs
+	for i := range 16 {
+		r.v[i], r.m[i] = fmt.Sprintf("Z%d", i), fmt.Sprintf("Z%d", 16+i)
+	}
+	return r
+}
 
 // quarter emits four G functions side by side (a, b, c, d: their state
 // words; x, y: their message words).
-func quarter(a, b, c, d, x, y [4]int) {
+func quarter(r regs, a, b, c, d, x, y [4]int) {
+	v, m := r.v, r.m
 	step := func(f func(k int)) {
 		for k := range 4 {
 			f(k)
 		}
 	}
 	half := func(msg [4]int, r1, r2 int) {
-		step(func(k int) { emit("VPADDD %s, %s, %s", v(b[k]), v(a[k]), v(a[k])) })
-		step(func(k int) { emit("VPADDD %s, %s, %s", m(msg[k]), v(a[k]), v(a[k])) })
-		step(func(k int) { emit("VPXORD %s, %s, %s", v(a[k]), v(d[k]), v(d[k])) })
-		step(func(k int) { emit("VPRORD $%d, %s, %s", r1, v(d[k]), v(d[k])) })
-		step(func(k int) { emit("VPADDD %s, %s, %s", v(d[k]), v(c[k]), v(c[k])) })
-		step(func(k int) { emit("VPXORD %s, %s, %s", v(c[k]), v(b[k]), v(b[k])) })
-		step(func(k int) { emit("VPRORD $%d, %s, %s", r2, v(b[k]), v(b[k])) })
+		step(func(k int) { emit("VPADDD %s, %s, %s", v[b[k]], v[a[k]], v[a[k]]) })
+		step(func(k int) { emit("VPADDD %s, %s, %s", m[msg[k]], v[a[k]], v[a[k]]) })
+		step(func(k int) { emit("VPXORD %s, %s, %s", v[a[k]], v[d[k]], v[d[k]]) })
+		step(func(k int) { emit("VPRORD $%d, %s, %s", r1, v[d[k]], v[d[k]]) })
+		step(func(k int) { emit("VPADDD %s, %s, %s", v[d[k]], v[c[k]], v[c[k]]) })
+		step(func(k int) { emit("VPXORD %s, %s, %s", v[c[k]], v[b[k]], v[b[k]]) })
+		step(func(k int) { emit("VPRORD $%d, %s, %s", r2, v[b[k]], v[b[k]]) })
 	}
 	half(x, 16, 12)
 	half(y, 8, 7)
 }
 
-// rounds emits the seven rounds on the state and message registers, then
-// the chaining value (state words 0-7 xor 8-15) into Z0-Z7.
-func rounds() {
+// rounds emits the seven rounds, then the chaining value (state words 0-7
+// xor 8-15) into the registers of words 0-7.
+func rounds(r regs) {
 	s := [16]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
-	for r := range 7 {
-		emit("// round %d", r+1)
-		quarter([4]int{0, 1, 2, 3}, [4]int{4, 5, 6, 7}, [4]int{8, 9, 10, 11}, [4]int{12, 13, 14, 15},
+	for round := range 7 {
+		emit("// round %d", round+1)
+		quarter(r, [4]int{0, 1, 2, 3}, [4]int{4, 5, 6, 7}, [4]int{8, 9, 10, 11}, [4]int{12, 13, 14, 15},
 			[4]int{s[0], s[2], s[4], s[6]}, [4]int{s[1], s[3], s[5], s[7]})
-		quarter([4]int{0, 1, 2, 3}, [4]int{5, 6, 7, 4}, [4]int{10, 11, 8, 9}, [4]int{15, 12, 13, 14},
+		quarter(r, [4]int{0, 1, 2, 3}, [4]int{5, 6, 7, 4}, [4]int{10, 11, 8, 9}, [4]int{15, 12, 13, 14},
 			[4]int{s[8], s[10], s[12], s[14]}, [4]int{s[9], s[11], s[13], s[15]})
 		var next [16]int
 		for i := range next {
@@ -62,16 +71,58 @@ func rounds() {
 		s = next
 	}
 	for i := range 8 {
-		emit("VPXORD %s, %s, %s", v(i+8), v(i), v(i))
+		emit("VPXORD %s, %s, %s", r.v[i+8], r.v[i], r.v[i])
 	}
 }
 
 // ivRows loads the state words 8-11 (IV) and 13 (counter high: 0).
-func ivRows() {
+func ivRows(r regs) {
 	for i := range 4 {
-		emit("VPBROADCASTD iv<>+%d(SB), %s", 4*i, v(8+i))
+		emit("VPBROADCASTD iv<>+%d(SB), %s", 4*i, r.v[8+i])
 	}
-	emit("VPXORD Z13, Z13, Z13")
+	emit("VPXORD %s, %s, %s", r.v[13], r.v[13], r.v[13])
+}
+
+// transpose emits the 16x16 transpose of 32-bit words held in rows (BLAKE3's
+// transpose_vecs_512: 32-bit, then 64-bit, then twice 128-bit
+// interleaves), each step writing into registers taken from free and
+// freeing its inputs. It returns where word w of every row ended (the
+// message word w of every lane) and what is free then.
+func transpose(rows [16]string, free []string) (cols [16]string, left []string) {
+	take := func() string {
+		x := free[len(free)-1]
+		free = free[:len(free)-1]
+		return x
+	}
+	// op applies two instructions to one pair of inputs, the pair then free.
+	op := func(lo, hi string, a, b string) (string, string) {
+		x, y := take(), take()
+		emit(lo, b, a, x)
+		emit(hi, b, a, y)
+		free = append(free, a, b)
+		return x, y
+	}
+	var s1 [8][2]string
+	for p := range 8 {
+		s1[p][0], s1[p][1] = op("VPUNPCKLDQ %s, %s, %s", "VPUNPCKHDQ %s, %s, %s", rows[2*p], rows[2*p+1])
+	}
+	var s2 [4][4]string
+	for g := range 4 {
+		ab, cd := s1[2*g], s1[2*g+1]
+		s2[g][0], s2[g][1] = op("VPUNPCKLQDQ %s, %s, %s", "VPUNPCKHQDQ %s, %s, %s", ab[0], cd[0])
+		s2[g][2], s2[g][3] = op("VPUNPCKLQDQ %s, %s, %s", "VPUNPCKHQDQ %s, %s, %s", ab[1], cd[1])
+	}
+	const lo, hi = "VSHUFI32X4 $0x88, %s, %s, %s", "VSHUFI32X4 $0xdd, %s, %s, %s"
+	var s3 [2][8]string
+	for h := range 2 {
+		for i := range 4 {
+			s3[h][i], s3[h][4+i] = op(lo, hi, s2[2*h][i], s2[2*h+1][i])
+		}
+	}
+	for i := range 8 {
+		cols[i], cols[8+i] = op(lo, hi, s3[0][i], s3[1][i])
+	}
+	return cols, free
 }
 
 func main() {
@@ -86,10 +137,6 @@ func main() {
 	}
 	out.WriteString("GLOBL lanes<>(SB), RODATA|NOPTR, $64\n\n")
 	for i := range 16 {
-		fmt.Fprintf(&out, "DATA chunkoff<>+%d(SB)/4, $%d\n", 4*i, 1024*i)
-	}
-	out.WriteString("GLOBL chunkoff<>(SB), RODATA|NOPTR, $64\n\n")
-	for i := range 16 {
 		fmt.Fprintf(&out, "DATA even<>+%d(SB)/4, $%d\n", 4*i, 2*i)
 	}
 	out.WriteString("GLOBL even<>(SB), RODATA|NOPTR, $64\n\n")
@@ -100,7 +147,7 @@ func main() {
 	out.WriteString("DATA blocklen<>+0(SB)/4, $64\nGLOBL blocklen<>(SB), RODATA|NOPTR, $4\n\n")
 
 	// Chunks: 16 lanes, lane i the chunk at buf+1024*i with counter
-	// counter+i; each block's message words are gathered across the lanes.
+	// counter+i.
 	out.WriteString("// func hashChunks16(cvs *[8][16]uint32, buf *[16384]byte, key *[8]uint32, counter uint32, flags uint32)\n")
 	out.WriteString("TEXT ·hashChunks16(SB), NOSPLIT, $128-32\n")
 	emit("MOVQ cvs+0(FP), AX")
@@ -117,26 +164,33 @@ func main() {
 	emit("ORL $1, 64(SP)")
 	emit("ORL $2, 124(SP)")
 	for i := range 8 {
-		emit("VPBROADCASTD %d(DX), %s", 4*i, v(i))
+		emit("VPBROADCASTD %d(DX), Z%d", 4*i, i)
 	}
 	emit("XORQ DX, DX")
 	out.WriteString("chunkloop:\n")
-	emit("VMOVDQU32 chunkoff<>(SB), Z8")
-	for w := range 16 {
-		emit("KXNORW K1, K1, K1")
-		emit("VPGATHERDD %d(CX)(Z8*1), K1, %s", 4*w, m(w))
+	// The block of each lane (64 bytes 1024 apart), transposed into the
+	// message words across the lanes; the state's words 8-15 then take
+	// the registers the transpose left free (the same every block).
+	var rows [16]string
+	for i := range rows {
+		rows[i] = fmt.Sprintf("Z%d", 16+i)
+		emit("VMOVDQU32 %d(CX), %s", 1024*i, rows[i])
 	}
-	ivRows()
-	emit("VMOVDQU32 (SP), Z12")
-	emit("VPBROADCASTD blocklen<>(SB), Z14")
-	emit("VPBROADCASTD 64(SP)(DX*4), Z15")
-	rounds()
+	r := fixed()
+	var left []string
+	r.m, left = transpose(rows, []string{"Z8", "Z9", "Z10", "Z11", "Z12", "Z13", "Z14", "Z15"})
+	copy(r.v[8:], left)
+	ivRows(r)
+	emit("VMOVDQU32 (SP), %s", r.v[12])
+	emit("VPBROADCASTD blocklen<>(SB), %s", r.v[14])
+	emit("VPBROADCASTD 64(SP)(DX*4), %s", r.v[15])
+	rounds(r)
 	emit("ADDQ $64, CX")
 	emit("INCQ DX")
 	emit("CMPQ DX, $16")
 	emit("JNE chunkloop")
 	for i := range 8 {
-		emit("VMOVDQU32 %s, %d(AX)", v(i), 64*i)
+		emit("VMOVDQU32 Z%d, %d(AX)", i, 64*i)
 	}
 	emit("VZEROUPPER")
 	emit("RET")
@@ -149,28 +203,29 @@ func main() {
 	emit("MOVQ out+0(FP), AX")
 	emit("MOVQ in+8(FP), CX")
 	emit("MOVQ key+16(FP), DX")
+	p := fixed()
 	emit("VMOVDQU32 even<>(SB), Z0")
 	emit("VMOVDQU32 odd<>(SB), Z1")
 	for w := range 8 {
 		emit("VMOVDQU32 %d(CX), Z2", 64*w)
 		emit("VMOVDQU32 %d(CX), Z3", 512+64*w)
-		emit("VMOVDQA32 Z2, %s", m(w))
-		emit("VPERMT2D Z3, Z0, %s", m(w))
-		emit("VMOVDQA32 Z2, %s", m(8+w))
-		emit("VPERMT2D Z3, Z1, %s", m(8+w))
+		emit("VMOVDQA32 Z2, %s", p.m[w])
+		emit("VPERMT2D Z3, Z0, %s", p.m[w])
+		emit("VMOVDQA32 Z2, %s", p.m[8+w])
+		emit("VPERMT2D Z3, Z1, %s", p.m[8+w])
 	}
 	for i := range 8 {
-		emit("VPBROADCASTD %d(DX), %s", 4*i, v(i))
+		emit("VPBROADCASTD %d(DX), Z%d", 4*i, i)
 	}
-	ivRows()
+	ivRows(p)
 	emit("VPXORD Z12, Z12, Z12")
 	emit("VPBROADCASTD blocklen<>(SB), Z14")
 	emit("MOVL flags+24(FP), R8")
 	emit("ORL $4, R8 // PARENT")
 	emit("VPBROADCASTD R8, Z15")
-	rounds()
+	rounds(p)
 	for i := range 8 {
-		emit("VMOVDQU32 %s, %d(AX)", v(i), 64*i)
+		emit("VMOVDQU32 Z%d, %d(AX)", i, 64*i)
 	}
 	emit("VZEROUPPER")
 	emit("RET")
