@@ -68,9 +68,12 @@ func TestDedupCheckpoints(t *testing.T) {
 		t.Errorf("an unchanged process's second checkpoint added %d bytes, over %.0f%% of the first's %d", two.NewBytes, 100*unchangedShare, one.NewBytes)
 	}
 	// The tenth rewritten is weights, which compress less than the image
-	// as a whole (its zero pages cost nothing): bound by the raw bytes.
-	if float64(three.NewBytes) > 0.13*float64(one.RawBytes) {
-		t.Errorf("after a tenth of memory was rewritten, the checkpoint added %d bytes, over 13%% of the first's %d raw bytes", three.NewBytes, one.RawBytes)
+	// as a whole (its zero pages cost nothing): bound by the raw bytes,
+	// beside what the runtime dirtied meanwhile, as it did before the
+	// unchanged checkpoint (11.0-11.1% and 1.1-1.4% seen).
+	if float64(three.NewBytes) > 0.13*float64(one.RawBytes)+float64(two.NewBytes) {
+		t.Errorf("after a tenth of memory was rewritten, the checkpoint added %d bytes, over 13%% of the first's %d raw bytes and the %d an unchanged one added",
+			three.NewBytes, one.RawBytes, two.NewBytes)
 	}
 	// Encrypted checkpoints in the same location share with their key's
 	// only: the first adds as much as the first plain one, the second
