@@ -104,6 +104,11 @@ func treeHash(b []byte, key *[8]uint32, flags uint32) [32]byte {
 			n = guts.ParentNode(stack[i], guts.ChainingValue(n), key, flags)
 		}
 	}
+	return rootHash(n)
+}
+
+// rootHash is the 32-byte hash of the tree whose root node is n.
+func rootHash(n guts.Node) [32]byte {
 	n.Flags |= guts.FlagRoot
 	out := guts.WordsToBytes(guts.CompressNode(n))
 	var h [32]byte
@@ -173,10 +178,5 @@ func treeHash16(b []byte, key *[8]uint32, flags uint32) [32]byte {
 			l.setCV(n/2, odd)
 		}
 	}
-	root := guts.ParentNode(l.cv(0), l.cv(1), key, flags)
-	root.Flags |= guts.FlagRoot
-	out := guts.WordsToBytes(guts.CompressNode(root))
-	var h [32]byte
-	copy(h[:], out[:32])
-	return h
+	return rootHash(guts.ParentNode(l.cv(0), l.cv(1), key, flags))
 }
