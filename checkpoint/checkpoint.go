@@ -317,8 +317,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer done()
 	var recorded []manifest.GPU
 	var stage *gpuckpt.Stage
+	// The driver is loaded and initialised while CRIU restores, unless the
+	// checkpoint says it holds no CUDA process (a stream says nothing).
+	warmDriver := o.CUDA.EffectiveMode() != gpuckpt.CUDAOff
 	if a, ok := src.(*source.ArchiveSource); ok {
 		recorded = a.Manifest().GPUs
+		warmDriver = warmDriver && len(a.Manifest().CUDA) > 0
 		// The fast path's VRAM files are read into memory while CRIU
 		// restores (gpuckpt/stage.go).
 		if o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
@@ -336,16 +340,15 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	opened := time.Since(start).Seconds()
-	// The driver is loaded and initialised while CRIU restores.
 	var warm sync.WaitGroup
 	var warmed time.Duration
-	warm.Add(1)
-	go func() {
-		defer warm.Done()
-		t := time.Now()
-		o.CUDA.Warm()
-		warmed = time.Since(t)
-	}()
+	if warmDriver {
+		warm.Go(func() {
+			t := time.Now()
+			o.CUDA.Warm()
+			warmed = time.Since(t)
+		})
+	}
 	defer warm.Wait()
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
@@ -362,9 +365,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	warm.Wait()
 	t0 := time.Now()
 	cudaPIDs, t, err := gpuckpt.Restore(ctx, o.CUDA, rep.PID, pairs)
+	if warmDriver && len(cudaPIDs) > 0 {
+		phases = append(phases, Phase{Name: "gpu driver init (beside criu)", Secs: warmed.Seconds()})
+	}
 	if len(cudaPIDs) > 0 {
-		phases = append(phases, Phase{Name: "gpu driver init (beside criu)", Secs: warmed.Seconds()},
-			Phase{Name: "gpu find (processes, driver)", Secs: (time.Since(t0) - t.Restore - t.Unlock).Seconds()})
+		phases = append(phases, Phase{Name: "gpu find (processes, driver)", Secs: (time.Since(t0) - t.Restore - t.Unlock).Seconds()})
 	}
 	phases = append(phases, gpuckpt.TimingPhases(t)...)
 	if err != nil {
