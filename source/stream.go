@@ -590,7 +590,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
-	inPlace := fr.Held && codec.ID(fr.Codec) == codec.None // checked where it lies: it stays the chunk
+	inPlace := heldRaw(fr) // checked where it lies: it stays the chunk
 	switch {
 	case inPlace:
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
@@ -625,6 +625,10 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	return raw, page, nil
 }
 
+// heldRaw says whether fr's payload is the reader's memory (Frame.Held)
+// and its raw bytes (codec none): then it is the chunk, where it lies.
+func heldRaw(fr manifest.Frame) bool { return fr.Held && codec.ID(fr.Codec) == codec.None }
+
 // decode checks one DATA frame and stores its bytes.
 func (s *StreamSource) decode(j decodeJob) error {
 	fr := j.frame
@@ -633,7 +637,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		return err
 	}
 	zero := codec.ID(fr.Codec) == codec.Zero
-	held := fr.Held && codec.ID(fr.Codec) == codec.None
+	held := heldRaw(fr)
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), crc: fr.Checksum, hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
