@@ -1428,6 +1428,8 @@ print(json.dumps({"round": rnd + "/plain", "codec": "plain", "ok": ok == "true",
 			rok=false ok=false note="failed: see run.log"
 		fi
 		"$GCS" ls --json "$loc" >"$WORK/logs/$ROUND-$kind-ls.json" 2>&1
+		python3 "$ROOT/e2e/gpu/newbytes.py" "$loc/two" "$loc/one" >"$WORK/logs/$ROUND-$kind-newbytes.json" 2>>"$RUNLOG" &&
+			log "$ROUND: $kind: the second checkpoint's new bytes: $(cat "$WORK/logs/$ROUND-$kind-newbytes.json")"
 		emit "$(python3 -c '
 import json, os, sys
 rnd, kind, loc, ok, note, logs, locbytes = sys.argv[1:8]
@@ -1452,7 +1454,7 @@ d = {"location": kind + " " + loc, "first_seconds": c1.get("total_seconds", 0), 
   "first_new_bytes": n1, "second_new_bytes": n2, "second_share": (n2 / n1) if n1 else 0,
   "rewrite_bytes": rw.get("bytes", 0), "rewrite_share": (rw["bytes"] / rw["tensor_bytes"]) if rw.get("tensor_bytes") else 0,
   "first_restore_seconds": r1.get("total_seconds", 0), "second_restore_seconds": r2.get("total_seconds", 0),
-  "location_bytes": int(locbytes or 0)}
+  "location_bytes": int(locbytes or 0), "second_new_by_kind": load(kind + "-newbytes.json").get("by_kind", {})}
 print(json.dumps({"round": rnd + "/" + kind, "codec": "dedup", "ok": ok == "true", "raw_bytes": c1.get("raw_bytes", 0),
   "stored_bytes": c1.get("stored_bytes", 0), "phases": phases, "checkpoint_total": c1.get("total_seconds", 0),
   "restore_total": r1.get("total_seconds", 0), "dedup": d, "note": note}))
