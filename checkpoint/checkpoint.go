@@ -150,7 +150,8 @@ type Result struct {
 	Producers int            `json:"producers,omitempty"`
 }
 
-// GoneTimeout is how long Checkpoint waits for the dumped tree to be reaped.
+// GoneTimeout is how long Checkpoint waits for the dumped tree to die, and
+// Restore for the checkpointed PIDs to be reaped.
 var GoneTimeout = 10 * time.Second
 
 // Checkpoint dumps the tree of o.PID with CRIU into o.Dest. The manifest is
@@ -227,14 +228,17 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 			defer close(removed)
 			cc.FastCommit()
 		}()
-		// A restore right after needs the PIDs free: return once CRIU's
-		// kill has been reaped. The checkpoint is committed either way.
-		reap := time.Now()
-		if err := proc.WaitGone(ctx, tree, true, GoneTimeout); err != nil {
-			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is not gone yet (%v): a restore into this PID space fails until its parent reaps it", o.PID, err))
+		// Return once CRIU's kill took: the process has let go of its
+		// memory and its GPU. Its parent reaps it in its own time (a
+		// restored process's parent is PID 1, which on some hosts reaps
+		// a second or more later); a restore right after waits for that
+		// (waitReaped). The checkpoint is committed either way.
+		exit := time.Now()
+		if err := proc.WaitGone(ctx, tree, false, GoneTimeout); err != nil {
+			o.Hooks.log(fmt.Sprintf("checkpoint %d committed, but the process is still alive (%v)", o.PID, err))
 		}
 		<-removed
-		phases = append(phases, Phase{Name: "process exit (reaped)", Secs: time.Since(reap).Seconds()})
+		phases = append(phases, Phase{Name: "process exit", Secs: time.Since(exit).Seconds()})
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
@@ -332,6 +336,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 			defer stage.Close()
 		}
 	}
+	var reaped time.Duration
+	if a, ok := src.(*source.ArchiveSource); ok {
+		if reaped, err = waitReaped(ctx, a.Manifest()); err != nil {
+			return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
+		}
+	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err == nil {
 		err = o.CUDA.CheckMap(ctx, pairs, recorded)
@@ -359,7 +369,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
 	}
-	phases := []Phase{{Name: "open source", Secs: opened}, {Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()}}
+	phases := []Phase{{Name: "open source", Secs: opened}}
+	if reaped > 0 {
+		phases = append(phases, Phase{Name: "wait for the checkpointed PIDs to be reaped", Secs: reaped.Seconds()})
+	}
+	phases = append(phases, Phase{Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()})
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
 	warm.Wait()
@@ -435,4 +449,27 @@ func dumpEstimate(tree []int, gpus []manifest.GPU) int64 {
 		n += g.Bytes
 	}
 	return n
+}
+
+// waitReaped waits while the PIDs m restores (the root's, the CUDA
+// processes') belong to dead processes not reaped yet here, as right
+// after a checkpoint of a process whose parent is slow to reap it: CRIU
+// needs the PIDs free. A PID held by a live process is CRIU's to refuse.
+func waitReaped(ctx context.Context, m *manifest.Manifest) (time.Duration, error) {
+	var pids []int
+	if m.Process != nil {
+		pids = append(pids, m.Process.PID)
+	}
+	for _, c := range m.CUDA {
+		pids = append(pids, c.PID)
+	}
+	dead := proc.Dead(pids)
+	if len(dead) == 0 {
+		return 0, nil
+	}
+	start := time.Now()
+	if err := proc.WaitGone(ctx, dead, true, GoneTimeout); err != nil {
+		return 0, fmt.Errorf("the checkpoint's PIDs are not free for CRIU: %w", err)
+	}
+	return time.Since(start), nil
 }

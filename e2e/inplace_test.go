@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	procfs "github.com/gpucr/gpucr-stream/proc"
 )
 
 // startScript runs script (sh -c, after the words of wrap, which exec it)
@@ -56,4 +59,85 @@ func restoreInPlace(ctx context.Context, t *testing.T, archive string, pid int) 
 		t.Fatalf("restore in place: exit %d, printed %q (want %d):\n%s", r.code, r.stdout, pid, r.stderr)
 	}
 	return r
+}
+
+// TestCheckpointBeforeReap: a checkpoint returns once CRIU's kill took,
+// not once the parent reaps the process (a restored process's parent is
+// PID 1, which on the GPU machine reaped 1.5-1.9 s later, all of it in
+// every second checkpoint's time), and a restore right after waits for
+// the reap instead of failing on a PID still taken.
+func TestCheckpointBeforeReap(t *testing.T) {
+	CRIU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := ShortTempDir(t)
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.CommandContext(ctx, "sh", "-c", `touch "$1" && exec sleep 600`, "sh", ready)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	reaped := make(chan struct{})
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-reaped
+	})
+	release := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		<-release
+		cmd.Wait()
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatal("the target did not get ready within 30 s")
+		}
+	}
+	archive := filepath.Join(dir, "ck")
+	start := time.Now()
+	ck := gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(pid), "--to", archive)
+	took := time.Since(start)
+	dead := procfs.Dead([]int{pid})
+	go func() {
+		time.Sleep(time.Second)
+		close(release)
+	}()
+	ck.ok(t, "checkpoint")
+	// Waiting for the reap would wait the whole checkpoint.GoneTimeout (10 s)
+	// here, the reap coming only after the checkpoint returned.
+	if len(dead) != 1 || took > 5*time.Second {
+		t.Fatalf("checkpoint returned with process %d not just dead but unreaped, or after %v: dead %v", pid, took.Round(time.Millisecond), dead)
+	}
+	r := gcsRun(ctx, t, "restore", "--from", archive, "--json")
+	var res struct {
+		PID    int `json:"pid"`
+		Phases []struct {
+			Name string  `json:"name"`
+			Secs float64 `json:"seconds"`
+		} `json:"phases"`
+	}
+	json.Unmarshal([]byte(r.stdout), &res)
+	if res.PID > 0 {
+		t.Cleanup(func() {
+			syscall.Kill(res.PID, syscall.SIGKILL)
+			WaitPIDGone(ctx, res.PID)
+		})
+	}
+	if r.code != 0 || res.PID != pid {
+		t.Fatalf("restore right after the checkpoint: exit %d, pid %d (want %d):\n%s", r.code, res.PID, pid, r.stderr)
+	}
+	waited := -1.0
+	for _, p := range res.Phases {
+		if p.Name == "wait for the checkpointed PIDs to be reaped" {
+			waited = p.Secs
+		}
+	}
+	if waited <= 0 {
+		t.Fatalf("restore did not say it waited for PID %d to be reaped: phases %+v", pid, res.Phases)
+	}
 }

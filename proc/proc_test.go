@@ -41,7 +41,13 @@ func TestTreeAndWaitGone(t *testing.T) {
 	if err := WaitGone(ctx, []int{cmd.Process.Pid}, true, 50*time.Millisecond); err == nil {
 		t.Fatal("WaitGone(reaped) returned for an unreaped zombie")
 	}
+	if d := Dead([]int{os.Getpid(), cmd.Process.Pid}); len(d) != 1 || d[0] != cmd.Process.Pid {
+		t.Fatalf("Dead = %v, want only the zombie %d", d, cmd.Process.Pid)
+	}
 	cmd.Wait()
+	if d := Dead([]int{cmd.Process.Pid}); len(d) != 0 {
+		t.Fatalf("Dead = %v after the reap", d)
+	}
 	if err := WaitGone(ctx, []int{cmd.Process.Pid}, true, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

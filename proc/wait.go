@@ -48,6 +48,18 @@ func WaitGone(ctx context.Context, pids []int, reaped bool, timeout time.Duratio
 	}
 }
 
+// Dead are those of pids whose processes are dead but still present (not
+// reaped by their parent yet).
+func Dead(pids []int) []int {
+	var dead []int
+	for _, p := range pids {
+		if b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(p), "stat")); err == nil && isDead(string(b)) {
+			dead = append(dead, p)
+		}
+	}
+	return dead
+}
+
 // isDead reads the state field of /proc/PID/stat: zombie or dead. The
 // command name before it may hold spaces and parentheses.
 func isDead(stat string) bool {

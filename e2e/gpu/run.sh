@@ -436,7 +436,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas | fastexit) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
 	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp) pre=(env "$GCS" run --) ;;
@@ -1465,6 +1465,48 @@ print(json.dumps({"round": rnd + "/" + kind, "codec": "dedup", "ok": ok == "true
 	$ok
 }
 
+# round_fastexit: where the exit of a restored fast-path target goes (the
+# "process exit" phase of a checkpoint of a restored process, which waited
+# for the reap until the checkpoint stopped waiting for it:
+# 1.5-1.9 s, against 0.01 s for a fresh one). Checkpoint and restore the
+# target, record what the restored process holds (status, smaps_rollup, its
+# mappings by path), then checkpoint it again while sampling its kernel
+# stack every 20 ms until it is gone (logs/ROUND-exit-*.txt).
+round_fastexit() {
+	local d=$DEDUP_TMPFS/gpucr-$ROUND ok=true out=$WORK/logs/$ROUND-exit pid
+	rm -rf "$d"
+	fast_checkpoint one "$d/one" && fast_restore one "$d/one" || ok=false
+	if $ok; then
+		pid=$TPID
+		{
+			cat /proc/$pid/status
+			cat /proc/$pid/smaps_rollup
+			awk '{print $6}' /proc/$pid/maps | sort | uniq -c | sort -rn | head -30
+		} >"$out-held.txt" 2>&1
+		(
+			while [ -d /proc/$pid ]; do
+				echo "t=$(now) $(awk '{print $3}' /proc/$pid/stat 2>/dev/null) $(cat /proc/$pid/wchan 2>/dev/null)"
+				grep -E 'VmRSS|VmPin|VmLck|Threads' /proc/$pid/status 2>/dev/null | tr '\n' ' '
+				echo
+				cat /proc/$pid/stack 2>/dev/null | head -12
+				for t in /proc/$pid/task/*; do
+					[ "$(awk '{print $3}' $t/stat 2>/dev/null)" = D ] && { echo " task $t D:"; head -8 $t/stack 2>/dev/null; }
+				done
+				sleep 0.02
+			done
+		) >"$out-samples.txt" 2>&1 &
+		local sampler=$!
+		fast_checkpoint two "$d/two" || ok=false
+		wait $sampler
+		log "$ROUND: the restored target held: $(grep -E 'VmRSS|VmPin|VmLck|RssShmem|RssFile|RssAnon' "$out-held.txt" | tr -s ' \t' ' ' | tr '\n' ';')"
+		log "$ROUND: exit samples (state, wchan, top frame), the samples in states D, Z, X (first 60 lines):"
+		grep -A3 '^t=' "$out-samples.txt" | grep -v '^--' | awk '/^t=/ {p = ($2 == "D" || $2 == "Z" || $2 == "X")} p' | head -60 | tee -a "$RUNLOG"
+		$ok && fast_restore two "$d/two" || ok=false
+	fi
+	rm -rf "$d"
+	$ok
+}
+
 # round_dedupreplicas: REPLICAS targets with the same seed checkpointed
 # --dedup into one location one after the other, then each restored and
 # proved; what all added over what the first added.
@@ -1589,6 +1631,7 @@ while [ $# -gt 0 ]; do
 	fastfault) round_fault ;;
 	dedupfast) round_dedupfast ;;
 	dedupreplicas) round_dedupreplicas ;;
+	fastexit) round_fastexit ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
