@@ -277,3 +277,58 @@ func TestPrecopyWithCopy(t *testing.T) {
 		t.Errorf("the copy is %d bytes: the held text was encoded for it", n)
 	}
 }
+
+// TestChunkCacheSlabs: CHUNK records are read into slabs while the budget
+// has room for one, are kept there (counted once, with their slab) and
+// resolved as the slab's own bytes; a chunk too large for a slab, or one
+// beyond the budget, gets memory of its own, kept or spilled as before.
+func TestChunkCacheSlabs(t *testing.T) {
+	hdr := func(c wire.Chunk) []byte {
+		b := make([]byte, manifest.FrameSize)
+		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: c.Codec, RawLen: c.RawLen, StoredLen: uint32(len(c.Stored)), Checksum: c.CRC, Hash: c.ID}
+		fh.Marshal(b)
+		return b
+	}
+	k := newChunkCache(slabSize+maxSlabChunk+1, t.TempDir(), 1)
+	defer k.close()
+	k.begin()
+	var chunks []wire.Chunk
+	add := func(n int, wantSlab bool) {
+		t.Helper()
+		p := k.alloc(wire.ChunkFixed + n)
+		if len(p) != wire.ChunkFixed+n {
+			t.Fatalf("alloc(%d) gave %d bytes", wire.ChunkFixed+n, len(p))
+		}
+		if got := k.inSlab(p); got != wantSlab {
+			t.Fatalf("chunk %d of %d bytes in a slab: %v, want %v", len(chunks), n, got, wantSlab)
+		}
+		rand.Read(p[wire.ChunkFixed:])
+		c := wire.Chunk{Codec: 0, RawLen: uint32(n), CRC: uint32(len(chunks)), Stored: p[wire.ChunkFixed:]}
+		c.ID[0], c.ID[1] = byte(len(chunks)), byte(len(chunks)>>8)
+		if err := k.put(c); err != nil {
+			t.Fatal(err)
+		}
+		chunks = append(chunks, c)
+	}
+	for range 7 {
+		add(maxSlabChunk-wire.ChunkFixed, true) // 7 of 8 fill most of the first slab
+	}
+	if k.mem != slabSize {
+		t.Fatalf("after one slab's chunks the cache counts %d bytes, want %d", k.mem, slabSize)
+	}
+	add(maxSlabChunk+1, false)              // too large for a slab: its own, counted
+	add(maxSlabChunk-wire.ChunkFixed, true) // the last that fits the first slab
+	add(4096, false)                        // no room for a second slab in the budget: its own, spilled
+	if k.spill == nil || k.spilled != 4096 {
+		t.Fatalf("spilled %d bytes, want the last chunk's 4096", k.spilled)
+	}
+	for i, c := range chunks {
+		b, held, err := k.payload(hdr(c))
+		if err != nil || !bytes.Equal(b, c.Stored) {
+			t.Fatalf("chunk %d: %v", i, err)
+		}
+		if held != (i < len(chunks)-1) || held && &b[0] != &c.Stored[0] {
+			t.Fatalf("chunk %d: held %v (the cache's own bytes: %v)", i, held, held && &b[0] == &c.Stored[0])
+		}
+	}
+}

@@ -337,6 +337,7 @@ func (l *Listener) join(pending map[[16]byte]*pendingSession, c *recvConn) *Sess
 		c.sr = wire.NewShardReader(c.br, &s.streamBytes)
 		if s.cache != nil {
 			c.sr.SetChunkCache(s.cache.put, s.cache.payload, s.cache.begin)
+			c.sr.SetChunkAlloc(s.cache.alloc)
 		}
 		// An authenticated sender that stays connected and silent is
 		// dropped like a dead link.

@@ -134,6 +134,15 @@ func FuzzChunkRecords(f *testing.F) {
 			lastRef = len(p)
 			return p, len(p)%2 == 0, nil
 		}, func() {})
+		if len(b)%3 == 0 {
+			// As the cache does: CHUNK records read into memory it gives.
+			sr.SetChunkAlloc(func(n int) []byte {
+				if n < 0 || n > ChunkFixed+MaxChunkStored {
+					t.Fatalf("alloc(%d) for a CHUNK record", n)
+				}
+				return make([]byte, n)
+			})
+		}
 		// Read as manifest.Reader does, taking REF payloads as held
 		// where the reader offers them.
 		var n int64

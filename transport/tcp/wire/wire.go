@@ -333,6 +333,7 @@ type ShardReader struct {
 	// then that payload (never written to; held: the cache's own bytes)
 	// are read before the next record.
 	chunks         func(Chunk) error
+	alloc          func(n int) []byte
 	ref            func(hdr []byte) (payload []byte, held bool, err error)
 	begin          func()
 	begun          bool
@@ -352,12 +353,22 @@ func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byt
 	s.chunks, s.ref, s.begin = chunks, ref, begin
 }
 
+// SetChunkAlloc makes s read each CHUNK record into memory alloc gives
+// for its n bytes (the cache's own, where it keeps the chunk) instead of
+// memory of its own.
+func (s *ShardReader) SetChunkAlloc(alloc func(n int) []byte) { s.alloc = alloc }
+
 // record reads a CHUNK or REF record's payload of n bytes and hands it on.
 func (s *ShardReader) record(typ uint8, n uint32) error {
 	if s.chunks == nil {
 		return fmt.Errorf("record type %d inside the stream (this receiver keeps no chunk cache)", typ)
 	}
-	p := make([]byte, n)
+	var p []byte
+	if typ == RecChunk && s.alloc != nil {
+		p = s.alloc(int(n))
+	} else {
+		p = make([]byte, n)
+	}
 	s.deadline()
 	if _, err := io.ReadFull(s.br, p); err != nil {
 		return s.broke(fmt.Sprintf("record type %d", typ), err)
