@@ -75,9 +75,20 @@ def log(args, msg):
 
 
 class Checksummer:
+    """Checksums a tensor in passes of chunk elements widened to int64.
+
+    Its scratch (two int64 buffers of chunk elements: 1 GiB with CHUNK) is
+    its own and zeroed after every checksum: left in the caching
+    allocator's free blocks, it held a widened copy of the last tensor
+    checked, and when that tensor was one the dedupfast round rewrote, a
+    second checkpoint found 1 GiB more changed device memory than the
+    rewrite (17% new instead of 9%: 2026-11-28, newbytes.py)."""
+
     def __init__(self, device, chunk=CHUNK):
         self.chunk = chunk
         self.weights = (torch.arange(chunk, device=device, dtype=torch.int64) % 65521) + 1
+        self.wide = torch.zeros(chunk, device=device, dtype=torch.int64)
+        self.prod = torch.zeros(chunk, device=device, dtype=torch.int64)
 
     def __call__(self, t):
         flat = t.reshape(-1)
@@ -90,9 +101,15 @@ class Checksummer:
         s1 = 0
         s2 = 0
         for i, off in enumerate(range(0, bits.numel(), self.chunk)):
-            b = bits[off:off + self.chunk].to(torch.int64)
+            part = bits[off:off + self.chunk]
+            n = part.numel()
+            b, p = self.wide[:n], self.prod[:n]
+            b.copy_(part)
             s1 += int(b.sum().item())
-            s2 += int((b * self.weights[:b.numel()]).sum().item()) * (i + 1)
+            torch.mul(b, self.weights[:n], out=p)
+            s2 += int(p.sum().item()) * (i + 1)
+        self.wide.zero_()
+        self.prod.zero_()
         return "%016x%016x" % (s1 & MASK, s2 & MASK)
 
 
