@@ -310,24 +310,32 @@ func checkSum(b []byte) error {
 // Parse decodes a manifest and checks that it is self-consistent, so that
 // nothing downstream indexes out of range on a damaged document.
 func Parse(b []byte) (*Manifest, error) {
-	var probe struct {
-		Format int `json:"format"`
+	// One decoding of the whole document (a deduplicated GPU checkpoint's
+	// is 10 MB); only when it fails is the format read on its own, so that
+	// a newer format is named as such whatever else it changed.
+	m := &Manifest{}
+	decodeErr := json.Unmarshal(b, m)
+	format := m.Format
+	if decodeErr != nil {
+		var probe struct {
+			Format int `json:"format"`
+		}
+		if err := json.Unmarshal(b, &probe); err != nil {
+			return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, errdefs.ErrCorrupt)
+		}
+		format = probe.Format
 	}
-	if err := json.Unmarshal(b, &probe); err != nil {
-		return nil, fmt.Errorf("manifest: not valid JSON: %v: %w", err, errdefs.ErrCorrupt)
+	if format < 1 {
+		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", format, errdefs.ErrCorrupt)
 	}
-	if probe.Format < 1 {
-		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", probe.Format, errdefs.ErrCorrupt)
-	}
-	if probe.Format > Version {
-		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, probe.Format, Version)
+	if format > Version {
+		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, format, Version)
 	}
 	if err := checkSum(b); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
-	m := &Manifest{}
-	if err := json.Unmarshal(b, m); err != nil {
-		return nil, fmt.Errorf("manifest: %v: %w", err, errdefs.ErrCorrupt)
+	if decodeErr != nil {
+		return nil, fmt.Errorf("manifest: %v: %w", decodeErr, errdefs.ErrCorrupt)
 	}
 	if m.Encryption != nil && m.Format < VersionEncrypted {
 		return nil, fmt.Errorf("manifest: format %d cannot be encrypted: %w", m.Format, errdefs.ErrCorrupt)
