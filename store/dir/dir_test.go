@@ -3,6 +3,7 @@ package dir_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -136,4 +137,44 @@ func TestDirLostCommitLeavesNothing(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(root, "ck", "manifest.json")); string(b) != "a" {
 		t.Fatalf("manifest.json = %q, want the first writer's", b)
 	}
+}
+
+// BenchmarkCommitAfterWrite: what a commit waits for after 256 MiB were
+// written to an object on this machine's disk (GPUCR_BENCH_DIR, else
+// /var/tmp): with write-behind the fsync finds most of it written. The
+// disk's own speed is the bound of write+commit; commit-ms is the part
+// left to the commit.
+func BenchmarkCommitAfterWrite(b *testing.B) {
+	root := os.Getenv("GPUCR_BENCH_DIR")
+	if root == "" {
+		root = "/var/tmp"
+	}
+	tmp, err := os.MkdirTemp(root, "gpucr-commit-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	st := dir.New(tmp)
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	var commit time.Duration
+	for i := 0; b.Loop(); i++ {
+		w, err := st.Create(context.Background(), fmt.Sprintf("obj-%d", i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range 256 {
+			if _, err := w.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if err := w.Commit(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		commit += time.Since(start)
+	}
+	b.ReportMetric(float64(commit.Milliseconds())/float64(b.N), "commit-ms")
 }
