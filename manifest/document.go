@@ -311,10 +311,15 @@ func checkSum(b []byte) error {
 // nothing downstream indexes out of range on a damaged document.
 func Parse(b []byte) (*Manifest, error) {
 	// One decoding of the whole document (a deduplicated GPU checkpoint's
-	// is 10 MB); only when it fails is the format read on its own, so that
-	// a newer format is named as such whatever else it changed.
+	// is 10 MB: fastjson.go); only when it fails is the format read on its
+	// own, so that a newer format is named as such whatever else it
+	// changed.
 	m := &Manifest{}
-	decodeErr := json.Unmarshal(b, m)
+	var decodeErr error
+	if !fastDecode(b, m) {
+		m = &Manifest{}
+		decodeErr = json.Unmarshal(b, m)
+	}
 	format := m.Format
 	if decodeErr != nil {
 		var probe struct {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"testing"
 )
 
@@ -98,4 +99,39 @@ func BenchmarkParseDedupManifest(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzFastDecode: wherever the fast path decodes a document, encoding/json
+// decodes it to the same manifest; a real manifest takes the fast path.
+func FuzzFastDecode(f *testing.F) {
+	m := &Manifest{Format: VersionSharedChunks, SharedChunks: true, Tool: "fuzz", ChunkSize: 1 << 20,
+		Segments: []Segment{{Name: "gpucr-chunks/packs/00.pack", Size: 9}},
+		Files: []File{{Name: "pages-1.img", ID: 3, Size: 8192, External: true, Chunks: []Chunk{{RawLen: 4096, Stored: 9, Codec: 2, Checksum: 7, Hash: Hash{1}},
+			{Offset: 4096, RawLen: 4096, Codec: 1, Segment: -1}}}, {Name: "empty.img", Chunks: []Chunk{}}}}
+	doc, err := m.Marshal()
+	if err != nil {
+		f.Fatal(err)
+	}
+	var got Manifest
+	if !fastDecode(doc, &got) {
+		f.Fatal("a manifest as written does not take the fast path")
+	}
+	f.Add(doc)
+	f.Add([]byte(`{"files":[{"name":"a","chunks":[{"off":1}]}],"format":4}`))
+	f.Add([]byte(`{"Files":[],"files":[]}`))
+	f.Add([]byte(`{"files":[{"name":"a\u0041"}]}`))
+	f.Add([]byte(`{"x":"files","files":[{}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var fast Manifest
+		if !fastDecode(b, &fast) {
+			return
+		}
+		var want Manifest
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("fast path took %q, encoding/json refuses it: %v", b, err)
+		}
+		if !reflect.DeepEqual(fast, want) {
+			t.Fatalf("%q:\nfast path     %+v\nencoding/json %+v", b, fast, want)
+		}
+	})
 }
