@@ -542,8 +542,11 @@ func TestMigrateRestoreFails(t *testing.T) {
 	// its own (as root), which stays mounted with the image until the user
 	// is done with it.
 	for _, given := range []bool{true, false} {
-		t.Run(map[bool]string{true: "image-kept", false: "image-kept-default"}[given], func(t *testing.T) { migrateImageKept(t, given) })
+		t.Run(map[bool]string{true: "image-kept", false: "image-kept-default"}[given], func(t *testing.T) { migrateImageKept(t, given, false) })
 	}
+	// Encrypted, the kept image (an archive sharing the stream's session)
+	// is restored with the key.
+	t.Run("image-kept-encrypted", func(t *testing.T) { migrateImageKept(t, true, true) })
 	// A receiver whose criu fails before the commit (it starts beside the
 	// transfer) refuses the sender: the source runs on.
 	t.Run("criu-fails-early", func(t *testing.T) {
@@ -610,8 +613,9 @@ func criuFailingLate(t testing.TB, dir, criu string) string {
 
 // migrateImageKept migrates to a receiver whose restore fails: the source
 // is gone, the image kept (in --keep-dir when given, else on a tmpfs of
-// its own), and a restore from it brings the process back.
-func migrateImageKept(t *testing.T, given bool) {
+// its own), and a restore from it brings the process back (encrypted:
+// with the key).
+func migrateImageKept(t *testing.T, given, encrypted bool) {
 	e := newMigrateEnv(t)
 	tg, before := e.startTarget("target", 64)
 	keep := mkdir(t, filepath.Join(e.dir, "keep"))
@@ -619,9 +623,15 @@ func migrateImageKept(t *testing.T, given bool) {
 	if !given {
 		keep, keepArgs = scratch.DefaultRoot, nil
 	}
+	var keyArgs []string
+	if encrypted {
+		keyFile := filepath.Join(e.dir, "key")
+		writeKey(e.ctx, t, keyFile)
+		keyArgs = []string{"--key-file", keyFile}
+	}
 	failing := criuFailingLate(t, e.dir, e.criu)
-	recv := e.startReceiver(nil, "--restore", "--criu", failing)
-	m := e.migrate(tg, io.Discard, keepArgs...)
+	recv := e.startReceiver(nil, append([]string{"--restore", "--criu", failing}, keyArgs...)...)
+	m := e.migrate(tg, io.Discard, append(keepArgs, keyArgs...)...)
 	err := m.wait(e.ctx)
 	if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") {
 		t.Fatalf("migrate to a failing restore: %v", err)
@@ -638,7 +648,7 @@ func migrateImageKept(t *testing.T, given bool) {
 	}
 	var out []byte
 	InNetns(t, e.net.A, func() {
-		out, err = exec.CommandContext(e.ctx, e.bin, "restore", "--from", kept[1], "--criu", e.criu).Output()
+		out, err = exec.CommandContext(e.ctx, e.bin, append([]string{"restore", "--from", kept[1], "--criu", e.criu}, keyArgs...)...).Output()
 	})
 	if err != nil {
 		t.Fatalf("restore from the kept image: %v", err)

@@ -26,11 +26,19 @@ import (
 // half-written object under its real name.
 type Store struct {
 	root string
+	// volatile: commits rename without fsync (NewVolatile).
+	volatile bool
 }
 
 // New returns a Store rooted at root; the directory is created on the
 // first write.
 func New(root string) *Store { return &Store{root: filepath.Clean(root)} }
+
+// NewVolatile is New for a copy that needs to outlive a process, not the
+// host: a commit renames the object into place without syncing it, which
+// on a disk would cost its whole write in the caller's time (migrate's
+// kept copy of the image, written during the downtime).
+func NewVolatile(root string) *Store { return &Store{root: filepath.Clean(root), volatile: true} }
 
 // Parent is the store of the directory that holds this one, and this
 // one's name in it; ok is false at the file system's root.
@@ -39,7 +47,7 @@ func (d *Store) Parent() (parent store.Store, name string, ok bool) {
 	if err != nil || filepath.Dir(abs) == abs {
 		return nil, "", false
 	}
-	return New(filepath.Dir(abs)), filepath.Base(abs), true
+	return &Store{root: filepath.Dir(abs), volatile: d.volatile}, filepath.Base(abs), true
 }
 
 // String implements store.Store.
@@ -184,7 +192,7 @@ func (d *Store) openDirs(parts []string, create bool) (*os.File, error) {
 func (w *dirWriter) Write(b []byte) (int, error) {
 	n, err := w.f.Write(b)
 	w.n += int64(n)
-	if w.n-w.flushed >= writeBehind {
+	if w.n-w.flushed >= writeBehind && !w.d.volatile {
 		// Best effort (a file system may not support it): the commit's
 		// fsync is what makes the object durable.
 		_ = unix.SyncFileRange(w.fd, w.flushed, w.n-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
@@ -226,8 +234,10 @@ func (w *dirWriter) commit(ctx context.Context, exclusive bool) error {
 	if st.Size() != w.n {
 		return fail(fmt.Errorf("wrote %d bytes but the file holds %d", w.n, st.Size()))
 	}
-	if err := w.f.Sync(); err != nil {
-		return fail(err)
+	if !w.d.volatile {
+		if err := w.f.Sync(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := w.f.Close(); err != nil {
 		return fail(err)
@@ -245,6 +255,9 @@ func (w *dirWriter) commit(ctx context.Context, exclusive bool) error {
 	}
 	if err != nil {
 		return fail(err)
+	}
+	if w.d.volatile {
+		return nil
 	}
 	if err := w.dir.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
 		return fmt.Errorf("sync %s: %w", w.dir.Name(), err)

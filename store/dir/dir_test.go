@@ -19,6 +19,12 @@ func TestDirConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return dir.New(t.TempDir()) })
 }
 
+// TestVolatileDirConformance: a store whose commits do not sync behaves
+// as a store all the same.
+func TestVolatileDirConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return dir.NewVolatile(t.TempDir()) })
+}
+
 // TestNoEmptyDirsLeft: an aborted write and the last delete in a directory
 // leave no empty directories below the root (a failed checkpoint's
 // segments/); the root itself stays.
