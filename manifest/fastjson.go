@@ -39,14 +39,14 @@ func (c *Chunk) UnmarshalJSON(b []byte) error {
 // keys it lacks keep c's values, as with encoding/json); ok is false for
 // anything else.
 func parseChunk(b []byte, c Chunk) (Chunk, bool) {
-	p := chunkParser{b: b}
+	p := fastParser{b: b}
 	ok := p.chunk(&c)
 	p.space()
 	return c, ok && p.i == len(p.b)
 }
 
 // chunk reads a chunk object at p.i into c.
-func (p *chunkParser) chunk(c *Chunk) bool {
+func (p *fastParser) chunk(c *Chunk) bool {
 	if !p.byte('{') {
 		return false
 	}
@@ -94,19 +94,20 @@ func (p *chunkParser) chunk(c *Chunk) bool {
 	}
 }
 
-type chunkParser struct {
+// fastParser reads the manifest's own form of JSON at b[i:].
+type fastParser struct {
 	b []byte
 	i int
 }
 
-func (p *chunkParser) space() {
+func (p *fastParser) space() {
 	for p.i < len(p.b) && isSpace(p.b[p.i]) {
 		p.i++
 	}
 }
 
 // byte consumes c after any space.
-func (p *chunkParser) byte(c byte) bool {
+func (p *fastParser) byte(c byte) bool {
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == c {
 		p.i++
@@ -116,7 +117,7 @@ func (p *chunkParser) byte(c byte) bool {
 }
 
 // key reads a string of plain lower-case letters (the keys it knows).
-func (p *chunkParser) key() ([]byte, bool) {
+func (p *fastParser) key() ([]byte, bool) {
 	if !p.byte('"') {
 		return nil, false
 	}
@@ -133,7 +134,7 @@ func (p *chunkParser) key() ([]byte, bool) {
 
 // int reads a JSON integer in [lo, hi]: an optional minus, then digits
 // without a leading zero.
-func (p *chunkParser) int(lo, hi int64) (int64, bool) {
+func (p *fastParser) int(lo, hi int64) (int64, bool) {
 	p.space()
 	neg := p.i < len(p.b) && p.b[p.i] == '-'
 	if neg {
@@ -171,13 +172,13 @@ func (p *chunkParser) int(lo, hi int64) (int64, bool) {
 	return x, true
 }
 
-func (p *chunkParser) uint32() (uint32, bool) {
+func (p *fastParser) uint32() (uint32, bool) {
 	v, ok := p.int(0, math.MaxUint32)
 	return uint32(v), ok
 }
 
 // hash reads the hash as a string of exactly 64 hex digits.
-func (p *chunkParser) hash(h *Hash) bool {
+func (p *fastParser) hash(h *Hash) bool {
 	if !p.byte('"') || p.i+2*len(h)+1 > len(p.b) || p.b[p.i+2*len(h)] != '"' {
 		return false
 	}
@@ -239,7 +240,7 @@ func topFiles(b []byte) (start, end int, files []File, ok bool) {
 				case escaped:
 					return 0, 0, nil, false
 				case string(key) == "files":
-					p := chunkParser{b: b, i: j + 1}
+					p := fastParser{b: b, i: j + 1}
 					if found || !p.byte(':') {
 						return 0, 0, nil, false
 					}
@@ -266,20 +267,24 @@ func topFiles(b []byte) (start, end int, files []File, ok bool) {
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
 
 // files reads an array of file objects.
-func (p *chunkParser) files(fs *[]File) bool {
+func (p *fastParser) files(fs *[]File) bool { return array(p, fs, p.file) }
+
+// array reads a JSON array into out (empty, not nil, for "[]", as
+// encoding/json), each element by elem.
+func array[T any](p *fastParser, out *[]T, elem func(*T) bool) bool {
 	if !p.byte('[') {
 		return false
 	}
-	*fs = []File{}
+	*out = []T{}
 	if p.byte(']') {
 		return true
 	}
 	for {
-		var f File
-		if !p.file(&f) {
+		var v T
+		if !elem(&v) {
 			return false
 		}
-		*fs = append(*fs, f)
+		*out = append(*out, v)
 		if p.byte(']') {
 			return true
 		}
@@ -290,7 +295,7 @@ func (p *chunkParser) files(fs *[]File) bool {
 }
 
 // file reads a file object; a key twice sends it to encoding/json.
-func (p *chunkParser) file(f *File) bool {
+func (p *fastParser) file(f *File) bool {
 	if !p.byte('{') {
 		return false
 	}
@@ -338,32 +343,11 @@ func (p *chunkParser) file(f *File) bool {
 }
 
 // chunks reads an array of chunk objects.
-func (p *chunkParser) chunks(cs *[]Chunk) bool {
-	if !p.byte('[') {
-		return false
-	}
-	*cs = []Chunk{}
-	if p.byte(']') {
-		return true
-	}
-	for {
-		var c Chunk
-		if !p.chunk(&c) {
-			return false
-		}
-		*cs = append(*cs, c)
-		if p.byte(']') {
-			return true
-		}
-		if !p.byte(',') {
-			return false
-		}
-	}
-}
+func (p *fastParser) chunks(cs *[]Chunk) bool { return array(p, cs, p.chunk) }
 
 // plainString reads a string of printable ASCII without escapes, which
 // encoding/json decodes to the same bytes.
-func (p *chunkParser) plainString() (string, bool) {
+func (p *fastParser) plainString() (string, bool) {
 	if !p.byte('"') {
 		return "", false
 	}
@@ -378,7 +362,7 @@ func (p *chunkParser) plainString() (string, bool) {
 	return string(p.b[start : p.i-1]), true
 }
 
-func (p *chunkParser) bool() (bool, bool) {
+func (p *fastParser) bool() (bool, bool) {
 	p.space()
 	switch {
 	case bytes.HasPrefix(p.b[p.i:], []byte("true")):
