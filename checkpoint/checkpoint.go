@@ -336,12 +336,6 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 			defer stage.Close()
 		}
 	}
-	var reaped time.Duration
-	if a, ok := src.(*source.ArchiveSource); ok {
-		if reaped, err = waitReaped(ctx, a.Manifest()); err != nil {
-			return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
-		}
-	}
 	pairs, err := o.GPUMap.For(recorded)
 	if err == nil {
 		err = o.CUDA.CheckMap(ctx, pairs, recorded)
@@ -360,6 +354,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		})
 	}
 	defer warm.Wait()
+	// The driver warms while a slow parent reaps the checkpointed tree.
+	var reaped time.Duration
+	if a, ok := src.(*source.ArchiveSource); ok {
+		if reaped, err = waitReaped(ctx, a.Manifest()); err != nil {
+			return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
+		}
+	}
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
 	if err == nil {
