@@ -29,7 +29,7 @@ type Source interface {
 // decodeChunk decodes payload into dst (len == raw length) and checks the
 // raw checksum: the one place every restored byte is verified.
 // A chunk stored raw (codec None) may be decoded in place: dst may be
-// payload itself.
+// payload itself, which is then only read.
 func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) error {
 	id := codec.ID(codecID)
 	err := codec.DecodeChecked(id, dst, payload, checksum)
@@ -41,16 +41,6 @@ func decodeChunk(dst []byte, codecID uint8, checksum uint32, payload []byte) err
 	default: // an unknown codec id: in a stream, damage
 		return fmt.Errorf("decode %s chunk: %v: %w", id, err, errdefs.ErrCorrupt)
 	}
-}
-
-// checkChunk checks raw bytes stored as they are (codec none) where they
-// lie: bytes held by a reader's memory are never written, not even with
-// themselves.
-func checkChunk(raw []byte, checksum uint32) error {
-	if got := codec.Checksum(raw); got != checksum {
-		return fmt.Errorf("decode %s chunk: %w: %d bytes have CRC-32C %08x, want %08x", codec.None, codec.ErrChecksum, len(raw), got, checksum)
-	}
-	return nil
 }
 
 // openChunk is the reader stage before decoding: it authenticates and

@@ -590,9 +590,8 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// Large chunks that may stay in memory are decoded into page buffers,
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
-	inPlace := heldRaw(fr) // checked where it lies: it stays the chunk
 	switch {
-	case inPlace:
+	case heldRaw(fr): // checked where it lies: it stays the chunk
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
 		page, j.page = j.page, nil
 	case j.spilled && codec.ID(fr.Codec) != codec.None:
@@ -608,11 +607,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	case codec.ID(fr.Codec) != codec.None:
 		raw = make([]byte, fr.RawLen)
 	}
-	if inPlace {
-		err = checkChunk(raw, fr.Checksum)
-	} else {
-		err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload)
-	}
+	err = decodeChunk(raw, fr.Codec, fr.Checksum, fr.Payload) // in place: only read
 	if err == nil && s.opts.VerifyHashes && s.sums.Content(raw) != fr.Hash {
 		err = errors.New("content hash mismatch")
 	}
