@@ -611,6 +611,9 @@ type ServeResult struct {
 	// taking all of it, while its connection was still open: its choice
 	// (see ServeWith). They are not counted in Served.
 	ClosedEarly int
+	// Sparse is the zero bytes of pages images left out, their pages
+	// restored untouched (sparse.go).
+	Sparse int64
 }
 
 // ServeOptions configure Serve.
@@ -653,6 +656,11 @@ var ErrOutstanding = errors.New("disconnected with a file it asked for not taken
 // which has CRIU's exit code, lets that decide.
 func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOptions) (ServeResult, error) {
 	var res ServeResult
+	var sp *sparse
+	if !noSparse {
+		sp = newSparse(src, o.Hooks.Log)
+		src = sp
+	}
 	path := filepath.Join(dir, ServeSocket)
 	l, err := listen(path)
 	if err != nil {
@@ -713,6 +721,9 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 	err = s.finish()
 	res.Requests, res.Served, res.Bytes = int(requests.Load()), int(served.Load()), bytes.Load()
 	res.ClosedEarly = int(early.Load())
+	if sp != nil {
+		res.Sparse = sp.Omitted()
+	}
 	s.mu.Lock()
 	res.Producers = s.producersSeen
 	s.mu.Unlock()

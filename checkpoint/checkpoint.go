@@ -293,12 +293,15 @@ type RestoreOptions struct {
 
 // RestoreResult is a restored process tree.
 type RestoreResult struct {
-	PID       int     `json:"pid"`
-	Source    string  `json:"source"`
-	Files     int     `json:"files"`
-	Bytes     int64   `json:"bytes"`
-	Phases    []Phase `json:"phases"`
-	TotalSecs float64 `json:"total_seconds"`
+	PID    int    `json:"pid"`
+	Source string `json:"source"`
+	Files  int    `json:"files"`
+	Bytes  int64  `json:"bytes"`
+	// SparseBytes are the zero pages CRIU was not handed: restored as
+	// memory never touched (capture/sparse.go).
+	SparseBytes int64   `json:"sparse_bytes,omitempty"`
+	Phases      []Phase `json:"phases"`
+	TotalSecs   float64 `json:"total_seconds"`
 	// CUDA processes brought back onto the GPU.
 	CUDAPIDs  []int `json:"cuda_pids,omitempty"`
 	Producers int   `json:"producers,omitempty"`
@@ -402,7 +405,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 			return nil, fmt.Errorf("restore from %s: process %d restored, but its device memory is not: %w", o.Src, rep.PID, err)
 		}
 	}
-	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes,
+	return &RestoreResult{PID: rep.PID, Source: o.Src.String(), Files: rep.Served, Bytes: rep.Bytes, SparseBytes: rep.Sparse,
 		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cudaPIDs, Producers: rep.Producers}, nil
 }
 

@@ -411,6 +411,20 @@ type Target struct {
 
 var subreaperOnce sync.Once
 
+// becomeSubreaper makes orphans come to the test process instead of init:
+// a target's child after a dump kills the target, and the restored tree
+// after criu restore -d exits. We reap them (WaitPIDGone), so pids are free
+// for the next restore (a dead session leader's pid stays taken while a
+// zombie of its session is left) and no zombie outlives its test; init
+// here reaps late.
+func becomeSubreaper(t testing.TB) {
+	subreaperOnce.Do(func() {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			t.Logf("PR_SET_CHILD_SUBREAPER: %v (orphans go to init)", err)
+		}
+	})
+}
+
 // StartTarget builds and starts e2e/target in dir with about mb MiB of
 // memory, in its own session with stdin on /dev/null and output in
 // dir/target.out, as CRIU needs to dump it without --shell-job, and waits
@@ -418,15 +432,7 @@ var subreaperOnce sync.Once
 // after a restore (CRIU restores the same pids).
 func StartTarget(t testing.TB, dir string, mb int, extra ...string) *Target {
 	t.Helper()
-	// Orphans come to us instead of init: the target's child after a dump
-	// kills the target, and the restored tree after criu restore -d exits.
-	// We reap them (WaitPIDGone), so pids are free for the next restore and
-	// no zombie outlives its test; init here reaps late.
-	subreaperOnce.Do(func() {
-		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-			t.Logf("PR_SET_CHILD_SUBREAPER: %v (orphans go to init)", err)
-		}
-	})
+	becomeSubreaper(t)
 	bin := BuildBinary(t, "./e2e/target")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("target dir: %v", err)

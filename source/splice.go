@@ -137,6 +137,7 @@ type chunkWriter struct {
 	w    io.Writer
 	pipe syscall.RawConn // nil unless w is a pipe
 	file *os.File        // w, when it is a regular file written at its offset
+	omit *Omit           // the bytes it leaves out, when Copy was handed an Omit
 }
 
 // noSplice turns splicing off, to measure what it saves
@@ -144,6 +145,11 @@ type chunkWriter struct {
 var noSplice = os.Getenv("GPUCR_NO_SPLICE") == "1"
 
 func newChunkWriter(w io.Writer) chunkWriter {
+	if o, ok := w.(*Omit); ok {
+		cw := newChunkWriter(o.W)
+		cw.omit = o
+		return cw
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return chunkWriter{w: w}
@@ -169,6 +175,9 @@ func newChunkWriter(w io.Writer) chunkWriter {
 // whether the pipe took references to their pages, in which case they must
 // never be written again.
 func (cw chunkWriter) write(bs ...[]byte) (spliced bool, err error) {
+	if cw.omit != nil {
+		bs = cw.omit.kept(bs)
+	}
 	if cw.pipe == nil {
 		for _, b := range bs {
 			if _, err := cw.w.Write(b); err != nil {
@@ -183,6 +192,10 @@ func (cw chunkWriter) write(bs ...[]byte) (spliced bool, err error) {
 
 // zeros writes n zero bytes.
 func (cw chunkWriter) zeros(n int64) error {
+	if o := cw.omit; o != nil {
+		cw.omit = nil
+		return o.keep(n, func(from, to int64) error { return cw.zeros(to - from) })
+	}
 	if cw.file != nil && n > 0 {
 		// A hole, ended by one written zero so that the length is right
 		// even when the file ends here: declared zeros cost no space.
@@ -204,6 +217,10 @@ func (cw chunkWriter) zeros(n int64) error {
 // written over at that range while the pipe may still hold them (spill
 // files are append-only).
 func (cw chunkWriter) fromFile(f *os.File, off, n int64, buf []byte) error {
+	if o := cw.omit; o != nil {
+		cw.omit = nil
+		return o.keep(n, func(from, to int64) error { return cw.fromFile(f, off+from, to-from, buf) })
+	}
 	if cw.pipe == nil {
 		if _, err := f.ReadAt(buf[:n], off); err != nil {
 			return err

@@ -130,6 +130,12 @@ func TestArchiveCopyIntoClosedPipe(t *testing.T) {
 // copyThroughPipe copies name into a 64 KiB pipe read slowly; with limit
 // >= 0 the reader stops after that many bytes and closes its end.
 func copyThroughPipe(ctx context.Context, a Source, name string, nonblock bool, limit int) ([]byte, error) {
+	return copyOmittingThroughPipe(ctx, a, name, nonblock, limit, nil)
+}
+
+// copyOmittingThroughPipe is copyThroughPipe through an Omit of omit
+// (none if nil).
+func copyOmittingThroughPipe(ctx context.Context, a Source, name string, nonblock bool, limit int, omit []Span) ([]byte, error) {
 	r, w, err := os.Pipe() // os.Pipe's ends are non-blocking and pollable
 	if err != nil {
 		return nil, err
@@ -175,7 +181,13 @@ func copyThroughPipe(ctx context.Context, a Source, name string, nonblock bool, 
 		r.Close()
 		done <- result{got.Bytes(), nil}
 	}()
-	_, err = a.Copy(ctx, name, w)
+	var to io.Writer = w
+	if omit != nil {
+		if to, err = NewOmit(w, omit); err != nil {
+			return nil, err
+		}
+	}
+	_, err = a.Copy(ctx, name, to)
 	w.Close()
 	res := <-done
 	if err != nil {

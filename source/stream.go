@@ -754,8 +754,21 @@ func (s *StreamSource) Err() error {
 	return s.err
 }
 
+// entry lists the file's chunks too, as decoded: Codec says only which
+// are zero (codec.Zero; the others codec.None), which is what a sparse
+// serve of a pages image needs (capture/sparse.go).
 func (f *streamFile) entry() manifest.File {
-	return manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external}
+	m := manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external}
+	if len(f.chunks) > 0 {
+		m.Chunks = make([]manifest.Chunk, len(f.chunks))
+		for i, c := range f.chunks {
+			m.Chunks[i] = manifest.Chunk{Offset: c.off, RawLen: uint32(c.n), Checksum: c.crc, Hash: c.hash, Codec: uint8(codec.None)}
+			if c.zero {
+				m.Chunks[i].Codec = uint8(codec.Zero)
+			}
+		}
+	}
+	return m
 }
 
 // Stat implements Source.
@@ -771,6 +784,8 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 	if f == nil {
 		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return f.entry(), nil
 }
 

@@ -242,10 +242,14 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	// Staging is an optimization only: a library without it, or that
 	// could not pin the memory now, allocates in the copy (and fails
 	// there if it must).
+	// Every process at once: pinning is the driver's work per process, and
+	// a tree's ranks pinned one after the other took as long again.
 	t := time.Now()
+	var staging sync.WaitGroup
 	for _, fp := range s.procs {
-		_ = fp.p.Stage(ctx, o.Files)
+		staging.Go(func() { _ = fp.p.Stage(ctx, o.Files) })
 	}
+	staging.Wait()
 	s.Timings.Stage = time.Since(t)
 	t = time.Now()
 	err = s.collectiveBarrier(ctx)

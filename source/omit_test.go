@@ -1,0 +1,141 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/streamer"
+)
+
+// cut is b without the spans.
+func cut(b []byte, spans []Span) []byte {
+	var out []byte
+	var at int64
+	for _, s := range spans {
+		out = append(out, b[at:s.Off]...)
+		at = s.End()
+	}
+	return append(out, b[at:]...)
+}
+
+func TestOmitWrite(t *testing.T) {
+	data := pipelinetest.SmallData(10000, 5)
+	for _, tc := range []struct {
+		name   string
+		spans  []Span
+		writes []int // the sizes data is written in
+	}{
+		{"none", nil, []int{10000}},
+		{"one span inside one write", []Span{{100, 200}}, []int{10000}},
+		{"span across writes", []Span{{900, 300}}, []int{1000, 1000, 8000}},
+		{"span covering whole writes", []Span{{1000, 3000}}, []int{1000, 1000, 1000, 1000, 6000}},
+		{"at the start and the end", []Span{{0, 10}, {9990, 10}}, []int{5, 5, 9980, 10}},
+		{"many spans in one write", []Span{{1, 1}, {3, 1}, {5, 4000}, {5000, 1}}, []int{10000}},
+		{"empty writes", []Span{{50, 50}}, []int{0, 60, 0, 9940}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			o, err := NewOmit(&buf, tc.spans)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := 0
+			for _, n := range tc.writes {
+				if k, err := o.Write(data[at : at+n]); k != n || err != nil {
+					t.Fatalf("Write(%d bytes) = %d, %v", n, k, err)
+				}
+				at += n
+			}
+			if want := cut(data, tc.spans); !bytes.Equal(buf.Bytes(), want) {
+				t.Fatalf("wrote %d bytes, want %d (or different ones)", buf.Len(), len(want))
+			}
+			if o.Written() != int64(len(data)) {
+				t.Fatalf("Written() = %d, want %d", o.Written(), len(data))
+			}
+		})
+	}
+	for _, bad := range [][]Span{{{10, 0}}, {{10, 5}, {12, 5}}, {{20, 5}, {10, 5}}, {{-1, 5}}} {
+		if _, err := NewOmit(io.Discard, bad); err == nil {
+			t.Errorf("NewOmit(%v) accepted spans that are not sorted, disjoint and non-empty", bad)
+		}
+	}
+}
+
+// Copy into an Omit leaves the spans out of what every source writes, by
+// vmsplice into a pipe or by Write, whether a span is a whole zero chunk
+// (skipped without a byte spliced), part of one, or crosses chunks.
+func TestCopyOmit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const chunk = minSpliceChunk
+	pages := make([]byte, 5*chunk+1000)
+	r := pipelinetest.NewRand(11)
+	pipelinetest.FillText(pages[:chunk], r)
+	pipelinetest.FillRandom(pages[chunk:2*chunk], r)
+	// chunk 2 stays zero
+	pipelinetest.FillBF16(pages[3*chunk:], r)
+	files := map[string][]byte{"pages-1.img": pages}
+	spanSets := [][]Span{
+		{{2 * chunk, chunk}}, // the zero chunk
+		{{4096, 8192}, {2*chunk + 4096, chunk - 8192}, {4*chunk - 100, 200}, {5 * chunk, 1000}},
+		{{0, int64(len(pages))}},
+	}
+	sources := map[string]func(t *testing.T, spec string, limit int64) Source{
+		"archive": func(t *testing.T, spec string, _ int64) Source {
+			st := mem.New("omit")
+			out, err := streamer.NewArchiveOutput(ctx, st, 150<<10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
+			a, err := OpenArchive(ctx, st, pipeline.Options{Workers: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
+		"stream": func(t *testing.T, spec string, limit int64) Source {
+			var buf bytes.Buffer
+			out, err := streamer.NewStreamOutput([]io.Writer{&buf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
+			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: limit}})
+			if err := s.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	}
+	for kind, open := range sources {
+		for _, tc := range []struct {
+			spec  string
+			limit int64
+		}{{"none", 1 << 30}, {"lz4", 1 << 30}, {"auto", 2 * chunk}} {
+			t.Run(fmt.Sprintf("%s-%s-limit%d", kind, tc.spec, tc.limit), func(t *testing.T) {
+				src := open(t, tc.spec, tc.limit)
+				defer src.Close()
+				for i, spans := range spanSets {
+					want := cut(pages, spans)
+					got, err := copyOmittingThroughPipe(ctx, src, "pages-1.img", i%2 == 1, -1, spans)
+					if err != nil || !bytes.Equal(got, want) {
+						t.Fatalf("spans %v into a pipe: %d bytes, want %d (equal %v), %v", spans, len(got), len(want), bytes.Equal(got, want), err)
+					}
+					var buf bytes.Buffer
+					o, _ := NewOmit(&buf, spans)
+					if n, err := src.Copy(ctx, "pages-1.img", o); err != nil || n != int64(len(pages)) || !bytes.Equal(buf.Bytes(), want) {
+						t.Fatalf("spans %v into a buffer: Copy = %d, %v; %d bytes, want %d", spans, n, err, buf.Len(), len(want))
+					}
+				}
+			})
+		}
+	}
+}
