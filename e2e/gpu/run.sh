@@ -135,7 +135,9 @@
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again; the
 # suffix -nostage (fast-nostage) restores with --stage-memory none, and
-# -precopy (migratefast-precopy) migrates with --precopy on. After
+# -precopy (migratefast-precopy) migrates with --precopy on, and -dense
+# (ncclp2p-dense) restores with GPUCR_NO_SPARSE=1: CRIU is handed every
+# zero page too, as before sparse pages (capture/sparse.go). After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
@@ -675,6 +677,12 @@ print(json.dumps({"round": "baseline", "ok": a[1] == "true", "raw_bytes": int(ra
 	$ok
 }
 
+# dense_env: the words that run a restore of a -dense round with every
+# zero page handed to CRIU (nothing for other rounds).
+dense_env() {
+	case $ROUND in *-dense) echo env GPUCR_NO_SPARSE=1 ;; esac
+}
+
 # round_criu_opts: CRIU_OPTS, and for the nccl rounds --tcp-established
 # (the ranks talk over loopback TCP, NCCL's bootstrap, inside the tree:
 # CRIU refuses the connected sockets without it).
@@ -792,7 +800,7 @@ round_gcs() {
 		# archive, as before staging.
 		case $ROUND in *-nostage) rextra+=(--stage-memory none) ;; esac
 		t0=$(now)
-		if ! "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
+		if ! $(dense_env) "$GCS" restore --from "$ar" --work-dir "$WORK/w2" --criu "$CRIU" --json "${rextra[@]}" \
 			>"$WORK/logs/$ROUND-restore.json" 2>"$WORK/logs/$ROUND-restore.err"; then
 			log "$ROUND: restore failed: $(tail -c 3000 "$WORK/logs/$ROUND-restore.err")"
 			keep_log "$WORK/w2/img/restore.log" "$WORK/logs/$ROUND-restore.log"
@@ -1032,7 +1040,7 @@ round_migrate() {
 	local spec
 	spec=$(remap_spec)
 	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
-	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
+	$(dense_env) "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
 		"${copts[@]}" "${ropts[@]}" >"$rj" 2>"$re" &
 	RECV_PID=$!
 	local i=0
