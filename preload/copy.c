@@ -585,11 +585,17 @@ out:
 	return NULL;
 }
 
+/* buf_size is each pinned buffer's size, 8 MiB (GPUCR_PRELOAD_BUF_MIB to
+ * measure others). Pinning is what buffers cost, on the copy in's path and
+ * in a checkpoint's time: 16 threads of 2 x 32 MiB took 0.24 to 0.50 s to
+ * pin on H200 hosts, of 2 x 8 MiB 0.06 to 0.07 s; the driver's cost per
+ * copy (some microseconds) stays small beside the copy itself (8 MiB:
+ * about 0.16 ms at 50 GB/s). */
 static size_t buf_size(void)
 {
 	const char *e = getenv("GPUCR_PRELOAD_BUF_MIB");
 	long v = e ? atol(e) : 0;
-	return (size_t)(v > 0 && v <= 1024 ? v : 32) << 20;
+	return (size_t)(v > 0 && v <= 1024 ? v : 8) << 20;
 }
 
 int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st)
@@ -599,12 +605,7 @@ int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct s
 	pthread_mutex_init(&j.err_mu, NULL);
 	j.out = out;
 	j.live = live;
-	/* A copy in pins its buffers on the restore's path (a copy out's are
-	 * staged while the program runs): 16 threads of 2 x 32 MiB took 0.28
-	 * to 0.50 s to pin on an H200 host. A quarter of that still keeps
-	 * the driver's cost per copy (some microseconds) small beside the
-	 * copy itself (8 MiB: about 0.16 ms at 50 GB/s). */
-	j.buf = out ? buf_size() : buf_size() / 4;
+	j.buf = buf_size();
 	if (out) {
 		pthread_mutex_lock(&tab_mu);
 		int cap = 0;

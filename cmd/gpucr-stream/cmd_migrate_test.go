@@ -35,7 +35,7 @@ func TestMigrateUsage(t *testing.T) {
 		{[]string{"migrate", "--to", "tcp://127.0.0.1:1"}, exitUsage, "--pid"},
 		{[]string{"migrate", "--pid", "1", "--to", "/tmp/x"}, exitUsage, "tcp://HOST:PORT"},
 		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1"}, exitUsage, "--token-file"},
-		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1", "--token-file", tok, "--streams", "0"}, exitUsage, "--streams"},
+		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1", "--token-file", tok, "--streams", "65"}, exitUsage, "--streams"},
 		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1", "--token-file", tok, "--net-timeout", "1ms"}, exitUsage, "--net-timeout"},
 		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1", "--tls-cert", "c.pem"}, exitUsage, "all of --tls-cert"},
 		{[]string{"receive", "--restore"}, exitUsage, "--listen"},

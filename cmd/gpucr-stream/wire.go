@@ -106,10 +106,13 @@ func (c *config) tcpSettings() (location.TCPConfig, error) {
 	if t.Timeout, err = c.tcpTimeout(); err != nil {
 		return t, err
 	}
-	if c.streams < 1 || c.streams > tcp.MaxStreams {
-		return t, usagef("--streams %d: want 1..%d", c.streams, tcp.MaxStreams)
+	if c.streams < 0 || c.streams > tcp.MaxStreams {
+		return t, usagef("--streams %d: want 1..%d, or 0 for the default", c.streams, tcp.MaxStreams)
 	}
 	t.Streams = c.streams
+	if t.Streams == 0 {
+		t.Streams = tcp.DefaultStreams()
+	}
 	return t, nil
 }
 

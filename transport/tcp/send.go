@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,6 +146,12 @@ const (
 	sendBufSize  = 256 << 10
 	sendBufCount = 16
 )
+
+// DefaultStreams is how many connections a sender opens when not told:
+// half the cores, 4 to 16. Each stream is written and encrypted on its
+// own goroutine; on one H200 host (16 cores, loopback, TLS) 8 streams
+// carried a fast-path migration's 11.6 GB in 2.5-2.9 s, 4 in 3.7-3.9 s.
+func DefaultStreams() int { return min(16, max(4, runtime.NumCPU()/2)) }
 
 // Dial connects the N streams to the receiver at addr (host:port),
 // authenticates both ways and returns the output. Nothing of the
