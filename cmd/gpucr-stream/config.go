@@ -191,7 +191,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
-	num(&c.streams, "streams", 0, "tcp://: parallel connections carrying the stream's shards, each written and encrypted on its own goroutine (1..64; 0: half the cores, 4 to 16)")
+	num(&c.streams, "streams", 0, "tcp://: parallel connections carrying the stream's shards, each written and encrypted on its own goroutine (1..64; 0: half the cores, 4 to 8)")
 	str(&c.tokenFile, "token-file", "", "tcp://: file holding the shared secret both sides prove (make one with: gpucr-stream token > FILE)")
 	str(&c.tlsCert, "tls-cert", "", "tcp://: this side's certificate (PEM), instead of or besides --token-file")
 	str(&c.tlsKey, "tls-key", "", "tcp://: the key of --tls-cert (PEM)")
