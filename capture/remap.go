@@ -9,7 +9,6 @@ package capture
 // are.
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -28,10 +27,9 @@ import (
 )
 
 const (
-	imgCommonMagic = 0x54564319 // criu/include/magic.h
-	filesMagic     = 0x56303138
-	tcpListen      = 10 // netinet/tcp.h
-	ipprotoTCP     = 6
+	filesMagic = 0x56303138
+	tcpListen  = 10 // netinet/tcp.h
+	ipprotoTCP = 6
 	// maxFilesImg bounds what is read of files.img (a few KiB in practice).
 	maxFilesImg = 64 << 20
 )
@@ -87,11 +85,11 @@ func (r *replaced) load(ctx context.Context) error {
 	if r.data != nil || r.err != nil {
 		return r.err
 	}
-	var buf bytes.Buffer
-	if _, err := r.Source.Copy(ctx, remappedFile, &limitWriter{&buf, maxFilesImg}); err != nil {
-		return fmt.Errorf("tcp listen remap: read %s: %w", remappedFile, err) // not kept: a canceled wait may be retried
+	img, err := readImage(ctx, r.Source, remappedFile, maxFilesImg)
+	if err != nil {
+		return fmt.Errorf("tcp listen remap: %w", err) // not kept: a canceled wait may be retried
 	}
-	patched, err := PatchTCPListen(buf.Bytes(), r.remaps)
+	patched, err := PatchTCPListen(img, r.remaps)
 	if err != nil {
 		r.err = fmt.Errorf("tcp listen remap: %s: %w", remappedFile, err)
 		return r.err
@@ -103,31 +101,29 @@ func (r *replaced) load(ctx context.Context) error {
 // eachFileEntry walks the entries of a files.img and returns the image
 // rebuilt from what fn returns for each (its raw bytes, or new ones).
 func eachFileEntry(img []byte, fn func(fe *fdinfo.FileEntry, raw []byte, off int) ([]byte, error)) ([]byte, error) {
-	if len(img) < 8 || binary.LittleEndian.Uint32(img) != imgCommonMagic || binary.LittleEndian.Uint32(img[4:]) != filesMagic {
-		return nil, fmt.Errorf("not a CRIU files image (bad magic at offset 0): %w", errdefs.ErrCorrupt)
-	}
-	out := append([]byte(nil), img[:8]...)
-	for off := 8; off < len(img); {
-		if len(img)-off < 4 {
-			return nil, fmt.Errorf("entry length truncated at offset %d: %w", off, errdefs.ErrCorrupt)
+	var out []byte
+	err := imageEntries(img, filesMagic, func(raw []byte, off int) error {
+		if out == nil {
+			out = append(out, img[:8]...)
 		}
-		n := int(binary.LittleEndian.Uint32(img[off:]))
-		if n > len(img)-off-4 {
-			return nil, fmt.Errorf("entry of %d bytes at offset %d runs past the end (%d bytes): %w", n, off, len(img), errdefs.ErrCorrupt)
-		}
-		raw := img[off+4 : off+4+n]
 		var fe fdinfo.FileEntry
 		// Partial: CRIU's own readers do not insist on proto2's required fields.
 		if err := (proto.UnmarshalOptions{AllowPartial: true}).Unmarshal(raw, &fe); err != nil {
-			return nil, fmt.Errorf("entry at offset %d: %v: %w", off, err, errdefs.ErrCorrupt)
+			return fmt.Errorf("entry at offset %d: %v: %w", off, err, errdefs.ErrCorrupt)
 		}
 		raw, err := fn(&fe, raw, off)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(raw)))
 		out = append(out, raw...)
-		off += 4 + n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("not a CRIU files image: %w", err)
+	}
+	if out == nil {
+		out = append(out, img[:8]...)
 	}
 	return out, nil
 }
@@ -230,18 +226,4 @@ func (r *replaced) Files(ctx context.Context) ([]manifest.File, error) {
 		}
 	}
 	return fs, err
-}
-
-// limitWriter fails writes past n bytes.
-type limitWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (l *limitWriter) Write(b []byte) (int, error) {
-	if int64(len(b)) > l.n {
-		return 0, fmt.Errorf("larger than %d bytes", maxFilesImg)
-	}
-	l.n -= int64(len(b))
-	return l.w.Write(b)
 }

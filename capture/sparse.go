@@ -25,7 +25,6 @@ package capture
 // as it is. The archive keeps what CRIU wrote: extract is unchanged.
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -190,8 +189,8 @@ func (s *sparse) planOf(ctx context.Context, name string) (*sparsePlan, error) {
 // as it is, for CRIU to judge.
 func (s *sparse) plan(ctx context.Context, name string, p *sparsePlan) {
 	kept, pf, err := s.planned(ctx, name, p)
-	if err != nil && !errors.Is(err, errdefs.ErrCorrupt) {
-		p.err = err
+	if err != nil && !errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errTooLarge) {
+		p.err = fmt.Errorf("sparse pages: %w", err)
 		return
 	}
 	if err != nil && s.log != nil {
@@ -218,13 +217,16 @@ func (s *sparse) plan(ctx context.Context, name string, p *sparsePlan) {
 // planned reads the pagemap name, its pages image's entry and its mm
 // image, and sets p.pages and p.omit; it returns the rewritten pagemap.
 func (s *sparse) planned(ctx context.Context, name string, p *sparsePlan) ([]byte, manifest.File, error) {
-	pm, err := readImage(ctx, s.Source, name)
+	pm, err := readImage(ctx, s.Source, name, maxMapImg)
 	if err != nil {
 		return nil, manifest.File{}, err
 	}
 	pi, err := parsePagemap(pm)
-	if err != nil || !pi.plain {
-		return nil, manifest.File{}, wrapImage(name, err)
+	if err != nil {
+		return nil, manifest.File{}, fmt.Errorf("%s: %w", name, err)
+	}
+	if !pi.plain {
+		return nil, manifest.File{}, nil
 	}
 	p.pages = fmt.Sprintf("pages-%d.img", pi.pagesID)
 	pf, err := s.Source.Stat(ctx, p.pages)
@@ -232,57 +234,27 @@ func (s *sparse) planned(ctx context.Context, name string, p *sparsePlan) ([]byt
 		return nil, pf, nil
 	}
 	if err != nil {
-		return nil, pf, fmt.Errorf("sparse pages: %s of %s: %w", p.pages, name, err)
+		return nil, pf, fmt.Errorf("%s of %s: %w", p.pages, name, err)
 	}
 	zero := zeroPages(pf.Chunks)
 	if len(zero) == 0 {
 		return nil, pf, nil
 	}
 	mmName := "mm-" + pagemapName.FindStringSubmatch(name)[1] + ".img"
-	mm, err := readImage(ctx, s.Source, mmName)
+	mm, err := readImage(ctx, s.Source, mmName, maxMapImg)
 	if err != nil {
 		return nil, pf, err
 	}
 	vmas, err := parseMM(mm)
 	if err != nil {
-		return nil, pf, wrapImage(mmName, err)
+		return nil, pf, fmt.Errorf("%s: %w", mmName, err)
 	}
 	kept, omit, err := sparseEntries(pi.entries, vmas, zero, pf.Size)
 	if err != nil {
-		return nil, pf, wrapImage(name, err)
+		return nil, pf, fmt.Errorf("%s: %w", name, err)
 	}
 	p.omit = omit
 	return encodePagemap(pm, kept, pi.wide), pf, nil
-}
-
-func wrapImage(name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", name, err)
-}
-
-// readImage reads a small image whole.
-func readImage(ctx context.Context, src source.Source, name string) ([]byte, error) {
-	var buf bytes.Buffer
-	if _, err := src.Copy(ctx, name, &capWriter{&buf, maxMapImg}); err != nil {
-		return nil, fmt.Errorf("sparse pages: read %s: %w", name, err)
-	}
-	return buf.Bytes(), nil
-}
-
-// capWriter fails writes past n bytes.
-type capWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *capWriter) Write(b []byte) (int, error) {
-	if int64(len(b)) > c.n {
-		return 0, fmt.Errorf("larger than %d bytes", maxMapImg)
-	}
-	c.n -= int64(len(b))
-	return c.w.Write(b)
 }
 
 // zeroPages are the whole pages of the zero chunks of a pages image,
@@ -312,28 +284,6 @@ type pagemapEntry struct{ vaddr, nr, flags uint64 }
 
 // vmaRange is a private anonymous VMA, [start, end).
 type vmaRange struct{ start, end uint64 }
-
-// imageEntries walks the entries of a CRIU image after its two magics:
-// each a 4-byte little-endian length and that many bytes.
-func imageEntries(img []byte, magic uint32, fn func(raw []byte, off int) error) error {
-	if len(img) < 8 || binary.LittleEndian.Uint32(img) != imgCommonMagic || binary.LittleEndian.Uint32(img[4:]) != magic {
-		return fmt.Errorf("bad magic at offset 0: %w", errdefs.ErrCorrupt)
-	}
-	for off := 8; off < len(img); {
-		if len(img)-off < 4 {
-			return fmt.Errorf("entry length truncated at offset %d: %w", off, errdefs.ErrCorrupt)
-		}
-		n := int(binary.LittleEndian.Uint32(img[off:]))
-		if n > len(img)-off-4 {
-			return fmt.Errorf("entry of %d bytes at offset %d runs past the end (%d bytes): %w", n, off, len(img), errdefs.ErrCorrupt)
-		}
-		if err := fn(img[off+4:off+4+n], off); err != nil {
-			return err
-		}
-		off += 4 + n
-	}
-	return nil
-}
 
 // parsePagemap reads a pagemap image: its pages image's id and its
 // entries. A pagemap that is not plain (an entry not present, or in a

@@ -10,7 +10,6 @@ package capture
 // cleared then, whatever the source (an archive, a stream, a receiver).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -39,12 +38,12 @@ func (c *clearing) Copy(ctx context.Context, name string, w io.Writer) (int64, e
 	if name != remappedFile {
 		return c.Source.Copy(ctx, name, w)
 	}
-	var buf bytes.Buffer
-	if _, err := c.Source.Copy(ctx, name, &limitWriter{&buf, maxFilesImg}); err != nil {
+	img, err := readImage(ctx, c.Source, name, maxFilesImg)
+	if err != nil {
 		return 0, err
 	}
-	c.once.Do(func() { c.clear(ctx, buf.Bytes()) })
-	n, err := w.Write(buf.Bytes())
+	c.once.Do(func() { c.clear(ctx, img) })
+	n, err := w.Write(img)
 	return int64(n), err
 }
 
