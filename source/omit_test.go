@@ -75,12 +75,7 @@ func TestCopyOmit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const chunk = minSpliceChunk
-	pages := make([]byte, 5*chunk+1000)
-	r := pipelinetest.NewRand(11)
-	pipelinetest.FillText(pages[:chunk], r)
-	pipelinetest.FillRandom(pages[chunk:2*chunk], r)
-	// chunk 2 stays zero
-	pipelinetest.FillBF16(pages[3*chunk:], r)
+	pages := splicePages(11)
 	files := map[string][]byte{"pages-1.img": pages}
 	spanSets := [][]Span{
 		{{2 * chunk, chunk}}, // the zero chunk

@@ -52,12 +52,7 @@ func TestStreamCopyIntoPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const chunk = minSpliceChunk
-	pages := make([]byte, 5*chunk+1000)
-	r := pipelinetest.NewRand(7)
-	pipelinetest.FillText(pages[:chunk], r)
-	pipelinetest.FillRandom(pages[chunk:2*chunk], r) // stored raw
-	// chunk 2 stays zero
-	pipelinetest.FillBF16(pages[3*chunk:], r)
+	pages := splicePages(7)
 	files := map[string][]byte{"inventory.img": pipelinetest.SmallData(3000, 0), "pages-1.img": pages, "core-1.img": pipelinetest.SmallData(5000, 3)}
 	for _, tc := range []struct {
 		spec  string
@@ -104,6 +99,19 @@ func TestStreamCopyIntoPipe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// splicePages is a pages image of chunks of minSpliceChunk bytes: text,
+// random (stored raw), zero, then model-like weights and a short tail.
+func splicePages(seed uint64) []byte {
+	const chunk = minSpliceChunk
+	pages := make([]byte, 5*chunk+1000)
+	r := pipelinetest.NewRand(seed)
+	pipelinetest.FillText(pages[:chunk], r)
+	pipelinetest.FillRandom(pages[chunk:2*chunk], r)
+	// chunk 2 stays zero
+	pipelinetest.FillBF16(pages[3*chunk:], r)
+	return pages
 }
 
 // A reader that goes away leaves Copy with an error, not a hang, and
