@@ -115,6 +115,14 @@ func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 	if err != nil || !sh.Pending() {
 		return err
 	}
+	// One connection and one pidfd for each exporter, held for all its
+	// handles: NCCL's ranks import dozens of buffers of each other.
+	exporters := map[int]*exporter{pid: {conn: p, pid: pid}}
+	defer func() {
+		for _, ex := range exporters {
+			ex.close(p)
+		}
+	}()
 	for _, im := range sh.Imports {
 		if im.Present {
 			continue
@@ -122,7 +130,16 @@ func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 		if im.SrcPID <= 0 || !slices.Contains(tree, im.SrcPID) || !preloadctl.SameOwner(pid, im.SrcPID) {
 			return fmt.Errorf("import of handle record %d from process %d: %w (not matched at the checkpoint, or not of this tree and owner)", im.H, im.SrcPID, ErrSharedOutside)
 		}
-		f, err := exportFrom(ctx, dir, p, im.SrcPID, im.SrcH)
+		ex := exporters[im.SrcPID]
+		if ex == nil {
+			conn, err := preloadctl.DialPreload(ctx, dir, im.SrcPID)
+			if err != nil {
+				return fmt.Errorf("import from process %d: %w", im.SrcPID, err)
+			}
+			ex = &exporter{conn: conn, pid: im.SrcPID}
+			exporters[im.SrcPID] = ex
+		}
+		f, err := ex.export(ctx, im.SrcH)
 		if err != nil {
 			return fmt.Errorf("import from process %d: %w", im.SrcPID, err)
 		}
@@ -135,30 +152,42 @@ func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 	return p.Unpark(ctx)
 }
 
-// exportFrom has process pid export its handle record h and takes the
-// descriptor; through the connection held if that is pid's (a library
-// answers one connection at a time).
-func exportFrom(ctx context.Context, dir string, held *preloadctl.Preload, pid, h int) (*os.File, error) {
-	ex := held
-	if held.PID != pid {
-		var err error
-		if ex, err = preloadctl.DialPreload(ctx, dir, pid); err != nil {
-			return nil, err
-		}
-		defer ex.Close()
-	}
-	fd, err := ex.Export(ctx, h)
+// exporter is a process whose handles an importer maps again: its
+// library's connection (the importer's own when it imports from itself: a
+// library answers one connection at a time) and its pidfd.
+type exporter struct {
+	conn *preloadctl.Preload
+	pid  int
+	pfd  int // 0 until opened
+}
+
+// export has the exporter export its handle record h and takes the
+// descriptor.
+func (ex *exporter) export(ctx context.Context, h int) (*os.File, error) {
+	fd, err := ex.conn.Export(ctx, h)
 	if err != nil {
 		return nil, err
 	}
-	pfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return nil, os.NewSyscallError("pidfd_open", err)
+	if ex.pfd <= 0 {
+		if ex.pfd, err = unix.PidfdOpen(ex.pid, 0); err != nil {
+			ex.pfd = 0
+			return nil, os.NewSyscallError("pidfd_open", err)
+		}
 	}
-	defer unix.Close(pfd)
-	mine, err := unix.PidfdGetfd(pfd, fd, 0)
+	mine, err := unix.PidfdGetfd(ex.pfd, fd, 0)
 	if err != nil {
 		return nil, os.NewSyscallError("pidfd_getfd", err)
 	}
-	return os.NewFile(uintptr(mine), fmt.Sprintf("export-%d-%d", pid, h)), nil
+	return os.NewFile(uintptr(mine), fmt.Sprintf("export-%d-%d", ex.pid, h)), nil
+}
+
+// close closes what the exporter holds, but not the importer's own
+// connection (held).
+func (ex *exporter) close(held *preloadctl.Preload) {
+	if ex.conn != held {
+		ex.conn.Close()
+	}
+	if ex.pfd > 0 {
+		unix.Close(ex.pfd)
+	}
 }
