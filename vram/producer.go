@@ -241,9 +241,8 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	}
 	// Staging is an optimization only: a library without it, or that
 	// could not pin the memory now, allocates in the copy (and fails
-	// there if it must).
-	// Every process at once: pinning is the driver's work per process, and
-	// a tree's ranks pinned one after the other took as long again.
+	// there if it must). Every process stages at once: a tree's ranks
+	// pinned one after the other took as long again.
 	t := time.Now()
 	var staging sync.WaitGroup
 	for _, fp := range s.procs {
