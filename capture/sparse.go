@@ -433,12 +433,20 @@ func sparseEntries(entries []pagemapEntry, vmas []vmaRange, zero []source.Span, 
 		}
 		cur := e.vaddr // the first page not yet kept or cut
 		for ; z < len(zero) && zero[z].Off < off+n; z++ {
-			lo, hi := max(zero[z].Off, off), min(zero[z].End(), off+n)
+			// Whole pages only (zeroPages gives them; the entries start at
+			// pages of the image).
+			lo := (max(zero[z].Off, off) + pageSize - 1) &^ (pageSize - 1)
+			hi := min(zero[z].End(), off+n) &^ (pageSize - 1)
 			if lo < hi {
 				vlo, vhi := e.vaddr+uint64(lo-off), e.vaddr+uint64(hi-off)
 				k := sort.Search(len(vmas), func(k int) bool { return vmas[k].end > vlo })
 				for ; k < len(vmas) && vmas[k].start < vhi; k++ {
-					clo, chi := max(vlo, vmas[k].start), min(vhi, vmas[k].end)
+					// max with cur: VMAs that overlap (a damaged mm image)
+					// cut nothing twice.
+					clo, chi := max(vlo, vmas[k].start, cur), min(vhi, vmas[k].end)
+					if clo >= chi {
+						continue
+					}
 					if cur < clo {
 						kept = append(kept, pagemapEntry{cur, (clo - cur) / pageSize, e.flags})
 					}

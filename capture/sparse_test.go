@@ -118,6 +118,21 @@ func TestSparseEntries(t *testing.T) {
 			omit:    []source.Span{sp(0, 2*p), sp(4*p, 2*p)},
 		},
 		{
+			name:    "overlapping VMAs (a damaged mm image) cut each page once",
+			entries: []pagemapEntry{{0x10000, 8, 6}},
+			vmas:    []vmaRange{{0x10000, 0x16000}, {0x12000, 0x14000}, {0x13000, 0x18000}},
+			zero:    []source.Span{sp(0, 8*p)},
+			omit:    []source.Span{sp(0, 8*p)},
+		},
+		{
+			name:    "a zero span not on pages cuts only its whole pages",
+			entries: []pagemapEntry{{0x10000, 4, 6}},
+			vmas:    []vmaRange{{0x10000, 0x14000}},
+			zero:    []source.Span{sp(100, 2*p)},
+			kept:    []pagemapEntry{{0x10000, 1, 6}, {0x12000, 2, 6}},
+			omit:    []source.Span{sp(p, p)},
+		},
+		{
 			name:    "all of it",
 			entries: []pagemapEntry{{0x10000, 3, 6}},
 			vmas:    []vmaRange{{0x10000, 0x13000}},
@@ -319,9 +334,11 @@ func FuzzParsePagemap(f *testing.F) {
 		for _, e := range pm.entries {
 			total += e.nr
 		}
-		// Cutting any zero pages keeps every page either kept or left out.
+		// Cutting zero spans (here not on pages) in VMAs (here
+		// overlapping) keeps every page either kept or left out.
 		size := int64(total) * pageSize
-		kept, omit, err := sparseEntries(pm.entries, []vmaRange{{0, 1 << 47}}, []source.Span{sp(pageSize, max(0, size/2))}, size)
+		vmas := []vmaRange{{0, 1 << 47}, {0x1000, 0x5000}}
+		kept, omit, err := sparseEntries(pm.entries, vmas, []source.Span{sp(pageSize/3, max(1, size/2))}, size)
 		if err != nil {
 			return
 		}
