@@ -271,7 +271,7 @@ func (m *Manifest) MarshalMAC(mac func(input []byte) []byte) ([]byte, error) {
 		}
 		c.MAC = strings.Repeat("0", macLen)
 	}
-	b, err := json.MarshalIndent(&c, "", " ")
+	b, err := marshalIndent(&c)
 	if err != nil {
 		return nil, err
 	}

@@ -77,6 +77,37 @@ func FuzzChunkJSON(f *testing.F) {
 // BenchmarkParseDedupManifest: Parse of the manifest of a deduplicated
 // checkpoint the size of e2e/gpu's (42,000 chunks, about 10 MB).
 func BenchmarkParseDedupManifest(b *testing.B) {
+	doc, err := benchDedupManifest().Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(doc)))
+	for b.Loop() {
+		if _, err := Parse(doc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkMarshalDedupManifest: Marshal of that manifest, which a
+// deduplicated checkpoint's commit writes.
+func BenchmarkMarshalDedupManifest(b *testing.B) {
+	m := benchDedupManifest()
+	doc, err := m.Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(doc)))
+	for b.Loop() {
+		if _, err := m.Marshal(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchDedupManifest is a deduplicated checkpoint's manifest the size of
+// e2e/gpu's: 60 files of 700 chunks.
+func benchDedupManifest() *Manifest {
 	m := &Manifest{Format: VersionSharedChunks, SharedChunks: true, Tool: "bench", ChunkSize: 4 << 20}
 	m.Segments = []Segment{{Name: "pack-0", Size: 1 << 40}}
 	for f := range 60 {
@@ -89,16 +120,7 @@ func BenchmarkParseDedupManifest(b *testing.B) {
 		}
 		m.Files = append(m.Files, fl)
 	}
-	doc, err := m.Marshal()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(doc)))
-	for b.Loop() {
-		if _, err := Parse(doc); err != nil {
-			b.Fatal(err)
-		}
-	}
+	return m
 }
 
 // FuzzFastDecode: wherever the fast path decodes a document, encoding/json
