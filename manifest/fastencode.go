@@ -30,7 +30,7 @@ func marshalIndent(c *Manifest) ([]byte, error) {
 		return b, err
 	}
 	i := bytes.Index(b, []byte(filesNull))
-	if i < 0 || bytes.Index(b[i+1:], []byte(filesNull)) >= 0 {
+	if i < 0 || bytes.Contains(b[i+1:], []byte(filesNull)) {
 		return json.MarshalIndent(c, "", " ")
 	}
 	at := i + len(filesNull) - len("null")
