@@ -22,6 +22,14 @@ import (
 // the execs keep) and a channel that receives its exit.
 func startScript(ctx context.Context, t *testing.T, dir string, wrap []string, script string) (int, <-chan error) {
 	t.Helper()
+	return startScriptReapedAfter(ctx, t, dir, wrap, script, nil)
+}
+
+// startScriptReapedAfter is startScript for a parent slow to reap: the
+// process's exit is reaped only once reap is closed (or ctx ends); nil
+// reaps at once.
+func startScriptReapedAfter(ctx context.Context, t *testing.T, dir string, wrap []string, script string, reap <-chan struct{}) (int, <-chan error) {
+	t.Helper()
 	ready := filepath.Join(dir, "ready")
 	args := append(slices.Clone(wrap), "sh", "-c", script, "sh", ready)
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
@@ -30,7 +38,15 @@ func startScript(ctx context.Context, t *testing.T, dir string, wrap []string, s
 		t.Fatal(err)
 	}
 	gone := make(chan error, 1)
-	go func() { gone <- cmd.Wait() }()
+	go func() {
+		if reap != nil {
+			select {
+			case <-reap:
+			case <-ctx.Done():
+			}
+		}
+		gone <- cmd.Wait()
+	}()
 	t.Cleanup(func() { cmd.Process.Kill() })
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if _, err := os.Stat(ready); err == nil {
@@ -71,33 +87,8 @@ func TestCheckpointBeforeReap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := ShortTempDir(t)
-	ready := filepath.Join(dir, "ready")
-	cmd := exec.CommandContext(ctx, "sh", "-c", `touch "$1" && exec sleep 600`, "sh", ready)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	reaped := make(chan struct{})
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-reaped
-	})
 	release := make(chan struct{})
-	go func() {
-		defer close(reaped)
-		<-release
-		cmd.Wait()
-	}()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatal("the target did not get ready within 30 s")
-		}
-	}
+	pid, _ := startScriptReapedAfter(ctx, t, dir, nil, `touch "$1" && exec sleep 600`, release)
 	archive := filepath.Join(dir, "ck")
 	start := time.Now()
 	ck := gcsRun(ctx, t, "checkpoint", "--pid", strconv.Itoa(pid), "--to", archive)
