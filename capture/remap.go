@@ -101,11 +101,8 @@ func (r *replaced) load(ctx context.Context) error {
 // eachFileEntry walks the entries of a files.img and returns the image
 // rebuilt from what fn returns for each (its raw bytes, or new ones).
 func eachFileEntry(img []byte, fn func(fe *fdinfo.FileEntry, raw []byte, off int) ([]byte, error)) ([]byte, error) {
-	var out []byte
+	out := slices.Clone(img[:min(len(img), 8)]) // the magics, checked by imageEntries
 	err := imageEntries(img, filesMagic, func(raw []byte, off int) error {
-		if out == nil {
-			out = append(out, img[:8]...)
-		}
 		var fe fdinfo.FileEntry
 		// Partial: CRIU's own readers do not insist on proto2's required fields.
 		if err := (proto.UnmarshalOptions{AllowPartial: true}).Unmarshal(raw, &fe); err != nil {
@@ -121,9 +118,6 @@ func eachFileEntry(img []byte, fn func(fe *fdinfo.FileEntry, raw []byte, off int
 	})
 	if err != nil {
 		return nil, fmt.Errorf("not a CRIU files image: %w", err)
-	}
-	if out == nil {
-		out = append(out, img[:8]...)
 	}
 	return out, nil
 }
