@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,6 +227,7 @@ func TestGCRacesCapture(t *testing.T) {
 			stopGC := sync.OnceFunc(func() { close(stop); wg.Wait() })
 			defer stopGC()
 			gcRuns, skipped, removed, repacked := 0, 0, 0, 0
+			var started atomic.Int64
 			wg.Go(func() {
 				for {
 					select {
@@ -233,6 +235,7 @@ func TestGCRacesCapture(t *testing.T) {
 						return
 					default:
 					}
+					started.Add(1)
 					// The chunk store's part of gc: the rest, at age 0,
 					// would take the temporary files of writes in flight.
 					// Any pack with garbage is repacked, so that repacks
@@ -261,6 +264,19 @@ func TestGCRacesCapture(t *testing.T) {
 				// them) are garbage but for the captures that share them.
 				if _, err := Remove(ctx, store.Sub(loc, fmt.Sprintf("c%d", i-1)), "", false); err != nil {
 					t.Fatal(err)
+				}
+				// A gc run begins after the removal, before the next
+				// capture: the repack of what the removal left mostly
+				// garbage races that capture. Left to chance, a slow
+				// store's gc ran only while a capture held its lock, or
+				// after the next removal had made the whole pack garbage,
+				// and the race held no repack at all.
+				deadline := time.Now().Add(time.Minute)
+				for s := started.Load(); started.Load() == s; {
+					if time.Now().After(deadline) {
+						t.Fatal("no gc run began for a minute (the gc loop ended?)")
+					}
+					time.Sleep(100 * time.Microsecond)
 				}
 			}
 			stopGC()
