@@ -20,6 +20,15 @@ compares the output bit for bit with the one of the first step (same
 communicator, same ring, same sums); the weights are checksummed with the
 other tensors.
 
+With --launch this process is torchrun's agent instead: it holds no GPU
+(and imports no torch), starts rank 0 and rank 1 as its two children, and
+answers for them: ready (its pid) once both are, with rank 1 as child 0
+(ready-child-0) and rank 0 as child 1 (ready-child-1); on SIGUSR1 it asks
+rank 0 for a proof and writes proof.json with both ranks as its children.
+CRIU restores a parent's memory before it forks the children, which then
+restore theirs at once: with rank 0 as rank 1's parent the two restore one
+after the other.
+
 While --dir/pause exists, the pair idles at a collective boundary both
 ranks agree on: rank 0 adds PAUSE to its all_reduce input when it sees the
 file, every rank sees the sum and stops after that same collective, writes
@@ -37,14 +46,82 @@ import time
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_target import Checksummer, write_atomic  # noqa: E402
-
-
 PAUSE = 1000.0
+
+
+def write_atomic(path, text):
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def unlink(*paths):
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def rank_args(a, rank):
+    return [sys.executable, os.path.abspath(__file__), "--dir", a.dir, "--rank", str(rank), "--mib", str(a.mib),
+            "--period", str(a.period), "--tp-layers", str(a.tp_layers), "--tp-dim", str(a.tp_dim)]
+
+
+def launch(a):
+    """torchrun's layout: both ranks are children of this process."""
+    unlink(*(os.path.join(a.dir, f) for f in ("ready", "ready-child-0", "ready-child-1", "proof-child-0.json",
+                                                  "proof-child-1.json", "proof.json", "store")))
+    out = open(os.path.join(a.dir, "child-0.out"), "ab")
+    ranks = [subprocess.Popen(rank_args(a, r) + ["--launched"], stdin=subprocess.DEVNULL, stdout=out if r else None,
+                              stderr=subprocess.STDOUT if r else None, close_fds=True) for r in (0, 1)]
+    state = {"prove": False, "stop": False}
+    signal.signal(signal.SIGUSR1, lambda s, f: state.__setitem__("prove", True))
+    signal.signal(signal.SIGTERM, lambda s, f: state.__setitem__("stop", True))
+
+    def gone():
+        for r, k in enumerate(ranks):
+            if k.poll() is not None:
+                print("rank %d exited with %s" % (r, k.returncode), flush=True)
+                return True
+        return False
+
+    while not all(os.path.exists(os.path.join(a.dir, "ready-child-%d" % i)) for i in (0, 1)):
+        if gone():
+            sys.exit(3)
+        time.sleep(0.05)
+    write_atomic(os.path.join(a.dir, "ready"), "%d\n" % os.getpid())
+    print("launcher ready: ranks %d and %d, pid %d" % (ranks[0].pid, ranks[1].pid, os.getpid()), flush=True)
+    path = os.path.join(a.dir, "proof-child-1.json")
+    while not state["stop"]:
+        time.sleep(0.05)
+        if not state["prove"]:
+            continue
+        state["prove"] = False
+        unlink(path)
+        t_ask = time.time()
+        os.kill(ranks[0].pid, signal.SIGUSR1)
+        r0 = None
+        while r0 is None and time.time() < t_ask + 150 and not gone():
+            if os.path.exists(path):
+                r0 = json.load(open(path))
+            time.sleep(0.05)
+        if r0 is None:
+            r0 = {"pid": ranks[0].pid, "counter": 0, "checksums_ok": False, "matmul_ok": False,
+                  "error": "rank 0: no proof within 150s", "mismatched": [], "children": []}
+        kids = r0.pop("children", [])
+        r0["ok"] = bool(r0["checksums_ok"] and r0["matmul_ok"] and not r0["error"])
+        mine = dict(r0, pid=os.getpid(), children=kids + [r0], time=time.time())
+        mine["checksums_ok"] = all(k.get("checksums_ok") for k in mine["children"])
+        mine["matmul_ok"] = all(k.get("matmul_ok") for k in mine["children"])
+        mine["error"] = "; ".join(filter(None, [k.get("error") for k in mine["children"]])) + ("" if len(kids) == 1 else "; rank 0 answered without rank 1")
+        write_atomic(os.path.join(a.dir, "proof.json"), json.dumps(mine))
+        print("proof: counter %d, ranks %s" % (mine["counter"], [k["ok"] for k in mine["children"]]), flush=True)
+    for k in ranks:
+        k.terminate()
+    for k in ranks:
+        k.wait()
 
 
 def main():
@@ -55,22 +132,30 @@ def main():
     p.add_argument("--period", type=float, default=0.05)
     p.add_argument("--tp-layers", type=int, default=0)
     p.add_argument("--tp-dim", type=int, default=4096)
+    p.add_argument("--launch", action="store_true", help="start both ranks as children and hold no GPU")
+    p.add_argument("--launched", action="store_true", help="(rank) started by --launch")
     a = p.parse_args()
     os.makedirs(a.dir, exist_ok=True)
+    if a.launch:
+        return launch(a)
+    rank_main(a)
+
+
+def rank_main(a):
+    global torch, dist
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_target import Checksummer
+
     dev = torch.device("cuda", a.rank)
     torch.cuda.set_device(dev)
     child = None
-    if a.rank == 0:
-        for f in ("ready-child-0", "proof-child-0.json", "store"):
-            try:
-                os.unlink(os.path.join(a.dir, f))
-            except FileNotFoundError:
-                pass
+    if a.rank == 0 and not a.launched:
+        unlink(*(os.path.join(a.dir, f) for f in ("ready-child-0", "proof-child-0.json", "store")))
         out = open(os.path.join(a.dir, "child-0.out"), "ab")
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--dir", a.dir, "--rank", "1",
-                                  "--mib", str(a.mib), "--period", str(a.period),
-                                  "--tp-layers", str(a.tp_layers), "--tp-dim", str(a.tp_dim)],
-                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, close_fds=True)
+        child = subprocess.Popen(rank_args(a, 1), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 close_fds=True)
     dist.init_process_group("nccl", init_method="file://" + os.path.join(a.dir, "store"), rank=a.rank, world_size=2,
                             device_id=dev)
     g = torch.Generator(device=dev)
@@ -145,11 +230,12 @@ def main():
         write_atomic(os.path.join(a.dir, "ready-child-0"), "%d\n" % os.getpid())
     else:
         while not os.path.exists(os.path.join(a.dir, "ready-child-0")):
-            if child.poll() is not None:
+            if child and child.poll() is not None:
                 print("rank 1 exited with %s before it was ready" % child.returncode, flush=True)
                 sys.exit(3)
             time.sleep(0.05)
-        write_atomic(os.path.join(a.dir, "ready"), "%d\n" % os.getpid())
+        peer = child.pid if child else int(open(os.path.join(a.dir, "ready-child-0")).read())
+        write_atomic(os.path.join(a.dir, "ready-child-1" if a.launched else "ready"), "%d\n" % os.getpid())
     print("rank %d ready: %d MiB on %s, pid %d" % (a.rank, a.mib, dev, os.getpid()), flush=True)
     while not state["stop"]:
         # Both ranks must step: a proof is asked of rank 0, which passes
@@ -165,7 +251,7 @@ def main():
                     os.unlink(os.path.join(a.dir, "proof-child-0.json"))
                 except FileNotFoundError:
                     pass
-                os.kill(child.pid, signal.SIGUSR1)
+                os.kill(peer, signal.SIGUSR1)
                 mine = proof()
                 kid, path = None, os.path.join(a.dir, "proof-child-0.json")
                 while kid is None and time.time() < t_ask + 120:
@@ -174,14 +260,14 @@ def main():
                         kid = json.load(open(path))
                     time.sleep(a.period)
                 if kid is None:
-                    kid = {"pid": child.pid, "counter": 0, "checksums_ok": False, "matmul_ok": False,
+                    kid = {"pid": peer, "counter": 0, "checksums_ok": False, "matmul_ok": False,
                            "error": "rank 1: no proof within 120s", "mismatched": []}
                 kid["ok"] = bool(kid["checksums_ok"] and kid["matmul_ok"] and not kid["error"])
                 mine["children"] = [kid]
                 mine["checksums_ok"] = mine["checksums_ok"] and kid["checksums_ok"]
                 mine["matmul_ok"] = mine["matmul_ok"] and kid["matmul_ok"]
                 mine["error"] = "; ".join(filter(None, [mine["error"], kid["error"]]))
-                write_atomic(os.path.join(a.dir, "proof.json"), json.dumps(mine))
+                write_atomic(os.path.join(a.dir, "proof-child-1.json" if a.launched else "proof.json"), json.dumps(mine))
                 print("proof: counter %d, ok %s, rank 1 %s" % (mine["counter"], mine["checksums_ok"] and mine["matmul_ok"], kid["ok"]), flush=True)
         time.sleep(a.period)
     if child:

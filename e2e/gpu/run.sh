@@ -139,7 +139,10 @@
 # (ncclp2p-dense) restores with GPUCR_NO_SPARSE=1: CRIU is handed every
 # zero page too, as before sparse pages (capture/sparse.go), and -reaped
 # (ncclp2pmigrate-reaped) starts the target under e2e/gpu/reaper.py, which
-# reaps its orphans at once where this host's init takes 1.5-1.9 s. After
+# reaps its orphans at once where this host's init takes 1.5-1.9 s, and
+# -launched (ncclp2p-launched) starts an NCCL pair in torchrun's layout: a
+# launcher that holds no GPU, both ranks its children (nccl_pair.py
+# --launch; CRIU then restores the ranks side by side). After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
@@ -430,10 +433,12 @@ remap_spec() {
 }
 
 # start_target ROUND [CHILDREN]: a fresh target in its own session (with
-# CHILDREN CUDA children in it); sets TPID, TDIR, TCHILDREN, TPGID, TSID.
+# CHILDREN CUDA children in it); sets TPID, TDIR, TCHILDREN, TCUDA (the
+# CUDA processes of the tree), TPGID, TSID.
 start_target() {
 	TDIR=$WORK/t-$1
 	TCHILDREN=${2:-0}
+	TCUDA=$((1 + TCHILDREN))
 	rm -rf "$TDIR"
 	mkdir -p "$TDIR"
 	local t0 kids=() pre=()
@@ -451,7 +456,10 @@ start_target() {
 	nccl | ncclfault | ncclfast | ncclfastswap | ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp)
 		script=nccl_pair.py args=(--mib "$NCCL_MIB" --period "$NCCL_PERIOD")
 		[ "${1%%-*}" = ncclp2ptp ] && args+=(--tp-layers "${TP_LAYERS:-4}")
-		TCHILDREN=1
+		TCHILDREN=1 TCUDA=2
+		# X-launched: torchrun's layout, a launcher holding no GPU with both
+		# ranks as its children (rank 1 child 0, rank 0 child 1).
+		case $1 in *-launched*) args+=(--launch) TCHILDREN=2 ;; esac
 		;;
 	esac
 	t0=$(now)
@@ -732,9 +740,9 @@ round_gcs() {
 	"$GCS" inspect "$ar" >"$WORK/logs/$ROUND-inspect.txt" 2>&1
 	head -12 "$WORK/logs/$ROUND-inspect.txt" | tee -a "$RUNLOG"
 	# Every CUDA process of the tree must have been checkpointed.
-	local ncuda want=$((1 + TCHILDREN)) cuda_ok=true
+	local ncuda want=$TCUDA cuda_ok=true
 	ncuda=$(cuda_count "$WORK/logs/$ROUND-checkpoint.json")
-	log "$ROUND: cuda_pids: $ncuda CUDA process(es) checkpointed, want $want (the target and $TCHILDREN children)"
+	log "$ROUND: cuda_pids: $ncuda CUDA process(es) checkpointed, want $want (of the target and its $TCHILDREN children)"
 	if [ "$DEVICE" = cuda ] && [ "$ncuda" != "$want" ]; then
 		log "$ROUND: cuda_pids has $ncuda entries, want $want: the round fails"
 		cuda_ok=false
@@ -1087,7 +1095,7 @@ round_migrate() {
 		log "$ROUND: kept image: $(find "$keep" -type f -printf "%p (%s bytes) " 2>&1)"
 		return 1
 	fi
-	local rpid ncuda want=$((1 + TCHILDREN)) ok=false note=""
+	local rpid ncuda want=$TCUDA ok=false note=""
 	rpid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("restored_pid") or 0)' "$mj" 2>/dev/null || echo 0)
 	ncuda=$(cuda_count "$mj")
 	log "$ROUND: restored as pid $rpid (was $TPID); cuda_pids: $ncuda CUDA process(es) migrated, want $want"
