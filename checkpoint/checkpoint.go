@@ -171,6 +171,9 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
+	// nvidia-smi answers while the checks run and the destination opens.
+	cc.StartGPUQuery(ctx)
+	defer cc.GPUs(ctx) // waits for the query on every path
 	// The tree as it is before the dump, to wait for it to be gone after.
 	tree, _ := proc.Tree(o.PID)
 	if err := cc.CheckDumpable(ctx, tree, o.CRIU.Args, fastIf(o.FastPath, gpuckpt.FastCarried(o.Dest))); err != nil {
