@@ -28,7 +28,7 @@ CC ?= cc
 PRELOAD := bin/libgpucr-preload.so
 preload: $(PRELOAD)
 PRELOAD_SRC := $(wildcard preload/*.c)
-$(PRELOAD): $(PRELOAD_SRC) preload/internal.h
+$(PRELOAD): $(PRELOAD_SRC) preload/internal.h preload/devhash.h
 	@mkdir -p bin
 	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=default -o $@ $(PRELOAD_SRC) -ldl -lpthread
 

@@ -9,6 +9,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -50,6 +51,8 @@ type GPUStepOptions struct {
 	Tool     string
 	// Stage is the memory resume --from may read VRAM files ahead into.
 	Stage StageMemory
+	// HostCheck (hash) hashes every block on the host too.
+	HostCheck bool
 	// Log takes diagnostic lines (may be nil).
 	Log func(string)
 }
@@ -68,6 +71,9 @@ type GPUStepResult struct {
 	// committed.
 	MemoryReleasedSecs float64 `json:"memory_released_seconds,omitempty"`
 	DeviceFreedSecs    float64 `json:"device_freed_seconds,omitempty"`
+	// hash: the device memory of PID hashed on the device, and copied out
+	// and hashed on the host.
+	Hash *vram.HashReport `json:"hash,omitempty"`
 }
 
 // GPUStep runs one of the driver's checkpoint steps on o.PID (what
@@ -99,6 +105,8 @@ func GPUStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions) (*GPU
 		err = drv.Unlock(o.PID)
 	case "suspend", "resume":
 		err = treeStep(ctx, drv, o, start, res)
+	case "hash":
+		res.Hash, err = hashStep(ctx, o)
 	default:
 		return nil, errdefs.Usagef("gpu: unknown action %q", o.Action)
 	}
@@ -154,4 +162,24 @@ func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, star
 		}
 	}
 	return err
+}
+
+// hashStep measures, on o.PID alone, finding changed device memory by
+// hashing it on the device against copying it out (into a scratch
+// directory as the kept copy's) and hashing it on the host.
+func hashStep(ctx context.Context, o GPUStepOptions) (*vram.HashReport, error) {
+	rep, err := preloadReport(ctx, o.PID)
+	if err != nil {
+		return nil, fmt.Errorf("gpu hash: process %d runs without libgpucr-preload (gpucr-stream run): %w", o.PID, err)
+	}
+	dir, err := scratch.New(scratch.DefaultRoot, o.FastPath.KeepDir, "gpucr-hash-", rep.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("gpu hash: %w", err)
+	}
+	defer dir.Remove()
+	r, err := vram.HashDevice(ctx, preloadctl.PreloadDir(), o.PID, vram.HashOptions{Check: o.HostCheck, Scratch: dir.File(), Files: o.FastPath.Files})
+	if err != nil {
+		return nil, fmt.Errorf("gpu hash: %w", err)
+	}
+	return &r, nil
 }

@@ -453,6 +453,9 @@ static void serve_conn(int c)
 		} else if (!strncmp(line, "export ", 7)) {
 			rc = cmd_export(atoi(line + 7), out, sizeof out, err, sizeof err);
 			custom = 1;
+		} else if (!strncmp(line, "devhash ", 8)) {
+			rc = cmd_devhash(line + 8, out, sizeof out, err, sizeof err);
+			custom = 1;
 		} else {
 			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
 		}

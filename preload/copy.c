@@ -244,9 +244,7 @@ static void job_fail(struct job *j, const char *fmt, ...)
 	pthread_mutex_unlock(&j->err_mu);
 }
 
-/* copied: mapping i is one of the process's own memory, which the VRAM
- * files hold (an imported one is its exporter's). Under tab_mu. */
-static int copied(int i) { return ms[i].live && !hs[ms[i].h].imported; }
+int copied(int i) { return ms[i].live && !hs[ms[i].h].imported; }
 
 /* piece_of checks that [va, va+n) is one piece of a mapping as copy-out
  * cuts them (PIECE bytes from the mapping's start, the last one shorter)

@@ -49,6 +49,7 @@
  *   control.c      the control socket and its protocol (the order of a
  *                  checkpoint and a restore)
  *   copy.c         copy workers: staged pinned buffers, copy out and in
+ *   devhash.c      block hashes of device memory, on the device
  *   recover.c      the kept copy, and recovery without gpucr-stream
  *
  * Nothing declared here is exported: the library's interface is the
@@ -272,6 +273,12 @@ int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct 
 int cmd_peek(int *fds, int *nfds, char *err, size_t n, struct stats *st);
 void unstage_all(void);
 int staged_count(void);
+/* copied: mapping i is one of the process's own memory, which the VRAM
+ * files hold (an imported one is its exporter's). Under tab_mu. */
+int copied(int i);
+
+/* ---- devhash.c: block hashes on the device ---- */
+int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n);
 
 /* ---- recover.c: the kept copy ---- */
 extern int said;

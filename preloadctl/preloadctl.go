@@ -523,6 +523,51 @@ func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (CopyS
 		Teardown: secs(r.TeardownS), Wait: secs(r.WaitS), IO: secs(r.IOS)}, nil
 }
 
+// DevHash is what a `devhash` answered: the block hashes of the process's
+// own device memory, computed on the device (preload/devhash.c).
+type DevHash struct {
+	Bytes    int64  `json:"bytes"`
+	Blocks   int64  `json:"blocks"`
+	Block    int64  `json:"block"`
+	Mappings int    `json:"mappings"`
+	Contexts int    `json:"contexts"`
+	Digest   string `json:"digest"`
+	// LoadS: loading the kernel and allocating its output; KernelS: the
+	// kernels, every context's in turn; FetchS: the hashes to the host.
+	LoadS   float64 `json:"load_s"`
+	KernelS float64 `json:"kernel_s"`
+	FetchS  float64 `json:"fetch_s"`
+	// Compared: the previous call had the same block size and key;
+	// ChangedBytes and UnchangedBytes are its mappings' blocks that are
+	// different and the same (a mapping new since then is in neither).
+	Compared       bool  `json:"compared"`
+	ChangedBytes   int64 `json:"changed_bytes"`
+	UnchangedBytes int64 `json:"unchanged_bytes"`
+	// Checked: every block was also copied to the host and hashed there
+	// (in CheckS); MismatchedBlocks are those whose hashes differ.
+	Checked          bool    `json:"checked"`
+	MismatchedBlocks int64   `json:"mismatched_blocks"`
+	CheckS           float64 `json:"check_s"`
+}
+
+// DevHash hashes the parked process's device memory on the device, in
+// blocks of block bytes under key; check hashes it on the host too.
+func (p *Preload) DevHash(ctx context.Context, block int64, key uint64, check bool) (DevHash, error) {
+	cmd := fmt.Sprintf("devhash %d %#x", block, key)
+	if check {
+		cmd += " check"
+	}
+	var r DevHash
+	js, err := p.do(ctx, cmd, nil)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(js, &r); err != nil {
+		return r, fmt.Errorf("process %d: devhash: %w", p.PID, err)
+	}
+	return r, nil
+}
+
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // FindPreload finds the library: next to the running binary (where make

@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 )
 
 // vramRecord is one record of a VRAM file: a piece of device memory at va,
@@ -154,23 +151,7 @@ func TestFastPathLayoutStable(t *testing.T) {
 	}
 
 	// Rewrite one region; the target checks it against its new pattern.
-	k := slices.IndexFunc(tg.regions, func(r region) bool { return r.name == "pitch" })
-	pitch := tg.regions[k]
-	tmp := filepath.Join(tg.dir, "rewrite.tmp")
-	if err := os.WriteFile(tmp, []byte{byte('0' + k), '\n'}, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(tg.dir, "rewrite")); err != nil {
-		t.Fatal(err)
-	}
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(tg.dir, "rewritten")); err == nil {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("target did not rewrite its region")
-		}
-	}
+	pitch := tg.rewrite(t, "pitch")
 	third := fastRound(t, tg)
 	if d := differing(second, third); !slices.Equal(d, []string{"counter", pitch.name}) {
 		t.Fatalf("one region rewritten: regions %v differ, want the counter and %s", d, pitch.name)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,6 +223,32 @@ func (tg *target) check(t *testing.T, wait time.Duration) string {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return ""
+}
+
+// rewrite has the target write its region name with its next pattern
+// (which its check then expects), and returns the region.
+func (tg *target) rewrite(t *testing.T, name string) region {
+	t.Helper()
+	k := slices.IndexFunc(tg.regions, func(r region) bool { return r.name == name })
+	if k < 0 {
+		t.Fatalf("the target has no region %s", name)
+	}
+	os.Remove(filepath.Join(tg.dir, "rewritten"))
+	tmp := filepath.Join(tg.dir, "rewrite.tmp")
+	if err := os.WriteFile(tmp, []byte{byte('0' + k), '\n'}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(tg.dir, "rewrite")); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(tg.dir, "rewritten")); err == nil {
+			return tg.regions[k]
+		}
+		if time.Now().After(end) {
+			t.Fatal("target did not rewrite its region")
+		}
+	}
 }
 
 func (tg *target) mustBeIntact(t *testing.T) {

@@ -9,16 +9,17 @@ import (
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 )
 
-var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory)", "ACTION",
-	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "stage-memory", "@key", "@encode", "@s3", "@fastpath", "@report"}, runGPU}
+var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory); gpu hash: how long finding changed device memory takes, hashed on the device and copied out and hashed on the host", "ACTION",
+	[]string{"pid", "lock-timeout", "gpu-map", "to", "from", "stage-memory", "host-check", "@key", "@encode", "@s3", "@fastpath", "@report"}, runGPU}
 
 // runGPU is `gpucr-stream gpu ACTION --pid PID`: the driver's checkpoint
 // steps one at a time (gpuckpt.GPUStep). Actions: info, state, lock,
 // checkpoint, restore, unlock, suspend, resume; suspend --to DEST and
-// resume --from SRC take the fast path.
+// resume --from SRC take the fast path; hash measures the ways of finding
+// changed device memory (vram.HashDevice).
 func runGPU(ctx context.Context, cfg *config, args []string) error {
 	if len(args) != 1 {
-		return usagef("gpu needs one action: info, state, lock, checkpoint, restore, unlock, suspend, resume")
+		return usagef("gpu needs one action: info, state, lock, checkpoint, restore, unlock, suspend, resume, hash")
 	}
 	action := args[0]
 	drv, err := openDriver()
@@ -67,7 +68,7 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 	}
 	res, err := gpuckpt.GPUStep(ctx, drv, gpuckpt.GPUStepOptions{Action: action, PID: cfg.pid, LockTimeout: timeout,
 		Pairs: pairs, FindProcs: findCUDAProcs, To: to, From: from, Open: cfg.locationConfig(), FastPath: fast, Stage: stage,
-		Tool: "gpucr-stream " + version, Log: cfg.logLine})
+		HostCheck: cfg.hostCheck, Tool: "gpucr-stream " + version, Log: cfg.logLine})
 	if err != nil {
 		return err
 	}
@@ -78,6 +79,19 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintln(cfg.stdout, res.State)
 		return nil
 	}
+	if h := res.Hash; h != nil {
+		d := h.Device
+		fmt.Fprintf(cfg.stdout, "gpu hash of %d: %.2f GiB in %d blocks of %d KiB, digest %s\n", h.PID, float64(d.Bytes)/(1<<30), d.Blocks, d.Block>>10, d.Digest)
+		fmt.Fprintf(cfg.stdout, "  on the device: kernels %.3fs (%.1f GB/s), load %.3fs, fetch %.3fs\n", d.KernelS, rate(d.Bytes, d.KernelS), d.LoadS, d.FetchS)
+		fmt.Fprintf(cfg.stdout, "  copied out and hashed on the host: copy %.3fs (%.1f GB/s), hash %.3fs on %d cores (%.1f GB/s)\n",
+			h.CopyOutS, rate(h.CopyBytes, h.CopyOutS), h.HostHashS, h.HostCores, rate(h.HostHashed, h.HostHashS))
+		if d.Compared {
+			fmt.Fprintf(cfg.stdout, "  since the last gpu hash: %.2f GiB changed, %.2f GiB not\n", float64(d.ChangedBytes)/(1<<30), float64(d.UnchangedBytes)/(1<<30))
+		}
+		if d.Checked {
+			fmt.Fprintf(cfg.stdout, "  host check: %d blocks differ (%.3fs)\n", d.MismatchedBlocks, d.CheckS)
+		}
+	}
 	fmt.Fprintf(cfg.stdout, "gpu %s of %d done in %.3fs\n", action, res.PID, res.Seconds)
 	if res.MemoryReleasedSecs > 0 {
 		fmt.Fprintf(cfg.stdout, "  device memory released after %.3fs, device freed after %.3fs, checkpoint committed after %.3fs\n",
@@ -87,4 +101,12 @@ func runGPU(ctx context.Context, cfg *config, args []string) error {
 		fmt.Fprintf(cfg.stdout, "  %-30s %7.3fs\n", p.Name, p.Secs)
 	}
 	return nil
+}
+
+// rate is n bytes in s seconds, in GB/s.
+func rate(n int64, s float64) float64 {
+	if s <= 0 {
+		return 0
+	}
+	return float64(n) / s / 1e9
 }

@@ -74,6 +74,7 @@ type config struct {
 	olderThan   string
 	repackBelow string
 	dryRun      bool
+	hostCheck   bool
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	streams    int
@@ -177,6 +178,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.fastPath, "fast-path", "auto", "checkpoint, migrate, gpu suspend --to: CUDA processes started with gpucr-stream run move their device memory through the pipeline themselves: auto (when every CUDA process of the tree can), off (the driver's checkpoint only)")
 	num(&c.vramFiles, "vram-files", 16, "checkpoint, migrate, gpu suspend --to: fast path: files (and copy threads) per CUDA process, 1..64")
 	str(&c.vramKeepDir, "vram-keep-dir", "", "checkpoint, migrate, gpu suspend --to: fast path: where the copy of device memory kept until the commit goes (for an undo; default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR)")
+	boolean(&c.hostCheck, "host-check", "gpu hash: also hash every block on the host, in the library, and count the blocks whose device hashes differ")
 	str(&c.criuOpts, "criu-opts", "", "checkpoint/restore: extra criu arguments, space-separated (e.g. --tcp-established)")
 	// S3 and archive management (s3.go, ls.go)
 	str(&c.s3Endpoint, "s3-endpoint", "", "S3 endpoint, http(s)://host[:port] (default: $AWS_ENDPOINT_URL, else AWS S3); credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")

@@ -41,6 +41,13 @@
 #              Reports both checkpoint times and the second's new bytes as a
 #              share of the first's (ls --json LOC). The round fails unless
 #              every checkpoint took the fast path and every proof holds
+#   devhash    the two ways of finding changed device memory (issue 22) on
+#              the fast-path target: gpu hash --host-check (the device's
+#              block hashes against the host's, every block; the copy out
+#              and BLAKE3 on every core beside it), the target rewrites
+#              REWRITE_PCT percent of its tensors, gpu hash twice more (what
+#              changed: at least the rewritten bytes; then what the running
+#              target changes by itself); it proves itself after each
 #   dedupreplicas
 #              REPLICAS fast-path targets with the same seed (same tensors)
 #              checkpointed --dedup one after the other into one location
@@ -445,7 +452,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas | fastexit) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas | fastexit | devhash) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
 	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp) pre=(env "$GCS" run --) ;;
@@ -1392,6 +1399,48 @@ rewrite_tensors() {
 	log "$ROUND: rewritten: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("%d tensors, %d of %d bytes (%.1f%%) in %.2fs" % (len(d["tensors"]), d["bytes"], d["tensor_bytes"], 100.0 * d["bytes"] / d["tensor_bytes"], d["seconds"]))' "$TDIR/rewritten.json")"
 }
 
+# round_devhash: gpu hash, with the host's check, then after a rewrite
+# of the tensors, then again; the changes it finds must cover the rewrite.
+round_devhash() {
+	local ok=true k
+	for k in 1 2 3; do
+		[ "$k" = 2 ] && { rewrite_tensors devhash || ok=false; }
+		if ! "$GCS" gpu hash --pid "$TPID" $([ "$k" = 1 ] && echo --host-check) --json >"$WORK/logs/$ROUND-hash$k.json" 2>"$WORK/logs/$ROUND-hash$k.err"; then
+			log "$ROUND: gpu hash $k failed: $(tail -3 "$WORK/logs/$ROUND-hash$k.err" | tr '\n' ' ')"
+			ok=false
+		fi
+		log "$ROUND: gpu hash $k: $(cat "$WORK/logs/$ROUND-hash$k.json")"
+		prove "after-hash$k" || ok=false
+	done
+	local row
+	row=$(python3 -c '
+import json, os, sys
+rnd, ok, logs = sys.argv[1], sys.argv[2] == "true", sys.argv[3]
+def load(name):
+    try:
+        return json.load(open(os.path.join(logs, rnd + "-" + name)))
+    except (OSError, ValueError):
+        return {}
+h = [load("hash%d.json" % k).get("hash", {}) for k in (1, 2, 3)]
+rw = load("rewritten-devhash.json")
+d = [x.get("device", {}) for x in h]
+cover = bool(rw.get("bytes")) and d[1].get("changed_bytes", 0) >= rw["bytes"]
+ok = ok and all(d) and d[0].get("checked") and d[0].get("mismatched_blocks") == 0 and d[1].get("compared") and cover
+print(json.dumps({"round": rnd, "codec": "devhash", "ok": ok, "raw_bytes": d[0].get("bytes", 0),
+  "devhash": {"bytes": d[0].get("bytes", 0), "blocks": d[0].get("blocks", 0), "kernel_seconds": [x.get("kernel_s", 0) for x in d],
+    "load_seconds": [x.get("load_s", 0) for x in d], "fetch_seconds": [x.get("fetch_s", 0) for x in d],
+    "park_seconds": [x.get("park_s", 0) for x in h], "copy_out_seconds": [x.get("copy_out_s", 0) for x in h],
+    "host_hash_seconds": [x.get("host_hash_s", 0) for x in h], "host_cores": h[0].get("host_cores", 0),
+    "check_seconds": d[0].get("check_s", 0), "mismatched_blocks": d[0].get("mismatched_blocks"),
+    "rewritten_bytes": rw.get("bytes", 0), "changed_after_rewrite": d[1].get("changed_bytes", 0),
+    "changed_after_nothing": d[2].get("changed_bytes", 0), "covers_rewrite": cover}}))
+' "$ROUND" "$ok" "$WORK/logs")
+	emit "$row"
+	log "$ROUND: $row"
+	case $row in *'"ok": true'*) return 0 ;; esac
+	return 1
+}
+
 # tmpfs_room DIR BYTES: whether the file system of DIR has BYTES free.
 tmpfs_room() {
 	local avail
@@ -1653,6 +1702,7 @@ while [ $# -gt 0 ]; do
 	fastfault) round_fault ;;
 	dedupfast) round_dedupfast ;;
 	dedupreplicas) round_dedupreplicas ;;
+	devhash) round_devhash ;;
 	fastexit) round_fastexit ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;

@@ -4,7 +4,9 @@
  * range, a physical allocation a memfd, a map an mmap MAP_FIXED|MAP_SHARED of
  * it (inaccessible until cuMemSetAccess), copies are memcpy, streams and
  * contexts are tokens. cuLaunchKernel runs the "kernel" f(kernelParams) on
- * the calling thread. cuMemGetInfo reports the physical bytes alive, so
+ * the calling thread; a module's only function is devhash's kernel, on the
+ * host (devhash.h; GPUCR_FAKE_DEVHASH_WRONG=1 makes it answer a wrong hash
+ * for every block at the start of a mapping, as a broken kernel would). cuMemGetInfo reports the physical bytes alive, so
  * tests can see that a release frees "device memory".
  */
 #define _GNU_SOURCE
@@ -18,6 +20,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "../devhash.h"
 
 typedef int CUresult;
 typedef unsigned long long U;
@@ -197,6 +201,32 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 	((void (*)(void **))f)(params);
 	return OK;
 }
+
+static void fake_devhash(void **params)
+{
+	const uint64_t *w = *(const uint64_t **)params[0];
+	uint64_t nwords = *(uint64_t *)params[1], bwords = *(uint64_t *)params[2], key = *(uint64_t *)params[3];
+	uint64_t *out = *(uint64_t **)params[4];
+	dh_blocks(w, nwords, bwords, key, out);
+	if (getenv("GPUCR_FAKE_DEVHASH_WRONG"))
+		out[0] ^= 1;
+}
+CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned n, int *opts, void **vals)
+{
+	(void)n; (void)opts; (void)vals;
+	if (!strstr(image, ".entry gpucr_hash("))
+		return 200; /* CUDA_ERROR_INVALID_IMAGE */
+	*mod = (void *)0x4d0d;
+	return OK;
+}
+CUresult cuModuleGetFunction(void **f, void *mod, const char *name)
+{
+	if (mod != (void *)0x4d0d || strcmp(name, "gpucr_hash"))
+		return 500;
+	*f = (void *)fake_devhash;
+	return OK;
+}
+CUresult cuModuleUnload(void *mod) { return mod == (void *)0x4d0d ? OK : 400; }
 
 /* cuGetProcAddress answers from a table, as the driver does: base names,
  * the newest version of each. */
