@@ -97,7 +97,7 @@ type Checkpoint struct {
 	// query is closed once gpus holds nvidia-smi's answer (StartGPUQuery
 	// asks once).
 	query chan struct{}
-	sus     *cudadriver.Suspension
+	sus   *cudadriver.Suspension
 	// fast: the device memory the fast path moved out (nil: the driver
 	// takes it all); keepDir holds its copy until the commit (vramfiles.go).
 	fast    *vram.FastSuspension
