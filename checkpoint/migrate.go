@@ -348,8 +348,14 @@ func (m *migration) handOver(ctx context.Context) error {
 		return m.lost(fmt.Errorf("restore on the receiver failed: %s", r.Error))
 	}
 	m.res.RestoredPID = r.PID
-	m.res.DowntimeSecs, m.res.DowntimeTo = time.Since(m.dumpStart).Seconds(), "restored"
-	m.res.Phases = append(m.res.Phases, Phase{Name: "restore on the receiver", Secs: time.Since(committed).Seconds()})
+	running := time.Duration(r.RunningSecs * float64(time.Second))
+	m.res.DowntimeSecs, m.res.DowntimeTo = (time.Since(m.dumpStart) - running).Seconds(), "restored"
+	m.res.Phases = append(m.res.Phases, Phase{Name: "restore on the receiver", Secs: (time.Since(committed) - running).Seconds()})
+	if running > 0 {
+		// Lazy pages: the process ran there before its last page was in.
+		m.res.DowntimeTo = "running (lazy pages)"
+		m.res.Phases = append(m.res.Phases, Phase{Name: "receiver: pages handed in while the process ran", Secs: running.Seconds()})
+	}
 	m.dropKeep()
 	m.res.KeptImage = ""
 	return nil

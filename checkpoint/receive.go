@@ -28,7 +28,11 @@ type ReceiveOptions struct {
 	Stream source.StreamOptions
 	// Restore restores the checkpoint with CRIU; otherwise it is served
 	// to an external `criu restore --stream -D ImagesDir`.
-	Restore   bool
+	Restore bool
+	// LazyPages restores with CRIU's lazy pages once the whole image is
+	// in (capture.RestoreLazy); trees with CUDA processes are restored
+	// from the stream as without it.
+	LazyPages bool
 	ImagesDir string
 	CRIU      CRIU
 	CUDA      gpuckpt.CUDA
@@ -60,6 +64,10 @@ type ReceiveResult struct {
 	// sent ahead (the chunk cache, freed once the stream was read).
 	CachedChunks int   `json:"cached_chunks,omitempty"`
 	CachedBytes  int64 `json:"cached_bytes,omitempty"`
+	// LazyPages: restored with lazy pages; the process ran RunningSecs
+	// before the last page was in.
+	LazyPages   bool    `json:"lazy_pages,omitempty"`
+	RunningSecs float64 `json:"running_seconds,omitempty"`
 	// Stats is the statistics line of a served (not restored) checkpoint.
 	Stats *Stats `json:"-"`
 }
@@ -209,6 +217,16 @@ func (r *receiver) restore(ctx context.Context) error {
 		_, err := r.src.WaitCommitted(ctx) // no sender: its error
 		return err
 	}
+	if r.o.LazyPages {
+		ci, err := r.src.WaitCommitted(ctx)
+		if err != nil {
+			return err // nothing was restored: the sender is not told
+		}
+		if len(ci.GPUs) == 0 && len(ci.CUDA) == 0 {
+			return r.restoreLazy(ctx, ci)
+		}
+		r.o.Hooks.log("receive: lazy pages are not for CUDA processes (the driver's restore needs their memory in): restoring from the stream")
+	}
 	gate := &commitGate{Source: r.src, open: make(chan struct{})}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -272,6 +290,42 @@ func (r *receiver) restore(ctx context.Context) error {
 	r.res.Phases = append(r.res.Phases, Phase{Name: "criu restore", Secs: criuSecs})
 	r.res.Phases = append(r.res.Phases, gpuckpt.TimingPhases(t)...)
 	r.res.Phases = append(r.res.Phases, fast...)
+	return nil
+}
+
+// restoreLazy restores the committed image with lazy pages: the process
+// runs before its private memory is back, which CRIU's daemon then hands
+// in. The sender hears of it once the last page is in, so that it keeps
+// its copy until this side holds the whole process, and with how long the
+// process had run by then: its downtime ended there.
+func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
+	r.res.LeftRunning = ci.LeftRunning
+	start := time.Now()
+	l, err := capture.RestoreLazy(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+	if err == nil {
+		running := time.Now()
+		if err = l.Wait(ctx); err == nil {
+			r.res.RunningSecs = time.Since(running).Seconds()
+		}
+	}
+	report := tcp.Report{RestoreSecs: time.Since(start).Seconds(), RunningSecs: r.res.RunningSecs}
+	if l != nil {
+		report.Served = l.Files
+	}
+	if err != nil {
+		err = fmt.Errorf("restore: %w", err)
+		report.Error = err.Error()
+		r.report(report)
+		return err
+	}
+	report.PID = l.PID
+	r.report(report)
+	r.fill()
+	r.res.PID, r.res.LazyPages = l.PID, true
+	r.res.Phases = append(r.res.Phases, Phase{Name: "images written for lazy pages", Secs: l.Extract.Seconds()},
+		Phase{Name: "criu restore --lazy-pages", Secs: l.CRIU.Seconds()},
+		Phase{Name: "pages handed in while the process ran", Secs: r.res.RunningSecs})
 	return nil
 }
 

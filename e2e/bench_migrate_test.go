@@ -31,7 +31,8 @@ import (
 //	GPUCR_BENCH_REWRITE   the target rewrites this percentage of its pages
 //	                      a second while it runs (e2e/target --rewrite-pct)
 //
-// Variants sN migrate with --precopy on; -off with --precopy off.
+// Variants sN migrate with --precopy on; -off with --precopy off; -lazy
+// to a receiver that restores with --lazy-pages.
 func TestBenchMigrate(t *testing.T) {
 	if os.Getenv("GPUCR_BENCH_MIGRATE") != "1" {
 		t.Skip("benchmark: set GPUCR_BENCH_MIGRATE=1 (scripts/bench-migrate.sh)")
@@ -99,6 +100,7 @@ func TestBenchMigrate(t *testing.T) {
 				args = append(args, "--streams", strings.TrimPrefix(opt[0], "s"))
 				e.recvBin = ""
 				precopy := "on"
+				recvArgs := []string{"--restore", "--json", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm}
 				for _, o := range opt[1:] {
 					switch o {
 					case "before":
@@ -113,13 +115,15 @@ func TestBenchMigrate(t *testing.T) {
 						args = append(args, "--chunk-hashes")
 					case "off":
 						precopy = "off"
+					case "lazy":
+						recvArgs = append(recvArgs, "--lazy-pages")
 					default:
 						t.Fatalf("variant %s: unknown option %q", v, o)
 					}
 				}
 				args = append(args, "--precopy", precopy)
 				var rout, mout bytes.Buffer
-				recv := e.startReceiver(&rout, "--restore", "--json", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm)
+				recv := e.startReceiver(&rout, recvArgs...)
 				m := e.migrate(tg, &mout, args...)
 				if err := m.wait(e.ctx); err != nil {
 					t.Fatalf("%s: %v; receiver: %v", name, err, recv.wait(e.ctx))
@@ -220,12 +224,14 @@ func TestBenchMigrate(t *testing.T) {
 		}
 		fmt.Fprintf(&out, "| %s | %.2f s | %s | %.0f MiB | %s | %s | %s | %s |\n", label, d, ratio, raw/(1<<20), st, ws, wr, strings.Join(runs, " "))
 	}
+	// Every variant against stop-and-copy restored from the stream, with
+	// as many streams (sN-off).
 	for _, v := range variants {
-		off := v + "-off"
-		if len(results[off]) == 0 || strings.HasSuffix(v, "-off") {
+		off := strings.SplitN(v, "-", 2)[0] + "-off"
+		if len(results[off]) == 0 || v == off || v == "plain" {
 			continue
 		}
-		fmt.Fprintf(&out, "\nDowntime with pre-copy / with --precopy off (%s): %.2fx (medians %.2f s / %.2f s).\n", v, med(v, func(s sample) float64 { return s.down })/med(off, func(s sample) float64 { return s.down }),
+		fmt.Fprintf(&out, "\nDowntime of %s / of %s: %.2fx (medians %.2f s / %.2f s).\n", v, off, med(v, func(s sample) float64 { return s.down })/med(off, func(s sample) float64 { return s.down }),
 			med(v, func(s sample) float64 { return s.down }), med(off, func(s sample) float64 { return s.down }))
 	}
 	fmt.Fprintf(&out, "\nPhases of each migration (seconds):\n\n")

@@ -10,7 +10,7 @@ import (
 )
 
 var receiveCommand = command{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
-	[]string{"@key", "@decode", "@tcpin", "@criu", "@report", "images-dir", "listen", "restore", "cuda", "gpu-map"}, runReceive}
+	[]string{"@key", "@decode", "@tcpin", "@criu", "@report", "images-dir", "listen", "restore", "lazy-pages", "cuda", "gpu-map"}, runReceive}
 
 func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
@@ -28,6 +28,10 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if o.TCP.Timeout, err = cfg.tcpTimeout(); err != nil {
 		return err
 	}
+	if cfg.lazyPages && !cfg.restoreArg {
+		return usagef("--lazy-pages is a way to restore: it needs --restore")
+	}
+	o.LazyPages = cfg.lazyPages
 	if cfg.restoreArg {
 		if o.CUDA, err = cfg.cudaOptions(false); err != nil {
 			return err

@@ -84,6 +84,7 @@ type config struct {
 	tlsCA      string
 	listen     string
 	restoreArg bool
+	lazyPages  bool
 	netTimeout string
 	keepDir    string
 
@@ -200,6 +201,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.tlsCA, "tls-ca", "", "tcp://: CA certificate (PEM) that must have signed the peer's certificate")
 	str(&c.listen, "listen", "", "receive: HOST:PORT to accept one checkpoint on")
 	boolean(&c.restoreArg, "restore", "receive: restore the checkpoint with criu and print the restored PID")
+	boolean(&c.lazyPages, "lazy-pages", "receive --restore: once the whole image is in, restore with criu's lazy pages: the process runs before its memory is copied back, which criu lazy-pages hands in on first touch and in the background (not for CUDA processes; needs userfaultfd)")
 	str(&c.netTimeout, "net-timeout", "20s", "tcp://: how long a dead link or a silent peer is tolerated")
 	str(&c.keepDir, "keep-dir", "", "migrate: where the image is kept until the receiver confirms the restore (default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR; none: keep no copy)")
 	str(&c.precopy, "precopy", "off", "migrate: off (stop-and-copy) or on (send what the process holds while it runs, in rounds, then only the chunks that changed; it pays only on a link slower than CRIU's dump: docs/MIGRATION.md)")

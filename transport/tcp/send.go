@@ -66,6 +66,10 @@ type Report struct {
 	PID         int     `json:"pid,omitempty"`
 	Served      int     `json:"served,omitempty"`
 	RestoreSecs float64 `json:"restore_seconds,omitempty"`
+	// RunningSecs is how long the restored process had run when the
+	// report left: a restore with lazy pages reports once the last page
+	// is in, and the process runs before that.
+	RunningSecs float64 `json:"running_seconds,omitempty"`
 	Error       string  `json:"error,omitempty"`
 }
 

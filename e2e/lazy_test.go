@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestMigrateLazyPages migrates a target between two network namespaces
+// to a receiver that restores with CRIU's lazy pages (receive
+// --lazy-pages), with and without pre-copy: the restored target proves
+// its memory, counter and child, its downtime ends where it ran, before
+// its last page was in, and the receiver says how long it ran so.
+func TestMigrateLazyPages(t *testing.T) {
+	for _, precopy := range []string{"off", "on"} {
+		t.Run("precopy="+precopy, func(t *testing.T) {
+			e := newMigrateEnv(t)
+			tg, before := e.startTarget("target", 128, "--rewrite-pct", "5")
+			var res migrateJSON
+			var rres struct {
+				PID         int     `json:"pid"`
+				LazyPages   bool    `json:"lazy_pages"`
+				RunningSecs float64 `json:"running_seconds"`
+				Phases      []struct {
+					Name string  `json:"name"`
+					Secs float64 `json:"seconds"`
+				} `json:"phases"`
+			}
+			e.migrated(tg, []string{"--lazy-pages"}, []string{"--streams", "2", "--precopy", precopy}, &res, &rres)
+			if res.RestoredPID != tg.PID() || rres.PID != tg.PID() || !rres.LazyPages || res.DowntimeTo != "running (lazy pages)" {
+				t.Fatalf("migrate says %+v, receive says %+v, target pid %d", res, rres, tg.PID())
+			}
+			var names []string
+			for _, p := range rres.Phases {
+				names = append(names, p.Name)
+			}
+			if !strings.Contains(strings.Join(names, ","), "criu restore --lazy-pages") {
+				t.Fatalf("receiver phases %v", names)
+			}
+			provenRestore(e.ctx, t, tg, before)
+			t.Logf("downtime %.2fs; the process ran %.3fs before its last page was in; receiver phases %+v", res.DowntimeSecs, rres.RunningSecs, rres.Phases)
+		})
+	}
+}
+
+// TestMigrateLazyPagesDaemonDies: the lazy-pages daemon dies right after
+// CRIU's restore, before it has handed in the pages. The receiver kills
+// the restored tree (it would fault on memory that never comes) and says
+// so; the sender keeps its image, from which a restore brings the target
+// back whole.
+func TestMigrateLazyPagesDaemonDies(t *testing.T) {
+	e := newMigrateEnv(t)
+	tg, before := e.startTarget("target", 128)
+	keep := mkdir(t, filepath.Join(e.dir, "keep"))
+	t.Setenv("GPUCR_TEST_FAULT", "lazy-pages")
+	recv := e.startReceiver(nil, "--restore", "--lazy-pages", "--criu", e.criu)
+	m := e.migrate(tg, io.Discard, "--keep-dir", keep)
+	err := m.wait(e.ctx)
+	if err == nil || !strings.Contains(err.Error(), "restore on the receiver failed") || !strings.Contains(err.Error(), "criu lazy-pages failed") {
+		t.Fatalf("migrate with the lazy-pages daemon killed: %v", err)
+	}
+	rerr := recv.wait(e.ctx)
+	if rerr == nil || !strings.Contains(rerr.Error(), "the restored tree was killed") {
+		t.Fatalf("receiver: %v", rerr)
+	}
+	kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
+	if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
+		t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
+	}
+	if err := tg.WaitGone(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	InNetns(t, e.net.A, func() {
+		cmd := exec.CommandContext(e.ctx, e.bin, "restore", "--from", kept[1], "--criu", e.criu)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err = cmd.Output()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, stderr.String())
+		}
+	})
+	if err != nil {
+		t.Fatalf("restore from the kept image: %v", err)
+	}
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
+		t.Fatalf("restore from the kept image printed %q", out)
+	}
+	provenRestore(e.ctx, t, tg, before)
+}
