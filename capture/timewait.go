@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 
@@ -32,6 +33,14 @@ type clearing struct {
 	source.Source
 	log  func(string)
 	once sync.Once
+}
+
+// CopyToFile keeps the underlying source's faster copy where it has one.
+func (c *clearing) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
+	if fc, ok := c.Source.(source.FileCopier); ok && name != remappedFile {
+		return fc.CopyToFile(ctx, name, f)
+	}
+	return c.Copy(ctx, name, f)
 }
 
 func (c *clearing) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"golang.org/x/sys/unix"
 )
 
 // cut is b without the spans.
@@ -132,5 +135,57 @@ func TestCopyOmit(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestStreamCopyToFile: a stream source writes a file through a mapping,
+// chunks held in memory, spilled (a memory limit of two chunks) and zero
+// alike, the same bytes as Copy, the zero chunk a hole.
+func TestStreamCopyToFile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const chunk = minSpliceChunk
+	pages := splicePages(12)
+	for _, tc := range []struct {
+		spec  string
+		limit int64
+	}{{"none", 1 << 30}, {"lz4", 1 << 30}, {"auto", 2 * chunk}} {
+		t.Run(fmt.Sprintf("%s-limit%d", tc.spec, tc.limit), func(t *testing.T) {
+			var buf bytes.Buffer
+			out, err := streamer.NewStreamOutput([]io.Writer{&buf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, tc.spec)},
+				map[string][]byte{"pages-1.img": pages, "empty.img": nil})
+			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
+			defer s.Close()
+			if err := s.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var fc FileCopier = s
+			for name, want := range map[string][]byte{"pages-1.img": pages, "empty.img": nil} {
+				f, err := os.Create(filepath.Join(t.TempDir(), name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				n, err := fc.CopyToFile(ctx, name, f)
+				if err != nil || n != int64(len(want)) {
+					t.Fatalf("%s: CopyToFile = %d, %v; want %d bytes", name, n, err, len(want))
+				}
+				got, err := os.ReadFile(f.Name())
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("%s: %d bytes read back, want %d (equal %v), %v", name, len(got), len(want), bytes.Equal(got, want), err)
+				}
+				var st unix.Stat_t
+				if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+					t.Fatal(err)
+				}
+				if name == "pages-1.img" && st.Blocks*512 > int64(len(pages))-chunk/2 {
+					t.Errorf("%s: %d bytes allocated for %d, a zero chunk of %d among them: no hole", name, st.Blocks*512, len(pages), chunk)
+				}
+				f.Close()
+			}
+		})
 	}
 }

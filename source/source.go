@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -24,6 +25,12 @@ type Source interface {
 	Files(ctx context.Context) ([]manifest.File, error)
 	// Close releases buffers and temporary files.
 	Close() error
+}
+
+// FileCopier is a Source that writes a file into a regular file faster
+// than Copy does (StreamSource.CopyToFile): f must hold no data yet.
+type FileCopier interface {
+	CopyToFile(ctx context.Context, name string, f *os.File) (int64, error)
 }
 
 // decodeChunk decodes payload into dst (len == raw length) and checks the

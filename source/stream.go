@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -845,6 +846,69 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		written += c.n
 	}
 	return written, nil
+}
+
+// CopyToFile writes the named file into f, a regular file of no data,
+// through a shared mapping of it on several goroutines: writes to one file
+// are serialized by its inode's lock (a lazy restore's pages image, 4 GiB
+// written by Copy, took 1.1 s of its downtime on 16 cores), the faults of a
+// mapping are not. Zero chunks are left as holes.
+func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
+	fe, err := s.Stat(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	if s.discard {
+		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
+	}
+	s.mu.Lock()
+	chunks := s.complete[name].chunks
+	s.mu.Unlock()
+	if err := f.Truncate(fe.Size); err != nil || fe.Size == 0 {
+		return 0, err
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fe.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("copy %s: map the file: %w", name, err)
+	}
+	defer unix.Munmap(m)
+	var next atomic.Int64
+	workers := min(runtime.GOMAXPROCS(0), 8)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(len(chunks)); i = next.Add(1) - 1 {
+				c := chunks[i]
+				if err := ctx.Err(); err != nil {
+					errs[w] = err
+					return
+				}
+				if c.off < 0 || c.off+c.n > fe.Size {
+					errs[w] = fmt.Errorf("copy %s: chunk at offset %d of %d bytes beyond the file's %d: %w", name, c.off, c.n, fe.Size, errdefs.ErrCorrupt)
+					return
+				}
+				dst := m[c.off : c.off+c.n]
+				switch {
+				case c.zero: // a hole
+				case c.mem != nil:
+					copy(dst, c.mem)
+				default:
+					if _, err := c.fd.ReadAt(dst, c.foff); err != nil {
+						errs[w] = fmt.Errorf("copy %s at offset %d: %w", name, c.off, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return fe.Size, nil
 }
 
 // Close stops decoding and removes temporary files.

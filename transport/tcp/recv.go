@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -620,6 +621,14 @@ func (s *Source) Copy(ctx context.Context, name string, w io.Writer) (int64, err
 		return 0, err
 	}
 	return s.stream.Copy(ctx, name, w)
+}
+
+// CopyToFile implements source.FileCopier.
+func (s *Source) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
+	if _, err := s.WaitCommitted(ctx); err != nil {
+		return 0, err
+	}
+	return s.stream.CopyToFile(ctx, name, f)
 }
 
 // Files implements source.Source.
