@@ -61,6 +61,17 @@ const lazySocket = "lazy-pages.socket"
 // daemon that dies before the last page).
 var testKillLazyDaemon = os.Getenv("GPUCR_TEST_FAULT") == "lazy-pages"
 
+// CheckLazyPages says whether criu can restore with lazy pages here (the
+// kernel's userfaultfd, with the events a tree that forks needs): a
+// receiver asks before a sender stops its process for it.
+func CheckLazyPages(ctx context.Context, criu string) error {
+	out, _, err := runCRIU(ctx, criu, []string{"check", "--feature", "uffd-noncoop"})
+	if err != nil {
+		return fmt.Errorf("lazy pages: criu check --feature uffd-noncoop: %w: %s", err, strings.TrimSpace(out))
+	}
+	return nil
+}
+
 // RestoreLazy writes every image of src into a scratch directory, starts
 // `criu lazy-pages` on it and runs `criu restore --lazy-pages`. It returns
 // once the tree is restored and runs; Wait then waits for the daemon's last

@@ -97,6 +97,11 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 		if err = o.CUDA.CheckMap(ctx, o.GPUMap.Targets(), nil); err != nil {
 			return nil, fmt.Errorf("receive: %w", err)
 		}
+		if o.LazyPages {
+			if err = capture.CheckLazyPages(ctx, r.criu); err != nil {
+				return nil, fmt.Errorf("receive --lazy-pages: %w (restore without --lazy-pages)", err)
+			}
+		}
 		o.CUDA.Warm() // not in the downtime
 	}
 	r.start = time.Now()

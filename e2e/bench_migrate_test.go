@@ -154,9 +154,20 @@ func TestBenchMigrate(t *testing.T) {
 				}
 				var rres struct {
 					CRIUWaited float64 `json:"criu_waited_seconds"`
+					Phases     []struct {
+						Name string  `json:"name"`
+						Secs float64 `json:"seconds"`
+					} `json:"phases"`
 				}
-				if json.Unmarshal(rout.Bytes(), &rres) == nil && rres.CRIUWaited > 0 {
-					ps = append(ps, fmt.Sprintf("(receiver's criu waited %.2f for the commit)", rres.CRIUWaited))
+				if json.Unmarshal(rout.Bytes(), &rres) == nil {
+					if rres.CRIUWaited > 0 {
+						ps = append(ps, fmt.Sprintf("(receiver's criu waited %.2f for the commit)", rres.CRIUWaited))
+					}
+					var rps []string
+					for _, p := range rres.Phases {
+						rps = append(rps, fmt.Sprintf("%s %.2f", p.Name, p.Secs))
+					}
+					ps = append(ps, "receiver: "+strings.Join(rps, ", "))
 				}
 				s.phases = strings.Join(ps, ", ")
 			}

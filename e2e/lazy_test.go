@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -92,4 +93,31 @@ func TestMigrateLazyPagesDaemonDies(t *testing.T) {
 		t.Fatalf("restore from the kept image printed %q", out)
 	}
 	provenRestore(e.ctx, t, tg, before)
+}
+
+// TestReceiveLazyPagesUnsupported: a receiver whose criu cannot restore
+// with lazy pages (here: its check says the kernel lacks userfaultfd's
+// events) refuses at its start, before any sender stops a process for it.
+func TestReceiveLazyPagesUnsupported(t *testing.T) {
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	noUffd := filepath.Join(dir, "criu-no-uffd")
+	script := "#!/bin/sh\n[ \"$1\" = check ] && { echo 'uffd-noncoop is not supported' >&2; exit 1; }\nexec " + CRIU(t) + " \"$@\"\n"
+	if err := os.WriteFile(noUffd, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	tok, err := exec.CommandContext(ctx, bin, "token").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokFile, tok, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, bin, "receive", "--listen", "127.0.0.1:0", "--restore", "--lazy-pages", "--criu", noUffd,
+		"--token-file", tokFile).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "criu check --feature uffd-noncoop") || strings.Contains(string(out), "socket-init") {
+		t.Fatalf("receive --lazy-pages with a criu that cannot: %v: %s", err, out)
+	}
 }
