@@ -8,8 +8,8 @@ package capture
 // lazy-pages` hands each page in when the process first touches it, and
 // all the others in the background: the process runs once its small state
 // is back. CRIU's page server, which would hand the pages in straight from
-// the source host, fails on these kernels (docs/MIGRATION.md, "Lazy
-// restore"), so the daemon reads them from a local copy: every image is
+// the source host, fails on these kernels (docs/MIGRATION.md, "Post-copy
+// over the network"), so the daemon reads them from a local copy: every image is
 // written into a directory first (a tmpfs of its own where it can), and
 // kept until the daemon has handed in the last page. Until then the
 // directory is the process's memory: if the daemon fails, the restored
