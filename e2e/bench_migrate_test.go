@@ -30,6 +30,7 @@ import (
 //	                      run their receiver with it
 //	GPUCR_BENCH_REWRITE   the target rewrites this percentage of its pages
 //	                      a second while it runs (e2e/target --rewrite-pct)
+//	GPUCR_BENCH_RECV_MEMORY  the receiver's --memory-limit (2GiB)
 //
 // Variants sN migrate with --precopy on; -off with --precopy off; -lazy
 // to a receiver that restores with --lazy-pages.
@@ -100,7 +101,7 @@ func TestBenchMigrate(t *testing.T) {
 				args = append(args, "--streams", strings.TrimPrefix(opt[0], "s"))
 				e.recvBin = ""
 				precopy := "on"
-				recvArgs := []string{"--restore", "--json", "--criu", e.criu, "--memory-limit", "2GiB", "--spill-dir", shm}
+				recvArgs := []string{"--restore", "--json", "--criu", e.criu, "--memory-limit", envStr("GPUCR_BENCH_RECV_MEMORY", "2GiB"), "--spill-dir", shm}
 				for _, o := range opt[1:] {
 					switch o {
 					case "before":
@@ -263,6 +264,13 @@ func TestBenchMigrate(t *testing.T) {
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envStr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
 		return v
 	}
 	return def
