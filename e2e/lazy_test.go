@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -69,30 +66,7 @@ func TestMigrateLazyPagesDaemonDies(t *testing.T) {
 	if rerr == nil || !strings.Contains(rerr.Error(), "the restored tree was killed") {
 		t.Fatalf("receiver: %v", rerr)
 	}
-	kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
-	if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
-		t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
-	}
-	if err := tg.WaitGone(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	var out []byte
-	InNetns(t, e.net.A, func() {
-		cmd := exec.CommandContext(e.ctx, e.bin, "restore", "--from", kept[1], "--criu", e.criu)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err = cmd.Output()
-		if err != nil {
-			err = fmt.Errorf("%w: %s", err, stderr.String())
-		}
-	})
-	if err != nil {
-		t.Fatalf("restore from the kept image: %v", err)
-	}
-	if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
-		t.Fatalf("restore from the kept image printed %q", out)
-	}
-	provenRestore(e.ctx, t, tg, before)
+	e.restoreKept(tg, before, err, keep)
 }
 
 // TestReceiveLazyPagesUnsupported: a receiver whose criu cannot restore

@@ -611,6 +611,39 @@ func criuFailingLate(t testing.TB, dir, criu string) string {
 	return failing
 }
 
+// restoreKept restores tg in A from the image a failed migration (its
+// error migrateErr) kept in keep, once the target is gone, and proves it
+// against before; it returns the kept image's path.
+func (e *migrateEnv) restoreKept(tg *Target, before Proof, migrateErr error, keep string, extra ...string) string {
+	t := e.t
+	t.Helper()
+	kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(migrateErr.Error())
+	if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
+		t.Fatalf("migrate does not name the kept image in %s: %v", keep, migrateErr)
+	}
+	if err := tg.WaitGone(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	var err error
+	InNetns(t, e.net.A, func() {
+		cmd := exec.CommandContext(e.ctx, e.bin, append([]string{"restore", "--from", kept[1], "--criu", e.criu}, extra...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if out, err = cmd.Output(); err != nil {
+			err = fmt.Errorf("%w: %s", err, stderr.String())
+		}
+	})
+	if err != nil {
+		t.Fatalf("restore from the kept image: %v", err)
+	}
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
+		t.Fatalf("restore from the kept image printed %q", out)
+	}
+	provenRestore(e.ctx, t, tg, before)
+	return kept[1]
+}
+
 // migrateImageKept migrates to a receiver whose restore fails: the source
 // is gone, the image kept (in --keep-dir when given, else on a tmpfs of
 // its own), and a restore from it brings the process back (encrypted:
@@ -639,26 +672,9 @@ func migrateImageKept(t *testing.T, given, encrypted bool) {
 	if rerr := recv.wait(e.ctx); rerr == nil {
 		t.Fatal("receiver succeeded with a failing criu")
 	}
-	kept := regexp.MustCompile(`kept at (\S+):`).FindStringSubmatch(err.Error())
-	if kept == nil || !strings.HasPrefix(kept[1], keep+"/") {
-		t.Fatalf("migrate does not name the kept image in %s: %v", keep, err)
-	}
-	if err := tg.WaitGone(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	var out []byte
-	InNetns(t, e.net.A, func() {
-		out, err = exec.CommandContext(e.ctx, e.bin, append([]string{"restore", "--from", kept[1], "--criu", e.criu}, keyArgs...)...).Output()
-	})
-	if err != nil {
-		t.Fatalf("restore from the kept image: %v", err)
-	}
-	if pid, _ := strconv.Atoi(strings.TrimSpace(string(out))); pid != tg.PID() {
-		t.Fatalf("restore from the kept image printed %q", out)
-	}
-	provenRestore(e.ctx, t, tg, before)
+	kept := e.restoreKept(tg, before, err, keep, keyArgs...)
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	dir := filepath.Dir(kept[1])
+	dir := filepath.Dir(kept)
 	if mounted := strings.Contains(string(mi), " "+dir+" "); mounted != !given {
 		t.Fatalf("kept image's directory %s mounted: %v, want %v", dir, mounted, !given)
 	}
