@@ -66,7 +66,11 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 func printMigrate(cfg *config, res *migrateResult) {
 	w := cfg.stdout
 	if res.RestoredPID > 0 {
-		fmt.Fprintf(w, "migrated process %d to %s: restored there as %d, downtime %.2fs\n", res.PID, res.Destination, res.RestoredPID, res.DowntimeSecs)
+		to := ""
+		if res.DowntimeTo != "restored" {
+			to = " (to " + res.DowntimeTo + ")"
+		}
+		fmt.Fprintf(w, "migrated process %d to %s: restored there as %d, downtime %.2fs%s\n", res.PID, res.Destination, res.RestoredPID, res.DowntimeSecs, to)
 	} else {
 		fmt.Fprintf(w, "migrated process %d to %s (served there to criu restore), dump took %.2fs\n", res.PID, res.Destination, res.DowntimeSecs)
 	}
