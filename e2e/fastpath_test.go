@@ -81,6 +81,14 @@ func (e *fastEnv) env() []string {
 func (e *fastEnv) start(t *testing.T, name string) (pid int, tdir string, wait func()) {
 	t.Helper()
 	tdir = filepath.Join(e.dir, name)
+	pid, wait = e.startCmd(t, tdir, e.target, tdir)
+	return pid, tdir, wait
+}
+
+// startCmd runs args under `gpucr-stream run` as start does, and waits
+// for tdir/ready; wait waits for its end.
+func (e *fastEnv) startCmd(t *testing.T, tdir string, args ...string) (pid int, wait func()) {
+	t.Helper()
 	if err := os.MkdirAll(tdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +97,7 @@ func (e *fastEnv) start(t *testing.T, name string) (pid int, tdir string, wait f
 		t.Fatal(err)
 	}
 	defer out.Close()
-	cmd := exec.Command(e.gcs, "run", "--", e.target, tdir)
+	cmd := exec.Command(e.gcs, append([]string{"run", "--"}, args...)...)
 	cmd.Env = e.env()
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -107,7 +115,7 @@ func (e *fastEnv) start(t *testing.T, name string) (pid int, tdir string, wait f
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return cmd.Process.Pid, tdir, func() { <-done }
+	return cmd.Process.Pid, func() { <-done }
 }
 
 // check asks the target to read its memory back.
@@ -309,6 +317,61 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	var rs phases
 	if json.Unmarshal(out, &rs) != nil || !rs.hasPrefix("vram staged ahead (3 of 3 files") {
 		t.Fatalf("restore staged no VRAM files: %s", out)
+	}
+}
+
+// TestFastPathLauncherTree: torchrun's layout, where the root holds no
+// GPU and starts the ranks (here a shell and two targets): the checkpoint
+// moves both children's device memory and none of the root's, the restore
+// brings the tree back, and each child reads its memory back intact.
+func TestFastPathLauncherTree(t *testing.T) {
+	e := setupFast(t)
+	ctx := testCtx(t)
+	root := filepath.Join(e.dir, "launcher")
+	ranks := []string{filepath.Join(root, "r0"), filepath.Join(root, "r1")}
+	for _, d := range ranks {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := fmt.Sprintf("%s %s & %s %s & while [ ! -e %s/ready ] || [ ! -e %s/ready ]; do sleep 0.01; done; touch %s/ready; wait",
+		e.target, ranks[0], e.target, ranks[1], ranks[0], ranks[1], root)
+	pid, wait := e.startCmd(t, root, "/bin/sh", "-c", script)
+	for _, d := range ranks {
+		if r := fastCheck(t, d, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+			t.Fatalf("%s before: %q", d, r)
+		}
+	}
+	ar := filepath.Join(e.dir, "ar-launcher")
+	out, err := e.gcsRun(ctx, "checkpoint", "--pid", strconv.Itoa(pid), "--to", ar, "--work-dir", filepath.Join(e.dir, "wl"),
+		"--criu", e.criu, "--json", "--no-progress", "--vram-files", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck struct {
+		phases
+		CUDAPIDs []int `json:"cuda_pids"`
+	}
+	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || len(ck.CUDAPIDs) != 2 || slices.Contains(ck.CUDAPIDs, pid) {
+		t.Fatalf("checkpoint of the launcher's tree: %s (%v)", out, err)
+	}
+	wait()
+	out, err = e.gcsRun(ctx, "restore", "--from", ar, "--work-dir", filepath.Join(e.dir, "wl2"), "--criu", e.criu, "--json", "--no-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs struct {
+		phases
+		CUDAPIDs []int `json:"cuda_pids"`
+	}
+	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid || len(rs.CUDAPIDs) != 2 {
+		t.Fatalf("restore of the launcher's tree: %s (%v)", out, err)
+	}
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	for _, d := range ranks {
+		if r := fastCheck(t, d, 5*time.Second); !strings.HasPrefix(r, "ok ") {
+			t.Fatalf("%s after restore: %q", d, r)
+		}
 	}
 }
 
