@@ -192,6 +192,13 @@ func (l *LazyRestore) Wait(ctx context.Context) error {
 	return nil
 }
 
+// Abort ends a lazy restore whose tree the caller killed: the daemon
+// goes, and the images and the work dir with it.
+func (l *LazyRestore) Abort() {
+	l.stop()
+	l.cleanup()
+}
+
 // stop ends the daemon, if it runs, and removes the images.
 func (l *LazyRestore) stop() {
 	if l.daemon != nil && l.daemon.Process != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -227,10 +228,10 @@ func (r *receiver) restore(ctx context.Context) error {
 		if err != nil {
 			return err // nothing was restored: the sender is not told
 		}
-		if len(ci.GPUs) == 0 && len(ci.CUDA) == 0 {
+		if (len(ci.GPUs) == 0 && len(ci.CUDA) == 0) || lazyCUDA {
 			return r.restoreLazy(ctx, ci)
 		}
-		r.o.Hooks.log("receive: lazy pages are not for CUDA processes (the driver's restore needs their memory in): restoring from the stream")
+		r.o.Hooks.log("receive: lazy pages are not for CUDA processes: restoring from the stream")
 	}
 	gate := &commitGate{Source: r.src, open: make(chan struct{})}
 	cctx, cancel := context.WithCancel(ctx)
@@ -298,6 +299,10 @@ func (r *receiver) restore(ctx context.Context) error {
 	return nil
 }
 
+// lazyCUDA lets CUDA processes take lazy pages too (GPUCR_LAZY_CUDA=1):
+// an experiment, until it is proven on the GPU machine.
+var lazyCUDA = os.Getenv("GPUCR_LAZY_CUDA") == "1"
+
 // restoreLazy restores the committed image with lazy pages: the process
 // runs before its private memory is back, which CRIU's daemon then hands
 // in. The sender hears of it once the last page is in, so that it keeps
@@ -306,8 +311,33 @@ func (r *receiver) restore(ctx context.Context) error {
 func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 	r.res.LeftRunning = ci.LeftRunning
 	start := time.Now()
-	l, err := capture.RestoreLazy(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+	pairs, err := r.o.GPUMap.For(ci.GPUs)
+	if err == nil {
+		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
+	}
+	var l *capture.LazyRestore
+	if err == nil {
+		l, err = capture.RestoreLazy(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+			ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+	}
+	var cudaPIDs []int
+	var t cudadriver.Timings
+	var fast []Phase
+	if err == nil {
+		// CUDA processes come back onto the GPU while the daemon hands
+		// their host memory in: the driver's restore faults in what it
+		// reads of it.
+		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, capture.RestoreReport{PID: l.PID}, nil, pairs); err == nil &&
+			r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
+			if fast, err = gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs); err != nil {
+				err = fmt.Errorf("process %d restored, but its device memory is not: %w", l.PID, err)
+			}
+		}
+		if err != nil {
+			err = fmt.Errorf("%w; %s", err, killRestored(l.PID))
+			l.Abort()
+		}
+	}
 	if err == nil {
 		running := time.Now()
 		if err = l.Wait(ctx); err == nil {
@@ -327,10 +357,12 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 	report.PID = l.PID
 	r.report(report)
 	r.fill()
-	r.res.PID, r.res.LazyPages = l.PID, true
+	r.res.PID, r.res.CUDAPIDs, r.res.LazyPages = l.PID, cudaPIDs, true
 	r.res.Phases = append(r.res.Phases, Phase{Name: "images written for lazy pages", Secs: l.Extract.Seconds()},
-		Phase{Name: "criu restore --lazy-pages", Secs: l.CRIU.Seconds()},
-		Phase{Name: "pages handed in while the process ran", Secs: r.res.RunningSecs})
+		Phase{Name: "criu restore --lazy-pages", Secs: l.CRIU.Seconds()})
+	r.res.Phases = append(r.res.Phases, gpuckpt.TimingPhases(t)...)
+	r.res.Phases = append(r.res.Phases, fast...)
+	r.res.Phases = append(r.res.Phases, Phase{Name: "pages handed in while the process ran", Secs: r.res.RunningSecs})
 	return nil
 }
 

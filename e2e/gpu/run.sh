@@ -1050,7 +1050,11 @@ round_migrate() {
 	[ -n "$MIGRATE_STREAMS" ] && mopts+=(--streams "$MIGRATE_STREAMS")
 	# X-precopy: migrate --precopy on (device memory sent ahead while the
 	# target runs; the final dump sends what changed).
-	case $ROUND in *-precopy) mopts+=(--precopy on) ;; esac
+	case $ROUND in *-precopy*) mopts+=(--precopy on) ;; esac
+	# X-lazy: the receiver restores with --lazy-pages, CUDA processes
+	# included (GPUCR_LAZY_CUDA=1, an experiment).
+	local lazy_env=()
+	case $ROUND in *-lazy*) ropts+=(--lazy-pages) lazy_env=(env GPUCR_LAZY_CUDA=1) ;; esac
 	# While it migrates, the target rewrites REWRITE_PCT percent of its
 	# tensor bytes every MIGRATE_REWRITE_EVERY seconds (SIGUSR2), if set.
 	local rewriter=
@@ -1061,7 +1065,7 @@ round_migrate() {
 	local spec
 	spec=$(remap_spec)
 	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
-	$(dense_env) "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
+	$(dense_env) "${lazy_env[@]}" "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
 		"${copts[@]}" "${ropts[@]}" >"$rj" 2>"$re" &
 	RECV_PID=$!
 	local i=0
