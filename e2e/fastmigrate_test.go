@@ -133,11 +133,17 @@ func TestFastPathMigrate(t *testing.T) {
 	}
 	// With pre-copy: the device memory goes ahead while the program runs
 	// (the library's peek), and the final dump sends it by reference.
+	// With lazy pages on the receiver (GPUCR_LAZY_CUDA=1): the driver's
+	// restore and the copy in run while the daemon hands the host memory
+	// in, and the downtime ends where the process runs.
+	lazy := []string{"--lazy-pages"}
 	for _, tc := range []struct {
 		name    string
 		key     []string
 		precopy []string
-	}{{"moved", nil, nil}, {"moved encrypted", []string{"--key-file", keyFile}, nil}, {"moved with pre-copy", nil, []string{"--precopy", "on"}}} {
+		recv    []string
+	}{{"moved", nil, nil, nil}, {"moved encrypted", []string{"--key-file", keyFile}, nil, nil}, {"moved with pre-copy", nil, []string{"--precopy", "on"}, nil},
+		{"moved with lazy pages", nil, nil, lazy}} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := strings.ReplaceAll(tc.name, " ", "-")
 			pid, tdir, waitGone := e.start(t, name)
@@ -145,7 +151,11 @@ func TestFastPathMigrate(t *testing.T) {
 				t.Fatalf("before: %q", r)
 			}
 			keep := mkdir(t, filepath.Join(e.dir, "keep-"+name))
-			recv := e.startReceiver(ctx, t, nil, tokFile, append([]string{"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-"+name)}, tc.key...)...)
+			var env []string
+			if tc.recv != nil {
+				env = []string{"GPUCR_LAZY_CUDA=1"}
+			}
+			recv := e.startReceiver(ctx, t, env, tokFile, append(append([]string{"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "rw-"+name)}, tc.key...), tc.recv...)...)
 			out, err := e.gcsRun(ctx, e.migrateArgs(pid, recv, tokFile, name, append(append([]string{"--keep-dir", keep, "--streams", "2"}, tc.key...), tc.precopy...)...)...)
 			if err != nil {
 				t.Fatalf("migrate: %v; receiver: %v", err, recv.wait(ctx))
@@ -167,7 +177,11 @@ func TestFastPathMigrate(t *testing.T) {
 					FinalRefBytes int64 `json:"final_ref_bytes"`
 				} `json:"precopy"`
 			}
-			if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != "restored" ||
+			downtimeTo := "restored"
+			if tc.recv != nil {
+				downtimeTo = "running (lazy pages)"
+			}
+			if err := json.Unmarshal(out, &mres); err != nil || mres.RestoredPID != pid || mres.DowntimeTo != downtimeTo ||
 				!mres.has("vram copy out") || !mres.has("vram release") || !mres.has("gpu checkpoint") {
 				t.Fatalf("migrate took no fast path or did not restore: %s (%v)", out, err)
 			}
