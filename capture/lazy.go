@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/source"
@@ -82,13 +83,19 @@ func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *L
 			o.Hooks.Log(s)
 		}
 	})
-	files, err := src.Files(ctx)
+	all, err := src.Files(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lazy restore: %w", err)
 	}
+	// CRIU's images only: a producer's files (the fast path's VRAM files)
+	// are read by their producer, from src.
+	var files []manifest.File
 	var need int64
-	for _, f := range files {
-		need += f.Size
+	for _, f := range all {
+		if !f.External {
+			files = append(files, f)
+			need += f.Size
+		}
 	}
 	dir, work, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
@@ -108,7 +115,7 @@ func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *L
 		o.Hooks.Log(fmt.Sprintf("lazy restore: the images go into %s, not a tmpfs of their own: %s", l.images.Path, l.images.Why))
 	}
 	start := time.Now()
-	if l.Files, l.Bytes, err = WriteExtract(ctx, src, l.images.Path); err != nil {
+	if l.Files, l.Bytes, err = writeFiles(ctx, src, l.images.Path, files); err != nil {
 		return l, fmt.Errorf("lazy restore: %w", err)
 	}
 	l.Extract = time.Since(start)

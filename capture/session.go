@@ -782,6 +782,11 @@ func WriteExtract(ctx context.Context, src source.Source, dir string) (int, int6
 	if err != nil {
 		return 0, 0, err
 	}
+	return writeFiles(ctx, src, dir, files)
+}
+
+// writeFiles writes files of src into dir, each whole or not at all.
+func writeFiles(ctx context.Context, src source.Source, dir string, files []manifest.File) (int, int64, error) {
 	var total int64
 	var done []string
 	for _, f := range files {
