@@ -308,7 +308,9 @@ var lazyCUDA = os.Getenv("GPUCR_LAZY_CUDA") == "1"
 // runs before its private memory is back, which CRIU's daemon then hands
 // in. The sender hears of it once the last page is in, so that it keeps
 // its copy until this side holds the whole process, and with how long the
-// process had run by then: its downtime ended there.
+// process had run by then: its downtime ended there. CUDA processes
+// (lazyCUDA) come back onto the GPU meanwhile, as after a restore from the
+// stream.
 func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 	r.res.LeftRunning = ci.LeftRunning
 	start := time.Now()
