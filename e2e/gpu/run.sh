@@ -149,7 +149,9 @@
 # reaps its orphans at once where this host's init takes 1.5-1.9 s, and
 # -launched (ncclp2p-launched) starts an NCCL pair in torchrun's layout: a
 # launcher that holds no GPU, both ranks its children (nccl_pair.py
-# --launch; CRIU then restores the ranks side by side). After
+# --launch; CRIU then restores the ranks side by side), and -lazy
+# (migratefast-lazy) runs the receiver with --lazy-pages, CUDA processes
+# included (GPUCR_LAZY_CUDA=1). After
 # every restore the target proves itself: every tensor checksum matches
 # and it keeps computing the same product. Results go to
 # $OUT (or $WORK/out): run.log, results.jsonl, logs.tar.gz; the last lines
