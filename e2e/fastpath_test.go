@@ -327,6 +327,10 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 func TestFastPathLauncherTree(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
+	// The ranks are orphaned when CRIU kills the shell: as their
+	// subreaper, the test reaps them before the restore needs their PIDs
+	// (a CI container's init may never do it).
+	becomeSubreaper(t)
 	root := filepath.Join(e.dir, "launcher")
 	ranks := []string{filepath.Join(root, "r0"), filepath.Join(root, "r1")}
 	for _, d := range ranks {
@@ -356,6 +360,11 @@ func TestFastPathLauncherTree(t *testing.T) {
 		t.Fatalf("checkpoint of the launcher's tree: %s (%v)", out, err)
 	}
 	wait()
+	for _, p := range ck.CUDAPIDs {
+		if err := WaitPIDGone(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out, err = e.gcsRun(ctx, "restore", "--from", ar, "--work-dir", filepath.Join(e.dir, "wl2"), "--criu", e.criu, "--json", "--no-progress")
 	if err != nil {
 		t.Fatal(err)

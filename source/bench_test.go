@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -391,6 +392,51 @@ func BenchmarkStreamSpill(b *testing.B) {
 					b.Fatalf("%d spill files, want %d", used, files)
 				}
 				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkStreamCopyToFile writes a held stream's files into files on
+// /dev/shm (what a lazy restore's extract does), by Copy (one writer) and
+// by CopyToFile (a shared mapping, several writers), the source decoded
+// once before the timer. GPUCR_BENCH_SOURCE_MIB sets the size (256).
+func BenchmarkStreamCopyToFile(b *testing.B) {
+	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
+	var buf bytes.Buffer
+	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
+	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "lz4")}))
+	ctx := context.Background()
+	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}})
+	defer src.Close()
+	if err := src.Wait(ctx); err != nil {
+		b.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "gcs-bench-")
+	if err != nil {
+		b.Skip("no /dev/shm")
+	}
+	defer os.RemoveAll(dir)
+	for _, mode := range []string{"copy", "mapped"} {
+		b.Run(mode, func(b *testing.B) {
+			b.SetBytes(total)
+			for range b.N {
+				for _, f := range m.Files {
+					w, err := os.Create(filepath.Join(dir, f.Name))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if mode == "copy" {
+						_, err = src.Copy(ctx, f.Name, w)
+					} else {
+						_, err = src.CopyToFile(ctx, f.Name, w)
+					}
+					w.Close()
+					if err != nil {
+						b.Fatal(err)
+					}
+					os.Remove(w.Name())
+				}
 			}
 		})
 	}
