@@ -22,6 +22,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -397,8 +398,8 @@ func BenchmarkStreamSpill(b *testing.B) {
 	}
 }
 
-// BenchmarkStreamCopyToFile writes a held stream's files into files on
-// /dev/shm (what a lazy restore's extract does), by Copy (one writer) and
+// BenchmarkStreamCopyToFile writes a held stream's files into files
+// where a lazy restore's extract writes them, by Copy (one writer) and
 // by CopyToFile (a shared mapping, several writers), the source decoded
 // once before the timer. GPUCR_BENCH_SOURCE_MIB sets the size (256).
 func BenchmarkStreamCopyToFile(b *testing.B) {
@@ -412,11 +413,15 @@ func BenchmarkStreamCopyToFile(b *testing.B) {
 	if err := src.Wait(ctx); err != nil {
 		b.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("/dev/shm", "gcs-bench-")
+	// Where a lazy restore writes: a tmpfs of huge pages of its own (as
+	// root), else $TMPDIR.
+	sd, err := scratch.New(scratch.DefaultRoot, "", "gcs-bench-", 2*total)
 	if err != nil {
-		b.Skip("no /dev/shm")
+		b.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
+	defer sd.Remove()
+	b.Logf("files in %s (%s)", sd.Path, map[bool]string{true: "a tmpfs of huge pages", false: sd.Why}[sd.Mounted])
+	dir := sd.Path
 	for _, mode := range []string{"copy", "mapped"} {
 		b.Run(mode, func(b *testing.B) {
 			b.SetBytes(total)
