@@ -348,7 +348,9 @@ func (m *migration) handOver(ctx context.Context) error {
 		return m.lost(fmt.Errorf("restore on the receiver failed: %s", r.Error))
 	}
 	m.res.RestoredPID = r.PID
-	running := time.Duration(r.RunningSecs * float64(time.Second))
+	// What the receiver says the process ran for lies within its restore
+	// (a report of more is the receiver's error, not a negative downtime).
+	running := min(max(time.Duration(r.RunningSecs*float64(time.Second)), 0), time.Since(committed))
 	m.res.DowntimeSecs, m.res.DowntimeTo = (time.Since(m.dumpStart) - running).Seconds(), "restored"
 	m.res.Phases = append(m.res.Phases, Phase{Name: "restore on the receiver", Secs: (time.Since(committed) - running).Seconds()})
 	if running > 0 {
