@@ -296,11 +296,7 @@ type RestoreReport struct {
 // it cannot be trusted. TIME_WAIT sockets that would refuse CRIU's bind of
 // the image's listeners are cleared first (ClearTimeWait).
 func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
-	src = ClearTimeWait(src, func(s string) {
-		if o.Hooks.Log != nil {
-			o.Hooks.Log(s)
-		}
-	})
+	src = ClearTimeWait(src, o.Hooks.log)
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err
@@ -337,15 +333,11 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 		cancel() // stop serving: CRIU is gone
 	}
 	wg.Wait()
-	if b, err := os.ReadFile(pidfile); err == nil {
-		rep.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
+	rep.PID = readPID(pidfile)
 	if criuErr == nil && errors.Is(serveErr, ErrOutstanding) {
 		// CRIU succeeded: leaving the rest of a file was its decision,
 		// made just before it closed the socket.
-		if hooks.Log != nil {
-			hooks.Log(serveErr.Error())
-		}
+		hooks.log(serveErr.Error())
 		serveErr = nil
 	}
 	switch {
@@ -364,6 +356,16 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 		return rep, criuFailed{fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))}
 	}
 	return rep, nil
+}
+
+// readPID is the PID criu restore --pidfile wrote (0: none).
+func readPID(pidfile string) int {
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
 }
 
 // runCRIU runs criu, its output kept for the error message.

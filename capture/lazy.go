@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -78,11 +77,7 @@ func CheckLazyPages(ctx context.Context, criu string) error {
 // once the tree is restored and runs; Wait then waits for the daemon's last
 // page. On failure nothing restored is left running.
 func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *LazyRestore, err error) {
-	src = ClearTimeWait(src, func(s string) {
-		if o.Hooks.Log != nil {
-			o.Hooks.Log(s)
-		}
-	})
+	src = ClearTimeWait(src, o.Hooks.log)
 	all, err := src.Files(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lazy restore: %w", err)
@@ -111,8 +106,8 @@ func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *L
 	if l.images, err = scratch.New(scratch.DefaultRoot, "", "gpucr-lazy-", need); err != nil {
 		return l, fmt.Errorf("lazy restore: %w", err)
 	}
-	if l.images.Why != "" && o.Hooks.Log != nil {
-		o.Hooks.Log(fmt.Sprintf("lazy restore: the images go into %s, not a tmpfs of their own: %s", l.images.Path, l.images.Why))
+	if l.images.Why != "" {
+		o.Hooks.log(fmt.Sprintf("lazy restore: the images go into %s, not a tmpfs of their own: %s", l.images.Path, l.images.Why))
 	}
 	start := time.Now()
 	if l.Files, l.Bytes, err = writeFiles(ctx, src, l.images.Path, files); err != nil {
@@ -127,9 +122,7 @@ func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *L
 		"-o", "restore.log", "-v4"}
 	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
 	l.CRIU = took
-	if b, rerr := os.ReadFile(pidfile); rerr == nil {
-		l.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
+	l.PID = readPID(pidfile)
 	if criuErr != nil {
 		return l, criuFailed{fmt.Errorf("criu restore --lazy-pages: %w; %s", criuErr, criuLogTail(l.LogPath, out))}
 	}

@@ -34,6 +34,13 @@ type Hooks struct {
 	Log func(string)
 }
 
+// log passes s to Log, if there is one.
+func (h Hooks) log(s string) {
+	if h.Log != nil {
+		h.Log(s)
+	}
+}
+
 // connKind says who is on a connection of a streamer socket.
 type connKind int
 
@@ -703,9 +710,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 						return fmt.Errorf("serve %s: %w (%d of %d bytes not taken)", name, ErrOutstanding, left, f.Size)
 					}
 					early.Add(1)
-					if o.Hooks.Log != nil {
-						o.Hooks.Log(fmt.Sprintf("%s: closed by its reader with %d of %d bytes not taken; serving the rest", name, left, f.Size))
-					}
+					o.Hooks.log(fmt.Sprintf("%s: closed by its reader with %d of %d bytes not taken; serving the rest", name, left, f.Size))
 					return nil
 				}
 				if err != nil {
