@@ -774,20 +774,30 @@ func (f *streamFile) entry() manifest.File {
 
 // Stat implements Source.
 func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, error) {
+	f, err := s.file(ctx, name)
+	if err != nil {
+		return manifest.File{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return f.entry(), nil
+}
+
+// file waits until the named file is complete (or the stream ended) and
+// returns it.
+func (s *StreamSource) file(ctx context.Context, name string) (*streamFile, error) {
 	var f *streamFile
 	err := s.wait(ctx, func() bool {
 		f = s.complete[name]
 		return (f != nil && s.early) || s.ended
 	})
 	if err != nil {
-		return manifest.File{}, err
+		return nil, err
 	}
 	if f == nil {
-		return manifest.File{}, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return f.entry(), nil
+	return f, nil
 }
 
 // Files implements Source.
@@ -807,11 +817,11 @@ func (s *StreamSource) Files(ctx context.Context) ([]manifest.File, error) {
 
 // Copy implements Source.
 func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	if _, err := s.Stat(ctx, name); err != nil {
+	f, err := s.file(ctx, name)
+	if err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
-	f := s.complete[name]
 	chunks := f.chunks
 	s.mu.Unlock()
 	var written int64
@@ -854,7 +864,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 // written by Copy, took 1.1 s of its downtime on 16 cores), the faults of a
 // mapping are not. Zero chunks are left as holes.
 func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
-	fe, err := s.Stat(ctx, name)
+	sf, err := s.file(ctx, name)
 	if err != nil {
 		return 0, err
 	}
@@ -862,12 +872,12 @@ func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) 
 		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
 	}
 	s.mu.Lock()
-	chunks := s.complete[name].chunks
+	chunks, size := sf.chunks, sf.size
 	s.mu.Unlock()
-	if err := f.Truncate(fe.Size); err != nil || fe.Size == 0 {
+	if err := f.Truncate(size); err != nil || size == 0 {
 		return 0, err
 	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fe.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return 0, fmt.Errorf("copy %s: map the file: %w", name, err)
 	}
@@ -886,8 +896,8 @@ func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) 
 					errs[w] = err
 					return
 				}
-				if c.off < 0 || c.off+c.n > fe.Size {
-					errs[w] = fmt.Errorf("copy %s: chunk at offset %d of %d bytes beyond the file's %d: %w", name, c.off, c.n, fe.Size, errdefs.ErrCorrupt)
+				if c.off < 0 || c.off+c.n > size {
+					errs[w] = fmt.Errorf("copy %s: chunk at offset %d of %d bytes beyond the file's %d: %w", name, c.off, c.n, size, errdefs.ErrCorrupt)
 					return
 				}
 				dst := m[c.off : c.off+c.n]
@@ -908,7 +918,7 @@ func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) 
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
-	return fe.Size, nil
+	return size, nil
 }
 
 // Close stops decoding and removes temporary files.
