@@ -3,7 +3,6 @@ package vram
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
@@ -19,11 +18,7 @@ import (
 func TestHashDevice(t *testing.T) {
 	tg := startTarget(t)
 	ctx := context.Background()
-	dir, err := os.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := openTempDir(t)
 	want := tg.report(t).Bytes
 	r, err := HashDevice(ctx, tg.sockDir, tg.pid, HashOptions{Check: true, Scratch: dir, Files: 3})
 	if err != nil {

@@ -19,11 +19,7 @@ import (
 func TestPeek(t *testing.T) {
 	tg := startTarget(t)
 	ctx := context.Background()
-	dir, err := os.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := openTempDir(t)
 	st := newStore()
 	n, err := Peek(ctx, tg.sockDir, dir, []int{tg.pid}, 3, st.put)
 	if err != nil {

@@ -225,6 +225,18 @@ func (tg *target) check(t *testing.T, wait time.Duration) string {
 	return ""
 }
 
+// openTempDir is a fresh directory, held open (what scratch space is
+// handed to Peek and HashDevice as), closed when the test ends.
+func openTempDir(t *testing.T) *os.File {
+	t.Helper()
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dir.Close() })
+	return dir
+}
+
 // rewrite has the target write its region name with its next pattern
 // (which its check then expects), and returns the region.
 func (tg *target) rewrite(t *testing.T, name string) region {
