@@ -43,17 +43,12 @@ import subprocess
 import sys
 import time
 
+from targetfiles import write_atomic
+
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 PAUSE = 1000.0
-
-
-def write_atomic(path, text):
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.rename(tmp, path)
 
 
 def unlink(*paths):

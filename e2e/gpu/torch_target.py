@@ -62,6 +62,8 @@ import time
 
 import torch
 
+from targetfiles import write_atomic
+
 MASK = (1 << 64) - 1
 CHUNK = 1 << 26  # elements per checksum pass
 CHILD_CHUNK = 1 << 22  # a child's passes: its weights vector is 32 MiB, not 512
@@ -111,13 +113,6 @@ class Checksummer:
         self.wide.zero_()
         self.prod.zero_()
         return "%016x%016x" % (s1 & MASK, s2 & MASK)
-
-
-def write_atomic(path, text):
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.rename(tmp, path)
 
 
 def sync(dev):
