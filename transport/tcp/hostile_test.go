@@ -7,17 +7,21 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"golang.org/x/sys/unix"
 )
 
 // flood holds n idle connections to addr from the local address from,
@@ -29,7 +33,21 @@ func flood(t *testing.T, addr, from string, n int) (stop func() int) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	made := 0
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	// Each socket ends in a reset (SO_LINGER 0), which leaves no TIME_WAIT
+	// on either side, the receiver's dropped ones included: a round made
+	// some 13,000 of them, against a machine-wide table and port range.
+	// And the port is picked at connect (IP_BIND_ADDRESS_NO_PORT): one
+	// picked at bind is barred to every connect() on the machine while a
+	// socket holds it.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 	for range n {
 		wg.Add(1)
 		go func() {
@@ -42,6 +60,7 @@ func flood(t *testing.T, addr, from string, n int) (stop func() int) {
 					}
 					continue
 				}
+				_ = c.(*net.TCPConn).SetLinger(0)
 				mu.Lock()
 				made++
 				mu.Unlock()
@@ -89,7 +108,13 @@ func TestTCPPreAuthFlood(t *testing.T) {
 // loopback addresses holding 60 idle connections each, reconnecting every
 // one dropped (which made a real 4-stream sender fail in 7 of 8 rounds),
 // leave every round's sender to authenticate and transfer (8 rounds; 2
-// with -short).
+// with -short). The sender runs in a process of its own, as in a
+// migration: in the receiver's process, behind the flood's thousands of
+// goroutines, its ClientHello could wait on the Go scheduler until 256
+// newer connections had been accepted, and it went as idle. It reaches
+// the receiver over a link of floodRTT round trip, so that on any machine
+// hundreds of the flood's connections arrive during its TLS handshake and
+// hello: were it not spared once its ClientHello is in, it would go.
 func TestTCPPreAuthFloodManySources(t *testing.T) {
 	sources, per, rounds := 40, 60, 8
 	if testing.Short() {
@@ -97,30 +122,141 @@ func TestTCPPreAuthFloodManySources(t *testing.T) {
 	}
 	for round := range rounds {
 		r := startReceiver(t, tokenAuth(goodToken))
+		files := testFiles()
+		dir := t.TempDir()
+		for name, b := range files {
+			writeFile(t, filepath.Join(dir, name), string(b))
+		}
 		var stops []func() int
 		for i := range sources {
 			stops = append(stops, flood(t, r.addr(), fmt.Sprintf("127.0.0.%d", 2+i), per))
 		}
 		time.Sleep(500 * time.Millisecond) // the flood is in place
-		ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Second)
-		files := testFiles()
-		out, err := Dial(ctx, r.addr(), SendOptions{Auth: tokenAuth(goodToken), Streams: 4, AutoCommit: true, Timeout: 5 * time.Second})
-		if err == nil {
-			err = send(t, out, files)
-			out.Close()
-		}
+		ctx, cancel := context.WithTimeout(testCtx(t), 30*time.Second)
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestTCPFloodedSender$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), floodedSenderEnv+"="+r.addr()+","+dir)
+		outb, err := cmd.CombinedOutput()
 		cancel()
 		made := 0
 		for _, stop := range stops {
 			made += stop()
 		}
 		if err != nil {
-			t.Fatalf("round %d of %d: real sender during a flood of %d connections from %d sources: %v", round+1, rounds, made, sources, err)
+			t.Fatalf("round %d of %d: real sender during a flood of %d connections from %d sources: %v\n%s", round+1, rounds, made, sources, err, outb)
 		}
 		if made < sources*per {
 			t.Fatalf("round %d: the flood made only %d connections", round+1, made)
 		}
 		checkFiles(t, r.src, files)
+	}
+}
+
+// floodedSenderEnv names, for TestTCPFloodedSender, the receiver's
+// address and the directory of the files to send, comma-separated.
+const floodedSenderEnv = "GPUCR_TEST_FLOODED_SENDER"
+
+// floodRTT is the round trip between the flooded receiver and its sender.
+const floodRTT = 200 * time.Millisecond
+
+// TestTCPFloodedSender is TestTCPPreAuthFloodManySources's sender, run in
+// a process of its own.
+func TestTCPFloodedSender(t *testing.T) {
+	addr, dir, ok := strings.Cut(os.Getenv(floodedSenderEnv), ",")
+	if !ok {
+		t.Skip("the sender of TestTCPPreAuthFloodManySources, run by it")
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, e := range ents {
+		if files[e.Name()], err = os.ReadFile(filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Second)
+	defer cancel()
+	out, err := Dial(ctx, slowLink(t, addr, floodRTT), SendOptions{Auth: tokenAuth(goodToken), Streams: 4, AutoCommit: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := send(t, out, files); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowLink relays each connection to its address to addr, from 127.0.0.1,
+// delivering what addr sends rtt late, and returns its address. It hangs
+// up when the test ends, once the sender's last bytes have gone through.
+func slowLink(t *testing.T, addr string, rtt time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	end := make(chan struct{})
+	t.Cleanup(func() {
+		ln.Close()
+		close(end)
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				up, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go lag(c, up, rtt)
+				_, _ = io.Copy(up, c)
+				_ = up.(*net.TCPConn).CloseWrite()
+				<-end
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// lag copies src to dst, each read delivered d after it arrived.
+func lag(dst, src net.Conn, d time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	q := make(chan chunk, 1024)
+	go func() {
+		defer close(q)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				q <- chunk{b[:n], time.Now().Add(d)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for ch := range q {
+		time.Sleep(time.Until(ch.at))
+		if _, err := dst.Write(ch.b); err != nil {
+			break
+		}
+	}
+	_ = dst.(*net.TCPConn).CloseWrite()
+	for range q {
 	}
 }
 
