@@ -82,6 +82,9 @@ func (h Hooks) stats(st *Stats) {
 // "extract"); the caller defers the source's Close and done.
 func (h Hooks) openSource(ctx context.Context, what string, loc location.Location, open location.Config,
 	so source.StreamOptions) (src source.Source, done func(), err error) {
+	if so.Log == nil {
+		so.Log = h.Log
+	}
 	if src, err = location.OpenSource(ctx, loc, open, so); err != nil {
 		return nil, nil, err
 	}

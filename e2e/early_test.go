@@ -12,11 +12,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
-// capturedStream dumps a fresh target of mb MiB through capture to a
-// stream file and returns it with the target and its proof.
-func capturedStream(t *testing.T, mb int) (dir, stream string, tg *Target, before Proof) {
+// capturedStream dumps a fresh target of mb MiB through capture (with
+// args) to a stream file and returns it with the target and its proof.
+func capturedStream(t *testing.T, mb int, args ...string) (dir, stream string, tg *Target, before Proof) {
 	t.Helper()
 	ctx := testCtx(t)
 	dir = ShortTempDir(t)
@@ -28,7 +31,7 @@ func capturedStream(t *testing.T, mb int) (dir, stream string, tg *Target, befor
 	}
 	defer out.Close()
 	a := mkdir(t, filepath.Join(dir, "a"))
-	dumpThrough(ctx, t, tg, a, startGCS(ctx, t, gcsOpts{stdout: out}, "--images-dir", a, "capture"))
+	dumpThrough(ctx, t, tg, a, startGCS(ctx, t, gcsOpts{stdout: out}, append([]string{"--images-dir", a, "capture"}, args...)...))
 	return dir, stream, tg, before
 }
 
@@ -144,4 +147,155 @@ func TestRestoreFromStreamCut(t *testing.T) {
 		t.Fatalf("restore from a cut stream left the target running: %v (restore said %s)", err, out)
 	}
 	t.Logf("restore from a cut stream: %v: %s", err, bytes.TrimSpace(out))
+}
+
+// lastPagesFrame is where the stream's last DATA frame of a page image
+// with data starts; it fails the test unless every FILE-END comes before
+// it (the page images were held back: capture --pages-last).
+func lastPagesFrame(t *testing.T, data []byte) int64 {
+	t.Helper()
+	rd, err := manifest.NewReader(bytes.NewReader(data), "stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, lastEnd := int64(-1), int64(-1)
+	for {
+		fr, err := rd.Next(nil)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case fr.Type == manifest.FrameFileEnd:
+			lastEnd = fr.Pos
+		case fr.Type == manifest.FrameData && strings.HasPrefix(fr.Name, "pages-") && codec.ID(fr.Codec) != codec.Zero:
+			last = fr.Pos
+		}
+	}
+	if last < 0 || lastEnd > last {
+		t.Fatalf("the stream's last page data at %d, its last FILE-END at %d: the pages were not sent last", last, lastEnd)
+	}
+	return last
+}
+
+// TestServePagesLast: a stream captured with --pages-last carries CRIU's
+// page images after every other file, so `serve --early` lets CRIU restore
+// from the small images and read the pages as they come. The stream goes in
+// but for its last frame of page data, held until serve says it is copying
+// a page image as it arrives (CRIU asked for it before its last chunk
+// came; a serve that waited for whole files never says so and the test
+// times out). The restored target must prove itself.
+func TestServePagesLast(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	dir, stream, tg, before := capturedStream(t, 128, "--pages-last")
+	data, err := os.ReadFile(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := lastPagesFrame(t, data)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	er, ew := io.Pipe()
+	arriving := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(er)
+		for sc.Scan() {
+			if l := sc.Text(); strings.Contains(l, "pages-") && strings.Contains(l, "copied as it arrives") {
+				select {
+				case arriving <- l:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, er)
+	}()
+	defer ew.Close()
+	b := mkdir(t, filepath.Join(dir, "b"))
+	serve := startGCS(ctx, t, gcsOpts{stdin: pr, stderr: ew}, "--images-dir", b, "serve", "--early")
+	pr.Close()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := pw.Write(data[:gate])
+		wrote <- err
+	}()
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !serve.waitLine(lctx, "socket-init") {
+		t.Fatalf("serve --early ended before listening: %v", serve.wait(ctx))
+	}
+	criuDone := make(chan error, 1)
+	go func() {
+		criuDone <- RunCRIU(ctx, t, "restore", "--stream", "-D", b, "--restore-detached", "-o", "restore.log", "-v4")
+	}()
+	if err := <-wrote; err != nil {
+		t.Fatalf("write the stream: %v (serve: %v)", err, serve.wait(ctx))
+	}
+	select {
+	case line := <-arriving:
+		t.Logf("with the last %d bytes of the stream held back: %s", len(data)-int(gate), line)
+	case err := <-criuDone:
+		t.Fatalf("criu ended before the stream did: %v; serve: %v", err, serve.wait(ctx))
+	case <-lctx.Done():
+		t.Fatalf("serve copied no page image as it arrived before the stream's end: %v", lctx.Err())
+	}
+	if _, err := pw.Write(data[gate:]); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-criuDone; err != nil {
+		t.Fatalf("criu restore: %v; serve: %v", err, serve.wait(ctx))
+	}
+	if err := serve.wait(ctx); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	provenRestore(ctx, t, tg, before)
+}
+
+// TestRestorePagesLast: `restore --from -` of a stream captured with
+// --pages-last restores the target whole and leaves as many zero pages out
+// of CRIU's restore as from a stream in dump order: the page images' zero
+// chunks and ends come ahead of their data, in time for their pagemaps to
+// be rewritten.
+func TestRestorePagesLast(t *testing.T) {
+	CRIU(t)
+	ctx := testCtx(t)
+	var sparse [2]int64
+	for i, args := range [][]string{nil, {"--pages-last"}} {
+		dir, stream, tg, before := capturedStream(t, 128, args...)
+		data, err := os.ReadFile(stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if args != nil {
+			lastPagesFrame(t, data)
+		}
+		cmd := exec.CommandContext(ctx, BuildBinary(t, "./cmd/gpucr-stream"), "restore", "--from", "-", "--criu", CRIU(t),
+			"--work-dir", filepath.Join(dir, "w"), "--no-progress", "--json")
+		cmd.Stdin = bytes.NewReader(data)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("restore --from - of a stream captured with %q: %v: %s", args, err, stderr.Bytes())
+		}
+		var res struct {
+			SparseBytes int64 `json:"sparse_bytes"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			t.Fatalf("restore printed %q: %v", out, err)
+		}
+		provenRestore(ctx, t, tg, before)
+		tg.Kill()
+		sparse[i] = res.SparseBytes
+	}
+	if sparse[0] == 0 || sparse[1] < sparse[0]*9/10 {
+		t.Fatalf("zero bytes left out of the restore: %d from a stream in dump order, %d with the pages last", sparse[0], sparse[1])
+	}
+	t.Logf("zero bytes left out of the restore: %d from a stream in dump order, %d with the pages last", sparse[0], sparse[1])
 }

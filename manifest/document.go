@@ -333,8 +333,8 @@ func Parse(b []byte) (*Manifest, error) {
 	if format < 1 {
 		return nil, fmt.Errorf("manifest: format %d is not a gpucr-stream manifest: %w", format, errdefs.ErrCorrupt)
 	}
-	if format > Version {
-		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, format, Version)
+	if format > DocumentVersion {
+		return nil, fmt.Errorf("manifest: %w: format %d, this build reads up to %d", ErrNewerVersion, format, DocumentVersion)
 	}
 	if err := checkSum(b); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)

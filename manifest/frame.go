@@ -17,7 +17,11 @@ import (
 // oldest version that can say what a checkpoint is (VersionOf), so that an
 // older reader reads every checkpoint it can read right and refuses the
 // others as newer.
-const Version = 4
+const Version = 5
+
+// DocumentVersion is the newest manifest document this code reads: version
+// 5 changed streams only.
+const DocumentVersion = VersionSharedChunks
 
 const (
 	// VersionPlain is the version of an unencrypted stream or manifest
@@ -36,6 +40,11 @@ const (
 	// version 3 or older refuses it as newer instead of finding no
 	// segments.
 	VersionSharedChunks = 4
+	// VersionLateData is the version of a stream whose DATA frames may
+	// follow their file's FILE-END (HeaderFlagLateData): a reader of
+	// version 4 or older refuses it as newer instead of calling those
+	// frames corrupt.
+	VersionLateData = 5
 )
 
 const (
@@ -50,6 +59,10 @@ const (
 	// store: DATA frames of file id 0 at offset 0, one per chunk, each
 	// carrying its content id in Hash; no FILE or FILE-END frames.
 	HeaderFlagPack = 4
+	// HeaderFlagLateData (version 5) says DATA frames of a file may come
+	// after its FILE-END in the stream: a capture that sends CRIU's page
+	// images last (streamer/pages_last.go) announces their end first.
+	HeaderFlagLateData = 8
 )
 
 // VersionOf is the version a checkpoint is written as: encrypted ones
@@ -99,6 +112,9 @@ type Header struct {
 	NoChunkHashes bool
 	// Pack: the stream is a pack of a chunk store (HeaderFlagPack).
 	Pack bool
+	// LateData: DATA frames may follow their file's FILE-END
+	// (HeaderFlagLateData).
+	LateData bool
 }
 
 // Marshal returns the 32-byte encoding.
@@ -162,6 +178,10 @@ func UnmarshalHeader(b []byte) (Header, error) {
 	h.Pack = h.Version >= VersionSharedChunks && h.Flags&HeaderFlagPack != 0
 	if h.Pack && h.Flags&(HeaderFlagNoChunkHashes|HeaderFlagEncrypted) != 0 {
 		return h, fmt.Errorf("stream header: flags %#x: a pack's chunks are plain and named by their hash", h.Flags)
+	}
+	h.LateData = h.Version >= VersionLateData && h.Flags&HeaderFlagLateData != 0
+	if h.LateData && h.Pack {
+		return h, fmt.Errorf("stream header: flags %#x: a pack has no files", h.Flags)
 	}
 	return h, nil
 }

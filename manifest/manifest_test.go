@@ -17,7 +17,8 @@ import (
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []Header{
 		{Version: Version, ShardCount: 1},
-		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 9},
+		{Version: Version, ShardIndex: 2, ShardCount: 3, StreamID: 0xdeadbeefcafef00d, Flags: 9, LateData: true},
+		{Version: VersionSharedChunks, ShardCount: 1, Flags: HeaderFlagLateData}, // the flag means nothing before version 5
 		{Version: Version, ShardCount: 1, Flags: HeaderFlagNoChunkHashes | 0xf0, NoChunkHashes: true},
 		{Version: VersionEncrypted, ShardIndex: math.MaxUint16 - 1, ShardCount: math.MaxUint16, StreamID: math.MaxUint64, Flags: math.MaxUint32},
 	} {
@@ -74,7 +75,7 @@ func TestUnmarshalHeaderErrors(t *testing.T) {
 		{"truncated", good[:31], nil, []string{"31 bytes", "want 32"}},
 		{"bad magic", mod(func(b []byte) []byte { b[0] = 'X'; return b }), ErrNotStream, []string{"bad magic", `"XPUCRSTM"`}},
 		{"unprintable magic", mod(func(b []byte) []byte { copy(b, "\x00\x01PK\x03\x04\xff\n"); return b }), ErrNotStream, []string{`"..PK...."`}},
-		{"newer version", mod(func(b []byte) []byte { b[8] = 5; return resumHeader(b) }), ErrNewerVersion, []string{"version 5", "up to 4", "upgrade"}},
+		{"newer version", mod(func(b []byte) []byte { b[8] = 6; return resumHeader(b) }), ErrNewerVersion, []string{"version 6", "up to 5", "upgrade"}},
 		{"much newer version, stale checksum", mod(func(b []byte) []byte { b[8], b[9] = 0x34, 0x12; return b }), ErrNewerVersion, []string{"version 4660"}},
 		{"version zero", mod(func(b []byte) []byte { b[8] = 0; return resumHeader(b) }), nil, []string{"version 0"}},
 		{"header length", mod(func(b []byte) []byte { b[10] = 33; return resumHeader(b) }), nil, []string{"length 33", "want 32"}},
@@ -537,7 +538,7 @@ func TestReaderErrors(t *testing.T) {
 		{"truncated header", cut(20), io.ErrUnexpectedEOF, []string{"stream header", at(0)}},
 		{"bad magic", replace(0, []byte("GPUCRSTX")), ErrNotStream, []string{at(0), "bad magic"}},
 		{"tail magic first", replace(0, []byte(TailMagic)), ErrNotStream, []string{at(0)}},
-		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 4"}},
+		{"newer version", newer, ErrNewerVersion, []string{at(0), "version 7", "up to 5"}},
 		{"header checksum", flip(24, 0x10), errdefs.ErrCorrupt, []string{at(0), "checksum mismatch"}},
 		{"frame header checksum", flip(firstData.Pos+9, 1), errdefs.ErrCorrupt, []string{at(firstData.Pos), "frame header checksum mismatch"}},
 		{"frame stored checksum", flip(bigData.Pos+63, 1), errdefs.ErrCorrupt, []string{at(bigData.Pos), "frame header checksum mismatch"}},
@@ -956,6 +957,59 @@ func TestIsSegmentName(t *testing.T) {
 		}
 		if c, _ := SegmentCapture(tc.name); tc.want && c != tc.capture {
 			t.Errorf("SegmentCapture(%q) = %q, want %q", tc.name, c, tc.capture)
+		}
+	}
+}
+
+// A stream of version 5 with HeaderFlagLateData may carry a file's DATA
+// after its FILE-END; any other refuses that DATA frame, naming its offset.
+func TestReaderLateData(t *testing.T) {
+	for _, late := range []bool{true, false} {
+		var buf bytes.Buffer
+		w, err := NewWriter(&buf, Header{ShardCount: 1, StreamID: 7, LateData: late})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := []byte("pages-1.img")
+		frames := []struct {
+			fh      FrameHeader
+			payload []byte
+		}{
+			{FrameHeader{Type: FrameFile, FileID: 1, RawLen: uint32(len(name))}, name},
+			{FrameHeader{Type: FrameFileEnd, FileID: 1, Offset: 4, RawLen: 1}, nil},
+			{FrameHeader{Type: FrameData, FileID: 1, RawLen: 4, StoredLen: 4}, []byte("abcd")},
+		}
+		var dataAt int64
+		for _, f := range frames {
+			fh := f.fh
+			pos, err := w.WriteFrame(&fh, f.payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dataAt = pos
+		}
+		if err := w.Finish(nil); err != nil {
+			t.Fatal(err)
+		}
+		rd, err := NewReader(bytes.NewReader(buf.Bytes()), "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := rd.Header().Version; late && v != VersionLateData || !late && v >= VersionLateData {
+			t.Fatalf("late data %v: written as version %d", late, v)
+		}
+		var data *Frame
+		for err == nil {
+			var fr Frame
+			if fr, err = rd.Next(nil); err == nil && fr.Type == FrameData {
+				data = &fr
+			}
+		}
+		switch {
+		case late && (err != io.EOF || data == nil || data.Name != "pages-1.img"):
+			t.Fatalf("late data: %v; the DATA frame after FILE-END read as %+v", err, data)
+		case !late && (err == io.EOF || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", dataAt))):
+			t.Fatalf("without late data: %v, want the DATA frame at offset %d refused", err, dataAt)
 		}
 	}
 }

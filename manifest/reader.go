@@ -23,6 +23,10 @@ type Frame struct {
 	// Held says Payload is memory the underlying reader held already
 	// (HeldPayloads): never written, by anyone, while it is referenced.
 	Held bool
+	// Late says a DATA frame came after its file's FILE-END in this
+	// stream (HeaderFlagLateData): from the first one on, no FILE frame
+	// follows, so every file of the stream has been announced.
+	Late bool
 }
 
 // HeldPayloads is implemented by a reader that may hold a DATA frame's
@@ -60,6 +64,10 @@ type Reader struct {
 	endCheck   func(input []byte, tag [32]byte) error
 	// held, when set (UseHeld), gives DATA payloads without a copy.
 	held HeldPayloads
+	// endedIDs are the files whose FILE-END was read, in a stream with
+	// late data; late says one of their DATA frames was.
+	endedIDs map[uint32]bool
+	late     bool
 }
 
 // NewReader reads and checks the stream header.
@@ -236,6 +244,9 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 	r.pos += FrameSize + int64(fh.StoredLen)
 	switch fh.Type {
 	case FrameFile:
+		if r.late {
+			return Frame{}, r.Errorf(pos, fh.FileID, "FILE frame after a file's late DATA: every file is announced before any")
+		}
 		if name != "" {
 			if name != string(payload) {
 				return Frame{}, r.Errorf(pos, fh.FileID, "file id %d reopened as %s", fh.FileID, PrintableName(string(payload)))
@@ -251,6 +262,14 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 		r.openNames += len(name)
 		r.mu.Unlock()
 	case FrameFileEnd:
+		if r.header.LateData {
+			// Its DATA may still come: the name stays bound.
+			if r.endedIDs == nil {
+				r.endedIDs = map[uint32]bool{}
+			}
+			r.endedIDs[fh.FileID] = true
+			break
+		}
 		r.mu.Lock()
 		delete(r.names, fh.FileID)
 		r.openNames -= len(name)
@@ -270,7 +289,9 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 	if fh.Type == FrameEnd {
 		name = ""
 	}
-	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Held: held}, nil
+	late := fh.Type == FrameData && r.endedIDs[fh.FileID]
+	r.late = r.late || late
+	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Held: held, Late: late}, nil
 }
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:

@@ -32,6 +32,13 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 		h.Version = VersionSharedChunks
 		h.Flags |= HeaderFlagPack
 	}
+	if h.LateData {
+		if h.Pack {
+			return nil, fmt.Errorf("write stream header: a pack has no files")
+		}
+		h.Version = VersionLateData
+		h.Flags |= HeaderFlagLateData
+	}
 	if h.Encryption != nil {
 		h.Flags |= HeaderFlagEncrypted
 		h.StreamID = h.Encryption.StreamID

@@ -26,12 +26,15 @@ type Format struct {
 	// (format 4); sealed ones are bound to their keyed id, not to this
 	// checkpoint (crypt.Session.SealShared).
 	Shared bool
+	// LateData: DATA frames may follow their file's FILE-END (format 5),
+	// as a capture sending CRIU's page images last writes them.
+	LateData bool
 }
 
 // NewFormat is the format of one new output written with o: sealed under
 // a new session when o has a key, with chunk hashes when o asks for them.
 func (o Options) NewFormat() (Format, error) {
-	f := Format{ChunkHashes: o.ChunkHashes}
+	f := Format{ChunkHashes: o.ChunkHashes, LateData: o.PagesLast}
 	if o.Key == nil {
 		return f, nil
 	}

@@ -37,6 +37,11 @@ type Options struct {
 	// the chunk store of the location that holds them, once for every
 	// checkpoint there.
 	Dedup bool
+	// PagesLast makes a Capture hold the non-zero chunks of CRIU's page
+	// images back (in $TMPDIR) and write them after every other frame, so
+	// that a restore from the stream can start before they arrive
+	// (streamer/pages_last.go). Plain stream outputs only.
+	PagesLast bool
 }
 
 const (

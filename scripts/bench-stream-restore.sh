@@ -10,6 +10,11 @@
 #                  the statistics line, then socket-init (and criu)
 #   serve --early  socket-init at once, criu restores while the stream is read
 #   restore        gpucr-stream restore --from - (runs criu itself; early)
+#   late-early     serve --early of a stream captured with --pages-last
+#                  (CRIU's page images sent after every other file)
+#   late-restore   restore --from - of that stream
+# and prints how long each capture took, from criu dump's start to the
+# capture's exit (--pages-last ends later by the time to send the pages).
 # With BENCH_BEFORE=PATH (another build), its `restore --from -` is timed
 # too. Times run from the start of the pipeline to criu's and serve's exit.
 # Run as root from the repository root after make build; without Go there,
@@ -33,14 +38,16 @@ if [ -n "${BENCH_TARGET:-}" ]; then cp "$BENCH_TARGET" "$TARGET"; else go build 
 wait_init() { for _ in $(seq 60000); do grep -qx socket-init "$1" 2>/dev/null && return; sleep 0.001; done; echo "bench-stream-restore: no socket-init in $1" >&2; exit 1; }
 fresh() { rm -rf "$W/rimg" && mkdir -p "$W/rimg"; }
 
-# serve_through ARGS...: cat the stream into serve, criu restore --stream
+# serve_through STREAM ARGS...: cat the stream into serve, criu restore --stream
 # once socket-init is out; prints the milliseconds.
 serve_through() {
+	local stream=$1
+	shift
 	fresh
 	rm -f "$W/srv.progress"
 	local t0 t1
 	t0=$(ns)
-	cat "$W/s.stream" | "$GCS" --images-dir "$W/rimg" --progress-fd 3 serve "$@" 3>"$W/srv.progress" 2>>"$W/srv.err" &
+	cat "$stream" | "$GCS" --images-dir "$W/rimg" --progress-fd 3 serve "$@" 3>"$W/srv.progress" 2>>"$W/srv.err" &
 	local srv=$!
 	wait_init "$W/srv.progress"
 	"$CRIU" restore --stream -D "$W/rimg" --restore-detached -o restore.log
@@ -48,18 +55,38 @@ serve_through() {
 	t1=$(ns)
 	ms "$t0" "$t1"
 }
-restore_from() { # BIN
+restore_from() { # BIN STREAM
 	local t0 t1
 	t0=$(ns)
-	"$1" restore --from - --criu "$CRIU" --no-progress <"$W/s.stream" >/dev/null 2>>"$W/restore.err"
+	"$1" restore --from - --criu "$CRIU" --no-progress <"$2" >/dev/null 2>>"$W/restore.err"
 	t1=$(ns)
 	ms "$t0" "$t1"
 }
 
-variants="serve early restore"
+# capture_to FILE ARGS...: dumps a fresh target through capture ARGS into
+# FILE; prints the milliseconds from criu dump's start to capture's exit.
+capture_to() {
+	local f=$1
+	shift
+	start
+	rm -rf "$W/img" "$W/cap.progress" && mkdir -p "$W/img"
+	"$GCS" --images-dir "$W/img" --progress-fd 3 capture --codec none "$@" >"$f" 3>"$W/cap.progress" &
+	local cap=$! t0 t1
+	wait_init "$W/cap.progress"
+	t0=$(ns)
+	"$CRIU" dump --stream -D "$W/img" -t "$PID" -o dump.log
+	wait "$cap"
+	t1=$(ns)
+	gone
+	ms "$t0" "$t1"
+}
+
+variants="serve early restore late-early late-restore"
 [ -z "$BEFORE" ] || variants="$variants before"
 declare -A res
 res[plain]=""
+res[cap]=""
+res[cap-late]=""
 for v in $variants; do res[$v]=""; done
 echo "bench-stream-restore: ${MB} MiB thirds target, $ROUNDS rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq "$ROUNDS"); do
@@ -73,24 +100,20 @@ for r in $(seq "$ROUNDS"); do
 	stop
 	rm -rf "$W/d"
 	res[plain]+=" $(ms "$t0" "$t1")"
-	start
-	rm -rf "$W/img" "$W/cap.progress" && mkdir -p "$W/img"
-	"$GCS" --images-dir "$W/img" --progress-fd 3 capture --codec none >"$W/s.stream" 3>"$W/cap.progress" &
-	cap=$!
-	wait_init "$W/cap.progress"
-	"$CRIU" dump --stream -D "$W/img" -t "$PID" -o dump.log
-	wait "$cap"
-	gone
+	res[cap]+=" $(capture_to "$W/s.stream")"
+	res[cap-late]+=" $(capture_to "$W/late.stream" --pages-last)"
 	# Turn the order round by round.
 	order=$variants
 	for _ in $(seq $(((r - 1) % $(echo $variants | wc -w)))); do order="$(echo $order | cut -d' ' -f2-) $(echo $order | cut -d' ' -f1)"; done
 	line="round $r: criu restore -D ${res[plain]##* } ms"
 	for v in $order; do
 		case $v in
-		serve) t=$(serve_through) ;;
-		early) t=$(serve_through --early) ;;
-		restore) t=$(restore_from "$GCS") ;;
-		before) t=$(restore_from "$BEFORE") ;;
+		serve) t=$(serve_through "$W/s.stream") ;;
+		early) t=$(serve_through "$W/s.stream" --early) ;;
+		restore) t=$(restore_from "$GCS" "$W/s.stream") ;;
+		late-early) t=$(serve_through "$W/late.stream" --early) ;;
+		late-restore) t=$(restore_from "$GCS" "$W/late.stream") ;;
+		before) t=$(restore_from "$BEFORE" "$W/s.stream") ;;
 		esac
 		stop
 		res[$v]+=" $t"
@@ -108,8 +131,12 @@ for v in $variants; do
 	serve) label='`cat STREAM \| serve` (criu-image-streamer order: read whole, then socket-init)' ;;
 	early) label='`cat STREAM \| serve --early`' ;;
 	restore) label='`restore --from - < STREAM`' ;;
+	late-early) label='`cat STREAM \| serve --early`, captured with `--pages-last`' ;;
+	late-restore) label='`restore --from - < STREAM`, captured with `--pages-last`' ;;
 	before) label="\`restore --from - < STREAM\`, $BEFORE" ;;
 	esac
 	printf '| %s | %d ms | %s | %s |\n' "$label" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN{printf "%.2fx", a/b}')" "${res[$v]# }"
 done
+printf '\ncapture (criu dump --stream to capture exit), median: %d ms; with --pages-last %d ms (runs: %s; %s)\n' \
+	"$(echo "${res[cap]}" | median)" "$(echo "${res[cap-late]}" | median)" "${res[cap]# }" "${res[cap-late]# }"
 grep -o 'criu asked for its first file[^;]*' "$W/srv.err" | sed 's/^/serve --early: /' >&2 || true

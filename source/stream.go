@@ -34,6 +34,7 @@ type StreamSource struct {
 	spillDir   string
 	discard    bool
 	early      bool
+	log        func(string)
 
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced on every change
@@ -41,8 +42,12 @@ type StreamSource struct {
 	doneIDs  map[uint32]bool
 	complete map[string]*streamFile
 	ended    bool
-	err      error
-	memUsed  int64
+	// lateShards counts the shards that carried late data (Frame.Late):
+	// once all have, every file of the stream has been announced, and a
+	// name not among them never comes.
+	lateShards, shards int
+	err                error
+	memUsed            int64
 	// inflight counts the DATA frames not yet stored: a quarter of the
 	// budget, which chunks kept in memory leave to it.
 	inflight *inflight
@@ -106,6 +111,16 @@ type streamFile struct {
 	fd       *os.File // extract mode: the file being written
 	tmpPath  string
 	meta     int64 // what metaUsed counts for this file
+	// ahead counts its DATA frames read before its end was known, aheadIn
+	// those of them decoded.
+	ahead, aheadIn int
+}
+
+// arrivedLocked says f's end is known and the chunks read ahead of it are
+// in: a stream written with data after its FILE-END (a capture's page
+// images last, streamer/pages_last.go) may then be served as it arrives.
+func (f *streamFile) arrivedLocked() bool {
+	return f.size >= 0 && f.aheadIn >= f.ahead
 }
 
 // ErrMemoryLimit means what a stream holds would exceed Options.MemoryLimit
@@ -192,12 +207,15 @@ type StreamOptions struct {
 	SpillDir string
 	// Discard checks everything but keeps no data (verify, inspect).
 	Discard bool
-	// ServeEarly serves each file as soon as it is complete and checked.
-	// Off, nothing is served until the whole stream has been read and checked
+	// ServeEarly serves each file as soon as it is complete and checked,
+	// and a file whose FILE-END came ahead of its data as its chunks arrive
+	// (Copy). Off, nothing is served until the whole stream has been read and checked
 	// (END frame included): CRIU's dump sends inventory.img last and restore
 	// asks for it first, so waiting costs nothing there and means a stream
 	// damaged anywhere never starts a restore.
 	ServeEarly bool
+	// Log takes a line for each file copied as it arrives.
+	Log func(string)
 }
 
 // NewStreamSource starts decoding the shards (one reader each) in the
@@ -210,12 +228,14 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		spillDir:   so.SpillDir,
 		discard:    so.Discard,
 		early:      so.ServeEarly,
+		log:        so.Log,
 		changed:    make(chan struct{}),
 		pending:    map[uint32]*streamFile{},
 		doneIDs:    map[uint32]bool{},
 		complete:   map[string]*streamFile{},
 		cancel:     cancel,
 		shardBytes: make([]int64, len(shards)),
+		shards:     len(shards),
 		spillMax:   max(1, min(runtime.GOMAXPROCS(0), maxSpillFiles)),
 	}
 	s.inflight = newInflight(s.opts.MemoryLimit / 4)
@@ -262,6 +282,7 @@ type decodeJob struct {
 	// spilled: the budget had no room for it; its payload, and its raw
 	// bytes once decoded, live in spill-file buffers.
 	spilled bool
+	ahead   bool // read before its file's end was known (streamFile.ahead)
 }
 
 // run reads all shards concurrently and decodes DATA frames on workers.
@@ -355,6 +376,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 }
 
 func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs chan<- decodeJob) error {
+	late := false
 	for {
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
@@ -411,8 +433,20 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 				s.inflight.release(held)
 				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
+			s.mu.Lock()
+			f := s.pending[fr.FileID]
+			ahead := f != nil && f.size < 0
+			if ahead {
+				f.ahead++
+			}
+			if fr.Late && !late {
+				late = true
+				s.lateShards++
+				s.notifyLocked() // a name not announced yet never comes
+			}
+			s.mu.Unlock()
 			select {
-			case jobs <- decodeJob{rd, fr, page, held, spilled}:
+			case jobs <- decodeJob{rd, fr, page, held, spilled, ahead}:
 			case <-ctx.Done():
 				s.putPage(page)
 				s.inflight.release(held)
@@ -474,6 +508,9 @@ func (s *StreamSource) endFile(rd *manifest.Reader, fr manifest.Frame) error {
 		return nil
 	}
 	f.size, f.expect, f.digest = int64(fr.Offset), fr.RawLen, fr.Hash
+	if s.early {
+		s.notifyLocked() // Stat and Copy may take it as it arrives
+	}
 	return s.maybeCompleteLocked(f, func() error { return rd.FrameErrorf(fr, "file check failed") })
 }
 
@@ -681,9 +718,15 @@ func (s *StreamSource) decode(j decodeJob) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f.chunks = append(f.chunks, rec)
+	if j.ahead {
+		f.aheadIn++
+	}
 	s.chunks++
 	if err := s.addMetaLocked(f, chunkMeta); err != nil {
 		return err
+	}
+	if s.early && f.size >= 0 {
+		s.notifyLocked() // a Copy of it as it arrives may take this chunk
 	}
 	return s.maybeCompleteLocked(f, func() error { return j.rd.FrameErrorf(fr, "file check failed") })
 }
@@ -768,13 +811,17 @@ func (f *streamFile) entry() manifest.File {
 				m.Chunks[i].Codec = uint8(codec.Zero)
 			}
 		}
+		// A file still arriving has them in the order they came.
+		sort.Slice(m.Chunks, func(i, j int) bool { return m.Chunks[i].Offset < m.Chunks[j].Offset })
 	}
 	return m
 }
 
-// Stat implements Source.
+// Stat implements Source. With ServeEarly, a file still arriving (see
+// arrivedLocked) is listed with the chunks in so far: those sent ahead of
+// its end, such as a page image's zero chunks.
 func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, error) {
-	f, err := s.file(ctx, name)
+	f, err := s.file(ctx, name, true)
 	if err != nil {
 		return manifest.File{}, err
 	}
@@ -784,11 +831,22 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 }
 
 // file waits until the named file is complete (or the stream ended) and
-// returns it.
-func (s *StreamSource) file(ctx context.Context, name string) (*streamFile, error) {
+// returns it; with arriving and ServeEarly, also a file still arriving
+// (arrivedLocked), the latest opened of that name.
+func (s *StreamSource) file(ctx context.Context, name string, arriving bool) (*streamFile, error) {
 	var f *streamFile
 	err := s.wait(ctx, func() bool {
 		f = s.complete[name]
+		if f == nil && arriving && s.early {
+			for _, p := range s.pending {
+				if p.name == name && p.arrivedLocked() && (f == nil || p.id > f.id) {
+					f = p
+				}
+			}
+		}
+		if f == nil && s.early && s.lateShards == s.shards && !s.pendingLocked(name) {
+			return true // announced nowhere, and no more files come
+		}
 		return (f != nil && s.early) || s.ended
 	})
 	if err != nil {
@@ -798,6 +856,16 @@ func (s *StreamSource) file(ctx context.Context, name string) (*streamFile, erro
 		return nil, fmt.Errorf("%s: %w", name, errdefs.ErrNotFound)
 	}
 	return f, nil
+}
+
+// pendingLocked says a file of that name is still arriving.
+func (s *StreamSource) pendingLocked(name string) bool {
+	for _, p := range s.pending {
+		if p.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Files implements Source.
@@ -815,47 +883,115 @@ func (s *StreamSource) Files(ctx context.Context) ([]manifest.File, error) {
 	return out, nil
 }
 
-// Copy implements Source.
+// Copy implements Source. With ServeEarly, a file still arriving is
+// copied as it arrives (copyArriving).
 func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	f, err := s.file(ctx, name)
+	f, err := s.file(ctx, name, true)
 	if err != nil {
 		return 0, err
+	}
+	if s.discard {
+		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
+	}
+	cw := newChunkWriter(w)
+	var buf []byte
+	s.mu.Lock()
+	done := s.doneIDs[f.id]
+	var in int64
+	for _, c := range f.chunks {
+		in += c.n
+	}
+	s.mu.Unlock()
+	var next int64
+	if !done {
+		if s.log != nil {
+			s.log(fmt.Sprintf("%s: copied as it arrives (%d of its %d bytes in)", manifest.PrintableName(name), in, f.size))
+		}
+		if next, err = s.copyArriving(ctx, f, cw, w, &buf); err != nil {
+			return next, fmt.Errorf("copy %s at offset %d: %w", name, next, err)
+		}
 	}
 	s.mu.Lock()
 	chunks := f.chunks
 	s.mu.Unlock()
-	var written int64
-	if s.discard {
-		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
-	}
-	var buf []byte
-	cw := newChunkWriter(w)
+	written := next
 	for _, c := range chunks {
+		if c.off < next {
+			continue // copied as it arrived
+		}
 		if err := ctx.Err(); err != nil {
 			return written, err
 		}
-		var err error
-		switch {
-		case c.zero:
-			err = cw.zeros(c.n)
-		case c.page != nil || c.held:
-			// Never written after decoding, so it may be spliced; the
-			// mapping lasts until Close, the pipe's references beyond.
-			_, err = cw.write(c.mem)
-		case c.mem != nil:
-			_, err = w.Write(c.mem)
-		default:
-			if int64(cap(buf)) < c.n && cw.pipe == nil {
-				buf = make([]byte, c.n)
-			}
-			err = cw.fromFile(c.fd, c.foff, c.n, buf)
-		}
-		if err != nil {
+		if err := copyChunk(cw, w, c, &buf); err != nil {
 			return written, fmt.Errorf("copy %s at offset %d: %w", name, c.off, err)
 		}
 		written += c.n
 	}
 	return written, nil
+}
+
+// copyArriving copies f, a file whose end is known but not all its chunks,
+// in file order as they come, each once it is in and checked, and returns
+// once f is complete, with how far it copied. Its last chunk waits for the
+// whole file to check (maybeCompleteLocked): its reader never has all of a
+// file that does not verify, and a stream that fails ends the copy short.
+func (s *StreamSource) copyArriving(ctx context.Context, f *streamFile, cw chunkWriter, w io.Writer, buf *[]byte) (int64, error) {
+	var next int64
+	for {
+		var c chunkRec
+		found, done := false, false
+		err := s.wait(ctx, func() bool {
+			if done = s.doneIDs[f.id]; done {
+				return true
+			}
+			for _, r := range f.chunks {
+				if r.off == next && next+r.n < f.size {
+					c, found = r, true
+					return true
+				}
+			}
+			return s.ended
+		})
+		switch {
+		case err != nil:
+			return next, err
+		case done:
+			s.mu.Lock()
+			replaced := s.complete[f.name] != f
+			s.mu.Unlock()
+			if replaced {
+				return next, fmt.Errorf("replaced by a later copy of it while it was copied: %w", errdefs.ErrCorrupt)
+			}
+			return next, nil
+		case !found:
+			return next, fmt.Errorf("stream ended with the file incomplete: %w", errdefs.ErrCorrupt)
+		}
+		if err := copyChunk(cw, w, c, buf); err != nil {
+			return next, err
+		}
+		next += c.n
+	}
+}
+
+// copyChunk writes one chunk to w (through cw).
+func copyChunk(cw chunkWriter, w io.Writer, c chunkRec, buf *[]byte) error {
+	switch {
+	case c.zero:
+		return cw.zeros(c.n)
+	case c.page != nil || c.held:
+		// Never written after decoding, so it may be spliced; the mapping
+		// lasts until Close, the pipe's references beyond.
+		_, err := cw.write(c.mem)
+		return err
+	case c.mem != nil:
+		_, err := w.Write(c.mem)
+		return err
+	default:
+		if int64(cap(*buf)) < c.n && cw.pipe == nil {
+			*buf = make([]byte, c.n)
+		}
+		return cw.fromFile(c.fd, c.foff, c.n, *buf)
+	}
 }
 
 // CopyToFile writes the named file into f, a regular file of no data,
@@ -864,7 +1000,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 // written by Copy, took 1.1 s of its downtime on 16 cores), the faults of a
 // mapping are not. Zero chunks are left as holes.
 func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
-	sf, err := s.file(ctx, name)
+	sf, err := s.file(ctx, name, false)
 	if err != nil {
 		return 0, err
 	}

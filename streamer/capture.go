@@ -71,6 +71,7 @@ type Capture struct {
 	man       manifest.Manifest
 	files     map[uint32]*fileState
 	committed map[string]committedFile
+	held      heldFrames // Options.PagesLast (pages_last.go)
 }
 
 type committedFile struct {
@@ -102,6 +103,7 @@ type item struct {
 type fileState struct {
 	file     manifest.File
 	digested []byte // what its digest covers of each chunk written (Digester.Chunk)
+	held     bool   // its non-zero chunks are held back (pages_last.go)
 }
 
 // NewCapture starts the workers and the ordered writer. The pipeline stops
@@ -116,6 +118,9 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		return nil, err
 	}
 	format := FormatOf(out)
+	if opts.PagesLast && !format.LateData {
+		return nil, errors.New("capture: page images last needs a stream written as format 5 (pipeline.Format.LateData)")
+	}
 	seal := format.Seal
 	ctx, cancel := context.WithCancelCause(ctx)
 	encMax := enc.MaxEncodedLen(opts.ChunkSize)
@@ -503,7 +508,8 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		if _, err := c.out.WriteFrame(ctx, &fh, []byte(it.name)); err != nil {
 			return false, fmt.Errorf("write %s: %w", it.name, err)
 		}
-		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}}
+		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}},
+			held: c.opts.PagesLast && pagesImage.MatchString(it.name)}
 		if c.seal != nil {
 			c.files[it.fileID].file.ID = it.fileID // sealed chunks are bound to it
 		}
@@ -513,7 +519,9 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
 			RawLen: uint32(it.rawLen), StoredLen: uint32(stored), Checksum: it.crc, Hash: it.hash}
 		var loc Location
-		if ao, ok := c.out.(AsyncOutput); ok {
+		if fs.held && it.codec != codec.Zero {
+			err = c.hold(fs, fh, it.stored, len(fs.file.Chunks))
+		} else if ao, ok := c.out.(AsyncOutput); ok {
 			// From here the item is the output's until done: read nothing
 			// of its buffers.
 			name, off := fs.file.Name, it.off
@@ -566,6 +574,7 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	close(c.order)
 	c.workers.Wait()
 	<-c.writerDone
+	defer c.closeHeld()
 	if err := c.Err(); err != nil {
 		_ = c.out.Abort(ctx)
 		return nil, err
@@ -574,6 +583,10 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	if len(c.files) > 0 {
 		_ = c.out.Abort(ctx)
 		return nil, errors.New("capture: files still open at close")
+	}
+	if err := c.writeHeld(c.ctx); err != nil {
+		_ = c.out.Abort(ctx)
+		return nil, err
 	}
 	m := meta
 	m.Encryption = pipeline.EncryptionOf(c.seal)

@@ -73,7 +73,7 @@ func (f *firstFailure) setFailure(err error) {
 // starts with.
 func streamHeader(f pipeline.Format, index, count uint16, id uint64) manifest.Header {
 	return manifest.Header{ShardIndex: index, ShardCount: count, StreamID: id,
-		Encryption: pipeline.EncryptionOf(f.Seal), NoChunkHashes: f.NoChunkHashes()}
+		Encryption: pipeline.EncryptionOf(f.Seal), NoChunkHashes: f.NoChunkHashes(), LateData: f.LateData}
 }
 
 // formattedOutput is an Output that says what it writes; one that does

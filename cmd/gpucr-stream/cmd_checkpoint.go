@@ -9,7 +9,7 @@ import (
 )
 
 var checkpointCommand = command{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", "",
-	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "producers", "@fastpath", "create-bucket"}, runCheckpoint}
+	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "@report", "to", "pages-last", "pid", "leave-running", "cuda", "lock-timeout", "producers", "@fastpath", "create-bucket"}, runCheckpoint}
 
 func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
