@@ -13,8 +13,9 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 )
 
-// fuzzStream is a valid multi-file stream with arbitrary DATA payload bytes.
-func fuzzStream(tb testing.TB, seed uint64, trailer []byte) []byte {
+// fuzzStream is a valid multi-file stream with arbitrary DATA payload
+// bytes; late puts every FILE-END before the data (late data, version 5).
+func fuzzStream(tb testing.TB, seed uint64, trailer []byte, late bool) []byte {
 	r := rand.New(rand.NewPCG(seed, 1))
 	var frames []frameSpec
 	sizes := map[uint32]uint64{}
@@ -23,6 +24,7 @@ func fuzzStream(tb testing.TB, seed uint64, trailer []byte) []byte {
 	for id := range uint32(nfiles) {
 		frames = append(frames, file(id, []string{"pages-1.img", "pagemap-1.img", "core-1.img", "inventory.img"}[id]))
 	}
+	var datas []frameSpec
 	for range 2 + r.IntN(6) {
 		id := uint32(r.IntN(nfiles))
 		p := make([]byte, r.IntN(300))
@@ -34,14 +36,20 @@ func fuzzStream(tb testing.TB, seed uint64, trailer []byte) []byte {
 		}
 		fs := data(id, sizes[id], p)
 		fs.fh.Codec = uint8(r.IntN(6))
-		frames = append(frames, fs)
+		datas = append(datas, fs)
 		sizes[id] += uint64(len(p))
 		counts[id]++
 	}
+	var ends []frameSpec
 	for id := range uint32(nfiles) {
-		frames = append(frames, fileEnd(id, sizes[id], counts[id]))
+		ends = append(ends, fileEnd(id, sizes[id], counts[id]))
 	}
-	return writeStream(tb, Header{StreamID: seed}, frames, trailer).b
+	if late {
+		frames = append(append(frames, ends...), datas...)
+	} else {
+		frames = append(append(frames, datas...), ends...)
+	}
+	return writeStream(tb, Header{StreamID: seed, LateData: late}, frames, trailer).b
 }
 
 func FuzzReader(f *testing.F) {
@@ -50,7 +58,7 @@ func FuzzReader(f *testing.F) {
 		if seed%2 == 1 {
 			trailer = []byte(`{"format":1,"files":[]}`)
 		}
-		b := fuzzStream(f, seed, trailer)
+		b := fuzzStream(f, seed, trailer, seed >= 2)
 		f.Add(b)
 		// Truncations, at frame boundaries and inside frames.
 		for _, n := range []int{0, 1, HeaderSize - 1, HeaderSize, HeaderSize + 1, HeaderSize + FrameSize, HeaderSize + FrameSize + 3, len(b) / 2, len(b) - TailSize - 1, len(b) - TailSize, len(b) - 1} {
@@ -60,7 +68,7 @@ func FuzzReader(f *testing.F) {
 		}
 	}
 	// A frame header claiming a huge payload, with little behind it.
-	big := bytes.Clone(fuzzStream(f, 9, nil)[:HeaderSize])
+	big := bytes.Clone(fuzzStream(f, 9, nil, false)[:HeaderSize])
 	big = append(big, rawFrame(FrameHeader{Type: FrameEnd, StoredLen: MaxPayload}, []byte("short"))...)
 	f.Add(big)
 	f.Add(append(bytes.Clone(big[:HeaderSize]), rawFrame(FrameHeader{Type: FrameFile, FileID: 1, StoredLen: MaxNameLen}, nil)...))
@@ -92,6 +100,9 @@ func FuzzReader(f *testing.F) {
 		frames := 0
 		open := map[uint32]string{} // the files open, as the frames say
 		openBytes := 0
+		lateData := rd.Header().LateData
+		ended := map[uint32]bool{} // with late data: the files whose FILE-END was read
+		sawLate := false
 		for calls := 0; ; calls++ {
 			if calls > limit {
 				t.Fatalf("Reader did not stop after %d calls on %d bytes", calls, len(in))
@@ -137,6 +148,9 @@ func FuzzReader(f *testing.F) {
 			}
 			switch fr.Type {
 			case FrameFile:
+				if sawLate {
+					t.Fatalf("FILE frame after late data: %+v", fr.FrameHeader)
+				}
 				if len(fr.Payload) == 0 || len(fr.Payload) > MaxNameLen || rd.FileName(fr.FileID) != string(fr.Payload) || fr.Name != string(fr.Payload) {
 					t.Fatalf("FILE frame %+v", fr.FrameHeader)
 				}
@@ -148,7 +162,17 @@ func FuzzReader(f *testing.F) {
 				if fr.Name == "" || fr.Name != open[fr.FileID] {
 					t.Fatalf("%v frame for unopened file %d", fr.Type, fr.FileID)
 				}
-				if fr.Type == FrameFileEnd {
+				if fr.Type == FrameData && fr.Late != ended[fr.FileID] {
+					t.Fatalf("DATA frame of file %d: Late %v, its FILE-END read %v", fr.FileID, fr.Late, ended[fr.FileID])
+				}
+				sawLate = sawLate || fr.Late
+				if fr.Type == FrameFileEnd && lateData {
+					// Its late data may come: still named.
+					if rd.FileName(fr.FileID) == "" {
+						t.Fatalf("file %d forgotten at its FILE-END in a stream with late data", fr.FileID)
+					}
+					ended[fr.FileID] = true
+				} else if fr.Type == FrameFileEnd {
 					// Ended: forgotten, so that names held stay bounded.
 					if rd.FileName(fr.FileID) != "" {
 						t.Fatalf("file %d still named after its FILE-END", fr.FileID)

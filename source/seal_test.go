@@ -608,14 +608,19 @@ func FuzzSealedStream(f *testing.F) {
 		"a.img": pipelinetest.SmallData(3000, 1),
 		"z.img": make([]byte, 9000),
 		"r.img": pipelinetest.SmallData(5000, 2),
+		// zeros between data: with the pages last, late data and zero
+		// chunks ahead of its FILE-END
+		"pages-1.img": append(append(pipelinetest.SmallData(5000, 3), make([]byte, 8192)...), pipelinetest.SmallData(4000, 4)...),
 	}
-	var buf bytes.Buffer
-	out, err := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{Seal: pipelinetest.Session(f, k)})
-	if err != nil {
-		f.Fatal(err)
+	for _, late := range []bool{false, true} {
+		var buf bytes.Buffer
+		out, err := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{Seal: pipelinetest.Session(f, k), LateData: late})
+		if err != nil {
+			f.Fatal(err)
+		}
+		captureFiles(f, context.Background(), out, pipeline.Options{ChunkSize: 4096, Workers: 2, Codec: pipelinetest.MustSpec(f, "auto"), PagesLast: late}, files)
+		f.Add(buf.Bytes())
 	}
-	captureFiles(f, context.Background(), out, pipeline.Options{ChunkSize: 4096, Workers: 2, Codec: pipelinetest.MustSpec(f, "auto")}, files)
-	f.Add(buf.Bytes())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		stop := time.AfterFunc(10*time.Second, func() { panic("hang\n" + pipelinetest.GoroutineDump()) })
 		defer stop.Stop()
