@@ -10,9 +10,11 @@
 #                  the statistics line, then socket-init (and criu)
 #   serve --early  socket-init at once, criu restores while the stream is read
 #   restore        gpucr-stream restore --from - (runs criu itself; early)
+#   pipe-restore   cat STREAM | restore --from -
 #   late-early     serve --early of a stream captured with --pages-last
 #                  (CRIU's page images sent after every other file)
 #   late-restore   restore --from - of that stream
+#   late-pipe-restore  cat STREAM | restore --from - of that stream
 # and prints how long each capture took, from criu dump's start to the
 # capture's exit (--pages-last ends later by the time to send the pages).
 # With BENCH_BEFORE=PATH (another build), its `restore --from -` is timed
@@ -55,16 +57,21 @@ serve_through() {
 	t1=$(ns)
 	ms "$t0" "$t1"
 }
-restore_from() { # BIN STREAM
+restore_from() { # BIN STREAM [pipe]
 	local t0 t1
 	t0=$(ns)
-	"$1" restore --from - --criu "$CRIU" --no-progress <"$2" >/dev/null 2>>"$W/restore.err"
+	if [ -n "${3:-}" ]; then
+		cat "$2" | "$1" restore --from - --criu "$CRIU" --no-progress >/dev/null 2>>"$W/restore.err"
+	else
+		"$1" restore --from - --criu "$CRIU" --no-progress <"$2" >/dev/null 2>>"$W/restore.err"
+	fi
 	t1=$(ns)
 	ms "$t0" "$t1"
 }
 
 # capture_to FILE ARGS...: dumps a fresh target through capture ARGS into
-# FILE; prints the milliseconds from criu dump's start to capture's exit.
+# FILE; sets CAP_MS to the milliseconds from criu dump's start to capture's
+# exit, and PID to the target's (the PID a restore of FILE brings back).
 capture_to() {
 	local f=$1
 	shift
@@ -78,10 +85,22 @@ capture_to() {
 	wait "$cap"
 	t1=$(ns)
 	gone
-	ms "$t0" "$t1"
+	CAP_MS=$(ms "$t0" "$t1")
 }
 
-variants="serve early restore late-early late-restore"
+# restored V: fails the run unless variant V's restore brought its target
+# back (its PID runs), then kills it; a variant that failed would be timed
+# as fast as it gave up.
+restored() {
+	if [ ! -e "/proc/$PID" ]; then
+		echo "bench-stream-restore: $1 did not restore pid $PID:" >&2
+		tail -5 "$W/restore.err" "$W/srv.err" >&2 2>/dev/null || true
+		exit 1
+	fi
+	stop
+}
+
+variants="serve early restore pipe-restore late-early late-restore late-pipe-restore"
 [ -z "$BEFORE" ] || variants="$variants before"
 declare -A res
 res[plain]=""
@@ -100,8 +119,12 @@ for r in $(seq "$ROUNDS"); do
 	stop
 	rm -rf "$W/d"
 	res[plain]+=" $(ms "$t0" "$t1")"
-	res[cap]+=" $(capture_to "$W/s.stream")"
-	res[cap-late]+=" $(capture_to "$W/late.stream" --pages-last)"
+	capture_to "$W/s.stream"
+	res[cap]+=" $CAP_MS"
+	spid=$PID
+	capture_to "$W/late.stream" --pages-last
+	res[cap-late]+=" $CAP_MS"
+	lpid=$PID
 	# Turn the order round by round.
 	order=$variants
 	for _ in $(seq $(((r - 1) % $(echo $variants | wc -w)))); do order="$(echo $order | cut -d' ' -f2-) $(echo $order | cut -d' ' -f1)"; done
@@ -111,11 +134,14 @@ for r in $(seq "$ROUNDS"); do
 		serve) t=$(serve_through "$W/s.stream") ;;
 		early) t=$(serve_through "$W/s.stream" --early) ;;
 		restore) t=$(restore_from "$GCS" "$W/s.stream") ;;
+		pipe-restore) t=$(restore_from "$GCS" "$W/s.stream" pipe) ;;
 		late-early) t=$(serve_through "$W/late.stream" --early) ;;
+		late-pipe-restore) t=$(restore_from "$GCS" "$W/late.stream" pipe) ;;
 		late-restore) t=$(restore_from "$GCS" "$W/late.stream") ;;
 		before) t=$(restore_from "$BEFORE" "$W/s.stream") ;;
 		esac
-		stop
+		case $v in late-*) PID=$lpid ;; *) PID=$spid ;; esac
+		restored "$v"
 		res[$v]+=" $t"
 		line+="; $v $t ms"
 	done
@@ -131,7 +157,9 @@ for v in $variants; do
 	serve) label='`cat STREAM \| serve` (criu-image-streamer order: read whole, then socket-init)' ;;
 	early) label='`cat STREAM \| serve --early`' ;;
 	restore) label='`restore --from - < STREAM`' ;;
+	pipe-restore) label='`cat STREAM \| restore --from -`' ;;
 	late-early) label='`cat STREAM \| serve --early`, captured with `--pages-last`' ;;
+	late-pipe-restore) label='`cat STREAM \| restore --from -`, captured with `--pages-last`' ;;
 	late-restore) label='`restore --from - < STREAM`, captured with `--pages-last`' ;;
 	before) label="\`restore --from - < STREAM\`, $BEFORE" ;;
 	esac
