@@ -8,7 +8,9 @@ package streamer
 // the whole stream before CRIU may start: through a pipe, the time to read
 // every page. With Options.PagesLast the capture holds the non-zero chunks
 // of the page images back, in an unlinked file, and writes them after
-// every other frame, just before the END frame. Their FILE and FILE-END
+// every other frame, just before the END frame: in memory (a memfd) up to
+// half the memory available, beyond in an unlinked file in $TMPDIR (held
+// on a disk, the writes held up CRIU's dump of a 1 GiB process 2x). Their FILE and FILE-END
 // frames and their zero chunks go out in place, so a reader knows each page
 // image's size, digest and zero pages (what sparse pages need to rewrite
 // its pagemap) before the data comes; a reader that serves files as they
@@ -21,13 +23,18 @@ package streamer
 // where each landed, as for any other frame.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"regexp"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/proc"
 )
 
 // pagesImage matches CRIU's page images.
@@ -35,70 +42,129 @@ var pagesImage = regexp.MustCompile(`^pages-[0-9]+\.img$`)
 
 // heldFrames are the DATA frames a capture holds back.
 type heldFrames struct {
-	f      *os.File // unlinked: gone with the capture, even after a crash
-	end    int64
+	// f is where they go now: a memfd up to memory bytes, then an
+	// unlinked temporary file; both gone with the capture, even after a
+	// crash. files are all opened so far.
+	f      *os.File
+	files  []*os.File
+	end    int64 // of f
+	memory int64
 	frames []heldFrame
 }
 
 type heldFrame struct {
 	fh    manifest.FrameHeader
+	f     *os.File
 	off   int64 // of its payload in f
 	file  *fileState
 	chunk int // its index in file.file.Chunks
 }
+
+// heldInMemory is how much of the held frames a memfd takes: half the
+// memory available, at least 1 GiB (what a stream source holds, too); a
+// variable for the test that spills.
+var heldInMemory = func() int64 { return max(1<<30, proc.AvailableMemory()/2) }
 
 // hold appends a DATA frame of fs to the held frames; its manifest chunk
 // (index chunk) gets its place when it is written.
 func (c *Capture) hold(fs *fileState, fh manifest.FrameHeader, payload []byte, chunk int) error {
 	h := &c.held
 	if h.f == nil {
+		h.memory = heldInMemory()
+		fd, err := unix.MemfdCreate("gpucr-pages-last", unix.MFD_CLOEXEC)
+		if err != nil {
+			h.memory = 0 // no memfd: a file from the start
+		} else {
+			h.f = os.NewFile(uintptr(fd), "memfd:gpucr-pages-last")
+			h.files = append(h.files, h.f)
+		}
+	}
+	if h.f == nil || len(h.files) == 1 && h.memory > 0 && h.end+int64(len(payload)) > h.memory {
 		f, err := os.CreateTemp("", "gpucr-pages-last-*")
 		if err != nil {
 			return fmt.Errorf("hold page images back: %w", err)
 		}
 		os.Remove(f.Name())
-		h.f = f
+		h.f, h.end = f, 0
+		h.files = append(h.files, f)
 	}
 	if _, err := h.f.WriteAt(payload, h.end); err != nil {
 		return fmt.Errorf("hold %s at offset %d: %w", fs.file.Name, fh.Offset, err)
 	}
-	h.frames = append(h.frames, heldFrame{fh: fh, off: h.end, file: fs, chunk: chunk})
+	h.frames = append(h.frames, heldFrame{fh: fh, f: h.f, off: h.end, file: fs, chunk: chunk})
 	h.end += int64(len(payload))
 	return nil
 }
 
 // writeHeld writes the held frames, in the order they were held, and
 // records where each landed in its file's manifest entry (whose chunks no
-// longer grow: every file ended before this runs).
+// longer grow: every file ended before this runs). An asynchronous output
+// writes a frame while the next ones are read back (heldBuffers of them).
 func (c *Capture) writeHeld(ctx context.Context) error {
-	h := &c.held
-	if h.f == nil {
-		return nil
+	ao, async := c.out.(AsyncOutput)
+	bufs := make(chan []byte, heldBuffers)
+	for range heldBuffers {
+		bufs <- nil
 	}
-	var buf []byte
-	for _, hf := range h.frames {
+	var failed error
+	var failMu sync.Mutex
+	for _, hf := range c.held.frames {
+		var buf []byte
+		select {
+		case buf = <-bufs:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 		n := int(hf.fh.StoredLen)
 		if cap(buf) < n {
 			buf = make([]byte, n)
 		}
-		if _, err := h.f.ReadAt(buf[:n], hf.off); err != nil && err != io.EOF {
+		buf = buf[:n]
+		what := func(err error) error {
 			return fmt.Errorf("write held %s at offset %d: %w", hf.file.file.Name, hf.fh.Offset, err)
 		}
+		if _, err := hf.f.ReadAt(buf, hf.off); err != nil && err != io.EOF {
+			return what(err)
+		}
 		fh := hf.fh
-		loc, err := c.out.WriteFrame(ctx, &fh, buf[:n])
+		var loc Location
+		var err error
+		if async {
+			loc, err = ao.WriteFrameAsync(ctx, &fh, buf, func(err error) {
+				if err != nil {
+					failMu.Lock()
+					failed = cmp.Or(failed, what(err))
+					failMu.Unlock()
+				}
+				bufs <- buf
+			})
+		} else {
+			loc, err = c.out.WriteFrame(ctx, &fh, buf)
+			bufs <- buf
+		}
 		if err != nil {
-			return fmt.Errorf("write held %s at offset %d: %w", hf.file.file.Name, hf.fh.Offset, err)
+			return what(err)
 		}
 		ch := &hf.file.file.Chunks[hf.chunk]
 		ch.Segment, ch.Pos = loc.Segment, loc.Pos
 	}
-	return nil
+	// Every buffer back: every write done.
+	for range heldBuffers {
+		<-bufs
+	}
+	failMu.Lock()
+	defer failMu.Unlock()
+	return failed
 }
 
-// closeHeld drops the held frames.
+// heldBuffers is how many held frames are read back ahead of their write.
+const heldBuffers = 4
+
+// closeHeld drops the held frames (files stays, closed, to say where they
+// were).
 func (c *Capture) closeHeld() {
-	if c.held.f != nil {
-		c.held.f.Close()
-		c.held = heldFrames{}
+	for _, f := range c.held.files {
+		f.Close()
 	}
+	c.held.f, c.held.frames = nil, nil
 }

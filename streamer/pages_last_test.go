@@ -30,9 +30,18 @@ func TestCapturePagesLast(t *testing.T) {
 	files["inventory.img"] = pipelinetest.SmallData(900, 7)
 	names := slices.Sorted(maps.Keys(files))
 	k := pipelinetest.Key(t, 3)
+	inMemory := heldInMemory
+	defer func() { heldInMemory = inMemory }()
 	for _, shards := range []int{1, 2} {
 		for _, seal := range []*crypt.Session{nil, pipelinetest.Session(t, k)} {
+			// Sealed, the held frames outgrow a memfd of 1 MiB: the rest
+			// goes to a file.
+			spill := seal != nil
 			t.Run(fmt.Sprintf("%d-sealed-%v", shards, seal != nil), func(t *testing.T) {
+				heldInMemory = inMemory
+				if spill {
+					heldInMemory = func() int64 { return 1 << 20 }
+				}
 				live := newLiveShards(ctx, shards, keyIf(seal, k))
 				defer live.src.Close()
 				so, err := NewStreamOutputAs(live.ws, pipeline.Format{Seal: seal, LateData: true})
@@ -59,6 +68,9 @@ func TestCapturePagesLast(t *testing.T) {
 				}
 				for s, b := range live.bufs {
 					checkPagesLast(t, fmt.Sprintf("shard %d", s), b.Bytes(), k)
+				}
+				if spilled := len(c.held.files) > 1; spilled != spill {
+					t.Fatalf("held in %d files, want a spill %v", len(c.held.files), spill)
 				}
 			})
 		}

@@ -163,7 +163,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.spillDir, "spill-dir", "", "where serve spills held images beyond --memory-limit (default: $TMPDIR)")
 	str(&c.segmentSize, "segment-size", "256MiB", "size of archive segment objects")
 	boolean(&c.chunkHashes, "chunk-hashes", "hash every chunk with BLAKE3 beside its CRC-32C, for verify to check too (format 1; costs about 0.2 CPU-s/GiB); encrypted checkpoints always have them")
-	boolean(&c.pagesLast, "pages-last", "stream destinations: send CRIU's page images after every other file (held back in $TMPDIR meanwhile), so that a restore from the stream (serve --early, restore --from) starts CRIU before they arrive; the capture ends later, by the time to send them")
+	boolean(&c.pagesLast, "pages-last", "stream destinations: send CRIU's page images after every other file (held back meanwhile: in memory up to half the memory available, beyond in $TMPDIR), so that a restore from the stream (serve --early, restore --from) starts CRIU before they arrive; the capture ends later, by the time to send them")
 	boolean(&c.dedup, "dedup", "archive destinations: store each chunk once in the chunk store of the location that holds the checkpoint (its parent directory or S3 prefix), shared by every checkpoint there (format 4; with --key-file, shared only among checkpoints of that key)")
 	boolean(&c.jsonOut, "json", "machine-readable output and results")
 	boolean(&c.noProgress, "no-progress", "never draw progress bars")
