@@ -38,9 +38,10 @@ type Options struct {
 	// checkpoint there.
 	Dedup bool
 	// PagesLast makes a Capture hold the non-zero chunks of CRIU's page
-	// images back (in memory, beyond half of it in $TMPDIR) and write them after every other frame, so
-	// that a restore from the stream can start before they arrive
-	// (streamer/pages_last.go). Plain stream outputs only.
+	// images back (in memory, beyond half of it in $TMPDIR) and write
+	// them after every other frame, so that a restore from the stream can
+	// start before they arrive (streamer/pages_last.go). Streams of
+	// format 5 only (Format.LateData).
 	PagesLast bool
 }
 
