@@ -35,6 +35,76 @@ func capturedStream(t *testing.T, mb int, args ...string) (dir, stream string, t
 	return dir, stream, tg, before
 }
 
+// serveHeldBack runs `serve --early` on data, given through a pipe but
+// for data[gate:], held back until serve logs a line that wanted accepts,
+// with `criu restore --stream` started at socket-init; it returns that line
+// and the serve, ended, once criu restored. A serve that never logs such a
+// line fails the test within 30 s.
+func serveHeldBack(ctx context.Context, t *testing.T, dir string, data []byte, gate int, wanted func(string) bool) (string, *proc) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	er, ew := io.Pipe()
+	logged := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(er)
+		for sc.Scan() {
+			if wanted(sc.Text()) {
+				select {
+				case logged <- sc.Text():
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, er)
+	}()
+	defer ew.Close()
+	b := mkdir(t, filepath.Join(dir, "b"))
+	serve := startGCS(ctx, t, gcsOpts{stdin: pr, stderr: ew}, "--images-dir", b, "serve", "--early")
+	pr.Close()
+	// serve tells its format from the stream's first bytes: they go in
+	// beside.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := pw.Write(data[:gate])
+		wrote <- err
+	}()
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a serve that waits for the end never logs it
+	defer cancel()
+	if !serve.waitLine(lctx, "socket-init") {
+		t.Fatalf("serve --early ended before listening: %v", serve.wait(ctx))
+	}
+	criuDone := make(chan error, 1)
+	go func() {
+		criuDone <- RunCRIU(ctx, t, "restore", "--stream", "-D", b, "--restore-detached", "-o", "restore.log", "-v4")
+	}()
+	if err := <-wrote; err != nil {
+		t.Fatalf("write the stream: %v (serve: %v)", err, serve.wait(ctx))
+	}
+	var line string
+	select {
+	case line = <-logged:
+	case err := <-criuDone:
+		t.Fatalf("criu ended before the stream did: %v; serve: %v", err, serve.wait(ctx))
+	case <-lctx.Done():
+		t.Fatalf("with the last %d bytes of the stream held back, serve never logged what the test waits for: %v", len(data)-gate, lctx.Err())
+	}
+	if _, err := pw.Write(data[gate:]); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-criuDone; err != nil {
+		t.Fatalf("criu restore: %v; serve: %v", err, serve.wait(ctx))
+	}
+	if err := serve.wait(ctx); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	return line, serve
+}
+
 // TestServeEarly: `serve --early` from a pipe lets `criu restore --stream`
 // start before the stream has ended. The stream is written but for its
 // last 64 bytes (the END frame), and held there until serve logs CRIU's
@@ -50,64 +120,11 @@ func TestServeEarly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pw.Close()
-	er, ew := io.Pipe()
-	asked := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(er)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "criu asked for its first file") && strings.Contains(sc.Text(), "while the stream is still being read") {
-				asked <- sc.Text()
-			}
-		}
-		io.Copy(io.Discard, er)
-	}()
-	defer ew.Close()
-	b := mkdir(t, filepath.Join(dir, "b"))
-	serve := startGCS(ctx, t, gcsOpts{stdin: pr, stderr: ew}, "--images-dir", b, "serve", "--early")
-	pr.Close()
-	// serve tells its format from the stream's first bytes: they go in
-	// beside, all of the stream but its end.
 	const held = 64
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := pw.Write(data[:len(data)-held])
-		wrote <- err
-	}()
-	lctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a serve that waits for the end never listens
-	defer cancel()
-	if !serve.waitLine(lctx, "socket-init") {
-		t.Fatalf("serve --early ended before listening: %v", serve.wait(ctx))
-	}
-	criuDone := make(chan error, 1)
-	go func() {
-		criuDone <- RunCRIU(ctx, t, "restore", "--stream", "-D", b, "--restore-detached", "-o", "restore.log", "-v4")
-	}()
-	if err := <-wrote; err != nil {
-		t.Fatalf("write the stream: %v (serve: %v)", err, serve.wait(ctx))
-	}
-	select {
-	case line := <-asked:
-		t.Logf("with %d bytes of the stream held back: %s", held, line)
-	case err := <-criuDone:
-		t.Fatalf("criu ended before the stream did: %v; serve: %v", err, serve.wait(ctx))
-	case <-ctx.Done():
-		t.Fatalf("criu's first request never reached serve before the stream's end: %v", ctx.Err())
-	}
-	if _, err := pw.Write(data[len(data)-held:]); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	if err := <-criuDone; err != nil {
-		t.Fatalf("criu restore: %v; serve: %v", err, serve.wait(ctx))
-	}
-	if err := serve.wait(ctx); err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	line, serve := serveHeldBack(ctx, t, dir, data, len(data)-held, func(l string) bool {
+		return strings.Contains(l, "criu asked for its first file") && strings.Contains(l, "while the stream is still being read")
+	})
+	t.Logf("with %d bytes of the stream held back: %s", held, line)
 	if !strings.Contains(serve.stderr.String(), "ms before the stream ended") {
 		t.Errorf("serve did not say when criu asked against the stream's end: %s", serve.stderr.String())
 	}
@@ -196,64 +213,10 @@ func TestServePagesLast(t *testing.T) {
 		t.Fatal(err)
 	}
 	gate := lastPagesFrame(t, data)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pw.Close()
-	er, ew := io.Pipe()
-	arriving := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(er)
-		for sc.Scan() {
-			if l := sc.Text(); strings.Contains(l, "pages-") && strings.Contains(l, "copied as it arrives") {
-				select {
-				case arriving <- l:
-				default:
-				}
-			}
-		}
-		io.Copy(io.Discard, er)
-	}()
-	defer ew.Close()
-	b := mkdir(t, filepath.Join(dir, "b"))
-	serve := startGCS(ctx, t, gcsOpts{stdin: pr, stderr: ew}, "--images-dir", b, "serve", "--early")
-	pr.Close()
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := pw.Write(data[:gate])
-		wrote <- err
-	}()
-	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if !serve.waitLine(lctx, "socket-init") {
-		t.Fatalf("serve --early ended before listening: %v", serve.wait(ctx))
-	}
-	criuDone := make(chan error, 1)
-	go func() {
-		criuDone <- RunCRIU(ctx, t, "restore", "--stream", "-D", b, "--restore-detached", "-o", "restore.log", "-v4")
-	}()
-	if err := <-wrote; err != nil {
-		t.Fatalf("write the stream: %v (serve: %v)", err, serve.wait(ctx))
-	}
-	select {
-	case line := <-arriving:
-		t.Logf("with the last %d bytes of the stream held back: %s", len(data)-int(gate), line)
-	case err := <-criuDone:
-		t.Fatalf("criu ended before the stream did: %v; serve: %v", err, serve.wait(ctx))
-	case <-lctx.Done():
-		t.Fatalf("serve copied no page image as it arrived before the stream's end: %v", lctx.Err())
-	}
-	if _, err := pw.Write(data[gate:]); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	if err := <-criuDone; err != nil {
-		t.Fatalf("criu restore: %v; serve: %v", err, serve.wait(ctx))
-	}
-	if err := serve.wait(ctx); err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	line, _ := serveHeldBack(ctx, t, dir, data, int(gate), func(l string) bool {
+		return strings.Contains(l, "pages-") && strings.Contains(l, "copied as it arrives")
+	})
+	t.Logf("with the last %d bytes of the stream held back: %s", len(data)-int(gate), line)
 	provenRestore(ctx, t, tg, before)
 }
 

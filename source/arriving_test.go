@@ -28,20 +28,10 @@ func pagesLastStream(t *testing.T, files map[string][]byte) (b []byte, last, end
 		t.Fatal(err)
 	}
 	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), PagesLast: true}, files)
-	rd, err := manifest.NewReader(bytes.NewReader(buf.Bytes()), "stream")
-	if err != nil {
-		t.Fatal(err)
-	}
 	last, end = -1, -1
 	lastOff := uint64(0)
-	for {
-		fr, err := rd.Next(nil)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	_, frs := frames(t, buf.Bytes())
+	for _, fr := range frs {
 		if fr.Type == manifest.FrameData && fr.Name == "pages-1.img" && codec.ID(fr.Codec) != codec.Zero && (last < 0 || fr.Offset > lastOff) {
 			last, lastOff = fr.Pos, fr.Offset
 		}

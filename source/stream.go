@@ -896,7 +896,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 	cw := newChunkWriter(w)
 	var buf []byte
 	s.mu.Lock()
-	done := s.doneIDs[f.id]
+	done, size := s.doneIDs[f.id], f.size
 	var in int64
 	for _, c := range f.chunks {
 		in += c.n
@@ -905,7 +905,7 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 	var next int64
 	if !done {
 		if s.log != nil {
-			s.log(fmt.Sprintf("%s: copied as it arrives (%d of its %d bytes in)", manifest.PrintableName(name), in, f.size))
+			s.log(fmt.Sprintf("%s: copied as it arrives (%d of its %d bytes in)", manifest.PrintableName(name), in, size))
 		}
 		if next, err = s.copyArriving(ctx, f, cw, w, &buf); err != nil {
 			return next, fmt.Errorf("copy %s at offset %d: %w", name, next, err)
