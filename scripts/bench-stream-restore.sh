@@ -71,7 +71,7 @@ restore_from() { # BIN STREAM [pipe]
 
 # capture_to FILE ARGS...: dumps a fresh target through capture ARGS into
 # FILE; sets CAP_MS to the milliseconds from criu dump's start to capture's
-# exit, and PID to the target's (the PID a restore of FILE brings back).
+# exit, DUMP_MS to criu dump's own time, and PID to the target's (the PID a restore of FILE brings back).
 capture_to() {
 	local f=$1
 	shift
@@ -82,10 +82,12 @@ capture_to() {
 	wait_init "$W/cap.progress"
 	t0=$(ns)
 	"$CRIU" dump --stream -D "$W/img" -t "$PID" -o dump.log
+	td=$(ns)
 	wait "$cap"
 	t1=$(ns)
 	gone
 	CAP_MS=$(ms "$t0" "$t1")
+	DUMP_MS=$(ms "$t0" "$td")
 }
 
 # restored V: fails the run unless variant V's restore brought its target
@@ -106,6 +108,8 @@ declare -A res
 res[plain]=""
 res[cap]=""
 res[cap-late]=""
+res[dump]=""
+res[dump-late]=""
 for v in $variants; do res[$v]=""; done
 echo "bench-stream-restore: ${MB} MiB thirds target, $ROUNDS rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq "$ROUNDS"); do
@@ -121,9 +125,11 @@ for r in $(seq "$ROUNDS"); do
 	res[plain]+=" $(ms "$t0" "$t1")"
 	capture_to "$W/s.stream"
 	res[cap]+=" $CAP_MS"
+	res[dump]+=" $DUMP_MS"
 	spid=$PID
 	capture_to "$W/late.stream" --pages-last
 	res[cap-late]+=" $CAP_MS"
+	res[dump-late]+=" $DUMP_MS"
 	lpid=$PID
 	# Turn the order round by round.
 	order=$variants
@@ -167,4 +173,6 @@ for v in $variants; do
 done
 printf '\ncapture (criu dump --stream to capture exit), median: %d ms; with --pages-last %d ms (runs: %s; %s)\n' \
 	"$(echo "${res[cap]}" | median)" "$(echo "${res[cap-late]}" | median)" "${res[cap]# }" "${res[cap-late]# }"
+printf 'of which criu dump, median: %d ms; with --pages-last %d ms (runs: %s; %s)\n' \
+	"$(echo "${res[dump]}" | median)" "$(echo "${res[dump-late]}" | median)" "${res[dump]# }" "${res[dump-late]# }"
 grep -o 'criu asked for its first file[^;]*' "$W/srv.err" | sed 's/^/serve --early: /' >&2 || true
