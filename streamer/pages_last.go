@@ -7,11 +7,12 @@ package streamer
 // first and the pages last. From a stream in dump order a restore waits for
 // the whole stream before CRIU may start: through a pipe, the time to read
 // every page. With Options.PagesLast the capture holds the non-zero chunks
-// of the page images back, in an unlinked file, and writes them after
-// every other frame, just before the END frame: in memory (a memfd) up to
-// half the memory available, beyond in an unlinked file in $TMPDIR (held
-// on a disk, the writes held up CRIU's dump of a 1 GiB process 2x). Their FILE and FILE-END
-// frames and their zero chunks go out in place, so a reader knows each page
+// of the page images back and writes them after every other frame, just
+// before the END frame. It holds them in memory (a memfd) up to half the
+// memory available, beyond that in an unlinked file in $TMPDIR: held on a
+// disk, the writes slowed CRIU's dump of a 1 GiB process 2x. Their FILE
+// and FILE-END frames and their zero chunks go out in place, so a reader
+// knows each page
 // image's size, digest and zero pages (what sparse pages need to rewrite
 // its pagemap) before the data comes; a reader that serves files as they
 // arrive (source.StreamOptions.ServeEarly) lets CRIU restore from the first
@@ -45,11 +46,12 @@ type heldFrames struct {
 	// f is where they go now: a memfd up to memory bytes, then an
 	// unlinked temporary file; both gone with the capture, even after a
 	// crash. files are all opened so far.
-	f      *os.File
-	files  []*os.File
-	end    int64 // of f
-	memory int64
-	frames []heldFrame
+	f        *os.File
+	inMemory bool // f is the memfd
+	files    []*os.File
+	end      int64 // of f
+	memory   int64
+	frames   []heldFrame
 }
 
 type heldFrame struct {
@@ -69,23 +71,20 @@ var heldInMemory = func() int64 { return max(1<<30, proc.AvailableMemory()/2) }
 // (index chunk) gets its place when it is written.
 func (c *Capture) hold(fs *fileState, fh manifest.FrameHeader, payload []byte, chunk int) error {
 	h := &c.held
-	if h.f == nil {
+	if len(h.files) == 0 {
 		h.memory = heldInMemory()
-		fd, err := unix.MemfdCreate("gpucr-pages-last", unix.MFD_CLOEXEC)
-		if err != nil {
-			h.memory = 0 // no memfd: a file from the start
-		} else {
-			h.f = os.NewFile(uintptr(fd), "memfd:gpucr-pages-last")
+		if fd, err := unix.MemfdCreate("gpucr-pages-last", unix.MFD_CLOEXEC); err == nil {
+			h.f, h.inMemory = os.NewFile(uintptr(fd), "memfd:gpucr-pages-last"), true
 			h.files = append(h.files, h.f)
 		}
 	}
-	if h.f == nil || len(h.files) == 1 && h.memory > 0 && h.end+int64(len(payload)) > h.memory {
+	if h.f == nil || h.inMemory && h.end+int64(len(payload)) > h.memory {
 		f, err := os.CreateTemp("", "gpucr-pages-last-*")
 		if err != nil {
 			return fmt.Errorf("hold page images back: %w", err)
 		}
 		os.Remove(f.Name())
-		h.f, h.end = f, 0
+		h.f, h.inMemory, h.end = f, false, 0
 		h.files = append(h.files, f)
 	}
 	if _, err := h.f.WriteAt(payload, h.end); err != nil {
