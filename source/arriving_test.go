@@ -184,3 +184,40 @@ func TestStreamServesArriving(t *testing.T) {
 		})
 	}
 }
+
+// ScanStream (inspect of a stream without its index, such as one shard of
+// several) lists a page image's late chunks too, those after its FILE-END.
+func TestScanStreamLateData(t *testing.T) {
+	files := corpusFiles()
+	var bufs [2]bytes.Buffer
+	out, err := streamer.NewStreamOutputAs([]io.Writer{&bufs[0], &bufs[1]}, pipeline.Format{LateData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), PagesLast: true}, files)
+	for i := range bufs {
+		_, frs := frames(t, bufs[i].Bytes())
+		want, late := 0, 0
+		for _, fr := range frs {
+			if fr.Type == manifest.FrameData && fr.Name == "pages-1.img" {
+				want++
+				if fr.Late {
+					late++
+				}
+			}
+		}
+		m, err := ScanStream(bytes.NewReader(bufs[i].Bytes()), "shard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := -1
+		for _, f := range m.Files {
+			if f.Name == "pages-1.img" {
+				got = len(f.Chunks)
+			}
+		}
+		if late == 0 || got != want {
+			t.Fatalf("shard %d: scan lists %d chunks of pages-1.img, the shard holds %d (%d late)", i, got, want, late)
+		}
+	}
+}

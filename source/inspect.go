@@ -33,7 +33,9 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 	m := &manifest.Manifest{Encryption: h.Encryption, NoChunkHashes: h.NoChunkHashes}
 	m.Format = m.FormatVersion()
 	files := map[uint32]*manifest.File{}
-	byName := map[string]manifest.File{}
+	// by name, the file whose FILE-END came last; a pointer, since late
+	// data (format 5) may add chunks after it
+	byName := map[string]*manifest.File{}
 	var chunks, names int
 	for {
 		fr, err := rd.Next(nil)
@@ -63,7 +65,7 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 		case manifest.FrameFileEnd:
 			f := files[fr.FileID]
 			f.Size, f.Digest = int64(fr.Offset), fr.Hash
-			byName[f.Name] = *f
+			byName[f.Name] = f
 		case manifest.FrameEnd:
 			if len(fr.Payload) > 0 {
 				if full, err := manifest.Parse(fr.Payload); err == nil {
@@ -76,7 +78,7 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 		for _, c := range f.Chunks {
 			m.Stats.Add(codec.ID(c.Codec).String(), int64(c.RawLen), int64(c.Stored))
 		}
-		m.Files = append(m.Files, f)
+		m.Files = append(m.Files, *f)
 	}
 	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
 	return m, nil
