@@ -157,6 +157,9 @@ func FuzzReader(f *testing.F) {
 				if open[fr.FileID] == "" {
 					open[fr.FileID] = fr.Name
 					openBytes += len(fr.Name)
+					if lateData {
+						openBytes += lateFileCost
+					}
 				}
 			case FrameData, FrameFileEnd:
 				if fr.Name == "" || fr.Name != open[fr.FileID] {

@@ -97,25 +97,44 @@ func TestReaderErrorEscapesNames(t *testing.T) {
 
 // Names held stay bounded whatever the input (issue 25 M-a): a file that
 // is replaced again and again leaves no name behind once ended, and files
-// opened without end are refused past MaxOpenNameBytes.
+// opened without end are refused past MaxOpenNameBytes. In a stream with
+// late data, where ended files keep their names, so is a flood of files
+// with one-byte names: each counts lateFileCost more.
 func TestReaderNamesBounded(t *testing.T) {
 	name := strings.Repeat("n", 4000)
 	for _, tc := range []struct {
 		what    string
 		frames  func(i uint32) []frameSpec
 		n       uint32
+		late    bool
 		corrupt bool
 	}{
-		{"replacing FILE/FILE-END pairs", func(i uint32) []frameSpec { return []frameSpec{file(i, name), fileEnd(i, 0, 0)} }, 5000, false},
-		{"FILEs never ended", func(i uint32) []frameSpec { return []frameSpec{file(i, name)} }, MaxOpenNameBytes/4000 + 2, true},
+		{"replacing FILE/FILE-END pairs", func(i uint32) []frameSpec { return []frameSpec{file(i, name), fileEnd(i, 0, 0)} }, 5000, false, false},
+		{"FILEs never ended", func(i uint32) []frameSpec { return []frameSpec{file(i, name)} }, MaxOpenNameBytes/4000 + 2, false, true},
+		{"late data: tiny names, ended", func(i uint32) []frameSpec { return []frameSpec{file(i, "n"), fileEnd(i, 0, 0)} }, MaxOpenNameBytes/(lateFileCost+1) + 2, true, true},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			var frames []frameSpec
 			for i := range tc.n {
 				frames = append(frames, tc.frames(i)...)
 			}
-			ts := writeStream(t, Header{}, frames, nil)
-			rd, err := NewReader(bytes.NewReader(ts.b), "s")
+			// Written here: writeStream checks every position, quadratic in
+			// the half million frames of the late case.
+			var buf bytes.Buffer
+			w, err := NewWriter(&buf, Header{LateData: tc.late})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range frames {
+				fh := f.fh
+				if _, err := w.WriteFrame(&fh, f.payload); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.Finish(nil); err != nil {
+				t.Fatal(err)
+			}
+			rd, err := NewReader(bytes.NewReader(buf.Bytes()), "s")
 			if err != nil {
 				t.Fatal(err)
 			}

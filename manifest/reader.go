@@ -132,6 +132,13 @@ func (r *Reader) Pos() int64 { return r.pos }
 // refused here instead of growing without bound.
 const MaxOpenNameBytes = 16 << 20
 
+// lateFileCost is what a file of a stream with late data counts beside its
+// name against MaxOpenNameBytes: its name stays bound to the stream's end
+// (and its id in endedIDs), so a hostile stream of tiny names would
+// otherwise hold millions of map entries. About 250,000 files at most; a
+// CRIU image has hundreds.
+const lateFileCost = 64
+
 // FileName returns the name a FILE frame bound to id while that file is
 // open (until its FILE-END); Frame.Name keeps it beyond.
 func (r *Reader) FileName(id uint32) string {
@@ -253,13 +260,18 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 			}
 			break // announced again: nothing new to hold
 		}
-		if r.openNames+len(payload) > MaxOpenNameBytes {
+		cost := len(payload)
+		if r.header.LateData {
+			// Never forgotten: each costs its bookkeeping too.
+			cost += lateFileCost
+		}
+		if r.openNames+cost > MaxOpenNameBytes {
 			return Frame{}, r.Errorf(pos, fh.FileID, "FILE frame: more than %d bytes of names of files open at once (%d files)", MaxOpenNameBytes, len(r.names))
 		}
 		name = string(payload)
 		r.mu.Lock()
 		r.names[fh.FileID] = name
-		r.openNames += len(name)
+		r.openNames += cost
 		r.mu.Unlock()
 	case FrameFileEnd:
 		if r.header.LateData {
