@@ -111,7 +111,7 @@ func TestReaderNamesBounded(t *testing.T) {
 	}{
 		{"replacing FILE/FILE-END pairs", func(i uint32) []frameSpec { return []frameSpec{file(i, name), fileEnd(i, 0, 0)} }, 5000, false, false},
 		{"FILEs never ended", func(i uint32) []frameSpec { return []frameSpec{file(i, name)} }, MaxOpenNameBytes/4000 + 2, false, true},
-		{"late data: tiny names, ended", func(i uint32) []frameSpec { return []frameSpec{file(i, "n"), fileEnd(i, 0, 0)} }, MaxOpenNameBytes/(lateFileCost+1) + 2, true, true},
+		{"late data: tiny names, ended", func(i uint32) []frameSpec { return []frameSpec{file(i, "n"), fileEnd(i, 0, 0)} }, MaxOpenNameBytes/65 + 2, true, true}, // 64 bytes a file beside its one-byte name,
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			var frames []frameSpec
