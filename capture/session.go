@@ -817,12 +817,7 @@ func writeFileAtomic(ctx context.Context, src source.Source, dir string, f manif
 	if err != nil {
 		return 0, fmt.Errorf("extract %s: %w", f.Name, err)
 	}
-	var n int64
-	if fc, ok := src.(source.FileCopier); ok {
-		n, err = fc.CopyToFile(ctx, f.Name, tmp)
-	} else {
-		n, err = src.Copy(ctx, f.Name, tmp)
-	}
+	n, err := source.CopyToFile(ctx, src, f.Name, tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

@@ -37,8 +37,8 @@ type clearing struct {
 
 // CopyToFile keeps the underlying source's faster copy where it has one.
 func (c *clearing) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
-	if fc, ok := c.Source.(source.FileCopier); ok && name != remappedFile {
-		return fc.CopyToFile(ctx, name, f)
+	if name != remappedFile {
+		return source.CopyToFile(ctx, c.Source, name, f)
 	}
 	return c.Copy(ctx, name, f)
 }

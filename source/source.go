@@ -33,6 +33,15 @@ type FileCopier interface {
 	CopyToFile(ctx context.Context, name string, f *os.File) (int64, error)
 }
 
+// CopyToFile writes the named file of src into f, a regular file of no
+// data: by src's CopyToFile where it is a FileCopier, else by Copy.
+func CopyToFile(ctx context.Context, src Source, name string, f *os.File) (int64, error) {
+	if fc, ok := src.(FileCopier); ok {
+		return fc.CopyToFile(ctx, name, f)
+	}
+	return src.Copy(ctx, name, f)
+}
+
 // decodeChunk decodes payload into dst (len == raw length) and checks the
 // raw checksum: the one place every restored byte is verified.
 // A chunk stored raw (codec None) may be decoded in place: dst may be
