@@ -433,18 +433,22 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 				s.inflight.release(held)
 				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
-			s.mu.Lock()
-			f := s.pending[fr.FileID]
-			ahead := f != nil && f.size < 0
-			if ahead {
-				f.ahead++
+			ahead := false
+			if s.early {
+				// What serving files as they arrive needs (file,
+				// arrivedLocked); nothing else reads it.
+				s.mu.Lock()
+				f := s.pending[fr.FileID]
+				if ahead = f != nil && f.size < 0; ahead {
+					f.ahead++
+				}
+				if fr.Late && !late {
+					late = true
+					s.lateShards++
+					s.notifyLocked() // a name not announced yet never comes
+				}
+				s.mu.Unlock()
 			}
-			if fr.Late && !late {
-				late = true
-				s.lateShards++
-				s.notifyLocked() // a name not announced yet never comes
-			}
-			s.mu.Unlock()
 			select {
 			case jobs <- decodeJob{rd, fr, page, held, spilled, ahead}:
 			case <-ctx.Done():
@@ -896,17 +900,11 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 	cw := newChunkWriter(w)
 	var buf []byte
 	s.mu.Lock()
-	done, size := s.doneIDs[f.id], f.size
-	var in int64
-	for _, c := range f.chunks {
-		in += c.n
-	}
+	done := s.doneIDs[f.id]
 	s.mu.Unlock()
 	var next int64
 	if !done {
-		if s.log != nil {
-			s.log(fmt.Sprintf("%s: copied as it arrives (%d of its %d bytes in)", manifest.PrintableName(name), in, size))
-		}
+		s.logArriving(f)
 		if next, err = s.copyArriving(ctx, f, cw, w, &buf); err != nil {
 			return next, fmt.Errorf("copy %s at offset %d: %w", name, next, err)
 		}
@@ -928,6 +926,21 @@ func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int6
 		written += c.n
 	}
 	return written, nil
+}
+
+// logArriving says that f, still arriving, is copied as it arrives.
+func (s *StreamSource) logArriving(f *streamFile) {
+	if s.log == nil {
+		return
+	}
+	s.mu.Lock()
+	var in int64
+	for _, c := range f.chunks {
+		in += c.n
+	}
+	size := f.size
+	s.mu.Unlock()
+	s.log(fmt.Sprintf("%s: copied as it arrives (%d of its %d bytes in)", manifest.PrintableName(f.name), in, size))
 }
 
 // copyArriving copies f, a file whose end is known but not all its chunks,
