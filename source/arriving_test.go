@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"io"
-	"sync"
 	"testing"
 	"time"
 
@@ -64,32 +63,14 @@ func gatedStream(b []byte, gate int64, open <-chan struct{}, cut bool) io.Reader
 	return pr
 }
 
-// lockedBuffer is a bytes.Buffer a test reads while a Copy writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
-}
-
-// waitLen waits until l holds n bytes.
-func (l *lockedBuffer) waitLen(t *testing.T, n int) {
+// waitLen waits until out holds n bytes.
+func waitLen(t *testing.T, out *pipelinetest.SyncBuffer, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(l.bytes()) < n && time.Now().Before(deadline) {
+	for len(out.Bytes()) < n && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if got := len(l.bytes()); got != n {
+	if got := len(out.Bytes()); got != n {
 		t.Fatalf("copied %d bytes while the file's last chunk was held back, want %d", got, n)
 	}
 }
@@ -147,7 +128,7 @@ func TestStreamServesArriving(t *testing.T) {
 				t.Fatalf("Stat of the arriving file lists %d chunks, not its zero chunk at %d", len(f.Chunks), 2*corpusChunk)
 			}
 
-			var out lockedBuffer
+			var out pipelinetest.SyncBuffer
 			type result struct {
 				n   int64
 				err error
@@ -157,8 +138,8 @@ func TestStreamServesArriving(t *testing.T) {
 				n, err := src.Copy(ctx, "pages-1.img", &out)
 				done <- result{n, err}
 			}()
-			out.waitLen(t, int(lastOff))
-			if !bytes.Equal(out.bytes(), pages[:lastOff]) {
+			waitLen(t, &out, int(lastOff))
+			if !bytes.Equal(out.Bytes(), pages[:lastOff]) {
 				t.Fatal("the bytes copied while the file arrived differ from the file's")
 			}
 			select {
@@ -172,13 +153,13 @@ func TestStreamServesArriving(t *testing.T) {
 				if r.err == nil {
 					t.Fatalf("Copy of a file whose stream failed returned %d bytes and no error", r.n)
 				}
-				if got := len(out.bytes()); got != int(lastOff) {
+				if got := len(out.Bytes()); got != int(lastOff) {
 					t.Fatalf("Copy handed over %d bytes of a file that failed, want the %d before its last chunk", got, lastOff)
 				}
 				return
 			}
-			if r.err != nil || r.n != int64(len(pages)) || !bytes.Equal(out.bytes(), pages) {
-				t.Fatalf("Copy: %d bytes, %v; the file's %d bytes equal: %v", r.n, r.err, len(pages), bytes.Equal(out.bytes(), pages))
+			if r.err != nil || r.n != int64(len(pages)) || !bytes.Equal(out.Bytes(), pages) {
+				t.Fatalf("Copy: %d bytes, %v; the file's %d bytes equal: %v", r.n, r.err, len(pages), bytes.Equal(out.Bytes(), pages))
 			}
 			pipelinetest.CheckSource(t, ctx, "pages last", src, files)
 		})

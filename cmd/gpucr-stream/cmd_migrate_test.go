@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/e2e"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 )
 
 func TestMigrateUsage(t *testing.T) {
@@ -390,7 +391,7 @@ func TestReceiveSummaryOnStderr(t *testing.T) {
 		return d
 	}
 	imgs, a := short(), short()
-	var stdout, stderr syncBuffer
+	var stdout, stderr pipelinetest.SyncBuffer
 	received := make(chan error, 1)
 	go func() {
 		received <- run(ctx, []string{"receive", "--listen", "127.0.0.1:0", "--token-file", tok, "--images-dir", imgs, "--net-timeout", "3s"},

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 )
 
 func TestProgressLine(t *testing.T) {
@@ -95,24 +95,6 @@ func TestProgressZeroColumns(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the bar's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestProgressPlainLines: with stderr not a terminal, a plain line every
 // plainEvery; none where stderr carries criu-image-streamer's lines.
 func TestProgressPlainLines(t *testing.T) {
@@ -124,7 +106,7 @@ func TestProgressPlainLines(t *testing.T) {
 		protocol bool
 		want     bool
 	}{{"checkpoint", false, true}, {"serve with -p 2", true, false}} {
-		var errOut syncBuffer
+		var errOut pipelinetest.SyncBuffer
 		cfg := newConfig(nil, nil, &errOut)
 		cfg.progress, cfg.streamerProtocol = &errOut, tc.protocol
 		var c pipeline.Counters
