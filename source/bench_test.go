@@ -40,14 +40,12 @@ func BenchmarkStreamSource(b *testing.B) {
 // restore reads a stream: served early, every file copied as it
 // completes, held in memory (no spill); key opens it.
 func benchStreamSource(b *testing.B, spec string, total int64, seal *crypt.Session, key *crypt.Key) {
-	var buf bytes.Buffer
-	out, _ := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{Seal: seal})
-	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}))
+	stream, m := benchStream(b, spec, total, pipeline.Format{Seal: seal})
 	ctx := context.Background()
 	b.SetBytes(total)
 	b.ResetTimer()
 	for range b.N {
-		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"bench"},
 			StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total, Key: key}, ServeEarly: true})
 		var wg sync.WaitGroup
 		for _, f := range m.Files {
@@ -66,7 +64,19 @@ func benchStreamSource(b *testing.B, spec string, total int64, seal *crypt.Sessi
 		src.Close()
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(buf.Len())/float64(total), "stored/raw")
+	b.ReportMetric(float64(len(stream))/float64(total), "stored/raw")
+}
+
+// benchStream captures total bytes of benchmark data as a one-shard
+// stream written in f.
+func benchStream(b *testing.B, spec string, total int64, f pipeline.Format) ([]byte, *manifest.Manifest) {
+	var buf bytes.Buffer
+	out, err := streamer.NewStreamOutputAs([]io.Writer{&buf}, f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}))
+	return buf.Bytes(), m
 }
 
 // benchArchive captures total bytes of benchmark data into an archive.
@@ -124,11 +134,9 @@ func BenchmarkArchiveSourcePipe(b *testing.B) {
 func BenchmarkStreamSourcePipe(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	for _, spec := range pipelinetest.BenchCodecs() {
-		var buf bytes.Buffer
-		out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
-		m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)}))
+		stream, m := benchStream(b, spec, total, pipeline.Format{})
 		benchIntoPipe(b, spec, total, m.Files, func() (Source, error) {
-			return NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"},
+			return NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(stream)}, []string{"bench"},
 				StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}}), nil
 		})
 	}
@@ -142,16 +150,14 @@ func BenchmarkStreamSourcePipe(b *testing.B) {
 // taken as they are) or taken as the reader's memory ("held").
 func BenchmarkStreamSourceHeld(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
-	var buf bytes.Buffer
-	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
-	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")}))
+	stream, m := benchStream(b, "none", total, pipeline.Format{})
 	ctx := context.Background()
 	for _, mode := range []string{"read", "held"} {
 		b.Run(mode, func(b *testing.B) {
 			stageCPU(b, total, false, func() {
-				var r io.Reader = bytes.NewReader(buf.Bytes())
+				var r io.Reader = bytes.NewReader(stream)
 				if mode == "held" {
-					r = &heldShard{Reader: bytes.NewReader(buf.Bytes()), b: buf.Bytes()}
+					r = &heldShard{Reader: bytes.NewReader(stream), b: stream}
 				}
 				src := NewStreamSource(ctx, []io.Reader{r}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
 				var wg sync.WaitGroup
@@ -404,11 +410,9 @@ func BenchmarkStreamSpill(b *testing.B) {
 // once before the timer. GPUCR_BENCH_SOURCE_MIB sets the size (256).
 func BenchmarkStreamCopyToFile(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
-	var buf bytes.Buffer
-	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})
-	m := pipelinetest.CaptureBench(b, total)(streamer.NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "lz4")}))
+	stream, m := benchStream(b, "lz4", total, pipeline.Format{})
 	ctx := context.Background()
-	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}})
+	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}})
 	defer src.Close()
 	if err := src.Wait(ctx); err != nil {
 		b.Fatal(err)
