@@ -241,8 +241,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	criuDone := make(chan struct{})
 	go func() {
 		defer close(criuDone)
-		rep, err = capture.Restore(cctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-			ExtraArgs: restoreNetworkLock(cctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, gate)
+		rep, err = capture.Restore(cctx, r.restoreOptions(cctx), gate)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
@@ -263,9 +262,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	var pairs []cudadriver.GPUPair
 	if cerr == nil {
 		r.res.LeftRunning = ci.LeftRunning
-		if pairs, cerr = r.o.GPUMap.For(ci.GPUs); cerr == nil {
-			cerr = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
-		}
+		pairs, cerr = r.gpuPairs(ctx, ci)
 	}
 	rstart := gate.release(cerr)
 	<-criuDone
@@ -278,10 +275,9 @@ func (r *receiver) restore(ctx context.Context) error {
 	criuSecs := time.Since(rstart).Seconds()
 	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
 	var fast []Phase
-	if err == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-		// Those that took the fast path wait, parked, for their memory.
-		if fast, err = gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs); err != nil {
-			err = fmt.Errorf("process %d restored, but its device memory is not: %w; %s", rep.PID, err, killRestored(rep.PID))
+	if err == nil {
+		if fast, err = r.deviceMemory(ctx, rep.PID, ci, cudaPIDs); err != nil {
+			err = fmt.Errorf("%w; %s", err, killRestored(rep.PID))
 			report = tcp.Report{Served: rep.Served, Error: err.Error()}
 		}
 	}
@@ -299,6 +295,36 @@ func (r *receiver) restore(ctx context.Context) error {
 	return nil
 }
 
+// restoreOptions are how CRIU restores here, from the stream or lazily.
+func (r *receiver) restoreOptions(ctx context.Context) capture.RestoreOptions {
+	return capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}
+}
+
+// gpuPairs maps the committed image's GPUs onto this host's (--gpu-map)
+// and checks that they can take it.
+func (r *receiver) gpuPairs(ctx context.Context, ci tcp.CommitInfo) ([]cudadriver.GPUPair, error) {
+	pairs, err := r.o.GPUMap.For(ci.GPUs)
+	if err == nil {
+		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
+	}
+	return pairs, err
+}
+
+// deviceMemory brings back the device memory of the restored processes
+// that took the fast path (parked, they wait for it); pid names the tree
+// in the error.
+func (r *receiver) deviceMemory(ctx context.Context, pid int, ci tcp.CommitInfo, cudaPIDs []int) ([]Phase, error) {
+	if r.o.CUDA.EffectiveMode() == gpuckpt.CUDAOff {
+		return nil, nil
+	}
+	fast, err := gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs)
+	if err != nil {
+		return nil, fmt.Errorf("process %d restored, but its device memory is not: %w", pid, err)
+	}
+	return fast, nil
+}
+
 // lazyCUDA lets CUDA processes take lazy pages too (GPUCR_LAZY_CUDA=1):
 // an experiment. It works, and does not pay on the GPU machine (the
 // driver's restore waits on the pages it reads: docs/MIGRATION.md).
@@ -314,14 +340,10 @@ var lazyCUDA = os.Getenv("GPUCR_LAZY_CUDA") == "1"
 func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 	r.res.LeftRunning = ci.LeftRunning
 	start := time.Now()
-	pairs, err := r.o.GPUMap.For(ci.GPUs)
-	if err == nil {
-		err = r.o.CUDA.CheckMap(ctx, pairs, ci.GPUs)
-	}
+	pairs, err := r.gpuPairs(ctx, ci)
 	var l *capture.LazyRestore
 	if err == nil {
-		l, err = capture.RestoreLazy(ctx, capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-			ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}, r.src)
+		l, err = capture.RestoreLazy(ctx, r.restoreOptions(ctx), r.src)
 	}
 	var cudaPIDs []int
 	var t cudadriver.Timings
@@ -330,11 +352,8 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 		// CUDA processes come back onto the GPU while the daemon hands
 		// their host memory in: the driver's restore faults in what it
 		// reads of it.
-		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, capture.RestoreReport{PID: l.PID}, nil, pairs); err == nil &&
-			r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-			if fast, err = gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs); err != nil {
-				err = fmt.Errorf("process %d restored, but its device memory is not: %w", l.PID, err)
-			}
+		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, capture.RestoreReport{PID: l.PID}, nil, pairs); err == nil {
+			fast, err = r.deviceMemory(ctx, l.PID, ci, cudaPIDs)
 		}
 		if err != nil {
 			err = fmt.Errorf("%w; %s", err, killRestored(l.PID))
