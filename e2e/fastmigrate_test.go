@@ -93,14 +93,7 @@ func (e *fastEnv) migrateArgs(pid int, r *fastReceiver, tok, name string, extra 
 func TestFastPathMigrate(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
-	tok, err := e.gcsRun(ctx, "token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokFile := filepath.Join(e.dir, "token")
-	if err := os.WriteFile(tokFile, tok, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokFile := writeToken(t, e.gcs, filepath.Join(e.dir, "token"))
 	// restoreKept restores the image migrate kept (named in its error
 	// migErr) and checks that the process runs with its memory.
 	restoreKept := func(t *testing.T, migErr error, keep string, pid int, tdir, name string) {

@@ -81,14 +81,7 @@ func TestReceiveLazyPagesUnsupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := BuildBinary(t, "./cmd/gpucr-stream")
-	tok, err := exec.CommandContext(ctx, bin, "token").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokFile, tok, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokFile := writeToken(t, bin, filepath.Join(dir, "token"))
 	out, err := exec.CommandContext(ctx, bin, "receive", "--listen", "127.0.0.1:0", "--restore", "--lazy-pages", "--criu", noUffd,
 		"--token-file", tokFile).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "criu check --feature uffd-noncoop") || strings.Contains(string(out), "socket-init") {

@@ -51,15 +51,20 @@ func newMigrateEnv(t *testing.T) *migrateEnv {
 
 func (e *migrateEnv) newToken(name string) string {
 	e.t.Helper()
-	out, err := exec.Command(e.bin, "token").Output()
+	return writeToken(e.t, e.bin, filepath.Join(e.dir, name))
+}
+
+// writeToken writes a new `gpucr-stream token` (bin) into path, 0600.
+func writeToken(t testing.TB, bin, path string) string {
+	t.Helper()
+	out, err := exec.Command(bin, "token").Output()
 	if err != nil || len(bytes.TrimSpace(out)) != 64 {
-		e.t.Fatalf("gpucr-stream token: %q %v", out, err)
+		t.Fatalf("gpucr-stream token: %q %v", out, err)
 	}
-	p := filepath.Join(e.dir, name)
-	if err := os.WriteFile(p, out, 0o600); err != nil {
-		e.t.Fatal(err)
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	return p
+	return path
 }
 
 func (e *migrateEnv) addr() string { return fmt.Sprintf("%s:%d", e.net.AddrB, e.port) }
