@@ -352,10 +352,12 @@ func TestFastPathLauncherTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ck struct {
+	// What checkpoint and restore print: their phases and CUDA processes.
+	type treeResult struct {
 		phases
 		CUDAPIDs []int `json:"cuda_pids"`
 	}
+	var ck treeResult
 	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || len(ck.CUDAPIDs) != 2 || slices.Contains(ck.CUDAPIDs, pid) {
 		t.Fatalf("checkpoint of the launcher's tree: %s (%v)", out, err)
 	}
@@ -369,10 +371,7 @@ func TestFastPathLauncherTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rs struct {
-		phases
-		CUDAPIDs []int `json:"cuda_pids"`
-	}
+	var rs treeResult
 	if err := json.Unmarshal(out, &rs); err != nil || !rs.has("vram copy in") || rs.PID != pid || len(rs.CUDAPIDs) != 2 {
 		t.Fatalf("restore of the launcher's tree: %s (%v)", out, err)
 	}
