@@ -12,7 +12,8 @@
 # "new" is what each checkpoint added to its location (ls --json new_bytes).
 # Printed as medians and ratios. Tunables as scripts/bench.sh: BENCH_MB,
 # BENCH_MIX, BENCH_ROUNDS, CRIU, GCS, MINIO; BENCH_TARGET (a prebuilt
-# e2e/target).
+# e2e/target); BENCH_CODEC (every checkpoint's --codec; the tool's default,
+# lz4, if unset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/target-proof.sh
@@ -26,6 +27,7 @@ GCS=${GCS:-bin/gpucr-stream}
 case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
 MB=${BENCH_MB:-1024}
 MIX=${BENCH_MIX:-model}
+CODEC=(${BENCH_CODEC:+--codec "$BENCH_CODEC"})
 ROUNDS=${BENCH_ROUNDS:-3}
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-dedup-XXXX")
@@ -44,6 +46,7 @@ trap cleanup EXIT
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 # BENCH_TARGET: an e2e/target built elsewhere (a machine without Go).
 TARGET_BIN=${BENCH_TARGET:-$WORK/target}
+case $TARGET_BIN in /*) ;; *) TARGET_BIN=$PWD/$TARGET_BIN ;; esac # started from its run directory
 [ -n "${BENCH_TARGET:-}" ] || CGO_ENABLED=0 go build -o "$TARGET_BIN" ./e2e/target
 
 STORES="dir"
@@ -83,7 +86,7 @@ rewrite() {
 ck() { # store metric DEST [--dedup]
 	local t0
 	t0=$(now)
-	"$GCS" checkpoint --criu "$CRIU" --leave-running --create-bucket --pid "$PID" --to "$3" "${@:4}" >"$WORK/ck.out" 2>&1 ||
+	"$GCS" checkpoint --criu "$CRIU" --leave-running --create-bucket --pid "$PID" --to "$3" "${CODEC[@]}" "${@:4}" >"$WORK/ck.out" 2>&1 ||
 		{ cat "$WORK/ck.out" >&2; exit 1; }
 	record "$1" "$2" "$(elapsed "$t0")"
 }
@@ -103,7 +106,7 @@ new_bytes() { # LOCATION NAME -> new_bytes of that checkpoint
 	"$GCS" ls --json "$1" | awk -v n="\"$2\"," '$1 == "\"name\":" {cur = $2} cur == n && $1 == "\"new_bytes\":" {gsub(",", "", $2); print $2}'
 }
 
-echo "bench-dedup: target ${MB} MiB ($MIX), ${ROUNDS} rounds, stores: $STORES; $(nproc) cores; $(date -u +%FT%TZ)" >&2
+echo "bench-dedup: target ${MB} MiB ($MIX), ${ROUNDS} rounds, stores: $STORES, codec ${BENCH_CODEC:-default}; $(nproc) cores; $(date -u +%FT%TZ)" >&2
 for r in $(seq "$ROUNDS"); do
 	for s in $STORES; do
 		echo "bench-dedup: round $r $s" >&2

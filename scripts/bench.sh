@@ -70,6 +70,7 @@ if [ ! -x "$TARGET_BIN" ] || { have go && [ -z "${BENCH_TARGET:-}" ]; }; then
 	TARGET_BIN=$WORK/e2e-target
 	CGO_ENABLED=0 go build -o "$TARGET_BIN" ./e2e/target
 fi
+case $TARGET_BIN in /*) ;; *) TARGET_BIN=$PWD/$TARGET_BIN ;; esac # started from its run directory
 
 # builds: NAME=BINARY pairs; the gcs-* variants run once per build.
 declare -A BUILD
