@@ -583,17 +583,21 @@ out:
 	return NULL;
 }
 
-/* buf_size is each pinned buffer's size, 8 MiB (GPUCR_PRELOAD_BUF_MIB to
- * measure others). Pinning is what buffers cost, on the copy in's path and
- * in a checkpoint's time: 16 threads of 2 x 32 MiB took 0.24 to 0.50 s to
- * pin on H200 hosts, of 2 x 8 MiB 0.06 to 0.07 s; the driver's cost per
- * copy (some microseconds) stays small beside the copy itself (8 MiB:
- * about 0.16 ms at 50 GB/s). */
+/* buf_size is each pinned buffer's size, 4 MiB (GPUCR_PRELOAD_BUF_MIB to
+ * measure others). Small buffers are faster twice on H200 hosts: pinning
+ * costs per byte (16 threads of 2 x 8 MiB took 0.06 s, of 2 x 4 MiB 0.03
+ * s, on the copy in's path), and a copy in's DMA reads what read() just
+ * wrote while it is still in the CPU's cache: e2e/gpu/regprobe.c moved 12
+ * GiB from a staged file at 44-47 GB/s with 4 MiB against 31-33 with 8 and
+ * 25-26 with 16; 2 MiB was no faster (41-44). The restore's copy in of
+ * 12.07 GiB took 0.30 s against 0.37-0.39 s, bound by the device now. The
+ * driver's cost per copy (some microseconds) stays small beside the copy
+ * (4 MiB: about 0.1 ms at 43 GB/s). */
 static size_t buf_size(void)
 {
 	const char *e = getenv("GPUCR_PRELOAD_BUF_MIB");
 	long v = e ? atol(e) : 0;
-	return (size_t)(v > 0 && v <= 1024 ? v : 8) << 20;
+	return (size_t)(v > 0 && v <= 1024 ? v : 4) << 20;
 }
 
 int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st)

@@ -1,13 +1,18 @@
 /*
  * regprobe: how fast can a restore's copy in move a staged VRAM file (on a
- * tmpfs of huge pages) to the device? Two ways, T threads each:
- *   read:     read() the file into two pinned buffers per thread, copy
- *             each to the device (what the library's copy in does);
+ * tmpfs of huge pages) to the device? Four ways, T threads each:
+ *   read:     read() the file into two pinned buffers per thread
+ *             (cuMemAllocHost), copy each to the device;
+ *   readthp:  the same with the library's buffers: anonymous mappings of
+ *             transparent huge pages, each registered on its own (what
+ *             the library's copy in does), pinning timed;
+ *   readone:  the same buffers carved out of one mapping registered once
+ *             by the first thread, the others waiting for it;
  *   register: map the file, cuMemHostRegister each thread's part (read
  *             only), copy from the mapping itself (no memcpy on the host).
  * Prints seconds and GB/s of each step. Built by hand on the GPU machine
  * (no CUDA headers): cc -O2 -o regprobe regprobe.c -ldl -lpthread
- * Usage: regprobe FILE GIB THREADS
+ * Usage: [REGPROBE_BUF_MIB=8] regprobe FILE GIB THREADS
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -42,7 +47,7 @@ static CUdeviceptr dev;
 static char *map;
 static size_t size, part;
 static int fd, nthreads;
-static const size_t BUF = 8 << 20;
+static size_t BUF = 8 << 20; /* REGPROBE_BUF_MIB */
 
 static double now(void)
 {
@@ -63,7 +68,26 @@ static double now(void)
 struct arg {
 	int i;
 	double t_reg, t_copy, t_unreg;
+	double end_copy; /* when its copies were done, from the run's start */
 };
+static double start;
+#define REG_READ_ONLY 8 /* CU_MEMHOSTREGISTER_READ_ONLY */
+
+enum { ALLOC_HOST, THP_EACH, THP_ONE };
+static int alloc_mode;
+static char *one;
+static pthread_mutex_t one_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *thp(size_t n)
+{
+	void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED) {
+		perror("mmap");
+		exit(1);
+	}
+	madvise(m, n, MADV_HUGEPAGE);
+	return m;
+}
 
 static void *by_read(void *p)
 {
@@ -71,11 +95,27 @@ static void *by_read(void *p)
 	CK(cuCtxSetCurrent(ctx));
 	void *buf[2];
 	CUstream st[2];
+	double tp = now();
+	if (alloc_mode == THP_ONE) {
+		pthread_mutex_lock(&one_mu);
+		if (!one) {
+			one = thp(2 * BUF * nthreads);
+			CK(cuMemHostRegister(one, 2 * BUF * nthreads, 1));
+		}
+		pthread_mutex_unlock(&one_mu);
+	}
 	for (int b = 0; b < 2; b++) {
-		CK(cuMemAllocHost(&buf[b], BUF));
+		if (alloc_mode == ALLOC_HOST)
+			CK(cuMemAllocHost(&buf[b], BUF));
+		else if (alloc_mode == THP_EACH) {
+			buf[b] = thp(BUF);
+			CK(cuMemHostRegister(buf[b], BUF, 1));
+		} else
+			buf[b] = one + (2 * a->i + b) * BUF;
 		CK(cuStreamCreate(&st[b], 1));
 	}
 	double t0 = now();
+	a->t_reg = t0 - tp;
 	size_t off = a->i * part, end = off + part;
 	int pending[2] = {0, 0}, b = 0;
 	for (; off < end; off += BUF, b ^= 1) {
@@ -91,7 +131,15 @@ static void *by_read(void *p)
 	}
 	CK(cuStreamSynchronize(st[0]));
 	CK(cuStreamSynchronize(st[1]));
-	a->t_copy = now() - t0;
+	double t1 = now();
+	a->t_copy = t1 - t0;
+	a->end_copy = t1 - start;
+	if (alloc_mode == THP_EACH)
+		for (int b = 0; b < 2; b++) {
+			CK(cuMemHostUnregister(buf[b]));
+			munmap(buf[b], BUF);
+		}
+	a->t_unreg = now() - t1;
 	return NULL;
 }
 
@@ -103,7 +151,7 @@ static void *by_register(void *p)
 	CK(cuStreamCreate(&st, 1));
 	char *base = map + a->i * part;
 	double t0 = now();
-	CK(cuMemHostRegister(base, part, 8 /* READ_ONLY */));
+	CK(cuMemHostRegister(base, part, REG_READ_ONLY));
 	double t1 = now();
 	for (size_t off = 0; off < part; off += 64 << 20) {
 		size_t n = part - off < (64 << 20) ? part - off : (64 << 20);
@@ -111,6 +159,7 @@ static void *by_register(void *p)
 	}
 	CK(cuStreamSynchronize(st));
 	double t2 = now();
+	a->end_copy = t2 - start;
 	CK(cuMemHostUnregister(base));
 	a->t_reg = t1 - t0;
 	a->t_copy = t2 - t1;
@@ -122,7 +171,8 @@ static void run(const char *what, void *(*fn)(void *))
 {
 	pthread_t t[64];
 	struct arg a[64];
-	double t0 = now();
+	double t0 = now(), done = 0;
+	start = t0;
 	for (int i = 0; i < nthreads; i++) {
 		a[i] = (struct arg){.i = i};
 		pthread_create(&t[i], NULL, fn, &a[i]);
@@ -133,10 +183,18 @@ static void run(const char *what, void *(*fn)(void *))
 		reg = a[i].t_reg > reg ? a[i].t_reg : reg;
 		copy = a[i].t_copy > copy ? a[i].t_copy : copy;
 		unreg = a[i].t_unreg > unreg ? a[i].t_unreg : unreg;
+		done = a[i].end_copy > done ? a[i].end_copy : done;
 	}
 	double all = now() - t0;
-	printf("%-9s threads %2d: all %.3f s (%.1f GB/s); slowest thread: register %.3f s, copy %.3f s (%.1f GB/s), unregister %.3f s\n",
-	       what, nthreads, all, size / all / 1e9, reg, copy, size / copy / 1e9, unreg);
+	if (one) {
+		double t1 = now();
+		CK(cuMemHostUnregister(one));
+		munmap(one, 2 * BUF * nthreads);
+		one = NULL;
+		unreg = now() - t1;
+	}
+	printf("%-9s threads %2d: all %.3f s (%.1f GB/s), every copy done at %.3f s (%.1f GB/s); slowest thread: pin/register %.3f s, copy %.3f s, unpin/unregister %.3f s\n",
+	       what, nthreads, all, size / all / 1e9, done, size / done / 1e9, reg, copy, unreg);
 }
 
 int main(int argc, char **argv)
@@ -146,6 +204,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	size = (size_t)atol(argv[2]) << 30;
+	if (getenv("REGPROBE_BUF_MIB"))
+		BUF = (size_t)atol(getenv("REGPROBE_BUF_MIB")) << 20;
 	nthreads = atoi(argv[3]);
 	part = size / nthreads;
 	void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -193,9 +253,14 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	madvise(map, size, MADV_HUGEPAGE);
-	run("read", by_read);
-	run("register", by_register);
-	run("read", by_read);
-	run("register", by_register);
+	for (int k = 0; k < 2; k++) {
+		alloc_mode = ALLOC_HOST;
+		run("read", by_read);
+		alloc_mode = THP_EACH;
+		run("readthp", by_read);
+		alloc_mode = THP_ONE;
+		run("readone", by_read);
+		run("register", by_register);
+	}
 	return 0;
 }
