@@ -260,18 +260,10 @@ func (r *receiver) restore(ctx context.Context) error {
 	}
 	ci, cerr := r.src.WaitCommitted(ctx)
 	var pairs []cudadriver.GPUPair
-	var stage *gpuckpt.Stage
 	if cerr == nil {
 		r.res.LeftRunning = ci.LeftRunning
 		pairs, cerr = r.gpuPairs(ctx, ci)
 	}
-	if cerr == nil && r.o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-		// The fast path's VRAM files are read out of what this side holds
-		// into memory while CRIU restores (gpuckpt/stage.go): the copy in
-		// then reads memory, not the stream's pipes.
-		stage, cerr = gpuckpt.StartStage(ctx, r.src, ci.CUDA, r.o.CUDA.Stage)
-	}
-	defer stage.Close()
 	rstart := gate.release(cerr)
 	<-criuDone
 	if _, commitErr := r.src.WaitCommitted(ctx); commitErr != nil {
@@ -284,7 +276,7 @@ func (r *receiver) restore(ctx context.Context) error {
 	report, cudaPIDs, t, err := finishRestore(ctx, r.o.CUDA, rep, err, pairs)
 	var fast []Phase
 	if err == nil {
-		if fast, err = r.deviceMemory(ctx, rep.PID, ci, cudaPIDs, stage); err != nil {
+		if fast, err = r.deviceMemory(ctx, rep.PID, ci, cudaPIDs); err != nil {
 			err = fmt.Errorf("%w; %s", err, killRestored(rep.PID))
 			report = tcp.Report{Served: rep.Served, Error: err.Error()}
 		}
@@ -320,13 +312,13 @@ func (r *receiver) gpuPairs(ctx context.Context, ci tcp.CommitInfo) ([]cudadrive
 }
 
 // deviceMemory brings back the device memory of the restored processes
-// that took the fast path (parked, they wait for it), from stage where it
-// holds a file (nil: none); pid names the tree in the error.
-func (r *receiver) deviceMemory(ctx context.Context, pid int, ci tcp.CommitInfo, cudaPIDs []int, stage *gpuckpt.Stage) ([]Phase, error) {
+// that took the fast path (parked, they wait for it); pid names the tree
+// in the error.
+func (r *receiver) deviceMemory(ctx context.Context, pid int, ci tcp.CommitInfo, cudaPIDs []int) ([]Phase, error) {
 	if r.o.CUDA.EffectiveMode() == gpuckpt.CUDAOff {
 		return nil, nil
 	}
-	fast, err := gpuckpt.FastRestore(ctx, r.src, stage, ci.CUDA, cudaPIDs)
+	fast, err := gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs)
 	if err != nil {
 		return nil, fmt.Errorf("process %d restored, but its device memory is not: %w", pid, err)
 	}
@@ -361,7 +353,7 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 		// their host memory in: the driver's restore faults in what it
 		// reads of it.
 		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, capture.RestoreReport{PID: l.PID}, nil, pairs); err == nil {
-			fast, err = r.deviceMemory(ctx, l.PID, ci, cudaPIDs, nil)
+			fast, err = r.deviceMemory(ctx, l.PID, ci, cudaPIDs)
 		}
 		if err != nil {
 			err = fmt.Errorf("%w; %s", err, killRestored(l.PID))

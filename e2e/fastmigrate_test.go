@@ -186,11 +186,6 @@ func TestFastPathMigrate(t *testing.T) {
 			if err := json.Unmarshal([]byte(recv.stdout.String()), &rres); err != nil || rres.PID != pid || !rres.has("vram copy in") || !rres.has("gpu restore") {
 				t.Fatalf("receive: %s (%v)", recv.stdout.String(), err)
 			}
-			// Restored from the stream, the receiver reads the VRAM files
-			// into memory while CRIU restores, every one of them.
-			if staged := rres.hasPrefix("vram staged ahead (3 of 3 files"); staged != (tc.recv == nil) {
-				t.Fatalf("receive: staged every VRAM file %v, want %v: %s", staged, tc.recv == nil, recv.stdout.String())
-			}
 			waitGone() // the source, reaped here
 			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
 			if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {

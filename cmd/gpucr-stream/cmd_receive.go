@@ -10,7 +10,7 @@ import (
 )
 
 var receiveCommand = command{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
-	[]string{"@key", "@decode", "@tcpin", "@criu", "@report", "images-dir", "listen", "restore", "lazy-pages", "cuda", "gpu-map", "stage-memory"}, runReceive}
+	[]string{"@key", "@decode", "@tcpin", "@criu", "@report", "images-dir", "listen", "restore", "lazy-pages", "cuda", "gpu-map"}, runReceive}
 
 func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {

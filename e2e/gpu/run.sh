@@ -141,7 +141,7 @@
 # One round alone: ROUNDS=nccl (or ROUNDS="nccl ncclfault") e2e/gpu/run.sh.
 #
 # A round name with a suffix (auto-2, tree-2) runs that round again; the
-# suffix -nostage (fast-nostage, migratefast-nostage) restores (receives) with --stage-memory none, and
+# suffix -nostage (fast-nostage) restores with --stage-memory none, and
 # -precopy (migratefast-precopy) migrates with --precopy on, and -dense
 # (ncclp2p-dense) restores with GPUCR_NO_SPARSE=1: CRIU is handed every
 # zero page too, as before sparse pages (capture/sparse.go), and -reaped
@@ -1053,7 +1053,6 @@ round_migrate() {
 	# X-precopy: migrate --precopy on (device memory sent ahead while the
 	# target runs; the final dump sends what changed).
 	case $ROUND in *-precopy*) mopts+=(--precopy on) ;; esac
-	case $ROUND in *-nostage*) ropts+=(--stage-memory none) ;; esac
 	# X-lazy: the receiver restores with --lazy-pages, CUDA processes
 	# included (GPUCR_LAZY_CUDA=1, an experiment).
 	local lazy_env=()
