@@ -52,7 +52,10 @@ const packRun = 8 << 20
 // DefaultLanes is how many segments an ArchiveOutput writes at once: one
 // file takes about 3.5 GB/s of buffered writes (tmpfs, ext4, xfs), less
 // than a GPU's copy out, while writes into several files scale with cores.
-func DefaultLanes() int { return min(runtime.GOMAXPROCS(0), 8) }
+// Up to 16: with 8 on a 16-core H200 host the writes bound a fast-path
+// checkpoint's store of 13 GB beside CRIU's dump (1.04-1.13 s; 0.89-1.05 s
+// with 16, docs/BENCHMARKS.md).
+func DefaultLanes() int { return min(runtime.GOMAXPROCS(0), 16) }
 
 // DefaultSegmentSize keeps segments large enough that per-object overhead
 // does not matter and small enough for parallel transfers.
