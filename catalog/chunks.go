@@ -54,6 +54,10 @@ const RepackShare = 0.5
 // repackSize is the size of the packs repacking writes.
 const repackSize = 256 << 20
 
+// gcLocked, when set (by a test), is called once a GCChunks holds the
+// location with no capture in flight, before it reads what is live.
+var gcLocked func()
+
 // GCChunks removes the packs of st's chunk store that no checkpoint's
 // chunks lie in and that are older than age, repacks those older than age
 // whose live frames fill less than repackBelow of them (0: RepackShare;
@@ -89,6 +93,9 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	if n := len(lock.Others[chunkstore.LockCapture]) + len(lock.Others[chunkstore.LockGC]); n > 0 {
 		res.Skipped = fmt.Sprintf("%d capture or gc lock(s) held in %s (%v); nothing removed", n, chunkstore.LockPrefix, append(lock.Others[chunkstore.LockCapture], lock.Others[chunkstore.LockGC]...))
 		return res, nil
+	}
+	if gcLocked != nil {
+		gcLocked()
 	}
 	// The listing again, now that no capture can start sharing: packs
 	// written before the lock are all in it.
