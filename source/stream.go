@@ -841,15 +841,14 @@ func (s *StreamSource) file(ctx context.Context, name string, arriving bool) (*s
 	var f *streamFile
 	err := s.wait(ctx, func() bool {
 		f = s.complete[name]
-		if f == nil && arriving && s.early {
-			for _, p := range s.pending {
-				if p.name == name && p.arrivedLocked() && (f == nil || p.id > f.id) {
-					f = p
-				}
+		if f == nil && s.early {
+			arrived, pending := s.pendingLocked(name)
+			if arriving {
+				f = arrived
 			}
-		}
-		if f == nil && s.early && s.lateShards == s.shards && !s.pendingLocked(name) {
-			return true // announced nowhere, and no more files come
+			if !pending && s.lateShards == s.shards {
+				return true // announced nowhere, and no more files come
+			}
 		}
 		return (f != nil && s.early) || s.ended
 	})
@@ -862,14 +861,20 @@ func (s *StreamSource) file(ctx context.Context, name string, arriving bool) (*s
 	return f, nil
 }
 
-// pendingLocked says a file of that name is still arriving.
-func (s *StreamSource) pendingLocked(name string) bool {
+// pendingLocked says whether a file of that name is still arriving, and
+// which of them, the latest opened, may be served as it arrives
+// (arrivedLocked; nil: none).
+func (s *StreamSource) pendingLocked(name string) (arrived *streamFile, pending bool) {
 	for _, p := range s.pending {
-		if p.name == name {
-			return true
+		if p.name != name {
+			continue
+		}
+		pending = true
+		if p.arrivedLocked() && (arrived == nil || p.id > arrived.id) {
+			arrived = p
 		}
 	}
-	return false
+	return arrived, pending
 }
 
 // Files implements Source.
