@@ -65,6 +65,19 @@
 #              receive --restore on 127.0.0.1:PORT, gpucr-stream migrate
 #              --to tcp://127.0.0.1:PORT; the process comes back with its PID
 #              (same PID namespace); the downtime is what counts
+#   infer, inferfast, inferfastcache
+#              an inference-shaped target (e2e/gpu/infer_target.py): GIB_WEIGHTS
+#              GiB of bf16 weights, a KV cache of torch.zeros filling
+#              KV_FRACTION of the memory left (KV_GIB GiB instead, if set), of
+#              which KV_WRITTEN_PCT percent of the blocks written by
+#              "requests", and CUDA graphs. infer: the auto round (the
+#              driver's checkpoint alone); inferfast: the fast round;
+#              inferfastcache: the fast round with the KV cache marked as a
+#              cache (gpucr_mark_cache), which must come back as zeros.
+#              Every checkpoint is watched for the host memory it takes
+#              (e2e/gpu/memwatch.py: the peak over the start, less what the
+#              archive's file system gained); the target proves its weights,
+#              its written blocks and zeros everywhere else
 #   migratefast
 #              the migrate round on the GPU fast path: the target runs under
 #              gpucr-stream run; the VRAM files go in the migration stream
@@ -185,7 +198,9 @@
 # sleeps between its all_reduce steps, 0: back to back), DEDUP_TMPFS (dedup rounds: the
 # tmpfs that holds a location, /dev/shm), REWRITE_PCT (dedupfast: share of
 # the tensor bytes rewritten between the checkpoints, 10), REPLICAS
-# (dedupreplicas: targets, 4).
+# (dedupreplicas: targets, 4), KV_FRACTION (infer rounds: share of the free
+# device memory the KV cache takes, 0.9), KV_WRITTEN_PCT (infer rounds: 5),
+# KV_GIB (infer rounds: the KV cache's size in GiB instead of KV_FRACTION).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -210,6 +225,10 @@ PLACED1=
 DEDUP_TMPFS=${DEDUP_TMPFS:-/dev/shm}
 REWRITE_PCT=${REWRITE_PCT:-10}
 REPLICAS=${REPLICAS:-4}
+KV_FRACTION=${KV_FRACTION:-0.9}
+KV_WRITTEN_PCT=${KV_WRITTEN_PCT:-5}
+KV_GIB=${KV_GIB:-}
+PROOF_KV=
 HOG_PID=
 TCHILDREN=0
 RECV_SPILL_DIR=${RECV_SPILL_DIR:-}
@@ -258,7 +277,7 @@ read -r _ MY_PGID MY_SID <<<"$(proc_ids $$)"
 
 # is_target PID: the pid runs torch_target.py (a pid that was reused, or a
 # zombie, is not ours to kill).
-is_target() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "torch_target\.py\|nccl_pair\.py"; }
+is_target() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q "torch_target\.py\|nccl_pair\.py\|infer_target\.py"; }
 
 # tree_pids: the target (TPID) and the children listed in TDIR.
 tree_pids() {
@@ -354,6 +373,13 @@ for r in rows:
         print("          dedup (%s): first %.2fs, %.2f GiB new; %.1f%% of the tensor bytes rewritten; second %.2fs, %.3f GiB new = %.1f%% of the first's (issue 22: at most 12%%, 1.0s into tmpfs, 2.0s onto disk); restores %.2fs, %.2fs" % (
             d["location"], d["first_seconds"], d["first_new_bytes"] / 2**30, 100 * d["rewrite_share"], d["second_seconds"],
             d["second_new_bytes"] / 2**30, 100 * d["second_share"], d["first_restore_seconds"], d["second_restore_seconds"]))
+    mw = r.get("memwatch") or {}
+    if mw:
+        wb = r.get("written_bytes", 0)
+        print("          host memory: peak +%.2f GiB, +%.2f GiB less the archive's file system%s" % (
+            mw.get("peak_used_delta", 0) / 2**30, mw.get("peak_used_less_dest_delta", 0) / 2**30,
+            (" = %.2fx the written %.2f GiB; stored %.2fx the written" % (mw.get("peak_used_less_dest_delta", 0) / wb, wb / 2**30,
+             r.get("stored_bytes", 0) / wb)) if wb else ""))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -454,7 +480,7 @@ start_target() {
 	[ "$TCHILDREN" -gt 0 ] && kids=(--children "$TCHILDREN" --child-mib "$TREE_CHILD_MIB")
 	# Fast rounds: the target runs with libgpucr-preload.
 	case ${1%%-*} in
-	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas | fastexit | devhash) pre=(env "$GCS" run --) ;;
+	fast | fastleave | fasttree | fastsuspend | fastfault | migratefast | remapfast | spanfast | spanswapfast | dedupfast | dedupreplicas | fastexit | devhash | inferfast | inferfastcache) pre=(env "$GCS" run --) ;;
 	fastexp) pre=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GCS" run --) ;;
 	ncclfast | ncclfastswap) pre=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$GCS" run --) ;;
 	ncclp2p | ncclp2pswap | ncclp2pmigrate | ncclp2pfault | ncclp2ptp) pre=(env "$GCS" run --) ;;
@@ -469,6 +495,11 @@ start_target() {
 		# X-launched: torchrun's layout, a launcher holding no GPU with both
 		# ranks as its children (rank 1 child 0, rank 0 child 1).
 		case $1 in *-launched*) args+=(--launch) TCHILDREN=2 ;; esac
+		;;
+	infer | inferfast | inferfastcache)
+		script=infer_target.py args=(--device "$DEVICE" --gib-weights "$GIB_WEIGHTS" --side "$SIDE"
+			--kv-fraction "$KV_FRACTION" --kv-written-pct "$KV_WRITTEN_PCT" ${KV_GIB:+--kv-gib "$KV_GIB"})
+		[ "${1%%-*}" = inferfastcache ] && args+=(--cache-marked)
 		;;
 	esac
 	t0=$(now)
@@ -559,6 +590,8 @@ p = json.load(open(sys.argv[1]))
 want = int(sys.argv[2])
 ok = p["checksums_ok"] and p["matmul_ok"] and not p["error"]
 d = {k: p[k] for k in ("tensors", "tensor_bytes", "mismatched", "error", "verify_seconds")}
+if "kv" in p:
+    d["kv"] = p["kv"]
 kids = p.get("children", [])
 if want or kids:
     # pid:counter:ok of every child
@@ -570,6 +603,7 @@ if want or kids:
 print("%s %d %s" % ("ok" if ok else "BAD", p["counter"], json.dumps(d)))
 ' "$TDIR/proof.json" "$TCHILDREN")
 	COUNTER=$(echo "$verdict" | awk '{print $2}')
+	PROOF_KV=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("kv", ""))' "$TDIR/proof.json")
 	log "proof $label ($(since "$t0")s): $verdict"
 	[ "${verdict%% *}" = ok ]
 }
@@ -726,10 +760,29 @@ round_gcs() {
 	co=$(round_criu_opts)
 	[ -n "$co" ] && extra+=(--criu-opts "$co")
 	case $ROUND in *fast* | ncclp2p*) extra+=(${VRAM_KEEP_DIR:+--vram-keep-dir "$VRAM_KEEP_DIR"} ${VRAM_FILES:+--vram-files "$VRAM_FILES"}) ;; esac
+	# The host memory the checkpoint takes, less what the archive's file
+	# system gains (memwatch.py).
+	local mw=$WORK/logs/$ROUND-memwatch.json mwpid
+	rm -f "$mw"
+	"$PY" "$ROOT/e2e/gpu/memwatch.py" --out "$mw" --dest "$WORK" &
+	mwpid=$!
 	t0=$(now)
-	if ! "$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
-		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"; then
-		log "$ROUND: checkpoint failed: $(tail -c 3000 "$WORK/logs/$ROUND-checkpoint.err")"
+	"$GCS" checkpoint --pid "$TPID" --to "$ar" --codec "$codec" --work-dir "$WORK/w" --criu "$CRIU" \
+		--json "${extra[@]}" >"$WORK/logs/$ROUND-checkpoint.json" 2>"$WORK/logs/$ROUND-checkpoint.err"
+	local ckrc=$?
+	kill -TERM "$mwpid" 2>/dev/null
+	wait "$mwpid" 2>/dev/null
+	[ -s "$mw" ] && log "$ROUND: host memory during the checkpoint: $(cat "$mw")"
+	if [ $ckrc -ne 0 ]; then
+		log "$ROUND: checkpoint failed (exit $ckrc): $(tail -c 3000 "$WORK/logs/$ROUND-checkpoint.err")"
+		emit "$(python3 -c '
+import json, sys
+try:
+    mw = json.load(open(sys.argv[3]))
+except (OSError, ValueError):
+    mw = {}
+print(json.dumps({"round": sys.argv[1], "ok": False, "note": "checkpoint failed: " + open(sys.argv[2]).read()[-400:], "memwatch": mw}))
+' "$ROUND" "$WORK/logs/$ROUND-checkpoint.err" "$mw")"
 		DUMP_FAILED=1
 		keep_log "$WORK/w/img/dump.log" "$WORK/logs/$ROUND-dump.log"
 		crit_errors "$WORK/w/img/dump.log"
@@ -851,6 +904,15 @@ round_gcs() {
 			local c1=$COUNTER
 			prove again && [ "$COUNTER" -gt "$c1" ] && ok=true
 		fi
+		local want_kv=
+		case ${ROUND%%-*} in
+		inferfastcache) want_kv=dropped ;;
+		infer*) want_kv=intact ;;
+		esac
+		if [ -n "$want_kv" ] && [ "$PROOF_KV" != "$want_kv" ]; then
+			ok=false
+			note="${note:+$note; }KV cache after the restore: ${PROOF_KV:-?}, want $want_kv"
+		fi
 		if two_gpu "$ROUND" && ! check_placement "$ROUND: after restore" "$PLACED" "$(gpu_mem "$TPID")"; then
 			ok=false
 			note="${note:+$note; }GPU memory not where the map puts it"
@@ -869,6 +931,12 @@ round_gcs() {
 import json, sys
 rnd, codec, ok, stored, note, tpull = sys.argv[1:6] + sys.argv[8:9]
 ncuda, children = int(sys.argv[9]), int(sys.argv[10])
+def load(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return {}
+mw, tinfo = load(sys.argv[11]), load(sys.argv[12]).get("info", {})
 ck = json.load(open(sys.argv[6]))
 rs = json.loads(sys.argv[7])
 ph = {p["name"]: p["seconds"] for p in ck.get("phases", [])}
@@ -885,8 +953,10 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
   "checkpoint_total": ck.get("total_seconds", 0), "restore_total": rs.get("total_seconds", 0),
   "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
   "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0),
-  "vram_detail": {k: v for d in (ph, rp) for k, v in d.items() if k.startswith(("vram copy out:", "vram copy in:", "vram stage"))}}))
-' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN")"
+  "vram_detail": {k: v for d in (ph, rp) for k, v in d.items() if k.startswith(("vram copy out:", "vram copy in:", "vram stage"))},
+  "memwatch": mw, "written_bytes": tinfo.get("written_bytes", 0), "weights_bytes": tinfo.get("weights_bytes", 0),
+  "kv_bytes": tinfo.get("kv_bytes", 0)}))
+' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN" "$mw" "$TDIR/checksums.json")"
 	rm -rf "$ar"
 	$ok
 }
@@ -1715,6 +1785,8 @@ while [ $# -gt 0 ]; do
 	tree) round_gcs auto ;;
 	migrate) round_migrate ;;
 	migratefast) round_migrate fast ;;
+	infer) round_gcs auto ;;
+	inferfast | inferfastcache) round_gcs "$FAST_CODEC" ;;
 	*) round_gcs "$base" ;;
 	esac
 	rc=$?
