@@ -188,11 +188,52 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
 	return r;
 }
 
+/* own_ctx: the context of our allocation at va, or NULL where va is not
+ * one of ours. */
+static CUcontext own_ctx(CUdeviceptr va)
+{
+	CUcontext c = NULL;
+	pthread_mutex_lock(&tab_mu);
+	for (int i = 0; i < no; i++)
+		if (os_[i].live && os_[i].va == va) {
+			c = ms[os_[i].m].ctx;
+			if (!c)
+				c = cur_ctx();
+			break;
+		}
+	pthread_mutex_unlock(&tab_mu);
+	return c;
+}
+
+/* wait_idle waits until nothing queued in context c runs. cudaFree and
+ * cuMemFree wait for the device before they free, and PyTorch's caching
+ * allocator counts on it: a block it hands back to the driver may still be
+ * read or written by kernels queued before. cuMemUnmap does not wait, so our
+ * cuMemFree waits first: without it, a process filling the device (PyTorch
+ * releasing its cache to retry an allocation) faulted on an H200 (Xid 31,
+ * FAULT_PDE, a kernel writing to an address just unmapped). Outside tab_mu:
+ * a kernel may wait on a host function that allocates. */
+static void wait_idle(CUcontext c)
+{
+	CUcontext prev = NULL;
+	if (!c || !r_CtxSynchronize)
+		return;
+	if (r_CtxGetCurrent && r_CtxSetCurrent && r_CtxGetCurrent(&prev) == CUDA_SUCCESS && prev != c) {
+		if (r_CtxSetCurrent(c) == CUDA_SUCCESS) {
+			r_CtxSynchronize();
+			r_CtxSetCurrent(prev);
+		}
+		return;
+	}
+	r_CtxSynchronize();
+}
+
 CUresult cuMemFree_v2(CUdeviceptr va)
 {
 	if (!ensure_cuda() || !r_MemFree)
 		return CUDA_ERROR_NOT_FOUND;
 	gate_enter();
+	wait_idle(own_ctx(va));
 	pthread_mutex_lock(&tab_mu);
 	int oi = -1;
 	for (int i = 0; i < no; i++)

@@ -7,8 +7,10 @@ fills most of the memory left, of which a few requests wrote a small part.
 
   * weights: bfloat16 matrices drawn as trained weights look, --gib-weights
     GiB in --side x --side layers (as torch_target.py);
-  * KV cache: --kv-layers tensors of shape [2, blocks, block elements]
-    (K and V, vLLM's layout per layer), bf16, torch.zeros, together
+  * KV cache: a K and a V tensor of shape [blocks, block elements] for each
+    of --kv-layers layers (vLLM keeps both in one [2, blocks, ...] tensor a
+    layer; two keep every tensor under 2^31 elements, which PyTorch's
+    index kernels need), bf16, torch.zeros, together
     --kv-fraction of the device memory free once the weights, the checksum
     scratch and the graphs are in place;
   * requests: runs of consecutive blocks at random places (vLLM hands a
@@ -63,9 +65,9 @@ class KVCache:
         self.dev = dev
         self.blocks = blocks
         self.block_elems = block_elems
-        # [2 * blocks, block_elems]: K rows first, then V rows.
-        self.layers = [torch.zeros((2 * blocks, block_elems), device=dev, dtype=torch.bfloat16) for _ in range(layers)]
-        self.rows = None  # int64 tensor of written rows (K and V)
+        # K and V of each layer: [blocks, block_elems] each.
+        self.layers = [torch.zeros((blocks, block_elems), device=dev, dtype=torch.bfloat16) for _ in range(2 * layers)]
+        self.rows = None  # int64 tensor of the written blocks' rows
         self.runs = []  # (first block, blocks) of each request
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers)
 
@@ -87,7 +89,7 @@ class KVCache:
             self.runs.append((first, n))
             done += n
         blocks = [b for first, n in self.runs for b in range(first, first + n)]
-        rows = torch.tensor(blocks + [self.blocks + b for b in blocks], device=self.dev, dtype=torch.int64)
+        rows = torch.tensor(blocks, device=self.dev, dtype=torch.int64)
         self.rows = rows
         g = torch.Generator(device=self.dev)
         for i, t in enumerate(self.layers):
@@ -98,7 +100,7 @@ class KVCache:
         return done
 
     def written_bytes(self):
-        return 0 if self.rows is None else self.rows.numel() * self.block_elems * 2 * len(self.layers)
+        return 0 if self.rows is None else self.rows.numel() * self.block_elems * 2 * len(self.layers)  # bf16
 
     def sums(self, cs):
         """(checksum, non-zero count) of the written rows of every layer, and
@@ -122,7 +124,7 @@ def main():
     p.add_argument("--kv-written-pct", type=float, default=5.0, help="percent of the KV blocks the requests write")
     p.add_argument("--kv-layers", type=int, default=32)
     p.add_argument("--kv-block-kib", type=int, default=32, help="one block's K (or V) rows of one layer, KiB (16 tokens x 8 heads x 128 x bf16)")
-    p.add_argument("--kv-max-run", type=int, default=256, help="most blocks one request holds")
+    p.add_argument("--kv-max-run", type=int, default=128, help="most blocks one request holds (128: 2048 tokens)")
     p.add_argument("--kv-gib", type=float, default=0, help="KV cache size in GiB instead of --kv-fraction (CPU testing)")
     p.add_argument("--graphs", type=int, default=2)
     p.add_argument("--cache-marked", action="store_true", help="mark the KV cache as a cache (gpucr_mark_cache)")

@@ -7,7 +7,10 @@
  * the calling thread; a module's only function is devhash's kernel, on the
  * host (devhash.h; GPUCR_FAKE_DEVHASH_WRONG=1 makes it answer a wrong hash
  * for every block at the start of a mapping, as a broken kernel would). cuMemGetInfo reports the physical bytes alive, so
- * tests can see that a release frees "device memory".
+ * tests can see that a release frees "device memory". A kernel counts as
+ * queued on its thread until the next synchronize: cuMemUnmap on a thread
+ * with work queued fails with CUDA_ERROR_ILLEGAL_ADDRESS (700), as the real
+ * device faults when a queued kernel reaches memory unmapped under it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -49,7 +52,16 @@ static __thread void *cur;
 CUresult cuCtxSetCurrent(void *c) { cur = c; return OK; }
 CUresult cuCtxGetCurrent(void **c) { *c = cur; return OK; }
 CUresult cuCtxGetDevice(int *d) { if (!cur) return 201; *d = (int)((uintptr_t)cur - 0x1000); return OK; }
-CUresult cuCtxSynchronize(void) { return locked("cuCtxSynchronize") ? LOCKED : OK; }
+static atomic_llong syncs;             /* synchronizes so far */
+static __thread long long queued = -1; /* syncs when this thread last launched */
+static void synced(void) { atomic_fetch_add(&syncs, 1); }
+CUresult cuCtxSynchronize(void)
+{
+	if (locked("cuCtxSynchronize"))
+		return LOCKED;
+	synced();
+	return OK;
+}
 CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) { *tot = TOTAL; *fr = TOTAL - atomic_load(&phys); return OK; }
 CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int opt) { (void)prop; *g = opt ? 2 << 20 : 64 << 10; return OK; }
 
@@ -149,6 +161,10 @@ CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
 }
 CUresult cuMemUnmap(U va, size_t size)
 {
+	if (queued >= 0 && queued == atomic_load(&syncs)) {
+		fprintf(stderr, "fake cuda: cuMemUnmap(0x%llx) with a kernel of this thread still queued\n", va);
+		return 700;
+	}
 	void *p = mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 	return p == MAP_FAILED ? BAD : OK;
 }
@@ -178,7 +194,7 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) { (void)p; (void)n;
 CUresult cuMemHostUnregister(void *p) { (void)p; return OK; }
 CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
-CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
+CUresult cuStreamSynchronize(void *s) { (void)s; synced(); return OK; }
 CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st) { (void)st; if (locked("cuMemcpyDtoHAsync")) return LOCKED; memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st; if (locked("cuMemcpyHtoDAsync")) return LOCKED; memcpy((void *)d, s, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
@@ -199,6 +215,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 {
 	(void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shm; (void)st; (void)extra;
 	((void (*)(void **))f)(params);
+	queued = atomic_load(&syncs);
 	return OK;
 }
 

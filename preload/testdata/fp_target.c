@@ -162,6 +162,11 @@ static void allocate(int dev)
 	CK(pAlloc(&a, (3 << 20) + 5), "cuMemAlloc");
 	rs[nrs++] = (struct region){"alloc", a, (3 << 20) + 5, -1};
 	CK(pAlloc(&gone, 1 << 20), "cuMemAlloc 2");
+	/* A kernel still queued when the program frees: cuMemFree must wait for
+	 * it, as the driver's does (the fake faults otherwise). */
+	U in_gone = gone;
+	void *params[1] = {&in_gone};
+	CK(pLaunch((void *)kernel, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), "launch before cuMemFree");
 	CK(pFree(gone), "cuMemFree");
 	CK(pAllocPitch(&p, &pitch, 1000, 300, 4), "cuMemAllocPitch");
 	rs[nrs++] = (struct region){"pitch", p, pitch * 300, -1};
