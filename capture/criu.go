@@ -2,7 +2,6 @@ package capture
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -109,6 +108,23 @@ func (c *committer) wait() bool {
 	return err == nil && strings.TrimSpace(line) == "post-dump"
 }
 
+// commit runs fn, which must return soon once ctx ends, and answers the
+// script with its result; when ctx ends first, it answers with that at
+// once, so that CRIU resumes the process now, and then waits for fn. It
+// returns whether the answer was ctx's end, and fn's error.
+func (c *committer) commit(ctx context.Context, fn func() error) (cut bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err = <-done:
+		c.answer(err)
+		return false, err
+	case <-ctx.Done():
+		c.answer(context.Cause(ctx))
+		return true, <-done
+	}
+}
+
 func (c *committer) answer(err error) {
 	msg := "ok"
 	if err != nil {
@@ -200,7 +216,11 @@ func finishWorkDir(err error, dir string, temporary bool, cleanup func()) error 
 
 // Dump runs `criu dump --stream` against an in-process intake feeding c,
 // with the post-dump action wired to BeforeKill. It returns after CRIU
-// exits; CRIU's exit code decides success.
+// exits; CRIU's exit code decides success. When ctx ends first, the dump
+// fails rather than CRIU being killed: the intake closes CRIU's pipes and
+// the post-dump action fails, so CRIU cures and resumes the process
+// (runCRIU); the error wraps errdefs.ErrInterrupted and says what became
+// of the process.
 func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpReport, err error) {
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
@@ -219,6 +239,7 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 	}
 	// Answer the post-dump action.
 	var commitErr error
+	var cut bool // answered with ctx's end while the commit ran
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -227,21 +248,25 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 			return
 		}
 		start := time.Now()
-		res, err := in.Drained(ctx)
-		if err == nil && o.BeforeKill != nil {
-			err = o.BeforeKill(ctx, res)
-		}
+		cut, commitErr = cm.commit(ctx, func() error {
+			res, err := in.Drained(ctx)
+			if err == nil && o.BeforeKill != nil {
+				err = o.BeforeKill(ctx, res)
+			}
+			return err
+		})
 		rep.Commit = time.Since(start)
-		commitErr = err
-		cm.answer(err)
 	}()
 	args := []string{"dump", "--stream", "-D", images, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
 		"--action-script", cm.script()}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
-	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
-	rep.CRIU = took
+	var out string
+	criuErr := context.Cause(ctx)
+	if criuErr == nil { // not interrupted before it started
+		out, rep.CRIU, criuErr = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+	}
 	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
 	// CRIU's broken pipe, is what the user must hear.
 	pipeErr := c.Err()
@@ -254,6 +279,8 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 	wg.Wait()
 	rep.DumpResult = res
 	switch {
+	case ctx.Err() != nil && (criuErr != nil || cut):
+		return rep, interruptedDump(ctx, o.PID, criuErr, cut && commitErr == nil)
 	case commitErr != nil:
 		return rep, fmt.Errorf("commit checkpoint (criu resumed the process): %w", commitErr)
 	case criuErr != nil && pipeErr != nil:
@@ -269,6 +296,23 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		return rep, errors.New("criu dump ended without sending inventory.img")
 	}
 	return rep, nil
+}
+
+// interruptedDump says what a dump that ctx's end stopped left: how CRIU
+// ended, whether the checkpoint was committed all the same, and the state
+// of the process.
+func interruptedDump(ctx context.Context, pid int, criuErr error, committed bool) error {
+	what := "criu stopped the dump"
+	switch {
+	case errors.Is(criuErr, errCRIUKilled):
+		what = fmt.Sprintf("criu was killed in the middle of the dump (%v)", criuErr)
+	case errors.Is(criuErr, context.Cause(ctx)):
+		what = "criu was not started"
+	}
+	if committed {
+		what += "; the checkpoint was committed just before, and criu resumed the process all the same"
+	}
+	return interrupted(ctx, "%s; %s", what, treeState(pid))
 }
 
 // RestoreOptions configure one `criu restore --stream` run.
@@ -327,7 +371,7 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	case <-ctx.Done():
 	}
 	args := []string{"restore", "--stream", "-D", images, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
-	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
+	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
 	rep.CRIU = took
 	if criuErr != nil {
 		cancel() // stop serving: CRIU is gone
@@ -366,16 +410,6 @@ func readPID(pidfile string) int {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	return pid
-}
-
-// runCRIU runs criu, its output kept for the error message.
-func runCRIU(ctx context.Context, criu string, args []string) (out string, took time.Duration, err error) {
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, criu, args...)
-	var b bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &b, &b
-	err = cmd.Run()
-	return b.String(), time.Since(start), err
 }
 
 // needsShellJob recognises CRIU's complaints about a process attached to a

@@ -65,7 +65,7 @@ var testKillLazyDaemon = os.Getenv("GPUCR_TEST_FAULT") == "lazy-pages"
 // kernel's userfaultfd, with the events a tree that forks needs): a
 // receiver asks before a sender stops its process for it.
 func CheckLazyPages(ctx context.Context, criu string) error {
-	out, _, err := runCRIU(ctx, criu, []string{"check", "--feature", "uffd-noncoop"})
+	out, _, err := runCRIU(ctx, criu, []string{"check", "--feature", "uffd-noncoop"}, Hooks{})
 	if err != nil {
 		return fmt.Errorf("lazy pages: criu check --feature uffd-noncoop: %w: %s", err, strings.TrimSpace(out))
 	}
@@ -120,7 +120,7 @@ func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *L
 	pidfile := filepath.Join(dir, "restored.pid")
 	args := []string{"restore", "-D", l.images.Path, "-W", work, "--lazy-pages", "--restore-detached", "--pidfile", pidfile,
 		"-o", "restore.log", "-v4"}
-	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...))
+	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
 	l.CRIU = took
 	l.PID = readPID(pidfile)
 	if criuErr != nil {

@@ -125,8 +125,8 @@ func (c countingReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func newSession(ctx context.Context, wantProducers int) (*session, context.Context) {
-	ctx, cancel := context.WithCancelCause(ctx)
+func newSession(parent context.Context, wantProducers int) (*session, context.Context) {
+	ctx, cancel := context.WithCancelCause(parent)
 	s := &session{pipes: map[*os.File]struct{}{}, conns: map[*net.UnixConn]connKind{}, fail: cancel,
 		want: wantProducers, ended: make(chan struct{}), changed: make(chan struct{})}
 	// On failure close everything CRIU and the producers hold the other end
@@ -135,6 +135,11 @@ func newSession(ctx context.Context, wantProducers int) (*session, context.Conte
 	context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if s.err == nil && parent.Err() != nil {
+			// Interrupted: that is the session's error, not the closed
+			// pipes that follow from it.
+			s.err = context.Cause(parent)
+		}
 		for c := range s.conns {
 			c.Close()
 		}

@@ -213,7 +213,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	m, rep, err := dump(ctx, c, meta, capture.DumpOptions{
 		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
-		ExtraArgs: o.CRIU.Args, Producers: o.Producers,
+		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log},
 	}, cc)
 	done()
 	if err != nil {
@@ -264,7 +264,9 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 	var closed bool
 	var storeErr error
 	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
-		vram.PauseForTest("post-dump")
+		if err := vram.PauseForTest(ctx, "post-dump"); err != nil {
+			return err
+		}
 		if storeErr = cc.FastWait(ctx); storeErr != nil {
 			return storeErr
 		}

@@ -23,6 +23,10 @@ var (
 	// (a --gpu-map that does not fit the checkpoint's GPUs, a destination
 	// that cannot be written); the command exits 2 for it.
 	ErrUsage = errors.New("bad usage")
+	// ErrInterrupted: the user stopped the command (SIGINT, SIGTERM); the
+	// command exits 130 for it. Messages that wrap it say what became of
+	// the work, and of the process where one was being checkpointed.
+	ErrInterrupted = errors.New("interrupted")
 )
 
 // Usagef is an error wrapping ErrUsage whose message is the formatted text

@@ -60,11 +60,31 @@ func Dead(pids []int) []int {
 	return dead
 }
 
-// isDead reads the state field of /proc/PID/stat: zombie or dead. The
-// command name before it may hold spaces and parentheses.
+// isDead reads the state field of /proc/PID/stat: zombie or dead.
 func isDead(stat string) bool {
+	st := stateOf(stat)
+	return st == 'Z' || st == 'X'
+}
+
+// stateOf is the state field of a /proc/PID/stat line (0 if there is
+// none). The command name before it may hold spaces and parentheses.
+func stateOf(stat string) byte {
 	i := strings.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
+	if i < 0 || i+2 >= len(stat) {
+		return 0
+	}
+	return stat[i+2]
+}
+
+// State is pid's state as /proc/PID/stat gives it: 'R' running, 'S' or
+// 'D' sleeping, 'T' stopped, 't' stopped by a tracer, 'Z' a zombie; 0
+// when pid is gone.
+func State(pid int) byte {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	return stateOf(string(b))
 }
 
 // Space names this PID namespace on this boot: two processes that print

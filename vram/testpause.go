@@ -1,6 +1,7 @@
 package vram
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
@@ -17,23 +18,23 @@ import (
 // frozen, nothing committed; PauseForTest from checkpoint).
 // While a pause is asked for, the store never ends (testHoldStore): every
 // step is then one where gpucr-stream dies with VRAM files in flight.
-func testPause(step string) { PauseForTest(step) }
+func testPause(step string) { PauseForTest(context.Background(), step) }
 
 // PauseForTest is testPause for the steps other packages reach (the
 // checkpoint's post-dump); it does nothing unless GPUCR_TEST_PAUSE names
-// step.
-func PauseForTest(step string) {
+// step. There it returns only when ctx ends, with its cause: an
+// interrupted checkpoint gets past it.
+func PauseForTest(ctx context.Context, step string) error {
 	v := os.Getenv("GPUCR_TEST_PAUSE")
 	at, file, ok := strings.Cut(v, ":")
 	if !ok || at != step {
-		return
+		return nil
 	}
 	if err := os.WriteFile(file, []byte(step+"\n"), 0o600); err != nil {
-		return
+		return nil
 	}
-	for {
-		time.Sleep(time.Hour)
-	}
+	<-ctx.Done()
+	return context.Cause(ctx)
 }
 
 // testHoldStore blocks a store goroutine for good while GPUCR_TEST_PAUSE

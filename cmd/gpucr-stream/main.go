@@ -17,7 +17,10 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -54,7 +57,7 @@ func exitCode(err error, interrupted bool) int {
 		return exitCorrupt
 	case errors.Is(err, errdefs.ErrNotFound):
 		return exitNotFound
-	case interrupted || errors.Is(err, context.Canceled):
+	case interrupted || errors.Is(err, errdefs.ErrInterrupted) || errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}
 	return exitFailure
@@ -88,7 +91,7 @@ func commandOf(args []string) string {
 	return "none"
 }
 func realMain() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext()
 	// A reader of stdout that goes away (capture | head) must fail the
 	// write with EPIPE, not kill the process: the error path resumes the
 	// dumped process and removes the work dir. Handled, not ignored, so
@@ -98,7 +101,12 @@ func realMain() int {
 	interrupted := ctx.Err() != nil
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpucr-stream: %v\n", err)
+		msg := err.Error()
+		if interrupted {
+			// What stopped at the interrupt says "context canceled".
+			msg = strings.ReplaceAll(msg, context.Canceled.Error(), context.Cause(ctx).Error())
+		}
+		fmt.Fprintf(os.Stderr, "gpucr-stream: %s\n", msg)
 		if isUsage(err) {
 			help := "gpucr-stream --help"
 			var ce commandError
@@ -109,6 +117,31 @@ func realMain() int {
 		}
 	}
 	return exitCode(err, interrupted)
+}
+
+// interruptContext is a context that SIGINT or SIGTERM ends, its cause
+// errdefs.ErrInterrupted naming the signal. Later signals are taken and
+// ignored until stop: the work winds down (CRIU resumes a process it was
+// dumping) rather than die halfway.
+func interruptContext() (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	stopped := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case s := <-sigs:
+			cancel(fmt.Errorf("%w by %s", errdefs.ErrInterrupted, unix.SignalName(s.(syscall.Signal))))
+		case <-stopped:
+		}
+	})
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(stopped)
+		wg.Wait()
+		cancel(nil)
+	}
 }
 
 type command struct {

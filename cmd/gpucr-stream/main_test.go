@@ -43,6 +43,7 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("x: %w", manifest.ErrNewerVersion), exitVersion},
 		{fmt.Errorf("x: %w", errdefs.ErrNotFound), exitNotFound},
 		{context.Canceled, exitInterrupted},
+		{fmt.Errorf("checkpoint 7: %w by SIGTERM: criu stopped the dump", errdefs.ErrInterrupted), exitInterrupted},
 	}
 	for _, tc := range tests {
 		if got := exitCode(tc.err, false); got != tc.want {
