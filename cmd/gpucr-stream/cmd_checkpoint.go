@@ -26,7 +26,7 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := cfg.refuseTerminal(dest); err != nil {
+	if err := cfg.refuseNoCopy(dest); err != nil {
 		return err
 	}
 	fast, err := cfg.fastPathOptions()

@@ -105,6 +105,51 @@ func TestRefuseTerminal(t *testing.T) {
 	}
 }
 
+// TestRefuseNoCopy: a checkpoint whose only copy would go to /dev/null is
+// refused before anything runs (a process that does not exist is not even
+// looked for); a file or a pipe on standard output is a copy.
+func TestRefuseNoCopy(t *testing.T) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "ck.stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	checkpoint := []string{"checkpoint", "--pid", "999999999"}
+	tests := []struct {
+		name   string
+		args   []string
+		stdout *os.File
+		code   int
+		err    string
+	}{
+		{"no --to, stdout /dev/null", checkpoint, null, exitUsage, "refusing to checkpoint into /dev/null (standard output)"},
+		{"--to -, stdout /dev/null", append(checkpoint, "--to", "-"), null, exitUsage, "kept nowhere"},
+		{"stdout a file", checkpoint, file, exitNotFound, "no process 999999999"},
+		{"stdout a pipe", checkpoint, w, exitNotFound, "no process 999999999"},
+		{"--to a dir, stdout /dev/null", append(checkpoint, "--to", t.TempDir()+"/ck"), null, exitNotFound, "no process 999999999"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(context.Background(), tc.args, strings.NewReader(""), tc.stdout, &stderr)
+			if code := exitCode(err, false); code != tc.code || !strings.Contains(fmt.Sprint(err), tc.err) {
+				t.Fatalf("exit %d (%v), want %d and %q", code, err, tc.code, tc.err)
+			}
+		})
+	}
+}
+
 // TestSmallerFirstHour: verify --json says failures in JSON; inspect on a
 // terminal stdin is a usage error; a bad $GPUCR_CODEC is named as such and
 // does not break a command that does not encode.

@@ -60,6 +60,28 @@ func (c *config) refuseTerminal(dest location.Location) error {
 	return nil
 }
 
+// refuseNoCopy refuses a checkpoint whose only copy would go to standard
+// output when that is a character device (a terminal, /dev/null): the
+// process would be gone with the checkpoint kept nowhere. A pipe or a file
+// holds a copy.
+func (c *config) refuseNoCopy(dest location.Location) error {
+	if err := c.refuseTerminal(dest); err != nil || dest.Kind != location.Stdio || len(c.shards) > 0 {
+		return err
+	}
+	f, ok := c.stdout.(*os.File)
+	if !ok {
+		return nil
+	}
+	if st, err := f.Stat(); err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		name = "a character device"
+	}
+	return usagef("refusing to checkpoint into %s (standard output): the checkpoint would be kept nowhere and the process would be gone; redirect standard output to a file or a pipe (> FILE, | ssh HOST ...) or give --to DIR, s3://BUCKET/PREFIX/NAME or tcp://HOST:PORT", name)
+}
+
 // s3Settings turns the --s3-* flags into the store's configuration; the
 // bucket and prefix come from the location. Credentials are not flags:
 // they come from the environment or the shared credentials file (s3.New),
