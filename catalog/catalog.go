@@ -26,14 +26,14 @@ import (
 // Backend-specific extras, found on the store by interface.
 type (
 	// tempRemover is a store whose dead writers leave temporary files that
-	// no listing shows (store/dir).
+	// no listing shows (store/dir); it removes only what ours recognises.
 	tempRemover interface {
-		RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (int, error)
+		RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool, ours func(name string) bool) ([]string, error)
 	}
 	// incompleteRemover is a store whose dead writers leave uploads that
 	// no listing shows (store/s3's multipart uploads).
 	incompleteRemover interface {
-		RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration) (int, error)
+		RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration, ours func(name string) bool) (int, error)
 	}
 	// dirRemover is a store that keeps directories its objects leave
 	// empty (store/dir).

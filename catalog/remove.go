@@ -136,10 +136,14 @@ type GCResult struct {
 	// TempFiles are temporary files of killed writers and the empty
 	// directories failed checkpoints left, where the store has them
 	// (HasTempFiles).
-	TempFiles    int   `json:"temp_files"`
-	HasTempFiles bool  `json:"-"`
-	OlderThanMS  int64 `json:"older_than_ms"`
-	DryRun       bool  `json:"dry_run,omitempty"`
+	TempFiles    int  `json:"temp_files"`
+	HasTempFiles bool `json:"-"`
+	// Names are the objects, temporary files and directories removed (or
+	// that would be), under the location; the chunk store's are counted
+	// in Chunks.
+	Names       []string `json:"names"`
+	OlderThanMS int64    `json:"older_than_ms"`
+	DryRun      bool     `json:"dry_run,omitempty"`
 	// Chunks is what gc did in the location's chunk store, when it has
 	// one (deduplicated checkpoints).
 	Chunks *ChunkGCResult `json:"chunk_store,omitempty"`
@@ -157,7 +161,10 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	if err != nil {
 		return nil, err
 	}
-	res := &GCResult{Location: where, Unfinished: []string{}, OlderThanMS: age.Milliseconds(), DryRun: dryRun}
+	if err := refuseForeign(ctx, st, objs, where); err != nil {
+		return nil, err
+	}
+	res := &GCResult{Location: where, Unfinished: []string{}, Names: []string{}, OlderThanMS: age.Milliseconds(), DryRun: dryRun}
 	cutoff := time.Now().Add(-age)
 	for _, g := range groups(objs) {
 		if len(g.segments) == 0 {
@@ -189,14 +196,16 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	if s, ok := st.(incompleteRemover); ok {
 		res.HasUploads = !dryRun
 		if !dryRun {
-			if res.Uploads, err = s.RemoveIncomplete(ctx, "", age); err != nil {
+			if res.Uploads, err = s.RemoveIncomplete(ctx, "", age, ours); err != nil {
 				return nil, err
 			}
 		}
 	}
 	if s, ok := st.(tempRemover); ok {
 		res.HasTempFiles = true
-		if res.TempFiles, err = s.RemoveTemp(ctx, cutoff, dryRun); err != nil {
+		names, err := s.RemoveTemp(ctx, cutoff, dryRun, ours)
+		res.TempFiles, res.Names = len(names), append(res.Names, names...)
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -265,6 +274,7 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 		if !named[s.Name] {
 			names = append(names, s.Name)
 			bytes += s.Size
+			res.Names = append(res.Names, prefix+s.Name)
 		}
 	}
 	if len(names) == 0 {

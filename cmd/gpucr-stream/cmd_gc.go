@@ -77,6 +77,11 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 	for _, n := range res.Unfinished {
 		fmt.Fprintf(cfg.stdout, "%s unfinished checkpoint %s\n", v, n)
 	}
+	if cfg.dryRun {
+		for _, n := range res.Names {
+			fmt.Fprintf(cfg.stdout, "%s %s\n", v, n)
+		}
+	}
 	fmt.Fprintf(cfg.stdout, "gc %s: %s %d unfinished checkpoint(s) (%d objects, %s)", res.Location, v, len(res.Unfinished), res.Objects, humanBytes(res.Bytes))
 	if res.HasUploads {
 		fmt.Fprintf(cfg.stdout, ", aborted %d incomplete upload(s)", res.Uploads)

@@ -155,8 +155,13 @@ func lsRmGc(t *testing.T, root string, st store.Store) {
 		t.Fatalf("gc removed a recent unfinished checkpoint: %v", objs)
 	}
 	time.Sleep(10 * time.Millisecond)
-	if out, _, code := runCmd(t, "gc", "--older-than", "1ms", "--dry-run", root); code != 0 || !strings.Contains(out, "would remove") {
-		t.Fatalf("gc --dry-run: %s", out)
+	// A dry run names every object it would remove.
+	dead, _ := st.List(ctx, "a/dead/")
+	out, _, code = runCmd(t, "gc", "--older-than", "1ms", "--dry-run", root)
+	for _, o := range dead {
+		if code != 0 || !strings.Contains(out, "would remove "+o.Name+"\n") {
+			t.Fatalf("gc --dry-run does not name %s: %s", o.Name, out)
+		}
 	}
 	out, errOut, code = runCmd(t, "gc", "--older-than", "1ms", "--json", root)
 	if code != 0 {
@@ -199,6 +204,32 @@ func TestLsRmGcDir(t *testing.T) {
 	}
 	if _, errOut, code := runCmd(t, "ls", filepath.Join(root, "nonexistent")); code != exitNotFound {
 		t.Fatalf("ls of a missing directory: exit %d: %s", code, errOut)
+	}
+
+	// gc of a directory of the user's own is refused, and touches nothing
+	// there: not its old empty directories, not a file named like a
+	// temporary one.
+	home := t.TempDir()
+	for _, p := range []string{"photos/2019", "src/empty"} {
+		if err := os.MkdirAll(filepath.Join(home, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(home, ".notes.txt.tmp-1"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"photos/2019", "photos", "src/empty", "src", ".notes.txt.tmp-1"} {
+		os.Chtimes(filepath.Join(home, p), old, old)
+	}
+	for _, args := range [][]string{{"gc", home}, {"gc", "--dry-run", home}, {"gc", "--older-than", "0s", home}} {
+		if _, errOut, code := runCmd(t, args...); code != exitNotFound || !strings.Contains(errOut, "holds no checkpoint") {
+			t.Fatalf("%q: exit %d: %s", args, code, errOut)
+		}
+	}
+	for _, p := range []string{"photos/2019", "src/empty", ".notes.txt.tmp-1"} {
+		if _, err := os.Stat(filepath.Join(home, p)); err != nil {
+			t.Errorf("gc of the user's directory removed %s", p)
+		}
 	}
 }
 

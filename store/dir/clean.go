@@ -18,17 +18,28 @@ import (
 // one behind.
 const tempInfix = ".tmp-"
 
-var tempRE = regexp.MustCompile(`^\..+` + regexp.QuoteMeta(tempInfix) + `[0-9]+$`)
+var tempRE = regexp.MustCompile(`^\.(.+)` + regexp.QuoteMeta(tempInfix) + `[0-9]+$`)
 
-// RemoveTemp removes the temporary files of writers that died before they
-// committed, and the directories below the root that are empty (what
-// failed or interrupted checkpoints left, a segments/ of nothing), last
-// modified before cutoff; with dryRun it only counts them.
-func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (int, error) {
-	n := 0
-	var dirs []string // old enough, as found before anything was removed
+// RemoveTemp removes what writers that died left below the root, last
+// modified before cutoff, and only what ours recognises: the temporary
+// files of objects ours names, and the directories that hold nothing
+// else, where ours names the directory (a failed checkpoint's empty
+// segments/) or this sweep emptied it. ours is asked about object names,
+// and about directories as a name with a "/" at its end; whatever it does
+// not recognise is left alone (a user's own empty directories, files
+// that only look temporary). With dryRun it removes nothing. It returns
+// what it removed (or would), named relative to the root, directories
+// with a "/" at the end.
+func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool, ours func(name string) bool) ([]string, error) {
+	var removed []string
+	gone := map[string]bool{}    // paths removed, or that would be in a dry run
+	emptied := map[string]bool{} // directories something was removed from
+	var dirs []string            // old enough, as found before anything was removed
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
+			if p == d.root && errors.Is(err, fs.ErrNotExist) {
+				return filepath.SkipDir // no root: nothing written yet
+			}
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -39,7 +50,8 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (
 				dirs = append(dirs, p)
 			}
 		}
-		if e.IsDir() || !tempRE.MatchString(e.Name()) {
+		m := tempRE.FindStringSubmatch(e.Name())
+		if !e.Type().IsRegular() || m == nil || !ours(d.rel(filepath.Join(filepath.Dir(p), m[1]))) {
 			return nil
 		}
 		info, err := e.Info()
@@ -51,15 +63,15 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (
 				return err
 			}
 		}
-		n++
+		gone[p], emptied[filepath.Dir(p)] = true, true
+		removed = append(removed, d.rel(p))
 		return nil
 	})
 	if err != nil {
-		return n, err
+		return removed, err
 	}
 	// Deepest first, so that a directory emptied by its children's removal
 	// goes too; Remove fails on one that is not empty.
-	gone := map[string]bool{} // removed, or would be in a dry run
 	for i := len(dirs) - 1; i >= 0; i-- {
 		entries, err := os.ReadDir(dirs[i])
 		if err != nil {
@@ -69,12 +81,22 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool) (
 		for _, e := range entries {
 			empty = empty && gone[filepath.Join(dirs[i], e.Name())]
 		}
-		if empty && (dryRun || os.Remove(dirs[i]) == nil) {
-			gone[dirs[i]] = true
-			n++
+		name := d.rel(dirs[i]) + "/"
+		if empty && (ours(name) || emptied[dirs[i]]) && (dryRun || os.Remove(dirs[i]) == nil) {
+			gone[dirs[i]], emptied[filepath.Dir(dirs[i])] = true, true
+			removed = append(removed, name)
 		}
 	}
-	return n, nil
+	return removed, nil
+}
+
+// rel is path p below the root as an object name.
+func (d *Store) rel(p string) string {
+	r, err := filepath.Rel(d.root, p)
+	if err != nil {
+		return p
+	}
+	return filepath.ToSlash(r)
 }
 
 // RemoveEmptyDirs removes the directories of the given object-name

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,9 +84,11 @@ func TestNoEmptyDirsLeft(t *testing.T) {
 	}
 }
 
-// TestRemoveTempEmptyDirs: gc's sweep removes empty directories old
-// enough (a failed checkpoint's segments/, then its own dir), never one in
-// use or the root.
+// TestRemoveTempEmptyDirs: gc's sweep removes, once old enough, the
+// temporary files of objects it recognises and the empty directories it
+// recognises (a failed checkpoint's segments/) or emptied (then its own
+// dir), deepest first; never a directory in use, the root, a user's empty
+// directory or a file that only looks temporary. A dry run names the same.
 func TestRemoveTempEmptyDirs(t *testing.T) {
 	root := t.TempDir()
 	old := time.Now().Add(-2 * time.Hour)
@@ -94,30 +98,51 @@ func TestRemoveTempEmptyDirs(t *testing.T) {
 		}
 		os.Chtimes(filepath.Join(root, p), age, age)
 	}
+	file := func(p string, age time.Time) {
+		if err := os.WriteFile(filepath.Join(root, p), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(filepath.Join(root, p), age, age)
+	}
 	mk("failed/segments", old)
 	mk("failed", old)
 	mk("fresh/segments", time.Now())
 	mk("kept", old)
-	if err := os.WriteFile(filepath.Join(root, "kept", "manifest.json"), []byte("{}"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file("kept/manifest.json", old)
 	os.Chtimes(filepath.Join(root, "kept"), old, old)
+	mk("killed", old)
+	file("killed/.manifest.json.tmp-12345", old)
+	os.Chtimes(filepath.Join(root, "killed"), old, old)
+	// The user's own: an empty directory tree, a file named like a
+	// temporary one.
+	mk("photos/2019", old)
+	mk("photos", old)
+	file(".notes.txt.tmp-7", old)
+	ours := func(name string) bool {
+		return strings.HasSuffix(name, "segments/") || name == "manifest.json" || strings.HasSuffix(name, "/manifest.json")
+	}
+	want := []string{"killed/.manifest.json.tmp-12345", "killed/", "failed/segments/", "failed/"}
 	d := dir.New(root)
-	n, err := d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), true)
-	if err != nil || n != 2 {
-		t.Fatalf("dry run: %d, %v; want 2", n, err)
+	names, err := d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), true, ours)
+	if err != nil || !slices.Equal(names, want) {
+		t.Fatalf("dry run: %q, %v; want %q", names, err, want)
 	}
 	if _, err := os.Stat(filepath.Join(root, "failed/segments")); err != nil {
 		t.Fatal("dry run removed something")
 	}
-	n, err = d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), false)
-	if err != nil || n != 2 {
-		t.Fatalf("removed %d, %v; want 2", n, err)
+	names, err = d.RemoveTemp(context.Background(), time.Now().Add(-time.Hour), false, ours)
+	if err != nil || !slices.Equal(names, want) {
+		t.Fatalf("removed %q, %v; want %q", names, err, want)
 	}
-	for p, want := range map[string]bool{"failed": false, "fresh/segments": true, "kept/manifest.json": true, "": true} {
+	for p, want := range map[string]bool{"failed": false, "killed": false, "fresh/segments": true, "kept/manifest.json": true, "": true,
+		"photos/2019": true, ".notes.txt.tmp-7": true} {
 		if _, err := os.Stat(filepath.Join(root, p)); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", p, err == nil, want)
 		}
+	}
+	// No root yet: nothing to remove.
+	if names, err := dir.New(filepath.Join(root, "none")).RemoveTemp(context.Background(), time.Now(), false, ours); err != nil || len(names) != 0 {
+		t.Errorf("no root: %q, %v", names, err)
 	}
 }
 

@@ -367,8 +367,10 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 // more than olderThan ago: what a writer leaves behind when its process was
 // killed, or when the server was unreachable as it aborted. They are
 // invisible to List and Stat but take space until removed (or until a
-// bucket lifecycle rule removes them). Returns how many were removed.
-func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration) (int, error) {
+// bucket lifecycle rule removes them). Only uploads of objects ours
+// recognises (by their name under the store's prefix) are aborted: the
+// bucket may hold other programs' uploads. Returns how many were removed.
+func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration, ours func(name string) bool) (int, error) {
 	type upload struct{ key, id string }
 	var todo []upload
 	cutoff := time.Now().Add(-olderThan)
@@ -381,7 +383,7 @@ func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan t
 			if u.Err != nil {
 				return u.Err
 			}
-			if strings.HasPrefix(u.Key, full) && u.Initiated.Before(cutoff) {
+			if strings.HasPrefix(u.Key, full) && u.Initiated.Before(cutoff) && ours(strings.TrimPrefix(u.Key, s.root)) {
 				todo = append(todo, upload{u.Key, u.UploadID})
 			}
 		}

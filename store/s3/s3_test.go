@@ -366,7 +366,7 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 	if err := w.Abort(ctx); err != nil {
 		t.Errorf("Abort after restart: %v", err)
 	}
-	n, err := s.RemoveIncomplete(ctx, "", 0)
+	n, err := s.RemoveIncomplete(ctx, "", 0, all)
 	if err != nil || n != 0 {
 		t.Errorf("RemoveIncomplete after Abort = %d, %v; want 0", n, err)
 	}
@@ -376,13 +376,25 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 	if _, err := s.core.NewMultipartUpload(ctx, "bkt", "ckpt/seg/00001.seg", minio.PutObjectOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.RemoveIncomplete(ctx, "", time.Hour); err != nil || n != 0 {
+	if n, err := s.RemoveIncomplete(ctx, "", time.Hour, all); err != nil || n != 0 {
 		t.Errorf("RemoveIncomplete(older than an hour) = %d, %v; want 0", n, err)
 	}
-	if n, err := s.RemoveIncomplete(ctx, "", 0); err != nil || n != 1 {
+	// Another program's upload beside it is left alone: only what ours
+	// recognises is aborted.
+	if _, err := s.core.NewMultipartUpload(ctx, "bkt", "ckpt/notes.txt", minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ours := func(name string) bool { return strings.HasPrefix(name, "seg/") }
+	if n, err := s.RemoveIncomplete(ctx, "", 0, ours); err != nil || n != 1 {
 		t.Errorf("RemoveIncomplete = %d, %v; want 1", n, err)
 	}
+	if n, err := s.RemoveIncomplete(ctx, "", 0, all); err != nil || n != 1 {
+		t.Errorf("RemoveIncomplete of the other upload = %d, %v; want 1", n, err)
+	}
 }
+
+// all recognises every object name.
+func all(string) bool { return true }
 
 // TestS3ServerRestartMidRead: a reader whose connection dies resumes from
 // where it stopped once the server is back, and returns the right bytes.
