@@ -324,13 +324,19 @@ type RestoreOptions struct {
 	// Producers is the number of producer connections (VRAM restorers)
 	// serving waits for; see ServeOptions.
 	Producers int
+	// FreePIDs bounds the wait for the PIDs the checkpoint restores to be
+	// free (0: DefaultFreePIDs); see waitFreePIDs.
+	FreePIDs time.Duration
 }
 
 // RestoreReport times a restore and names the restored process.
 type RestoreReport struct {
 	ServeResult
-	PID     int
-	CRIU    time.Duration
+	PID  int
+	CRIU time.Duration
+	// PIDWait is the part of CRIU that waited for the checkpoint's PIDs
+	// to be free.
+	PIDWait time.Duration
 	LogPath string
 }
 
@@ -338,9 +344,12 @@ type RestoreReport struct {
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
 // it cannot be trusted. TIME_WAIT sockets that would refuse CRIU's bind of
-// the image's listeners are cleared first (ClearTimeWait).
+// the image's listeners are cleared first (ClearTimeWait), and the PIDs
+// the image restores waited for (waitFreePIDs).
 func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
-	src = ClearTimeWait(src, o.Hooks.log)
+	pids := waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
+	src = pids
+	defer func() { rep.PIDWait = pids.Waited() }()
 	dir, images, cleanup, err := workDirs(o.WorkDir)
 	if err != nil {
 		return rep, err
@@ -385,6 +394,8 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 		serveErr = nil
 	}
 	switch {
+	case criuErr != nil && errors.Is(serveErr, ErrPIDTaken):
+		return rep, serveErr // CRIU failed for it, before it forked
 	case serveErr != nil && criuErr == nil:
 		// The whole tree: a child of a detached restore would live on
 		// without its root.

@@ -77,7 +77,7 @@ func CheckLazyPages(ctx context.Context, criu string) error {
 // once the tree is restored and runs; Wait then waits for the daemon's last
 // page. On failure nothing restored is left running.
 func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *LazyRestore, err error) {
-	src = ClearTimeWait(src, o.Hooks.log)
+	src = waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
 	all, err := src.Files(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lazy restore: %w", err)

@@ -154,7 +154,7 @@ type Result struct {
 }
 
 // GoneTimeout is how long Checkpoint waits for the dumped tree to die, and
-// Restore for the checkpointed PIDs to be reaped.
+// Restore for the checkpointed PIDs to be free.
 var GoneTimeout = 10 * time.Second
 
 // Checkpoint dumps the tree of o.PID with CRIU into o.Dest. The manifest is
@@ -365,15 +365,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		})
 	}
 	defer warm.Wait()
-	// The driver warms while a slow parent reaps the checkpointed tree.
-	var reaped time.Duration
-	if a, ok := src.(*source.ArchiveSource); ok {
-		if reaped, err = waitReaped(ctx, a.Manifest()); err != nil {
-			return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
-		}
-	}
+	// The driver warms while a slow parent reaps the checkpointed tree
+	// (CRIU waits for its PIDs: capture.Restore).
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log}}, src)
+		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log},
+		FreePIDs: GoneTimeout}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}
@@ -382,10 +378,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, fmt.Errorf("restore from %s: %w", o.Src, err)
 	}
 	phases := []Phase{{Name: "open source", Secs: opened}}
-	if reaped > 0 {
-		phases = append(phases, Phase{Name: "wait for the checkpointed PIDs to be reaped", Secs: reaped.Seconds()})
+	if rep.PIDWait > 0 {
+		phases = append(phases, Phase{Name: "wait for the checkpointed PIDs to be reaped", Secs: rep.PIDWait.Seconds()})
 	}
-	phases = append(phases, Phase{Name: "criu restore + read + decode", Secs: rep.CRIU.Seconds()})
+	phases = append(phases, Phase{Name: "criu restore + read + decode", Secs: (rep.CRIU - rep.PIDWait).Seconds()})
 	// The restored CUDA processes are still checkpointed: their device
 	// memory is in host memory. Put it back on the GPU and let them run.
 	warm.Wait()
@@ -461,27 +457,4 @@ func dumpEstimate(tree []int, gpus []manifest.GPU) int64 {
 		n += g.Bytes
 	}
 	return n
-}
-
-// waitReaped waits while the PIDs m restores (the root's, the CUDA
-// processes') belong to dead processes not reaped yet here, as right
-// after a checkpoint of a process whose parent is slow to reap it: CRIU
-// needs the PIDs free. A PID held by a live process is CRIU's to refuse.
-func waitReaped(ctx context.Context, m *manifest.Manifest) (time.Duration, error) {
-	var pids []int
-	if m.Process != nil {
-		pids = append(pids, m.Process.PID)
-	}
-	for _, c := range m.CUDA {
-		pids = append(pids, c.PID)
-	}
-	dead := proc.Dead(pids)
-	if len(dead) == 0 {
-		return 0, nil
-	}
-	start := time.Now()
-	if err := proc.WaitGone(ctx, dead, true, GoneTimeout); err != nil {
-		return 0, fmt.Errorf("the checkpoint's PIDs are not free for CRIU: %w", err)
-	}
-	return time.Since(start), nil
 }

@@ -298,7 +298,7 @@ func (r *receiver) restore(ctx context.Context) error {
 // restoreOptions are how CRIU restores here, from the stream or lazily.
 func (r *receiver) restoreOptions(ctx context.Context) capture.RestoreOptions {
 	return capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}}
+		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout}
 }
 
 // gpuPairs maps the committed image's GPUs onto this host's (--gpu-map)

@@ -2,9 +2,11 @@ package proc
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -139,5 +141,26 @@ func TestLargestDeletedFile(t *testing.T) {
 	defer unix.Munmap(m)
 	if n, p := LargestDeletedFile(self); n != want {
 		t.Fatalf("with a shared anonymous mapping: %d %q, want the file's %d", n, p, want)
+	}
+}
+
+// TestHolder: a process by its command line, a thread by its process, a
+// free PID by nothing.
+func TestHolder(t *testing.T) {
+	pid := os.Getpid()
+	if h := Holder(pid); !strings.HasPrefix(h, fmt.Sprintf("process %d %q", pid, strings.Join(os.Args, " "))) {
+		t.Errorf("Holder(self) = %q", h)
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range tasks {
+		if tid, _ := strconv.Atoi(e.Name()); tid != pid {
+			if h := Holder(tid); !strings.HasPrefix(h, fmt.Sprintf("thread %d of process %d ", tid, pid)) {
+				t.Errorf("Holder(thread) = %q", h)
+			}
+			break
+		}
+	}
+	if h := Holder(1 << 30); h != "" {
+		t.Errorf("Holder(free) = %q", h)
 	}
 }

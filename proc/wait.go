@@ -111,3 +111,48 @@ func AvailableMemory() int64 {
 	}
 	return 0
 }
+
+// Holder describes what holds pid (a process, or a thread of one), for a
+// message: "process 12 \"sleep 100\" (S)", "thread 13 of process 12
+// \"python train.py\" (R)", "process 12 \"sleep\" (a zombie its parent 1
+// \"init\" has not reaped)". The command lines are quoted, so that control
+// characters of a process's own choosing reach no terminal raw. "" when
+// pid is free.
+func Holder(pid int) string {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return ""
+	}
+	tgid, ppid := pid, 0
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		switch k {
+		case "Tgid":
+			tgid, _ = strconv.Atoi(strings.TrimSpace(v))
+		case "PPid":
+			ppid, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	who := fmt.Sprintf("process %d %s", tgid, commandOf(tgid))
+	if tgid != pid {
+		who = fmt.Sprintf("thread %d of %s", pid, who)
+	}
+	switch st := State(tgid); st {
+	case 'Z', 'X':
+		return fmt.Sprintf("%s (a zombie its parent %d %s has not reaped)", who, ppid, commandOf(ppid))
+	case 0:
+		return who
+	default:
+		return fmt.Sprintf("%s (%c)", who, st)
+	}
+}
+
+// commandOf is pid's command line, quoted; its name where it has none (a
+// zombie, a kernel thread).
+func commandOf(pid int) string {
+	if args, err := Cmdline(pid); err == nil && strings.Join(args, "") != "" {
+		return strconv.Quote(strings.Join(args, " "))
+	}
+	b, _ := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "comm"))
+	return strconv.Quote(strings.TrimSpace(string(b)))
+}
