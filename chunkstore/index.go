@@ -19,11 +19,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -96,7 +98,21 @@ type Table struct {
 
 	mu    sync.RWMutex
 	added map[manifest.Hash]Ref
+
+	// skipped are the index objects Load could not use.
+	skipped []BadIndex
 }
+
+// BadIndex is an index object that is corrupt or truncated, and what is
+// wrong with it.
+type BadIndex struct {
+	Name string
+	Err  error
+}
+
+// Skipped are the index objects Load skipped as corrupt or truncated, by
+// name: the chunks they list are not in the table.
+func (t *Table) Skipped() []BadIndex { return t.skipped }
 
 // NewTable is an empty table.
 func NewTable() *Table {
@@ -215,6 +231,14 @@ const loadParallel = 8
 // listing and one read per index object, several at once, each inserted
 // as soon as it is read, so that what is held besides the table is the
 // objects in flight.
+//
+// An index object that is corrupt or truncated is skipped, not fatal
+// (Table.Skipped lists it): its chunks are then unknown, so a capture
+// writes them again and references nothing the object claimed, and a
+// reader finds a moved chunk only if another object lists it. The packs
+// themselves describe their chunks (ScanPack): `check --repair-index`
+// rebuilds the index from them. A store that fails, or an object of a
+// newer version, still fails the load.
 func Load(ctx context.Context, st store.Store) (*Table, error) {
 	objs, err := st.List(ctx, IndexPrefix)
 	if err != nil {
@@ -254,13 +278,16 @@ objects:
 			packs, chunks, err := ReadIndex(ctx, st, o.Name)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case errors.Is(err, errdefs.ErrCorrupt):
+				t.skipped = append(t.skipped, BadIndex{Name: o.Name, Err: err})
+			case err != nil:
 				if first == nil {
 					first = err
 				}
-				return
+			default:
+				t.insert(packs, chunks)
 			}
-			t.insert(packs, chunks)
 		}()
 	}
 	wg.Wait()
@@ -270,6 +297,7 @@ objects:
 	if first != nil {
 		return nil, first
 	}
+	slices.SortFunc(t.skipped, func(a, b BadIndex) int { return strings.Compare(a.Name, b.Name) })
 	t.finish()
 	return t, nil
 }

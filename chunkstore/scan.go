@@ -1,0 +1,252 @@
+package chunkstore
+
+// Packs describe themselves: every chunk is a DATA frame whose header
+// (checked by its own CRC) carries the chunk's id, lengths, codec and
+// CRC-32C, the record an index object keeps of it. So what an index object
+// said can always be read again from the packs (docs/FORMAT.md section
+// 17.8): ScanPack reads a pack's frame headers from start to end, and
+// ScanPacks a location's packs into a Scan, from which `check` verifies the
+// index and the checkpoints and `check --repair-index` writes a new index.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+)
+
+// DecodePack reads the pack id, of size bytes, from r: its header, each
+// DATA frame's header (the payload is skipped: by a seek where r can, so
+// that on a local disk only the headers are read), the END frame and the
+// tail. It hands each chunk to each, in offset order, as soon as its frame
+// header is checked; a damaged pack is an error wrapping
+// errdefs.ErrCorrupt that names the offset, and the chunks handed on
+// before it stand (their frames are whole as far as a header can tell).
+// Memory is one frame header.
+func DecodePack(r io.Reader, id PackID, size int64, each func(Chunk) error) error {
+	var h [manifest.FrameSize]byte
+	if _, err := io.ReadFull(r, h[:manifest.HeaderSize]); err != nil {
+		return fmt.Errorf("pack header: %w: %w", err, errdefs.ErrCorrupt)
+	}
+	sh, err := manifest.UnmarshalHeader(h[:manifest.HeaderSize])
+	if err != nil {
+		if errors.Is(err, manifest.ErrNewerVersion) {
+			return err
+		}
+		return fmt.Errorf("pack header: %w: %w", err, errdefs.ErrCorrupt)
+	}
+	if !sh.Pack || sh.Version != manifest.VersionSharedChunks || sh.ShardCount != 1 {
+		return fmt.Errorf("pack header: version %d, flags %#x: not a pack: %w", sh.Version, sh.Flags, errdefs.ErrCorrupt)
+	}
+	pos := int64(manifest.HeaderSize)
+	for {
+		if pos+manifest.FrameSize > size {
+			return fmt.Errorf("offset %d: the pack ends before its END frame: %w", pos, errdefs.ErrCorrupt)
+		}
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			return fmt.Errorf("offset %d: frame header: %w: %w", pos, err, errdefs.ErrCorrupt)
+		}
+		fh, err := manifest.UnmarshalFrameHeader(h[:])
+		if err != nil {
+			return fmt.Errorf("offset %d: %w: %w", pos, err, errdefs.ErrCorrupt)
+		}
+		next := pos + manifest.FrameSize + int64(fh.StoredLen)
+		if fh.Type == manifest.FrameEnd {
+			return packEnd(r, fh, pos, size)
+		}
+		if fh.Type != manifest.FrameData || fh.FileID != 0 || fh.Offset != 0 || fh.RawLen == 0 ||
+			codec.ID(fh.Codec) == codec.Zero || pos > maxPos || next > size {
+			return fmt.Errorf("offset %d: %s frame (file %d, offset %d, %d raw and %d stored bytes, codec %d) is no chunk of a pack of %d bytes: %w",
+				pos, fh.Type, fh.FileID, fh.Offset, fh.RawLen, fh.StoredLen, fh.Codec, size, errdefs.ErrCorrupt)
+		}
+		c := Chunk{ID: fh.Hash, Ref: Ref{Pack: id, Pos: pos, RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum}}
+		if err := each(c); err != nil {
+			return err
+		}
+		if err := skip(r, int64(fh.StoredLen)); err != nil {
+			return fmt.Errorf("offset %d: payload of %d bytes: %w: %w", pos, fh.StoredLen, err, errdefs.ErrCorrupt)
+		}
+		pos = next
+	}
+}
+
+// packEnd checks a pack's END frame, at pos, and the tail after it, which
+// must end the pack.
+func packEnd(r io.Reader, fh manifest.FrameHeader, pos, size int64) error {
+	if fh.StoredLen != 0 || pos+manifest.FrameSize+manifest.TailSize != size {
+		return fmt.Errorf("offset %d: END frame with %d payload bytes in a pack of %d bytes: %w", pos, fh.StoredLen, size, errdefs.ErrCorrupt)
+	}
+	var tail [manifest.TailSize]byte
+	if _, err := io.ReadFull(r, tail[:]); err != nil {
+		return fmt.Errorf("offset %d: tail: %w: %w", pos+manifest.FrameSize, err, errdefs.ErrCorrupt)
+	}
+	end, err := manifest.UnmarshalTail(tail[:])
+	if err != nil || end != uint64(pos) {
+		return fmt.Errorf("offset %d: tail does not point at the END frame at %d (%v): %w", pos+manifest.FrameSize, pos, err, errdefs.ErrCorrupt)
+	}
+	return nil
+}
+
+// skip passes n bytes of r: a seek where r can (a file), else a read.
+func skip(r io.Reader, n int64) error {
+	if s, ok := r.(io.Seeker); ok {
+		_, err := s.Seek(n, io.SeekCurrent)
+		return err
+	}
+	m, err := io.CopyN(io.Discard, r, n)
+	if err == nil && m < n {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// ScanPack reads the chunks of the pack id, of size bytes, in st
+// (DecodePack). A pack that is damaged returns the chunks read before the
+// damage and an error wrapping errdefs.ErrCorrupt; one that cannot be
+// read, the store's error.
+func ScanPack(ctx context.Context, st store.Store, id PackID, size int64) ([]Chunk, error) {
+	r, err := st.Open(ctx, id.Name(), 0, -1)
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", st, id.Name(), err)
+	}
+	defer r.Close()
+	var chunks []Chunk
+	err = DecodePack(r, id, size, func(c Chunk) error {
+		chunks = append(chunks, c)
+		return ctx.Err()
+	})
+	if err != nil {
+		return chunks, fmt.Errorf("%s/%s: %w", st, id.Name(), err)
+	}
+	return chunks, nil
+}
+
+// Scan is what a location's packs hold, read from the packs themselves.
+type Scan struct {
+	// Packs are the packs scanned, by id.
+	Packs map[PackID]*PackScan
+	// Table finds the chunks of every pack by id (an id stored twice: in
+	// one of its packs).
+	Table *Table
+}
+
+// PackScan is one pack's chunks.
+type PackScan struct {
+	Size   int64
+	Chunks []Chunk // in offset order
+	// Err says why the scan stopped before the pack's end (damaged): the
+	// chunks after that place are unknown.
+	Err error
+}
+
+// scanParallel is how many packs are read at once.
+const scanParallel = 8
+
+// ScanPacks reads every pack of present (id and size, as listed) in st,
+// several at once. Damage to a pack is recorded in its PackScan; a store
+// that fails is an error. Memory: about 130 bytes a chunk.
+func ScanPacks(ctx context.Context, st store.Store, present map[PackID]int64) (*Scan, error) {
+	s := &Scan{Packs: make(map[PackID]*PackScan, len(present))}
+	ids := make([]PackID, 0, len(present))
+	for id := range present {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b PackID) int { return cmp.Compare(string(a[:]), string(b[:])) })
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, scanParallel)
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			chunks, err := ScanPack(ctx, st, id, present[id])
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && !errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, manifest.ErrNewerVersion) {
+				if first == nil {
+					first = err
+				}
+				return
+			}
+			s.Packs[id] = &PackScan{Size: present[id], Chunks: chunks, Err: err}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	if first != nil {
+		return nil, first
+	}
+	t := NewTable()
+	for _, id := range ids {
+		p := s.Packs[id]
+		t.insert([]Pack{{ID: id, Size: p.Size}}, p.Chunks)
+	}
+	t.finish()
+	s.Table = t
+	return s, nil
+}
+
+// At is the chunk whose frame starts at pos in the pack id, if the scan
+// found one there.
+func (s *Scan) At(id PackID, pos int64) (Chunk, bool) {
+	p, ok := s.Packs[id]
+	if !ok {
+		return Chunk{}, false
+	}
+	i := sort.Search(len(p.Chunks), func(i int) bool { return p.Chunks[i].Pos >= pos })
+	if i == len(p.Chunks) || p.Chunks[i].Pos != pos {
+		return Chunk{}, false
+	}
+	return p.Chunks[i], true
+}
+
+// Holds says the scan found the chunk id at r: a frame of that id, with
+// r's lengths, codec and CRC-32C.
+func (s *Scan) Holds(id manifest.Hash, r Ref) bool {
+	c, ok := s.At(r.Pack, r.Pos)
+	return ok && c.ID == id && c.RawLen == r.RawLen && c.Stored == r.Stored && c.Codec == r.Codec && c.Checksum == r.Checksum
+}
+
+// Stale counts the chunks of t (a loaded index) that are not where t says
+// (their pack is gone, damaged there, or holds another frame at that
+// place), and names the first: a capture would reference them. Unindexed
+// counts the chunks of the scan whose id t lacks: a capture would store
+// them again.
+func (s *Scan) Stale(t *Table) (stale int, first string, unindexed int) {
+	for i := range t.loaded {
+		e := &t.loaded[i]
+		if r := t.ref(e); !s.Holds(e.id, r) {
+			if stale == 0 {
+				first = fmt.Sprintf("chunk %s at offset %d of %s", e.id, r.Pos, r.Pack.Name())
+			}
+			stale++
+		}
+	}
+	for i := range s.Table.loaded {
+		if _, ok := t.search(s.Table.loaded[i].id); !ok {
+			unindexed++
+		}
+	}
+	return stale, first, unindexed
+}
+
+// WriteIndex writes one index object listing every chunk the scan found
+// (an id stored twice: once) and returns its name.
+func (s *Scan) WriteIndex(ctx context.Context, st store.Store) (string, error) {
+	return WriteTableIndex(ctx, st, s.Table, func(PackID) bool { return true }, nil)
+}
