@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,11 +219,12 @@ func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 	marks := t.NewMarks()
 	var mu sync.Mutex
 	err := eachManifest(ctx, st, objs, func(p string, m *manifest.Manifest, err error) error {
+		name := Join(st.String(), strings.TrimSuffix(p, "/"))
 		if err == nil && m.SharedChunks {
 			err = chunkstore.Relocate(m, t, present)
 			if errors.Is(err, errdefs.ErrNotFound) {
 				mu.Lock()
-				res.Lost = append(res.Lost, Join(st.String(), p))
+				res.Lost = append(res.Lost, name)
 				mu.Unlock()
 				return nil
 			}
@@ -231,7 +233,7 @@ func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 			return nil // removed since the listing: it references nothing
 		}
 		if err != nil {
-			return fmt.Errorf("gc of the chunk store stops: the manifest of %s cannot be read, so which packs it references is unknown: %w", Join(st.String(), p), err)
+			return fmt.Errorf("gc of the chunk store stops: the manifest of %s cannot be read, so which packs it references is unknown: %w", name, err)
 		}
 		if !m.SharedChunks {
 			return nil
