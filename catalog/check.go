@@ -51,8 +51,8 @@ type CheckReport struct {
 	OK          bool   `json:"ok"`
 	Checkpoints int    `json:"checkpoints"`
 	Dedup       int    `json:"dedup_checkpoints"`
-	// Packs are the chunk store's packs, their bytes, and the distinct
-	// chunks their frames hold.
+	// Packs are the chunk store's packs, their bytes, and the chunks
+	// their frames hold (a chunk stored twice counts twice).
 	Packs        int   `json:"packs"`
 	PackBytes    int64 `json:"pack_bytes"`
 	Chunks       int   `json:"chunks"`

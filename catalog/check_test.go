@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/crypt"
@@ -14,6 +15,8 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/dir"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 // objectBytes reads a whole object.
@@ -293,5 +296,58 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("check while a gc holds the location: %v", err)
 			}
 		})
+	}
+}
+
+// TestCopyIntoBadIndex: cp of a deduplicated checkpoint into a location
+// whose index object is corrupt succeeds, says so, and indexes the chunks
+// it copied again: a capture there shares them.
+func TestCopyIntoBadIndex(t *testing.T) {
+	ctx := context.Background()
+	src, dst := mem.New("src"), mem.New("dst")
+	files := map[string][]byte{"pages-1.img": noise(1<<20, 90)}
+	if _, err := dedupIn(ctx, src, "one", files); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Copy(ctx, store.Sub(src, "one"), store.Sub(dst, "one"), pipeline.Options{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx := indexObjects(t, dst)
+	replaceObject(t, dst, idx[0], objectBytes(t, dst, idx[0])[:40])
+	res, err := Copy(ctx, store.Sub(src, "one"), store.Sub(dst, "two"), pipeline.Options{}, nil)
+	if err != nil || len(res.BadIndex) != 1 || !strings.Contains(res.BadIndex[0], idx[0]) {
+		t.Fatalf("cp into a location with a truncated index object: %+v, %v", res, err)
+	}
+	verifyIn(t, store.Sub(dst, "two"), files)
+	if m, err := dedupIn(ctx, dst, "three", files); err != nil || m.Stats.NewStoredBytes != 0 {
+		t.Fatalf("capture after the cp: %v, %+v", err, m)
+	}
+}
+
+// BenchmarkCheckFleet is check of the location of BenchmarkGCFleet
+// (-fleet-chunks, -fleet-checkpoints) on a directory: the time and the
+// peaks of the Go heap while it runs. Run it with -benchtime 1x.
+func BenchmarkCheckFleet(b *testing.B) {
+	f := fleetOf(*fleetChunks, *fleetCkpts)
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		path := b.TempDir()
+		f.buildFor(b, dir.New(path))
+		loc := dir.New(path)
+		w := watchHeap()
+		b.StartTimer()
+		start := time.Now()
+		rep, err := Check(ctx, loc, CheckOptions{})
+		took := time.Since(start)
+		b.StopTimer()
+		heap, live, before := w.end()
+		if err != nil || !rep.OK || rep.Unindexed != 0 {
+			b.Fatalf("check: %+v, %v", rep, err)
+		}
+		b.Logf("check in %s: %d checkpoints, %d packs, %d chunks; peak heap %.1f MiB, peak live heap %.1f MiB (%.1f MiB before)",
+			took.Round(time.Millisecond), rep.Checkpoints, rep.Packs, rep.Chunks, heap, live, before)
+		b.ReportMetric(heap, "peak-heap-MiB")
+		b.ReportMetric(live, "peak-live-MiB")
 	}
 }

@@ -193,10 +193,22 @@ func (t *Table) insert(packs []Pack, chunks []Chunk) {
 }
 
 func (t *Table) finish() {
-	slices.SortFunc(t.loaded, func(a, b entry) int { return bytes.Compare(a.id[:], b.id[:]) })
+	t.sort()
 	// Keep one entry per id (the first pack's, by sort order: any works).
 	t.loaded = slices.CompactFunc(t.loaded, func(a, b entry) bool { return a.id == b.id })
 	t.loaded = slices.Clip(t.loaded)
+	t.buckets()
+}
+
+// sort orders the loaded entries by id; an id in several packs keeps
+// them all, side by side.
+func (t *Table) sort() {
+	slices.SortFunc(t.loaded, func(a, b entry) int { return bytes.Compare(a.id[:], b.id[:]) })
+}
+
+// buckets fills first, for a large table.
+func (t *Table) buckets() {
+	t.first = nil
 	if len(t.loaded) < bucketsFrom {
 		return
 	}

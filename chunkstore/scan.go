@@ -9,13 +9,10 @@ package chunkstore
 // index and the checkpoints and `check --repair-index` writes a new index.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"sort"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -134,15 +131,16 @@ func ScanPack(ctx context.Context, st store.Store, id PackID, size int64) ([]Chu
 type Scan struct {
 	// Packs are the packs scanned, by id.
 	Packs map[PackID]*PackScan
-	// Table finds the chunks of every pack by id (an id stored twice: in
-	// one of its packs).
+	// Table holds every frame the packs hold, by id: an id stored in
+	// several packs (two captures that wrote it at once) is in it once
+	// for each, so that Holds finds each copy.
 	Table *Table
 }
 
-// PackScan is one pack's chunks.
+// PackScan is what the scan found of one pack.
 type PackScan struct {
 	Size   int64
-	Chunks []Chunk // in offset order
+	Chunks int
 	// Err says why the scan stopped before the pack's end (damaged): the
 	// chunks after that place are unknown.
 	Err error
@@ -152,36 +150,37 @@ type PackScan struct {
 const scanParallel = 8
 
 // ScanPacks reads every pack of present (id and size, as listed) in st,
-// several at once. Damage to a pack is recorded in its PackScan; a store
-// that fails is an error. Memory: about 130 bytes a chunk.
+// several at once. Damage to a pack is recorded in its PackScan; a pack
+// gone since the listing is left out; a store that fails is an error.
+// Memory: the table, 56 bytes a frame, and the chunks of the packs in
+// flight.
 func ScanPacks(ctx context.Context, st store.Store, present map[PackID]int64) (*Scan, error) {
-	s := &Scan{Packs: make(map[PackID]*PackScan, len(present))}
-	ids := make([]PackID, 0, len(present))
-	for id := range present {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, func(a, b PackID) int { return cmp.Compare(string(a[:]), string(b[:])) })
+	s := &Scan{Packs: make(map[PackID]*PackScan, len(present)), Table: NewTable()}
 	var mu sync.Mutex
 	var first error
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, scanParallel)
-	for _, id := range ids {
+	for id, size := range present {
 		if ctx.Err() != nil {
 			break
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			chunks, err := ScanPack(ctx, st, id, present[id])
+			chunks, err := ScanPack(ctx, st, id, size)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil && !errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, manifest.ErrNewerVersion) {
+			switch {
+			case errors.Is(err, errdefs.ErrNotFound):
+				return // removed since the listing
+			case err != nil && !errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, manifest.ErrNewerVersion):
 				if first == nil {
 					first = err
 				}
 				return
 			}
-			s.Packs[id] = &PackScan{Size: present[id], Chunks: chunks, Err: err}
+			s.Packs[id] = &PackScan{Size: size, Chunks: len(chunks), Err: err}
+			s.Table.insert([]Pack{{ID: id, Size: size}}, chunks)
 		})
 	}
 	wg.Wait()
@@ -191,41 +190,28 @@ func ScanPacks(ctx context.Context, st store.Store, present map[PackID]int64) (*
 	if first != nil {
 		return nil, first
 	}
-	t := NewTable()
-	for _, id := range ids {
-		p := s.Packs[id]
-		t.insert([]Pack{{ID: id, Size: p.Size}}, p.Chunks)
-	}
-	t.finish()
-	s.Table = t
+	s.Table.sort()
+	s.Table.buckets()
 	return s, nil
 }
 
-// At is the chunk whose frame starts at pos in the pack id, if the scan
-// found one there.
-func (s *Scan) At(id PackID, pos int64) (Chunk, bool) {
-	p, ok := s.Packs[id]
-	if !ok {
-		return Chunk{}, false
-	}
-	i := sort.Search(len(p.Chunks), func(i int) bool { return p.Chunks[i].Pos >= pos })
-	if i == len(p.Chunks) || p.Chunks[i].Pos != pos {
-		return Chunk{}, false
-	}
-	return p.Chunks[i], true
-}
-
 // Holds says the scan found the chunk id at r: a frame of that id, with
-// r's lengths, codec and CRC-32C.
+// r's lengths, codec and CRC-32C, at r's place.
 func (s *Scan) Holds(id manifest.Hash, r Ref) bool {
-	c, ok := s.At(r.Pack, r.Pos)
-	return ok && c.ID == id && c.RawLen == r.RawLen && c.Stored == r.Stored && c.Codec == r.Codec && c.Checksum == r.Checksum
+	t := s.Table
+	i, _ := t.search(id)
+	for ; i < len(t.loaded) && t.loaded[i].id == id; i++ {
+		if t.ref(&t.loaded[i]) == r {
+			return true
+		}
+	}
+	return false
 }
 
 // Stale counts the chunks of t (a loaded index) that are not where t says
 // (their pack is gone, damaged there, or holds another frame at that
 // place), and names the first: a capture would reference them. Unindexed
-// counts the chunks of the scan whose id t lacks: a capture would store
+// counts the frames of the scan whose id t lacks: a capture would store
 // them again.
 func (s *Scan) Stale(t *Table) (stale int, first string, unindexed int) {
 	for i := range t.loaded {
@@ -245,8 +231,8 @@ func (s *Scan) Stale(t *Table) (stale int, first string, unindexed int) {
 	return stale, first, unindexed
 }
 
-// WriteIndex writes one index object listing every chunk the scan found
-// (an id stored twice: once) and returns its name.
+// WriteIndex writes one index object listing every frame the scan found
+// and returns its name.
 func (s *Scan) WriteIndex(ctx context.Context, st store.Store) (string, error) {
 	return WriteTableIndex(ctx, st, s.Table, func(PackID) bool { return true }, nil)
 }

@@ -283,13 +283,21 @@ func TestScanPacks(t *testing.T) {
 	}
 	for i, id := range ids {
 		p := sc.Packs[id]
-		want := all[i]
+		found := len(all[i])
 		if i == 2 {
-			want = want[:1]
+			found = 1 // damaged in its second frame
 		}
-		if !slices.Equal(p.Chunks, want) || (p.Err != nil) != (i == 2) {
-			t.Fatalf("pack %d: %+v, %v; want %+v", i, p.Chunks, p.Err, want)
+		if p.Chunks != found || (p.Err != nil) != (i == 2) || p.Size != present[id] {
+			t.Fatalf("pack %d: %+v; want %d chunks", i, p, found)
 		}
+		for k, c := range all[i] {
+			if sc.Holds(c.ID, c.Ref) != (k < found) {
+				t.Fatalf("pack %d, chunk %d: held %v", i, k, !(k < found))
+			}
+		}
+	}
+	if sc.Holds(stale.ID, stale.Ref) {
+		t.Fatalf("the scan holds %+v, a chunk at another's place", stale)
 	}
 	if n, first, unindexed := sc.Stale(idx); n != 1 || !strings.Contains(first, stale.ID.String()) || unindexed != 2 {
 		t.Fatalf("stale %d (%s), unindexed %d; want 1 (%s) and 2", n, first, unindexed, stale.ID)
@@ -306,5 +314,39 @@ func TestScanPacks(t *testing.T) {
 		if !sc.Holds(c.ID, c.Ref) {
 			t.Fatalf("rebuilt index lists %+v, which the scan does not hold", c)
 		}
+	}
+}
+
+// TestScanHoldsEveryCopy: a chunk two captures stored at once, in two
+// packs, is held at both places, and the index rebuilt lists both.
+func TestScanHoldsEveryCopy(t *testing.T) {
+	ctx := context.Background()
+	st := mem.New("loc")
+	present := map[PackID]int64{}
+	var copies [][]Chunk
+	for range 2 {
+		id := NewPackID()
+		b, chunks := packBytes(id, 7, "same", "content")
+		put(t, st, id.Name(), b)
+		present[id] = int64(len(b))
+		copies = append(copies, chunks)
+	}
+	sc, err := ScanPacks(ctx, st, present)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chunks := range copies {
+		for _, c := range chunks {
+			if !sc.Holds(c.ID, c.Ref) {
+				t.Fatalf("copy %+v not held", c)
+			}
+		}
+	}
+	name, err := sc.WriteIndex(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, chunks, err := ReadIndex(ctx, st, name); err != nil || len(chunks) != 4 {
+		t.Fatalf("rebuilt index: %d chunks, %v; want both copies of 2", len(chunks), err)
 	}
 }

@@ -30,8 +30,12 @@ func runCheck(ctx context.Context, cfg *config, args []string) error {
 		return rep.Err()
 	}
 	w := cfg.stdout
-	fmt.Fprintf(w, "check %s: %d checkpoint(s) (%d deduplicated); chunk store: %d pack(s) (%s, %d chunks), %d index object(s)\n",
-		rep.Location, rep.Checkpoints, rep.Dedup, rep.Packs, humanBytes(rep.PackBytes), rep.Chunks, rep.IndexObjects)
+	fmt.Fprintf(w, "check %s: %d checkpoint(s)", rep.Location, rep.Checkpoints)
+	if rep.Packs+rep.IndexObjects > 0 {
+		fmt.Fprintf(w, " (%d deduplicated); chunk store: %d pack(s) (%s, %d chunks), %d index object(s)",
+			rep.Dedup, rep.Packs, humanBytes(rep.PackBytes), rep.Chunks, rep.IndexObjects)
+	}
+	fmt.Fprintln(w)
 	for _, p := range rep.BadIndex {
 		fmt.Fprintf(w, "unreadable index object %s: %s\n", p.Name, p.Error)
 	}
