@@ -83,12 +83,6 @@ type CheckReport struct {
 	NotRead  []Problem `json:"not_read,omitempty"`
 }
 
-// Problem is an object or checkpoint and what is wrong with it.
-type Problem struct {
-	Name  string `json:"name"`
-	Error string `json:"error"`
-}
-
 // IndexRepair is what RepairIndex did: the index object it wrote, with how
 // many chunks, and how many it replaced.
 type IndexRepair struct {
@@ -232,7 +226,7 @@ func checkLock(ctx context.Context, st store.Store, repair bool) (*chunkstore.Lo
 		if repair {
 			what = "captures, checks or a gc hold the location; the index is repaired only while none runs"
 		}
-		return nil, fmt.Errorf("check %s: %s (%v): run check again once they end", st, what, held)
+		return nil, fmt.Errorf("%s: %s (%v): run check again once they end", st, what, held)
 	}
 	return lock, nil
 }

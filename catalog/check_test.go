@@ -125,7 +125,7 @@ func TestGCKeepsWhatABadIndexDescribed(t *testing.T) {
 				t.Fatal(err)
 			}
 			res, err := GCChunks(ctx, loc, 0, false, 0)
-			if err != nil || len(res.BadIndex) != 1 || !strings.Contains(res.BadIndex[0], idx[0]) || res.Skipped == "" ||
+			if err != nil || len(res.BadIndex) != 1 || res.BadIndex[0].Name != idx[0] || res.Skipped == "" ||
 				!slices.Equal(res.Unresolved, []string{Join(loc.String(), "small")}) || res.Removed+res.Repacked != 0 {
 				t.Fatalf("gc with the index corrupt: %+v, %v", res, err)
 			}
@@ -315,7 +315,7 @@ func TestCopyIntoBadIndex(t *testing.T) {
 	idx := indexObjects(t, dst)
 	replaceObject(t, dst, idx[0], objectBytes(t, dst, idx[0])[:40])
 	res, err := Copy(ctx, store.Sub(src, "one"), store.Sub(dst, "two"), pipeline.Options{}, nil)
-	if err != nil || len(res.BadIndex) != 1 || !strings.Contains(res.BadIndex[0], idx[0]) {
+	if err != nil || len(res.BadIndex) != 1 || res.BadIndex[0].Name != idx[0] || !strings.Contains(res.BadIndex[0].Error, idx[0]) {
 		t.Fatalf("cp into a location with a truncated index object: %+v, %v", res, err)
 	}
 	verifyIn(t, store.Sub(dst, "two"), files)

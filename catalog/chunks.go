@@ -50,7 +50,7 @@ type ChunkGCResult struct {
 	Lost []string `json:"lost,omitempty"`
 	// BadIndex are the index objects that could not be read (corrupt or
 	// truncated), each with what is wrong: gc left them in place.
-	BadIndex []string `json:"bad_index,omitempty"`
+	BadIndex []Problem `json:"bad_index,omitempty"`
 	// Unresolved are checkpoints whose chunks are in packs the manifest
 	// no longer names and that the readable index objects do not find:
 	// with BadIndex, gc then cannot tell which packs hold them, and
@@ -129,7 +129,7 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	bad := map[string]bool{}
 	for _, b := range t.Skipped() {
 		bad[b.Name] = true
-		res.BadIndex = append(res.BadIndex, b.Err.Error())
+		res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
 	}
 	marks, err := markFrames(ctx, st, objs, t, present, res)
 	if err != nil {

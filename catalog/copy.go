@@ -32,7 +32,7 @@ type CopyResult struct {
 	// BadIndex are the destination's index objects that could not be
 	// read (corrupt or truncated), each with what is wrong: the chunks
 	// they list were indexed again.
-	BadIndex []string `json:"bad_index,omitempty"`
+	BadIndex []Problem `json:"bad_index,omitempty"`
 }
 
 // ErrOtherCheckpoint means the destination holds a different checkpoint.
@@ -138,7 +138,7 @@ func indexCopied(ctx context.Context, to store.Store, m *manifest.Manifest, res 
 		return err
 	}
 	for _, b := range known.Skipped() {
-		res.BadIndex = append(res.BadIndex, b.Err.Error())
+		res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
 	}
 	used := map[int]bool{}
 	var chunks []chunkstore.Chunk
