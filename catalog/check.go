@@ -160,7 +160,7 @@ func Check(ctx context.Context, st store.Store, opts CheckOptions) (*CheckReport
 		sizes[o.Name] = o.Size
 	}
 	var mu sync.Mutex
-	var whole []string // checkpoints found whole, to read
+	var whole []string // checkpoints to read: found whole, or past damage check could not see
 	err = eachManifest(ctx, st, objs, func(p string, m *manifest.Manifest, err error) error {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil // removed since the listing
@@ -180,10 +180,11 @@ func Check(ctx context.Context, st store.Store, opts CheckOptions) (*CheckReport
 		if m != nil && m.SharedChunks {
 			rep.Dedup++
 		}
-		if err != nil {
-			rep.Damaged = append(rep.Damaged, Problem{Name: Join(rep.Location, strings.TrimSuffix(p, "/")), Error: err.Error()})
-		} else {
+		switch {
+		case err == nil || (opts.ReadData && errors.Is(err, errPastDamage)):
 			whole = append(whole, p)
+		default:
+			rep.Damaged = append(rep.Damaged, Problem{Name: Join(rep.Location, strings.TrimSuffix(p, "/")), Error: err.Error()})
 		}
 		return nil
 	})
@@ -268,7 +269,7 @@ func checkChunkStore(ctx context.Context, st store.Store, objs []store.ObjectInf
 		return sc, idx, nil
 	}
 	// The new object first: until the old ones go, both are read.
-	name, err := sc.WriteIndex(ctx, st)
+	name, err := sc.WriteIndex(ctx, st, idx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -287,9 +288,9 @@ func checkChunkStore(ctx context.Context, st store.Store, objs []store.ObjectInf
 // idx does not find, is reported as needing an index repair.
 func checkShared(m *manifest.Manifest, idx *chunkstore.Table, sc *chunkstore.Scan) error {
 	// Of each kind, how many, and the first.
-	const lost, wrong, unindexed = 0, 1, 2
-	var n [3]int
-	var first [3]string
+	const lost, wrong, unknown, unindexed = 0, 1, 2, 3
+	var n [4]int
+	var first [4]string
 	total := 0
 	note := func(kind int, f *manifest.File, c *manifest.Chunk, why string) {
 		if n[kind] == 0 {
@@ -312,13 +313,22 @@ func checkShared(m *manifest.Manifest, idx *chunkstore.Table, sc *chunkstore.Sca
 			want := chunkstore.Ref{RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
 			seg := m.Segments[c.Segment]
 			if id, ok := chunkstore.ParsePackName(seg.Name); ok && sc != nil && sc.Packs[id] != nil && sc.Packs[id].Size == seg.Size {
-				if want.Pack, want.Pos = id, c.Pos; !sc.Holds(c.Hash, want) {
+				switch want.Pack, want.Pos = id, c.Pos; {
+				case sc.Unknown(id, c.Pos):
+					note(unknown, f, c, fmt.Sprintf("%s is damaged before offset %d", seg.Name, c.Pos))
+				case !sc.Holds(c.Hash, want):
 					note(wrong, f, c, fmt.Sprintf("%s holds no such frame at offset %d", seg.Name, c.Pos))
 				}
 				continue
 			}
 			if same(idx, sc, c.Hash, want) {
 				continue
+			}
+			if sc != nil && idx != nil {
+				if r, ok := idx.Lookup(c.Hash); ok && sc.Unknown(r.Pack, r.Pos) {
+					note(unknown, f, c, fmt.Sprintf("the index finds it in %s, damaged before offset %d", r.Pack.Name(), r.Pos))
+					continue
+				}
 			}
 			if sc != nil && same(sc.Table, sc, c.Hash, want) {
 				note(unindexed, f, c, "found only by reading the packs")
@@ -327,20 +337,28 @@ func checkShared(m *manifest.Manifest, idx *chunkstore.Table, sc *chunkstore.Sca
 			note(lost, f, c, fmt.Sprintf("its pack %s is gone and no pack holds it", manifest.PrintableName(seg.Name)))
 		}
 	}
-	if n[lost]+n[wrong]+n[unindexed] == 0 {
+	if n[lost]+n[wrong]+n[unknown]+n[unindexed] == 0 {
 		return nil
 	}
-	msg := fmt.Sprintf("%d of %d stored chunks are not where a reader finds them: %d in no pack, %d not the frame the manifest names", n[lost]+n[wrong]+n[unindexed], total, n[lost], n[wrong])
+	msg := fmt.Sprintf("%d of %d stored chunks are not where a reader finds them: %d in no pack, %d not the frame the manifest names",
+		n[lost]+n[wrong]+n[unknown]+n[unindexed], total, n[lost], n[wrong])
+	if n[unknown] > 0 {
+		msg += fmt.Sprintf(", %d past the damage in a damaged pack", n[unknown])
+	}
 	if n[unindexed] > 0 {
 		msg += fmt.Sprintf(", %d found only by reading the packs (`check --repair-index` makes them readable)", n[unindexed])
 	}
-	for _, f := range first {
-		if f != "" {
-			return fmt.Errorf("%s; first: %s", msg, f)
-		}
+	example := first[slices.IndexFunc(first[:], func(f string) bool { return f != "" })]
+	if n[lost]+n[wrong]+n[unindexed] == 0 {
+		return fmt.Errorf("%s (%w); first: %s", msg, errPastDamage, example)
 	}
-	return errors.New(msg)
+	return fmt.Errorf("%s; first: %s", msg, example)
 }
+
+// errPastDamage: a checkpoint's chunks lie where a damaged frame header
+// hides them from the scan; only reading them (ReadData) tells whether
+// they are whole.
+var errPastDamage = errors.New("unchecked: --read-data reads them")
 
 // same says the table t finds the chunk id at a frame the scan sc holds,
 // with want's lengths, codec and CRC.

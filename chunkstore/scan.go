@@ -139,11 +139,12 @@ type Scan struct {
 
 // PackScan is what the scan found of one pack.
 type PackScan struct {
-	Size   int64
-	Chunks int
-	// Err says why the scan stopped before the pack's end (damaged): the
-	// chunks after that place are unknown.
-	Err error
+	Size int64
+	// Err says why the scan stopped before the pack's end (damaged), at
+	// offset Upto: what lies from there on is unknown (a frame header
+	// damaged hides the frames after it, which may be whole).
+	Err  error
+	Upto int64
 }
 
 // scanParallel is how many packs are read at once.
@@ -179,7 +180,14 @@ func ScanPacks(ctx context.Context, st store.Store, present map[PackID]int64) (*
 				}
 				return
 			}
-			s.Packs[id] = &PackScan{Size: size, Chunks: len(chunks), Err: err}
+			p := &PackScan{Size: size, Err: err, Upto: size}
+			if err != nil {
+				p.Upto = manifest.HeaderSize
+				if n := len(chunks); n > 0 {
+					p.Upto = chunks[n-1].Pos + manifest.FrameSize + int64(chunks[n-1].Stored)
+				}
+			}
+			s.Packs[id] = p
 			s.Table.insert([]Pack{{ID: id, Size: size}}, chunks)
 		})
 	}
@@ -208,15 +216,22 @@ func (s *Scan) Holds(id manifest.Hash, r Ref) bool {
 	return false
 }
 
+// Unknown says the scan cannot tell what lies at pos in the pack id: the
+// pack is damaged before pos.
+func (s *Scan) Unknown(id PackID, pos int64) bool {
+	p := s.Packs[id]
+	return p != nil && p.Err != nil && pos >= p.Upto
+}
+
 // Stale counts the chunks of t (a loaded index) that are not where t says
-// (their pack is gone, damaged there, or holds another frame at that
-// place), and names the first: a capture would reference them. Unindexed
-// counts the frames of the scan whose id t lacks: a capture would store
-// them again.
+// (their pack is gone, or holds another frame at that place), and names
+// the first: a capture would reference them. A chunk where the scan cannot
+// tell (Unknown) is not counted. Unindexed counts the frames of the scan
+// whose id t lacks: a capture would store them again.
 func (s *Scan) Stale(t *Table) (stale int, first string, unindexed int) {
 	for i := range t.loaded {
 		e := &t.loaded[i]
-		if r := t.ref(e); !s.Holds(e.id, r) {
+		if r := t.ref(e); !s.Holds(e.id, r) && !s.Unknown(r.Pack, r.Pos) {
 			if stale == 0 {
 				first = fmt.Sprintf("chunk %s at offset %d of %s", e.id, r.Pos, r.Pack.Name())
 			}
@@ -231,8 +246,17 @@ func (s *Scan) Stale(t *Table) (stale int, first string, unindexed int) {
 	return stale, first, unindexed
 }
 
-// WriteIndex writes one index object listing every frame the scan found
-// and returns its name.
-func (s *Scan) WriteIndex(ctx context.Context, st store.Store) (string, error) {
-	return WriteTableIndex(ctx, st, s.Table, func(PackID) bool { return true }, nil)
+// WriteIndex writes one index object listing every frame the scan found,
+// and the chunks of t (the index loaded) where the scan cannot tell
+// (Unknown): a damaged frame header hides the frames after it, and those
+// may be whole. It returns the object's name.
+func (s *Scan) WriteIndex(ctx context.Context, st store.Store, t *Table) (string, error) {
+	var kept []Chunk
+	for i := range t.loaded {
+		e := &t.loaded[i]
+		if r := t.ref(e); s.Unknown(r.Pack, r.Pos) {
+			kept = append(kept, Chunk{ID: e.id, Ref: r})
+		}
+	}
+	return WriteTableIndex(ctx, st, s.Table, func(PackID) bool { return true }, kept)
 }

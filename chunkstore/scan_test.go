@@ -248,29 +248,31 @@ func put(t *testing.T, st store.Store, name string, b []byte) {
 
 // TestScanPacks: the scan of a location finds each pack's chunks, notes a
 // damaged pack with the chunks before the damage, tells the index's
-// entries that are not there (stale) and the chunks no index lists, and
-// writes an index that lists every chunk the packs hold.
+// entries that are not there (stale) from those past the damage (unknown)
+// and the chunks no index lists, and writes an index that lists every
+// chunk the packs hold and keeps what the old one said past the damage.
 func TestScanPacks(t *testing.T) {
 	ctx := context.Background()
 	st := mem.New("loc")
 	ids := []PackID{NewPackID(), NewPackID(), NewPackID()}
 	present := map[PackID]int64{}
 	var all [][]Chunk
+	var packs []Pack
 	for i, id := range ids {
 		b, chunks := packBytes(id, byte(i), strings.Repeat("a", 10+i), strings.Repeat("b", 20+i))
 		if i == 2 {
-			b = b[:chunks[1].Pos+10] // damaged in its second frame
+			b[chunks[1].Pos+3] ^= 1 // its second frame header damaged
 		}
 		put(t, st, id.Name(), b)
 		present[id] = int64(len(b))
+		packs = append(packs, Pack{ID: id, Size: int64(len(b))})
 		all = append(all, chunks)
 	}
-	// The index lists the first pack, and the second with one chunk at
-	// a place where another frame is.
+	// The index lists the first and third pack, and one chunk of the
+	// second at a place where another frame is.
 	stale := all[1][0]
 	stale.Pos = all[1][1].Pos
-	if _, err := WriteIndex(ctx, st, []Pack{{ID: ids[0], Size: present[ids[0]]}, {ID: ids[1], Size: present[ids[1]]}},
-		append(slices.Clone(all[0]), stale)); err != nil {
+	if _, err := WriteIndex(ctx, st, packs, append(append(slices.Clone(all[0]), stale), all[2]...)); err != nil {
 		t.Fatal(err)
 	}
 	idx, err := Load(ctx, st)
@@ -285,33 +287,33 @@ func TestScanPacks(t *testing.T) {
 		p := sc.Packs[id]
 		found := len(all[i])
 		if i == 2 {
-			found = 1 // damaged in its second frame
+			found = 1
 		}
-		if p.Chunks != found || (p.Err != nil) != (i == 2) || p.Size != present[id] {
-			t.Fatalf("pack %d: %+v; want %d chunks", i, p, found)
+		if (p.Err != nil) != (i == 2) || p.Size != present[id] || (i == 2 && p.Upto != all[2][1].Pos) {
+			t.Fatalf("pack %d: %+v", i, p)
 		}
 		for k, c := range all[i] {
-			if sc.Holds(c.ID, c.Ref) != (k < found) {
-				t.Fatalf("pack %d, chunk %d: held %v", i, k, !(k < found))
+			if sc.Holds(c.ID, c.Ref) != (k < found) || sc.Unknown(id, c.Pos) != (k >= found) {
+				t.Fatalf("pack %d, chunk %d: held %v, unknown %v", i, k, sc.Holds(c.ID, c.Ref), sc.Unknown(id, c.Pos))
 			}
 		}
 	}
 	if sc.Holds(stale.ID, stale.Ref) {
 		t.Fatalf("the scan holds %+v, a chunk at another's place", stale)
 	}
-	if n, first, unindexed := sc.Stale(idx); n != 1 || !strings.Contains(first, stale.ID.String()) || unindexed != 2 {
-		t.Fatalf("stale %d (%s), unindexed %d; want 1 (%s) and 2", n, first, unindexed, stale.ID)
+	if n, first, unindexed := sc.Stale(idx); n != 1 || !strings.Contains(first, stale.ID.String()) || unindexed != 1 {
+		t.Fatalf("stale %d (%s), unindexed %d; want 1 (%s) and 1", n, first, unindexed, stale.ID)
 	}
-	name, err := sc.WriteIndex(ctx, st)
+	name, err := sc.WriteIndex(ctx, st, idx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	packs, chunks, err := ReadIndex(ctx, st, name)
-	if err != nil || len(packs) != 3 || len(chunks) != 5 {
-		t.Fatalf("rebuilt index: %d packs, %d chunks, %v", len(packs), len(chunks), err)
+	got, chunks, err := ReadIndex(ctx, st, name)
+	if err != nil || len(got) != 3 || len(chunks) != 6 {
+		t.Fatalf("rebuilt index: %d packs, %d chunks, %v; want 3 and 6", len(got), len(chunks), err)
 	}
 	for _, c := range chunks {
-		if !sc.Holds(c.ID, c.Ref) {
+		if !sc.Holds(c.ID, c.Ref) && c != all[2][1] {
 			t.Fatalf("rebuilt index lists %+v, which the scan does not hold", c)
 		}
 	}
@@ -342,7 +344,7 @@ func TestScanHoldsEveryCopy(t *testing.T) {
 			}
 		}
 	}
-	name, err := sc.WriteIndex(ctx, st)
+	name, err := sc.WriteIndex(ctx, st, NewTable())
 	if err != nil {
 		t.Fatal(err)
 	}
