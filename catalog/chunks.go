@@ -56,7 +56,8 @@ type ChunkGCResult struct {
 	// with BadIndex, gc then cannot tell which packs hold them, and
 	// removed nothing (Skipped).
 	Unresolved []string `json:"unresolved,omitempty"`
-	// Skipped says why nothing was removed (a capture holds a lock).
+	// Skipped says why nothing was removed (another holds a lock, or
+	// Unresolved).
 	Skipped string `json:"skipped,omitempty"`
 	DryRun  bool   `json:"dry_run,omitempty"`
 }
