@@ -72,6 +72,12 @@ type Entry struct {
 	Error string `json:"error,omitempty"`
 }
 
+// Problem is an object or checkpoint and what is wrong with it.
+type Problem struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
 // Join names a checkpoint under a location, for messages and results.
 func Join(where, name string) string {
 	where = strings.TrimRight(where, "/")

@@ -7,7 +7,11 @@ package catalog
 // only when no capture holds one (chunkstore/lock.go): a capture in flight
 // may reference any pack its index listed, or write packs no manifest
 // names yet. A manifest that cannot be read stops the sweep: what it
-// references is unknown.
+// references is unknown. So does, for the chunk store, an index object
+// that cannot be read when a manifest needs the index to find its chunks
+// (they were repacked): they may lie in any pack that object described.
+// Otherwise every referenced frame is marked where it lies, with or
+// without the index, and gc goes on, leaving the bad object to check.
 
 import (
 	"bufio"
@@ -15,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +48,16 @@ type ChunkGCResult struct {
 	IndexObjects int `json:"index_objects_replaced"`
 	// Lost are checkpoints with chunks in no pack (damaged before).
 	Lost []string `json:"lost,omitempty"`
-	// Skipped says why nothing was removed (a capture holds a lock).
+	// BadIndex are the index objects that could not be read (corrupt or
+	// truncated), each with what is wrong: gc left them in place.
+	BadIndex []Problem `json:"bad_index,omitempty"`
+	// Unresolved are checkpoints whose chunks are in packs the manifest
+	// no longer names and that the readable index objects do not find:
+	// with BadIndex, gc then cannot tell which packs hold them, and
+	// removed nothing (Skipped).
+	Unresolved []string `json:"unresolved,omitempty"`
+	// Skipped says why nothing was removed (another holds a lock, or
+	// Unresolved).
 	Skipped string `json:"skipped,omitempty"`
 	DryRun  bool   `json:"dry_run,omitempty"`
 }
@@ -90,8 +105,8 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 		return nil, err
 	}
 	defer lock.Release(ctx)
-	if n := len(lock.Others[chunkstore.LockCapture]) + len(lock.Others[chunkstore.LockGC]); n > 0 {
-		res.Skipped = fmt.Sprintf("%d capture or gc lock(s) held in %s (%v); nothing removed", n, chunkstore.LockPrefix, append(lock.Others[chunkstore.LockCapture], lock.Others[chunkstore.LockGC]...))
+	if held := lock.Held(); len(held) > 0 {
+		res.Skipped = fmt.Sprintf("%d capture, check or gc lock(s) held in %s (%v); nothing removed", len(held), chunkstore.LockPrefix, held)
 		return res, nil
 	}
 	if gcLocked != nil {
@@ -112,10 +127,29 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	if err != nil {
 		return nil, err
 	}
+	bad := map[string]bool{}
+	for _, b := range t.Skipped() {
+		bad[b.Name] = true
+		res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
+	}
 	marks, err := markFrames(ctx, st, objs, t, present, res)
 	if err != nil {
 		return nil, err
 	}
+	if len(bad) > 0 && len(res.Lost) > 0 {
+		// Their chunks may be in any pack an unreadable index object
+		// described: deleting or repacking one could lose them.
+		res.Unresolved, res.Lost = res.Lost, nil
+		res.Skipped = fmt.Sprintf("%d index object(s) cannot be read, and %d checkpoint(s) have chunks that the other index objects do not find: which packs hold them is unknown, so nothing was removed; `gpucr-stream check --repair-index` rebuilds the index from the packs",
+			len(bad), len(res.Unresolved))
+		return res, nil
+	}
+	// Every chunk a manifest references is marked where it lies; the
+	// chunks only an unreadable object listed then matter only to
+	// captures (stored again) and check, which rebuilds them. It stays
+	// for check to replace: it is evidence, and gc only replaces what it
+	// read.
+	indexes = slices.DeleteFunc(indexes, func(n string) bool { return bad[n] })
 	live := marks.Live()
 	cutoff := time.Now().Add(-age)
 	var doomed, repack []string
@@ -180,23 +214,63 @@ const manifestBudget = 4 << 20
 // chunkstore.Relocate, as a reader finds them), the frames they use. Any
 // manifest it cannot read is an error: its references are unknown. A
 // checkpoint with chunks in no pack is reported in res.Lost. What it holds
-// besides the marks (a bit per chunk of t) is the manifests in flight:
-// parallel of them, manifestBudget bytes at most.
+// besides the marks (a bit per chunk of t) is the manifests in flight
+// (eachManifest).
 func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t *chunkstore.Table, present map[chunkstore.PackID]int64, res *ChunkGCResult) (*chunkstore.Marks, error) {
-	var ckpts []*group
-	for _, g := range groups(objs) {
-		if g.manifest != nil {
-			ckpts = append(ckpts, g)
-		}
-	}
 	marks := t.NewMarks()
+	var mu sync.Mutex
+	err := eachManifest(ctx, st, objs, func(p string, m *manifest.Manifest, err error) error {
+		name := Join(st.String(), strings.TrimSuffix(p, "/"))
+		if err == nil && m.SharedChunks {
+			err = chunkstore.Relocate(m, t, present)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				mu.Lock()
+				res.Lost = append(res.Lost, name)
+				mu.Unlock()
+				return nil
+			}
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil // removed since the listing: it references nothing
+		}
+		if err != nil {
+			return fmt.Errorf("gc of the chunk store stops: the manifest of %s cannot be read, so which packs it references is unknown: %w", name, err)
+		}
+		if !m.SharedChunks {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, f := range m.Files {
+			for _, c := range f.Chunks {
+				if codec.ID(c.Codec) == codec.Zero {
+					continue
+				}
+				id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
+				marks.Mark(c.Hash, id, c.Pos, c.Stored)
+			}
+		}
+		return nil
+	})
+	return marks, err
+}
+
+// eachManifest reads the manifest of every complete checkpoint in objs,
+// parallel of them at once and manifestBudget bytes at most (a larger one
+// alone), and calls fn, from several goroutines, with the checkpoint's
+// prefix and the manifest or why it could not be read. The first error fn
+// returns is eachManifest's; the others still run.
+func eachManifest(ctx context.Context, st store.Store, objs []store.ObjectInfo, fn func(prefix string, m *manifest.Manifest, err error) error) error {
 	var mu sync.Mutex
 	reading := sync.NewCond(&mu)
 	var inFlight int64 // bytes of the manifests being read
 	var first error
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, parallel)
-	for _, g := range ckpts {
+	for _, g := range groups(objs) {
+		if g.manifest == nil {
+			continue
+		}
 		p, n := g.prefix, min(g.manifest.Size, manifestBudget)
 		sem <- struct{}{}
 		mu.Lock()
@@ -205,9 +279,7 @@ func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 		}
 		inFlight += n
 		mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer func() {
 				mu.Lock()
 				inFlight -= n
@@ -216,42 +288,17 @@ func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 				<-sem
 			}()
 			m, err := source.ReadManifest(ctx, store.Sub(st, p))
-			if err == nil && m.SharedChunks {
-				err = chunkstore.Relocate(m, t, present)
-				if errors.Is(err, errdefs.ErrNotFound) {
-					mu.Lock()
-					res.Lost = append(res.Lost, Join(st.String(), p))
-					mu.Unlock()
-					return
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if errors.Is(err, errdefs.ErrNotFound) {
-				return // removed since the listing: it references nothing
-			}
-			if err != nil {
+			if err := fn(p, m, err); err != nil {
+				mu.Lock()
 				if first == nil {
-					first = fmt.Errorf("gc of the chunk store stops: the manifest of %s cannot be read, so which packs it references is unknown: %w", Join(st.String(), p), err)
+					first = err
 				}
-				return
+				mu.Unlock()
 			}
-			if !m.SharedChunks {
-				return
-			}
-			for _, f := range m.Files {
-				for _, c := range f.Chunks {
-					if codec.ID(c.Codec) == codec.Zero {
-						continue
-					}
-					id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
-					marks.Mark(c.Hash, id, c.Pos, c.Stored)
-				}
-			}
-		}()
+		})
 	}
 	wg.Wait()
-	return marks, first
+	return first
 }
 
 // repackAll copies the marked frames of the packs names into new packs,

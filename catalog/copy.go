@@ -29,6 +29,10 @@ type CopyResult struct {
 	Verified int64 `json:"verified_bytes"`
 	// Already is set when the destination held this checkpoint already.
 	Already bool `json:"already,omitempty"`
+	// BadIndex are the destination's index objects that could not be
+	// read (corrupt or truncated), each with what is wrong: the chunks
+	// they list were indexed again.
+	BadIndex []Problem `json:"bad_index,omitempty"`
 }
 
 // ErrOtherCheckpoint means the destination holds a different checkpoint.
@@ -95,7 +99,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		}
 	}
 	if m.SharedChunks {
-		if err := indexCopied(ctx, to, m); err != nil {
+		if err := indexCopied(ctx, to, m, res); err != nil {
 			return res, err
 		}
 	}
@@ -126,11 +130,15 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 // indexCopied writes an index object in the location to for the chunks of
 // m that its index does not list yet (in packs copied now, or kept from an
 // earlier copy that indexed only its own checkpoint's chunks), so that
-// captures there share them.
-func indexCopied(ctx context.Context, to store.Store, m *manifest.Manifest) error {
+// captures there share them. Index objects there that cannot be read are
+// noted in res.
+func indexCopied(ctx context.Context, to store.Store, m *manifest.Manifest, res *CopyResult) error {
 	known, err := chunkstore.Load(ctx, to)
 	if err != nil {
 		return err
+	}
+	for _, b := range known.Skipped() {
+		res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
 	}
 	used := map[int]bool{}
 	var chunks []chunkstore.Chunk

@@ -19,11 +19,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -96,7 +98,21 @@ type Table struct {
 
 	mu    sync.RWMutex
 	added map[manifest.Hash]Ref
+
+	// skipped are the index objects Load could not use.
+	skipped []BadIndex
 }
+
+// BadIndex is an index object that is corrupt or truncated, and what is
+// wrong with it.
+type BadIndex struct {
+	Name string
+	Err  error
+}
+
+// Skipped are the index objects Load skipped as corrupt or truncated, by
+// name: the chunks they list are not in the table.
+func (t *Table) Skipped() []BadIndex { return t.skipped }
 
 // NewTable is an empty table.
 func NewTable() *Table {
@@ -177,10 +193,22 @@ func (t *Table) insert(packs []Pack, chunks []Chunk) {
 }
 
 func (t *Table) finish() {
-	slices.SortFunc(t.loaded, func(a, b entry) int { return bytes.Compare(a.id[:], b.id[:]) })
+	t.sort()
 	// Keep one entry per id (the first pack's, by sort order: any works).
 	t.loaded = slices.CompactFunc(t.loaded, func(a, b entry) bool { return a.id == b.id })
 	t.loaded = slices.Clip(t.loaded)
+	t.buckets()
+}
+
+// sort orders the loaded entries by id; an id in several packs keeps
+// them all, side by side.
+func (t *Table) sort() {
+	slices.SortFunc(t.loaded, func(a, b entry) int { return bytes.Compare(a.id[:], b.id[:]) })
+}
+
+// buckets fills first, for a large table.
+func (t *Table) buckets() {
+	t.first = nil
 	if len(t.loaded) < bucketsFrom {
 		return
 	}
@@ -215,6 +243,14 @@ const loadParallel = 8
 // listing and one read per index object, several at once, each inserted
 // as soon as it is read, so that what is held besides the table is the
 // objects in flight.
+//
+// An index object that is corrupt or truncated is skipped, not fatal
+// (Table.Skipped lists it): its chunks are then unknown, so a capture
+// writes them again and references nothing the object claimed, and a
+// reader finds a moved chunk only if another object lists it. The packs
+// themselves describe their chunks (ScanPack): `check --repair-index`
+// rebuilds the index from them. A store that fails, or an object of a
+// newer version, still fails the load.
 func Load(ctx context.Context, st store.Store) (*Table, error) {
 	objs, err := st.List(ctx, IndexPrefix)
 	if err != nil {
@@ -254,13 +290,16 @@ objects:
 			packs, chunks, err := ReadIndex(ctx, st, o.Name)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case errors.Is(err, errdefs.ErrCorrupt):
+				t.skipped = append(t.skipped, BadIndex{Name: o.Name, Err: err})
+			case err != nil:
 				if first == nil {
 					first = err
 				}
-				return
+			default:
+				t.insert(packs, chunks)
 			}
-			t.insert(packs, chunks)
 		}()
 	}
 	wg.Wait()
@@ -270,6 +309,7 @@ objects:
 	if first != nil {
 		return nil, first
 	}
+	slices.SortFunc(t.skipped, func(a, b BadIndex) int { return strings.Compare(a.Name, b.Name) })
 	t.finish()
 	return t, nil
 }

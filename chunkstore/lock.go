@@ -17,15 +17,18 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/store"
 )
 
-// Lock kinds.
+// Lock kinds. A check lock is shared, as a capture's: it keeps gc away
+// while check reads; check --repair-index takes a gc lock, exclusive.
 const (
 	LockCapture = "capture"
+	LockCheck   = "check"
 	LockGC      = "gc"
 )
 
@@ -86,4 +89,15 @@ func (l *Lock) Release(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = l.st.Delete(rctx, l.name)
+}
+
+// Held are the live locks of others seen when l was taken, of any kind,
+// sorted.
+func (l *Lock) Held() []string {
+	var out []string
+	for _, names := range l.Others {
+		out = append(out, names...)
+	}
+	slices.Sort(out)
+	return out
 }

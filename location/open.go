@@ -104,7 +104,14 @@ func (c *Config) dedupOutput(ctx context.Context, ckpt store.Store) (*streamer.D
 	if err != nil {
 		return nil, err
 	}
-	return streamer.NewDedupOutput(ctx, ckpt, loc, c.SegmentSize, f.Seal)
+	d, err := streamer.NewDedupOutput(ctx, ckpt, loc, c.SegmentSize, f.Seal)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range d.SkippedIndex() {
+		c.log(fmt.Sprintf("warning: skipped an unreadable chunk index object; the chunks it lists are stored again (`gpucr-stream check --repair-index %s` rebuilds the index from the packs): %v", loc, b.Err))
+	}
+	return d, nil
 }
 
 // Format is what the output writes: a capture writing into it seals every

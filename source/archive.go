@@ -198,6 +198,11 @@ func relocate(ctx context.Context, st store.Store, m *manifest.Manifest) error {
 		return err
 	}
 	if err := chunkstore.Relocate(m, t, present); err != nil {
+		if bad := t.Skipped(); len(bad) > 0 && errors.Is(err, errdefs.ErrNotFound) {
+			// The chunk may be in a pack only that object described.
+			return fmt.Errorf("%s: %w; %d index object(s) of %s could not be read (%v): `gpucr-stream check --repair-index %s` rebuilds the index from the packs",
+				st, err, len(bad), loc, bad[0].Err, loc)
+		}
 		return fmt.Errorf("%s: %w", st, err)
 	}
 	return nil

@@ -226,3 +226,8 @@ func (d *DedupOutput) Abort(ctx context.Context) error {
 	}
 	return d.packs.Abort(ctx)
 }
+
+// SkippedIndex are the location's index objects that could not be read
+// (corrupt or truncated, chunkstore.Load): the chunks they list are
+// stored again, never referenced.
+func (d *DedupOutput) SkippedIndex() []chunkstore.BadIndex { return d.table.Skipped() }

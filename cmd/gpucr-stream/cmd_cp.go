@@ -51,6 +51,9 @@ func runCp(ctx context.Context, cfg *config, args []string) error {
 		return fmt.Errorf("cp %s %s: %w", srcLoc, dstLoc, err)
 	}
 	res.Source, res.Destination = srcLoc.String(), dstLoc.String()
+	for _, b := range res.BadIndex {
+		fmt.Fprintf(cfg.stderr, "warning: skipped an unreadable chunk index object at the destination; its chunks were indexed again (`gpucr-stream check --repair-index` of the destination's location rebuilds the index): %s\n", b.Error)
+	}
 	if cfg.jsonOut {
 		return json.NewEncoder(cfg.stdout).Encode(res)
 	}

@@ -106,6 +106,12 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 		for _, l := range c.Lost {
 			fmt.Fprintf(cfg.stderr, "warning: %s has chunks in no pack of the chunk store (damaged; verify says which)\n", l)
 		}
+		for _, b := range c.BadIndex {
+			fmt.Fprintf(cfg.stderr, "warning: skipped an unreadable chunk index object (left in place; `gpucr-stream check --repair-index %s` rebuilds the index from the packs): %s\n", res.Location, b.Error)
+		}
+		for _, u := range c.Unresolved {
+			fmt.Fprintf(cfg.stderr, "warning: %s has chunks that only an unreadable index object may find\n", u)
+		}
 	}
 	return nil
 }

@@ -31,6 +31,8 @@ func TestBashCompletion(t *testing.T) {
 		{"gpucr-stream serve --tcp", []string{"--tcp-listen-remap"}, nil},
 		{"gpucr-stream checkpoint --", []string{"--pid", "--to", "--criu-opts"}, []string{"--tcp-listen-remap", "--from"}},
 		{"gpucr-stream --ver", []string{"--version"}, nil},
+		{"gpucr-stream chec", []string{"check", "checkpoint"}, nil},
+		{"gpucr-stream check --", []string{"--repair-index", "--read-data", "--key-file"}, []string{"--dry-run", "--pid"}},
 	}
 	for _, tc := range tests {
 		words := strings.Fields(tc.words)

@@ -75,6 +75,8 @@ type config struct {
 	olderThan   string
 	repackBelow string
 	dryRun      bool
+	repairIndex bool
+	readData    bool
 	hostCheck   bool
 
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
@@ -195,6 +197,8 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.repackBelow, "repack-below", "50%", "gc: repack a pack of the chunk store whose live chunks fill less than this share of it (0%: never)")
 	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
+	boolean(&c.repairIndex, "repair-index", "check: where the chunk store's index is damaged or incomplete, rebuild it from the packs (writes one index object, then deletes the others)")
+	boolean(&c.readData, "read-data", "check: also decode every checkpoint whole and check every checksum and hash, as verify does")
 	// live migration over TCP (migrate.go, sinks/tcp*.go)
 	num(&c.streams, "streams", 0, "tcp://: parallel connections carrying the stream's shards, each written and encrypted on its own goroutine (1..64; 0: half the cores, 4 to 8)")
 	str(&c.tokenFile, "token-file", "", "tcp://: file holding the shared secret both sides prove (make one with: gpucr-stream token > FILE)")

@@ -89,4 +89,4 @@ func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 
 // commandPrefix is the list of commands a flag's description starts with
 // in the full help ("checkpoint/restore: ", "rm, gc: ").
-var commandPrefix = regexp.MustCompile(`^(?:(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|gpu suspend --to)(?:/|, ))*(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|gpu suspend --to)(?: to s3://)?: `)
+var commandPrefix = regexp.MustCompile(`^(?:(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|check|gpu suspend --to)(?:/|, ))*(?:capture|serve|extract|checkpoint|restore|migrate|receive|cp|rm|gc|check|gpu suspend --to)(?: to s3://)?: `)

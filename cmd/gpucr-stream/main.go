@@ -158,7 +158,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
-		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, versionCommand, completionCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, checkCommand, versionCommand, completionCommand,
 	}
 }
 

@@ -147,6 +147,8 @@ func TestCommandFlags(t *testing.T) {
 		{[]string{"ls", "--help"}, exitOK, "--s3-endpoint", "--pid", ""},
 		{[]string{"capture", "--help"}, exitOK, "--images-dir", "--older-than", ""},
 		{[]string{"--help", "gc"}, exitOK, "--older-than", "--codec", ""},
+		{[]string{"check", "--help"}, exitOK, "--repair-index", "--dry-run", ""},
+		{[]string{"gc", dir, "--read-data"}, exitUsage, "", "", "gc does not take --read-data"},
 		{[]string{"version", "--json"}, exitOK, "gpucr-stream", "", ""},
 		// each command's help lists the flags it uses, no others
 		{[]string{"keygen", "--help"}, exitOK, "--help", "--progress-fd", ""},
