@@ -27,6 +27,9 @@ var (
 	// command exits 130 for it. Messages that wrap it say what became of
 	// the work, and of the process where one was being checkpointed.
 	ErrInterrupted = errors.New("interrupted")
+	// ErrNoRoom: the host has not the memory or disk space a step needs
+	// (the fast path's kept copy); the step was refused before it began.
+	ErrNoRoom = errors.New("not enough room on this host")
 )
 
 // Usagef is an error wrapping ErrUsage whose message is the formatted text

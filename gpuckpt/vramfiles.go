@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -67,36 +68,47 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return nil, nil
 	}
 	cc.recordPaths(meta)
-	_, need, ok := cc.fastPossible(ctx, f, carried, log)
-	if !ok {
+	if _, _, ok := cc.fastPossible(ctx, f, carried, log); !ok {
 		return nil, nil
 	}
-	keep, err := scratch.New(scratch.DefaultRoot, f.KeepDir, "gpucr-vram-keep-", need)
-	if err != nil {
-		return nil, fmt.Errorf("fast path: kept copy: %w", err)
+	// The kept copy's directory is made once the zero scan knows what it
+	// will hold (the written bytes): a tmpfs of its own where that fits.
+	newKeep := func(need int64) (string, *os.File, error) {
+		keep, err := scratch.New(scratch.DefaultRoot, f.KeepDir, "gpucr-vram-keep-", need)
+		if err != nil {
+			return "", nil, err
+		}
+		if keep.Why != "" {
+			say(log, fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
+		}
+		cc.keepDir = keep
+		return keep.Path, keep.File(), nil
 	}
-	if keep.Why != "" {
-		say(log, fmt.Sprintf("GPU fast path: the kept copy goes into %s, not a tmpfs of huge pages of its own: %s", keep.Path, keep.Why))
-	}
-	cc.keepDir = keep
 	start := time.Now()
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, KeepDir: keep.Path, Keep: keep.File()})
+	var err error
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, NewKeep: newKeep})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
 		phases = []Phase{{"vram stage (process running)", t.Stage.Seconds()}, {"vram park", t.Park.Seconds()},
-			{"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
+			{"vram zero scan", t.Scan.Seconds()}, {"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
 		phases = append(phases, copyPhases("copy out", t.Copy)...)
 		phases = append(phases, perProcess("copy out", cc.fast.Procs(), meta.GPUs)...)
 	}
 	if err != nil {
-		keep.Remove()
+		cc.keepDir.Remove()
+		cc.keepDir = nil
 		return phases, err
 	}
 	cc.recordPaths(meta)
 	if d := time.Since(start).Seconds(); d > 0 {
+		var alloc, written, cached int64
+		for _, p := range cc.fast.Procs() {
+			alloc, written, cached = alloc+p.Allocated, written+p.Written, cached+p.Cached
+		}
 		n := cc.fast.Bytes()
-		say(log, fmt.Sprintf("GPU fast path: %.1f GiB of device memory moved out in %.2fs (%.1f GB/s); storing it into the checkpoint from the kept copy", float64(n)/(1<<30), d, float64(n)/d/1e9))
+		say(log, fmt.Sprintf("GPU fast path: %.2f GiB of device memory moved out in %.2fs (%.1f GB/s): of %.2f GiB allocated, %.2f GiB written, %.2f GiB of it marked as caches (not kept); storing it into the checkpoint from the kept copy",
+			float64(n)/(1<<30), d, float64(n)/d/1e9, float64(alloc)/(1<<30), float64(written)/(1<<30), float64(cached)/(1<<30)))
 	}
 	return phases, nil
 }

@@ -120,7 +120,7 @@ static const char *capable_reason(void)
 	return "";
 }
 
-static void json_str(char *out, size_t n, const char *s)
+void json_str(char *out, size_t n, const char *s)
 {
 	size_t k = 0;
 	for (; *s && k + 2 < n; s++)
@@ -141,16 +141,17 @@ static void cmd_report(char *out, size_t n)
 		r_CtxSetCurrent(ctxs[0]);
 		r_MemGetInfo(&fr, &tot);
 	}
-	int own = 0;
+	int own = 0, ranges = 0;
 	for (int i = 0; i < no; i++)
 		own += os_[i].live;
+	long long cached = cached_bytes(&ranges);
 	snprintf(out, n,
 		 "ok {\"pid\":%d,\"capable\":%s,\"reason\":\"%s\",\"bytes\":%zu,\"mappings\":%d,\"handles\":%d,"
 		 "\"allocs\":%d,\"contexts\":%d,\"wrapped\":%d,\"parked\":%s,\"released\":%s,\"unfilled\":%s,\"device_used\":%zu,"
-		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"collectives\":%lld,\"kept\":[",
+		 "\"driver\":%s,\"detached\":%s,\"staged\":%d,\"collectives\":%lld,\"cached\":%lld,\"cache_ranges\":%d,\"kept\":[",
 		 getpid(), why[0] ? "false" : "true", why, b, maps, handles, own, nctx, atomic_load(&wrapped),
 		 parked ? "true" : "false", released ? "true" : "false", unfilled ? "true" : "false", tot - fr,
-		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count(), collectives_launched());
+		 driver_next ? "true" : "false", detached ? "true" : "false", staged_count(), collectives_launched(), cached, ranges);
 	pthread_mutex_unlock(&tab_mu);
 	/* The kept files' paths, as far as they fit (with room for the end). */
 	for (int i = 0; i < nkeep; i++) {
@@ -288,6 +289,7 @@ static int cmd_park(long ms, char *err, size_t n)
 		return -1;
 	}
 	parked = 1;
+	scan_free(&kept_scan); /* of an earlier park */
 	return 0;
 }
 
@@ -453,6 +455,9 @@ static void serve_conn(int c)
 		} else if (!strncmp(line, "export ", 7)) {
 			rc = cmd_export(atoi(line + 7), out, sizeof out, err, sizeof err);
 			custom = 1;
+		} else if (!strcmp(line, "scan")) {
+			rc = cmd_scan(out, sizeof out, err, sizeof err);
+			custom = 1;
 		} else if (!strncmp(line, "devhash ", 8)) {
 			rc = cmd_devhash(line + 8, out, sizeof out, err, sizeof err);
 			custom = 1;
@@ -466,10 +471,14 @@ static void serve_conn(int c)
 			json_str(e, sizeof e, err);
 			snprintf(out, sizeof out, "err %s\n", e);
 		} else if (!custom) {
+			char se[sizeof st.w.scan_err];
+			json_str(se, sizeof se, st.w.scan_err);
 			snprintf(out, sizeof out,
 				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
-				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld}\n",
-				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged, st.collectives);
+				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld,\"allocated\":%lld,"
+				 "\"zero_bytes\":%lld,\"cached_bytes\":%lld,\"scan_s\":%.6f,\"scan_error\":\"%s\"}\n",
+				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged, st.collectives,
+				 st.w.allocated, st.w.zero, st.w.cached, st.w.scan, se);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;

@@ -13,17 +13,27 @@
  * copies of unchanged memory are byte-identical files, and a changed
  * allocation changes only its own bytes: a deduplicated checkpoint's
  * content-defined chunks find the rest again (docs/FORMAT.md section 17).
- * Each piece's bytes start at a 4 KiB boundary of its file (GPUCRVM2), so
- * that an allocation added or freed, which moves the pieces after it,
- * moves them by whole pages, and the chunker, which cuts at pages by
- * their content, still finds them.
+ * Each piece's bytes start at a 4 KiB boundary of its file, so that an
+ * allocation added or freed, which moves the pieces after it, moves them
+ * by whole pages, and the chunker, which cuts at pages by their content,
+ * still finds them.
+ *
+ * GPUCRVM3 (issue 36) stores only what is written: a piece's header names
+ * its blocks (written.c) and a bitmap says which are not stored (zero, or
+ * in a cache the program marked); only the others' bytes follow, and a
+ * copy in sets the rest with a device memset. The files are then a
+ * function of the mappings and their content. Files of GPUCRVM2 and
+ * GPUCRVM1 (every byte) are read too.
  */
 #include "internal.h"
 
-#define MAGIC "GPUCRVM2"   /* written: each piece's bytes at a 4 KiB boundary */
-#define MAGIC_V1 "GPUCRVM1" /* read too: the bytes right after the header */
+#define MAGIC "GPUCRVM3"    /* written: stored blocks only, each piece at a 4 KiB boundary */
+#define MAGIC_V2 "GPUCRVM2" /* read too: every byte, each piece at a 4 KiB boundary */
+#define MAGIC_V1 "GPUCRVM1" /* read too: every byte, right after the header */
 #define ALIGN 4096ULL
 #define PIECE (64ULL << 20)
+#define HDR 32 /* a GPUCRVM3 record: va, size, block, cached (u64 each) */
+#define MAXBITMAP (PIECE / 4096 / 8)
 
 struct piece {
 	CUdeviceptr va;
@@ -33,6 +43,11 @@ struct piece {
 	int file;   /* copy out: index into the job's fds */
 	off_t off;  /* where its record header is in that file */
 	off_t data; /* and its bytes: the next 4 KiB boundary after the header */
+	/* Its blocks as the scan found them (NULL: every block stored), the
+	 * bytes stored, and those left out as a marked cache. */
+	const unsigned char *what;
+	size_t block, nblk, stored;
+	uint64_t cached;
 };
 struct job {
 	int out;  /* 1: device to fd; 0: fd to device */
@@ -61,6 +76,10 @@ struct job {
 	double setup, work, teardown;
 	atomic_llong wait_ns, io_ns;
 	atomic_int nstaged; /* workers that took staged buffers */
+	/* copy out: the scan it goes by (kept_scan, or own); copy in: what
+	 * the files said, and the bytes set by memsets. */
+	struct scan *scan, own;
+	atomic_llong allocated, zeroed, cached;
 };
 struct worker {
 	struct job *j;
@@ -194,6 +213,8 @@ int cmd_stage(int k, char *err, size_t n, struct stats *st)
 		snprintf(err, n, "stage: too late (memory released or the driver's step announced)");
 		return -1;
 	}
+	/* The zero scan's kernel too: its first load compiles it. */
+	kernels_load();
 	const char *e = getenv("GPUCR_PRELOAD_STAGE");
 	if ((e && !strcmp(e, "0")) || !nctx)
 		return 0;
@@ -297,19 +318,40 @@ static int by_va(const void *a, const void *b)
 
 static off_t align_up(off_t o) { return (off_t)(((unsigned long long)o + ALIGN - 1) & ~(ALIGN - 1)); }
 
+static size_t blk_len(const struct piece *p, size_t b) { return p->n - b * p->block < p->block ? p->n - b * p->block : p->block; }
+static size_t bitmap_len(size_t nblk) { return (nblk + 7) / 8; }
+
+/* piece_blocks gives p its blocks from the scan s. */
+static void piece_blocks(struct piece *p, const struct scan *s)
+{
+	const struct wmap *m = scan_find(s, p->va, p->n);
+	p->block = s->block ? s->block : zero_block();
+	p->nblk = (p->n + p->block - 1) / p->block;
+	p->what = m ? m->what + (p->va - m->va) / p->block : NULL;
+	p->stored = p->cached = 0;
+	for (size_t b = 0; b < p->nblk; b++)
+		if (!p->what || p->what[b] == BLK_STORE)
+			p->stored += blk_len(p, b);
+		else if (p->what[b] == BLK_CACHED)
+			p->cached += blk_len(p, b);
+}
+
 /* layout sorts the pieces by device address and places them: the sorted
- * run is cut into nfiles runs of about equal bytes (a piece goes to the
- * file its middle byte falls in), each file the magic, its pieces' records
- * in address order (each header followed by zeros up to a 4 KiB boundary,
- * where its bytes start), and the end record. It writes the magic and end
- * record of every file; the zeros are holes. Nothing in it depends on
- * timing. */
+ * run is cut into nfiles runs of about equal stored bytes (a piece goes to
+ * the file its middle byte falls in), each file the magic, its pieces'
+ * records in address order (each header and bitmap followed by zeros up
+ * to a 4 KiB boundary, where its stored blocks start), and the end record.
+ * It writes the magic and end record of every file; the zeros are holes.
+ * Nothing in it depends on timing: the files are a function of the
+ * mappings and of which blocks the scan found written. */
 static int layout(struct job *j, int nfiles)
 {
 	qsort(j->pieces, j->npieces, sizeof *j->pieces, by_va);
 	unsigned long long total = 0, before = 0;
-	for (int k = 0; k < j->npieces; k++)
-		total += j->pieces[k].n;
+	for (int k = 0; k < j->npieces; k++) {
+		piece_blocks(&j->pieces[k], j->scan);
+		total += j->pieces[k].stored + ALIGN;
+	}
 	off_t end[64];
 	int count[64];
 	for (int f = 0; f < nfiles; f++) {
@@ -318,14 +360,14 @@ static int layout(struct job *j, int nfiles)
 	}
 	for (int k = 0; k < j->npieces; k++) {
 		struct piece *p = &j->pieces[k];
-		unsigned long long mid = before + p->n / 2;
+		unsigned long long w = p->stored + ALIGN, mid = before + w / 2;
 		int f = (int)(mid / ((total + nfiles - 1) / nfiles));
 		p->file = f < nfiles ? f : nfiles - 1;
 		p->off = end[p->file];
-		p->data = align_up(p->off + 16);
-		end[p->file] = p->data + (off_t)p->n;
+		p->data = align_up(p->off + HDR + (off_t)bitmap_len(p->nblk));
+		end[p->file] = p->data + (off_t)p->stored;
 		count[p->file]++;
-		before += p->n;
+		before += w;
 	}
 	/* The files' pieces are consecutive runs of the sorted ones. */
 	j->nfiles = nfiles;
@@ -333,12 +375,61 @@ static int layout(struct job *j, int nfiles)
 		atomic_init(&j->next[f], lo);
 		j->hi[f] = lo + count[f];
 	}
-	uint64_t rec[2] = {0, 0};
+	uint64_t rec[4] = {0, 0, 0, 0};
 	for (int f = 0; f < nfiles; f++)
 		if (pwrite_all(j->fds[f], MAGIC, 8, 0) < 0 || pwrite_all(j->fds[f], rec, sizeof rec, end[f]) < 0) {
 			job_fail(j, "write: %s", strerror(errno));
 			return -1;
 		}
+	return 0;
+}
+
+/* write_header writes p's record header and bitmap (bit b set: block b is
+ * not stored). */
+static int write_header(struct job *j, const struct piece *p)
+{
+	unsigned char h[HDR + MAXBITMAP];
+	uint64_t v[4] = {p->va, p->n, p->block, p->cached};
+	size_t bl = bitmap_len(p->nblk);
+	memcpy(h, v, HDR);
+	memset(h + HDR, 0, bl);
+	for (size_t b = 0; p->what && b < p->nblk; b++)
+		if (p->what[b] != BLK_STORE)
+			h[HDR + b / 8] |= (unsigned char)(1u << (b % 8));
+	if (pwrite_all(j->fds[p->file], h, HDR + bl, p->off) < 0) {
+		job_fail(j, "write: %s", strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* A cursor over a piece's stored bytes: next_chunk gives the next run of
+ * at most max bytes that are stored and consecutive on the device, at
+ * device offset *off of the piece, *len bytes, for file offset *at. */
+struct cursor {
+	size_t pos; /* device offset in the piece */
+	off_t at;   /* file offset of the next stored byte */
+};
+
+static int next_chunk(const struct piece *p, struct cursor *c, size_t max, size_t *off, size_t *len, off_t *at)
+{
+	while (c->pos < p->n) {
+		size_t b = c->pos / p->block;
+		if (p->what && p->what[b] != BLK_STORE) {
+			c->pos = (b + 1) * p->block;
+			continue;
+		}
+		size_t e = b + 1;
+		while (e < p->nblk && (!p->what || p->what[e] == BLK_STORE))
+			e++;
+		size_t end = e * p->block < p->n ? e * p->block : p->n;
+		*off = c->pos;
+		*len = end - c->pos < max ? end - c->pos : max;
+		*at = c->at;
+		c->pos += *len;
+		c->at += (off_t)*len;
+		return 1;
+	}
 	return 0;
 }
 
@@ -357,9 +448,9 @@ static int take_piece(struct job *j, int idx)
 	return -1;
 }
 
-/* copy_out copies pieces from the device into their places in the files
- * through two pinned buffers, one copying from the device while the other
- * is written. */
+/* copy_out copies the stored blocks of pieces from the device into their
+ * places in the files through two pinned buffers, one copying from the
+ * device while the other is written. */
 static void copy_out_live(struct worker *w, void *buf, CUstream st);
 
 static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
@@ -375,37 +466,38 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 		int fd = j->fds[p->file];
 		if (p->ctx)
 			r_CtxSetCurrent(p->ctx);
-		uint64_t hdr[2] = {p->va, p->n};
-		if (pwrite_all(fd, hdr, sizeof hdr, p->off) < 0) {
-			job_fail(j, "write: %s", strerror(errno));
+		if (write_header(j, p) < 0)
 			return;
-		}
-		size_t nch = (p->n + j->buf - 1) / j->buf, plen[2] = {0, 0};
-		for (size_t i = 0; i <= nch; i++) {
-			int b = i & 1;
-			if (i < nch) {
-				plen[b] = p->n - i * j->buf < j->buf ? p->n - i * j->buf : j->buf;
-				if ((r = r_DtoHAsync(buf[b], p->va + i * j->buf, plen[b], st[b])) != CUDA_SUCCESS) {
-					job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, i * j->buf, r);
-					return;
-				}
+		struct cursor c = {0, p->data};
+		size_t off[2] = {0, 0}, len[2] = {0, 0};
+		off_t at[2] = {0, 0};
+		int have[2] = {0, 0};
+		for (int i = 0;; i++) {
+			int b = i & 1, pb = b ^ 1;
+			have[b] = next_chunk(p, &c, j->buf, &off[b], &len[b], &at[b]);
+			if (have[b] && (r = r_DtoHAsync(buf[b], p->va + off[b], len[b], st[b])) != CUDA_SUCCESS) {
+				job_fail(j, "copy %#llx+%zu to host: CUresult %d", p->va, off[b], r);
+				return;
 			}
-			if (i > 0) {
-				int pb = b ^ 1;
+			if (have[pb]) {
 				double t0 = mono();
 				if ((r = r_StreamSync(st[pb])) != CUDA_SUCCESS) {
 					job_fail(j, "copy to host: CUresult %d", r);
 					return;
 				}
 				double t1 = mono();
-				if (pwrite_all(fd, buf[pb], plen[pb], p->data + (off_t)((i - 1) * j->buf)) < 0) {
+				scan_unmark(j->scan, buf[pb], p->va + off[pb], len[pb]);
+				if (pwrite_all(fd, buf[pb], len[pb], at[pb]) < 0) {
 					job_fail(j, "write: %s", strerror(errno));
 					return;
 				}
 				atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
 				atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
-				atomic_fetch_add(&j->bytes, plen[pb]);
+				atomic_fetch_add(&j->bytes, len[pb]);
+				have[pb] = 0;
 			}
+			if (!have[b])
+				break;
 		}
 		if (fault("copyout")) {
 			job_fail(j, "injected fault (copyout)");
@@ -429,13 +521,12 @@ static void copy_out_live(struct worker *w, void *buf, CUstream st)
 	for (int k; (k = take_piece(j, w->idx)) >= 0;) {
 		struct piece *p = &j->pieces[k];
 		int fd = j->fds[p->file];
-		uint64_t hdr[2] = {p->va, p->n};
-		if (pwrite_all(fd, hdr, sizeof hdr, p->off) < 0) {
-			job_fail(j, "write: %s", strerror(errno));
+		if (write_header(j, p) < 0)
 			return;
-		}
-		for (size_t off = 0; off < p->n; off += j->buf) {
-			size_t len = p->n - off < j->buf ? p->n - off : j->buf;
+		struct cursor c = {0, p->data};
+		size_t off, len;
+		off_t at;
+		while (next_chunk(p, &c, j->buf, &off, &len, &at)) {
 			double t0 = mono();
 			pthread_mutex_lock(&tab_mu);
 			struct mrec *m = &ms[p->m];
@@ -455,7 +546,8 @@ static void copy_out_live(struct worker *w, void *buf, CUstream st)
 				return;
 			}
 			double t1 = mono();
-			if (pwrite_all(fd, buf, len, p->data + (off_t)off) < 0) {
+			scan_unmark(j->scan, buf, p->va + off, len);
+			if (pwrite_all(fd, buf, len, at) < 0) {
 				job_fail(j, "write: %s", strerror(errno));
 				return;
 			}
@@ -466,84 +558,165 @@ static void copy_out_live(struct worker *w, void *buf, CUstream st)
 	}
 }
 
-/* copy_in reads a VRAM file from w->fd and copies each piece to the device,
- * alternating the two pinned buffers; the caller synchronizes the streams. */
+/* zero_dev sets n bytes at va to zero on stream st. */
+static CUresult zero_dev(CUdeviceptr va, size_t n, CUstream st)
+{
+	if (va % 4 == 0 && n % 4 == 0)
+		return r_MemsetD32Async(va, 0, n / 4, st);
+	return r_MemsetD8Async(va, 0, n, st);
+}
+
+/* The reader of one VRAM file (copy_in): the descriptor may be a pipe, so
+ * it reads in order and counts where it is. */
+struct reader {
+	struct worker *w;
+	int version; /* 1, 2 or 3 */
+	unsigned long long pos;
+};
+
+/* read_record reads a record's header, checks it names one piece of a
+ * mapping not seen yet, and reads its bitmap (bm: bit set, the block is
+ * not stored) and padding. 1: the end record; 0: a piece (p); -1: failed. */
+static int read_record(struct reader *rd, struct piece *p, unsigned char *bm)
+{
+	struct job *j = rd->w->j;
+	uint64_t h[4] = {0, 0, 0, 0};
+	size_t hn = rd->version == 3 ? HDR : 16;
+	if (read_full(rd->w->fd, h, hn)) {
+		job_fail(j, "VRAM file: truncated (no end record)");
+		return -1;
+	}
+	rd->pos += hn;
+	if (h[0] == 0 && h[1] == 0 && h[2] == 0 && h[3] == 0)
+		return 1;
+	if (rd->version == 3 && (h[2] < 4096 || h[2] % 4096 || h[2] > (1ULL << 30))) {
+		job_fail(j, "VRAM file: range %#llx: block size %llu is not a multiple of 4096 up to 1 GiB", (unsigned long long)h[0],
+			 (unsigned long long)h[2]);
+		return -1;
+	}
+	CUcontext c = NULL;
+	int pc = piece_of(j, h[0], h[1], &c);
+	if (pc < 0) {
+		job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)h[0], (unsigned long long)h[1],
+			 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
+		return -1;
+	}
+	*p = (struct piece){.va = h[0], .n = h[1], .ctx = c, .block = rd->version == 3 ? h[2] : h[1], .cached = h[3]};
+	p->nblk = (p->n + p->block - 1) / p->block; /* a piece is at most PIECE: the bitmap fits */
+	size_t bl = rd->version == 3 ? bitmap_len(p->nblk) : 0;
+	memset(bm, 0, MAXBITMAP);
+	if (read_full(rd->w->fd, bm, bl)) {
+		job_fail(j, "VRAM file: truncated in the bitmap of range %#llx", p->va);
+		return -1;
+	}
+	rd->pos += bl;
+	unsigned long long unstored = 0;
+	for (size_t b = 0; b < bl * 8; b++)
+		if (bm[b / 8] & (1u << (b % 8))) {
+			if (b >= p->nblk) {
+				job_fail(j, "VRAM file: range %#llx: the bitmap marks block %zu of %zu", p->va, b, p->nblk);
+				return -1;
+			}
+			unstored += blk_len(p, b);
+		}
+	if (p->cached > unstored) {
+		job_fail(j, "VRAM file: range %#llx: %llu bytes cached, more than the %llu not stored", p->va,
+			 (unsigned long long)p->cached, unstored);
+		return -1;
+	}
+	if (rd->version > 1 && rd->pos % ALIGN) {
+		unsigned char pad[ALIGN];
+		size_t np = ALIGN - rd->pos % ALIGN;
+		if (read_full(rd->w->fd, pad, np)) {
+			job_fail(j, "VRAM file: truncated at offset %llu", rd->pos);
+			return -1;
+		}
+		for (size_t i = 0; i < np; i++)
+			if (pad[i]) {
+				job_fail(j, "VRAM file: byte %llu is not zero (padding before range %#llx)", rd->pos + i, p->va);
+				return -1;
+			}
+		rd->pos += np;
+	}
+	atomic_fetch_add(&j->allocated, (long long)p->n);
+	atomic_fetch_add(&j->cached, (long long)p->cached);
+	return 0;
+}
+
+/* copy_in reads a VRAM file from w->fd and puts each piece back: its
+ * stored blocks copied through the two pinned buffers in turn, the others
+ * set to zero on the device. */
 static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 {
 	struct job *j = w->j;
 	CUresult r;
 	char magic[8];
+	struct reader rd = {w, 0, 8};
 	int e = read_full(w->fd, magic, 8);
-	int aligned = !e && !memcmp(magic, MAGIC, 8);
-	if (e || (!aligned && memcmp(magic, MAGIC_V1, 8))) {
+	if (!e)
+		rd.version = !memcmp(magic, MAGIC, 8) ? 3 : !memcmp(magic, MAGIC_V2, 8) ? 2 : !memcmp(magic, MAGIC_V1, 8) ? 1 : 0;
+	if (e || !rd.version) {
 		job_fail(j, "VRAM file: %s", e ? "truncated header" : "bad magic");
 		return;
 	}
-	unsigned long long pos = 8; /* the descriptor may be a pipe: count */
 	size_t pending[2] = {0, 0};
 	int b = 0;
-	for (;;) {
-		uint64_t hdr[2];
-		if (read_full(w->fd, hdr, sizeof hdr)) {
-			job_fail(j, "VRAM file: truncated (no end record)");
-			return;
-		}
-		pos += sizeof hdr;
-		if (hdr[0] == 0 && hdr[1] == 0)
-			break;
-		if (aligned && pos % ALIGN) {
-			unsigned char pad[ALIGN];
-			size_t np = ALIGN - pos % ALIGN;
-			if (read_full(w->fd, pad, np)) {
-				job_fail(j, "VRAM file: truncated at offset %llu", pos);
-				return;
-			}
-			for (size_t i = 0; i < np; i++)
-				if (pad[i]) {
-					job_fail(j, "VRAM file: byte %llu is not zero (padding before range %#llx)", pos + i,
-						 (unsigned long long)hdr[0]);
+	unsigned char bm[MAXBITMAP];
+	struct piece p;
+	for (int rc; (rc = read_record(&rd, &p, bm)) == 0;) {
+		if (p.ctx)
+			r_CtxSetCurrent(p.ctx);
+		/* Runs of blocks alike: a memset for those not stored, the
+		 * buffers for the rest. */
+		for (size_t blk = 0; blk < p.nblk;) {
+			int zero = bm[blk / 8] >> (blk % 8) & 1;
+			size_t e2 = blk + 1;
+			while (e2 < p.nblk && (bm[e2 / 8] >> (e2 % 8) & 1) == zero)
+				e2++;
+			size_t lo = blk * p.block, hi = e2 * p.block < p.n ? e2 * p.block : p.n;
+			blk = e2;
+			if (zero) {
+				if ((r = zero_dev(p.va + lo, hi - lo, st[0])) != CUDA_SUCCESS) {
+					job_fail(j, "set %#llx+%zu to zero: CUresult %d", p.va, lo, r);
 					return;
 				}
-			pos += np;
-		}
-		CUcontext c = NULL;
-		int pc = piece_of(j, hdr[0], hdr[1], &c);
-		if (pc < 0) {
-			job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)hdr[0], (unsigned long long)hdr[1],
-				 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
-			return;
-		}
-		if (c)
-			r_CtxSetCurrent(c);
-		for (size_t off = 0; off < hdr[1];) {
-			size_t len = hdr[1] - off < j->buf ? hdr[1] - off : j->buf;
-			double t0 = mono();
-			if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
-				job_fail(j, "copy to device: CUresult %d", r);
-				return;
+				pending[0] = 1;
+				atomic_fetch_add(&j->zeroed, (long long)(hi - lo));
+				continue;
 			}
-			double t1 = mono();
-			if (read_full(w->fd, buf[b], len)) {
-				job_fail(j, "VRAM file: truncated in range %#llx", (unsigned long long)hdr[0]);
-				return;
+			for (size_t off = lo; off < hi;) {
+				size_t len = hi - off < j->buf ? hi - off : j->buf;
+				double t0 = mono();
+				if (pending[b] && (r = r_StreamSync(st[b])) != CUDA_SUCCESS) {
+					job_fail(j, "copy to device: CUresult %d", r);
+					return;
+				}
+				double t1 = mono();
+				if (read_full(w->fd, buf[b], len)) {
+					job_fail(j, "VRAM file: truncated in range %#llx", p.va);
+					return;
+				}
+				atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
+				atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
+				if ((r = r_HtoDAsync(p.va + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
+					job_fail(j, "copy %#llx to device: CUresult %d", p.va + off, r);
+					return;
+				}
+				pending[b] = len;
+				atomic_fetch_add(&j->bytes, len);
+				off += len;
+				rd.pos += len;
+				b ^= 1;
 			}
-			atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
-			atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
-			if ((r = r_HtoDAsync(hdr[0] + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
-				job_fail(j, "copy %#llx to device: CUresult %d", (unsigned long long)hdr[0] + off, r);
-				return;
-			}
-			pending[b] = len;
-			atomic_fetch_add(&j->bytes, len);
-			off += len;
-			pos += len;
-			b ^= 1;
 		}
 		if (fault("copyin")) {
 			job_fail(j, "injected fault (copyin)");
 			return;
 		}
 	}
+	for (int k = 0; k < 2 && !atomic_load(&j->failed); k++)
+		if (pending[k] && (r = r_StreamSync(st[k])) != CUDA_SUCCESS)
+			job_fail(j, "copy to device: CUresult %d", r);
 }
 
 /* worker_main is one copy thread of a job: two pinned buffers and two
@@ -609,6 +782,13 @@ int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct s
 	j.live = live;
 	j.buf = buf_size();
 	if (out) {
+		/* Which blocks to store: the scan `scan` ran for this park, else
+		 * one now (a peek's while the program runs). */
+		j.scan = &kept_scan;
+		if (live || !kept_scan.valid) {
+			j.scan = &j.own;
+			scan_run(live, &j.own);
+		}
 		pthread_mutex_lock(&tab_mu);
 		int cap = 0;
 		for (int i = 0; i < nm; i++)
@@ -671,7 +851,15 @@ int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct s
 	free((void *)j.seen);
 	unstage_all();
 	*st = (struct stats){atomic_load(&j.bytes), j.setup, j.work, j.teardown, atomic_load(&j.wait_ns) / 1e9,
-			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged), 0};
+			     atomic_load(&j.io_ns) / 1e9, started, atomic_load(&j.nstaged), 0, {0}};
+	if (out) {
+		st->w = j.scan->w;
+	} else {
+		st->w.allocated = atomic_load(&j.allocated);
+		st->w.zero = atomic_load(&j.zeroed);
+		st->w.cached = atomic_load(&j.cached);
+	}
+	scan_free(&j.own);
 	if (atomic_load(&j.failed)) {
 		snprintf(err, n, "%s", j.err);
 		return -1;

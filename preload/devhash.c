@@ -1,10 +1,12 @@
 /*
- * devhash: the block hashes of the process's device memory, computed on
- * the device, to find which memory changed since a copy without moving it
- * (issue 22: hashing on the device against copying at bus speed and
- * hashing on the host). The kernel is PTX text loaded into each context
- * with the driver API (no CUDA headers, no toolkit: the driver compiles
- * it); devhash.h defines the hash and computes it on the host.
+ * devhash: the library's device kernels, and the block hashes of the
+ * process's device memory computed on the device, to find which memory
+ * changed since a copy without moving it (issue 22: hashing on the device
+ * against copying at bus speed and hashing on the host). The kernels are
+ * PTX text loaded once into each context with the driver API (no CUDA
+ * headers, no toolkit: the driver compiles it): gpucr_hash (devhash.h
+ * defines the hash and computes it on the host) and gpucr_zero, which
+ * finds the all-zero blocks a copy out leaves behind (written.c).
  *
  * `devhash BLOCK KEY [check]`, parked (nothing runs, nothing is released):
  * every mapping of the process's own memory (what a copy out copies) is
@@ -42,10 +44,59 @@ typedef void *CUfunction;
 	"mov.b64 %rd20, {%r6, %r7};\n add.u64 " ACC ", " ACC ", %rd20;\n"
 #define WARP_SUM(ACC) SHFL(ACC, "16") SHFL(ACC, "8") SHFL(ACC, "4") SHFL(ACC, "2") SHFL(ACC, "1")
 
+/* The kernel gpucr_zero(ptr, nwords, bwords, out): CTA k ORs words
+ * [k*bwords, min((k+1)*bwords, nwords)) of ptr, each thread its share, the
+ * CTA's threads' results by a barrier reduction (bar.red.or), and writes
+ * out[k] = 1 if any word is not zero, else 0. One byte a block: a 141 GB
+ * device in 64 KiB blocks sends 2.2 MB to the host. */
 static const char ptx[] =
 	".version 7.0\n"
 	".target sm_70\n"
 	".address_size 64\n"
+	".visible .entry gpucr_zero(.param .u64 p_ptr, .param .u64 p_nwords, .param .u64 p_bwords, .param .u64 p_out)\n"
+	"{\n"
+	".reg .pred %p<4>;\n"
+	".reg .b32 %r<8>;\n"
+	".reg .b64 %rd<20>;\n"
+	"ld.param.u64 %rd1, [p_ptr];\n"
+	"ld.param.u64 %rd2, [p_nwords];\n"
+	"ld.param.u64 %rd3, [p_bwords];\n"
+	"ld.param.u64 %rd5, [p_out];\n"
+	"cvta.to.global.u64 %rd1, %rd1;\n"
+	"cvta.to.global.u64 %rd5, %rd5;\n"
+	"mov.u32 %r1, %ctaid.x;\n"
+	"mov.u32 %r2, %tid.x;\n"
+	"mov.u32 %r3, %ntid.x;\n"
+	"cvt.u64.u32 %rd6, %r1;\n"
+	"mul.lo.u64 %rd7, %rd6, %rd3;\n" /* base */
+	"add.u64 %rd8, %rd7, %rd3;\n"
+	"min.u64 %rd8, %rd8, %rd2;\n"
+	"sub.u64 %rd8, %rd8, %rd7;\n" /* words in this block */
+	"cvt.u64.u32 %rd9, %r2;\n"
+	"cvt.u64.u32 %rd10, %r3;\n"
+	"shl.b64 %rd11, %rd7, 3;\n"
+	"add.u64 %rd11, %rd1, %rd11;\n"
+	"mov.u64 %rd12, 0;\n"
+	"$Lzloop:\n"
+	"setp.ge.u64 %p1, %rd9, %rd8;\n"
+	"@%p1 bra $Lzdone;\n"
+	"shl.b64 %rd14, %rd9, 3;\n"
+	"add.u64 %rd14, %rd11, %rd14;\n"
+	"ld.global.nc.u64 %rd15, [%rd14];\n"
+	"or.b64 %rd12, %rd12, %rd15;\n"
+	"add.u64 %rd9, %rd9, %rd10;\n"
+	"bra $Lzloop;\n"
+	"$Lzdone:\n"
+	"setp.ne.u64 %p2, %rd12, 0;\n"
+	"bar.red.or.pred %p3, 0, %p2;\n"
+	"setp.ne.u32 %p1, %r2, 0;\n"
+	"@%p1 bra $Lzend;\n"
+	"selp.u32 %r4, 1, 0, %p3;\n"
+	"add.u64 %rd13, %rd5, %rd6;\n"
+	"st.global.u8 [%rd13], %r4;\n"
+	"$Lzend:\n"
+	"ret;\n"
+	"}\n"
 	".shared .align 8 .b64 gpucr_red[64];\n"
 	".visible .entry gpucr_hash(.param .u64 p_ptr, .param .u64 p_nwords, .param .u64 p_bwords,\n"
 	"                           .param .u64 p_key, .param .u64 p_out)\n"
@@ -171,30 +222,89 @@ static int by_va(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* The library's module, loaded once into each context (a load compiles
+ * the PTX: tens of milliseconds the first time in a process, so `stage`
+ * loads it while the program still runs). Modules are part of the
+ * context: they survive the driver's checkpoint and restore. */
+static struct {
+	CUcontext ctx;
+	CUmodule mod;
+} kmods[16];
+static int nkmods;
+static pthread_mutex_t kmu = PTHREAD_MUTEX_INITIALIZER;
+
+static int resolve(char *err, size_t n);
+
+int kernel_fn(CUcontext ctx, const char *name, void **fn, char *err, size_t n)
+{
+	if (resolve(err, n) < 0)
+		return -1;
+	pthread_mutex_lock(&kmu);
+	CUmodule mod = NULL;
+	for (int i = 0; i < nkmods && !mod; i++)
+		if (kmods[i].ctx == ctx)
+			mod = kmods[i].mod;
+	CUresult r = CUDA_SUCCESS;
+	if (!mod) {
+		char log[2048] = "";
+		int opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+		void *val[2] = {log, (void *)(uintptr_t)sizeof log};
+		if (ctx)
+			r_CtxSetCurrent(ctx);
+		if ((r = r_ModuleLoadDataEx(&mod, ptx, 2, opt, val)) != CUDA_SUCCESS) {
+			pthread_mutex_unlock(&kmu);
+			snprintf(err, n, "load the library's kernels: CUresult %d: %.300s", r, log);
+			return -1;
+		}
+		if (nkmods < 16) { /* always: the library tracks at most 16 contexts */
+			kmods[nkmods].ctx = ctx;
+			kmods[nkmods++].mod = mod;
+		}
+	}
+	r = r_ModuleGetFunction((CUfunction *)fn, mod, name);
+	pthread_mutex_unlock(&kmu);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, n, "the kernel %s: CUresult %d", name, r);
+		return -1;
+	}
+	return 0;
+}
+
+CUresult kernel_launch(void *fn, unsigned grid, CUstream st, void **params)
+{
+	return r_Launch(fn, grid, 1, 1, THREADS, 1, 1, 0, st, params, NULL);
+}
+
+/* kernels_load loads the module into every context now (best effort). */
+void kernels_load(void)
+{
+	char err[400];
+	void *fn;
+	for (int c = 0; c < nctx; c++)
+		kernel_fn(ctxs[c], "gpucr_zero", &fn, err, sizeof err);
+}
+
+/* kernels_forget: a forked child has none of the parent's contexts. */
+void kernels_forget(void)
+{
+	nkmods = 0;
+	pthread_mutex_init(&kmu, NULL);
+}
+
 /* hash_ctx hashes the maps of context ctx on its device into their h. */
 static int hash_ctx(CUcontext ctx, struct dhmap *m, int k, uint64_t block, uint64_t key, double *load, double *kern,
 		    double *fetch, char *err, size_t n)
 {
-	CUmodule mod = NULL;
-	CUfunction fn;
+	void *fn;
 	CUdeviceptr out = 0;
 	CUresult r;
-	char log[2048] = "";
-	int opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-	void *val[2] = {log, (void *)(uintptr_t)sizeof log};
 	size_t total = 0;
 	int rc = -1;
 	double t0 = mono();
+	if (kernel_fn(ctx, "gpucr_hash", &fn, err, n) < 0)
+		return -1;
 	if (ctx)
 		r_CtxSetCurrent(ctx);
-	if ((r = r_ModuleLoadDataEx(&mod, ptx, 2, opt, val)) != CUDA_SUCCESS) {
-		snprintf(err, n, "devhash: load the kernel: CUresult %d: %.300s", r, log);
-		return -1;
-	}
-	if ((r = r_ModuleGetFunction(&fn, mod, "gpucr_hash")) != CUDA_SUCCESS) {
-		snprintf(err, n, "devhash: the kernel's function: CUresult %d", r);
-		goto out;
-	}
 	for (int i = 0; i < k; i++)
 		if (m[i].ctx == ctx)
 			total += m[i].nblk;
@@ -211,7 +321,7 @@ static int hash_ctx(CUcontext ctx, struct dhmap *m, int k, uint64_t block, uint6
 		uint64_t nwords = m[i].n / 8, bwords = block / 8, key_ = key;
 		CUdeviceptr ptr = m[i].va, dst = out + at * 16;
 		void *params[] = {&ptr, &nwords, &bwords, &key_, &dst};
-		if ((r = r_Launch(fn, (unsigned)m[i].nblk, 1, 1, THREADS, 1, 1, 0, NULL, params, NULL)) != CUDA_SUCCESS) {
+		if ((r = kernel_launch(fn, (unsigned)m[i].nblk, NULL, params)) != CUDA_SUCCESS) {
 			snprintf(err, n, "devhash: launch over %#llx+%zu: CUresult %d", m[i].va, m[i].n, r);
 			goto out;
 		}
@@ -239,7 +349,6 @@ static int hash_ctx(CUcontext ctx, struct dhmap *m, int k, uint64_t block, uint6
 out:
 	if (out)
 		r_MemFree(out);
-	r_ModuleUnload(mod);
 	return rc;
 }
 
@@ -287,6 +396,10 @@ static long long check_host(struct dhmap *m, int k, uint64_t block, uint64_t key
 
 static int resolve(char *err, size_t n)
 {
+	if (!libcuda) {
+		snprintf(err, n, "the driver is not loaded");
+		return -1;
+	}
 	if (!r_ModuleLoadDataEx) {
 		r_ModuleLoadDataEx = real_dlsym(libcuda, "cuModuleLoadDataEx");
 		r_ModuleGetFunction = real_dlsym(libcuda, "cuModuleGetFunction");
@@ -294,7 +407,7 @@ static int resolve(char *err, size_t n)
 		r_Launch = real_dlsym(libcuda, "cuLaunchKernel");
 	}
 	if (!r_ModuleLoadDataEx || !r_ModuleGetFunction || !r_ModuleUnload || !r_Launch) {
-		snprintf(err, n, "devhash: the driver lacks the module or launch API");
+		snprintf(err, n, "the driver lacks the module or launch API");
 		return -1;
 	}
 	return 0;
@@ -313,8 +426,6 @@ int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n)
 		snprintf(err, n, "devhash: %s", released ? "memory is released" : "not parked");
 		return -1;
 	}
-	if (resolve(err, n) < 0)
-		return -1;
 	pthread_mutex_lock(&tab_mu);
 	struct dhmap *m = calloc(nm ? nm : 1, sizeof *m);
 	int k = 0;

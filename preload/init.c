@@ -39,6 +39,8 @@ CUresult (*r_StreamSync)(CUstream);
 CUresult (*r_DtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 CUresult (*r_HtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 CUresult (*r_MemGetInfo)(size_t *, size_t *);
+CUresult (*r_MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult (*r_MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
 
 /* ---- state ---- */
 pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -145,6 +147,9 @@ static void atfork_child(void)
 	nh = nm = no = nctx = 0;
 	parked = released = unfilled = said = 0;
 	keep_clear(0);
+	memset(&kept_scan, 0, sizeof kept_scan); /* the parent's */
+	cache_reset();
+	kernels_forget();
 	atomic_store(&incapable_set, 0);
 	pthread_mutex_init(&incapable_mu, NULL);
 	atomic_store(&wrapped, 0);

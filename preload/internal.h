@@ -49,11 +49,16 @@
  *   control.c      the control socket and its protocol (the order of a
  *                  checkpoint and a restore)
  *   copy.c         copy workers: staged pinned buffers, copy out and in
- *   devhash.c      block hashes of device memory, on the device
+ *   devhash.c      the device kernels (block hashes, zero blocks), and
+ *                  `devhash`
+ *   written.c      which blocks are written: the zero scan, and the device
+ *                  ranges the program marks as caches (gpucr_mark_cache)
  *   recover.c      the kept copy, and recovery without gpucr-stream
  *
  * Nothing declared here is exported: the library's interface is the
- * driver's entry points in wrappers.c (and dlsym), nothing else.
+ * driver's entry points in wrappers.c (and dlsym), and the two functions
+ * of written.c a program calls itself, gpucr_mark_cache and
+ * gpucr_unmark_cache.
  */
 #ifndef GPUCR_PRELOAD_INTERNAL_H
 #define GPUCR_PRELOAD_INTERNAL_H
@@ -151,6 +156,8 @@ extern CUresult (*r_StreamSync)(CUstream);
 extern CUresult (*r_DtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 extern CUresult (*r_HtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 extern CUresult (*r_MemGetInfo)(size_t *, size_t *);
+extern CUresult (*r_MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+extern CUresult (*r_MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
 extern void *libcuda;
 extern pthread_mutex_t tab_mu; /* guards bookkeeping.c's tables */
 extern atomic_int wrapped;     /* entry points handed out wrapped */
@@ -257,8 +264,16 @@ void start_control(void);
 int write_all(int fd, const void *b, size_t n);
 int read_full(int fd, void *b, size_t n);
 int fault(const char *step);
+void json_str(char *out, size_t n, const char *s);
 
 /* ---- copy.c ---- */
+/* What a copy out left behind of the allocated memory (written.c's scan),
+ * and what a copy in set with memsets instead of copies. */
+struct written_stats {
+	long long allocated, zero, cached;
+	double scan;
+	char scan_err[160]; /* the scan failed: everything was copied */
+};
 /* What a command answers with besides ok: a copy's bytes and where its
  * time went (seconds; wait and io are summed over the workers). */
 struct stats {
@@ -266,6 +281,7 @@ struct stats {
 	double setup, work, teardown, wait, io;
 	int workers, staged;
 	long long collectives; /* collhold, colluntil: launched so far */
+	struct written_stats w;
 };
 int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st);
 int cmd_stage(int k, char *err, size_t n, struct stats *st);
@@ -277,8 +293,50 @@ int staged_count(void);
  * files hold (an imported one is its exporter's). Under tab_mu. */
 int copied(int i);
 
-/* ---- devhash.c: block hashes on the device ---- */
+/* ---- devhash.c: the device kernels, block hashes on the device ---- */
 int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n);
+/* kernel_fn finds kernel name ("gpucr_hash", "gpucr_zero") of the
+ * library's module in context ctx, loading the module once per context. */
+int kernel_fn(CUcontext ctx, const char *name, void **fn, char *err, size_t n);
+CUresult kernel_launch(void *fn, unsigned grid, CUstream st, void **params);
+void kernels_load(void);
+void kernels_forget(void);
+
+/* ---- written.c: the zero scan and the marked caches ---- */
+/* One mapping's blocks as a scan found them: what[b] is BLK_STORE,
+ * BLK_ZERO (all zero) or BLK_CACHED (written, inside a range the program
+ * marked as a cache); both of the latter are not stored. */
+enum { BLK_STORE = 0, BLK_ZERO = 1, BLK_CACHED = 2 };
+struct wmap {
+	CUdeviceptr va;
+	size_t size;
+	CUcontext ctx;
+	unsigned char *what;
+	size_t nblk;
+};
+struct crange {
+	CUdeviceptr va;
+	size_t n;
+};
+struct scan {
+	int valid;
+	size_t block;
+	struct wmap *m;
+	int k;
+	struct crange *marks; /* the marks when it ran, sorted */
+	int nmarks;
+	struct written_stats w;
+};
+extern struct scan kept_scan; /* `scan`'s, for the next copy out while parked */
+size_t zero_block(void);
+int scan_run(int live, struct scan *s);
+void scan_free(struct scan *s);
+const struct wmap *scan_find(const struct scan *s, CUdeviceptr va, size_t size);
+void scan_unmark(const struct scan *s, void *buf, CUdeviceptr va, size_t len);
+int cmd_scan(char *out, size_t outn, char *err, size_t n);
+void cache_forget(CUdeviceptr va, size_t n);
+long long cached_bytes(int *ranges);
+void cache_reset(void);
 
 /* ---- recover.c: the kept copy ---- */
 extern int said;

@@ -179,6 +179,7 @@ static int keep_open(int *out, char *err, size_t n)
 void run_again(void)
 {
 	parked = 0;
+	scan_free(&kept_scan);
 	gate_open();
 	collective_release();
 }

@@ -252,6 +252,7 @@ CUresult cuMemFree_v2(CUdeviceptr va)
 			if (hs[o.h].present)
 				r_Release(hs[o.h].real);
 			r_AddressFree(o.va, o.size);
+			cache_forget(o.va, o.size);
 			os_[oi].live = 0;
 			ms[o.m].live = 0;
 			hs[o.h].live = 0;
@@ -336,6 +337,7 @@ CUresult cuMemUnmap(CUdeviceptr va, size_t size)
 	pthread_mutex_lock(&tab_mu);
 	CUresult r = r_Unmap(va, size);
 	if (r == CUDA_SUCCESS) {
+		cache_forget(va, size);
 		for (int i = 0; i < nm; i++) {
 			if (!ms[i].live || ms[i].va < va || ms[i].va + ms[i].size > va + size)
 				continue;
@@ -583,8 +585,11 @@ void resolve_real(void)
 	R(r_DtoHAsync, "cuMemcpyDtoHAsync_v2");
 	R(r_HtoDAsync, "cuMemcpyHtoDAsync_v2");
 	R(r_MemGetInfo, "cuMemGetInfo_v2");
+	R(r_MemsetD8Async, "cuMemsetD8Async");
+	R(r_MemsetD32Async, "cuMemsetD32Async");
 #undef R
-	if (!r_AddressReserve || !r_Create || !r_Map || !r_SetAccess || !r_HostAlloc || !r_DtoHAsync || !r_HtoDAsync)
+	if (!r_AddressReserve || !r_Create || !r_Map || !r_SetAccess || !r_HostAlloc || !r_DtoHAsync || !r_HtoDAsync ||
+	    !r_MemsetD8Async || !r_MemsetD32Async)
 		mark_incapable("the driver lacks the virtual memory API");
 }
 

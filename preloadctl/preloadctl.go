@@ -169,6 +169,10 @@ type PreloadReport struct {
 	Staged int `json:"staged"`
 	// Collectives counts the NCCL collectives the program launched.
 	Collectives int64 `json:"collectives"`
+	// Cached is the device memory the program marked as caches it can
+	// rebuild (gpucr_mark_cache), in CacheRanges ranges: not stored.
+	Cached      int64 `json:"cached"`
+	CacheRanges int   `json:"cache_ranges"`
 }
 
 // Preload is a connection to one process's library.
@@ -466,6 +470,37 @@ func (p *Preload) Stage(ctx context.Context, workers int) error {
 	return err
 }
 
+// Written is what a zero scan found of the process's own device memory
+// (preload/written.c): of Allocated bytes, Zero were in all-zero blocks
+// and Cached in blocks the program marked as caches, so a copy out moves
+// and stores the other Stored bytes, in Pieces records (each with a
+// header, padded to 4 KiB). ScanError, when not empty, says why the scan
+// failed: then every block is stored.
+type Written struct {
+	Allocated int64   `json:"allocated"`
+	Zero      int64   `json:"zero_bytes"`
+	Cached    int64   `json:"cached_bytes"`
+	Stored    int64   `json:"stored"`
+	Pieces    int64   `json:"pieces"`
+	Block     int64   `json:"block"`
+	ScanS     float64 `json:"scan_s"`
+	ScanError string  `json:"scan_error"`
+}
+
+// Scan has the parked process's library find its zero blocks on the
+// device, for the copy out that follows: what that copy will hold.
+func (p *Preload) Scan(ctx context.Context) (Written, error) {
+	var w Written
+	js, err := p.do(ctx, "scan", nil)
+	if err != nil {
+		return w, err
+	}
+	if err := json.Unmarshal(js, &w); err != nil {
+		return w, fmt.Errorf("process %d: scan: %w", p.PID, err)
+	}
+	return w, nil
+}
+
 // CopyStats are what a copy moved and where its time went: the slowest
 // worker's setup (its pinned buffers and streams, unless staged), copy and
 // teardown; and, summed over the workers, the time they waited on the
@@ -477,6 +512,11 @@ type CopyStats struct {
 	Workers, Staged       int
 	Setup, Work, Teardown time.Duration
 	Wait, IO              time.Duration
+	// Of the memory the copy covered (Allocated), what it left out: a copy
+	// out's Zero and Cached blocks (its scan's, ScanError set if that
+	// failed); a copy in's Zero is the bytes it set with memsets.
+	Allocated, Zero, Cached int64
+	ScanError               string
 }
 
 // CopyOut writes every live mapping into the files (one copy thread each,
@@ -515,12 +555,17 @@ func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (CopyS
 		TeardownS float64 `json:"teardown_s"`
 		WaitS     float64 `json:"wait_s"`
 		IOS       float64 `json:"io_s"`
+		Allocated int64   `json:"allocated"`
+		Zero      int64   `json:"zero_bytes"`
+		Cached    int64   `json:"cached_bytes"`
+		ScanError string  `json:"scan_error"`
 	}
 	if err := json.Unmarshal(js, &r); err != nil {
 		return CopyStats{}, fmt.Errorf("process %d: %s: %w", p.PID, cmd, err)
 	}
 	return CopyStats{Bytes: r.Bytes, Workers: r.Workers, Staged: r.Staged, Setup: secs(r.SetupS), Work: secs(r.WorkS),
-		Teardown: secs(r.TeardownS), Wait: secs(r.WaitS), IO: secs(r.IOS)}, nil
+		Teardown: secs(r.TeardownS), Wait: secs(r.WaitS), IO: secs(r.IOS), Allocated: r.Allocated, Zero: r.Zero, Cached: r.Cached,
+		ScanError: r.ScanError}, nil
 }
 
 // DevHash is what a `devhash` answered: the block hashes of the process's

@@ -12,6 +12,7 @@ package vram
 // a reused pid apart.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/fsat"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/proc"
 	"golang.org/x/sys/unix"
 )
@@ -232,4 +234,80 @@ func removeFiles(dir *os.File, names []string, ids []fsat.ID) {
 			}
 		}
 	}
+}
+
+// FastRecover is `gpu resume --pid` for processes that run with the
+// library, after the driver's restore and unlock: a process left parked by
+// a gpucr-stream that died after the driver's lock (or by a failed refill)
+// gets its memory back from the kept copy and runs on. Processes without
+// the library, or not parked, are left alone. It returns those it resumed.
+func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, error) {
+	if records == "" {
+		records = DefaultRecords()
+	}
+	var done []int
+	var errs []error
+	for _, pid := range pids {
+		ok, err := recoverOne(ctx, dir, records, pid)
+		if ok {
+			done = append(done, pid)
+		}
+		errs = append(errs, err)
+	}
+	errs = append(errs, Reimport(ctx, dir, pids))
+	return done, errors.Join(errs...)
+}
+
+func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
+	if !preloadctl.HasPreload(pid) {
+		return false, nil
+	}
+	p, err := preloadctl.DialPreload(ctx, dir, pid)
+	if errors.Is(err, preloadctl.ErrNoPreload) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer p.Close()
+	r, err := p.Report(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !r.Parked {
+		// It runs: a copy still recorded for it is of a checkpoint that
+		// ended (the library refilled on its own, and may not remove
+		// root's files).
+		if rec, err := loadRecord(records, pid); err == nil {
+			rec.drop(records)
+		}
+		return false, nil
+	}
+	if !r.Released && !r.Unfilled {
+		// Parked with its memory in place: it only needs to run on.
+		return true, p.Recover(ctx, nil)
+	}
+	// The kept copy is found through gpucr-stream's own record, never
+	// through what the process reports (r.Kept): its user may have it name
+	// any file of root's.
+	rec, err := loadRecord(records, pid)
+	if err != nil {
+		return false, fmt.Errorf("process %d is parked with its device memory not back: %w: bring it from its checkpoint with `gpu resume --pid %d --from SRC`", pid, err, pid)
+	}
+	kd, err := rec.openDir()
+	if err != nil {
+		return false, fmt.Errorf("process %d: %w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", pid, err, pid)
+	}
+	defer kd.Close()
+	fs, err := openFiles(kd, rec.Files, rec.IDs)
+	if err == nil {
+		err = p.Recover(ctx, fs)
+		closeAll(fs)
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", err, pid)
+	}
+	removeFiles(kd, rec.Files, rec.IDs)
+	removeRecord(records, pid)
+	return true, nil
 }

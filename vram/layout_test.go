@@ -8,48 +8,89 @@ import (
 	"testing"
 )
 
-// vramRecord is one record of a VRAM file: a piece of device memory at va,
-// its n bytes starting at off in the file.
+// vramRecord is one record of a VRAM file: a piece of device memory at va
+// of n bytes, its stored blocks' data bytes from off in the file; block
+// and unstored (a bitmap, bit set: not stored) say which blocks those are
+// (GPUCRVM3; before, every byte is stored).
 type vramRecord struct {
-	va, n uint64
-	off   int
+	va, n, block, cached uint64
+	unstored             string
+	off, data            int
 }
 
-// parseRecords parses a VRAM file (docs/PRODUCERS.md): GPUCRVM2, each
-// record's bytes at the next 4 KiB boundary after its header (zeros
-// between), or GPUCRVM1, right after it.
-func parseRecords(t *testing.T, name string, b []byte) []vramRecord {
+// stored says whether block k of r is in the file.
+func (r vramRecord) stored(k uint64) bool {
+	return r.unstored == "" || r.unstored[k/8]&(1<<(k%8)) == 0
+}
+
+// parseRecords parses a VRAM file (docs/PRODUCERS.md): GPUCRVM3, each
+// record's header (va, size, block, cached) and bitmap, then zeros to a 4
+// KiB boundary, then the stored blocks; GPUCRVM2, every byte at the next
+// 4 KiB boundary after a header of va and size; GPUCRVM1, right after it.
+func parseRecords(t testing.TB, name string, b []byte) []vramRecord {
 	t.Helper()
-	if len(b) < 8 || (string(b[:8]) != "GPUCRVM2" && string(b[:8]) != "GPUCRVM1") {
+	if len(b) < 8 || (string(b[:8]) != "GPUCRVM3" && string(b[:8]) != "GPUCRVM2" && string(b[:8]) != "GPUCRVM1") {
 		t.Fatalf("%s: no magic", name)
 	}
-	aligned := string(b[:8]) == "GPUCRVM2"
+	v := int(b[7] - '0')
+	hn := map[bool]int{true: 32, false: 16}[v == 3]
 	var rs []vramRecord
 	for off := 8; ; {
-		if len(b)-off < 16 {
+		if len(b)-off < hn {
 			t.Fatalf("%s: truncated at %d", name, off)
 		}
-		va, n := binary.LittleEndian.Uint64(b[off:]), binary.LittleEndian.Uint64(b[off+8:])
-		off += 16
-		if va == 0 && n == 0 {
+		r := vramRecord{va: binary.LittleEndian.Uint64(b[off:]), n: binary.LittleEndian.Uint64(b[off+8:])}
+		r.block = r.n
+		if v == 3 {
+			r.block, r.cached = binary.LittleEndian.Uint64(b[off+16:]), binary.LittleEndian.Uint64(b[off+24:])
+		}
+		off += hn
+		if r.va == 0 && r.n == 0 {
 			if off != len(b) {
 				t.Fatalf("%s: %d bytes after the end record", name, len(b)-off)
 			}
 			return rs
 		}
-		if aligned && off%4096 != 0 {
+		nblk := (r.n + r.block - 1) / r.block
+		if v == 3 {
+			bl := int(nblk+7) / 8
+			r.unstored = string(b[off : off+bl])
+			off += bl
+		}
+		if v > 1 && off%4096 != 0 {
 			pad := 4096 - off%4096
 			if len(b)-off < pad || !bytes.Equal(b[off:off+pad], make([]byte, pad)) {
-				t.Fatalf("%s: padding at %d before record %#x not zeros", name, off, va)
+				t.Fatalf("%s: padding at %d before record %#x not zeros", name, off, r.va)
 			}
 			off += pad
 		}
-		if uint64(len(b)-off) < n {
-			t.Fatalf("%s: record %#x+%d truncated", name, va, n)
+		r.off = off
+		for k := uint64(0); k < nblk; k++ {
+			if r.stored(k) {
+				r.data += int(min(r.block, r.n-k*r.block))
+			}
 		}
-		rs = append(rs, vramRecord{va, n, off})
-		off += int(n)
+		if len(b)-off < r.data {
+			t.Fatalf("%s: record %#x+%d truncated", name, r.va, r.n)
+		}
+		rs = append(rs, r)
+		off += r.data
 	}
+}
+
+// pieceBytes is the device memory record r of file b stands for: its
+// stored blocks, zeros for the others.
+func pieceBytes(b []byte, r vramRecord) []byte {
+	out := make([]byte, r.n)
+	at := r.off
+	for k := uint64(0); k*r.block < r.n; k++ {
+		n := min(r.block, r.n-k*r.block)
+		if r.stored(k) {
+			copy(out[k*r.block:], b[at:at+int(n)])
+			at += int(n)
+		}
+	}
+	return out
 }
 
 // fastRound checkpoints tg into a memory store and resumes it: the VRAM
@@ -123,7 +164,7 @@ func TestFastPathLayoutStable(t *testing.T) {
 				t.Fatalf("%s: records %v, then %v", name, ra, rb)
 			}
 			for _, r := range ra {
-				if bytes.Equal(fa[r.off:r.off+int(r.n)], fb[r.off:r.off+int(r.n)]) {
+				if bytes.Equal(fa[r.off:r.off+r.data], fb[r.off:r.off+r.data]) {
 					continue
 				}
 				what := ""

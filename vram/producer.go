@@ -77,13 +77,16 @@ type FastOptions struct {
 	Files int
 	// ParkTimeout bounds the wait for CUDA calls in flight (default 10s).
 	ParkTimeout time.Duration
-	// KeepDir receives the copy kept for an undo (required; made 0700
-	// if missing, and it must be ours alone: files are created in it
-	// through its descriptor, never by path). Keep, if not nil, is that
-	// directory held open since it was made (scratch.Dir.File): then the
-	// path is not looked up again.
+	// KeepDir receives the copy kept for an undo (made 0700 if missing,
+	// and it must be ours alone: files are created in it through its
+	// descriptor, never by path). Keep, if not nil, is that directory
+	// held open since it was made (scratch.Dir.File): then the path is not
+	// looked up again. Without KeepDir, NewKeep makes the directory once
+	// the zero scan knows how much the copy will hold (need bytes): a
+	// tmpfs of its own where that fits in memory.
 	KeepDir string
 	Keep    *os.File
+	NewKeep func(need int64) (path string, dir *os.File, err error)
 	// Records holds gpucr-stream's record of each kept copy, for `gpu
 	// resume --pid` (default DefaultRecords()).
 	Records string
@@ -99,7 +102,11 @@ const DefaultFiles = 16
 type FastProc struct {
 	PID   int
 	Files []string
-	Bytes int64
+	// Bytes is the device memory in its files: of the Written bytes (the
+	// Allocated less the all-zero blocks), those not in a range the
+	// program marked as a cache (Cached).
+	Bytes                      int64
+	Allocated, Written, Cached int64
 	// Copy is where its copy out's time went.
 	Copy preloadctl.CopyStats
 }
@@ -110,8 +117,8 @@ type FastProc struct {
 // dump (set by Wait).
 type FastTimings struct {
 	// Stage is the staging of the copy threads' pinned buffers, before
-	// the park (the processes still run).
-	Stage                                 time.Duration
+	// the park (the processes still run); Scan, the zero scans (parked).
+	Stage, Scan                           time.Duration
 	Park, CopyOut, Release, Store, Refill time.Duration
 	// Copy is the copy out of the process that took longest.
 	Copy preloadctl.CopyStats
@@ -124,6 +131,8 @@ type fastProc struct {
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
 	ids []fsat.ID
+	// need is what its kept files will take (scanWritten).
+	need int64
 }
 
 // FastSuspension is the state of the processes FastSuspend moved out.
@@ -210,28 +219,18 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	if o.ParkTimeout <= 0 {
 		o.ParkTimeout = 10 * time.Second
 	}
-	if o.KeepDir == "" {
+	if o.KeepDir == "" && o.NewKeep == nil {
 		return nil, errors.New("fast path: no directory for the copy kept until the commit")
 	}
 	if o.Records == "" {
 		o.Records = DefaultRecords()
 	}
-	var keepDir *os.File
-	var err error
-	if o.Keep != nil {
-		keepDir, err = fsat.OpenDir(o.Keep, ".")
-		if err == nil {
-			if err = fsat.CheckOwned(keepDir); err != nil {
-				keepDir.Close()
-			}
+	s := &FastSuspension{opts: o}
+	if o.KeepDir != "" {
+		if err := s.openKeep(o.KeepDir, o.Keep); err != nil {
+			return nil, err
 		}
-	} else {
-		keepDir, err = fsat.MkdirOwned(o.KeepDir)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("fast path: the kept copy's directory: %w", err)
-	}
-	s := &FastSuspension{opts: o, keepDir: keepDir}
 	for _, pid := range pids {
 		p, err := preloadctl.DialPreload(ctx, o.Dir, pid)
 		if err != nil {
@@ -251,7 +250,7 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	staging.Wait()
 	s.Timings.Stage = time.Since(t)
 	t = time.Now()
-	err = s.collectiveBarrier(ctx)
+	err := s.collectiveBarrier(ctx)
 	s.Timings.Park += time.Since(t)
 	if err != nil {
 		return s, s.undo(ctx, err)
@@ -271,6 +270,9 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 	// Parked here, so not waiting for `gpu resume --pid`: a copy still
 	// recorded for them is stale, as is one of a process that is gone.
 	sweepRecords(o.Records, pids)
+	if err := s.scanWritten(ctx); err != nil {
+		return s, s.undo(ctx, err)
+	}
 	// Every process copies out at once: each library has its own copy
 	// threads and pinned buffers, and a tree's processes (tensor-parallel
 	// ranks) usually sit on different GPUs.
@@ -619,82 +621,6 @@ func (s *FastSuspension) Commit() {
 	_ = s.Wait(context.Background()) // done before the commit: returns at once
 	_ = s.Detach(context.Background())
 	s.removeKeep()
-}
-
-// FastRecover is `gpu resume --pid` for processes that run with the
-// library, after the driver's restore and unlock: a process left parked by
-// a gpucr-stream that died after the driver's lock (or by a failed refill)
-// gets its memory back from the kept copy and runs on. Processes without
-// the library, or not parked, are left alone. It returns those it resumed.
-func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, error) {
-	if records == "" {
-		records = DefaultRecords()
-	}
-	var done []int
-	var errs []error
-	for _, pid := range pids {
-		ok, err := recoverOne(ctx, dir, records, pid)
-		if ok {
-			done = append(done, pid)
-		}
-		errs = append(errs, err)
-	}
-	errs = append(errs, Reimport(ctx, dir, pids))
-	return done, errors.Join(errs...)
-}
-
-func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
-	if !preloadctl.HasPreload(pid) {
-		return false, nil
-	}
-	p, err := preloadctl.DialPreload(ctx, dir, pid)
-	if errors.Is(err, preloadctl.ErrNoPreload) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	defer p.Close()
-	r, err := p.Report(ctx)
-	if err != nil {
-		return false, err
-	}
-	if !r.Parked {
-		// It runs: a copy still recorded for it is of a checkpoint that
-		// ended (the library refilled on its own, and may not remove
-		// root's files).
-		if rec, err := loadRecord(records, pid); err == nil {
-			rec.drop(records)
-		}
-		return false, nil
-	}
-	if !r.Released && !r.Unfilled {
-		// Parked with its memory in place: it only needs to run on.
-		return true, p.Recover(ctx, nil)
-	}
-	// The kept copy is found through gpucr-stream's own record, never
-	// through what the process reports (r.Kept): its user may have it name
-	// any file of root's.
-	rec, err := loadRecord(records, pid)
-	if err != nil {
-		return false, fmt.Errorf("process %d is parked with its device memory not back: %w: bring it from its checkpoint with `gpu resume --pid %d --from SRC`", pid, err, pid)
-	}
-	kd, err := rec.openDir()
-	if err != nil {
-		return false, fmt.Errorf("process %d: %w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", pid, err, pid)
-	}
-	defer kd.Close()
-	fs, err := openFiles(kd, rec.Files, rec.IDs)
-	if err == nil {
-		err = p.Recover(ctx, fs)
-		closeAll(fs)
-	}
-	if err != nil {
-		return false, fmt.Errorf("%w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", err, pid)
-	}
-	removeFiles(kd, rec.Files, rec.IDs)
-	removeRecord(records, pid)
-	return true, nil
 }
 
 // removeKeep removes the kept copy and its records, a file per

@@ -84,7 +84,8 @@ func TestMain(m *testing.M) {
 
 // TestPreloadExportsOnlyTheDriver: the library's files share their helpers
 // hidden (preload/internal.h), so a program binds to the driver's entry
-// points and dlsym in it, never to one of the library's own names.
+// points and dlsym in it, and to the two functions it offers programs
+// (gpucr_mark_cache, gpucr_unmark_cache), never to another of its names.
 func TestPreloadExportsOnlyTheDriver(t *testing.T) {
 	f, err := elf.Open(filepath.Join(buildPreload(t), preloadctl.PreloadLibrary))
 	if err != nil {
@@ -95,7 +96,7 @@ func TestPreloadExportsOnlyTheDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	driver := regexp.MustCompile(`^cu[A-Z]\w*$`)
+	driver := regexp.MustCompile(`^(cu[A-Z]\w*|gpucr_(un)?mark_cache)$`)
 	have := map[string]bool{}
 	for _, s := range syms {
 		if bind := elf.ST_BIND(s.Info); s.Section == elf.SHN_UNDEF || (bind != elf.STB_GLOBAL && bind != elf.STB_WEAK) {
@@ -103,10 +104,10 @@ func TestPreloadExportsOnlyTheDriver(t *testing.T) {
 		}
 		have[s.Name] = true
 		if s.Name != "dlsym" && !driver.MatchString(s.Name) {
-			t.Errorf("the library exports %s, not a driver entry point", s.Name)
+			t.Errorf("the library exports %s, not a driver entry point nor its own interface", s.Name)
 		}
 	}
-	for _, name := range []string{"dlsym", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemMap", "cuLaunchKernel", "cuMemAllocManaged"} {
+	for _, name := range []string{"dlsym", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemMap", "cuLaunchKernel", "cuMemAllocManaged", "gpucr_mark_cache", "gpucr_unmark_cache"} {
 		if !have[name] {
 			t.Errorf("the library does not export %s", name)
 		}
@@ -127,6 +128,9 @@ type target struct {
 	out     string // its stdout and stderr
 	regions []region
 	cmd     *exec.Cmd
+	// marked: its KV cache was stored as a cache (nothing), so it holds
+	// zeros after a restore.
+	marked bool
 }
 
 func startTarget(t testing.TB, env ...string) *target {
@@ -351,7 +355,7 @@ func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
 	got := map[uint64][]byte{}
 	for name, b := range files {
 		for _, r := range parseRecords(t, name, b) {
-			got[r.va] = b[r.off : r.off+int(r.n)]
+			got[r.va] = pieceBytes(b, r)
 		}
 	}
 	for k, r := range tg.regions {
@@ -374,8 +378,8 @@ func checkRecords(t *testing.T, tg *target, files map[string][]byte) {
 			}
 			end := min(r.size, i+len(piece)-int(va-base))
 			for ; i < end; i++ {
-				if c := piece[r.va+uint64(i)-base]; c != pat(k, i) {
-					t.Fatalf("region %s byte %d: %d, want %d", r.name, i, c, pat(k, i))
+				if c := piece[r.va+uint64(i)-base]; c != tg.want(k, i) {
+					t.Fatalf("region %s byte %d: %d, want %d", r.name, i, c, tg.want(k, i))
 				}
 			}
 			i--
@@ -441,7 +445,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 		want += int64(r.size)
 	}
 	// Allocations are rounded up to the granularity: at least the regions.
-	if before.Bytes < want || before.Allocs != 3 || before.Mappings != 5 || before.DeviceUsed == 0 {
+	if before.Bytes < want || before.Allocs != 4 || before.Mappings != 6 || before.DeviceUsed == 0 {
 		t.Fatalf("report before: %+v (regions %d bytes)", before, want)
 	}
 	st := newStore()
@@ -456,9 +460,11 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if r, err := s.procs[0].p.Report(ctx); err != nil || !r.Parked || !r.Released || r.DeviceUsed != 0 || len(r.Kept) != 3 || r.Staged != 0 {
 		t.Fatalf("report after the release: %+v %v, want parked, released, no device memory in use, 3 kept files, no pinned buffers left", r, err)
 	}
-	// Every copy thread took the buffers staged before the park.
-	if c := s.Timings.Copy; c.Workers != 3 || c.Staged != 3 || c.Bytes != before.Bytes || c.Work <= 0 {
-		t.Fatalf("copy out: %+v, want 3 workers on staged buffers copying %d bytes", c, before.Bytes)
+	// Every copy thread took the buffers staged before the park, and
+	// copied what the program wrote.
+	written := tg.written(t, false)
+	if c := s.Timings.Copy; c.Workers != 3 || c.Staged != 3 || c.Bytes != written || c.Allocated != before.Bytes || c.Work <= 0 {
+		t.Fatalf("copy out: %+v, want 3 workers on staged buffers copying %d bytes of %d", c, written, before.Bytes)
 	}
 	st.mu.Lock()
 	stored := len(st.files)
@@ -485,8 +491,8 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if err := s.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s.Bytes() != before.Bytes || len(st.files) != 3 || s.Timings.Store <= 0 {
-		t.Fatalf("copied %d bytes into %d files (store %v), want %d into 3", s.Bytes(), len(st.files), s.Timings.Store, before.Bytes)
+	if s.Bytes() != written || len(st.files) != 3 || s.Timings.Store <= 0 {
+		t.Fatalf("copied %d bytes into %d files (store %v), want %d into 3", s.Bytes(), len(st.files), s.Timings.Store, written)
 	}
 	for name, b := range kept {
 		if !bytes.Equal(st.files[name], b) {
@@ -504,7 +510,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if len(procs) != 1 || procs[0].PID != tg.pid || len(procs[0].Files) != 3 {
 		t.Fatalf("procs %+v", procs)
 	}
-	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get, nil); err != nil || cs.Bytes != before.Bytes {
+	if _, _, cs, err := FastResume(ctx, tg.sockDir, tg.pid, procs[0].Files, st.get, nil); err != nil || cs.Bytes != written || cs.Zero != before.Bytes-written {
 		t.Fatalf("resume: %d bytes, %v", cs.Bytes, err)
 	}
 	// Same addresses (the target reads back through its own pointers), same
@@ -602,7 +608,7 @@ func TestFastPathFaults(t *testing.T) {
 	}{
 		{"park", "park", -1, false, false, false, false, "injected"},
 		{"copy out", "copyout", -1, false, false, false, false, "injected"},
-		{"no space for the kept copy", "", -1, true, false, false, false, "No space left on device"},
+		{"no space for the kept copy", "", -1, true, false, false, false, "not enough room"},
 		{"planted symlink", "", -1, false, true, false, false, "file exists"},
 		{"release", "release", -1, false, false, false, false, "injected"},
 		{"store after release", "", 1 << 20, false, false, true, false, "injected destination failure"},
@@ -768,34 +774,68 @@ func TestFastResumeBadFiles(t *testing.T) {
 	}
 	rs := parseRecords(t, f0, g0)
 	r0 := rs[0]
-	// The first piece again before the end record (which is at a 4 KiB
-	// boundary: pieces are whole pages).
-	twice := append(append([]byte{}, g0[:len(g0)-16]...), rec(r0.va, r0.n)...)
-	twice = append(append(append(twice, make([]byte, 4096-16)...), g0[r0.off:r0.off+int(r0.n)]...), rec(0, 0)...)
-	padded := append([]byte{}, g0...)
-	padded[8+16] = 1
-	// The same file as GPUCRVM1 (no padding): still read.
-	v1 := []byte("GPUCRVM1")
-	for _, r := range rs {
-		v1 = append(append(v1, rec(r.va, r.n)...), g0[r.off:r.off+int(r.n)]...)
+	// rd is the first record with data; rz its header's end (bitmap
+	// included), where its padding starts.
+	rd := rs[slices.IndexFunc(rs, func(r vramRecord) bool { return r.data > 0 })]
+	rz := r0.off - 4096 + 8 + 32 + len(r0.unstored)
+	if r0.off != 4096 {
+		t.Fatalf("first record's data at %d, want 4096", r0.off)
 	}
-	v1 = append(v1, rec(0, 0)...)
+	// v3rec appends to f a GPUCRVM3 record of r with the block, cached
+	// and bitmap given, padded to a page, and data.
+	v3rec := func(f []byte, r vramRecord, block, cached uint64, bm []byte, data []byte) []byte {
+		f = append(append(append(f, rec(r.va, r.n)...), rec(block, cached)...), bm...)
+		return append(append(f, make([]byte, (4096-len(f)%4096)%4096)...), data...)
+	}
+	// one is a file of one GPUCRVM3 record of r0 (the others missing).
+	one := func(block, cached uint64, bm []byte) []byte {
+		return append(v3rec([]byte("GPUCRVM3"), r0, block, cached, bm, nil), make([]byte, 32)...)
+	}
+	// The first piece again before the end record.
+	twice := v3rec(append([]byte{}, g0[:len(g0)-32]...), r0, r0.block, r0.cached, []byte(r0.unstored), g0[r0.off:r0.off+r0.data])
+	twice = append(twice, make([]byte, 32)...)
+	padded := append([]byte{}, g0...)
+	padded[rz] = 1
+	// The same file as GPUCRVM2 and GPUCRVM1 (every byte): still read.
+	v1, v2 := []byte("GPUCRVM1"), []byte("GPUCRVM2")
+	for _, r := range rs {
+		v1 = append(append(v1, rec(r.va, r.n)...), pieceBytes(g0, r)...)
+		v2 = append(v2, rec(r.va, r.n)...)
+		v2 = append(append(v2, make([]byte, 4096-len(v2)%4096)...), pieceBytes(g0, r)...)
+	}
+	v1, v2 = append(v1, rec(0, 0)...), append(v2, rec(0, 0)...)
+	// Blocks of 3 x 64 KiB leave spare bits in the last byte of the
+	// bitmap: one set marks a block past the piece.
+	wide := uint64(3 << 16)
+	beyond := make([]byte, ((r0.n+wide-1)/wide+7)/8)
+	beyond[len(beyond)-1] = 0x80
+	all := make([]byte, len(r0.unstored)) // every block left out
+	for k := uint64(0); k*r0.block < r0.n; k++ {
+		all[k/8] |= 1 << (k % 8)
+	}
 	for _, tc := range []struct {
 		name string
 		data []byte
 		want string
 	}{
-		{"bad magic", []byte("GPUCRVM3"), "bad magic"},
+		{"bad magic", []byte("GPUCRVM4"), "bad magic"},
 		{"empty", nil, "truncated header"},
 		{"no end record", []byte("GPUCRVM1"), "no end record"},
 		{"outside the mappings", append(append([]byte("GPUCRVM1"), rec(4096, 8)...), make([]byte, 8)...), "not a mapping"},
 		{"wraps around", append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 1<<63)...), "not a mapping"},
-		{"truncated padding", g0[:8+16+3], "truncated at offset 24"},
-		{"padding not zero", padded, "byte 24 is not zero"},
-		{"truncated range", g0[:4096+3], "truncated in range"},
+		{"truncated header", g0[:8+20], "no end record"},
+		{"truncated bitmap", g0[:8+32], "truncated in the bitmap"},
+		{"truncated padding", g0[:rz+3], fmt.Sprintf("truncated at offset %d", rz)},
+		{"padding not zero", padded, fmt.Sprintf("byte %d is not zero", rz)},
+		{"truncated range", g0[:rd.off+3], "truncated in range"},
 		{"not a piece", append(append([]byte("GPUCRVM1"), rec(tg.regions[0].va, 4096)...), make([]byte, 4096)...), "not one of its pieces"},
 		{"a piece missing", append([]byte("GPUCRVM1"), rec(0, 0)...), "missing"},
 		{"a piece twice", twice, "came twice"},
+		{"block not pages", one(4097, 0, []byte(r0.unstored)), "block size 4097"},
+		{"block zero", one(0, 0, nil), "block size 0"},
+		{"bitmap beyond the blocks", one(wide, 0, beyond), "the bitmap marks block"},
+		{"more cached than left out", one(r0.block, r0.n+1, all), "more than the"},
+		{"data short of the bitmap", one(r0.block, 0, make([]byte, len(r0.unstored))), "truncated in range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range good {
@@ -813,11 +853,15 @@ func TestFastResumeBadFiles(t *testing.T) {
 	for k, v := range good {
 		st.files[k] = v
 	}
-	st.files[f0] = v1
-	if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err != nil {
-		t.Fatalf("resume with one file in GPUCRVM1: %v", err)
+	for _, old := range [][]byte{v1, v2} {
+		st.files[f0] = old
+		if _, _, _, err := FastResume(ctx, tg.sockDir, tg.pid, files, st.get, nil); err != nil {
+			t.Fatalf("resume with one file in %s: %v", old[:8], err)
+		}
+		tg.mustBeIntact(t)
+		st2, s2 := fastSuspended(t, tg, false)
+		st.files, files = st2.files, s2.Procs()[0].Files
 	}
-	tg.mustBeIntact(t)
 }
 
 // TestFastCheckIncapable: what the library cannot recreate makes the
@@ -866,6 +910,11 @@ func FuzzCopyIn(f *testing.F) {
 	f.Add([]byte("GPUCRVM1"))
 	f.Add(append([]byte("GPUCRVM1"), make([]byte, 16)...))
 	f.Add(append([]byte("GPUCRVM2"), make([]byte, 16)...))
+	f.Add(append([]byte("GPUCRVM3"), make([]byte, 32)...))
+	if rs := parseRecords(f, files[0], g0); len(rs) > 0 {
+		// The first record alone, its data cut short.
+		f.Add(g0[:rs[0].off+rs[0].data/2])
+	}
 	if len(g0) > 40 {
 		f.Add(g0[:40])
 	}

@@ -4,13 +4,18 @@
  * range, a physical allocation a memfd, a map an mmap MAP_FIXED|MAP_SHARED of
  * it (inaccessible until cuMemSetAccess), copies are memcpy, streams and
  * contexts are tokens. cuLaunchKernel runs the "kernel" f(kernelParams) on
- * the calling thread; a module's only function is devhash's kernel, on the
- * host (devhash.h; GPUCR_FAKE_DEVHASH_WRONG=1 makes it answer a wrong hash
- * for every block at the start of a mapping, as a broken kernel would). cuMemGetInfo reports the physical bytes alive, so
+ * the calling thread; a module's functions are the library's kernels, on
+ * the host: devhash's (devhash.h; GPUCR_FAKE_DEVHASH_WRONG=1 makes it
+ * answer a wrong hash for every block at the start of a mapping, as a
+ * broken kernel would) and the zero scan's (GPUCR_FAKE_NO_ZERO_KERNEL=1: the
+ * module lacks it). cuMemGetInfo reports the physical bytes alive, so
  * tests can see that a release frees "device memory". A kernel counts as
  * queued on its thread until the next synchronize: cuMemUnmap on a thread
  * with work queued fails with CUDA_ERROR_ILLEGAL_ADDRESS (700), as the real
  * device faults when a queued kernel reaches memory unmapped under it.
+ * Memory the driver hands out is not zeroed on a real device: with
+ * GPUCR_FAKE_POISON=1 every physical allocation starts filled with 0xA5,
+ * so that a test sees a copy in that leaves a block it should have zeroed.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -84,6 +89,13 @@ CUresult cuMemCreate(U *h, size_t size, const void *prop, U flags)
 	int fd = memfd_create("fakevram", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, size) < 0)
 		return 2;
+	if (getenv("GPUCR_FAKE_POISON")) {
+		void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			return 2;
+		memset(p, 0xA5, size);
+		munmap(p, size);
+	}
 	pthread_mutex_lock(&mu);
 	int i = nhs++;
 	hs[i] = (struct h){fd, size, 1};
@@ -200,6 +212,18 @@ CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st
 CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoD_v2(U d, const void *s, size_t n) { memcpy((void *)d, s, n); return OK; }
 CUresult cuMemsetD8_v2(U d, unsigned char c, size_t n) { memset((void *)d, c, n); return OK; }
+CUresult cuMemsetD8Async(U d, unsigned char c, size_t n, void *st) { (void)st; if (locked("cuMemsetD8Async")) return LOCKED; memset((void *)d, c, n); return OK; }
+CUresult cuMemsetD32Async(U d, unsigned v, size_t n, void *st)
+{
+	(void)st;
+	if (locked("cuMemsetD32Async"))
+		return LOCKED;
+	if (d % 4)
+		return BAD;
+	for (size_t i = 0; i < n; i++)
+		((unsigned *)d)[i] = v;
+	return OK;
+}
 /* Every kernel is named GPUCR_FAKE_KERNEL_NAME (default "fakeKernel"):
  * an NCCL-like name makes every launch a collective for the library. */
 CUresult cuFuncGetName(const char **name, void *f)
@@ -219,6 +243,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 	return OK;
 }
 
+static const char *fake_image; /* the module's PTX: which kernels it has */
 static void fake_devhash(void **params)
 {
 	const uint64_t *w = *(const uint64_t **)params[0];
@@ -228,16 +253,35 @@ static void fake_devhash(void **params)
 	if (getenv("GPUCR_FAKE_DEVHASH_WRONG"))
 		out[0] ^= 1;
 }
+/* fake_zero is gpucr_zero: out[k] = 1 if block k holds a word that is not zero. */
+static void fake_zero(void **params)
+{
+	const uint64_t *w = *(const uint64_t **)params[0];
+	uint64_t nwords = *(uint64_t *)params[1], bwords = *(uint64_t *)params[2];
+	unsigned char *out = *(unsigned char **)params[3];
+	for (uint64_t k = 0, base = 0; base < nwords; k++, base += bwords) {
+		uint64_t end = base + bwords < nwords ? base + bwords : nwords, any = 0;
+		for (uint64_t i = base; i < end && !any; i++)
+			any = w[i];
+		out[k] = any != 0;
+	}
+}
 CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned n, int *opts, void **vals)
 {
 	(void)n; (void)opts; (void)vals;
 	if (!strstr(image, ".entry gpucr_hash("))
 		return 200; /* CUDA_ERROR_INVALID_IMAGE */
+	fake_image = image;
 	*mod = (void *)0x4d0d;
 	return OK;
 }
 CUresult cuModuleGetFunction(void **f, void *mod, const char *name)
 {
+	if (mod == (void *)0x4d0d && !strcmp(name, "gpucr_zero") && !getenv("GPUCR_FAKE_NO_ZERO_KERNEL") &&
+	    strstr(fake_image, ".entry gpucr_zero(")) {
+		*f = (void *)fake_zero;
+		return OK;
+	}
 	if (mod != (void *)0x4d0d || strcmp(name, "gpucr_hash"))
 		return 500;
 	*f = (void *)fake_devhash;
@@ -263,7 +307,8 @@ static const struct {
 	{"cuMemFreeHost", cuMemFreeHost}, {"cuMemHostRegister", cuMemHostRegister_v2}, {"cuMemHostUnregister", cuMemHostUnregister}, {"cuStreamCreate", cuStreamCreate}, {"cuStreamDestroy", cuStreamDestroy_v2},
 	{"cuStreamSynchronize", cuStreamSynchronize}, {"cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2},
 	{"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2}, {"cuMemcpyDtoH", cuMemcpyDtoH_v2}, {"cuMemcpyHtoD", cuMemcpyHtoD_v2},
-	{"cuMemsetD8", cuMemsetD8_v2}, {"cuLaunchKernel", cuLaunchKernel}, {NULL, NULL},
+	{"cuMemsetD8", cuMemsetD8_v2}, {"cuMemsetD8Async", cuMemsetD8Async}, {"cuMemsetD32Async", cuMemsetD32Async},
+	{"cuLaunchKernel", cuLaunchKernel}, {NULL, NULL},
 };
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int *status);
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int *status)

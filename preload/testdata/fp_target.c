@@ -19,6 +19,15 @@
  * allocation as a POSIX descriptor and imports it again at another
  * address (region "imported", the same memory, as an NCCL rank maps a
  * peer's buffer); with FP_EXTRA_MB=N it allocates N MiB more.
+ *
+ * Last, region "kv" (KV_BYTES), as an inference server's KV cache: zeroed
+ * with cuMemsetD8 (the driver's memory is not zero), then a few runs of 32
+ * KiB blocks written (kv_written) with its pattern; the check wants the
+ * rest zero. With FP_MARK=1 the target marks it as a cache
+ * (gpucr_mark_cache, found with dlsym as a Python program finds it with
+ * ctypes): then the check also takes it back all zero, and says which it
+ * found (kv=intact or kv=dropped; FP_MARK=bad marks a range outside the
+ * target's memory, and the target dies unless that is refused).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -52,7 +61,7 @@ static CUresult (*pAlloc)(U *, size_t), (*pAllocPitch)(U *, size_t *, size_t, si
 static CUresult (*pReserve)(U *, size_t, size_t, U, U), (*pCreate)(U *, size_t, const Prop *, U);
 static CUresult (*pMap)(U, size_t, size_t, U, U), (*pSetAccess)(U, size_t, const Access *, size_t), (*pRelease)(U);
 static CUresult (*pHtoD)(U, const void *, size_t), (*pDtoH)(void *, U, size_t), (*pManaged)(U *, size_t, unsigned);
-static CUresult (*pPoolCreate)(U *, const void *);
+static CUresult (*pPoolCreate)(U *, const void *), (*pMemset)(U, unsigned char, size_t);
 static CUresult (*pExport)(void *, U, int, U), (*pImport)(U *, void *, int, U);
 static CUresult (*pLaunch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 
@@ -112,11 +121,29 @@ static void *launcher(void *arg)
 	return NULL;
 }
 
+#define KV_BYTES (8u << 20)
+#define KV_BLOCK (32u << 10)
+static int kv = -1; /* its region */
+
+/* kv_written: block b of the KV cache was written by a "request": runs at
+ * odd and even blocks, a single one, the last. */
+static int kv_written(size_t b)
+{
+	return (b >= 1 && b <= 3) || b == 40 || (b >= 100 && b < 108) || b == KV_BYTES / KV_BLOCK - 1;
+}
+
+/* want is region k's byte i as the check expects it (kv: 0 off the
+ * written blocks). */
+static unsigned char want(int k, size_t i)
+{
+	return k == kv && !kv_written(i / KV_BLOCK) ? 0 : pat(k, i);
+}
+
 static void fill(int k)
 {
 	unsigned char *b = malloc(rs[k].size);
 	for (size_t i = 0; i < rs[k].size; i++)
-		b[i] = pat(k, i);
+		b[i] = want(k, i);
 	CK(pHtoD(rs[k].va, b, rs[k].size), "fill");
 	free(b);
 }
@@ -151,6 +178,7 @@ static void bind_driver(void *gpa)
 	get((void **)&pExport, gpa, "cuMemExportToShareableHandle");
 	get((void **)&pImport, gpa, "cuMemImportFromShareableHandle");
 	get((void **)&pLaunch, gpa, "cuLaunchKernel");
+	get((void **)&pMemset, gpa, "cuMemsetD8");
 }
 
 /* allocate makes the regions of every kind the library tracks and fills
@@ -235,6 +263,40 @@ static void allocate(int dev)
 	for (int k = 0; k < nrs; k++)
 		if (rs[k].alias < 0)
 			fill(k);
+	/* The KV cache: zeroed by the driver, then the requests' blocks. */
+	U c;
+	CK(pAlloc(&c, KV_BYTES), "cuMemAlloc kv");
+	CK(pMemset(c, 0, KV_BYTES), "cuMemsetD8 kv");
+	kv = nrs;
+	rs[nrs++] = (struct region){"kv", c, KV_BYTES, -1};
+	for (size_t b = 0; b < KV_BYTES / KV_BLOCK; b++)
+		if (kv_written(b)) {
+			unsigned char blk[KV_BLOCK];
+			for (size_t i = 0; i < KV_BLOCK; i++)
+				blk[i] = want(kv, b * KV_BLOCK + i);
+			CK(pHtoD(c + b * KV_BLOCK, blk, KV_BLOCK), "write kv");
+		}
+	const char *mark = getenv("FP_MARK");
+	if (mark) {
+		int (*m)(uint64_t, uint64_t) = (int (*)(uint64_t, uint64_t))dlsym(RTLD_DEFAULT, "gpucr_mark_cache");
+		if (!m) {
+			fprintf(stderr, "fp_target: gpucr_mark_cache not found\n");
+			exit(3);
+		}
+		int r = strcmp(mark, "bad") ? m(c, KV_BYTES) : m(c + KV_BYTES - 4096, 1 << 30);
+		if (r != (strcmp(mark, "bad") ? 0 : -2)) {
+			fprintf(stderr, "fp_target: gpucr_mark_cache: %d\n", r);
+			exit(3);
+		}
+		/* A marked allocation freed: its mark goes with it. */
+		U x;
+		CK(pAlloc(&x, 2 << 20), "cuMemAlloc marked");
+		if ((r = m(x, 2 << 20)) != 0) {
+			fprintf(stderr, "fp_target: gpucr_mark_cache of a scratch allocation: %d\n", r);
+			exit(3);
+		}
+		CK(pFree(x), "cuMemFree marked");
+	}
 }
 
 /* serve_checks answers DIR/check forever: it reads every region and the
@@ -265,15 +327,22 @@ static void serve_checks(const char *dir)
 		}
 		unlink(check);
 		char msg[512] = "ok";
+		const char *kvs = "intact";
 		for (int k = 0; k < nrs && !strcmp(msg, "ok"); k++) {
 			unsigned char *b = malloc(rs[k].size);
 			CK(pDtoH(b, rs[k].va, rs[k].size), "read back");
 			int pk = rs[k].alias < 0 ? k : rs[k].alias;
-			for (size_t i = 0; i < rs[k].size; i++)
-				if (b[i] != pat(pk, i)) {
-					snprintf(msg, sizeof msg, "bad: %s byte %zu is %u, want %u", rs[k].name, i, b[i], pat(pk, i));
-					break;
-				}
+			size_t nz = 0;
+			for (size_t i = 0; k == kv && i < rs[k].size; i++)
+				nz += b[i] != 0;
+			if (k == kv && nz == 0 && getenv("FP_MARK"))
+				kvs = "dropped"; /* a marked cache comes back as zeros */
+			else
+				for (size_t i = 0; i < rs[k].size; i++)
+					if (b[i] != want(pk, i)) {
+						snprintf(msg, sizeof msg, "bad: %s byte %zu is %u, want %u", rs[k].name, i, b[i], want(pk, i));
+						break;
+					}
 			free(b);
 		}
 		/* Launches and the device counter move together; read the count
@@ -284,7 +353,7 @@ static void serve_checks(const char *dir)
 		if (!strcmp(msg, "ok") && (c < before || c > after + 1))
 			snprintf(msg, sizeof msg, "bad: device counter %llu, launches %llu..%llu", c, before, after);
 		f = fopen(tmp, "w");
-		fprintf(f, "%s launches=%llu\n", msg, after);
+		fprintf(f, "%s launches=%llu kv=%s\n", msg, after, kvs);
 		fclose(f);
 		rename(tmp, result);
 	}
@@ -327,6 +396,8 @@ int main(int argc, char **argv)
 
 	pthread_t t;
 	pthread_create(&t, NULL, launcher, NULL);
+	while (atomic_load(&launches) == 0) /* the counter is written memory from now on */
+		usleep(100);
 	snprintf(path, sizeof path, "%s/ready", dir);
 	f = fopen(path, "w");
 	fprintf(f, "%d\n", getpid());
