@@ -303,6 +303,7 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	if ents, _ := filepath.Glob(filepath.Join(e.dir, "gpucr-vram-keep-*", "*")); len(ents) != 0 {
 		t.Fatalf("kept copy left after the commit: %v", ents)
 	}
+	mustInspectVRAM(ctx, t, e, ar, keyArgs, m.CUDA[0])
 	restore := func(dir string, extra ...string) ([]byte, error) {
 		return e.gcsRun(ctx, append([]string{"restore", "--from", ar, "--work-dir", filepath.Join(e.dir, dir), "--criu", e.criu, "--json", "--no-progress"}, extra...)...)
 	}
@@ -632,4 +633,34 @@ func TestFastPathStream(t *testing.T) {
 	}
 	out, err = e.gcsRun(ctx, "restore", "--from", stream, "--work-dir", filepath.Join(e.dir, "w2"), "--criu", e.criu, "--json", "--no-progress")
 	mustRestoreFast(t, out, err, pid, tdir)
+}
+
+// mustInspectVRAM checks what inspect reads of a checkpoint's VRAM files
+// (issue 36): every file, allocated more than written (the target leaves
+// most of its KV cache zero), and the data they hold is what the manifest
+// records as moved.
+func mustInspectVRAM(ctx context.Context, t *testing.T, e *fastEnv, ar string, keyArgs []string, p manifest.CUDAProcess) {
+	t.Helper()
+	out, err := e.gcsRun(ctx, append([]string{"inspect", "--json", ar}, keyArgs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		VRAM []struct {
+			Name                               string
+			Allocated, Written, Cached, Stored int64
+			Data                               int64
+		} `json:"vram"`
+		Note string `json:"vram_note"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	var alloc, written, data int64
+	for _, v := range res.VRAM {
+		alloc, written, data = alloc+v.Allocated, written+v.Written, data+v.Data
+	}
+	if len(res.VRAM) != len(p.Files) || written >= alloc || data != p.Bytes || data != written {
+		t.Fatalf("inspect's VRAM files: %s, want %d files holding the %d bytes moved", out, len(p.Files), p.Bytes)
+	}
 }

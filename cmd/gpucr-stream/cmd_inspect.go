@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/redact"
@@ -43,6 +45,10 @@ type inspectResult struct {
 	// authenticated (it is readable without the key, not trusted).
 	Encryption *inspectEncryption `json:"encryption,omitempty"`
 	Files      []source.FileStats `json:"files"`
+	// VRAM: the fast path's VRAM files, from their headers; VRAMNote says
+	// why they are not shown.
+	VRAM     []gpuckpt.VRAMFile `json:"vram,omitempty"`
+	VRAMNote string             `json:"vram_note,omitempty"`
 }
 
 type inspectEncryption struct {
@@ -74,6 +80,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
 			keyGiven: cfg.opts.Key != nil}
 	}
+	res.VRAM, res.VRAMNote = inspectVRAM(ctx, cfg, loc, m)
 	if cfg.jsonOut {
 		enc := json.NewEncoder(cfg.stdout)
 		enc.SetIndent("", "  ")
@@ -81,6 +88,24 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	}
 	printInspect(cfg.stdout, res)
 	return nil
+}
+
+// inspectVRAM reads the headers of the checkpoint's VRAM files, if it has
+// any: what they hold, or why that is not shown.
+func inspectVRAM(ctx context.Context, cfg *config, loc location.Location, m *manifest.Manifest) ([]gpuckpt.VRAMFile, string) {
+	if !slices.ContainsFunc(m.CUDA, func(p manifest.CUDAProcess) bool { return p.Path == manifest.CUDAPathPreload }) {
+		return nil, ""
+	}
+	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamOptions{Discard: true})
+	if err != nil {
+		return nil, err.Error()
+	}
+	defer src.Close()
+	vs, err := gpuckpt.InspectVRAM(ctx, src)
+	if err != nil {
+		return vs, err.Error()
+	}
+	return vs, ""
 }
 
 func printInspect(w io.Writer, r inspectResult) {
@@ -135,5 +160,28 @@ func printInspect(w io.Writer, r inspectResult) {
 		sort.Strings(cs)
 		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%d\t%s\t\t%s\n", f.Size, f.StoredBytes, f.Ratio, f.Chunks, strings.Join(cs, ","), manifest.PrintableName(f.Name))
 	}
+	tw.Flush()
+	printVRAM(w, r)
+}
+
+// printVRAM shows what the VRAM files hold of the device memory:
+// allocated, written (not zero), cached (marked by the program, not kept)
+// and stored.
+func printVRAM(w io.Writer, r inspectResult) {
+	if r.VRAMNote != "" {
+		fmt.Fprintf(w, "\nVRAM files: not read: %s\n", r.VRAMNote)
+	}
+	if len(r.VRAM) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nVRAM files (device memory: allocated, written, of it cached and not kept, stored)")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ALLOCATED\tWRITTEN\tCACHED\tSTORED\tPIECES\t\tNAME")
+	var sum gpuckpt.VRAMFile
+	for _, v := range r.VRAM {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t\t%s\n", v.Allocated, v.Written, v.Cached, v.Stored, v.Pieces, manifest.PrintableName(v.Name))
+		sum.Allocated, sum.Written, sum.Cached, sum.Stored, sum.Pieces = sum.Allocated+v.Allocated, sum.Written+v.Written, sum.Cached+v.Cached, sum.Stored+v.Stored, sum.Pieces+v.Pieces
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t\t(all)\n", humanBytes(sum.Allocated), humanBytes(sum.Written), humanBytes(sum.Cached), humanBytes(sum.Stored), sum.Pieces)
 	tw.Flush()
 }
