@@ -58,7 +58,7 @@ func Cgroups(pid int) ([]Cgroup, error) {
 	}
 	var cs []Cgroup
 	for d := dir; ; d = filepath.Dir(d) {
-		c, err := readCgroup(d, v1)
+		c, err := readCgroup(d, v1, d == root)
 		if err != nil {
 			return nil, fmt.Errorf("process %d: memory cgroup %s: %w", pid, d, err)
 		}
@@ -172,16 +172,17 @@ func hasMemory(mnt string) bool {
 	return err == nil && hasOption(strings.ReplaceAll(strings.TrimSpace(string(b)), " ", ","), "memory")
 }
 
-// readCgroup reads the limit and use of the cgroup at dir.
-func readCgroup(dir string, v1 bool) (Cgroup, error) {
+// readCgroup reads the limit and use of the cgroup at dir (top: the
+// hierarchy's root, which on v2 has no limit files).
+func readCgroup(dir string, v1, top bool) (Cgroup, error) {
 	c := Cgroup{Path: dir, V1: v1}
 	limitFile, usageFile, inactive := "memory.max", "memory.current", "inactive_file"
 	if v1 {
 		limitFile, usageFile, inactive = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
 	}
 	lim, err := readInt(filepath.Join(dir, limitFile))
-	if errors.Is(err, os.ErrNotExist) && !v1 {
-		return c, nil // the hierarchy's root has no limit files
+	if errors.Is(err, os.ErrNotExist) && !v1 && top {
+		return c, nil
 	}
 	if err != nil {
 		return c, err
