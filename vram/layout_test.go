@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -196,5 +197,25 @@ func TestFastPathLayoutStable(t *testing.T) {
 	third := fastRound(t, tg)
 	if d := differing(second, third); !slices.Equal(d, []string{"counter", pitch.name}) {
 		t.Fatalf("one region rewritten: regions %v differ, want the counter and %s", d, pitch.name)
+	}
+	// The KV cache's written blocks rewritten, its zero blocks left zero:
+	// the same bitmaps at the same places, only its data differs.
+	kv := tg.rewrite(t, "kv")
+	fourth := fastRound(t, tg)
+	if d := differing(third, fourth); !slices.Equal(d, []string{"counter", kv.name}) {
+		t.Fatalf("the KV cache's written blocks rewritten: regions %v differ, want the counter and %s", d, kv.name)
+	}
+	// Zero blocks were left out (the records' bitmaps), and the files hold
+	// no more than the written blocks and a page of header per piece.
+	var unstored bool
+	var size int64
+	for name, b := range fourth {
+		size += int64(len(b))
+		for _, r := range parseRecords(t, name, b) {
+			unstored = unstored || strings.Trim(r.unstored, "\x00") != ""
+		}
+	}
+	if w := tg.written(t, false); !unstored || size > w+int64(pieces+len(fourth))*4096 {
+		t.Fatalf("%d bytes of files for %d written in %d pieces (blocks left out: %v)", size, w, pieces, unstored)
 	}
 }

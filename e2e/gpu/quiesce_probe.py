@@ -72,6 +72,34 @@ class Ctl:
         return json.loads(line[3:]) if len(line) > 3 else {}
 
 
+def vram_records(b):
+    """The (va, bytes) of a VRAM file's records (docs/PRODUCERS.md, "VRAM files"): GPUCRVM3 stores only
+    the blocks its bitmap does not leave out (zeros), GPUCRVM2 every byte at a 4 KiB boundary,
+    GPUCRVM1 every byte right after the header."""
+    v = {b"GPUCRVM1": 1, b"GPUCRVM2": 2, b"GPUCRVM3": 3}.get(b[:8])
+    assert v, "bad magic"
+    hn, off, out = (32 if v == 3 else 16), 8, []
+    while True:
+        va, ln = int.from_bytes(b[off:off + 8], "little"), int.from_bytes(b[off + 8:off + 16], "little")
+        block = int.from_bytes(b[off + 16:off + 24], "little") if v == 3 else max(ln, 1)
+        off += hn
+        if va == 0 and ln == 0:
+            return out
+        nblk = (ln + block - 1) // block
+        bm = b[off:off + (nblk + 7) // 8] if v == 3 else b""
+        off += len(bm)
+        if v > 1:
+            off = (off + 4095) // 4096 * 4096
+        piece = bytearray(ln)
+        for k in range(nblk):
+            n = min(block, ln - k * block)
+            if bm and bm[k // 8] >> (k % 8) & 1:
+                continue
+            piece[k * block:k * block + n] = b[off:off + n]
+            off += n
+        out.append((va, bytes(piece)))
+
+
 def copy_out(ctl, n=4):
     """copyout into n pipes; returns (sha256 over the records sorted by address, bytes, seconds)."""
     pipes = [os.pipe() for _ in range(n)]
@@ -92,18 +120,7 @@ def copy_out(ctl, n=4):
     dt = time.time() - t0
     recs = []
     for b in data:
-        assert b[:8] in (b"GPUCRVM1", b"GPUCRVM2"), "bad magic"
-        aligned = b[:8] == b"GPUCRVM2"  # a record's bytes at the next 4 KiB boundary
-        off = 8
-        while True:
-            va, ln = int.from_bytes(b[off:off + 8], "little"), int.from_bytes(b[off + 8:off + 16], "little")
-            off += 16
-            if va == 0 and ln == 0:
-                break
-            if aligned:
-                off = (off + 4095) // 4096 * 4096
-            recs.append((va, b[off:off + ln]))
-            off += ln
+        recs.extend(vram_records(b))
     h = hashlib.sha256()
     for va, payload in sorted(recs):
         h.update(va.to_bytes(8, "little"))
