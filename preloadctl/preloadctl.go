@@ -470,13 +470,13 @@ func (p *Preload) Stage(ctx context.Context, workers int) error {
 	return err
 }
 
-// Written is what a zero scan found of the process's own device memory
+// ZeroScan is what a zero scan found of the process's own device memory
 // (preload/written.c): of Allocated bytes, Zero were in all-zero blocks
 // and Cached in blocks the program marked as caches, so a copy out moves
 // and stores the other Stored bytes, in Pieces records (each with a
 // header, padded to 4 KiB). ScanError, when not empty, says why the scan
 // failed: then every block is stored.
-type Written struct {
+type ZeroScan struct {
 	Allocated int64   `json:"allocated"`
 	Zero      int64   `json:"zero_bytes"`
 	Cached    int64   `json:"cached_bytes"`
@@ -489,8 +489,8 @@ type Written struct {
 
 // Scan has the parked process's library find its zero blocks on the
 // device, for the copy out that follows: what that copy will hold.
-func (p *Preload) Scan(ctx context.Context) (Written, error) {
-	var w Written
+func (p *Preload) Scan(ctx context.Context) (ZeroScan, error) {
+	var w ZeroScan
 	js, err := p.do(ctx, "scan", nil)
 	if err != nil {
 		return w, err
