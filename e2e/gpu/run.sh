@@ -945,7 +945,7 @@ phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoin
   "dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0),
   "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
   "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0),
-  "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
+  "vram_park": ph.get("vram park", 0), "vram_zero_scan": ph.get("vram zero scan", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
   "vram_store": ph.get("vram store (beside the dump)", 0),
   "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0), "vram_refill": ph.get("vram refill", 0)}
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
