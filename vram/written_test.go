@@ -3,6 +3,7 @@ package vram
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,4 +221,39 @@ func TestReportCached(t *testing.T) {
 	if r, err := p.Report(context.Background()); err != nil || r.Cached != 0 || r.CacheRanges != 0 {
 		t.Fatalf("report: %+v %v", r, err)
 	}
+}
+
+// TestMarkCachePart: a mark that covers blocks only in part (all of the
+// KV cache but 16 KiB at each end): the blocks wholly inside are left out
+// as cached, the two at the ends are stored with their marked bytes as
+// zeros, their other bytes as they were.
+func TestMarkCachePart(t *testing.T) {
+	tg := startTarget(t, "FP_MARK=part")
+	st, s := fastSuspended(t, tg, true)
+	fp := s.Procs()[0]
+	// The KV cache's written 64 KiB blocks but the first and the last.
+	if want := (kvBlocks() - 2) * zblock; fp.Cached != want {
+		t.Fatalf("%d bytes cached, want %d", fp.Cached, want)
+	}
+	k := slices.IndexFunc(tg.regions, func(r region) bool { return r.name == "kv" })
+	kv := tg.regions[k]
+	for name, b := range st.files {
+		for _, r := range parseRecords(t, name, b) {
+			if r.va != kv.va {
+				continue
+			}
+			got := pieceBytes(b, r)
+			for i := 0; i < kv.size; i++ {
+				want := tg.want(k, i)
+				if i >= 16<<10 && i < kv.size-16<<10 {
+					want = 0
+				}
+				if got[i] != want {
+					t.Fatalf("the KV cache's byte %d in the files: %d, want %d", i, got[i], want)
+				}
+			}
+			return
+		}
+	}
+	t.Fatal("the KV cache is in no record")
 }
