@@ -315,7 +315,7 @@ int scan_run(int live, struct scan *s)
 	for (int i = 0; s->m && i < nm; i++)
 		if (copied(i) && ms[i].mapped)
 			s->m[s->k++] = (struct wmap){.va = ms[i].va, .size = ms[i].size, .ctx = ms[i].ctx ? ms[i].ctx : (nctx ? ctxs[0] : NULL)};
-	if (s->marks) {
+	if (s->marks && nmarks) {
 		memcpy(s->marks, marks, nmarks * sizeof *marks);
 		s->nmarks = nmarks;
 	}
