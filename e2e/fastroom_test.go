@@ -20,7 +20,7 @@ import (
 // checkpoint` in a memory cgroup whose limit cannot hold the kept copy of
 // what the process wrote (the copy's tmpfs pages are charged to the
 // process that writes them): the checkpoint refuses before it releases
-// anything, exits non-zero saying how much it needs and has, commits
+// anything, exits 6 saying how much it needs and has, commits
 // nothing, and the process runs on, never OOM-killed.
 func TestFastPathNoRoom(t *testing.T) {
 	e := setupFast(t)
@@ -38,6 +38,9 @@ func TestFastPathNoRoom(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "refused before any device memory was released") || !strings.Contains(string(out), cg.Dir) {
 		t.Fatalf("checkpoint in a cgroup of 64 MiB: %v\n%s", err, out)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 6 {
+		t.Fatalf("checkpoint refused for room: exit %d, want 6 (not enough room)\n%s", code, out)
 	}
 	if _, err := os.Stat(filepath.Join(ar, manifest.ManifestName)); err == nil {
 		t.Fatal("a refused checkpoint committed a manifest")

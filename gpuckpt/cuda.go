@@ -229,6 +229,13 @@ func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([
 	if cc == nil {
 		return nil, nil
 	}
+	if err := cc.checkDriverRoom(ctx); err != nil {
+		if cc.fast == nil {
+			return nil, err // nothing was done yet
+		}
+		fastErr := cc.fastUndo()
+		return nil, cc.failed(err, fastErr, fastErr)
+	}
 	if cc.fast != nil {
 		if err := cc.fast.BeforeDriver(ctx); err != nil {
 			fastErr := cc.fastUndo()

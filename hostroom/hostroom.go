@@ -11,8 +11,10 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -252,3 +254,44 @@ func FSOf(dir *os.File) (FS, error) {
 
 // Available is MemAvailable (0 when unknown).
 func Available() int64 { return proc.AvailableMemory() }
+
+// Shortfall says where host memory charged to processes would not fit:
+// need is the bytes each process (by pid) will be charged. short is false
+// when MemAvailable and the headroom of every memory cgroup the processes
+// are charged to (each cgroup counts all of its processes' bytes) cover
+// it; else have is what that place has and where names it. A cgroup that
+// cannot be read is not checked; an unknown MemAvailable neither.
+func Shortfall(need map[int]int64) (have int64, where string, short bool) {
+	var total int64
+	for _, n := range need {
+		total += n
+	}
+	if avail := Available(); avail > 0 && avail < total {
+		return avail, "the host's memory (MemAvailable)", true
+	}
+	per, cgs := map[string]int64{}, map[string]Cgroup{}
+	for pid, n := range need {
+		cs, err := Cgroups(pid)
+		if err != nil {
+			continue
+		}
+		for _, c := range cs {
+			per[c.Path] += n
+			cgs[c.Path] = c
+		}
+	}
+	for _, path := range slices.Sorted(maps.Keys(per)) {
+		if h := cgs[path].Headroom(); h >= 0 && h < per[path] {
+			return h, cgs[path].String(), true
+		}
+	}
+	return 0, "", false
+}
+
+// Bytes is n for a message: MiB below a GiB, else GiB.
+func Bytes(n int64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+}

@@ -10,10 +10,8 @@ package vram
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/hostroom"
@@ -33,12 +31,12 @@ func checkRoom(keep *os.File, need map[int]int64) error {
 	if err != nil {
 		return fmt.Errorf("fast path: room for the kept copy: %w", err)
 	}
-	short := func(have int64, where string) error {
+	refuse := func(have int64, where string) error {
 		msg := fmt.Sprintf("fast path: the kept copy of the device memory the processes wrote needs %s, and %s has %s: refused before any device memory was released, the processes run on",
-			gib(total), where, gib(have))
+			hostroom.Bytes(total), where, hostroom.Bytes(have))
 		if fs.Memory {
 			if d, free := diskWithRoom(total); d != "" {
-				msg += fmt.Sprintf("; --vram-keep-dir on a local disk would do (%s has %s free)", d, gib(free))
+				msg += fmt.Sprintf("; --vram-keep-dir on a local disk would do (%s has %s free)", d, hostroom.Bytes(free))
 			} else {
 				msg += "; --vram-keep-dir on a local disk with that much free would do"
 			}
@@ -46,29 +44,13 @@ func checkRoom(keep *os.File, need map[int]int64) error {
 		return fmt.Errorf("%s: %w", msg, errdefs.ErrNoRoom)
 	}
 	if fs.Free < total {
-		return short(fs.Free, "the file system of "+keep.Name())
+		return refuse(fs.Free, "the file system of "+keep.Name())
 	}
 	if !fs.Memory {
 		return nil
 	}
-	if avail := hostroom.Available(); avail > 0 && avail < total {
-		return short(avail, "the host's memory (MemAvailable)")
-	}
-	per, cgs := map[string]int64{}, map[string]hostroom.Cgroup{}
-	for pid, n := range need {
-		cs, err := hostroom.Cgroups(pid)
-		if err != nil {
-			continue
-		}
-		for _, c := range cs {
-			per[c.Path] += n
-			cgs[c.Path] = c
-		}
-	}
-	for _, path := range slices.Sorted(maps.Keys(per)) {
-		if h := cgs[path].Headroom(); h >= 0 && h < per[path] {
-			return short(h, cgs[path].String())
-		}
+	if have, where, short := hostroom.Shortfall(need); short {
+		return refuse(have, where)
 	}
 	return nil
 }
@@ -88,11 +70,4 @@ func diskWithRoom(n int64) (string, int64) {
 		}
 	}
 	return "", 0
-}
-
-func gib(n int64) string {
-	if n < 1<<30 {
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
 }

@@ -35,6 +35,7 @@ const (
 	exitCorrupt     = 3 // data failed a checksum or structural check
 	exitNotFound    = 4 // no such checkpoint or file
 	exitVersion     = 5 // written by a newer format version
+	exitNoRoom      = 6 // the host has not the memory or disk a step needs; nothing changed
 	exitInterrupted = 130
 )
 
@@ -57,6 +58,8 @@ func exitCode(err error, interrupted bool) int {
 		return exitCorrupt
 	case errors.Is(err, errdefs.ErrNotFound):
 		return exitNotFound
+	case errors.Is(err, errdefs.ErrNoRoom):
+		return exitNoRoom
 	case interrupted || errors.Is(err, errdefs.ErrInterrupted) || errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}

@@ -41,6 +41,7 @@ func TestExitCodes(t *testing.T) {
 		{usagef("bad flag"), exitUsage},
 		{fmt.Errorf("serve: %w", errdefs.ErrCorrupt), exitCorrupt},
 		{fmt.Errorf("x: %w", manifest.ErrNewerVersion), exitVersion},
+		{fmt.Errorf("x: %w", errdefs.ErrNoRoom), exitNoRoom},
 		{fmt.Errorf("x: %w", errdefs.ErrNotFound), exitNotFound},
 		{context.Canceled, exitInterrupted},
 		{fmt.Errorf("checkpoint 7: %w by SIGTERM: criu stopped the dump", errdefs.ErrInterrupted), exitInterrupted},
