@@ -8,7 +8,9 @@
 // and, once complete, manifest.ManifestName. Captures that raced to one
 // prefix, or failed there, may have left segments of their own beside
 // them (each capture names its segments by its stream id): a checkpoint is
-// exactly the segments its manifest names.
+// exactly the segments its manifest names. A capture in flight holds a
+// lock beside its segments (manifest.CaptureLockName), which is no part
+// of the checkpoint.
 package catalog
 
 import (
@@ -31,9 +33,10 @@ type (
 		RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool, ours func(name string) bool) ([]string, error)
 	}
 	// incompleteRemover is a store whose dead writers leave uploads that
-	// no listing shows (store/s3's multipart uploads).
+	// no listing shows (store/s3's multipart uploads), started before
+	// cutoff by the store's clock; it removes only what ours recognises.
 	incompleteRemover interface {
-		RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration, ours func(name string) bool) (int, error)
+		RemoveIncomplete(ctx context.Context, prefix string, cutoff time.Time, ours func(name string) bool) (int, error)
 	}
 	// dirRemover is a store that keeps directories its objects leave
 	// empty (store/dir).
@@ -158,21 +161,37 @@ func (e *Entry) read(ctx context.Context, st store.Store, manifestSize int64) {
 	}
 }
 
+// What an object in a checkpoint's prefix is.
+type objKind int
+
+const (
+	notOurs objKind = iota
+	manifestObj
+	segmentObj
+	lockObj // a capture's lock
+)
+
 // checkpointPrefix splits an object name into its checkpoint's prefix
-// ("" or "a/b/"), for manifests and segments; ok is false for other
-// objects.
-func checkpointPrefix(name string) (prefix string, ok bool, isManifest bool) {
+// ("" or "a/b/") and what it is there: a manifest, a segment, a capture's
+// lock, or none of those (notOurs).
+func checkpointPrefix(name string) (prefix string, kind objKind) {
 	if name == manifest.ManifestName {
-		return "", true, true
+		return "", manifestObj
 	}
 	if strings.HasSuffix(name, "/"+manifest.ManifestName) {
-		return strings.TrimSuffix(name, manifest.ManifestName), true, true
+		return strings.TrimSuffix(name, manifest.ManifestName), manifestObj
 	}
 	i := strings.LastIndex(name, manifest.SegmentPrefix)
-	if i < 0 || (i > 0 && name[i-1] != '/') || !manifest.IsSegmentName(name[i:]) {
-		return "", false, false
+	if i < 0 || (i > 0 && name[i-1] != '/') {
+		return "", notOurs
 	}
-	return name[:i], true, false
+	if manifest.IsSegmentName(name[i:]) {
+		return name[:i], segmentObj
+	}
+	if _, ok := manifest.CaptureOfLock(name[i:]); ok {
+		return name[:i], lockObj
+	}
+	return "", notOurs
 }
 
 // group is one checkpoint's objects.
@@ -180,6 +199,7 @@ type group struct {
 	prefix   string
 	manifest *store.ObjectInfo
 	segments []store.ObjectInfo
+	locks    []store.ObjectInfo // of captures
 	newest   time.Time
 	bytes    int64
 }
@@ -190,8 +210,8 @@ func groups(objs []store.ObjectInfo) []*group {
 	var out []*group
 	for i := range objs {
 		o := &objs[i]
-		p, ok, isMan := checkpointPrefix(o.Name)
-		if !ok {
+		p, kind := checkpointPrefix(o.Name)
+		if kind == notOurs {
 			continue
 		}
 		g := byPrefix[p]
@@ -200,10 +220,14 @@ func groups(objs []store.ObjectInfo) []*group {
 			byPrefix[p] = g
 			out = append(out, g)
 		}
-		if isMan {
+		switch kind {
+		case manifestObj:
 			g.manifest = o
-		} else {
+		case segmentObj:
 			g.segments = append(g.segments, *o)
+		case lockObj:
+			g.locks = append(g.locks, *o)
+			continue // no part of a checkpoint
 		}
 		g.bytes += o.Size
 		if o.Modified.After(g.newest) {

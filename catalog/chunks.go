@@ -77,34 +77,57 @@ var gcLocked func()
 // chunks lie in and that are older than age, repacks those older than age
 // whose live frames fill less than repackBelow of them (0: RepackShare;
 // negative: none), then replaces the index objects by one listing the
-// chunks of the packs that remain.
+// chunks of the packs that remain. Ages are by the store's clock, against
+// its lock.
 func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun bool, repackBelow float64) (*ChunkGCResult, error) {
-	res := &ChunkGCResult{DryRun: dryRun}
-	if repackBelow == 0 {
-		repackBelow = RepackShare
-	}
 	objs, err := st.List(ctx, chunkstore.Dir)
 	if err != nil {
 		return nil, err
 	}
-	var packs []store.ObjectInfo
-	var indexes []string
-	for _, o := range objs {
-		if _, ok := chunkstore.ParsePackName(o.Name); ok {
-			packs = append(packs, o)
-		} else if chunkstore.IsIndexName(o.Name) {
-			indexes = append(indexes, o.Name)
-		}
-	}
-	res.Packs = len(packs)
-	if len(packs) == 0 && len(indexes) == 0 {
-		return res, nil
+	cs := chunkObjectsIn(objs)
+	if len(cs.packs) == 0 && len(cs.indexes) == 0 {
+		return &ChunkGCResult{DryRun: dryRun}, nil
 	}
 	lock, err := chunkstore.TakeLock(ctx, st, chunkstore.LockGC)
 	if err != nil {
 		return nil, err
 	}
 	defer lock.Release(ctx)
+	return gcChunks(ctx, st, lock, cs, lock.Now.Add(-age), dryRun, repackBelow)
+}
+
+// chunkObjects are a chunk store's packs and index objects, as listed.
+type chunkObjects struct {
+	packs   []store.ObjectInfo
+	indexes []string
+}
+
+// chunkObjectsIn are the chunk store's objects in objs, a listing of its
+// location.
+func chunkObjectsIn(objs []store.ObjectInfo) chunkObjects {
+	var cs chunkObjects
+	for _, o := range objs {
+		if _, ok := chunkstore.ParsePackName(o.Name); ok {
+			cs.packs = append(cs.packs, o)
+		} else if chunkstore.IsIndexName(o.Name) {
+			cs.indexes = append(cs.indexes, o.Name)
+		}
+	}
+	return cs
+}
+
+// gcChunks is GCChunks of cs, listed before lock, a gc lock of st, was
+// taken; packs are old when not modified after cutoff.
+func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chunkObjects, cutoff time.Time, dryRun bool, repackBelow float64) (*ChunkGCResult, error) {
+	res := &ChunkGCResult{DryRun: dryRun}
+	if repackBelow == 0 {
+		repackBelow = RepackShare
+	}
+	packs, indexes := cs.packs, cs.indexes
+	res.Packs = len(packs)
+	if len(packs) == 0 && len(indexes) == 0 {
+		return res, nil
+	}
 	if held := lock.Held(); len(held) > 0 {
 		res.Skipped = fmt.Sprintf("%d capture, check or gc lock(s) held in %s (%v); nothing removed", len(held), chunkstore.LockPrefix, held)
 		return res, nil
@@ -114,7 +137,8 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	}
 	// The listing again, now that no capture can start sharing: packs
 	// written before the lock are all in it.
-	if objs, err = st.List(ctx, ""); err != nil {
+	objs, err := st.List(ctx, "")
+	if err != nil {
 		return nil, err
 	}
 	present := map[chunkstore.PackID]int64{}
@@ -151,7 +175,6 @@ func GCChunks(ctx context.Context, st store.Store, age time.Duration, dryRun boo
 	// read.
 	indexes = slices.DeleteFunc(indexes, func(n string) bool { return bad[n] })
 	live := marks.Live()
-	cutoff := time.Now().Add(-age)
 	var doomed, repack []string
 	gone := map[chunkstore.PackID]bool{}
 	for _, p := range packs {

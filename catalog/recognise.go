@@ -20,8 +20,8 @@ func ours(name string) bool {
 	if d, ok := strings.CutSuffix(name, "/"); ok {
 		return path.Base(d) == segmentsDir("") || inChunkStore(name)
 	}
-	_, ok, _ := checkpointPrefix(name)
-	return ok || inChunkStore(name)
+	_, kind := checkpointPrefix(name)
+	return kind != notOurs || inChunkStore(name)
 }
 
 // inChunkStore says name lies in a location's chunk store, this one's or

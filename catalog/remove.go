@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
@@ -151,23 +153,42 @@ type GCResult struct {
 
 // GC removes what unfinished captures left in st: segments that no
 // manifest names (of checkpoints that never got one, or of captures that
-// lost the race to commit one beside another), per capture once the
-// newest of its segments is older than age (a capture still running
-// writes one at least every segment), and the store's own leftovers
-// (incomplete uploads, temporary files) that old. Where a manifest cannot
-// be read, no segment beside it is removed: which are its own is unknown.
+// lost the race to commit one beside another), and the store's own
+// leftovers (incomplete uploads, temporary files), then gc's of the chunk
+// store (GCChunks). Ages are by the store's clock: against gc's own lock,
+// written first. A capture is unfinished by its lock: one that holds a
+// fresh lock is running, whatever the age of its segments, and nothing
+// under its checkpoint (nor, for a lock in the chunk store, under the
+// location) is touched; one whose lock is stale, or that has none (a
+// capture killed, or of an older version), is unfinished once the newest
+// of its segments is older than age. Age 0 thus takes every leftover of a
+// dead capture, and nothing of a live one. Where a manifest cannot be
+// read, no segment beside it is removed: which are its own is unknown.
 func GC(ctx context.Context, st store.Store, where string, age time.Duration, dryRun bool, repackBelow float64) (*GCResult, error) {
 	objs, err := st.List(ctx, "")
 	if err != nil {
 		return nil, err
 	}
+	// Before gc writes its lock there.
 	if err := refuseForeign(ctx, st, objs, where); err != nil {
 		return nil, err
 	}
+	// The chunk store's candidates are of this listing, before the lock:
+	// a capture that starts after it shares nothing, and writes only
+	// packs this listing cannot hold.
+	cs := chunkObjectsIn(objs)
+	lock, err := chunkstore.TakeLock(ctx, st, chunkstore.LockGC)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release(ctx)
+	if objs, err = st.List(ctx, ""); err != nil {
+		return nil, err
+	}
 	res := &GCResult{Location: where, Unfinished: []string{}, Names: []string{}, OlderThanMS: age.Milliseconds(), DryRun: dryRun}
-	cutoff := time.Now().Add(-age)
+	cutoff := lock.Now.Add(-age)
 	for _, g := range groups(objs) {
-		if len(g.segments) == 0 {
+		if len(g.segments) == 0 && len(g.locks) == 0 {
 			continue
 		}
 		sub := store.Sub(st, g.prefix)
@@ -185,31 +206,41 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 			}
 		}
 		for _, c := range leftovers(g, named) {
-			if c.newest.After(cutoff) {
+			if c.running(lock.Now) || c.newest.After(cutoff) {
 				continue
 			}
-			if err := removeUnfinished(ctx, st, g.prefix, c, where, dryRun, res); err != nil {
+			if err := removeUnfinished(ctx, st, g.prefix, c, lock.Now, where, dryRun, res); err != nil {
 				return nil, err
 			}
 		}
 	}
+	keep := inFlight(objs, lock.Now, lock.Name())
+	removable := func(name string) bool { return ours(name) && !keep(name) }
 	if s, ok := st.(incompleteRemover); ok {
 		res.HasUploads = !dryRun
 		if !dryRun {
-			if res.Uploads, err = s.RemoveIncomplete(ctx, "", age, ours); err != nil {
+			if res.Uploads, err = s.RemoveIncomplete(ctx, "", cutoff, removable); err != nil {
 				return nil, err
 			}
 		}
 	}
 	if s, ok := st.(tempRemover); ok {
 		res.HasTempFiles = true
-		names, err := s.RemoveTemp(ctx, cutoff, dryRun, ours)
+		names, err := s.RemoveTemp(ctx, cutoff, dryRun, removable)
 		res.TempFiles, res.Names = len(names), append(res.Names, names...)
 		if err != nil {
 			return nil, err
 		}
 	}
-	if res.Chunks, err = GCChunks(ctx, st, age, dryRun, repackBelow); err != nil {
+	res.Names = append(res.Names, lock.Stale...)
+	if !dryRun {
+		// Locks of the chunk store's takers that died: they count no
+		// longer, and a taker that lives on finds its own gone (a lapse).
+		if _, err := removeObjects(ctx, st, lock.Stale); err != nil {
+			return nil, fmt.Errorf("remove stale locks: %w", err)
+		}
+	}
+	if res.Chunks, err = gcChunks(ctx, st, lock, cs, cutoff, dryRun, repackBelow); err != nil {
 		return nil, err
 	}
 	if res.Chunks.Packs == 0 {
@@ -218,44 +249,98 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	return res, nil
 }
 
-// capture is what one capture left in a checkpoint's prefix: segments
-// named relative to the prefix.
+// inFlight says which names may be of writes in flight, by the fresh locks
+// in objs at now (own, gc's own, aside): every name under a checkpoint
+// whose capture holds a lock beside its segments, and every name under a
+// location whose chunk store a capture, cp or other gc holds (its packs,
+// index objects and checkpoints' manifests).
+func inFlight(objs []store.ObjectInfo, now time.Time, own string) func(name string) bool {
+	var live []string
+	for _, o := range objs {
+		if o.Name == own || !store.Fresh(o, now) {
+			continue
+		}
+		if p, kind := checkpointPrefix(o.Name); kind == lockObj {
+			live = append(live, p)
+		} else if i := strings.LastIndex(o.Name, chunkstore.LockPrefix); i >= 0 && (i == 0 || o.Name[i-1] == '/') {
+			live = append(live, o.Name[:i])
+		}
+	}
+	return func(name string) bool {
+		for _, p := range live {
+			if strings.HasPrefix(name, p) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// capture is what one capture left in a checkpoint's prefix: segments and
+// its lock, named relative to the prefix.
 type capture struct {
+	id       string // its stream id, as manifest.SegmentCapture gives it
 	segments []store.ObjectInfo
-	newest   time.Time
+	lock     *store.ObjectInfo
+	newest   time.Time // of its segments
 	bytes    int64
 }
 
-// leftovers sorts g's segments that named leaves out by the capture that
-// wrote them, in name order.
+// running says c holds a fresh lock at now.
+func (c *capture) running(now time.Time) bool {
+	return c.lock != nil && store.Fresh(*c.lock, now)
+}
+
+// leftovers sorts g's segments that named leaves out, and its captures'
+// locks, by the capture that wrote them, in name order.
 func leftovers(g *group, named map[string]bool) []*capture {
 	by := map[string]*capture{}
 	var out []*capture
+	of := func(id string) *capture {
+		c := by[id]
+		if c == nil {
+			c = &capture{id: id}
+			by[id] = c
+			out = append(out, c)
+		}
+		return c
+	}
 	for _, s := range g.segments {
 		s.Name = strings.TrimPrefix(s.Name, g.prefix)
 		if named[s.Name] {
 			continue
 		}
 		id, _ := manifest.SegmentCapture(s.Name)
-		c := by[id]
-		if c == nil {
-			c = &capture{}
-			by[id] = c
-			out = append(out, c)
-		}
+		c := of(id)
 		c.segments = append(c.segments, s)
 		c.bytes += s.Size
 		if s.Modified.After(c.newest) {
 			c.newest = s.Modified
 		}
 	}
+	for _, l := range g.locks {
+		l.Name = strings.TrimPrefix(l.Name, g.prefix)
+		id, _ := manifest.CaptureOfLock(l.Name)
+		of(id).lock = &l
+	}
 	return out
 }
 
-// removeUnfinished removes c, an unfinished capture's segments under
-// prefix, except any that a manifest committed since the listing names.
-func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *capture, where string, dryRun bool, res *GCResult) error {
+// removeUnfinished removes c, an unfinished capture's segments and lock
+// under prefix, unless its lock is fresh at now after all (a listing may
+// miss an object written meanwhile), except any segment that a manifest
+// committed since the listing names.
+func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *capture, now time.Time, where string, dryRun bool, res *GCResult) error {
 	sub := store.Sub(st, prefix)
+	if c.id != "" {
+		stream, _ := strconv.ParseUint(c.id, 16, 64)
+		info, err := sub.Stat(ctx, manifest.CaptureLockName(stream))
+		if err == nil && store.Fresh(info, now) {
+			return nil
+		} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+	}
 	named := map[string]bool{}
 	if _, err := sub.Stat(ctx, manifest.ManifestName); err == nil {
 		names, _, err := namedSegments(ctx, sub)
@@ -277,6 +362,12 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 			res.Names = append(res.Names, prefix+s.Name)
 		}
 	}
+	segments := len(names)
+	if c.lock != nil {
+		names = append(names, c.lock.Name)
+		bytes += c.lock.Size
+		res.Names = append(res.Names, prefix+c.lock.Name)
+	}
 	if len(names) == 0 {
 		return nil
 	}
@@ -293,7 +384,7 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 			d.RemoveEmptyDirs(dirs...)
 		}
 	}
-	if n := len(res.Unfinished); n == 0 || res.Unfinished[n-1] != name {
+	if n := len(res.Unfinished); segments > 0 && (n == 0 || res.Unfinished[n-1] != name) {
 		res.Unfinished = append(res.Unfinished, name)
 	}
 	res.Objects += len(names)

@@ -57,6 +57,28 @@ func SegmentCapture(name string) (capture string, ok bool) {
 	return "", len(rest) == 8 && isDigits(rest, "0123456789")
 }
 
+// CaptureLockName is the object name of the lock (store.Lock) that the
+// capture whose stream id is stream holds beside its segments while it
+// runs: segments/<stream id, 16 hex digits>.lock. gc leaves the segments
+// of a capture whose lock is fresh, however old they are.
+func CaptureLockName(stream uint64) string {
+	return fmt.Sprintf("%s%016x.lock", SegmentPrefix, stream)
+}
+
+// CaptureOfLock returns, for a capture's lock name (CaptureLockName), the
+// capture's stream id in hex, as SegmentCapture gives it for its
+// segments; ok is false for other names.
+func CaptureOfLock(name string) (capture string, ok bool) {
+	rest, ok := strings.CutPrefix(name, SegmentPrefix)
+	if !ok {
+		return "", false
+	}
+	if rest, ok = strings.CutSuffix(rest, ".lock"); !ok {
+		return "", false
+	}
+	return rest, len(rest) == 16 && isDigits(rest, "0123456789abcdef")
+}
+
 func isDigits(s, digits string) bool {
 	for _, c := range []byte(s) {
 		if strings.IndexByte(digits, c) < 0 {

@@ -109,6 +109,9 @@ type ArchiveOutput struct {
 	// are the lanes the files' frames stay on.
 	packFile uint32
 	sticks   map[uint32]*stick
+	// lock keeps gc from the segments while the capture runs (nil in a
+	// pack output: the chunk store's lock does).
+	lock *store.Lock
 
 	// placement: the caller's goroutine only
 	lanes    []*lane
@@ -199,7 +202,9 @@ func NewArchiveOutput(ctx context.Context, st store.Store, segmentSize int64) (*
 // named by its stream id (manifest.SegmentName), and its manifest is
 // committed only if none is there by then (store.ObjectWriter.CommitNew):
 // of captures racing to one location one commits, the others fail and
-// remove their segments.
+// remove their segments. It holds a lock beside its segments
+// (manifest.CaptureLockName) until Commit or Abort, which keeps gc from
+// them.
 func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, f pipeline.Format) (*ArchiveOutput, error) {
 	if _, err := st.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", st)
@@ -208,7 +213,14 @@ func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, 
 		// written blindly, and says why now rather than mid-dump.
 		return nil, fmt.Errorf("%s: %w", st, err)
 	}
-	return newArchiveOutput(st, segmentSize, f, false)
+	a, err := newArchiveOutput(st, segmentSize, f, false)
+	if err != nil {
+		return nil, err
+	}
+	if a.lock, err = store.TakeLock(ctx, st, manifest.CaptureLockName(a.streamID), "capture"); err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
 // newArchiveOutput is an output that writes segments (or packs) into st.
@@ -603,14 +615,21 @@ func (a *ArchiveOutput) stopLanes() {
 }
 
 // Commit closes every lane's segment, waits until every segment is
-// committed, then writes the manifest. The lanes have ended, and every
-// payload has been handed back, when it returns.
+// committed, proves that they are all there (prove), then writes the
+// manifest and releases the lock. The lanes have ended, and every payload
+// has been handed back, when it returns.
 func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
+	defer a.lock.Release(ctx)
 	segs, err := a.commitSegments(ctx)
 	if err != nil {
 		return err
 	}
 	m.Segments = segs
+	// One listing of this capture's segments: no other capture's are
+	// under its stream id.
+	if err := prove(ctx, a.lock, a.store, segs, fmt.Sprintf("%s%016x-", manifest.SegmentPrefix, a.streamID)); err != nil {
+		return err
+	}
 	return commitManifest(ctx, a.store, m, a.format)
 }
 
@@ -694,7 +713,10 @@ var AbortTimeout = 10 * time.Second
 // removed in parallel, within AbortTimeout. A second Abort returns the
 // first one's result.
 func (a *ArchiveOutput) Abort(ctx context.Context) error {
-	a.abortOnce.Do(func() { a.abortErr = a.abort(ctx) })
+	a.abortOnce.Do(func() {
+		a.abortErr = a.abort(ctx)
+		a.lock.Release(ctx) // after its segments: until then gc leaves them to it
+	})
 	return a.abortErr
 }
 

@@ -173,7 +173,8 @@ func (d *DedupOutput) segment(p chunkstore.PackID) int {
 }
 
 // Commit implements Output: the new packs, their index object, then the
-// manifest (format 4), which lists the packs it references.
+// manifest (format 4), which lists the packs it references, once they are
+// proven there (prove).
 func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	d.done = true
 	defer d.lock.Release(ctx)
@@ -210,6 +211,10 @@ func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	m.Format = manifest.VersionSharedChunks
 	m.Stats.NewChunks = int64(len(d.added))
 	m.Stats.NewStoredBytes = d.newStored
+	// Each pack looked up: the location may hold many more than these.
+	if err := prove(ctx, d.lock.Lock, d.loc, m.Segments, ""); err != nil {
+		return err
+	}
 	return commitManifest(ctx, d.ckpt, m, d.Format())
 }
 

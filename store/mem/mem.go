@@ -23,6 +23,9 @@ type Store struct {
 
 	mu   sync.Mutex
 	objs map[string][]byte
+	// mtime is when each object was committed: the store's clock, which
+	// locks and gc judge ages by.
+	mtime map[string]time.Time
 	// FailWrite, when set, is asked before every Write to an object with
 	// the bytes written to it so far.
 	FailWrite func(name string, written int64) error
@@ -31,7 +34,9 @@ type Store struct {
 }
 
 // New returns an empty store that names itself mem://name.
-func New(name string) *Store { return &Store{name: name, objs: map[string][]byte{}} }
+func New(name string) *Store {
+	return &Store{name: name, objs: map[string][]byte{}, mtime: map[string]time.Time{}}
+}
 
 func (s *Store) String() string { return "mem://" + s.name }
 
@@ -93,6 +98,7 @@ func (w *writer) commit(ctx context.Context, exclusive bool) error {
 		return fmt.Errorf("commit %s/%s: %w", w.s, w.name, errdefs.ErrExists)
 	}
 	w.s.objs[w.name] = bytes.Clone(w.buf.Bytes())
+	w.s.mtime[w.name] = time.Now()
 	return nil
 }
 
@@ -133,7 +139,7 @@ func (s *Store) Stat(ctx context.Context, name string) (store.ObjectInfo, error)
 	if !ok {
 		return store.ObjectInfo{}, fmt.Errorf("%s/%s: %w", s, name, errdefs.ErrNotFound)
 	}
-	return store.ObjectInfo{Name: name, Size: int64(len(b)), Modified: time.Now()}, nil
+	return store.ObjectInfo{Name: name, Size: int64(len(b)), Modified: s.mtime[name]}, nil
 }
 
 // List returns the objects whose names start with prefix, sorted.
@@ -146,7 +152,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.ObjectInfo, er
 	var out []store.ObjectInfo
 	for n, b := range s.objs {
 		if strings.HasPrefix(n, prefix) {
-			out = append(out, store.ObjectInfo{Name: n, Size: int64(len(b)), Modified: time.Now()})
+			out = append(out, store.ObjectInfo{Name: n, Size: int64(len(b)), Modified: s.mtime[n]})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -158,6 +164,7 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.objs, name)
+	delete(s.mtime, name)
 	return nil
 }
 
@@ -174,6 +181,7 @@ func (s *Store) Put(name string, b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.objs[name] = b
+	s.mtime[name] = time.Now()
 }
 
 // Names lists the committed objects, sorted.

@@ -364,16 +364,16 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 }
 
 // RemoveIncomplete aborts multipart uploads under prefix that were started
-// more than olderThan ago: what a writer leaves behind when its process was
-// killed, or when the server was unreachable as it aborted. They are
-// invisible to List and Stat but take space until removed (or until a
-// bucket lifecycle rule removes them). Only uploads of objects ours
-// recognises (by their name under the store's prefix) are aborted: the
-// bucket may hold other programs' uploads. Returns how many were removed.
-func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, olderThan time.Duration, ours func(name string) bool) (int, error) {
+// before cutoff (a time by the server's clock): what a writer leaves
+// behind when its process was killed, or when the server was unreachable
+// as it aborted. They are invisible to List and Stat but take space until
+// removed (or until a bucket lifecycle rule removes them). Only uploads of
+// objects ours recognises (by their name under the store's prefix) are
+// aborted: the bucket may hold other programs' uploads, and uploads of
+// writers in flight. Returns how many were removed.
+func (s *Store) RemoveIncomplete(ctx context.Context, prefix string, cutoff time.Time, ours func(name string) bool) (int, error) {
 	type upload struct{ key, id string }
 	var todo []upload
-	cutoff := time.Now().Add(-olderThan)
 	full := s.root + prefix
 	list := func(ctx context.Context, listPrefix string) error {
 		todo = todo[:0]

@@ -366,7 +366,7 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 	if err := w.Abort(ctx); err != nil {
 		t.Errorf("Abort after restart: %v", err)
 	}
-	n, err := s.RemoveIncomplete(ctx, "", 0, all)
+	n, err := s.RemoveIncomplete(ctx, "", time.Now(), all)
 	if err != nil || n != 0 {
 		t.Errorf("RemoveIncomplete after Abort = %d, %v; want 0", n, err)
 	}
@@ -376,7 +376,7 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 	if _, err := s.core.NewMultipartUpload(ctx, "bkt", "ckpt/seg/00001.seg", minio.PutObjectOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.RemoveIncomplete(ctx, "", time.Hour, all); err != nil || n != 0 {
+	if n, err := s.RemoveIncomplete(ctx, "", time.Now().Add(-time.Hour), all); err != nil || n != 0 {
 		t.Errorf("RemoveIncomplete(older than an hour) = %d, %v; want 0", n, err)
 	}
 	// Another program's upload beside it is left alone: only what ours
@@ -385,10 +385,10 @@ func TestS3ServerStoppedMidUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	ours := func(name string) bool { return strings.HasPrefix(name, "seg/") }
-	if n, err := s.RemoveIncomplete(ctx, "", 0, ours); err != nil || n != 1 {
+	if n, err := s.RemoveIncomplete(ctx, "", time.Now(), ours); err != nil || n != 1 {
 		t.Errorf("RemoveIncomplete = %d, %v; want 1", n, err)
 	}
-	if n, err := s.RemoveIncomplete(ctx, "", 0, all); err != nil || n != 1 {
+	if n, err := s.RemoveIncomplete(ctx, "", time.Now(), all); err != nil || n != 1 {
 		t.Errorf("RemoveIncomplete of the other upload = %d, %v; want 1", n, err)
 	}
 }
