@@ -28,6 +28,9 @@
 //     makes Create, or else the writer's Commit, fail; and it makes Open,
 //     or else the first Read, fail.
 //   - Different objects can be written concurrently.
+//   - An object's time (ObjectInfo.Modified) is when it was last
+//     committed, by the store's clock; a lock (store.Lock) taken there is
+//     kept fresh by its holder, and tells it of a lapse.
 package storetest
 
 import (
@@ -75,6 +78,8 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"CanceledOpen", testCanceledOpen},
 		{"Large", testLarge},
 		{"Concurrent", testConcurrent},
+		{"Modified", testModified},
+		{"Lock", testLock},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
