@@ -13,7 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/catalog"
 )
 
-var gcCommand = command{"gc", "remove unfinished checkpoints and uploads older than --older-than: gc LOCATION", "LOCATION",
+var gcCommand = command{"gc", "remove what dead captures left (segments, uploads, temporary files) older than --older-than, and chunks no checkpoint references: gc LOCATION", "LOCATION",
 	[]string{"@s3conn", "older-than", "repack-below", "dry-run", "json"}, runGc}
 
 // parseAge reads --older-than: a Go duration, or a number of days ("7d").
@@ -40,8 +40,8 @@ func parseAge(s string) (time.Duration, error) {
 // table alone passes it still finishes, with the collector working harder.
 const gcMemoryLimit = 120 << 20
 
-// runGc removes what unfinished captures left under a location, older
-// than --older-than (catalog.GC).
+// runGc removes what dead captures left under a location, older than
+// --older-than, and what no checkpoint references (catalog.GC).
 func runGc(ctx context.Context, cfg *config, args []string) error {
 	if len(args) != 1 {
 		return usagef("gc takes one LOCATION argument, got %d", len(args))

@@ -193,7 +193,7 @@ func (c *config) flagSet() *flag.FlagSet {
 	num(&c.s3Parallel, "s3-parallel", 4, "S3 parts uploading at once, over all objects; each holds --s3-part-size of memory (ranged reads on restore: twice as many per file)")
 	str(&c.s3SSE, "s3-sse", "", "S3 server-side encryption of the objects written: none, s3 (SSE-S3), kms[:KEY-ID] (SSE-KMS), c (SSE-C, key from --s3-sse-key-file; https only)")
 	str(&c.s3SSEKey, "s3-sse-key-file", "", "S3 SSE-C key file (32 bytes, hex or base64, mode 0600), needed to write and to read SSE-C objects")
-	str(&c.olderThan, "older-than", "1h", "gc: remove unfinished checkpoints and uploads older than this (e.g. 30m, 2h, 7d)")
+	str(&c.olderThan, "older-than", "1h", "gc: remove what dead captures left, and unreferenced packs, once this old by the store's clock (e.g. 30m, 2h, 7d; 0s: at once); a running capture (its lock refreshed within 6h) is never touched")
 	str(&c.repackBelow, "repack-below", "50%", "gc: repack a pack of the chunk store whose live chunks fill less than this share of it (0%: never)")
 	boolean(&c.createBucket, "create-bucket", "capture/checkpoint/cp to s3://: create the bucket if it does not exist (in --s3-region)")
 	boolean(&c.dryRun, "dry-run", "rm, gc: print what would be removed, remove nothing")
