@@ -1,7 +1,9 @@
 // Package store is object storage for archives: the Store interface that
 // local directories (store/dir), S3 (store/s3) and memory (store/mem)
 // implement, and the conformance suite (store/storetest) each passes. A
-// missing object is an error wrapping errdefs.ErrNotFound.
+// missing object is an error wrapping errdefs.ErrNotFound. Over any
+// store: locks that tell gc a writer lives (lock.go), and the check a
+// commit makes that what it names is there (Missing).
 package store
 
 import (
