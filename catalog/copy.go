@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/codec"
@@ -70,6 +71,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		progress = &pipeline.Counters{}
 	}
 	from, to := src, dst
+	var lock *store.Lock
 	if m.SharedChunks {
 		// A deduplicated checkpoint's packs go from location to location,
 		// those the destination holds already (same name: packs are
@@ -81,8 +83,16 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		if !okSrc || !okDst {
 			return nil, fmt.Errorf("cp %s to %s: a deduplicated checkpoint goes from a location to a location: %w", src, dst, errdefs.ErrUsage)
 		}
-		lock, err := chunkstore.TakeLock(ctx, to, chunkstore.LockCapture)
+		cl, err := chunkstore.TakeLock(ctx, to, chunkstore.LockCapture)
 		if err != nil {
+			return nil, err
+		}
+		defer cl.Release(ctx)
+		lock = cl.Lock
+	} else {
+		// A lock beside the segments keeps gc from them until the
+		// manifest names them, as a capture's does.
+		if lock, err = store.TakeLock(ctx, dst, manifest.CaptureLockName(rand.Uint64()), "cp"); err != nil {
 			return nil, err
 		}
 		defer lock.Release(ctx)
@@ -108,6 +118,11 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		return res, fmt.Errorf("verify the copy in %s: %w", dst, err)
 	}
 	res.Verified = rep.Bytes
+	// What was verified stays: no gc took the copy for dead meanwhile,
+	// and none will until the lock goes.
+	if err := lock.Confirm(ctx); err != nil {
+		return res, fmt.Errorf("%s: refusing to commit the copy: %w", dst, err)
+	}
 	w, err := dst.Create(ctx, manifest.ManifestName)
 	if err != nil {
 		return res, err

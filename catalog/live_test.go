@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -333,5 +334,62 @@ func TestGCAtZeroLeavesWritesInFlight(t *testing.T) {
 				mustCommit(ctx, t, c, ls.st, "job", files)
 			})
 		}
+	}
+}
+
+// pauseAt is a store whose Create of one name waits, once, until resumed.
+type pauseAt struct {
+	store.Store
+	name    string
+	once    sync.Once
+	reached chan struct{}
+	resume  chan struct{}
+}
+
+func (p *pauseAt) Create(ctx context.Context, name string) (store.ObjectWriter, error) {
+	if name == p.name {
+		p.once.Do(func() {
+			close(p.reached)
+			<-p.resume
+		})
+	}
+	return p.Store.Create(ctx, name)
+}
+
+// TestGCLeavesCopyInFlight: a plain cp holds a lock beside the segments it
+// copies: gc --older-than 0s, run once they are copied and verified and
+// before the manifest names them, leaves them, and the copy verifies.
+func TestGCLeavesCopyInFlight(t *testing.T) {
+	for kind, newStore := range liveStores(t) {
+		t.Run(kind, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			loc := newStore(t).st
+			files := map[string][]byte{"pages-1.img": noise(3<<20, 56)}
+			mustCommit(ctx, t, startCapture(ctx, t, loc, "src", false, 1<<20, files), loc, "src", files)
+			dst := &pauseAt{Store: store.Sub(loc, "copy"), name: manifest.ManifestName, reached: make(chan struct{}), resume: make(chan struct{})}
+			done := make(chan error, 1)
+			go func() {
+				_, err := Copy(ctx, store.Sub(loc, "src"), dst, pipeline.Options{}, nil)
+				done <- err
+			}()
+			select {
+			case <-dst.reached:
+			case err := <-done:
+				t.Fatalf("cp ended before its manifest: %v", err)
+			}
+			res, err := GC(ctx, loc, "loc", 0, false, 0)
+			close(dst.resume)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Objects != 0 {
+				t.Errorf("gc removed %d objects (%v) of a cp in flight", res.Objects, res.Unfinished)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("cp: %v", err)
+			}
+			verifyIn(t, store.Sub(loc, "copy"), files)
+		})
 	}
 }

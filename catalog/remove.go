@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -156,12 +155,13 @@ type GCResult struct {
 // lost the race to commit one beside another), and the store's own
 // leftovers (incomplete uploads, temporary files), then gc's of the chunk
 // store (GCChunks). Ages are by the store's clock: against gc's own lock,
-// written first. A capture is unfinished by its lock: one that holds a
-// fresh lock is running, whatever the age of its segments, and nothing
-// under its checkpoint (nor, for a lock in the chunk store, under the
-// location) is touched; one whose lock is stale, or that has none (a
-// capture killed, or of an older version), is unfinished once the newest
-// of its segments is older than age. Age 0 thus takes every leftover of a
+// written first. What is unfinished is judged by locks: where a writer (a
+// capture, a cp) holds a fresh lock beside a checkpoint's segments, it is
+// running, whatever their age, and nothing under that checkpoint (nor,
+// for a lock in the chunk store, under the location) is touched; else a
+// capture (one killed, or of an older version, which held none) is
+// unfinished once the newest of its segments is older than age, and its
+// segments and stale lock go. Age 0 thus takes every leftover of a
 // dead capture, and nothing of a live one. Where a manifest cannot be
 // read, no segment beside it is removed: which are its own is unknown.
 func GC(ctx context.Context, st store.Store, where string, age time.Duration, dryRun bool, repackBelow float64) (*GCResult, error) {
@@ -205,8 +205,11 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 				named[n] = true
 			}
 		}
+		if g.locked(lock.Now) {
+			continue
+		}
 		for _, c := range leftovers(g, named) {
-			if c.running(lock.Now) || c.newest.After(cutoff) {
+			if c.newest.After(cutoff) {
 				continue
 			}
 			if err := removeUnfinished(ctx, st, g.prefix, c, lock.Now, where, dryRun, res); err != nil {
@@ -279,16 +282,35 @@ func inFlight(objs []store.ObjectInfo, now time.Time, own string) func(name stri
 // capture is what one capture left in a checkpoint's prefix: segments and
 // its lock, named relative to the prefix.
 type capture struct {
-	id       string // its stream id, as manifest.SegmentCapture gives it
 	segments []store.ObjectInfo
 	lock     *store.ObjectInfo
 	newest   time.Time // of its segments
 	bytes    int64
 }
 
-// running says c holds a fresh lock at now.
-func (c *capture) running(now time.Time) bool {
-	return c.lock != nil && store.Fresh(*c.lock, now)
+// locked says a writer holds a fresh lock beside g's segments at now.
+func (g *group) locked(now time.Time) bool {
+	for _, l := range g.locks {
+		if store.Fresh(l, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// lockedNow is locked of the checkpoint in st, listed again.
+func lockedNow(ctx context.Context, st store.Store, now time.Time) (bool, error) {
+	objs, err := st.List(ctx, manifest.SegmentPrefix)
+	if err != nil {
+		return false, err
+	}
+	g := &group{}
+	for _, o := range objs {
+		if _, ok := manifest.CaptureOfLock(o.Name); ok {
+			g.locks = append(g.locks, o)
+		}
+	}
+	return g.locked(now), nil
 }
 
 // leftovers sorts g's segments that named leaves out, and its captures'
@@ -299,7 +321,7 @@ func leftovers(g *group, named map[string]bool) []*capture {
 	of := func(id string) *capture {
 		c := by[id]
 		if c == nil {
-			c = &capture{id: id}
+			c = &capture{}
 			by[id] = c
 			out = append(out, c)
 		}
@@ -327,19 +349,13 @@ func leftovers(g *group, named map[string]bool) []*capture {
 }
 
 // removeUnfinished removes c, an unfinished capture's segments and lock
-// under prefix, unless its lock is fresh at now after all (a listing may
-// miss an object written meanwhile), except any segment that a manifest
-// committed since the listing names.
+// under prefix, unless a writer holds a fresh lock there at now after all
+// (a listing may miss an object written meanwhile), except any segment
+// that a manifest committed since the listing names.
 func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *capture, now time.Time, where string, dryRun bool, res *GCResult) error {
 	sub := store.Sub(st, prefix)
-	if c.id != "" {
-		stream, _ := strconv.ParseUint(c.id, 16, 64)
-		info, err := sub.Stat(ctx, manifest.CaptureLockName(stream))
-		if err == nil && store.Fresh(info, now) {
-			return nil
-		} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			return err
-		}
+	if locked, err := lockedNow(ctx, sub, now); err != nil || locked {
+		return err
 	}
 	named := map[string]bool{}
 	if _, err := sub.Stat(ctx, manifest.ManifestName); err == nil {

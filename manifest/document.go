@@ -57,17 +57,17 @@ func SegmentCapture(name string) (capture string, ok bool) {
 	return "", len(rest) == 8 && isDigits(rest, "0123456789")
 }
 
-// CaptureLockName is the object name of the lock (store.Lock) that the
-// capture whose stream id is stream holds beside its segments while it
-// runs: segments/<stream id, 16 hex digits>.lock. gc leaves the segments
-// of a capture whose lock is fresh, however old they are.
+// CaptureLockName is the object name of the lock (store.Lock) that a
+// writer of an archive holds beside its segments while it runs:
+// segments/<16 hex digits>.lock, a capture's stream id (a cp's is
+// random). gc leaves every segment beside a fresh lock, however old.
 func CaptureLockName(stream uint64) string {
 	return fmt.Sprintf("%s%016x.lock", SegmentPrefix, stream)
 }
 
-// CaptureOfLock returns, for a capture's lock name (CaptureLockName), the
-// capture's stream id in hex, as SegmentCapture gives it for its
-// segments; ok is false for other names.
+// CaptureOfLock returns, for a lock name (CaptureLockName), its 16 hex
+// digits (a capture's stream id, as SegmentCapture gives it for its
+// segments); ok is false for other names.
 func CaptureOfLock(name string) (capture string, ok bool) {
 	rest, ok := strings.CutPrefix(name, SegmentPrefix)
 	if !ok {
