@@ -205,7 +205,7 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 				named[n] = true
 			}
 		}
-		if g.locked(lock.Now) {
+		if g.locked(ctx, st, lock.Now) {
 			continue
 		}
 		for _, c := range leftovers(g, named) {
@@ -217,7 +217,7 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 			}
 		}
 	}
-	keep := inFlight(objs, lock.Now, lock.Name())
+	keep := inFlight(ctx, st, objs, lock.Now, lock.Name())
 	removable := func(name string) bool { return ours(name) && !keep(name) }
 	if s, ok := st.(incompleteRemover); ok {
 		res.HasUploads = !dryRun
@@ -252,21 +252,24 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 	return res, nil
 }
 
-// inFlight says which names may be of writes in flight, by the fresh locks
-// in objs at now (own, gc's own, aside): every name under a checkpoint
-// whose capture holds a lock beside its segments, and every name under a
-// location whose chunk store a capture, cp or other gc holds (its packs,
-// index objects and checkpoints' manifests).
-func inFlight(objs []store.ObjectInfo, now time.Time, own string) func(name string) bool {
+// inFlight says which names may be of writes in flight, by the live locks
+// in objs, of st, at now (own, gc's own, aside): every name under a
+// checkpoint whose writer holds a lock beside its segments, and every name
+// under a location whose chunk store a capture, cp or other gc holds (its
+// packs, index objects and checkpoints' manifests).
+func inFlight(ctx context.Context, st store.Store, objs []store.ObjectInfo, now time.Time, own string) func(name string) bool {
 	var live []string
 	for _, o := range objs {
-		if o.Name == own || !store.Fresh(o, now) {
-			continue
+		p, kind := checkpointPrefix(o.Name)
+		if kind != lockObj {
+			i := strings.LastIndex(o.Name, chunkstore.LockPrefix)
+			if i < 0 || (i > 0 && o.Name[i-1] != '/') {
+				continue
+			}
+			p = o.Name[:i]
 		}
-		if p, kind := checkpointPrefix(o.Name); kind == lockObj {
+		if o.Name != own && lockLive(ctx, st, o, now) {
 			live = append(live, p)
-		} else if i := strings.LastIndex(o.Name, chunkstore.LockPrefix); i >= 0 && (i == 0 || o.Name[i-1] == '/') {
-			live = append(live, o.Name[:i])
 		}
 	}
 	return func(name string) bool {
@@ -288,10 +291,17 @@ type capture struct {
 	bytes    int64
 }
 
-// locked says a writer holds a fresh lock beside g's segments at now.
-func (g *group) locked(now time.Time) bool {
+// lockLive says the lock o of st counts at now: it is fresh, and its
+// holder is not known to be gone (store.HolderGone).
+func lockLive(ctx context.Context, st store.Store, o store.ObjectInfo, now time.Time) bool {
+	return store.Fresh(o, now) && !store.HolderGoneAt(ctx, st, o.Name)
+}
+
+// locked says a writer holds a live lock beside g's segments, in st, at
+// now.
+func (g *group) locked(ctx context.Context, st store.Store, now time.Time) bool {
 	for _, l := range g.locks {
-		if store.Fresh(l, now) {
+		if lockLive(ctx, st, l, now) {
 			return true
 		}
 	}
@@ -310,7 +320,7 @@ func lockedNow(ctx context.Context, st store.Store, now time.Time) (bool, error)
 			g.locks = append(g.locks, o)
 		}
 	}
-	return g.locked(now), nil
+	return g.locked(ctx, st, now), nil
 }
 
 // leftovers sorts g's segments that named leaves out, and its captures'
@@ -380,15 +390,21 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 	}
 	segments := len(names)
 	if c.lock != nil {
-		names = append(names, c.lock.Name)
 		bytes += c.lock.Size
 		res.Names = append(res.Names, prefix+c.lock.Name)
 	}
-	if len(names) == 0 {
+	if len(names) == 0 && c.lock == nil {
 		return nil
 	}
 	name := Join(where, strings.TrimSuffix(prefix, "/"))
 	if !dryRun {
+		// The lock first: a holder taken for dead that lives on finds it
+		// gone, a lapse, and commits nothing.
+		if c.lock != nil {
+			if err := sub.Delete(ctx, c.lock.Name); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
 		if _, err := removeObjects(ctx, sub, names); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -404,6 +420,9 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 		res.Unfinished = append(res.Unfinished, name)
 	}
 	res.Objects += len(names)
+	if c.lock != nil {
+		res.Objects++
+	}
 	res.Bytes += bytes
 	return nil
 }

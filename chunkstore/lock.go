@@ -8,8 +8,8 @@ package chunkstore
 // A capture that sees a gc lock loads no index (it then references only
 // packs it writes itself, which gc's listing predates); a gc that sees any
 // other live lock deletes nothing. A lock older than store.StaleLock, by
-// the store's clock (against the taker's own lock, just written), is
-// ignored: its taker died.
+// the store's clock (against the taker's own lock, just written), or whose
+// holder is known gone (store.HolderGone), is ignored: its taker died.
 
 import (
 	"context"
@@ -36,7 +36,8 @@ type Lock struct {
 	// Others are the live locks of other takers seen when it was taken,
 	// by kind.
 	Others map[string][]string
-	// Stale are the locks seen that count no longer.
+	// Stale are the locks seen that count no longer: stale, or their
+	// holder gone.
 	Stale []string
 	// Now is the store's clock when it was taken: its own object's time
 	// in the listing of the locks.
@@ -74,7 +75,7 @@ func TakeLock(ctx context.Context, st store.Store, kind string) (*Lock, error) {
 		k, _, ok := strings.Cut(strings.TrimPrefix(o.Name, LockPrefix), "-")
 		switch {
 		case !ok:
-		case !store.Fresh(o, l.Now):
+		case !store.Fresh(o, l.Now) || store.HolderGoneAt(ctx, st, o.Name):
 			l.Stale = append(l.Stale, o.Name)
 		default:
 			l.Others[k] = append(l.Others[k], o.Name)

@@ -7,6 +7,12 @@ package store
 // its holder's death. No host's clock enters: a capture on a host whose
 // clock is hours off is judged like any other.
 //
+// A lock also names its holder (host, boot, PID namespace, PID): one
+// whose holder is a process of this host that no longer exists counts no
+// longer, however fresh (HolderGone), restic's rule, so that a capture
+// that failed where it could not remove its lock does not hold gc off for
+// StaleLock.
+//
 // A holder that was stopped (a frozen process, a store out of reach) may
 // have looked dead meanwhile, and gc may then have taken what it wrote or
 // references. Each refresh therefore compares the object's time before it
@@ -18,9 +24,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -62,11 +71,62 @@ type Lock struct {
 	released bool
 }
 
+// holder is what a lock object says of its holder.
+type holder struct {
+	Kind    string    `json:"kind"`
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Created time.Time `json:"created"` // the holder's clock: for people only
+	Boot    string    `json:"boot,omitempty"`
+	PIDNS   string    `json:"pid_ns,omitempty"`
+}
+
+// here is this process as a holder of kind.
+var here = sync.OnceValue(func() holder {
+	host, _ := os.Hostname()
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return holder{Host: host, PID: os.Getpid(), Boot: strings.TrimSpace(string(boot)), PIDNS: ns}
+})
+
+// HolderGone says body, a lock object's, names a holder that is a process
+// of this host (this boot, this PID namespace) that no longer exists. A
+// lock that does not say (written before 2026-12-05, or unreadable) is
+// never taken for gone.
+func HolderGone(body []byte) bool {
+	var h holder
+	if json.Unmarshal(body, &h) != nil || h.PID <= 0 || h.Boot == "" || h.PIDNS == "" {
+		return false
+	}
+	me := here()
+	if h.Host != me.Host || h.Boot != me.Boot || h.PIDNS != me.PIDNS || h.PID == me.PID {
+		return false
+	}
+	return errors.Is(syscall.Kill(h.PID, 0), syscall.ESRCH)
+}
+
+// HolderGoneAt is HolderGone of the lock object name in st; a lock it
+// cannot read is not gone.
+func HolderGoneAt(ctx context.Context, st Store, name string) bool {
+	r, err := st.Open(ctx, name, 0, maxLockBody)
+	if err != nil {
+		return false
+	}
+	defer r.Close()
+	body, err := io.ReadAll(r)
+	return err == nil && HolderGone(body)
+}
+
+// maxLockBody bounds what is read of a lock object: ours are under 300
+// bytes.
+const maxLockBody = 4 << 10
+
 // TakeLock creates the lock object name of kind (capture, gc) in st,
 // exclusively, and starts refreshing it.
 func TakeLock(ctx context.Context, st Store, name, kind string) (*Lock, error) {
-	host, _ := os.Hostname()
-	body, _ := json.Marshal(map[string]any{"kind": kind, "host": host, "pid": os.Getpid(), "created": time.Now().UTC()})
+	h := here()
+	h.Kind, h.Created = kind, time.Now().UTC()
+	body, _ := json.Marshal(h)
 	l := &Lock{st: st, name: name, body: body, stale: StaleLock, every: LockRefresh, stop: make(chan struct{}), done: make(chan struct{})}
 	// A gc at age 0 may remove a directory's temporary files, the lock's
 	// among them, before the lock is committed and counts: try again.
