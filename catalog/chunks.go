@@ -174,31 +174,7 @@ func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chu
 	// for check to replace: it is evidence, and gc only replaces what it
 	// read.
 	indexes = slices.DeleteFunc(indexes, func(n string) bool { return bad[n] })
-	live := marks.Live()
-	var doomed, repack []string
-	gone := map[chunkstore.PackID]bool{}
-	for _, p := range packs {
-		id, _ := chunkstore.ParsePackName(p.Name)
-		bytes, used := live[id]
-		if used {
-			res.Referenced++
-		}
-		if p.Modified.After(cutoff) {
-			continue
-		}
-		if !used {
-			doomed = append(doomed, p.Name)
-			gone[id] = true
-			res.Removed++
-			res.RemovedBytes += p.Size
-			continue
-		}
-		if float64(bytes) < repackBelow*float64(p.Size) {
-			repack = append(repack, p.Name)
-			res.Repacked++
-			res.RepackedBytes += bytes
-		}
-	}
+	doomed, repack, gone := pickPacks(packs, marks.Live(), cutoff, repackBelow, res)
 	if dryRun || (len(doomed) == 0 && len(repack) == 0 && len(indexes) <= 1) {
 		return res, nil
 	}
@@ -224,6 +200,37 @@ func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chu
 		return nil, fmt.Errorf("remove unreferenced and repacked packs: %w", err)
 	}
 	return res, nil
+}
+
+// pickPacks sorts packs, of which live says the bytes of live frames, into
+// those to delete (doomed: none live) and to repack (live frames fill less
+// than repackBelow of them), of those not modified after cutoff, counting
+// them in res; gone are the packs of both.
+func pickPacks(packs []store.ObjectInfo, live map[chunkstore.PackID]int64, cutoff time.Time, repackBelow float64, res *ChunkGCResult) (doomed, repack []string, gone map[chunkstore.PackID]bool) {
+	gone = map[chunkstore.PackID]bool{}
+	for _, p := range packs {
+		id, _ := chunkstore.ParsePackName(p.Name)
+		bytes, used := live[id]
+		if used {
+			res.Referenced++
+		}
+		if p.Modified.After(cutoff) {
+			continue
+		}
+		if !used {
+			doomed = append(doomed, p.Name)
+			gone[id] = true
+			res.Removed++
+			res.RemovedBytes += p.Size
+			continue
+		}
+		if float64(bytes) < repackBelow*float64(p.Size) {
+			repack = append(repack, p.Name)
+			res.Repacked++
+			res.RepackedBytes += bytes
+		}
+	}
+	return doomed, repack, gone
 }
 
 // manifestBudget bounds the bytes of the manifests markFrames reads at

@@ -388,7 +388,6 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 			res.Names = append(res.Names, prefix+s.Name)
 		}
 	}
-	segments := len(names)
 	if c.lock != nil {
 		bytes += c.lock.Size
 		res.Names = append(res.Names, prefix+c.lock.Name)
@@ -416,7 +415,7 @@ func removeUnfinished(ctx context.Context, st store.Store, prefix string, c *cap
 			d.RemoveEmptyDirs(dirs...)
 		}
 	}
-	if n := len(res.Unfinished); segments > 0 && (n == 0 || res.Unfinished[n-1] != name) {
+	if n := len(res.Unfinished); len(names) > 0 && (n == 0 || res.Unfinished[n-1] != name) {
 		res.Unfinished = append(res.Unfinished, name)
 	}
 	res.Objects += len(names)

@@ -62,8 +62,7 @@ type Lock struct {
 	every time.Duration
 
 	mu    sync.Mutex
-	lapse error     // the first lapse seen
-	last  time.Time // the object's time after the last refresh
+	lapse error // the first lapse seen
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -81,7 +80,7 @@ type holder struct {
 	PIDNS   string    `json:"pid_ns,omitempty"`
 }
 
-// here is this process as a holder of kind.
+// here is this process as a lock's holder.
 var here = sync.OnceValue(func() holder {
 	host, _ := os.Hostname()
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -139,12 +138,6 @@ func TakeLock(ctx context.Context, st Store, name, kind string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("take %s lock %s/%s: %w", kind, st, name, err)
 	}
-	info, err := st.Stat(ctx, name)
-	if err != nil {
-		_ = st.Delete(context.WithoutCancel(ctx), name)
-		return nil, fmt.Errorf("take %s lock %s/%s: %w", kind, st, name, err)
-	}
-	l.last = info.Modified
 	go l.beat()
 	return l, nil
 }
@@ -215,7 +208,6 @@ func (l *Lock) refresh(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.last = after.Modified
 	if l.lapse != nil {
 		return nil
 	}

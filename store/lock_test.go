@@ -41,3 +41,19 @@ func TestHolderGone(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHolderGone: a lock object's body is anyone's who can write the
+// location: any bytes are read without a panic, and none names a holder
+// gone unless it is a process of this host that does not exist.
+func FuzzHolderGone(f *testing.F) {
+	b, _ := json.Marshal(here())
+	f.Add(b)
+	f.Add([]byte(`{"pid":-1,"boot":"x","pid_ns":"y"}`))
+	f.Add([]byte(`{"pid":1e99}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var h holder
+		if HolderGone(body) && (json.Unmarshal(body, &h) != nil || h.PID <= 0 || h.Host != here().Host) {
+			t.Fatalf("HolderGone(%q) with no holder of this host", body)
+		}
+	})
+}
