@@ -120,6 +120,14 @@ func chunkObjectsIn(objs []store.ObjectInfo) chunkObjects {
 // taken; packs are old when not modified after cutoff.
 func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chunkObjects, cutoff time.Time, dryRun bool, repackBelow float64) (*ChunkGCResult, error) {
 	res := &ChunkGCResult{DryRun: dryRun}
+	if !dryRun {
+		// The locks of takers that died go before anything they may
+		// guard: one that lives on after all finds its own gone (a lapse)
+		// and commits nothing.
+		if _, err := removeObjects(ctx, st, lock.Stale); err != nil {
+			return nil, fmt.Errorf("remove stale locks: %w", err)
+		}
+	}
 	if repackBelow == 0 {
 		repackBelow = RepackShare
 	}

@@ -235,14 +235,7 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 			return nil, err
 		}
 	}
-	res.Names = append(res.Names, lock.Stale...)
-	if !dryRun {
-		// Locks of the chunk store's takers that died: they count no
-		// longer, and a taker that lives on finds its own gone (a lapse).
-		if _, err := removeObjects(ctx, st, lock.Stale); err != nil {
-			return nil, fmt.Errorf("remove stale locks: %w", err)
-		}
-	}
+	res.Names = append(res.Names, lock.Stale...) // gcChunks removes them
 	if res.Chunks, err = gcChunks(ctx, st, lock, cs, cutoff, dryRun, repackBelow); err != nil {
 		return nil, err
 	}

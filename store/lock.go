@@ -17,7 +17,12 @@ package store
 // have looked dead meanwhile, and gc may then have taken what it wrote or
 // references. Each refresh therefore compares the object's time before it
 // with the time after: a gap near StaleLock, or a lock gone, is a lapse,
-// and Confirm, which a commit calls last, reports it.
+// and Confirm, which a commit calls last, reports it. Confirm rewrites
+// nothing when the lock is as the last refresh left it, not long ago by a
+// clock that runs on while the host sleeps: one request, not three, on a
+// commit's path (the process is frozen then). gc deletes a lock it takes
+// for dead before anything it guards, so a holder that slept unseen finds
+// its lock gone.
 
 import (
 	"context"
@@ -31,6 +36,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 )
@@ -61,8 +68,14 @@ type Lock struct {
 	stale time.Duration // StaleLock and LockRefresh as the lock was taken
 	every time.Duration
 
-	mu    sync.Mutex
-	lapse error // the first lapse seen
+	// clock runs on while the host is suspended (CLOCK_BOOTTIME); a
+	// test injects its own.
+	clock func() time.Duration
+
+	mu     sync.Mutex
+	lapse  error         // the first lapse seen
+	last   time.Time     // the object's time after the last refresh
+	lastAt time.Duration // clock() then
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -126,7 +139,8 @@ func TakeLock(ctx context.Context, st Store, name, kind string) (*Lock, error) {
 	h := here()
 	h.Kind, h.Created = kind, time.Now().UTC()
 	body, _ := json.Marshal(h)
-	l := &Lock{st: st, name: name, body: body, stale: StaleLock, every: LockRefresh, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Lock{st: st, name: name, body: body, stale: StaleLock, every: LockRefresh, clock: bootClock,
+		stop: make(chan struct{}), done: make(chan struct{})}
 	// A gc at age 0 may remove a directory's temporary files, the lock's
 	// among them, before the lock is committed and counts: try again.
 	var err error
@@ -138,6 +152,12 @@ func TakeLock(ctx context.Context, st Store, name, kind string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("take %s lock %s/%s: %w", kind, st, name, err)
 	}
+	info, err := st.Stat(ctx, name)
+	if err != nil {
+		_ = st.Delete(context.WithoutCancel(ctx), name)
+		return nil, fmt.Errorf("take %s lock %s/%s: %w", kind, st, name, err)
+	}
+	l.last, l.lastAt = info.Modified, l.clock()
 	go l.beat()
 	return l, nil
 }
@@ -208,6 +228,7 @@ func (l *Lock) refresh(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.last, l.lastAt = after.Modified, l.clock()
 	if l.lapse != nil {
 		return nil
 	}
@@ -232,12 +253,32 @@ func (l *Lock) Confirm(ctx context.Context) error {
 		return nil
 	}
 	l.stopBeat()
-	if err := l.refresh(ctx); err != nil {
-		return err
+	if !l.unchanged(ctx) {
+		if err := l.refresh(ctx); err != nil {
+			return err
+		}
 	}
+	return l.Lapsed()
+}
+
+// unchanged says the lock object is as the last refresh left it, under a
+// quarter of StaleLock ago: fresh for longer than any commit takes, and
+// never stale since.
+func (l *Lock) unchanged(ctx context.Context) bool {
+	info, err := l.st.Stat(ctx, l.name)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lapse
+	now := l.clock()
+	return err == nil && info.Modified.Equal(l.last) && l.lastAt >= 0 && now >= 0 && now-l.lastAt < l.stale/4
+}
+
+// bootClock is the time since boot, suspended time included.
+func bootClock() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return -1 // unknown: never unchanged
+	}
+	return time.Duration(ts.Nano())
 }
 
 // Lapsed is the lapse seen so far, nil if none.
