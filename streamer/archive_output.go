@@ -218,6 +218,7 @@ func NewArchiveOutputAs(ctx context.Context, st store.Store, segmentSize int64, 
 		return nil, err
 	}
 	if a.lock, err = store.TakeLock(ctx, st, manifest.CaptureLockName(a.streamID), "capture"); err != nil {
+		a.bgCancel(err)
 		return nil, err
 	}
 	return a, nil
