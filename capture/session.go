@@ -636,6 +636,12 @@ type ServeOptions struct {
 	Producers int
 	// ConnectTimeout is IntakeOptions.ConnectTimeout for the restore.
 	ConnectTimeout time.Duration
+	// MemoryLimit is --memory-limit (0: pipeline.DefaultMemoryLimit): the
+	// images CRIU reads as files (asfile.go) are memfds up to a quarter of
+	// it together, beyond that unlinked files in SpillDir ($TMPDIR when
+	// empty).
+	MemoryLimit int64
+	SpillDir    string
 }
 
 // Serve listens on DIR/streamer-serve.sock for one `criu restore --stream`
@@ -685,6 +691,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 	s.limitConnectWait(o.ConnectTimeout, path)
 	var requests, served, early atomic.Int64
 	var bytes atomic.Int64
+	files := newFileImages(src, o)
 	s.acceptLoop(sctx, l, func(conn *net.UnixConn) {
 		s.readConn(sctx, conn, o.Hooks.Connected, func(kind connKind, name string) error {
 			requests.Add(1)
@@ -692,6 +699,15 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			exists := err == nil
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
+			}
+			if exists && kind == connCRIU {
+				if done, err := files.answer(sctx, conn, name, f.Size); done || err != nil {
+					if err == nil {
+						served.Add(1)
+						bytes.Add(f.Size)
+					}
+					return err
+				}
 			}
 			if err := WriteReply(conn, exists); err != nil {
 				return fmt.Errorf("reply for %s: %w", name, err)
@@ -705,7 +721,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			}
 			pipeline.GrowPipe(p.Fd())
 			s.run(p, func(p *os.File) error {
-				n, err := src.Copy(sctx, name, p)
+				n, err := files.copy(sctx, name, p)
 				if err != nil && sctx.Err() == nil && (readerGone(p) || errors.Is(err, syscall.EPIPE)) {
 					// Copy counts whole chunks written, so this is exact
 					// when the reader took nothing (the usual case) and
