@@ -148,36 +148,42 @@ func (fi *fileImages) serve(ctx context.Context, conn *net.UnixConn, name string
 	if err := unix.Fstat(int(p.Fd()), &st); err != nil || st.Ino != ino {
 		return fmt.Errorf("criu sent pipe %d (%v), not pipe %d whose read end it was handed the file for", st.Ino, err, ino)
 	}
-	fi.log(fmt.Sprintf("%s: served as a file (%d bytes, %s) to criu's task %d", name, size, where, task.TID))
+	fi.log(fmt.Sprintf("%s: served as a file of %d bytes (%s) to criu's task %d", name, size, where, task.TID))
 	return nil
 }
 
 // make writes name into a sealed memfd, or into an unlinked file in the
 // spill directory when the memfds would hold more than their share of the
-// memory limit; it says which.
+// memory limit; it says which. A pages image whose first serve left pages
+// out gets only those: all the restorer reads of it (unpremapped.go).
 func (fi *fileImages) make(ctx context.Context, name string, size int64) (*os.File, string, error) {
 	fi.mu.Lock()
-	inMemory := fi.held+size <= fi.memory
+	only := fi.skips[name]
+	need := size
+	if only != nil {
+		need = 0
+		for _, s := range only {
+			need += s.Len
+		}
+	}
+	inMemory := fi.held+need <= fi.memory
 	if inMemory {
-		fi.held += size // until the serve ends: CRIU holds it as long as it likes
+		fi.held += need // until the serve ends: CRIU holds it as long as it likes
 	}
 	fi.mu.Unlock()
 	var f *os.File
 	var err error
-	where := "a sealed memfd"
+	where := fmt.Sprintf("%d bytes written, in a sealed memfd", need)
 	if inMemory {
 		f, err = memfd(name)
 	} else {
-		where = "an unlinked file in " + fi.spillDir
-		f, err = spillFile(fi.spillDir, size)
+		where = fmt.Sprintf("%d bytes written, in an unlinked file in %s", need, fi.spillDir)
+		f, err = spillFile(fi.spillDir, need, only == nil)
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: make a file for criu: %w", name, err)
 	}
-	n, err := source.CopyToFile(ctx, fi.src, name, f)
-	if err == nil && n != size {
-		err = fmt.Errorf("wrote %d bytes of %d", n, size)
-	}
+	err = fi.fill(ctx, f, name, size, only)
 	if err == nil {
 		_, err = f.Seek(0, io.SeekStart)
 	}
@@ -186,9 +192,51 @@ func (fi *fileImages) make(ctx context.Context, name string, size int64) (*os.Fi
 	}
 	if err != nil {
 		f.Close()
-		return nil, "", fmt.Errorf("%s: write it into %s: %w", name, where, err)
+		return nil, "", fmt.Errorf("%s: write it into a file for criu: %w", name, err)
 	}
 	return f, where, nil
+}
+
+// fill writes name, of size bytes, into f: whole, or only the spans only
+// (holes elsewhere).
+func (fi *fileImages) fill(ctx context.Context, f *os.File, name string, size int64, only []source.Span) error {
+	var n int64
+	var err error
+	if only == nil {
+		n, err = source.CopyToFile(ctx, fi.src, name, f)
+	} else if err = f.Truncate(size); err == nil {
+		n, err = fi.src.Copy(ctx, name, &spansWriter{f: f, spans: only})
+	}
+	if err == nil && n != size {
+		err = fmt.Errorf("wrote %d bytes of %d", n, size)
+	}
+	return err
+}
+
+// spansWriter takes a file's bytes in order and writes those that lie in
+// spans (sorted, disjoint) at their offsets in f.
+type spansWriter struct {
+	f     *os.File
+	spans []source.Span
+	pos   int64
+}
+
+func (w *spansWriter) Write(b []byte) (int, error) {
+	start, end := w.pos, w.pos+int64(len(b))
+	for len(w.spans) > 0 && w.spans[0].End() <= start {
+		w.spans = w.spans[1:]
+	}
+	for _, s := range w.spans {
+		if s.Off >= end {
+			break
+		}
+		lo, hi := max(start, s.Off), min(end, s.End())
+		if _, err := w.f.WriteAt(b[lo-start:hi-start], lo); err != nil {
+			return 0, err
+		}
+	}
+	w.pos = end
+	return len(b), nil
 }
 
 func memfd(name string) (*os.File, error) {
@@ -199,16 +247,16 @@ func memfd(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// spillFile is an unlinked file of size bytes, its blocks reserved: a
-// file system that fills fails here, not as a fault in CopyToFile's
-// mapping.
-func spillFile(dir string, size int64) (*os.File, error) {
+// spillFile is an unlinked file for size bytes, its blocks reserved when
+// they will be written through a mapping (CopyToFile): a file system that
+// fills fails here, not as a fault in the mapping.
+func spillFile(dir string, size int64, mapped bool) (*os.File, error) {
 	f, err := os.CreateTemp(dir, "gpucr-image-*")
 	if err != nil {
 		return nil, err
 	}
 	os.Remove(f.Name())
-	if size > 0 {
+	if mapped && size > 0 {
 		if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 			f.Close()
 			return nil, fmt.Errorf("reserve %d bytes in %s: %w", size, dir, err)
