@@ -73,6 +73,9 @@ func Stop(ctx context.Context, conn *net.UnixConn) (*Task, error) {
 	if err != nil {
 		return nil, err
 	}
+	if root == os.Getpid() {
+		return nil, fmt.Errorf("the peer is this process: %w", ErrUnsupported)
+	}
 	tid, fd, err := findWaiting(ctx, root, ino)
 	if err != nil {
 		return nil, err
