@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/fdgraft"
-	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
 )
 
@@ -30,6 +31,9 @@ const (
 	clientEnv      = "GPUCR_CAPTURE_CLIENT"
 	clientNamesEnv = "GPUCR_CAPTURE_CLIENT_NAMES"
 	clientSockEnv  = "GPUCR_CAPTURE_CLIENT_SOCKET"
+	// clientRepeatEnv asks for the names that many times over and reports
+	// what was read, not the bytes (benchmarks).
+	clientRepeatEnv = "GPUCR_CAPTURE_CLIENT_REPEAT"
 )
 
 func TestMain(m *testing.M) {
@@ -45,8 +49,19 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	default:
-		files, err := askLikeCRIU(os.Getenv(clientSockEnv), strings.Split(os.Getenv(clientNamesEnv), ","))
-		r := clientReport{Files: files}
+		repeat, _ := strconv.Atoi(os.Getenv(clientRepeatEnv))
+		var names []string
+		for range max(1, repeat) {
+			names = append(names, strings.Split(os.Getenv(clientNamesEnv), ",")...)
+		}
+		start := time.Now()
+		files, err := askLikeCRIU(os.Getenv(clientSockEnv), names)
+		r := clientReport{Files: files, Nanos: time.Since(start).Nanoseconds()}
+		if repeat > 0 {
+			for i := range r.Files {
+				r.Files[i].Data = nil
+			}
+		}
 		if err != nil {
 			r.Error = err.Error()
 		}
@@ -57,6 +72,7 @@ func TestMain(m *testing.M) {
 
 type clientReport struct {
 	Files []clientFile
+	Nanos int64 // the time it took, connection to last byte
 	Error string
 }
 
@@ -67,10 +83,14 @@ type clientFile struct {
 	Regular bool
 	Size    int64 // fstat's
 	Seals   int   // F_GET_SEALS; -1 where it has none (a pipe)
+	Read    int
 	Data    []byte
 }
 
 func askLikeCRIU(path string, names []string) ([]clientFile, error) {
+	// One thread asks and makes the pipe, as CRIU's task does: the task
+	// found waiting is the one traced.
+	runtime.LockOSThread()
 	s, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		return nil, err
@@ -117,6 +137,7 @@ func askLikeCRIU(path string, names []string) ([]clientFile, error) {
 		}
 		rd := os.NewFile(uintptr(p[0]), name)
 		f.Data, err = io.ReadAll(rd)
+		f.Read = len(f.Data)
 		rd.Close()
 		if err != nil {
 			return out, err
@@ -128,7 +149,14 @@ func askLikeCRIU(path string, names []string) ([]clientFile, error) {
 
 // runClient asks for names from a serve of src, and returns the client's
 // report and the serve's result.
-func runClient(t *testing.T, ctx context.Context, src source.Source, names ...string) (clientReport, ServeResult, error) {
+func runClient(t testing.TB, ctx context.Context, src source.Source, names ...string) (clientReport, ServeResult, error) {
+	t.Helper()
+	return runClientRepeat(t, ctx, src, 0, names...)
+}
+
+// runClientRepeat is runClient with the names asked for repeat times over
+// (0: once, with the bytes in the report).
+func runClientRepeat(t testing.TB, ctx context.Context, src source.Source, repeat int, names ...string) (clientReport, ServeResult, error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -143,7 +171,11 @@ func runClient(t *testing.T, ctx context.Context, src source.Source, names ...st
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		res, serveErr = ServeWith(ctx, dir, src, ServeOptions{Hooks: Hooks{Listening: func() { close(listening) }, Log: func(s string) { t.Log(s) }}})
+		res, serveErr = ServeWith(ctx, dir, src, ServeOptions{Hooks: Hooks{Listening: func() { close(listening) }, Log: func(s string) {
+			if repeat == 0 {
+				t.Log(s)
+			}
+		}}})
 	}()
 	<-listening
 	out, w, err := os.Pipe()
@@ -152,7 +184,8 @@ func runClient(t *testing.T, ctx context.Context, src source.Source, names ...st
 	}
 	defer out.Close()
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), clientEnv+"=start", clientNamesEnv+"="+strings.Join(names, ","), clientSockEnv+"="+filepath.Join(dir, ServeSocket))
+	cmd.Env = append(os.Environ(), clientEnv+"=start", clientNamesEnv+"="+strings.Join(names, ","),
+		clientSockEnv+"="+filepath.Join(dir, ServeSocket), clientRepeatEnv+"="+strconv.Itoa(repeat))
 	cmd.Stdout, cmd.Stderr = w, os.Stderr
 	err = cmd.Run()
 	w.Close()
@@ -181,17 +214,7 @@ func hugeFixture(t *testing.T, ctx context.Context) (src source.Source, files ma
 		"pagemap-5.img": pagemapImg(9, true, pagemapEntry{0x200000, 4, pePresent}, pagemapEntry{0x1000000, 4, pePresent}),
 		"pages-9.img":   pages,
 	}
-	c, buf := newCapture(t, ctx)
-	for name, b := range files {
-		if _, err := c.WriteFile(name, bytes.NewReader(b), false); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
-	s := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"mem"}, source.StreamOptions{})
-	t.Cleanup(func() { s.Close() })
+	s := streamOf(t, ctx, files)
 	return s, files
 }
 

@@ -42,7 +42,17 @@ var ErrUnsupported = errors.New("cannot hand a file to the peer")
 
 // findFor bounds the search for the asking task: it asked, so it is at
 // most a scheduling delay away from blocking in its read of the reply.
-var findFor = 10 * time.Second
+// handFor bounds the rest, from the answer to the detach: microseconds of
+// the task's time. Past it (or once the context ends) the task is woken
+// with wakeSignal, which is held back, and let go.
+var (
+	findFor = 10 * time.Second
+	handFor = 30 * time.Second
+)
+
+// wakeSignal wakes the tracer out of its wait for the task: a signal that
+// stops a traced task wherever it is and whose default action is none.
+const wakeSignal = unix.SIGURG
 
 // Task is a stopped task that asked for a file on a connection: Hand
 // answers it and gives it the file, Release lets it go untouched. Either
@@ -139,7 +149,21 @@ func (t *Task) Hand(ctx context.Context, f *os.File, reply func() error) (pipeIn
 }
 
 func (t *Task) hand(ctx context.Context, f *os.File, reply func() error) (uint64, error) {
-	tr := &tracee{tid: t.TID}
+	deadline := time.Now().Add(handFor)
+	tr := &tracee{tid: t.TID, late: func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done within %s", handFor)
+		}
+		return nil
+	}}
+	tgid := tgidOf(t.TID)
+	wake := func() { unix.Tgkill(tgid, t.TID, wakeSignal) }
+	timer := time.AfterFunc(handFor, wake)
+	defer timer.Stop()
+	defer context.AfterFunc(ctx, wake)()
 	if err := reply(); err != nil {
 		detach(t.TID, nil)
 		return 0, err

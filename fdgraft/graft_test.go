@@ -12,8 +12,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,7 +34,7 @@ func TestMain(m *testing.M) {
 	case "start":
 		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), helperEnv+"=run")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
 			panic(err)
 		}
@@ -52,7 +54,11 @@ type clientReport struct {
 	Content string `json:"content"`
 	At3     string `json:"at3"` // pread of 5 bytes at offset 3
 	IsFile  bool   `json:"is_file"`
-	Error   string `json:"error"`
+	// Traced: with GPUCR_FDGRAFT_STALL=1 the client, once answered, waits
+	// for a byte on its stdin instead of making a pipe, then says whether
+	// it is still traced.
+	Traced bool   `json:"traced"`
+	Error  string `json:"error"`
 }
 
 func client(path string) (clientReport, error) {
@@ -74,6 +80,14 @@ func client(path string) (clientReport, error) {
 		return r, err
 	}
 	if err := readFull(s, make([]byte, binary.LittleEndian.Uint32(n[:]))); err != nil {
+		return r, err
+	}
+	if os.Getenv("GPUCR_FDGRAFT_STALL") == "1" {
+		if err := readFull(0, make([]byte, 1)); err != nil {
+			return r, err
+		}
+		b, err := os.ReadFile("/proc/thread-self/status")
+		r.Traced = err != nil || !strings.Contains(string(b), "TracerPid:\t0\n")
 		return r, err
 	}
 	var p [2]int
@@ -114,7 +128,8 @@ func readFull(fd int, b []byte) error {
 
 // startClient starts the client and returns its connection, its request
 // read, and its report to come.
-func startClient(t *testing.T) (*net.UnixConn, <-chan clientReport) {
+// startClient starts a client (stdin: its standard input, nil for none).
+func startClient(t *testing.T, stdin *os.File, env ...string) (*net.UnixConn, <-chan clientReport) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("tracing another process needs root") // unit test of one package
@@ -126,13 +141,13 @@ func startClient(t *testing.T) (*net.UnixConn, <-chan clientReport) {
 	}
 	defer l.Close()
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), helperEnv+"=start", "GPUCR_FDGRAFT_SOCKET="+path)
+	cmd.Env = append(append(os.Environ(), helperEnv+"=start", "GPUCR_FDGRAFT_SOCKET="+path), env...)
 	out, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { out.Close() })
-	cmd.Stdout, cmd.Stderr = w, os.Stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, w, os.Stderr
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
@@ -205,7 +220,7 @@ func recvPipe(t *testing.T, conn *net.UnixConn) *os.File {
 }
 
 func TestHandReplacesThePipe(t *testing.T) {
-	conn, reports := startClient(t)
+	conn, reports := startClient(t, nil)
 	const content = "hello, grafted world"
 	f := memfdWith(t, content)
 	ctx := context.Background()
@@ -235,7 +250,7 @@ func TestHandReplacesThePipe(t *testing.T) {
 }
 
 func TestReleaseLeavesThePipe(t *testing.T) {
-	conn, reports := startClient(t)
+	conn, reports := startClient(t, nil)
 	ctx := context.Background()
 	task, err := Stop(ctx, conn)
 	if err != nil {
@@ -256,6 +271,34 @@ func TestReleaseLeavesThePipe(t *testing.T) {
 	}
 	if r.IsFile || r.Size != 0 || r.Content != "through the pipe" {
 		t.Errorf("client saw %+v, want the pipe's bytes and no size", r)
+	}
+}
+
+// TestHandGivesUp: a task that never makes its pipe is woken once the
+// time is up and let go; Hand fails instead of waiting for ever.
+func TestHandGivesUp(t *testing.T) {
+	stdin, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	defer release.Close()
+	conn, reports := startClient(t, stdin, "GPUCR_FDGRAFT_STALL=1")
+	defer func(d time.Duration) { handFor = d }(handFor)
+	handFor = time.Millisecond
+	ctx := context.Background()
+	task, err := Stop(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = task.Hand(ctx, memfdWith(t, "never read"), reply(conn))
+	if err == nil || !strings.Contains(err.Error(), "not done within") {
+		t.Fatalf("Hand: %v, want it to give up", err)
+	}
+	release.Write([]byte{1})
+	r := <-reports
+	if r.Error != "" || r.Traced {
+		t.Fatalf("client after Hand gave up: %+v, want it let go", r)
 	}
 }
 

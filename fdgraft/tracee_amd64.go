@@ -24,7 +24,10 @@ func readsSocket(nr int) bool {
 
 // tracee is a seized task and what must be given back when it is let go.
 type tracee struct {
-	tid   int
+	tid int
+	// late says why to give up, once the wake signal came: the context
+	// ended or the time is up (nil: a signal of the task's own).
+	late  func() error
 	regs  unix.PtraceRegsAmd64 // at the exit of its pipe(2)
 	saved bool
 	held  []unix.Signal // signals that arrived during the injection
@@ -73,6 +76,11 @@ func (t *tracee) runToPipe(ctx context.Context) (int, error) {
 			return 0, errors.New("it ended")
 		}
 		sig = st.deliver()
+		if sig == int(wakeSignal) {
+			if err := t.late(); err != nil {
+				return 0, fmt.Errorf("waiting for its pipe(2): %w", err)
+			}
+		}
 		if !st.syscall {
 			continue
 		}
@@ -204,6 +212,8 @@ func (t *tracee) inject(nr uint64, args ...uint64) (uint64, error) {
 			return 0, errors.New("it ended")
 		case st.syscall:
 			stops++
+		case st.sig == wakeSignal && t.late() != nil:
+			return 0, t.late()
 		case st.deliver() != 0:
 			t.held = append(t.held, st.sig)
 		}

@@ -13,7 +13,10 @@ const supported = false
 
 func readsSocket(int) bool { return false }
 
-type tracee struct{ tid int }
+type tracee struct {
+	tid  int
+	late func() error
+}
 
 func (t *tracee) runToPipe(context.Context) (int, error) { return 0, errors.ErrUnsupported }
 func (t *tracee) replace(int, int) error                 { return errors.ErrUnsupported }
