@@ -52,7 +52,18 @@ import (
 	"github.com/gpucr/gpucr-stream/source"
 )
 
-var nftablesName = regexp.MustCompile(`^nftables-[0-9]+\.img$`)
+var (
+	nftablesName = regexp.MustCompile(`^nftables-[0-9]+\.img$`)
+	// ghostName: CRIU splices a ghost file's image into the file it makes,
+	// which needs a pipe.
+	ghostName = regexp.MustCompile(`^ghost-file-[0-9a-f]+\.img$`)
+)
+
+// smallAsFile serves every other image under this many bytes as a file
+// too (pages images aside: their first read must leave pages out): none,
+// as measured. A build with the gpucr_bench tag takes it from
+// GPUCR_BENCH_SMALL_FILES (asfile_measure.go), for scripts/bench-files.sh.
+var smallAsFile int64
 
 // fileImages serves the images CRIU reads as files, for one serve.
 type fileImages struct {
@@ -86,7 +97,7 @@ func newFileImages(src source.Source, o ServeOptions) *fileImages {
 // serves it as a file where CRIU needs one (done), and otherwise notes
 // what the pipe that serves it must leave out.
 func (fi *fileImages) answer(ctx context.Context, conn *net.UnixConn, name string, size int64) (done bool, err error) {
-	if why := fi.why(name); why != "" {
+	if why := fi.why(name, size); why != "" {
 		if err := fi.serve(ctx, conn, name, size); err != nil {
 			return false, fmt.Errorf("serve %s as a file (%s): %w", name, why, err)
 		}
@@ -107,9 +118,9 @@ func (fi *fileImages) copy(ctx context.Context, name string, w io.Writer) (int64
 	return fi.src.Copy(ctx, name, w)
 }
 
-// why counts a request of CRIU's for name and says why CRIU reads it as a
-// file this time; "" when a pipe serves.
-func (fi *fileImages) why(name string) string {
+// why counts a request of CRIU's for name, an image of size bytes, and
+// says why CRIU reads it as a file this time; "" when a pipe serves.
+func (fi *fileImages) why(name string, size int64) string {
 	fi.mu.Lock()
 	fi.asked[name]++
 	n := fi.asked[name]
@@ -119,6 +130,8 @@ func (fi *fileImages) why(name string) string {
 		return "criu sizes it with fstat"
 	case n > 1 && pagesName.MatchString(name):
 		return "criu's restorer reads it again with preadv, for a mapping it does not premap (MAP_HUGETLB)"
+	case size < smallAsFile && !pagesName.MatchString(name) && !ghostName.MatchString(name):
+		return "a small file"
 	}
 	return ""
 }

@@ -416,8 +416,26 @@ func TestWhyAsFile(t *testing.T) {
 		{"inventory.img", false},
 		{"nftables-9.img.bak", false},
 	} {
-		if got := fi.why(c.name) != ""; got != c.file {
+		if got := fi.why(c.name, 100) != ""; got != c.file {
 			t.Errorf("%s: as a file %v, want %v", c.name, got, c.file)
+		}
+	}
+	// A measuring build (asfile_measure.go) serves small files as files
+	// too, but never a ghost file's image or a pages image's first read.
+	defer func(n int64) { smallAsFile = n }(smallAsFile)
+	smallAsFile = 4096
+	for _, c := range []struct {
+		name string
+		size int64
+		file bool
+	}{
+		{"core-1.img", 100, true},
+		{"core-1.img", 4096, false},
+		{"ghost-file-1a.img", 100, false},
+		{"pages-7.img", 100, false},
+	} {
+		if got := fi.why(c.name, c.size) != ""; got != c.file {
+			t.Errorf("%s of %d bytes, small files under %d: as a file %v, want %v", c.name, c.size, smallAsFile, got, c.file)
 		}
 	}
 }
