@@ -663,9 +663,10 @@ var ErrOutstanding = errors.New("disconnected with a file it asked for not taken
 
 // ServeWith is Serve with options.
 //
-// A file whose pipe CRIU closes before it has taken all of it is CRIU's
-// decision (it reads nftables-N.img as size 0 and closes it, it skips the
-// rest of a pages-N.img it does not restore page by page): the file is
+// The images CRIU reads as files, not pipes, are handed to it as files
+// (asfile.go). A file whose pipe CRIU closes before it has taken all of it
+// is CRIU's decision (it skips the rest of a pages-N.img it does not
+// restore page by page): the file is
 // logged with the bytes not taken and the serve goes on. Only if the
 // connection that asked for it is already gone does it fail the serve
 // (ErrOutstanding): then CRIU gave up rather than chose. The serve learns
