@@ -6,7 +6,9 @@ package e2e
 // without its network lock (whose rules travel in that image) and failed
 // on a mapping of huge pages (its restorer preadv()s the pages image).
 // Each case runs through capture | serve with CRIU run by the test,
-// through checkpoint and restore, and through a migration.
+// through checkpoint and restore, and through a migration, stream-restored
+// and lazily (the lazy restore writes the images into a directory, so
+// CRIU reads files there anyway: the same checks, the other way).
 
 import (
 	"context"
@@ -97,7 +99,10 @@ type restorePath func(ctx context.Context, t *testing.T, c fileCase, tg *Target,
 
 func TestFilesThroughCaptureServe(t *testing.T) { runFileCases(t, throughCaptureServe) }
 func TestFilesThroughCheckpoint(t *testing.T)   { runFileCases(t, throughCheckpoint) }
-func TestFilesThroughMigration(t *testing.T)    { runFileCases(t, throughMigration) }
+func TestFilesThroughMigration(t *testing.T)    { runFileCases(t, throughMigration(nil)) }
+func TestFilesThroughLazyMigration(t *testing.T) {
+	runFileCases(t, throughMigration([]string{"--lazy-pages"}))
+}
 
 func runFileCases(t *testing.T, path restorePath) {
 	CRIU(t)
@@ -196,13 +201,16 @@ func throughCheckpoint(ctx context.Context, t *testing.T, c fileCase, tg *Target
 	return pid, readLog(filepath.Join(work, "img", "restore.log"))
 }
 
-func throughMigration(ctx context.Context, t *testing.T, c fileCase, tg *Target, script string) (int, string) {
-	e := newMigrateEnv(t)
-	work := mkdir(t, filepath.Join(e.dir, "work"))
-	var res migrateJSON
-	e.migrated(tg, []string{"--work-dir", work, "--criu-opts", strings.Join(append([]string{"--action-script", script}, c.criuArgs...), " ")},
-		[]string{"--criu-opts", strings.Join(c.criuArgs, " ")}, &res, nil)
-	return res.RestoredPID, readLog(filepath.Join(work, "img", "restore.log"))
+// throughMigration migrates to a receiver that restores, with recvArgs.
+func throughMigration(recvArgs []string) restorePath {
+	return func(ctx context.Context, t *testing.T, c fileCase, tg *Target, script string) (int, string) {
+		e := newMigrateEnv(t)
+		work := mkdir(t, filepath.Join(e.dir, "work"))
+		var res migrateJSON
+		e.migrated(tg, append([]string{"--work-dir", work, "--criu-opts", strings.Join(append([]string{"--action-script", script}, c.criuArgs...), " ")}, recvArgs...),
+			[]string{"--criu-opts", strings.Join(c.criuArgs, " ")}, &res, nil)
+		return res.RestoredPID, readLog(filepath.Join(work, "img", "restore.log"))
+	}
 }
 
 // rulesAtPostRestore writes an action script that saves the rules of the
