@@ -26,7 +26,7 @@ func BenchmarkServeFileKind(b *testing.B) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 				defer cancel()
 				src := streamOf(b, ctx, map[string][]byte{kind.file: amdPages(size, 1)[8:]})
-				r, res, err := runClientRepeat(b, ctx, src, b.N, kind.file)
+				r, res, _, err := runClientWith(b, ctx, src, b.N, ServeOptions{}, kind.file)
 				if err != nil || r.Error != "" {
 					b.Fatalf("serve: %v; client: %s", err, r.Error)
 				}

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -151,12 +152,14 @@ func askLikeCRIU(path string, names []string) ([]clientFile, error) {
 // report and the serve's result.
 func runClient(t testing.TB, ctx context.Context, src source.Source, names ...string) (clientReport, ServeResult, error) {
 	t.Helper()
-	return runClientRepeat(t, ctx, src, 0, names...)
+	r, res, _, err := runClientWith(t, ctx, src, 0, ServeOptions{}, names...)
+	return r, res, err
 }
 
-// runClientRepeat is runClient with the names asked for repeat times over
-// (0: once, with the bytes in the report).
-func runClientRepeat(t testing.TB, ctx context.Context, src source.Source, repeat int, names ...string) (clientReport, ServeResult, error) {
+// runClientWith is runClient with the names asked for repeat times over
+// (0: once, with the bytes in the report), served with o (its hooks
+// aside); it returns the serve's log lines too.
+func runClientWith(t testing.TB, ctx context.Context, src source.Source, repeat int, o ServeOptions, names ...string) (clientReport, ServeResult, []string, error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -169,13 +172,16 @@ func runClientRepeat(t testing.TB, ctx context.Context, src source.Source, repea
 	var res ServeResult
 	var serveErr error
 	served := make(chan struct{})
+	var mu sync.Mutex
+	var logs []string
+	o.Hooks = Hooks{Listening: func() { close(listening) }, Log: func(s string) {
+		mu.Lock()
+		logs = append(logs, s)
+		mu.Unlock()
+	}}
 	go func() {
 		defer close(served)
-		res, serveErr = ServeWith(ctx, dir, src, ServeOptions{Hooks: Hooks{Listening: func() { close(listening) }, Log: func(s string) {
-			if repeat == 0 {
-				t.Log(s)
-			}
-		}}})
+		res, serveErr = ServeWith(ctx, dir, src, o)
 	}()
 	<-listening
 	out, w, err := os.Pipe()
@@ -197,7 +203,7 @@ func runClientRepeat(t testing.TB, ctx context.Context, src source.Source, repea
 		t.Fatalf("client report: %v", err)
 	}
 	<-served
-	return r, res, serveErr
+	return r, res, logs, serveErr
 }
 
 // hugeFixture is a checkpoint of one task whose first mapping in address
@@ -260,6 +266,30 @@ func TestServeAsFile(t *testing.T) {
 	}
 	if res.Served != 5 || res.ClosedEarly != 0 {
 		t.Errorf("serve result %+v, want 5 served", res)
+	}
+}
+
+// TestServeAsFileSpills: beyond the memfds' share of the memory limit, an
+// image CRIU reads as a file is an unlinked file in the spill directory:
+// the same bytes and size, no memory.
+func TestServeAsFileSpills(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src, files := hugeFixture(t, ctx)
+	spill := t.TempDir()
+	r, res, logs, err := runClientWith(t, ctx, src, 0, ServeOptions{MemoryLimit: 64, SpillDir: spill}, "nftables-3.img")
+	if err != nil || r.Error != "" {
+		t.Fatalf("serve: %v; client: %s", err, r.Error)
+	}
+	want := files["nftables-3.img"]
+	if len(r.Files) != 1 || !r.Files[0].Regular || r.Files[0].Size != int64(len(want)) || !bytes.Equal(r.Files[0].Data, want) || res.Served != 1 {
+		t.Fatalf("client got %+v, serve %+v; want a regular file of %d bytes", r.Files, res, len(want))
+	}
+	if len(logs) != 1 || !strings.Contains(logs[0], "an unlinked file in "+spill) {
+		t.Errorf("serve logged %q, want the file in %s", logs, spill)
+	}
+	if ents, _ := os.ReadDir(spill); len(ents) != 0 {
+		t.Errorf("the spill directory holds %d entries, want none (unlinked)", len(ents))
 	}
 }
 
