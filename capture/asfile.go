@@ -33,9 +33,9 @@ package capture
 // fdgraft then hands it to the CRIU task that asked, in place of the read
 // end of its pipe. Spilled rather than refused: CRIU reads a file on disk
 // as well as a memfd, and a process with more huge pages than that share
-// would otherwise not restore from a stream at all; the file's blocks are
-// reserved before it is written, so a full disk fails the serve, naming
-// the image, before CRIU is handed anything. Every other image keeps the pipe and its splices: a
+// would otherwise not restore from a stream at all; a full disk fails the
+// writing of it (spillFile), and so the serve, naming the image, before
+// CRIU is handed anything. Every other image keeps the pipe and its splices: a
 // memfd costs more than a pipe at every size (docs/BENCHMARKS.md, "Images
 // as files").
 
