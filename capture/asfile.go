@@ -98,28 +98,31 @@ func newFileImages(src source.Source, o ServeOptions) *fileImages {
 }
 
 // answer takes CRIU's request for name, an image of size bytes: it
-// serves it as a file where CRIU needs one (done), and otherwise notes
-// what the pipe that serves it must leave out.
-func (fi *fileImages) answer(ctx context.Context, conn *net.UnixConn, name string, size int64) (done bool, err error) {
+// serves it as a file where CRIU needs one (done); otherwise it returns
+// what the pipe that serves it leaves out (unpremapped.go).
+func (fi *fileImages) answer(ctx context.Context, conn *net.UnixConn, name string, size int64) (done bool, omit []source.Span, err error) {
 	if why := fi.why(name, size); why != "" {
 		if err := fi.serve(ctx, conn, name, size); err != nil {
-			return false, fmt.Errorf("serve %s as a file (%s): %w", name, why, err)
+			return false, nil, fmt.Errorf("serve %s as a file (%s): %w", name, why, err)
 		}
-		return true, nil
+		return true, nil, nil
 	}
-	return false, fi.noteSkips(ctx, name)
+	if err := fi.noteSkips(ctx, name); err != nil {
+		return false, nil, err
+	}
+	return false, fi.firstSkips(name), nil
 }
 
-// copy writes name into w, the pipe CRIU asked for it with.
-func (fi *fileImages) copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	if skips := fi.firstSkips(name); skips != nil {
-		o, err := source.NewOmit(w, skips)
+// copyOmitting writes name of src into w without the spans omit.
+func copyOmitting(ctx context.Context, src source.Source, name string, w io.Writer, omit []source.Span) (int64, error) {
+	if omit != nil {
+		o, err := source.NewOmit(w, omit)
 		if err != nil {
 			return 0, err
 		}
 		w = o
 	}
-	return fi.src.Copy(ctx, name, w)
+	return src.Copy(ctx, name, w)
 }
 
 // why counts a request of CRIU's for name, an image of size bytes, and

@@ -698,8 +698,10 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
 			}
+			var omit []source.Span
 			if exists && kind == connCRIU {
-				if done, err := files.answer(sctx, conn, name, f.Size); done || err != nil {
+				var done bool
+				if done, omit, err = files.answer(sctx, conn, name, f.Size); done || err != nil {
 					if err == nil {
 						served.Add(1)
 						bytes.Add(f.Size)
@@ -719,7 +721,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			}
 			pipeline.GrowPipe(p.Fd())
 			s.run(p, func(p *os.File) error {
-				n, err := files.copy(sctx, name, p)
+				n, err := copyOmitting(sctx, src, name, p, omit)
 				if err != nil && sctx.Err() == nil && (readerGone(p) || errors.Is(err, syscall.EPIPE)) {
 					// Copy counts whole chunks written, so this is exact
 					// when the reader took nothing (the usual case) and

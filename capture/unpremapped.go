@@ -108,8 +108,8 @@ func (fi *fileImages) noteSkips(ctx context.Context, name string) error {
 	return nil
 }
 
-// firstSkips are the spans to leave out of this serve of name: those
-// noted for its first, nil for any other.
+// firstSkips are the spans to leave out of the serve of name CRIU just
+// asked for: those noted, if this is its first request.
 func (fi *fileImages) firstSkips(name string) []source.Span {
 	fi.mu.Lock()
 	defer fi.mu.Unlock()
