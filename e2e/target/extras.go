@@ -104,7 +104,8 @@ func (p *tcpPair) fill() error {
 // check reads the batch in flight both ways and checks every byte, runs a
 // round trip, then sends the next batch; it returns the bytes checked.
 func (p *tcpPair) check() (int64, error) {
-	deadline := time.Now().Add(10 * time.Second)
+	// Bytes already in flight: only a broken connection takes this long.
+	deadline := time.Now().Add(time.Minute)
 	p.a.SetReadDeadline(deadline)
 	p.b.SetReadDeadline(deadline)
 	buf := make([]byte, 64<<10)
