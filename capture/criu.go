@@ -327,6 +327,9 @@ type RestoreOptions struct {
 	// FreePIDs bounds the wait for the PIDs the checkpoint restores to be
 	// free (0: DefaultFreePIDs); see waitFreePIDs.
 	FreePIDs time.Duration
+	// MemoryLimit and SpillDir are ServeOptions'.
+	MemoryLimit int64
+	SpillDir    string
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -373,7 +376,7 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		rep.ServeResult, serveErr = ServeWith(ctx, images, src, ServeOptions{Hooks: hooks, Producers: o.Producers})
+		rep.ServeResult, serveErr = ServeWith(ctx, images, src, ServeOptions{Hooks: hooks, Producers: o.Producers, MemoryLimit: o.MemoryLimit, SpillDir: o.SpillDir})
 	}()
 	select {
 	case <-listening:

@@ -74,7 +74,7 @@ func askAndClose(t *testing.T, conn *net.UnixConn, name string, n int, closeConn
 }
 
 // TestServeEarlyClose: CRIU may close a file's pipe before taking all of
-// it (nftables-N.img read as size 0, part of a pages-N.img skipped). That
+// it (part of a pages-N.img skipped). That
 // is its decision: the serve logs the file and the bytes not taken and
 // serves the rest. A connection that closes with a file not taken fails
 // the serve.

@@ -23,7 +23,7 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("/tmp", "gcp-")
 	if err != nil {
@@ -48,7 +48,7 @@ func amdPages(n int, seed uint64) []byte {
 }
 
 // newCapture captures into a stream held in memory.
-func newCapture(t *testing.T, ctx context.Context) (*streamer.Capture, *bytes.Buffer) {
+func newCapture(t testing.TB, ctx context.Context) (*streamer.Capture, *bytes.Buffer) {
 	t.Helper()
 	var buf bytes.Buffer
 	out, err := streamer.NewStreamOutput([]io.Writer{&buf})

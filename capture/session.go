@@ -13,10 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gpucr/gpucr-stream/errdefs"
-	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -636,6 +633,12 @@ type ServeOptions struct {
 	Producers int
 	// ConnectTimeout is IntakeOptions.ConnectTimeout for the restore.
 	ConnectTimeout time.Duration
+	// MemoryLimit is --memory-limit (0: pipeline.DefaultMemoryLimit): the
+	// images CRIU reads as files (asfile.go) are memfds up to a quarter of
+	// it together, beyond that unlinked files in SpillDir ($TMPDIR when
+	// empty).
+	MemoryLimit int64
+	SpillDir    string
 }
 
 // Serve listens on DIR/streamer-serve.sock for one `criu restore --stream`
@@ -657,9 +660,10 @@ var ErrOutstanding = errors.New("disconnected with a file it asked for not taken
 
 // ServeWith is Serve with options.
 //
-// A file whose pipe CRIU closes before it has taken all of it is CRIU's
-// decision (it reads nftables-N.img as size 0 and closes it, it skips the
-// rest of a pages-N.img it does not restore page by page): the file is
+// The images CRIU reads as files, not pipes, are handed to it as files
+// (asfile.go). A file whose pipe CRIU closes before it has taken all of it
+// is CRIU's decision (it skips the rest of a pages-N.img it does not
+// restore page by page): the file is
 // logged with the bytes not taken and the serve goes on. Only if the
 // connection that asked for it is already gone does it fail the serve
 // (ErrOutstanding): then CRIU gave up rather than chose. The serve learns
@@ -685,6 +689,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 	s.limitConnectWait(o.ConnectTimeout, path)
 	var requests, served, early atomic.Int64
 	var bytes atomic.Int64
+	files := newFileImages(src, o)
 	s.acceptLoop(sctx, l, func(conn *net.UnixConn) {
 		s.readConn(sctx, conn, o.Hooks.Connected, func(kind connKind, name string) error {
 			requests.Add(1)
@@ -692,6 +697,17 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			exists := err == nil
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("image %s: %w", name, err)
+			}
+			var omit []source.Span
+			if exists && kind == connCRIU {
+				var done bool
+				if done, omit, err = files.answer(sctx, conn, name, f.Size); done || err != nil {
+					if err == nil {
+						served.Add(1)
+						bytes.Add(f.Size)
+					}
+					return err
+				}
 			}
 			if err := WriteReply(conn, exists); err != nil {
 				return fmt.Errorf("reply for %s: %w", name, err)
@@ -705,7 +721,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 			}
 			pipeline.GrowPipe(p.Fd())
 			s.run(p, func(p *os.File) error {
-				n, err := src.Copy(sctx, name, p)
+				n, err := copyOmitting(sctx, src, name, p, omit)
 				if err != nil && sctx.Err() == nil && (readerGone(p) || errors.Is(err, syscall.EPIPE)) {
 					// Copy counts whole chunks written, so this is exact
 					// when the reader took nothing (the usual case) and
@@ -744,94 +760,4 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 		return res, fmt.Errorf("restore serving: %w", err)
 	}
 	return res, nil
-}
-
-// readerGone says whether the read end of pipe p is closed: poll reports
-// POLLERR on a pipe's write end once it has no reader.
-func readerGone(p *os.File) bool {
-	return polled(p, 0, unix.POLLERR, false)
-}
-
-// peerGone says whether the other end of conn has closed it.
-func peerGone(conn *net.UnixConn) bool {
-	return polled(conn, unix.POLLRDHUP, unix.POLLRDHUP|unix.POLLHUP, true)
-}
-
-// polled polls c's descriptor once without waiting: whether any of want
-// is set (ifClosed when the descriptor is already closed).
-func polled(c syscall.Conn, events, want int16, ifClosed bool) bool {
-	got := ifClosed
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return got
-	}
-	_ = rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}}
-		n, err := unix.Poll(pfd, 0)
-		for err == unix.EINTR {
-			n, err = unix.Poll(pfd, 0)
-		}
-		got = err == nil && n > 0 && pfd[0].Revents&want != 0
-	})
-	return got
-}
-
-// unread is what sits in pipe p's buffer, written but never read.
-func unread(p *os.File) int64 {
-	var n int
-	if rc, err := p.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
-	}
-	return int64(n)
-}
-
-// WriteExtract writes every file of src into dir (for sources that are not
-// extracting on their own), each through a temporary name.
-func WriteExtract(ctx context.Context, src source.Source, dir string) (int, int64, error) {
-	files, err := src.Files(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	return writeFiles(ctx, src, dir, files)
-}
-
-// writeFiles writes files of src into dir, each whole or not at all.
-func writeFiles(ctx context.Context, src source.Source, dir string, files []manifest.File) (int, int64, error) {
-	var total int64
-	var done []string
-	for _, f := range files {
-		n, err := writeFileAtomic(ctx, src, dir, f)
-		if err != nil {
-			// A failed extract leaves no part of the image behind.
-			for _, p := range done {
-				os.Remove(p)
-			}
-			return 0, total, err
-		}
-		done = append(done, filepath.Join(dir, f.Name))
-		total += n
-	}
-	return len(files), total, nil
-}
-
-func writeFileAtomic(ctx context.Context, src source.Source, dir string, f manifest.File) (int64, error) {
-	if !ValidImageName(f.Name) {
-		return 0, fmt.Errorf("extract: unsafe file name %q", f.Name)
-	}
-	tmp, err := os.CreateTemp(dir, "."+f.Name+".partial-*")
-	if err != nil {
-		return 0, fmt.Errorf("extract %s: %w", f.Name, err)
-	}
-	n, err := source.CopyToFile(ctx, src, f.Name, tmp)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(dir, f.Name))
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return n, fmt.Errorf("extract %s: %w", f.Name, err)
-	}
-	return n, nil
 }

@@ -367,9 +367,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer warm.Wait()
 	// The driver warms while a slow parent reaps the checkpointed tree
 	// (CRIU waits for its PIDs: capture.Restore).
+	held := o.Open.StreamOptions(source.StreamOptions{})
 	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log},
-		FreePIDs: GoneTimeout}, src)
+		FreePIDs: GoneTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}

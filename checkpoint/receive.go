@@ -298,7 +298,8 @@ func (r *receiver) restore(ctx context.Context) error {
 // restoreOptions are how CRIU restores here, from the stream or lazily.
 func (r *receiver) restoreOptions(ctx context.Context) capture.RestoreOptions {
 	return capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout}
+		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout,
+		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir}
 }
 
 // gpuPairs maps the committed image's GPUs onto this host's (--gpu-map)
@@ -478,7 +479,9 @@ func (r *receiver) serve(ctx context.Context) error {
 		case <-sctx.Done():
 		}
 	}()
-	sres, err := capture.Serve(sctx, r.o.ImagesDir, r.src, capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }, Log: r.o.Hooks.Log})
+	sres, err := capture.ServeWith(sctx, r.o.ImagesDir, r.src, capture.ServeOptions{
+		Hooks:       capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }, Log: r.o.Hooks.Log},
+		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir})
 	if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

@@ -256,10 +256,11 @@ func serveToCRIU(ctx context.Context, o StreamOptions, src source.Source) error 
 		}
 		extErr <- err
 	}()
+	held := o.Open.StreamOptions(source.StreamOptions{})
 	_, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Log:       o.Hooks.Log,
-	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir})
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 			err = cause

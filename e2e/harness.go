@@ -360,6 +360,8 @@ type Proof struct {
 	ChildReceived    uint64 `json:"child_received"`
 	Seq              uint64 `json:"seq"`
 	MemoryBytes      int    `json:"memory_bytes"`
+	HugeTLBBytes     int    `json:"hugetlb_bytes,omitempty"`
+	TCPBytes         int64  `json:"tcp_bytes,omitempty"`
 	Error            string `json:"error,omitempty"`
 	Time             string `json:"time"`
 }

@@ -113,9 +113,37 @@ func removeStaleNetns(ip string) {
 	}
 }
 
+// NewNetns creates a network namespace of its own with its loopback up,
+// deleted when the test ends; it returns its name (for InNetns).
+func NewNetns(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		missing(t, "network namespaces need root (euid %d)", os.Geteuid())
+	}
+	ip := NeedTool(t, "ip")
+	removeStaleNetns(ip)
+	ns := fmt.Sprintf("%s%d-%d-t", netnsPrefix, os.Getpid(), netSeq.Add(1))
+	if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command(ip, "netns", "del", ns).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+		}
+	})
+	IP(t, "-n", ns, "link", "set", "lo", "up")
+	return ns
+}
+
 // InNetns runs fn on an OS thread inside network namespace ns: processes
 // started from fn (exec.Cmd.Start) and sockets opened there belong to ns.
 func InNetns(t testing.TB, ns string, fn func()) {
+	t.Helper()
+	InNetnsAt(t, filepath.Join("/run/netns", ns), fn)
+}
+
+// InNetnsAt is InNetns for the namespace at path (/proc/PID/ns/net).
+func InNetnsAt(t testing.TB, path string, fn func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	self, err := os.Open("/proc/thread-self/ns/net")
@@ -124,15 +152,15 @@ func InNetns(t testing.TB, ns string, fn func()) {
 		t.Fatalf("own network namespace: %v", err)
 	}
 	defer self.Close()
-	target, err := os.Open(filepath.Join("/run/netns", ns))
+	target, err := os.Open(path)
 	if err != nil {
 		runtime.UnlockOSThread()
-		t.Fatalf("network namespace %s: %v", ns, err)
+		t.Fatalf("network namespace %s: %v", path, err)
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), syscall.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		t.Fatalf("enter network namespace %s: %v", ns, err)
+		t.Fatalf("enter network namespace %s: %v", path, err)
 	}
 	defer func() {
 		// Back to where the thread came from; if that fails the thread

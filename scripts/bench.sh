@@ -21,8 +21,9 @@
 # default; model = weights-like, zeros, random, text), BENCH_ROUNDS
 # (default 3), BENCH_VARIANTS, BENCH_COMPARE="NAME=BINARY ..." (every gcs-*
 # variant once per gpucr-stream build, interleaved, named VARIANT@NAME),
-# BENCH_CODECS=0 / BENCH_S3=0 (skip the per-core codec table / the S3 part;
-# both need Go, S3 also MinIO), BENCH_DIR (default /dev/shm).
+# BENCH_CODECS=0 / BENCH_S3=0 / BENCH_DEDUP=0 / BENCH_FILES=0 (skip the per-core
+# codec table / the S3 part / dedup / images as files; all need Go, S3 also
+# MinIO), BENCH_DIR (default /dev/shm).
 #
 # Without Go (e.g. on the GPU machine): GCS=/path/gpucr-stream
 # CRIU=/path/gpucr-criu/bin/criu BENCH_TARGET=/path/e2e-target bash scripts/bench.sh
@@ -333,4 +334,13 @@ if [ "${BENCH_DEDUP:-1}" = 1 ] && have go; then
 	echo
 	echo "dedup (scripts/bench-dedup.sh):"
 	BENCH_MB=$MB BENCH_ROUNDS=$ROUNDS GCS=$GCS CRIU=$CRIU bash scripts/bench-dedup.sh
+fi
+
+# Images handed to CRIU as files (issue 39): a memfd in place of CRIU's
+# pipe against the pipe, per file and through CRIU's restore
+# (scripts/bench-files.sh; BENCH_FILES=0 skips it).
+if [ "${BENCH_FILES:-1}" = 1 ] && have go; then
+	echo
+	echo "images as files (scripts/bench-files.sh):"
+	BENCH_ROUNDS=$ROUNDS CRIU=$CRIU bash scripts/bench-files.sh
 fi

@@ -16,6 +16,8 @@
 //
 // It stays within what CRIU dumps without extra flags: no sockets, no tty,
 // started by the harness in its own session with stdin on /dev/null.
+// --tcp-pair (a connection, dumped with --tcp-established) and --hugetlb
+// (huge pages, reserved by the test) add what extras.go says.
 package main
 
 import (
@@ -71,8 +73,12 @@ type Proof struct {
 	ChildReceived    uint64 `json:"child_received"`
 	Seq              uint64 `json:"seq"`
 	MemoryBytes      int    `json:"memory_bytes"`
-	Error            string `json:"error,omitempty"`
-	Time             string `json:"time"`
+	// HugeTLBBytes of MemoryBytes are huge pages (--hugetlb); TCPBytes
+	// went through the --tcp-pair connection for this proof.
+	HugeTLBBytes int    `json:"hugetlb_bytes,omitempty"`
+	TCPBytes     int64  `json:"tcp_bytes,omitempty"`
+	Error        string `json:"error,omitempty"`
+	Time         string `json:"time"`
 }
 
 func main() {
@@ -94,6 +100,8 @@ func main() {
 	mb := flag.Int("mb", 256, "approximate memory to fill, in MiB")
 	mix := flag.String("mix", "model", "memory content: model (weights-like, zeros, random, text) or thirds (random, zeros, text: the capture benchmark's)")
 	rewritePct := flag.Float64("rewrite-pct", 0, "rewrite this percentage of the pages every second (0: never)")
+	hugeMB := flag.Int("hugetlb", 0, "also map this many MiB of huge pages (MAP_HUGETLB), part of the checked memory")
+	tcpPair := flag.Bool("tcp-pair", false, "hold a TCP connection over loopback with bytes in flight both ways, checked by every proof")
 	listenTimeWait := flag.Bool("listen-timewait", false, "hold a TCP listener without SO_REUSEADDR whose one accepted connection closed first (a TIME_WAIT socket on its port, as NCCL's bootstrap leaves); its port goes to DIR/listen-port")
 	flag.Parse()
 	if *dir == "" {
@@ -117,7 +125,20 @@ func main() {
 			log.Fatalf("target: %v", err)
 		}
 	}
-	if err := runParent(*dir, *mb, *mix, *rewritePct, usr1, usr2); err != nil {
+	var extra extras
+	if *hugeMB > 0 {
+		var err error
+		if extra.huge, err = hugeRegion(*hugeMB); err != nil {
+			log.Fatalf("target: --hugetlb: %v", err)
+		}
+	}
+	if *tcpPair {
+		var err error
+		if extra.tcp, err = newTCPPair(); err != nil {
+			log.Fatalf("target: --tcp-pair: %v", err)
+		}
+	}
+	if err := runParent(*dir, *mb, *mix, *rewritePct, extra, usr1, usr2); err != nil {
 		log.Fatalf("target: %v", err)
 	}
 }
@@ -142,10 +163,18 @@ type parent struct {
 	// pageSums are the CRC-32C of every page, as written.
 	pageMu   sync.Mutex
 	pageSums []uint32
+
+	extras
 }
 
-func runParent(dir string, mb int, mix string, rewritePct float64, usr1, usr2 <-chan os.Signal) error {
-	p := &parent{dir: dir}
+// extras are what the target holds on request (extras.go).
+type extras struct {
+	huge []byte
+	tcp  *tcpPair
+}
+
+func runParent(dir string, mb int, mix string, rewritePct float64, extra extras, usr1, usr2 <-chan os.Signal) error {
+	p := &parent{dir: dir, extras: extra}
 	var err error
 	p.logFile, err = os.OpenFile(filepath.Join(dir, "target.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -156,6 +185,9 @@ func runParent(dir string, mb int, mix string, rewritePct float64, usr1, usr2 <-
 		p.regions = fillThirds(mb << 20)
 	} else {
 		p.regions = fill(mb << 20)
+	}
+	if p.huge != nil {
+		p.regions = append(p.regions, p.huge)
 	}
 	p.expected = checksum(p.regions)
 	p.logf("filled %d MiB in %v, sha256 %s", mb, time.Since(start).Round(time.Millisecond), p.expected)
@@ -363,6 +395,12 @@ func (p *parent) prove() error {
 		}
 	}
 	pr.ChildAlive = err == nil && !p.childDead.Load() && processAlive(p.childPID)
+	pr.HugeTLBBytes = len(p.huge)
+	if p.tcp != nil {
+		if pr.TCPBytes, err = p.tcp.check(); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
 	if p.pageSums != nil {
 		pr.ChecksumActual = p.checkPages()
 	} else {
