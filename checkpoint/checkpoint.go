@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
@@ -164,7 +164,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if o.PID <= 0 || !proc.Exists(o.PID) {
 		return nil, fmt.Errorf("checkpoint: no process %d: %w", o.PID, errdefs.ErrNotFound)
 	}
-	criu, err := capture.FindCRIU(o.CRIU.Path)
+	criu, err := criusock.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +191,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: capture.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
+	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: criusock.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
 	phases := []Phase{{Name: "open destination", Secs: time.Since(start).Seconds()}}
 	phases = append(phases, cc.QueryGPUs(ctx, &meta)...)
 	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
@@ -211,9 +211,9 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		location.AbortCapture(ctx, c, err)
 		return nil, fmt.Errorf("checkpoint %d: %w", o.PID, err)
 	}
-	m, rep, err := dump(ctx, c, meta, capture.DumpOptions{
+	m, rep, err := dump(ctx, c, meta, criusock.DumpOptions{
 		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
-		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log},
+		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
 	}, cc)
 	done()
 	if err != nil {
@@ -259,11 +259,11 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 // The fast path's store (cc's, nil-safe) writes into c beside CRIU: the
 // commit waits for it, and fails with it; an abort stops it and waits for
 // it before closing c (Close wants every WriteFile returned).
-func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o capture.DumpOptions, cc *gpuckpt.Checkpoint) (*manifest.Manifest, capture.DumpReport, error) {
+func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o criusock.DumpOptions, cc *gpuckpt.Checkpoint) (*manifest.Manifest, criusock.DumpReport, error) {
 	var m *manifest.Manifest
 	var closed bool
 	var storeErr error
-	o.BeforeKill = func(ctx context.Context, _ capture.DumpResult) error {
+	o.BeforeKill = func(ctx context.Context, _ criusock.DumpResult) error {
 		if err := vram.PauseForTest(ctx, "post-dump"); err != nil {
 			return err
 		}
@@ -275,7 +275,7 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o ca
 		m, err = c.Close(ctx, meta)
 		return err
 	}
-	rep, err := capture.Dump(ctx, o, c)
+	rep, err := criusock.Dump(ctx, o, c)
 	if !closed {
 		cause := errors.New("checkpoint did not complete")
 		c.Abort(cause)
@@ -306,7 +306,7 @@ type RestoreResult struct {
 	Files  int    `json:"files"`
 	Bytes  int64  `json:"bytes"`
 	// SparseBytes are the zero pages CRIU was not handed: restored as
-	// memory never touched (capture/sparse.go).
+	// memory never touched (criusock/sparse.go).
 	SparseBytes int64   `json:"sparse_bytes,omitempty"`
 	Phases      []Phase `json:"phases"`
 	TotalSecs   float64 `json:"total_seconds"`
@@ -318,7 +318,7 @@ type RestoreResult struct {
 // Restore restores a checkpoint with CRIU, then brings its CUDA processes
 // back onto the GPU.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
-	criu, err := capture.FindCRIU(o.CRIU.Path)
+	criu, err := criusock.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -366,10 +366,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	defer warm.Wait()
 	// The driver warms while a slow parent reaps the checkpointed tree
-	// (CRIU waits for its PIDs: capture.Restore).
+	// (CRIU waits for its PIDs: criusock.Restore).
 	held := o.Open.StreamOptions(source.StreamOptions{})
-	rep, err := capture.Restore(ctx, capture.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: capture.Hooks{Log: o.Hooks.Log},
+	rep, err := criusock.Restore(ctx, criusock.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
+		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
 		FreePIDs: GoneTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)

@@ -20,7 +20,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
@@ -138,7 +138,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 // startMigration finds what to move and dials the receiver; nothing has
 // touched the process yet.
 func startMigration(ctx context.Context, o MigrateOptions) (*migration, error) {
-	criu, err := capture.FindCRIU(o.CRIU.Path)
+	criu, err := criusock.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +256,7 @@ func (m *migration) dump(ctx context.Context) error {
 		return err
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
-	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: capture.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
+	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: criusock.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
 	phases := m.cc.QueryGPUs(ctx, &meta)
 	tree, _ := proc.Tree(m.o.PID)
 	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
@@ -271,15 +271,15 @@ func (m *migration) dump(ctx context.Context) error {
 		ps, err = m.cc.Suspend(ctx, m.o.CUDA.LockTimeout)
 		phases = append(phases, ps...)
 	}
-	var rep capture.DumpReport
+	var rep criusock.DumpReport
 	if err != nil {
 		// A failed fastSuspend or suspend has undone its steps (the
 		// device memory is back), and CRIU does not run.
 		location.AbortCapture(ctx, c, err)
 	} else {
-		m.man, rep, err = dump(ctx, c, meta, capture.DumpOptions{
+		m.man, rep, err = dump(ctx, c, meta, criusock.DumpOptions{
 			CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: m.o.LeaveRunning, ExtraArgs: m.o.CRIU.Args,
-			Hooks: capture.Hooks{Log: m.o.Hooks.Log},
+			Hooks: criusock.Hooks{Log: m.o.Hooks.Log},
 		}, m.cc)
 		if err != nil {
 			err = m.cc.Undo(err)
@@ -303,7 +303,7 @@ func (m *migration) dump(ctx context.Context) error {
 // source runs on at once, GPU included (the fast path refills its device
 // memory from the kept copy), while the receiver restores its copy;
 // otherwise CRIU has killed it and the fast path's kept copy goes.
-func (m *migration) recordDump(phases []Phase, rep capture.DumpReport) {
+func (m *migration) recordDump(phases []Phase, rep criusock.DumpReport) {
 	phases = append(phases, m.cc.FastStorePhases()...)
 	m.res.Phases = append(phases,
 		Phase{Name: "criu dump + transfer", Secs: (rep.CRIU - rep.Commit).Seconds()},

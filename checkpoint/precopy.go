@@ -31,7 +31,7 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -229,9 +229,9 @@ func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
 		return PrecopyRound{}, err
 	}
 	meta := manifest.Manifest{Tool: m.o.Tool, Process: processOf(m.o.PID)}
-	man, _, err := dump(ctx, c, meta, capture.DumpOptions{
+	man, _, err := dump(ctx, c, meta, criusock.DumpOptions{
 		CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: true, ExtraArgs: m.o.CRIU.Args,
-		Hooks: capture.Hooks{Log: m.o.Hooks.Log},
+		Hooks: criusock.Hooks{Log: m.o.Hooks.Log},
 	}, m.cc)
 	if err != nil {
 		return PrecopyRound{}, err

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
 	"github.com/gpucr/gpucr-stream/location"
@@ -31,7 +31,7 @@ type ReceiveOptions struct {
 	// to an external `criu restore --stream -D ImagesDir`.
 	Restore bool
 	// LazyPages restores with CRIU's lazy pages once the whole image is
-	// in (capture.RestoreLazy); trees with CUDA processes are restored
+	// in (criusock.RestoreLazy); trees with CUDA processes are restored
 	// from the stream as without it.
 	LazyPages bool
 	ImagesDir string
@@ -90,7 +90,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 	r := &receiver{o: o}
 	if o.Restore {
 		var err error
-		if r.criu, err = capture.FindCRIU(o.CRIU.Path); err != nil {
+		if r.criu, err = criusock.FindCRIU(o.CRIU.Path); err != nil {
 			return nil, err
 		}
 		// A map onto a GPU this host lacks fails now, before a sender
@@ -99,7 +99,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 			return nil, fmt.Errorf("receive: %w", err)
 		}
 		if o.LazyPages {
-			if err = capture.CheckLazyPages(ctx, r.criu); err != nil {
+			if err = criusock.CheckLazyPages(ctx, r.criu); err != nil {
 				return nil, fmt.Errorf("receive --lazy-pages: %w (restore without --lazy-pages)", err)
 			}
 		}
@@ -236,12 +236,12 @@ func (r *receiver) restore(ctx context.Context) error {
 	gate := &commitGate{Source: r.src, open: make(chan struct{})}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var rep capture.RestoreReport
+	var rep criusock.RestoreReport
 	var err error
 	criuDone := make(chan struct{})
 	go func() {
 		defer close(criuDone)
-		rep, err = capture.Restore(cctx, r.restoreOptions(cctx), gate)
+		rep, err = criusock.Restore(cctx, r.restoreOptions(cctx), gate)
 		if err != nil {
 			err = fmt.Errorf("restore: %w", err)
 		}
@@ -296,9 +296,9 @@ func (r *receiver) restore(ctx context.Context) error {
 }
 
 // restoreOptions are how CRIU restores here, from the stream or lazily.
-func (r *receiver) restoreOptions(ctx context.Context) capture.RestoreOptions {
-	return capture.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
-		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: capture.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout,
+func (r *receiver) restoreOptions(ctx context.Context) criusock.RestoreOptions {
+	return criusock.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: criusock.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout,
 		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir}
 }
 
@@ -342,9 +342,9 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 	r.res.LeftRunning = ci.LeftRunning
 	start := time.Now()
 	pairs, err := r.gpuPairs(ctx, ci)
-	var l *capture.LazyRestore
+	var l *criusock.LazyRestore
 	if err == nil {
-		l, err = capture.RestoreLazy(ctx, r.restoreOptions(ctx), r.src)
+		l, err = criusock.RestoreLazy(ctx, r.restoreOptions(ctx), r.src)
 	}
 	var cudaPIDs []int
 	var t cudadriver.Timings
@@ -353,7 +353,7 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 		// CUDA processes come back onto the GPU while the daemon hands
 		// their host memory in: the driver's restore faults in what it
 		// reads of it.
-		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, capture.RestoreReport{PID: l.PID}, nil, pairs); err == nil {
+		if _, cudaPIDs, t, err = finishRestore(ctx, r.o.CUDA, criusock.RestoreReport{PID: l.PID}, nil, pairs); err == nil {
 			fast, err = r.deviceMemory(ctx, l.PID, ci, cudaPIDs)
 		}
 		if err != nil {
@@ -479,8 +479,8 @@ func (r *receiver) serve(ctx context.Context) error {
 		case <-sctx.Done():
 		}
 	}()
-	sres, err := capture.ServeWith(sctx, r.o.ImagesDir, r.src, capture.ServeOptions{
-		Hooks:       capture.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }, Log: r.o.Hooks.Log},
+	sres, err := criusock.ServeWith(sctx, r.o.ImagesDir, r.src, criusock.ServeOptions{
+		Hooks:       criusock.Hooks{Listening: func() { r.o.Hooks.line("socket-init") }, Log: r.o.Hooks.Log},
 		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir})
 	if cause := context.Cause(sctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
@@ -510,7 +510,7 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep capture.RestoreReport, err error, pairs []cudadriver.GPUPair) (tcp.Report, []int, cudadriver.Timings, error) {
+func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep criusock.RestoreReport, err error, pairs []cudadriver.GPUPair) (tcp.Report, []int, cudadriver.Timings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
 	var t cudadriver.Timings

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
@@ -39,7 +39,7 @@ func TestFinishRestore(t *testing.T) {
 				f.FailOn[c.failOn] = true
 			}
 			cuda := gpuckpt.CUDA{Mode: gpuckpt.CUDAMode(c.cuda), OpenDriver: func() (cudadriver.Driver, error) { return f, nil }, FindProcs: drivertest.Find(pid)}
-			rep := capture.RestoreReport{PID: pid}
+			rep := criusock.RestoreReport{PID: pid}
 			rep.Served = 7
 			report, cudaPIDs, tm, err := finishRestore(context.Background(), cuda, rep, c.criuErr, nil)
 			p := strconv.Itoa(pid)

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
@@ -58,7 +58,7 @@ type StreamOptions struct {
 	Tool  string
 	Hooks Hooks
 	// ConnectTimeout bounds the wait for CRIU to connect (capture, serve):
-	// zero means capture.DefaultConnectTimeout, negative no limit.
+	// zero means criusock.DefaultConnectTimeout, negative no limit.
 	ConnectTimeout time.Duration
 	// TCPListenRemap moves TCP listening ports of the image, OLD to NEW
 	// (serve).
@@ -81,7 +81,7 @@ func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
 	defer done()
 	extErr := make(chan error, 1)
 	go func() { extErr <- readExtFiles(o.ExtFiles, c) }()
-	res, err := capture.IntakeWith(ctx, o.ImagesDir, c, capture.IntakeOptions{Hooks: capture.Hooks{
+	res, err := criusock.IntakeWith(ctx, o.ImagesDir, c, criusock.IntakeOptions{Hooks: criusock.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Connected: func() { o.Hooks.line("checkpoint-start") },
 	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
@@ -179,7 +179,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", explainSource(src, err))
 	}
-	served, err := capture.RemapTCPListen(ctx, src, o.TCPListenRemap)
+	served, err := criusock.RemapTCPListen(ctx, src, o.TCPListenRemap)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -222,7 +222,7 @@ func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
 		close(ended) // read in CRIU's order as it asks: nothing to overlap
 		endedAt <- time.Time{}
 	}
-	first := &firstRequest{Source: capture.RemapTCPListenLater(src, o.TCPListenRemap), log: o.Hooks.log, ended: ended}
+	first := &firstRequest{Source: criusock.RemapTCPListenLater(src, o.TCPListenRemap), log: o.Hooks.log, ended: ended}
 	err = serveToCRIU(ctx, o, first)
 	if stream != nil && err == nil {
 		err = stream.Wait(ctx)
@@ -257,7 +257,7 @@ func serveToCRIU(ctx context.Context, o StreamOptions, src source.Source) error 
 		extErr <- err
 	}()
 	held := o.Open.StreamOptions(source.StreamOptions{})
-	_, err := capture.ServeWith(ctx, o.ImagesDir, src, capture.ServeOptions{Hooks: capture.Hooks{
+	_, err := criusock.ServeWith(ctx, o.ImagesDir, src, criusock.ServeOptions{Hooks: criusock.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Log:       o.Hooks.Log,
 	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir})
@@ -326,7 +326,7 @@ func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 		if _, err := stream.Files(ctx); err != nil {
 			return nil, fmt.Errorf("extract: %w", explainSource(src, err))
 		}
-	} else if _, _, err = capture.WriteExtract(ctx, src, o.ImagesDir); err != nil {
+	} else if _, _, err = criusock.WriteExtract(ctx, src, o.ImagesDir); err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
 	if err := writeExtFiles(ctx, o.ExtFiles, src); err != nil {

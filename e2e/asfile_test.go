@@ -1,6 +1,6 @@
 package e2e
 
-// The images CRIU reads as files (issue 39, capture/asfile.go). In stream
+// The images CRIU reads as files (issue 39, criusock/asfile.go). In stream
 // mode CRIU lost a network namespace's netfilter rules (it sizes
 // nftables-N.img with fstat: 0 for a pipe), restored TCP connections
 // without its network lock (whose rules travel in that image) and failed

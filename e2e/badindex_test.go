@@ -16,8 +16,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/catalog"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/minio/minio-go/v7"
 )
 
@@ -50,7 +50,7 @@ func captureImages(ctx context.Context, t *testing.T, dir, dest string, files ma
 		code := p.exitCode(ctx)
 		return gcsResult{stdout: stdout.String(), stderr: p.stderr.String(), code: code}
 	}
-	cl, err := capture.Dial(ctx, images)
+	cl, err := criusock.Dial(ctx, images)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -38,7 +38,7 @@ func TestExtractByteIdentical(t *testing.T) {
 		if !cap.waitLine(ctx, "socket-init") {
 			t.Fatalf("capture: %v", cap.wait(ctx))
 		}
-		cl, err := capture.Dial(ctx, a)
+		cl, err := criusock.Dial(ctx, a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func TestBadInputNeverRestores(t *testing.T) {
 	if !cap2.waitLine(ctx, "socket-init") {
 		t.Fatal(cap2.wait(ctx))
 	}
-	cl, err := capture.Dial(ctx, a3)
+	cl, err := criusock.Dial(ctx, a3)
 	if err != nil {
 		t.Fatal(err)
 	}

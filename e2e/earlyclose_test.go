@@ -14,7 +14,7 @@ import (
 // namespace's nftables-N.img as size 0 (it sizes it with fstat) and
 // closed its pipe: the serve once failed on that ("serve nftables-9.img:
 // ... broken pipe"), then let it be and lost the rules. Now the image is
-// handed to CRIU as a file (capture/asfile.go), and a table of more rules
+// handed to CRIU as a file (criusock/asfile.go), and a table of more rules
 // than a pipe holds (1 MiB) comes back whole.
 func TestRestoreNftablesLargerThanAPipe(t *testing.T) {
 	CRIU(t)

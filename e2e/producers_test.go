@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 )
 
 // vramFile is a producer's file: AMD's amdgpu-pages layout (an 8-byte
@@ -126,13 +126,13 @@ func TestProducersWithCRIU(t *testing.T) {
 	ck := startGCS(ctx, t, gcsOpts{stdout: &ckOut}, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive,
 		"--work-dir", work, "--producers", "3", "--codec", "auto", "--chunk-size", "1MiB", "--json")
 	images := filepath.Join(work, "img")
-	waitForFile(ctx, t, filepath.Join(images, capture.CaptureSocket))
+	waitForFile(ctx, t, filepath.Join(images, criusock.CaptureSocket))
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	producer := func(name string, fs ...vramFile) {
 		defer wg.Done()
-		cl, err := capture.DialProducer(ctx, images, name)
+		cl, err := criusock.DialProducer(ctx, images, name)
 		if err != nil {
 			errs <- err
 			return
@@ -183,8 +183,8 @@ func TestProducersWithCRIU(t *testing.T) {
 	var rsOut bytes.Buffer
 	rs := startGCS(ctx, t, gcsOpts{stdout: &rsOut}, "restore", "--from", archive, "--work-dir", work2, "--producers", "1")
 	serveDir := filepath.Join(work2, "img")
-	waitForFile(ctx, t, filepath.Join(serveDir, capture.ServeSocket))
-	cl, err := capture.DialPull(ctx, serveDir, "amd-restore")
+	waitForFile(ctx, t, filepath.Join(serveDir, criusock.ServeSocket))
+	cl, err := criusock.DialPull(ctx, serveDir, "amd-restore")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +248,8 @@ func TestProducerFailureKeepsProcess(t *testing.T) {
 	ck := startGCS(ctx, t, gcsOpts{}, "checkpoint", "--pid", strconv.Itoa(tg.PID()), "--to", archive,
 		"--work-dir", work, "--producers", "1")
 	images := filepath.Join(work, "img")
-	waitForFile(ctx, t, filepath.Join(images, capture.CaptureSocket))
-	cl, err := capture.DialProducer(ctx, images, "dumper")
+	waitForFile(ctx, t, filepath.Join(images, criusock.CaptureSocket))
+	cl, err := criusock.DialProducer(ctx, images, "dumper")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestRestoreFailureKillsTree(t *testing.T) {
 	waitForFile(ctx, t, filepath.Join(work, "restored.pid"))
 	waitRunning(ctx, t, tg.PID(), tg.ChildPID())
 	time.Sleep(500 * time.Millisecond)
-	cl, err := capture.DialPull(ctx, filepath.Join(work, "img"), "failing")
+	cl, err := criusock.DialPull(ctx, filepath.Join(work, "img"), "failing")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // sparseTarget holds zero pages of every kind a sparse restore must tell
-// apart (capture/sparse.go), in a parent and a forked child that share
+// apart (criusock/sparse.go), in a parent and a forked child that share
 // them copy-on-write:
 //
 //	anon   32 MiB private anonymous, 0x5a before the fork; then the child

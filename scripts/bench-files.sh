@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-files.sh -- what handing CRIU an image as a file (a sealed memfd put
-# in place of its pipe, capture/asfile.go) costs against the pipe, measured
+# in place of its pipe, criusock/asfile.go) costs against the pipe, measured
 # two ways:
 #
 #   per file   BenchmarkServeFileKind: a CRIU-like client in a process of its
@@ -38,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "per file, a CRIU-like client (BenchmarkServeFileKind, ${BENCH_FILES_N:-300} requests each):"
-go test -run '^$' -bench '^BenchmarkServeFileKind$' -benchtime "${BENCH_FILES_N:-300}x" ./capture/ |
+go test -run '^$' -bench '^BenchmarkServeFileKind$' -benchtime "${BENCH_FILES_N:-300}x" ./criusock/ |
 	awk '/^BenchmarkServeFileKind/ {name=$1; sub(/^BenchmarkServeFileKind\//, "", name); sub(/-[0-9]+$/, "", name);
 		for (i=1;i<=NF;i++) if ($i=="ns/file") v=$(i-1)
 		split(name, p, "/"); printf "  %-6s %-7s %9.1f us/file\n", p[1], p[2], v/1000 }'

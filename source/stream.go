@@ -804,7 +804,7 @@ func (s *StreamSource) Err() error {
 
 // entry lists the file's chunks too, as decoded: Codec says only which
 // are zero (codec.Zero; the others codec.None), which is what a sparse
-// serve of a pages image needs (capture/sparse.go).
+// serve of a pages image needs (criusock/sparse.go).
 func (f *streamFile) entry() manifest.File {
 	m := manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external}
 	if len(f.chunks) > 0 {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/e2e"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
@@ -137,9 +137,9 @@ func TestCaptureExtractTCP(t *testing.T) {
 			strings.NewReader(""), io.Discard, &errOut)
 	}()
 	// The socket file appears at bind, a moment before listen: retry.
-	var c *capture.Client
+	var c *criusock.Client
 	for {
-		if c, err = capture.Dial(ctx, a); err == nil {
+		if c, err = criusock.Dial(ctx, a); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -420,8 +420,8 @@ func TestReceiveSummaryOnStderr(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	dial(filepath.Join(a, capture.CaptureSocket)).Close() // listening
-	c, err := capture.Dial(ctx, a)
+	dial(filepath.Join(a, criusock.CaptureSocket)).Close() // listening
+	c, err := criusock.Dial(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,19 +435,19 @@ func TestReceiveSummaryOnStderr(t *testing.T) {
 		t.Fatalf("capture: %v", err)
 	}
 	// CRIU's restore: inventory.img, then the socket closes.
-	criu := dial(filepath.Join(imgs, capture.ServeSocket)).(*net.UnixConn)
-	req, _ := capture.EncodeRequest("inventory.img")
+	criu := dial(filepath.Join(imgs, criusock.ServeSocket)).(*net.UnixConn)
+	req, _ := criusock.EncodeRequest("inventory.img")
 	if _, err := criu.Write(req); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := capture.ReadReply(criu); !ok || err != nil {
+	if ok, err := criusock.ReadReply(criu); !ok || err != nil {
 		t.Fatalf("inventory.img: %v %v", ok, err)
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = capture.SendPipe(criu, pw)
+	err = criusock.SendPipe(criu, pw)
 	pw.Close()
 	if err != nil {
 		t.Fatal(err)

@@ -7,15 +7,15 @@ import (
 	"os"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 )
 
 var vramCommand = command{"vram", "VRAM producers: vram push|pull --images-dir DIR NAME FILE|- (push into a capture, pull from a serve)", "push|pull NAME FILE|- ...",
 	[]string{"images-dir", "json"}, runVRAM}
 
 // runVRAM is `gpucr-stream vram push|pull --images-dir DIR NAME FILE|- ...`:
-// the command-line side of the producer protocol (capture.PushFiles,
-// capture.PullFiles) for external VRAM dumpers. push sends files into a
+// the command-line side of the producer protocol (criusock.PushFiles,
+// criusock.PullFiles) for external VRAM dumpers. push sends files into a
 // running capture or checkpoint (before CRIU's dump ends); pull takes them
 // from a running serve or restore. Several NAME FILE pairs move at once
 // over one connection.
@@ -24,27 +24,27 @@ func runVRAM(ctx context.Context, cfg *config, args []string) error {
 		return usagef("vram push|pull --images-dir DIR NAME FILE|- [NAME FILE|- ...]")
 	}
 	action, pairs := args[0], args[1:]
-	transfer := capture.PushFiles
+	transfer := criusock.PushFiles
 	switch action {
 	case "push":
 	case "pull":
-		transfer = capture.PullFiles
+		transfer = criusock.PullFiles
 	default:
 		return usagef("vram: unknown action %q: want push or pull", action)
 	}
 	if cfg.imagesDir == "" {
 		return usagef("vram %s needs --images-dir DIR (the images dir of the capture or serve)", action)
 	}
-	var files []capture.TransferFile
+	var files []criusock.TransferFile
 	stdio := 0
 	for i := 0; i < len(pairs); i += 2 {
-		if !capture.ValidImageName(pairs[i]) || pairs[i][0] == '.' {
+		if !criusock.ValidImageName(pairs[i]) || pairs[i][0] == '.' {
 			return usagef("vram %s: %q is not a file name (one path component, not starting with '.')", action, pairs[i])
 		}
 		if pairs[i+1] == "-" {
 			stdio++
 		}
-		files = append(files, capture.TransferFile{Name: pairs[i], Path: pairs[i+1]})
+		files = append(files, criusock.TransferFile{Name: pairs[i], Path: pairs[i+1]})
 	}
 	if stdio > 1 {
 		return usagef("vram %s: only one file may be -", action)
@@ -52,7 +52,7 @@ func runVRAM(ctx context.Context, cfg *config, args []string) error {
 	start := time.Now()
 	// The socket appears when the capture (or serve) starts listening: a
 	// producer started beside it waits for it, up to 30 s.
-	total, err := transfer(ctx, capture.TransferOptions{Dir: cfg.imagesDir, Producer: fmt.Sprintf("gpucr-stream-vram-%d", os.Getpid()),
+	total, err := transfer(ctx, criusock.TransferOptions{Dir: cfg.imagesDir, Producer: fmt.Sprintf("gpucr-stream-vram-%d", os.Getpid()),
 		Wait: 30 * time.Second, Stdin: cfg.stdin, Stdout: cfg.stdout}, files)
 	if err != nil {
 		return fmt.Errorf("vram %s: %w", action, err)

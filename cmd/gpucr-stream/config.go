@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
@@ -100,7 +100,7 @@ type config struct {
 	extFiles  []extFile
 	segSize   int64
 	progress  io.Writer
-	// connectTimeout is --connect-timeout for the capture package (< 0: no limit).
+	// connectTimeout is --connect-timeout for package criusock (< 0: no limit).
 	connectTimeout time.Duration
 	// takes are the flags of the command being run (nil: all), onCmdLine
 	// those given on its command line; badFlag reads them.
@@ -330,9 +330,9 @@ func (c *config) needImagesDir(cmd string) error {
 	}
 	// The sockets' paths must fit sun_path: say so before anything is
 	// written (a capture's stream header included).
-	for _, sock := range []string{capture.CaptureSocket, capture.ServeSocket} {
-		if p := filepath.Join(c.imagesDir, sock); len(p) >= capture.MaxSocketPath {
-			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), capture.MaxSocketPath-1)
+	for _, sock := range []string{criusock.CaptureSocket, criusock.ServeSocket} {
+		if p := filepath.Join(c.imagesDir, sock); len(p) >= criusock.MaxSocketPath {
+			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), criusock.MaxSocketPath-1)
 		}
 	}
 	// Created if missing, as criu-image-streamer does; private, since CRIU's

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/criusock"
 )
 
 // statsLine writes criu-image-streamer's statistics line to --progress-fd.
@@ -41,7 +41,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	}
 	var remap map[uint16]uint16
 	if cfg.tcpRemap != "" {
-		if remap, err = capture.ParseTCPRemap(cfg.tcpRemap); err != nil {
+		if remap, err = criusock.ParseTCPRemap(cfg.tcpRemap); err != nil {
 			return usagef("--tcp-listen-remap: %v", err)
 		}
 	}
@@ -49,7 +49,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
 		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
 		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap, Early: cfg.serveEarly})
-	if errors.Is(err, capture.ErrNoCRIU) {
+	if errors.Is(err, criusock.ErrNoCRIU) {
 		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
 	}
 	return err

@@ -157,7 +157,7 @@
 # suffix -nostage (fast-nostage) restores with --stage-memory none, and
 # -precopy (migratefast-precopy) migrates with --precopy on, and -dense
 # (ncclp2p-dense) restores with GPUCR_NO_SPARSE=1: CRIU is handed every
-# zero page too, as before sparse pages (capture/sparse.go), and -reaped
+# zero page too, as before sparse pages (criusock/sparse.go), and -reaped
 # (ncclp2pmigrate-reaped) starts the target under e2e/gpu/reaper.py, which
 # reaps its orphans at once where this host's init takes 1.5-1.9 s, and
 # -launched (ncclp2p-launched) starts an NCCL pair in torchrun's layout: a

@@ -46,7 +46,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/criusock"
 )
 
 func main() {
@@ -144,7 +144,7 @@ func push(args []string) error {
 		return errors.New("push -images-dir A DIR")
 	}
 	ctx := context.Background()
-	sock := filepath.Join(*imagesDir, capture.CaptureSocket)
+	sock := filepath.Join(*imagesDir, criusock.CaptureSocket)
 	for i := 0; ; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
@@ -154,7 +154,7 @@ func push(args []string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	c, err := capture.Dial(ctx, *imagesDir)
+	c, err := criusock.Dial(ctx, *imagesDir)
 	if err != nil {
 		return err
 	}
@@ -264,7 +264,7 @@ func read(args []string) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	conn, err := dialServe(filepath.Join(*imagesDir, capture.ServeSocket), start)
+	conn, err := dialServe(filepath.Join(*imagesDir, criusock.ServeSocket), start)
 	if err != nil {
 		cmd.Process.Kill()
 		return err
@@ -355,7 +355,7 @@ func pullAll(conn *net.UnixConn, names []string, start time.Time) (pullTimes, er
 	var t pullTimes
 	buf := make([]byte, 1<<20)
 	for _, n := range names {
-		req, err := capture.EncodeRequest(n)
+		req, err := criusock.EncodeRequest(n)
 		if err != nil {
 			return t, err
 		}
@@ -366,7 +366,7 @@ func pullAll(conn *net.UnixConn, names []string, start time.Time) (pullTimes, er
 		if _, err := conn.Write(req); err != nil {
 			return t, err
 		}
-		ok, err := capture.ReadReply(conn)
+		ok, err := criusock.ReadReply(conn)
 		if err != nil {
 			return t, fmt.Errorf("%s: %w", n, err)
 		}
@@ -377,7 +377,7 @@ func pullAll(conn *net.UnixConn, names []string, start time.Time) (pullTimes, er
 		if err != nil {
 			return t, err
 		}
-		if err := capture.SendPipe(conn, pw); err != nil {
+		if err := criusock.SendPipe(conn, pw); err != nil {
 			return t, err
 		}
 		pw.Close()
