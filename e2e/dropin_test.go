@@ -21,7 +21,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr-stream/imagestreamer"
+	"github.com/gpucr/gpucr-stream/cisformat"
 )
 
 // streamerWrapper writes the two-line criu-image-streamer wrapper and
@@ -289,10 +289,10 @@ func legacyStream(t *testing.T, dir string, nshards int) [][]byte {
 	}
 	shards := make([][]byte, nshards)
 	var seq uint64
-	emit := func(m imagestreamer.Marker, data []byte) {
+	emit := func(m cisformat.Marker, data []byte) {
 		m.Seq = seq
 		i := int(seq) % nshards
-		shards[i] = imagestreamer.AppendMarker(shards[i], m)
+		shards[i] = cisformat.AppendMarker(shards[i], m)
 		shards[i] = append(shards[i], data...)
 		seq++
 	}
@@ -302,13 +302,13 @@ func legacyStream(t *testing.T, dir string, nshards int) [][]byte {
 	for len(open) > 0 {
 		var still []string
 		for _, n := range open {
-			emit(imagestreamer.Marker{Kind: imagestreamer.Filename, Name: n}, nil)
+			emit(cisformat.Marker{Kind: cisformat.Filename, Name: n}, nil)
 			if k := min(64<<10, len(contents[n])-offs[n]); k > 0 {
-				emit(imagestreamer.Marker{Kind: imagestreamer.FileData, Size: uint32(k)}, contents[n][offs[n]:offs[n]+k])
+				emit(cisformat.Marker{Kind: cisformat.FileData, Size: uint32(k)}, contents[n][offs[n]:offs[n]+k])
 				offs[n] += k
 			}
 			if offs[n] == len(contents[n]) {
-				emit(imagestreamer.Marker{Kind: imagestreamer.FileEOF}, nil)
+				emit(cisformat.Marker{Kind: cisformat.FileEOF}, nil)
 			} else {
 				still = append(still, n)
 			}
@@ -316,9 +316,9 @@ func legacyStream(t *testing.T, dir string, nshards int) [][]byte {
 		open = still
 	}
 	inv := contents["inventory.img"]
-	emit(imagestreamer.Marker{Kind: imagestreamer.Filename, Name: "inventory.img"}, nil)
-	emit(imagestreamer.Marker{Kind: imagestreamer.FileData, Size: uint32(len(inv))}, inv)
-	emit(imagestreamer.Marker{Kind: imagestreamer.FileEOF}, nil)
-	emit(imagestreamer.Marker{Kind: imagestreamer.ImageEOF}, nil)
+	emit(cisformat.Marker{Kind: cisformat.Filename, Name: "inventory.img"}, nil)
+	emit(cisformat.Marker{Kind: cisformat.FileData, Size: uint32(len(inv))}, inv)
+	emit(cisformat.Marker{Kind: cisformat.FileEOF}, nil)
+	emit(cisformat.Marker{Kind: cisformat.ImageEOF}, nil)
 	return shards
 }

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
+	"github.com/gpucr/gpucr-stream/cisformat"
 	"github.com/gpucr/gpucr-stream/errdefs"
-	"github.com/gpucr/gpucr-stream/imagestreamer"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/proc"
@@ -323,12 +323,12 @@ func (stdioLoc) source(ctx context.Context, c *Config, so source.StreamOptions) 
 // newStreamSource reads a gpucr-stream stream, or one that
 // criu-image-streamer wrote (told apart by their first bytes).
 func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so source.StreamOptions) (source.Source, error) {
-	rs, legacy, err := imagestreamer.Sniff(rs)
+	rs, legacy, err := cisformat.Sniff(rs)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", names[0], err)
 	}
 	if legacy {
-		return imagestreamer.NewSource(ctx, rs, names, nil, so), nil
+		return cisformat.NewSource(ctx, rs, names, nil, so), nil
 	}
 	return source.NewStreamSource(ctx, rs, names, so), nil
 }
@@ -454,7 +454,7 @@ func StreamOf(src source.Source) *source.StreamSource {
 	switch s := src.(type) {
 	case *source.StreamSource:
 		return s
-	case *imagestreamer.Source:
+	case *cisformat.Source:
 		return s.StreamSource
 	case closeWith:
 		return StreamOf(s.Source)
@@ -463,9 +463,9 @@ func StreamOf(src source.Source) *source.StreamSource {
 }
 
 // LegacyOf returns the criu-image-streamer stream behind src, if it is one.
-func LegacyOf(src source.Source) *imagestreamer.Source {
+func LegacyOf(src source.Source) *cisformat.Source {
 	switch s := src.(type) {
-	case *imagestreamer.Source:
+	case *cisformat.Source:
 		return s
 	case closeWith:
 		return LegacyOf(s.Source)
@@ -488,12 +488,12 @@ func SourceCounters(src source.Source) (*pipeline.Counters, int64) {
 // checkStreamStart checks that file starts as a stream does: a
 // criu-image-streamer stream's marker, or a gpucr-stream header.
 func checkStreamStart(file *os.File, name string) error {
-	b := make([]byte, max(manifest.HeaderSize, imagestreamer.PrefixLen))
+	b := make([]byte, max(manifest.HeaderSize, cisformat.PrefixLen))
 	n, err := file.ReadAt(b, 0)
 	if err != nil && err != io.EOF {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
-	if n > 0 && imagestreamer.Detect(b[:min(n, imagestreamer.PrefixLen)]) {
+	if n > 0 && cisformat.Detect(b[:min(n, cisformat.PrefixLen)]) {
 		return nil
 	}
 	_, err = manifest.NewReader(io.NewSectionReader(file, 0, 1<<62), name)

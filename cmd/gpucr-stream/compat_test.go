@@ -17,7 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/checkpoint"
 )
 
-const fixtureDir = "../../imagestreamer/testdata"
+const fixtureDir = "../../cisformat/testdata"
 
 func tarFiles(t *testing.T, path string) map[string][]byte {
 	t.Helper()

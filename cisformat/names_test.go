@@ -1,4 +1,4 @@
-package imagestreamer
+package cisformat
 
 import (
 	"context"

@@ -1,5 +1,6 @@
-// Package imagestreamer reads streams written by criu-image-streamer 1.0.0,
-// so that `serve` and `extract` accept images users captured with that tool.
+// Package cisformat (criu-image-streamer's format) reads streams written
+// by criu-image-streamer 1.0.0, so that `serve` and `extract` accept
+// images users captured with that tool.
 //
 // Its format (upstream proto/image.proto and src/capture.rs): each shard is a
 // sequence of markers, each a 4-byte little-endian length and a protobuf
@@ -10,7 +11,7 @@
 // selects the file later data belongs to (opening it if it is not open), so
 // files interleave; file_eof closes the current file; image_eof ends the
 // image. There are no checksums: the structure is all that can be checked.
-package imagestreamer
+package cisformat
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package imagestreamer
+package cisformat
 
 // Design: one goroutine per shard reads that shard's next marker and then
 // parks until the merger has consumed it (and its data), so every shard is

@@ -1,4 +1,4 @@
-package imagestreamer
+package cisformat
 
 // Design: rather than a second buffering, spilling and extracting engine, a
 // criu-image-streamer stream is re-framed on the fly into a one-shard
