@@ -2,7 +2,7 @@ package checkpoint
 
 // The criu-image-streamer flows: a capture beside `criu dump --stream`, a
 // serve beside `criu restore --stream`, an extract into a plain images dir.
-// CRIU is run by the caller; these only own the streamer sockets.
+// CRIU is run by the caller; these only own the image-streamer sockets.
 
 import (
 	"context"

@@ -54,7 +54,7 @@ func CRIUVersion(ctx context.Context, criu string) string {
 }
 
 // actionScript is run by criu for every action. On post-dump (images
-// closed, process not yet killed) it asks the streamer to commit through a
+// closed, process not yet killed) it asks the image streamer to commit through a
 // FIFO pair and fails unless the answer is "ok": CRIU then resumes the
 // process instead of killing it, so a failed upload never loses it.
 const actionScript = `#!/bin/sh

@@ -16,13 +16,13 @@ import (
 )
 
 // Producers are image sources and sinks other than CRIU that share the
-// streamer sockets with it: GPU dumpers in the style of GPU-CR or Cedana
+// image-streamer sockets with it: GPU dumpers in the style of GPU-CR or Cedana
 // push named files into the image beside CRIU's during a dump, and pull
 // them back during the restore. They speak CRIU's own protocol (a
 // length-prefixed img_streamer_request_entry per file, then a pipe passed
 // with SCM_RIGHTS) with one addition: the first request of a producer's
 // connection is a hello, a request whose file name is ProducerHelloPrefix
-// followed by the producer's name. It carries no pipe; the streamer answers
+// followed by the producer's name. It carries no pipe; the image streamer answers
 // it with a reply {exists: true} once it has taken the producer on, or
 // closes the connection if it takes no more producers (the image is
 // already complete). CRIU never names an image with a leading dot, so the

@@ -38,7 +38,7 @@ func (h Hooks) log(s string) {
 	}
 }
 
-// connKind says who is on a connection of a streamer socket.
+// connKind says who is on a connection of an image-streamer socket.
 type connKind int
 
 const (
@@ -47,7 +47,7 @@ const (
 	connProducer                 // an external producer: its first request was a hello
 )
 
-// session is everything on one streamer socket: CRIU's connection, the
+// session is everything on one image-streamer socket: CRIU's connection, the
 // producers' connections, and the pipes they opened. Every pipe is moved by
 // its own goroutine, since CRIU keeps many open at once and writes or reads
 // them in an order of its own, and producers push or pull several files at
@@ -79,7 +79,7 @@ type session struct {
 // connect when their options leave it zero.
 const DefaultConnectTimeout = 2 * time.Minute
 
-// ErrNoCRIU means CRIU did not connect to the streamer socket in time.
+// ErrNoCRIU means CRIU did not connect to the image-streamer socket in time.
 var ErrNoCRIU = errors.New("criu did not connect")
 
 // limitConnectWait aborts the session if no CRIU connection is identified

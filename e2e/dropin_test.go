@@ -24,9 +24,9 @@ import (
 	"github.com/gpucr/gpucr-stream/cisformat"
 )
 
-// streamerWrapper writes the two-line criu-image-streamer wrapper and
+// dropInWrapper writes the two-line criu-image-streamer wrapper and
 // returns its path.
-func streamerWrapper(t testing.TB) string {
+func dropInWrapper(t testing.TB) string {
 	t.Helper()
 	bin, err := filepath.Abs(BuildBinary(t, "./cmd/gpucr-stream"))
 	if err != nil {
@@ -128,7 +128,7 @@ func (s stats) sizes() []int64 {
 
 // TestDropInVersion: how tools check that a streamer is installed.
 func TestDropInVersion(t *testing.T) {
-	w := streamerWrapper(t)
+	w := dropInWrapper(t)
 	for _, flag := range []string{"--version", "-V"} {
 		out, err := exec.Command(w, flag).CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "gpucr-stream ") || strings.Count(string(out), "\n") != 1 {
@@ -142,7 +142,7 @@ func TestDropInVersion(t *testing.T) {
 // tool's order; stats sizes are the stream's bytes.
 func TestDropInCaptureServeExtract(t *testing.T) {
 	CRIU(t)
-	w := streamerWrapper(t)
+	w := dropInWrapper(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
 	tg, before := startedTarget(ctx, t, dir, 64)
@@ -220,7 +220,7 @@ func TestDropInCaptureServeExtract(t *testing.T) {
 // real tool is not installed here; testdata/ holds streams it wrote itself.
 func TestDropInServeRealToolStream(t *testing.T) {
 	CRIU(t)
-	w := streamerWrapper(t)
+	w := dropInWrapper(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
 	tg, before := startedTarget(ctx, t, dir, 32)

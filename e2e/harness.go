@@ -238,7 +238,7 @@ func binDir() (string, error) {
 }
 
 // ShortTempDir returns a new directory /tmp/gcr-NNNN, removed when the test
-// ends. CRIU's streamer sockets live in the images dir and sun_path holds
+// ends. CRIU's image-streamer sockets live in the images dir and sun_path holds
 // only 108 bytes, too few for t.TempDir's long names.
 func ShortTempDir(t testing.TB) string {
 	t.Helper()

@@ -105,9 +105,9 @@ type config struct {
 	// takes are the flags of the command being run (nil: all), onCmdLine
 	// those given on its command line; badFlag reads them.
 	takes, onCmdLine map[string]bool
-	// streamerProtocol is set for capture, serve and extract, whose
+	// dropInProgress is set for capture, serve and extract, whose
 	// progress channel carries criu-image-streamer's lines.
-	streamerProtocol bool
+	dropInProgress bool
 }
 
 type extFile struct {

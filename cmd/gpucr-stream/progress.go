@@ -59,7 +59,7 @@ func startProgress(cfg *config, p checkpoint.Progress) *bar {
 	every := plainEvery
 	if f, ok := cfg.stderr.(*os.File); ok && isTerminal(f) {
 		b.tty, every = f, 200*time.Millisecond
-	} else if cfg.progress == cfg.stderr && cfg.streamerProtocol {
+	} else if cfg.progress == cfg.stderr && cfg.dropInProgress {
 		return b // stderr carries criu-image-streamer's lines
 	}
 	b.stop = make(chan struct{})

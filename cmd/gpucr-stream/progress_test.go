@@ -108,7 +108,7 @@ func TestProgressPlainLines(t *testing.T) {
 	}{{"checkpoint", false, true}, {"serve with -p 2", true, false}} {
 		var errOut pipelinetest.SyncBuffer
 		cfg := newConfig(nil, nil, &errOut)
-		cfg.progress, cfg.streamerProtocol = &errOut, tc.protocol
+		cfg.progress, cfg.dropInProgress = &errOut, tc.protocol
 		var c pipeline.Counters
 		c.RawBytes.Store(5 << 20)
 		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})

@@ -22,7 +22,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	if len(args) > 0 {
 		return usagef("%s takes no arguments (got %q); use %s", name, args, use)
 	}
-	cfg.streamerProtocol = true
+	cfg.dropInProgress = true
 	// The location: DEST for capture, SRC for the others.
 	loc, err := parseLoc("--to", cfg.to)
 	if name != "capture" {
