@@ -120,7 +120,7 @@ func (o *Output) Format() pipeline.Format { return streamer.FormatOf(o.Output) }
 
 // WriteFrameAsync implements streamer.AsyncOutput: an archive's payload
 // writes run on its own writers, any other output's at once.
-func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
+func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.FramePos, error) {
 	if a, ok := o.Output.(streamer.AsyncOutput); ok {
 		return a.WriteFrameAsync(ctx, fh, payload, done)
 	}

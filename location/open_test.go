@@ -64,9 +64,9 @@ type fakeOutput struct {
 	err             error
 }
 
-func (f *fakeOutput) WriteFrame(context.Context, *manifest.FrameHeader, []byte) (streamer.Location, error) {
+func (f *fakeOutput) WriteFrame(context.Context, *manifest.FrameHeader, []byte) (streamer.FramePos, error) {
 	f.frames++
-	return streamer.Location{Pos: 7}, f.err
+	return streamer.FramePos{Pos: 7}, f.err
 }
 
 type fakeAsync struct {
@@ -74,9 +74,9 @@ type fakeAsync struct {
 	async int
 }
 
-func (f *fakeAsync) WriteFrameAsync(_ context.Context, _ *manifest.FrameHeader, _ []byte, done func(error)) (streamer.Location, error) {
+func (f *fakeAsync) WriteFrameAsync(_ context.Context, _ *manifest.FrameHeader, _ []byte, done func(error)) (streamer.FramePos, error) {
 	f.async++
-	return streamer.Location{Pos: 9}, nil // done is the archive's to call, later
+	return streamer.FramePos{Pos: 9}, nil // done is the archive's to call, later
 }
 
 // An Output passes payload writes on to an archive that writes them on

@@ -7,7 +7,7 @@ package streamer
 // whatever the number of writers; several files do not share that lock.
 //
 // The caller's goroutine still places every frame, in order: it picks the
-// lane, the segment and the offset, returns the frame's Location at once,
+// lane, the segment and the offset, returns the frame's position at once,
 // and queues the frame on the lane, which writes it there. Large DATA
 // frames go to the lane with the fewest bytes queued, every other frame to
 // lane 0. A segment carries a FILE frame of a file before any other frame
@@ -275,18 +275,18 @@ func (a *ArchiveOutput) Committed() int {
 
 // WriteFrame implements Output. A large DATA payload is written before it
 // returns; any other frame is copied and written later.
-func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	if !large(fh, payload) {
 		return a.place(ctx, fh, clone(payload), nil)
 	}
 	written := make(chan error, 1)
 	loc, err := a.place(ctx, fh, payload, func(err error) { written <- err })
 	if err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	// The lane calls done whatever happens, also after a failure or Abort.
 	if err := <-written; err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	return loc, nil
 }
@@ -294,7 +294,7 @@ func (a *ArchiveOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader
 // WriteFrameAsync implements AsyncOutput: a DATA payload of
 // minLanePayload bytes or more is written by a lane, which calls done;
 // any other frame is copied and done called before it returns.
-func (a *ArchiveOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (a *ArchiveOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	if large(fh, payload) {
 		return a.place(ctx, fh, payload, done)
 	}
@@ -317,23 +317,23 @@ func clone(b []byte) []byte {
 }
 
 // place decides where a frame goes, queues it on its lane and returns its
-// Location. A failure to place fails the output: placement's view may
+// FramePos. A failure to place fails the output: placement's view may
 // then be ahead of what the lanes got.
-func (a *ArchiveOutput) place(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (a *ArchiveOutput) place(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	loc, err := a.placeFrame(ctx, fh, payload, done)
 	if err != nil {
 		a.setFailure(err)
-		return Location{}, a.failure()
+		return FramePos{}, a.failure()
 	}
 	return loc, nil
 }
 
-func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	if err := a.failure(); err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	if a.stopped {
-		return Location{}, errors.New("archive: frame written after Commit or Abort")
+		return FramePos{}, errors.New("archive: frame written after Commit or Abort")
 	}
 	if a.lanes == nil {
 		for range a.nLanes {
@@ -350,7 +350,7 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 	}
 	if l.cur != nil && l.cur.planned >= a.segmentSize {
 		if err := a.closeSegment(ctx, l); err != nil {
-			return Location{}, err
+			return FramePos{}, err
 		}
 	}
 	if l.cur == nil {
@@ -364,21 +364,21 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 	}
 	s := l.cur
 	if a.packs && fh.Type != manifest.FrameData {
-		return Location{}, fmt.Errorf("pack: %s frame; a pack holds DATA frames only", fh.Type)
+		return FramePos{}, fmt.Errorf("pack: %s frame; a pack holds DATA frames only", fh.Type)
 	}
 	if !a.packs && fh.Type != manifest.FrameFile && !s.announced[fh.FileID] {
 		f, ok := a.open[fh.FileID]
 		if !ok {
-			return Location{}, fmt.Errorf("archive: %s frame for file id %d, which is not open", fh.Type, fh.FileID)
+			return FramePos{}, fmt.Errorf("archive: %s frame for file id %d, which is not open", fh.Type, fh.FileID)
 		}
 		if err := a.queue(ctx, l, laneJob{fh: f.fh, payload: f.name}); err != nil {
-			return Location{}, err
+			return FramePos{}, err
 		}
 		s.announced[fh.FileID] = true
 	}
 	pos := s.planned
 	if err := a.queue(ctx, l, laneJob{fh: *fh, payload: payload, done: done}); err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	switch fh.Type {
 	case manifest.FrameFile:
@@ -392,7 +392,7 @@ func (a *ArchiveOutput) placeFrame(ctx context.Context, fh *manifest.FrameHeader
 			}
 		}
 	}
-	return Location{Segment: s.index, Pos: pos}, nil
+	return FramePos{Segment: s.index, Pos: pos}, nil
 }
 
 // stuckLane is the lane for n payload bytes of file's in a pack: the one

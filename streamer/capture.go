@@ -351,7 +351,7 @@ func (c *Capture) encode(it *item) error {
 	it.crc = it.sums.crc
 	it.hash = c.sums.Content(it.raw)
 	if c.knows != nil && c.knows(it.hash) {
-		// Stored already: the output references it (Location.Ref).
+		// Stored already: the output references it (FramePos.Ref).
 		it.codec, it.stored = codec.None, nil
 		c.dropRaw(it)
 		return nil
@@ -518,7 +518,7 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		stored := len(it.stored)
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
 			RawLen: uint32(it.rawLen), StoredLen: uint32(stored), Checksum: it.crc, Hash: it.hash}
-		var loc Location
+		var loc FramePos
 		if fs.held && it.codec != codec.Zero {
 			err = c.hold(fs, fh, it.stored, len(fs.file.Chunks))
 		} else if ao, ok := c.out.(AsyncOutput); ok {

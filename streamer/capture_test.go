@@ -45,20 +45,20 @@ type testOutput struct {
 	entered        atomic.Int64 // WriteFrame calls begun
 }
 
-func (o *testOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (o *testOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	o.entered.Add(1)
 	if o.release != nil {
 		select {
 		case <-o.release:
 		case <-ctx.Done():
-			return Location{}, context.Cause(ctx)
+			return FramePos{}, context.Cause(ctx)
 		}
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.frames++
 	if o.failAt > 0 && o.frames >= o.failAt {
-		return Location{}, o.failErr
+		return FramePos{}, o.failErr
 	}
 	if fh.Type == manifest.FrameData {
 		o.dataFrames++
@@ -67,7 +67,7 @@ func (o *testOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, p
 			o.storedMismatch++
 		}
 	}
-	return Location{Pos: int64(o.frames)}, nil
+	return FramePos{Pos: int64(o.frames)}, nil
 }
 
 func (o *testOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
@@ -589,7 +589,7 @@ func TestCaptureCounters(t *testing.T) {
 // capture does many times over.
 type gcOutput struct{ testOutput }
 
-func (o *gcOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (o *gcOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	if fh.Type == manifest.FrameData {
 		runtime.GC()
 	}

@@ -92,19 +92,19 @@ func (d *DedupOutput) Format() pipeline.Format {
 func (d *DedupOutput) Knows(id [32]byte) bool { return d.table.Has(id) }
 
 // WriteFrame implements Output.
-func (d *DedupOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (d *DedupOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	return d.write(ctx, fh, payload, nil)
 }
 
 // WriteFrameAsync implements AsyncOutput.
-func (d *DedupOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (d *DedupOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	return d.write(ctx, fh, payload, done)
 }
 
 // write places a DATA frame: a zero chunk nowhere, a known chunk where it
 // is, a new one in a pack. done, when set, is called once payload is free.
-func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
-	finish := func(loc Location, err error) (Location, error) {
+func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
+	finish := func(loc FramePos, err error) (FramePos, error) {
 		if done != nil && err == nil {
 			done(nil)
 		}
@@ -114,28 +114,28 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 		d.packs.unstick(fh.FileID)
 	}
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero {
-		return finish(Location{}, nil)
+		return finish(FramePos{}, nil)
 	}
 	id := manifest.Hash(fh.Hash)
 	if id == (manifest.Hash{}) {
-		return finish(Location{}, errors.New("dedup: chunk without a content id"))
+		return finish(FramePos{}, errors.New("dedup: chunk without a content id"))
 	}
 	if r, ok := d.table.Lookup(id); ok {
 		if r.RawLen != fh.RawLen || r.Checksum != fh.Checksum {
-			return finish(Location{}, fmt.Errorf("dedup: chunk %s: the index says %d bytes with CRC-32C %08x, the chunk has %d with %08x: %w",
+			return finish(FramePos{}, fmt.Errorf("dedup: chunk %s: the index says %d bytes with CRC-32C %08x, the chunk has %d with %08x: %w",
 				id, r.RawLen, r.Checksum, fh.RawLen, fh.Checksum, errdefs.ErrCorrupt))
 		}
-		return finish(Location{Segment: d.segment(r.Pack), Pos: r.Pos, Ref: true, Stored: r.Stored, Codec: r.Codec}, nil)
+		return finish(FramePos{Segment: d.segment(r.Pack), Pos: r.Pos, Ref: true, Stored: r.Stored, Codec: r.Codec}, nil)
 	}
 	if fh.StoredLen == 0 && fh.RawLen > 0 && codec.ID(fh.Codec) == codec.None {
 		// The capture skipped encoding it because Knows said yes; the
 		// table only grows, so this is a bug, not bad input.
-		return finish(Location{}, fmt.Errorf("dedup: chunk %s was known and is not", id))
+		return finish(FramePos{}, fmt.Errorf("dedup: chunk %s was known and is not", id))
 	}
 	// In a pack a frame stands for its content alone: no file, no offset.
 	pf := *fh
 	pf.FileID, pf.Offset = 0, 0
-	var loc Location
+	var loc FramePos
 	var err error
 	d.packs.packFile = fh.FileID
 	if done != nil {
@@ -144,13 +144,13 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 		loc, err = d.packs.WriteFrame(ctx, &pf, payload)
 	}
 	if err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	pack, ok := d.newPack[loc.Segment]
 	if !ok {
 		pack, ok = chunkstore.ParsePackName(d.packs.segments[loc.Segment].Name)
 		if !ok {
-			return Location{}, fmt.Errorf("dedup: pack %s has no pack name", d.packs.segments[loc.Segment].Name)
+			return FramePos{}, fmt.Errorf("dedup: pack %s has no pack name", d.packs.segments[loc.Segment].Name)
 		}
 		d.newPack[loc.Segment] = pack
 	}
@@ -158,7 +158,7 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 	d.table.Add(id, r)
 	d.added = append(d.added, chunkstore.Chunk{ID: id, Ref: r})
 	d.newStored += int64(fh.StoredLen)
-	return Location{Segment: d.segment(pack), Pos: loc.Pos}, nil
+	return FramePos{Segment: d.segment(pack), Pos: loc.Pos}, nil
 }
 
 // segment is the index of pack in the manifest's segments.

@@ -8,8 +8,8 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
-// Location is where a frame landed: segment index and header offset.
-type Location struct {
+// FramePos is where a frame landed: segment index and header offset.
+type FramePos struct {
 	Segment int
 	Pos     int64
 	// Ref: the frame was not written; the chunk is stored already, as
@@ -22,7 +22,7 @@ type Location struct {
 // Output receives frames from the pipeline's single ordered writer.
 // WriteFrame must not keep payload after it returns.
 type Output interface {
-	WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error)
+	WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error)
 	// Commit finishes the output; m is complete except for Segments, which an
 	// output that writes segments fills in.
 	Commit(ctx context.Context, m *manifest.Manifest) error
@@ -33,14 +33,14 @@ type Output interface {
 // AsyncOutput is an Output that can write a DATA frame's payload after
 // WriteFrameAsync returns, several at once (ArchiveOutput on its lanes, StreamOutput on its shards);
 // a Capture uses it when its Output has it, and an Output that wraps
-// another passes it on. The frame's place, its Location, is decided at
+// another passes it on. The frame's place, its FramePos, is decided at
 // once and in order, as by WriteFrame. done is called exactly once, from
 // any goroutine, when payload is no longer needed, with the write's error
 // (which also fails the output's later calls); it is not called when
 // WriteFrameAsync returns an error. Commit and Abort wait for every write.
 type AsyncOutput interface {
 	Output
-	WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error)
+	WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error)
 }
 
 // firstFailure keeps an output's first failure, which every later call

@@ -9,7 +9,7 @@ package streamer
 // its own that first waits for the shard's previous frame, so a shard's
 // frames keep the order the caller placed them in while the shards write
 // at once. At most shardQueue frames per shard are in flight; the caller
-// waits for room. Positions (Location.Pos) are decided when a frame is
+// waits for room. Positions (FramePos.Pos) are decided when a frame is
 // placed, from the frame sizes, since the writer has not seen it yet.
 // The first failed write fails the output: frames still queued are not
 // written, and their done gets that error. Commit queues the END frames
@@ -91,7 +91,7 @@ func (o *StreamOutput) Format() pipeline.Format { return o.format }
 // WriteFrame implements Output. Once the output writes asynchronously, a
 // FILE or FILE-END frame is queued on every shard (its payload copied)
 // and a DATA frame is waited for.
-func (o *StreamOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (o *StreamOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	if o.chains != nil {
 		return o.writeFrameQueued(ctx, fh, payload)
 	}
@@ -99,30 +99,30 @@ func (o *StreamOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader,
 		for i, s := range o.shards {
 			h := *fh
 			if _, err := s.WriteFrame(&h, payload); err != nil {
-				return Location{}, fmt.Errorf("shard %d: %w", i, err)
+				return FramePos{}, fmt.Errorf("shard %d: %w", i, err)
 			}
 			if fh.Type == manifest.FrameFileEnd {
 				// A file just ended; let readers see it without waiting for more.
 				if err := s.Flush(); err != nil {
-					return Location{}, fmt.Errorf("shard %d: %w", i, err)
+					return FramePos{}, fmt.Errorf("shard %d: %w", i, err)
 				}
 			}
 		}
-		return Location{}, nil
+		return FramePos{}, nil
 	}
 	i := o.next
 	o.next = (o.next + 1) % len(o.shards)
 	pos, err := o.shards[i].WriteFrame(fh, payload)
 	if err != nil {
-		return Location{}, fmt.Errorf("shard %d: %w", i, err)
+		return FramePos{}, fmt.Errorf("shard %d: %w", i, err)
 	}
-	return Location{Segment: i, Pos: pos}, nil
+	return FramePos{Segment: i, Pos: pos}, nil
 }
 
 // WriteFrameAsync implements AsyncOutput: a DATA frame is written by its
 // shard's chain and done called once that shard wrote it; a FILE or
 // FILE-END frame is queued on every shard and done called at once.
-func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	if o.chains == nil {
 		o.startChains()
 	}
@@ -143,7 +143,7 @@ func (o *StreamOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHe
 // WriteRefAsync is WriteFrameAsync for a DATA frame whose payload (fh's
 // StoredLen bytes) the reader holds already: the frame goes by reference
 // (manifest.Writer.WriteRef), in its place among the shard's frames.
-func (o *StreamOutput) WriteRefAsync(ctx context.Context, fh *manifest.FrameHeader, done func(error)) (Location, error) {
+func (o *StreamOutput) WriteRefAsync(ctx context.Context, fh *manifest.FrameHeader, done func(error)) (FramePos, error) {
 	if o.chains == nil {
 		o.startChains()
 	}
@@ -156,14 +156,14 @@ func (o *StreamOutput) WriteRefAsync(ctx context.Context, fh *manifest.FrameHead
 
 // placeNext places a DATA frame's write on the next shard in turn (place),
 // and moves the turn on once it is placed.
-func (o *StreamOutput) placeNext(ctx context.Context, n int64, write func(*manifest.Writer) error, done func(error)) (Location, error) {
+func (o *StreamOutput) placeNext(ctx context.Context, n int64, write func(*manifest.Writer) error, done func(error)) (FramePos, error) {
 	i := o.next
 	pos, err := o.place(ctx, i, n, write, done)
 	if err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	o.next = (o.next + 1) % len(o.shards)
-	return Location{Segment: i, Pos: pos}, nil
+	return FramePos{Segment: i, Pos: pos}, nil
 }
 
 // startChains switches to asynchronous writes, where the synchronous ones
@@ -176,16 +176,16 @@ func (o *StreamOutput) startChains() {
 }
 
 // writeFrameQueued is WriteFrame in asynchronous mode.
-func (o *StreamOutput) writeFrameQueued(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (o *StreamOutput) writeFrameQueued(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	if fh.Type == manifest.FrameData {
 		written := make(chan error, 1)
 		loc, err := o.WriteFrameAsync(ctx, fh, payload, func(err error) { written <- err })
 		if err != nil {
-			return Location{}, err
+			return FramePos{}, err
 		}
 		// Not on ctx: payload is the caller's again only once written.
 		if err := <-written; err != nil {
-			return Location{}, err
+			return FramePos{}, err
 		}
 		return loc, nil
 	}
@@ -206,10 +206,10 @@ func (o *StreamOutput) writeFrameQueued(ctx context.Context, fh *manifest.FrameH
 		if err != nil {
 			// On some shards but not the others: the stream is broken.
 			o.setFailure(err)
-			return Location{}, err
+			return FramePos{}, err
 		}
 	}
-	return Location{}, nil
+	return FramePos{}, nil
 }
 
 // place queues write on shard i behind the shard's frames placed before,

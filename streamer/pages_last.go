@@ -126,7 +126,7 @@ func (c *Capture) writeHeld(ctx context.Context) error {
 			return what(err)
 		}
 		fh := hf.fh
-		var loc Location
+		var loc FramePos
 		var err error
 		if async {
 			loc, err = ao.WriteFrameAsync(ctx, &fh, buf, func(err error) {

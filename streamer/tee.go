@@ -17,10 +17,10 @@ type TeeOutput struct {
 }
 
 // WriteFrame implements Output.
-func (t TeeOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (Location, error) {
+func (t TeeOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
 	h := *fh
 	if _, err := t.Primary.WriteFrame(ctx, &h, payload); err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	h = *fh
 	return t.Copy.WriteFrame(ctx, &h, payload)
@@ -29,7 +29,7 @@ func (t TeeOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, pay
 // WriteFrameAsync implements AsyncOutput: when both outputs are
 // AsyncOutputs they write the frame at once, and done is called when both
 // have, with the first error; otherwise it is WriteFrame.
-func (t TeeOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (Location, error) {
+func (t TeeOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (FramePos, error) {
 	p, pok := t.Primary.(AsyncOutput)
 	c, cok := t.Copy.(AsyncOutput)
 	if !pok || !cok {
@@ -42,7 +42,7 @@ func (t TeeOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader
 	w := &teeWrite{left: 2, done: done, over: make(chan struct{})}
 	h := *fh
 	if _, err := p.WriteFrameAsync(ctx, &h, payload, w.end); err != nil {
-		return Location{}, err
+		return FramePos{}, err
 	}
 	h = *fh
 	loc, err := c.WriteFrameAsync(ctx, &h, payload, w.end)
@@ -54,7 +54,7 @@ func (t TeeOutput) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader
 		w.mu.Unlock()
 		w.end(err)
 		<-w.over
-		return Location{}, err
+		return FramePos{}, err
 	}
 	return loc, nil
 }

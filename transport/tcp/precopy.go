@@ -86,29 +86,29 @@ func (t *Output) Holds(id [32]byte) bool {
 // not encode (RefOutput.Knows said the receiver holds it), or stored raw
 // for a copy beside this output, takes the held chunk's codec and length;
 // an encoded one goes by reference only if it is encoded as the held one.
-func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.Location, bool) {
+func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.FramePos, bool) {
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || fh.RawLen == 0 {
-		return streamer.Location{}, false
+		return streamer.FramePos{}, false
 	}
 	t.refMu.Lock()
 	r, ok := t.refs[fh.Hash]
 	t.refMu.Unlock()
 	if !ok || r.raw != fh.RawLen || r.crc != fh.Checksum {
-		return streamer.Location{}, false
+		return streamer.FramePos{}, false
 	}
 	switch {
 	case len(payload) == 0 && fh.StoredLen == 0 && codec.ID(fh.Codec) == codec.None:
 		fh.Codec, fh.StoredLen = r.codec, r.stored
-		return streamer.Location{Ref: true, Codec: r.codec, Stored: r.stored}, true
+		return streamer.FramePos{Ref: true, Codec: r.codec, Stored: r.stored}, true
 	case fh.Codec == r.codec && fh.StoredLen == r.stored:
-		return streamer.Location{}, true
+		return streamer.FramePos{}, true
 	case codec.ID(fh.Codec) == codec.None && fh.StoredLen == fh.RawLen:
 		// Stored raw for a local copy beside this output (a tee): the
 		// receiver's frame is the held one, as it was encoded.
 		fh.Codec, fh.StoredLen = r.codec, r.stored
-		return streamer.Location{}, true
+		return streamer.FramePos{}, true
 	}
-	return streamer.Location{}, false
+	return streamer.FramePos{}, false
 }
 
 // RefBytes are the stored bytes the stream sent by reference.
@@ -160,16 +160,16 @@ func (a *AheadOutput) Format() pipeline.Format { return pipeline.Format{ChunkHas
 func (a *AheadOutput) Knows(id [32]byte) bool { return a.Out.Holds(id) }
 
 // WriteFrame implements streamer.Output.
-func (a *AheadOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
+func (a *AheadOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.FramePos, error) {
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || len(payload) == 0 {
-		return streamer.Location{}, nil
+		return streamer.FramePos{}, nil
 	}
 	if err := a.Out.SendChunk(ctx, wire.Chunk{Codec: fh.Codec, RawLen: fh.RawLen, CRC: fh.Checksum, ID: fh.Hash, Stored: payload}); err != nil {
-		return streamer.Location{}, err
+		return streamer.FramePos{}, err
 	}
 	a.Chunks++
 	a.Sent += int64(len(payload))
-	return streamer.Location{}, nil
+	return streamer.FramePos{}, nil
 }
 
 // Commit implements streamer.Output: the chunks are queued; the stream

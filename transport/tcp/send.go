@@ -444,18 +444,18 @@ func (c *sendConn) readLoop() {
 }
 
 // WriteFrame implements streamer.Output.
-func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.Location, error) {
+func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.FramePos, error) {
 	if err := t.Err(); err != nil {
-		return streamer.Location{}, err
+		return streamer.FramePos{}, err
 	}
 	if loc, ok := t.refFrame(fh, payload); ok {
 		written := make(chan error, 1)
 		loc2, err := t.out.WriteRefAsync(ctx, fh, func(err error) { written <- err })
 		if err != nil {
-			return streamer.Location{}, err
+			return streamer.FramePos{}, err
 		}
 		if err := <-written; err != nil {
-			return streamer.Location{}, err
+			return streamer.FramePos{}, err
 		}
 		loc.Segment, loc.Pos = loc2.Segment, loc2.Pos
 		return loc, nil
@@ -466,9 +466,9 @@ func (t *Output) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, paylo
 // WriteFrameAsync implements streamer.AsyncOutput: each connection's
 // shard is written on a goroutine of its own (see streamer.StreamOutput),
 // so the streams copy in parallel.
-func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.Location, error) {
+func (t *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, payload []byte, done func(error)) (streamer.FramePos, error) {
 	if err := t.Err(); err != nil {
-		return streamer.Location{}, err
+		return streamer.FramePos{}, err
 	}
 	if loc, ok := t.refFrame(fh, payload); ok {
 		loc2, err := t.out.WriteRefAsync(ctx, fh, done)
