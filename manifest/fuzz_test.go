@@ -78,17 +78,17 @@ func FuzzReader(f *testing.F) {
 		var before runtime.MemStats
 		runtime.ReadMemStats(&before)
 		// Inputs of odd length are read as a chunk cache's frames are:
-		// DATA payloads of 64 bytes or more held by the reader already.
-		useHeld := len(in)%2 == 1
-		rd, err := NewReader(&heldReader{Reader: bytes.NewReader(in), b: in, min: 64}, "fuzz")
+		// DATA payloads of 64 bytes or more lent by the reader.
+		borrow := len(in)%2 == 1
+		rd, err := NewReader(&lendingReader{Reader: bytes.NewReader(in), b: in, min: 64}, "fuzz")
 		if err != nil {
 			if rd != nil {
 				t.Fatal("NewReader returned a reader and an error")
 			}
 			return
 		}
-		if useHeld {
-			rd.UseHeld()
+		if borrow {
+			rd.BorrowPayloads()
 		}
 		if h := rd.Header(); h.Version == 0 || h.Version > Version || h.ShardIndex >= h.ShardCount {
 			t.Fatalf("accepted header %+v", h)
@@ -143,8 +143,8 @@ func FuzzReader(f *testing.F) {
 			if fr.Pos+FrameSize+int64(fr.StoredLen) > int64(len(in)) {
 				t.Fatalf("frame at %d with %d payload bytes runs past the input", fr.Pos, fr.StoredLen)
 			}
-			if held := useHeld && fr.Type == FrameData && fr.StoredLen >= 64; fr.Held != held || held && &fr.Payload[0] != &in[fr.Pos+FrameSize] {
-				t.Fatalf("%v frame of %d bytes: Held %v, want %v, or not the reader's bytes", fr.Type, fr.StoredLen, fr.Held, held)
+			if want := borrow && fr.Type == FrameData && fr.StoredLen >= 64; fr.Borrowed != want || want && &fr.Payload[0] != &in[fr.Pos+FrameSize] {
+				t.Fatalf("%v frame of %d bytes: Borrowed %v, want %v, or not the reader's bytes", fr.Type, fr.StoredLen, fr.Borrowed, want)
 			}
 			switch fr.Type {
 			case FrameFile:

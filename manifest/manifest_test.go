@@ -413,15 +413,15 @@ func TestReaderAlloc(t *testing.T) {
 	}
 }
 
-// heldReader holds the stream in memory and gives payloads of at least
+// lendingReader holds the stream in memory and gives payloads of at least
 // min bytes as they are (a chunk cache's REF payloads).
-type heldReader struct {
+type lendingReader struct {
 	*bytes.Reader
 	b   []byte
 	min int
 }
 
-func (h *heldReader) HeldPayload(n int) []byte {
+func (h *lendingReader) LendPayload(n int) []byte {
 	pos := len(h.b) - h.Len()
 	if n < h.min || pos+n > len(h.b) {
 		return nil
@@ -430,16 +430,16 @@ func (h *heldReader) HeldPayload(n int) []byte {
 	return h.b[pos : pos+n]
 }
 
-func TestReaderHeld(t *testing.T) {
+func TestReaderBorrowPayloads(t *testing.T) {
 	ts := writeStream(t, Header{}, sampleFrames(), nil)
 	for _, use := range []bool{false, true} {
-		hr := &heldReader{Reader: bytes.NewReader(ts.b), b: ts.b, min: 1000}
-		rd, err := NewReader(hr, "held")
+		hr := &lendingReader{Reader: bytes.NewReader(ts.b), b: ts.b, min: 1000}
+		rd, err := NewReader(hr, "lending")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if use {
-			rd.UseHeld()
+			rd.BorrowPayloads()
 		}
 		var asked []int
 		for i := 0; ; i++ {
@@ -454,11 +454,11 @@ func TestReaderHeld(t *testing.T) {
 				t.Fatal(err)
 			}
 			if w := ts.frames[i]; f.FrameHeader != w.FrameHeader || !bytes.Equal(f.Payload, w.Payload) {
-				t.Fatalf("UseHeld %v: frame %d differs", use, i)
+				t.Fatalf("BorrowPayloads %v: frame %d differs", use, i)
 			}
-			held := use && f.Type == FrameData && f.StoredLen >= 1000
-			if f.Held != held || held && &f.Payload[0] != &ts.b[f.Pos+FrameSize] {
-				t.Fatalf("UseHeld %v: %s frame of %d bytes: Held %v, in the reader's memory %v", use, f.Type, f.StoredLen, f.Held, &f.Payload[0] == &ts.b[f.Pos+FrameSize])
+			borrowed := use && f.Type == FrameData && f.StoredLen >= 1000
+			if f.Borrowed != borrowed || borrowed && &f.Payload[0] != &ts.b[f.Pos+FrameSize] {
+				t.Fatalf("BorrowPayloads %v: %s frame of %d bytes: Borrowed %v, in the reader's memory %v", use, f.Type, f.StoredLen, f.Borrowed, &f.Payload[0] == &ts.b[f.Pos+FrameSize])
 			}
 		}
 		want := []int{15, 320000, 4}
@@ -466,7 +466,7 @@ func TestReaderHeld(t *testing.T) {
 			want = []int{15, 4}
 		}
 		if fmt.Sprint(asked) != fmt.Sprint(want) {
-			t.Fatalf("UseHeld %v: alloc called with %v, want %v", use, asked, want)
+			t.Fatalf("BorrowPayloads %v: alloc called with %v, want %v", use, asked, want)
 		}
 	}
 }

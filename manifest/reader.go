@@ -20,25 +20,25 @@ type Frame struct {
 	// Name is the name FILE bound to FileID (FILE, DATA, FILE-END): a
 	// DATA frame decoded after its file's FILE-END still has it.
 	Name string
-	// Held says Payload is memory the underlying reader held already
-	// (HeldPayloads): never written, by anyone, while it is referenced.
-	Held bool
+	// Borrowed says Payload is memory the underlying reader lent
+	// (PayloadLender): never written, by anyone, while it is referenced.
+	Borrowed bool
 	// Late says a DATA frame came after its file's FILE-END in this
 	// stream (HeaderFlagLateData): from the first one on, no FILE frame
 	// follows, so every file of the stream has been announced.
 	Late bool
 }
 
-// HeldPayloads is implemented by a reader that may hold a DATA frame's
+// PayloadLender is implemented by a reader that may have a DATA frame's
 // whole payload already, in memory nobody writes again: a migration
 // receiver's chunk cache, for a frame sent by reference. Copying those
 // bytes into a frame buffer of their own was most of a pre-copy
-// migration's downtime on the receiver; a Reader told to (UseHeld) takes
-// them as they are.
-type HeldPayloads interface {
-	// HeldPayload consumes the next n bytes and returns them as such
+// migration's downtime on the receiver; a Reader told to
+// (BorrowPayloads) takes them as they are.
+type PayloadLender interface {
+	// LendPayload consumes the next n bytes and returns them as such
 	// memory, or returns nil and consumes nothing.
-	HeldPayload(n int) []byte
+	LendPayload(n int) []byte
 }
 
 // Reader decodes a stream frame by frame, checking structure as it goes.
@@ -62,8 +62,8 @@ type Reader struct {
 	// transcript and endCheck: see Writer.SetEndTag.
 	transcript hash.Hash
 	endCheck   func(input []byte, tag [32]byte) error
-	// held, when set (UseHeld), gives DATA payloads without a copy.
-	held HeldPayloads
+	// lender, when set (BorrowPayloads), gives DATA payloads without a copy.
+	lender PayloadLender
 	// endedIDs are the files whose FILE-END was read, in a stream with
 	// late data; late says one of their DATA frames was.
 	endedIDs map[uint32]bool
@@ -112,12 +112,12 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 // before the first Next.
 func (r *Reader) SetEndCheck(check func(input []byte, tag [32]byte) error) { r.endCheck = check }
 
-// UseHeld makes Next return the payloads that the underlying reader holds
-// already (HeldPayloads) as they are, marked Frame.Held, without calling
+// BorrowPayloads makes Next return the payloads that the underlying reader holds
+// already (PayloadLender) as they are, marked Frame.Borrowed, without calling
 // alloc: for a caller that never writes a DATA payload (one that opens
 // encrypted chunks in place does).
-func (r *Reader) UseHeld() {
-	r.held, _ = r.r.(HeldPayloads)
+func (r *Reader) BorrowPayloads() {
+	r.lender, _ = r.r.(PayloadLender)
 }
 
 // Header is the stream's header.
@@ -211,12 +211,12 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 		}
 	}
 	var payload []byte
-	held := false
-	if r.held != nil && fh.Type == FrameData && fh.StoredLen > 0 {
-		payload = r.held.HeldPayload(int(fh.StoredLen))
-		held = payload != nil
+	borrowed := false
+	if r.lender != nil && fh.Type == FrameData && fh.StoredLen > 0 {
+		payload = r.lender.LendPayload(int(fh.StoredLen))
+		borrowed = payload != nil
 	}
-	if fh.StoredLen > 0 && !held {
+	if fh.StoredLen > 0 && !borrowed {
 		if alloc != nil && fh.Type == FrameData {
 			if payload, err = alloc(fh); err != nil {
 				return Frame{}, err
@@ -303,7 +303,7 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 	}
 	late := fh.Type == FrameData && r.endedIDs[fh.FileID]
 	r.late = r.late || late
-	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Held: held, Late: late}, nil
+	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Borrowed: borrowed, Late: late}, nil
 }
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:

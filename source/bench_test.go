@@ -142,22 +142,22 @@ func BenchmarkStreamSourcePipe(b *testing.B) {
 	}
 }
 
-// BenchmarkStreamSourceHeld is the receiver's side of a pre-copy
+// BenchmarkStreamSourceBorrowed is the receiver's side of a pre-copy
 // migration's final dump, whose frames go by reference to the chunk cache:
 // a codec-none stream decoded and served into pipes read by other
 // goroutines (vmsplice), its payloads read into the source's page buffers
 // ("read": frames sent whole, and REF frames before the cache's bytes were
-// taken as they are) or taken as the reader's memory ("held").
-func BenchmarkStreamSourceHeld(b *testing.B) {
+// taken as they are) or taken as the reader's memory ("borrowed").
+func BenchmarkStreamSourceBorrowed(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	stream, m := benchStream(b, "none", total, pipeline.Format{})
 	ctx := context.Background()
-	for _, mode := range []string{"read", "held"} {
+	for _, mode := range []string{"read", "borrowed"} {
 		b.Run(mode, func(b *testing.B) {
 			stageCPU(b, total, false, func() {
 				var r io.Reader = bytes.NewReader(stream)
-				if mode == "held" {
-					r = &heldShard{Reader: bytes.NewReader(stream), b: stream}
+				if mode == "borrowed" {
+					r = &lendingShard{Reader: bytes.NewReader(stream), b: stream}
 				}
 				src := NewStreamSource(ctx, []io.Reader{r}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
 				var wg sync.WaitGroup

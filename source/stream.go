@@ -188,14 +188,14 @@ type chunkRec struct {
 	zero bool
 	mem  []byte
 	page *pageBuf // mem's mapping, when mem may be spliced
-	// held: mem is the reader's memory (manifest.Frame.Held, a chunk
+	// borrowed: mem is the reader's memory (manifest.Frame.Borrowed, a chunk
 	// cache's), not counted here and never written by anyone: it may be
 	// spliced too. The slice keeps it from Go's heap until Close, and the
 	// pipes it went to are read by then (CRIU and the GPU copy in have
 	// finished with them when a restore is done).
-	held bool
-	fd   *os.File // where a spilled or extracted chunk lives
-	foff int64
+	borrowed bool
+	fd       *os.File // where a spilled or extracted chunk lives
+	foff     int64
 }
 
 // StreamOptions configures a StreamSource.
@@ -343,7 +343,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 			if seal != nil {
 				pipeline.CheckEnd(rd, seal)
 			} else {
-				rd.UseHeld() // only sealed payloads are written (opened in place)
+				rd.BorrowPayloads() // only sealed payloads are written (opened in place)
 			}
 			if first && err != nil {
 				cancel(fmt.Errorf("%s: %w", names[i], err))
@@ -582,7 +582,7 @@ func (s *StreamSource) releaseLocked(f *streamFile) {
 	s.metaUsed -= f.meta
 	f.meta = 0
 	for _, c := range f.chunks {
-		if !c.held {
+		if !c.borrowed {
 			s.memUsed -= int64(len(c.mem))
 		}
 		if c.page != nil {
@@ -633,7 +633,7 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	// which Copy can splice into CRIU's pipe (splice.go).
 	raw = fr.Payload
 	switch {
-	case heldRaw(fr): // checked where it lies: it stays the chunk
+	case borrowedRaw(fr): // checked where it lies: it stays the chunk
 	case j.page != nil && codec.ID(fr.Codec) == codec.None:
 		page, j.page = j.page, nil
 	case j.spilled && codec.ID(fr.Codec) != codec.None:
@@ -662,9 +662,9 @@ func (s *StreamSource) decodePayload(j decodeJob) (raw []byte, page *pageBuf, er
 	return raw, page, nil
 }
 
-// heldRaw says whether fr's payload is the reader's memory (Frame.Held)
+// borrowedRaw says whether fr's payload is the reader's memory (Frame.Borrowed)
 // and its raw bytes (codec none): then it is the chunk, where it lies.
-func heldRaw(fr manifest.Frame) bool { return fr.Held && codec.ID(fr.Codec) == codec.None }
+func borrowedRaw(fr manifest.Frame) bool { return fr.Borrowed && codec.ID(fr.Codec) == codec.None }
 
 // decode checks one DATA frame and stores its bytes.
 func (s *StreamSource) decode(j decodeJob) error {
@@ -674,7 +674,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 		return err
 	}
 	zero := codec.ID(fr.Codec) == codec.Zero
-	held := heldRaw(fr)
+	borrowed := borrowedRaw(fr)
 	rec := chunkRec{off: int64(fr.Offset), n: int64(fr.RawLen), crc: fr.Checksum, hash: fr.Hash, zero: zero}
 	s.Counters.RawBytes.Add(int64(fr.RawLen))
 	s.Counters.StoredBytes.Add(int64(fr.StoredLen))
@@ -690,8 +690,8 @@ func (s *StreamSource) decode(j decodeJob) error {
 		switch {
 		case f.fd != nil:
 			rec.fd, rec.foff = f.fd, rec.off
-		case held:
-			rec.mem, rec.held = raw, true
+		case borrowed:
+			rec.mem, rec.borrowed = raw, true
 		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit-s.inflight.max:
 			rec.mem, rec.page = raw, page
 			page = nil
@@ -996,7 +996,7 @@ func copyChunk(cw chunkWriter, w io.Writer, c chunkRec, buf *[]byte) error {
 	switch {
 	case c.zero:
 		return cw.zeros(c.n)
-	case c.page != nil || c.held:
+	case c.page != nil || c.borrowed:
 		// Never written after decoding, so it may be spliced; the mapping
 		// lasts until Close, the pipe's references beyond.
 		_, err := cw.write(c.mem)

@@ -217,12 +217,12 @@ func (k *chunkCache) put(c wire.Chunk) error {
 // payload gives the payload of the DATA frame a REF record's header
 // stands for, once the header checks and names a chunk held here with the
 // same raw length, CRC, codec and stored length. A chunk held in memory is
-// given as the cache's own bytes (held: read only, counted by the cache's
+// given as the cache's own bytes (lendable: read only, counted by the cache's
 // budget, and kept alive by the caller after close): the final dump's
 // references are most of a migration's image, and copying them on the way
 // cost the downtime time and memory. A spilled one is read into a buffer
 // of its own, which the caller's budget must count.
-func (k *chunkCache) payload(hdr []byte) (b []byte, held bool, err error) {
+func (k *chunkCache) payload(hdr []byte) (b []byte, lendable bool, err error) {
 	fh, err := manifest.UnmarshalFrameHeader(hdr)
 	if err != nil {
 		return nil, false, fmt.Errorf("REF record: %w: %w", err, errdefs.ErrCorrupt)

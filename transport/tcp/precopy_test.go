@@ -115,15 +115,15 @@ func TestChunkCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			k.begin()
-			b, held, err := k.payload(c.ref)
+			b, lendable, err := k.payload(c.ref)
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, errdefs.ErrCorrupt) {
 					t.Fatalf("payload: %v, want an error with %q", err, c.wantErr)
 				}
 				return
 			}
-			if err != nil || !bytes.Equal(b, stored) || held != (c.limit > 0) {
-				t.Fatalf("payload: %q, held %v, %v", b, held, err)
+			if err != nil || !bytes.Equal(b, stored) || lendable != (c.limit > 0) {
+				t.Fatalf("payload: %q, lendable %v, %v", b, lendable, err)
 			}
 		})
 	}
@@ -323,12 +323,12 @@ func TestChunkCacheSlabs(t *testing.T) {
 		t.Fatalf("spilled %d bytes, want the last chunk's 4096", k.spilled)
 	}
 	for i, c := range chunks {
-		b, held, err := k.payload(hdr(c))
+		b, lendable, err := k.payload(hdr(c))
 		if err != nil || !bytes.Equal(b, c.Stored) {
 			t.Fatalf("chunk %d: %v", i, err)
 		}
-		if held != (i < len(chunks)-1) || held && &b[0] != &c.Stored[0] {
-			t.Fatalf("chunk %d: held %v (the cache's own bytes: %v)", i, held, held && &b[0] == &c.Stored[0])
+		if lendable != (i < len(chunks)-1) || lendable && &b[0] != &c.Stored[0] {
+			t.Fatalf("chunk %d: lendable %v (the cache's own bytes: %v)", i, lendable, lendable && &b[0] == &c.Stored[0])
 		}
 	}
 }

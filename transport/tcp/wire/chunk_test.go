@@ -10,7 +10,7 @@ import (
 // A REF's payload is handed over as the cache's own memory only when the
 // cache holds it there; a copy read back from its spill file is read as
 // DATA is, and so is every payload when the caller does not ask.
-func TestShardReaderHeldPayload(t *testing.T) {
+func TestShardReaderLendPayload(t *testing.T) {
 	hdr := bytes.Repeat([]byte{7}, RefFrameSize)
 	cached := []byte("the cached chunk's stored bytes")
 	var in bytes.Buffer
@@ -18,11 +18,11 @@ func TestShardReaderHeldPayload(t *testing.T) {
 	WriteRecord(&in, RecData, []byte("tail"))
 	WriteRecord(&in, RecEOS, nil)
 	for _, c := range []struct {
-		name       string
-		held, take bool
+		name           string
+		lendable, take bool
 	}{
-		{"held, taken", true, true},
-		{"held, read", true, false},
+		{"lendable, taken", true, true},
+		{"lendable, read", true, false},
 		{"spilled", false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -31,24 +31,24 @@ func TestShardReaderHeldPayload(t *testing.T) {
 				if !bytes.Equal(h, hdr) {
 					t.Fatalf("REF header %x", h)
 				}
-				return cached, c.held, nil
+				return cached, c.lendable, nil
 			}, func() {})
 			got := make([]byte, RefFrameSize)
 			if _, err := io.ReadFull(sr, got); err != nil || !bytes.Equal(got, hdr) {
 				t.Fatalf("frame header: %x, %v", got, err)
 			}
-			if sr.HeldPayload(len(cached)+1) != nil || sr.HeldPayload(0) != nil {
-				t.Fatal("HeldPayload gave bytes that are not the whole payload")
+			if sr.LendPayload(len(cached)+1) != nil || sr.LendPayload(0) != nil {
+				t.Fatal("LendPayload gave bytes that are not the whole payload")
 			}
 			var payload []byte
 			if c.take {
-				payload = sr.HeldPayload(len(cached))
+				payload = sr.LendPayload(len(cached))
 			}
-			if held := payload != nil; held != (c.held && c.take) {
-				t.Fatalf("HeldPayload gave the payload: %v", held)
+			if lent := payload != nil; lent != (c.lendable && c.take) {
+				t.Fatalf("LendPayload gave the payload: %v", lent)
 			}
 			if payload != nil && &payload[0] != &cached[0] {
-				t.Fatal("HeldPayload gave a copy")
+				t.Fatal("LendPayload gave a copy")
 			}
 			if payload == nil {
 				payload = make([]byte, len(cached))

@@ -143,13 +143,13 @@ func FuzzChunkRecords(f *testing.F) {
 				return make([]byte, n)
 			})
 		}
-		// Read as manifest.Reader does, taking REF payloads as held
+		// Read as manifest.Reader does, borrowing REF payloads
 		// where the reader offers them.
 		var n int64
 		buf := make([]byte, RefFrameSize)
 		for {
 			if lastRef > 0 {
-				n += int64(len(sr.HeldPayload(lastRef)))
+				n += int64(len(sr.LendPayload(lastRef)))
 				lastRef = 0
 			}
 			k, err := sr.Read(buf)

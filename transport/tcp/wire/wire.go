@@ -330,15 +330,15 @@ type ShardReader struct {
 	idle time.Duration
 	// Pre-copy (chunk.go): chunks takes each CHUNK record, ref gives the
 	// payload of the frame a REF record stands for. The frame's header and
-	// then that payload (never written to; held: the cache's own bytes)
+	// then that payload (never written to; lendable: the cache's own bytes)
 	// are read before the next record.
 	chunks         func(Chunk) error
 	alloc          func(n int) []byte
-	ref            func(hdr []byte) (payload []byte, held bool, err error)
+	ref            func(hdr []byte) (payload []byte, lendable bool, err error)
 	begin          func()
 	begun          bool
 	pending, after []byte
-	afterHeld      bool
+	afterLendable  bool
 }
 
 // SetChunkCache makes s take CHUNK records (chunks owns each) and REF
@@ -349,7 +349,7 @@ type ShardReader struct {
 // sends every CHUNK of a connection before its stream, so once every
 // connection's reader has begun, the cache holds every chunk a REF may
 // name.
-func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) (payload []byte, held bool, err error), begin func()) {
+func (s *ShardReader) SetChunkCache(chunks func(Chunk) error, ref func(hdr []byte) (payload []byte, lendable bool, err error), begin func()) {
 	s.chunks, s.ref, s.begin = chunks, ref, begin
 }
 
@@ -384,11 +384,11 @@ func (s *ShardReader) record(typ uint8, n uint32) error {
 	if err != nil {
 		return err
 	}
-	payload, held, err := s.ref(hdr)
+	payload, lendable, err := s.ref(hdr)
 	if err != nil {
 		return err
 	}
-	s.pending, s.after, s.afterHeld = hdr, payload, held
+	s.pending, s.after, s.afterLendable = hdr, payload, lendable
 	return nil
 }
 
@@ -502,13 +502,13 @@ func (s *ShardReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// HeldPayload gives the payload of the REF record being read when the next
+// LendPayload gives the payload of the REF record being read when the next
 // n bytes are all of it and the chunk cache holds it in memory: the
-// cache's own bytes, never written again (manifest.HeldPayloads), instead
+// cache's own bytes, never written again (manifest.PayloadLender), instead
 // of a copy. A chunk read back from the cache's spill file is not: its
 // copy is read like DATA, into memory the reader's budget counts.
-func (s *ShardReader) HeldPayload(n int) []byte {
-	if len(s.pending) > 0 || n == 0 || len(s.after) != n || !s.afterHeld {
+func (s *ShardReader) LendPayload(n int) []byte {
+	if len(s.pending) > 0 || n == 0 || len(s.after) != n || !s.afterLendable {
 		return nil
 	}
 	p := s.after

@@ -17,15 +17,15 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// heldShard gives every DATA payload as the stream's own memory, as a
+// lendingShard gives every DATA payload as the stream's own memory, as a
 // migration receiver's chunk cache gives the frames sent by reference.
-type heldShard struct {
+type lendingShard struct {
 	*bytes.Reader
 	b    []byte
 	gave int
 }
 
-func (h *heldShard) HeldPayload(n int) []byte {
+func (h *lendingShard) LendPayload(n int) []byte {
 	pos := len(h.b) - h.Len()
 	if pos+n > len(h.b) {
 		return nil
@@ -46,10 +46,10 @@ func plainStream(t *testing.T, files map[string][]byte) []byte {
 	return buf.Bytes()
 }
 
-// A stream source takes held payloads as they are: it serves them (by
+// A stream source takes borrowed payloads as they are: it serves them (by
 // vmsplice into a pipe too), never writes them, does not count them
 // against its memory, and still checks them.
-func TestStreamHeldPayloads(t *testing.T) {
+func TestStreamBorrowedPayloads(t *testing.T) {
 	ctx := context.Background()
 	files := corpusFiles()
 	b := plainStream(t, files)
@@ -59,34 +59,34 @@ func TestStreamHeldPayloads(t *testing.T) {
 	plain := readStream(ctx, [][]byte{b}, so)
 	defer plain.Close()
 	pipelinetest.CheckSource(t, ctx, "plain", plain, files)
-	hs := &heldShard{Reader: bytes.NewReader(b), b: b}
-	held := NewStreamSource(ctx, []io.Reader{hs}, []string{"shard 0"}, so)
-	defer held.Close()
-	pipelinetest.CheckSource(t, ctx, "held", held, files)
+	hs := &lendingShard{Reader: bytes.NewReader(b), b: b}
+	borrowing := NewStreamSource(ctx, []io.Reader{hs}, []string{"shard 0"}, so)
+	defer borrowing.Close()
+	pipelinetest.CheckSource(t, ctx, "borrowing", borrowing, files)
 	if hs.gave == 0 {
-		t.Fatal("no payload was taken as held")
+		t.Fatal("no payload was borrowed")
 	}
-	got, err := copyThroughPipe(ctx, held, "pages-1.img", false, -1)
+	got, err := copyThroughPipe(ctx, borrowing, "pages-1.img", false, -1)
 	if err != nil || !bytes.Equal(got, files["pages-1.img"]) {
-		t.Fatalf("held pages through a pipe: %v (equal %v)", err, bytes.Equal(got, files["pages-1.img"]))
+		t.Fatalf("borrowed pages through a pipe: %v (equal %v)", err, bytes.Equal(got, files["pages-1.img"]))
 	}
 	if !bytes.Equal(b, pristine) {
-		t.Fatal("the stream source wrote into held memory")
+		t.Fatal("the stream source wrote into borrowed memory")
 	}
 	// The raw (noise) chunk is the reader's, not the source's, memory.
-	if p, h := plain.held(), held.held(); p-h < corpusChunk {
-		t.Errorf("held payloads counted: %d bytes held with them, %d without", h, p)
+	if p, h := plain.held(), borrowing.held(); p-h < corpusChunk {
+		t.Errorf("borrowed payloads counted: %d bytes held with them, %d without", h, p)
 	}
 
-	// A flipped byte in a held raw chunk fails its checksum, named.
+	// A flipped byte in a borrowed raw chunk fails its checksum, named.
 	pos, name, off := rawChunk(t, b)
 	bad := bytes.Clone(b)
 	bad[pos+manifest.FrameSize+100] ^= 1
-	src := NewStreamSource(ctx, []io.Reader{&heldShard{Reader: bytes.NewReader(bad), b: bad}}, []string{"shard 0"}, so)
+	src := NewStreamSource(ctx, []io.Reader{&lendingShard{Reader: bytes.NewReader(bad), b: bad}}, []string{"shard 0"}, so)
 	defer src.Close()
 	err = src.Wait(ctx)
 	if !errors.Is(err, errdefs.ErrCorrupt) || !bytes.Contains([]byte(err.Error()), fmt.Appendf(nil, "shard 0 at offset %d (file %s): chunk at file offset %d", pos, name, off)) {
-		t.Fatalf("damaged held chunk: %v", err)
+		t.Fatalf("damaged borrowed chunk: %v", err)
 	}
 
 	// Its content id too, when asked to (--verify).
@@ -98,22 +98,22 @@ func TestStreamHeldPayloads(t *testing.T) {
 		Checksum: codec.Checksum(raw), Hash: other}, raw)
 	h.fileEnd(0, uint64(len(raw)), [][32]byte{other})
 	bad = h.bytes()
-	src = NewStreamSource(ctx, []io.Reader{&heldShard{Reader: bytes.NewReader(bad), b: bad}}, []string{"shard 0"}, so)
+	src = NewStreamSource(ctx, []io.Reader{&lendingShard{Reader: bytes.NewReader(bad), b: bad}}, []string{"shard 0"}, so)
 	defer src.Close()
 	if err := src.Wait(ctx); !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "content hash mismatch") {
-		t.Fatalf("held chunk whose id is not its bytes', verified: %v", err)
+		t.Fatalf("borrowed chunk whose id is not its bytes', verified: %v", err)
 	}
 
-	// Sealed payloads are opened in place: never taken as held.
+	// Sealed payloads are opened in place: never borrowed.
 	k := pipelinetest.Key(t, 1)
 	shards, _ := sealedStream(t, k, "none", files, 1)
 	pristine = bytes.Clone(shards[0])
-	sh := &heldShard{Reader: bytes.NewReader(shards[0]), b: shards[0]}
+	sh := &lendingShard{Reader: bytes.NewReader(shards[0]), b: shards[0]}
 	sealed := NewStreamSource(ctx, []io.Reader{sh}, []string{"shard 0"}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}})
 	defer sealed.Close()
 	pipelinetest.CheckSource(t, ctx, "sealed", sealed, files)
 	if sh.gave != 0 || !bytes.Equal(shards[0], pristine) {
-		t.Fatalf("sealed stream: %d payloads taken as held, memory unchanged %v", sh.gave, bytes.Equal(shards[0], pristine))
+		t.Fatalf("sealed stream: %d payloads borrowed, memory unchanged %v", sh.gave, bytes.Equal(shards[0], pristine))
 	}
 }
 
