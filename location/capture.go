@@ -10,7 +10,7 @@ import (
 
 // StartCapture opens dest and starts the pipeline writing into it.
 func StartCapture(ctx context.Context, dest Location, lc Config) (*streamer.Capture, *Output, error) {
-	if lc.Options.PagesLast && dest.Kind != Stdio && dest.Kind != TCP && dest.Kind != StreamFile {
+	if lc.Options.LateData && dest.Kind != Stdio && dest.Kind != TCP && dest.Kind != StreamFile {
 		return nil, nil, errdefs.Usagef("--pages-last: %s is no stream destination (stdout, a stream file, tcp://); an archive is read in any order", dest)
 	}
 	out, err := OpenOutput(ctx, dest, lc)

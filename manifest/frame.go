@@ -61,7 +61,7 @@ const (
 	HeaderFlagPack = 4
 	// HeaderFlagLateData (version 5) says DATA frames of a file may come
 	// after its FILE-END in the stream: a capture that sends CRIU's page
-	// images last (streamer/pages_last.go) announces their end first.
+	// images last (streamer/late.go) announces their end first.
 	HeaderFlagLateData = 8
 )
 

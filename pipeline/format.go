@@ -34,7 +34,7 @@ type Format struct {
 // NewFormat is the format of one new output written with o: sealed under
 // a new session when o has a key, with chunk hashes when o asks for them.
 func (o Options) NewFormat() (Format, error) {
-	f := Format{ChunkHashes: o.ChunkHashes, LateData: o.PagesLast}
+	f := Format{ChunkHashes: o.ChunkHashes, LateData: o.LateData}
 	if o.Key == nil {
 		return f, nil
 	}

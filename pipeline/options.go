@@ -37,12 +37,12 @@ type Options struct {
 	// the chunk store of the location that holds them, once for every
 	// checkpoint there.
 	Dedup bool
-	// PagesLast makes a Capture hold the non-zero chunks of CRIU's page
-	// images back (in memory, beyond half of it in $TMPDIR) and write
-	// them after every other frame, so that a restore from the stream can
-	// start before they arrive (streamer/pages_last.go). Streams of
-	// format 5 only (Format.LateData).
-	PagesLast bool
+	// LateData (--pages-last) makes a Capture hold the non-zero chunks of
+	// CRIU's page images back (in memory, beyond half of it in $TMPDIR)
+	// and write them late, after every other frame, so that a restore
+	// from the stream can start before they arrive (streamer/late.go maps
+	// the names). Streams of format 5 only (Format.LateData).
+	LateData bool
 }
 
 const (

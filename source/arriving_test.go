@@ -16,17 +16,17 @@ import (
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
-// pagesLastStream is a one-shard stream of files with the page images'
-// data last (streamer/pages_last.go), where its last DATA frame of
+// lateDataStream is a one-shard stream of files with the page images'
+// data last (streamer/late.go), where its last DATA frame of
 // pages-1.img starts, and where the file's FILE-END.
-func pagesLastStream(t *testing.T, files map[string][]byte) (b []byte, last, end int64) {
+func lateDataStream(t *testing.T, files map[string][]byte) (b []byte, last, end int64) {
 	t.Helper()
 	var buf bytes.Buffer
 	out, err := streamer.NewStreamOutputAs([]io.Writer{&buf}, pipeline.Format{LateData: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), PagesLast: true}, files)
+	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), LateData: true}, files)
 	last, end = -1, -1
 	lastOff := uint64(0)
 	_, frs := frames(t, buf.Bytes())
@@ -83,7 +83,7 @@ func waitLen(t *testing.T, out *pipelinetest.SyncBuffer, n int) {
 func TestStreamServesArriving(t *testing.T) {
 	files := corpusFiles()
 	pages := files["pages-1.img"]
-	b, gate, end := pagesLastStream(t, files)
+	b, gate, end := lateDataStream(t, files)
 	lastOff := int64(4 * corpusChunk) // corpusFiles: five chunks, the last of 1000 bytes
 	for _, tc := range []struct {
 		name    string
@@ -175,7 +175,7 @@ func TestScanStreamLateData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), PagesLast: true}, files)
+	captureFiles(t, context.Background(), out, pipeline.Options{ChunkSize: corpusChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), LateData: true}, files)
 	for i := range bufs {
 		_, frs := frames(t, bufs[i].Bytes())
 		want, late := 0, 0

@@ -618,7 +618,7 @@ func FuzzSealedStream(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		captureFiles(f, context.Background(), out, pipeline.Options{ChunkSize: 4096, Workers: 2, Codec: pipelinetest.MustSpec(f, "auto"), PagesLast: late}, files)
+		captureFiles(f, context.Background(), out, pipeline.Options{ChunkSize: 4096, Workers: 2, Codec: pipelinetest.MustSpec(f, "auto"), LateData: late}, files)
 		f.Add(buf.Bytes())
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

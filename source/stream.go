@@ -118,7 +118,7 @@ type streamFile struct {
 
 // arrivedLocked says f's end is known and the chunks read ahead of it are
 // in: a stream written with data after its FILE-END (a capture's page
-// images last, streamer/pages_last.go) may then be served as it arrives.
+// images last, streamer/late.go) may then be served as it arrives.
 func (f *streamFile) arrivedLocked() bool {
 	return f.size >= 0 && f.aheadIn >= f.ahead
 }

@@ -71,7 +71,7 @@ type Capture struct {
 	man       manifest.Manifest
 	files     map[uint32]*fileState
 	committed map[string]committedFile
-	held      heldFrames // Options.PagesLast (pages_last.go)
+	late      lateFrames // Options.LateData (late.go)
 }
 
 type committedFile struct {
@@ -103,7 +103,7 @@ type item struct {
 type fileState struct {
 	file     manifest.File
 	digested []byte // what its digest covers of each chunk written (Digester.Chunk)
-	held     bool   // its non-zero chunks are held back (pages_last.go)
+	late     bool   // its non-zero chunks are written late (late.go)
 }
 
 // NewCapture starts the workers and the ordered writer. The pipeline stops
@@ -118,7 +118,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		return nil, err
 	}
 	format := FormatOf(out)
-	if opts.PagesLast && !format.LateData {
+	if opts.LateData && !format.LateData {
 		return nil, errors.New("capture: page images last needs a stream written as format 5 (pipeline.Format.LateData)")
 	}
 	seal := format.Seal
@@ -509,7 +509,7 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 			return false, fmt.Errorf("write %s: %w", it.name, err)
 		}
 		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}},
-			held: c.opts.PagesLast && pagesImage.MatchString(it.name)}
+			late: c.opts.LateData && pagesImage.MatchString(it.name)}
 		if c.seal != nil {
 			c.files[it.fileID].file.ID = it.fileID // sealed chunks are bound to it
 		}
@@ -519,8 +519,8 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: uint8(it.codec), FileID: it.fileID, Offset: uint64(it.off),
 			RawLen: uint32(it.rawLen), StoredLen: uint32(stored), Checksum: it.crc, Hash: it.hash}
 		var loc FramePos
-		if fs.held && it.codec != codec.Zero {
-			err = c.hold(fs, fh, it.stored, len(fs.file.Chunks))
+		if fs.late && it.codec != codec.Zero {
+			err = c.addLate(fs, fh, it.stored, len(fs.file.Chunks))
 		} else if ao, ok := c.out.(AsyncOutput); ok {
 			// From here the item is the output's until done: read nothing
 			// of its buffers.
@@ -574,7 +574,7 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 	close(c.order)
 	c.workers.Wait()
 	<-c.writerDone
-	defer c.closeHeld()
+	defer c.closeLate()
 	if err := c.Err(); err != nil {
 		_ = c.out.Abort(ctx)
 		return nil, err
@@ -584,7 +584,7 @@ func (c *Capture) Close(ctx context.Context, meta manifest.Manifest) (*manifest.
 		_ = c.out.Abort(ctx)
 		return nil, errors.New("capture: files still open at close")
 	}
-	if err := c.writeHeld(c.ctx); err != nil {
+	if err := c.writeLate(c.ctx); err != nil {
 		_ = c.out.Abort(ctx)
 		return nil, err
 	}

@@ -290,7 +290,7 @@ func (c *config) finish() error {
 	if c.connectTimeout == 0 {
 		c.connectTimeout = -1
 	}
-	c.opts = pipeline.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, ChunkHashes: c.chunkHashes, Dedup: c.dedup, PagesLast: c.pagesLast}
+	c.opts = pipeline.Options{ChunkSize: int(chunk), Workers: c.workers, MemoryLimit: mem, Codec: spec, ChunkHashes: c.chunkHashes, Dedup: c.dedup, LateData: c.pagesLast}
 	if c.shardFDs != "" {
 		for _, f := range strings.Split(c.shardFDs, ",") {
 			fd, err := strconv.Atoi(strings.TrimSpace(f))

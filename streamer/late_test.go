@@ -19,28 +19,28 @@ import (
 	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
-// With PagesLast the non-zero chunks of the page images come after every
+// With LateData the non-zero chunks of the page images come after every
 // other frame, their FILE-END and zero chunks in place; the stream reads
 // back whole (plain and sealed, one shard and two), and the index says
-// where every held chunk landed.
-func TestCapturePagesLast(t *testing.T) {
+// where every late chunk landed.
+func TestCaptureLateData(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	files := lanesCorpus() // pages-1.img and pages-2.img end in zero chunks
 	files["inventory.img"] = pipelinetest.SmallData(900, 7)
 	names := slices.Sorted(maps.Keys(files))
 	k := pipelinetest.Key(t, 3)
-	inMemory := heldInMemory
-	defer func() { heldInMemory = inMemory }()
+	inMemory := lateInMemory
+	defer func() { lateInMemory = inMemory }()
 	for _, shards := range []int{1, 2} {
 		for _, seal := range []*crypt.Session{nil, pipelinetest.Session(t, k)} {
-			// Sealed, the held frames outgrow a memfd of 1 MiB: the rest
+			// Sealed, the late frames outgrow a memfd of 1 MiB: the rest
 			// goes to a file.
 			spill := seal != nil
 			t.Run(fmt.Sprintf("%d-sealed-%v", shards, seal != nil), func(t *testing.T) {
-				heldInMemory = inMemory
+				lateInMemory = inMemory
 				if spill {
-					heldInMemory = func() int64 { return 1 << 20 }
+					lateInMemory = func() int64 { return 1 << 20 }
 				}
 				live := newLiveShards(ctx, shards, keyIf(seal, k))
 				defer live.src.Close()
@@ -48,7 +48,7 @@ func TestCapturePagesLast(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				c, err := NewCapture(ctx, so, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), PagesLast: true})
+				c, err := NewCapture(ctx, so, pipeline.Options{ChunkSize: 128 << 10, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4"), LateData: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -67,20 +67,20 @@ func TestCapturePagesLast(t *testing.T) {
 					checkLocations(t, m, live.bufs)
 				}
 				for s, b := range live.bufs {
-					checkPagesLast(t, fmt.Sprintf("shard %d", s), b.Bytes(), k)
+					checkLateData(t, fmt.Sprintf("shard %d", s), b.Bytes(), k)
 				}
-				if spilled := len(c.held.files) > 1; spilled != spill {
-					t.Fatalf("held in %d files, want a spill %v", len(c.held.files), spill)
+				if spilled := len(c.late.files) > 1; spilled != spill {
+					t.Fatalf("late frames in %d files, want a spill %v", len(c.late.files), spill)
 				}
 			})
 		}
 	}
 }
 
-// checkPagesLast reads a shard's frames in order: every non-zero chunk of
+// checkLateData reads a shard's frames in order: every non-zero chunk of
 // a page image must come after every FILE-END, and some must (the test
 // holds something back); every other DATA frame before them.
-func checkPagesLast(t *testing.T, what string, b []byte, k *crypt.Key) {
+func checkLateData(t *testing.T, what string, b []byte, k *crypt.Key) {
 	t.Helper()
 	rd, err := manifest.NewReader(bytes.NewReader(b), what)
 	if err != nil {
@@ -93,7 +93,7 @@ func checkPagesLast(t *testing.T, what string, b []byte, k *crypt.Key) {
 		}
 		pipeline.CheckEnd(rd, s)
 	}
-	ends, held, zeros := 0, 0, 0
+	ends, late, zeros := 0, 0, 0
 	for {
 		fr, err := rd.Next(nil)
 		if err == io.EOF {
@@ -104,27 +104,27 @@ func checkPagesLast(t *testing.T, what string, b []byte, k *crypt.Key) {
 		}
 		switch {
 		case fr.Type == manifest.FrameFileEnd:
-			if held > 0 {
-				t.Fatalf("%s: FILE-END of %s after a held chunk", what, fr.Name)
+			if late > 0 {
+				t.Fatalf("%s: FILE-END of %s after a late chunk", what, fr.Name)
 			}
 			ends++
 		case fr.Type != manifest.FrameData:
 		case pagesImage.MatchString(fr.Name) && codec.ID(fr.Codec) != codec.Zero:
-			held++
-		case held > 0:
-			t.Fatalf("%s: chunk of %s at %d after a held chunk", what, fr.Name, fr.Offset)
+			late++
+		case late > 0:
+			t.Fatalf("%s: chunk of %s at %d after a late chunk", what, fr.Name, fr.Offset)
 		case pagesImage.MatchString(fr.Name):
 			zeros++
 		}
 	}
-	if held == 0 || zeros == 0 || ends == 0 {
-		t.Fatalf("%s: %d held chunks, %d zero chunks of page images in place, %d FILE-END frames: the test shows nothing", what, held, zeros, ends)
+	if late == 0 || zeros == 0 || ends == 0 {
+		t.Fatalf("%s: %d late chunks, %d zero chunks of page images in place, %d FILE-END frames: the test shows nothing", what, late, zeros, ends)
 	}
 }
 
 // Only an output written as format 5 may carry data after a FILE-END: a
 // capture holding pages back into any other is refused before it writes.
-func TestCapturePagesLastNeedsLateData(t *testing.T) {
+func TestCaptureLateDataNeedsFormat5(t *testing.T) {
 	ctx := context.Background()
 	loc := mem.New("loc")
 	dedup, err := NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 1<<20, nil)
@@ -137,7 +137,7 @@ func TestCapturePagesLastNeedsLateData(t *testing.T) {
 		t.Fatal(err)
 	}
 	for what, out := range map[string]Output{"a deduplicated checkpoint": dedup, "a stream of format 3": stream} {
-		if _, err := NewCapture(ctx, out, pipeline.Options{PagesLast: true}); err == nil {
+		if _, err := NewCapture(ctx, out, pipeline.Options{LateData: true}); err == nil {
 			t.Errorf("a capture holding pages back into %s was started", what)
 		}
 	}

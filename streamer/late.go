@@ -1,27 +1,36 @@
 package streamer
 
-// Pages last: a stream in the order a restore reads it.
+// Late data: a stream in the order a restore reads it.
+//
+// One concept, one word in code, "late". The flag --pages-last sets
+// pipeline.Options.LateData; the capture then writes a stream of format 5
+// (pipeline.Format.LateData) whose header flag manifest.HeaderFlagLateData
+// says DATA frames may follow their file's FILE-END; a reader marks such a
+// frame manifest.Frame.Late, and a stream source counts the shards that
+// carried late data (lateShards) to learn that every file is announced.
+// serve --early (source.StreamOptions.ServeEarly, checkpoint's Early) is
+// another concept: serving files while the stream still arrives. It works
+// on any stream; late data is what lets CRIU start long before the end.
 //
 // CRIU's dump writes each process's page image (pages-N.img) before the
 // small images, and inventory.img last; its restore asks for inventory.img
 // first and the pages last. From a stream in dump order a restore waits for
 // the whole stream before CRIU may start: through a pipe, the time to read
-// every page. With Options.PagesLast the capture holds the non-zero chunks
-// of the page images back and writes them after every other frame, just
-// before the END frame. It holds them in memory (a memfd) up to half the
-// memory available, beyond that in an unlinked file in $TMPDIR: held on a
-// disk, the writes slowed CRIU's dump of a 1 GiB process 2x. Their FILE
-// and FILE-END frames and their zero chunks go out in place, so a reader
-// knows each page
-// image's size, digest and zero pages (what sparse pages need to rewrite
-// its pagemap) before the data comes; a reader that serves files as they
-// arrive (source.StreamOptions.ServeEarly) lets CRIU restore from the first
-// files while the pages are still on their way. The trade: the capture
-// ends later, by the time to send what it held.
+// every page. With Options.LateData the capture holds the non-zero chunks
+// of the page images back and writes them late: after every other frame,
+// just before the END frame. It keeps them in memory (a memfd) up to half
+// the memory available, beyond that in an unlinked file in $TMPDIR: kept
+// on a disk, the writes slowed CRIU's dump of a 1 GiB process 2x. Their
+// FILE and FILE-END frames and their zero chunks go out in place, so a
+// reader knows each page image's size, digest and zero pages (what sparse
+// pages need to rewrite its pagemap) before the data comes; a reader that
+// serves files as they arrive lets CRIU restore from the first files while
+// the pages are still on their way. The trade: the capture ends later, by
+// the time to send the late frames.
 //
-// The held frames are written in the order they were held, each placed
-// then, so the stream's index (the trailer of a single-shard stream) says
-// where each landed, as for any other frame.
+// The late frames are written in the order they were held back, each
+// placed then, so the stream's index (the trailer of a single-shard
+// stream) says where each landed, as for any other frame.
 
 import (
 	"cmp"
@@ -41,8 +50,8 @@ import (
 // pagesImage matches CRIU's page images.
 var pagesImage = regexp.MustCompile(`^pages-[0-9]+\.img$`)
 
-// heldFrames are the DATA frames a capture holds back.
-type heldFrames struct {
+// lateFrames are the DATA frames a capture holds back.
+type lateFrames struct {
 	// f is where they go now: a memfd up to memory bytes, then an
 	// unlinked temporary file; both gone with the capture, even after a
 	// crash. files are all opened so far.
@@ -51,10 +60,10 @@ type heldFrames struct {
 	files    []*os.File
 	end      int64 // of f
 	memory   int64
-	frames   []heldFrame
+	frames   []lateFrame
 }
 
-type heldFrame struct {
+type lateFrame struct {
 	fh    manifest.FrameHeader
 	f     *os.File
 	off   int64 // of its payload in f
@@ -62,17 +71,17 @@ type heldFrame struct {
 	chunk int // its index in file.file.Chunks
 }
 
-// heldInMemory is how much of the held frames a memfd takes: half the
+// lateInMemory is how much of the late frames a memfd takes: half the
 // memory available, at least 1 GiB (what a stream source holds, too); a
 // variable for the test that spills.
-var heldInMemory = func() int64 { return max(1<<30, proc.AvailableMemory()/2) }
+var lateInMemory = func() int64 { return max(1<<30, proc.AvailableMemory()/2) }
 
-// hold appends a DATA frame of fs to the held frames; its manifest chunk
+// addLate appends a DATA frame of fs to the late frames; its manifest chunk
 // (index chunk) gets its place when it is written.
-func (c *Capture) hold(fs *fileState, fh manifest.FrameHeader, payload []byte, chunk int) error {
-	h := &c.held
+func (c *Capture) addLate(fs *fileState, fh manifest.FrameHeader, payload []byte, chunk int) error {
+	h := &c.late
 	if len(h.files) == 0 {
-		h.memory = heldInMemory()
+		h.memory = lateInMemory()
 		if fd, err := unix.MemfdCreate("gpucr-pages-last", unix.MFD_CLOEXEC); err == nil {
 			h.f, h.inMemory = os.NewFile(uintptr(fd), "memfd:gpucr-pages-last"), true
 			h.files = append(h.files, h.f)
@@ -90,24 +99,24 @@ func (c *Capture) hold(fs *fileState, fh manifest.FrameHeader, payload []byte, c
 	if _, err := h.f.WriteAt(payload, h.end); err != nil {
 		return fmt.Errorf("hold %s at offset %d: %w", fs.file.Name, fh.Offset, err)
 	}
-	h.frames = append(h.frames, heldFrame{fh: fh, f: h.f, off: h.end, file: fs, chunk: chunk})
+	h.frames = append(h.frames, lateFrame{fh: fh, f: h.f, off: h.end, file: fs, chunk: chunk})
 	h.end += int64(len(payload))
 	return nil
 }
 
-// writeHeld writes the held frames, in the order they were held, and
+// writeLate writes the late frames, in the order they were held back, and
 // records where each landed in its file's manifest entry (whose chunks no
 // longer grow: every file ended before this runs). An asynchronous output
-// writes a frame while the next ones are read back (heldBuffers of them).
-func (c *Capture) writeHeld(ctx context.Context) error {
+// writes a frame while the next ones are read back (lateBuffers of them).
+func (c *Capture) writeLate(ctx context.Context) error {
 	ao, async := c.out.(AsyncOutput)
-	bufs := make(chan []byte, heldBuffers)
-	for range heldBuffers {
+	bufs := make(chan []byte, lateBuffers)
+	for range lateBuffers {
 		bufs <- nil
 	}
 	var failed error
 	var failMu sync.Mutex
-	for _, hf := range c.held.frames {
+	for _, hf := range c.late.frames {
 		var buf []byte
 		select {
 		case buf = <-bufs:
@@ -148,7 +157,7 @@ func (c *Capture) writeHeld(ctx context.Context) error {
 		ch.Segment, ch.Pos = loc.Segment, loc.Pos
 	}
 	// Every buffer back: every write done.
-	for range heldBuffers {
+	for range lateBuffers {
 		<-bufs
 	}
 	failMu.Lock()
@@ -156,14 +165,14 @@ func (c *Capture) writeHeld(ctx context.Context) error {
 	return failed
 }
 
-// heldBuffers is how many held frames are read back ahead of their write.
-const heldBuffers = 4
+// lateBuffers is how many late frames are read back ahead of their write.
+const lateBuffers = 4
 
-// closeHeld drops the held frames (files stays, closed, to say where they
+// closeLate drops the late frames (files stays, closed, to say where they
 // were).
-func (c *Capture) closeHeld() {
-	for _, f := range c.held.files {
+func (c *Capture) closeLate() {
+	for _, f := range c.late.files {
 		f.Close()
 	}
-	c.held.f, c.held.frames = nil, nil
+	c.late.f, c.late.frames = nil, nil
 }
