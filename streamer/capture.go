@@ -55,9 +55,10 @@ type Capture struct {
 	// a chunk already: such a chunk is not encoded, and files are cut by
 	// content (cdc.go).
 	knows func(id [32]byte) bool
-	// heldRaw says a chunk goes raw (codec none), not encoded: the tee's
-	// primary sends it by reference, its copy needs only the bytes.
-	heldRaw func(id [32]byte) bool
+	// peerHas says the tee's primary's peer has a chunk already: it goes
+	// raw (codec none), not encoded, as the primary sends it by reference
+	// and its copy needs only the bytes.
+	peerHas func(id [32]byte) bool
 
 	mu     sync.Mutex
 	nextID uint32
@@ -149,7 +150,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		shared:     format.Shared && seal != nil,
 		sums:       format.Digester(),
 		knows:      knowerOf(out),
-		heldRaw:    heldRawOf(out),
+		peerHas:    peerHasOf(out),
 		writerDone: make(chan struct{}),
 		started:    time.Now(),
 		files:      map[uint32]*fileState{},
@@ -356,7 +357,7 @@ func (c *Capture) encode(it *item) error {
 		c.dropRaw(it)
 		return nil
 	}
-	if c.heldRaw != nil && c.heldRaw(it.hash) {
+	if c.peerHas != nil && c.peerHas(it.hash) {
 		it.codec, it.stored = codec.None, it.raw
 		return nil
 	}

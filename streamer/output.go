@@ -96,23 +96,23 @@ type knower interface {
 	Knows(id [32]byte) bool
 }
 
-// holder is an output whose peer holds some chunks already, by content
+// peerChunks is an output whose peer has some chunks already, by content
 // id, without deduplicating: a copy beside it still needs their bytes.
-type holder interface {
-	Holds(id [32]byte) bool
+type peerChunks interface {
+	PeerHas(id [32]byte) bool
 }
 
-// heldRawOf says, for a tee whose primary deduplicates against what its
-// peer holds (a live migration's pre-copy), which chunks the primary will
+// peerHasOf says, for a tee whose primary deduplicates against what its
+// peer has (a live migration's pre-copy), which chunks the primary will
 // not send: the capture stores those raw, for the copy, rather than spend
 // the encoding on them in the downtime.
-func heldRawOf(out Output) func(id [32]byte) bool {
+func peerHasOf(out Output) func(id [32]byte) bool {
 	t, ok := out.(TeeOutput)
 	if !ok || knowerOf(t.Primary) == nil {
 		return nil
 	}
-	if h, ok := t.Primary.(holder); ok {
-		return h.Holds
+	if h, ok := t.Primary.(peerChunks); ok {
+		return h.PeerHas
 	}
 	return nil
 }
@@ -129,7 +129,7 @@ func knowerOf(out Output) func(id [32]byte) bool {
 				return nil
 			}
 			// Cut by content for the primary, but drop no chunk: the
-			// copy needs every byte (heldRawOf).
+			// copy needs every byte (peerHasOf).
 			return func([32]byte) bool { return false }
 		}
 		if k, ok := out.(knower); ok {

@@ -73,8 +73,8 @@ func (t *Output) KeepAlive() {
 	}
 }
 
-// Holds says the receiver holds chunk id (sent ahead).
-func (t *Output) Holds(id [32]byte) bool {
+// PeerHas says the receiver has chunk id (sent ahead).
+func (t *Output) PeerHas(id [32]byte) bool {
 	t.refMu.Lock()
 	defer t.refMu.Unlock()
 	_, ok := t.refs[id]
@@ -82,10 +82,11 @@ func (t *Output) Holds(id [32]byte) bool {
 }
 
 // refFrame says whether DATA frame fh goes by reference, and makes its
-// header the one of the chunk the receiver holds: a frame the capture did
-// not encode (RefOutput.Knows said the receiver holds it), or stored raw
-// for a copy beside this output, takes the held chunk's codec and length;
-// an encoded one goes by reference only if it is encoded as the held one.
+// header the one of the chunk the receiver has: a frame the capture did
+// not encode (RefOutput.Knows said the receiver has it), or stored raw
+// for a copy beside this output, takes the receiver's chunk's codec and
+// length; an encoded one goes by reference only if it is encoded as the
+// receiver's one.
 func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.FramePos, bool) {
 	if fh.Type != manifest.FrameData || codec.ID(fh.Codec) == codec.Zero || fh.RawLen == 0 {
 		return streamer.FramePos{}, false
@@ -104,7 +105,7 @@ func (t *Output) refFrame(fh *manifest.FrameHeader, payload []byte) (streamer.Fr
 		return streamer.FramePos{}, true
 	case codec.ID(fh.Codec) == codec.None && fh.StoredLen == fh.RawLen:
 		// Stored raw for a local copy beside this output (a tee): the
-		// receiver's frame is the held one, as it was encoded.
+		// receiver's frame is its own chunk, as it was encoded.
 		fh.Codec, fh.StoredLen = r.codec, r.stored
 		return streamer.FramePos{}, true
 	}
@@ -131,14 +132,14 @@ func (c *sendConn) WriteRef(hdr []byte) error {
 
 // RefOutput is t for a capture whose chunks are cut by content (so that
 // they meet the chunks sent ahead) and, with Skip, not encoded where the
-// receiver holds them (nothing else needs their bytes: no local copy).
+// receiver has them (nothing else needs their bytes: no local copy).
 type RefOutput struct {
 	*Output
 	Skip bool
 }
 
 // Knows implements the capture's dedup test (streamer's knower).
-func (r RefOutput) Knows(id [32]byte) bool { return r.Skip && r.Holds(id) }
+func (r RefOutput) Knows(id [32]byte) bool { return r.Skip && r.PeerHas(id) }
 
 // AheadOutput is a capture's output that sends the chunks the receiver
 // does not hold ahead of the stream (SendChunk), and writes nothing else:
@@ -155,9 +156,9 @@ type AheadOutput struct {
 // content id.
 func (a *AheadOutput) Format() pipeline.Format { return pipeline.Format{ChunkHashes: true} }
 
-// Knows implements the capture's dedup test: a chunk the receiver holds
+// Knows implements the capture's dedup test: a chunk the receiver has
 // is neither encoded nor sent again.
-func (a *AheadOutput) Knows(id [32]byte) bool { return a.Out.Holds(id) }
+func (a *AheadOutput) Knows(id [32]byte) bool { return a.Out.PeerHas(id) }
 
 // WriteFrame implements streamer.Output.
 func (a *AheadOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (streamer.FramePos, error) {

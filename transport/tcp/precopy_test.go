@@ -229,8 +229,9 @@ func TestPrecopyKeepAlive(t *testing.T) {
 }
 
 // TestPrecopyWithCopy: the final stream teed with a local copy (migrate's
-// kept image) sends held chunks by reference while the copy gets every
-// byte, held chunks stored raw rather than encoded; both read back whole.
+// kept image) sends the chunks the receiver has by reference while the
+// copy gets every byte, those chunks stored raw rather than encoded; both
+// read back whole.
 func TestPrecopyWithCopy(t *testing.T) {
 	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: 3 * time.Second, Reports: true,
 		ChunkCache: true, CacheMemory: 64 << 20, SpillDir: t.TempDir()})
@@ -272,9 +273,9 @@ func TestPrecopyWithCopy(t *testing.T) {
 	kept := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(copyBuf.Bytes())}, []string{"copy"}, source.StreamOptions{})
 	defer kept.Close()
 	checkFiles(t, kept, files)
-	// The copy holds the text raw: it was held, so not encoded again.
+	// The copy holds the text raw: the receiver had it, so not encoded again.
 	if n := int64(copyBuf.Len()); n < int64(len(files["text.img"])) {
-		t.Errorf("the copy is %d bytes: the held text was encoded for it", n)
+		t.Errorf("the copy is %d bytes: the text the receiver had was encoded for it", n)
 	}
 }
 
