@@ -27,7 +27,7 @@ func TestKeyedLocations(t *testing.T) {
 	keyed := func(k *crypt.Key) Config {
 		o := opts
 		o.Key = k
-		return Config{Options: o, HoldLimit: 64 << 20}
+		return Config{Options: o, BufferLimit: 64 << 20}
 	}
 	tests := []struct {
 		name string

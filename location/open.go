@@ -44,10 +44,10 @@ type Config struct {
 	// output opened (one new session per checkpoint) and is required by
 	// every source: an encrypted one needs it, a plain one is refused.
 	Options pipeline.Options
-	// HoldLimit is what a stream source holds in memory before spilling to
-	// SpillDir; 0: half the available memory, at least 1 GiB.
-	HoldLimit int64
-	SpillDir  string
+	// BufferLimit is what a stream source buffers in memory before
+	// spilling to SpillDir; 0: half the available memory, at least 1 GiB.
+	BufferLimit int64
+	SpillDir    string
 	// SegmentSize is the size of archive segment objects.
 	SegmentSize int64
 	// S3 returns the S3 settings (endpoint, region, path style, part size,
@@ -224,9 +224,9 @@ func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, boo
 // source itself, starts from them too.
 func (c Config) StreamOptions(so source.StreamOptions) source.StreamOptions {
 	so.Options = c.Options
-	so.Options.MemoryLimit = c.HoldLimit
-	if c.HoldLimit == 0 {
-		so.Options.MemoryLimit = HeldImageBudget()
+	so.Options.MemoryLimit = c.BufferLimit
+	if c.BufferLimit == 0 {
+		so.Options.MemoryLimit = AutoBufferLimit()
 	}
 	so.Options.VerifyHashes = so.Options.VerifyHashes || so.Discard
 	so.SpillDir = c.SpillDir
@@ -240,11 +240,11 @@ func (c *Config) archiveOptions(so source.StreamOptions) pipeline.Options {
 	return opts
 }
 
-// HeldImageBudget is --memory-limit auto for images held by serve and
-// receive: a multi-GB GPU image that fits in memory must not go through a
-// spill file on disk on its way to CRIU, so half of what is available now,
-// at least 1 GiB.
-func HeldImageBudget() int64 {
+// AutoBufferLimit is --memory-limit auto for the images serve and
+// receive buffer: a multi-GB GPU image that fits in memory must not go
+// through a spill file on disk on its way to CRIU, so half of what is
+// available now, at least 1 GiB.
+func AutoBufferLimit() int64 {
 	return max(1<<30, proc.AvailableMemory()/2)
 }
 

@@ -74,7 +74,7 @@ func TestStreamBorrowedPayloads(t *testing.T) {
 		t.Fatal("the stream source wrote into borrowed memory")
 	}
 	// The raw (noise) chunk is the reader's, not the source's, memory.
-	if p, h := plain.held(), borrowing.held(); p-h < corpusChunk {
+	if p, h := plain.buffered(), borrowing.buffered(); p-h < corpusChunk {
 		t.Errorf("borrowed payloads counted: %d bytes held with them, %d without", h, p)
 	}
 

@@ -232,8 +232,8 @@ func TestArchiveLyingChunkSize(t *testing.T) {
 	}
 }
 
-// heldLocked is what the stream source holds in memory by its own count.
-func (s *StreamSource) held() int64 {
+// buffered is what the stream source holds in memory by its own count.
+func (s *StreamSource) buffered() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.memUsed + s.metaUsed
@@ -278,8 +278,8 @@ func TestStreamMetadataBudget(t *testing.T) {
 			if !errors.Is(err, ErrMemoryLimit) || !strings.Contains(err.Error(), "--memory-limit") {
 				t.Fatalf("%v, want ErrMemoryLimit naming --memory-limit", err)
 			}
-			if held := s.held(); held > limit+fileMeta+2*4000 {
-				t.Fatalf("holds %d bytes, over the limit of %d", held, limit)
+			if b := s.buffered(); b > limit+fileMeta+2*4000 {
+				t.Fatalf("holds %d bytes, over the limit of %d", b, limit)
 			}
 		})
 	}

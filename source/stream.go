@@ -275,10 +275,10 @@ func (s *StreamSource) notifyLocked() {
 }
 
 type decodeJob struct {
-	rd    *manifest.Reader
-	frame manifest.Frame
-	page  *pageBuf // the payload's page buffer, or nil
-	held  int64    // what it holds of s.inflight
+	rd       *manifest.Reader
+	frame    manifest.Frame
+	page     *pageBuf // the payload's page buffer, or nil
+	acquired int64    // what it acquired of s.inflight
 	// spilled: the budget had no room for it; its payload, and its raw
 	// bytes once decoded, live in spill-file buffers.
 	spilled bool
@@ -301,7 +301,7 @@ func (s *StreamSource) run(ctx context.Context, shards []io.Reader, names []stri
 				} else if err := s.decode(j); err != nil {
 					cancel(err)
 				}
-				s.inflight.release(j.held)
+				s.inflight.release(j.acquired)
 			}
 		}()
 	}
@@ -382,7 +382,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			return context.Cause(ctx)
 		}
 		var page *pageBuf
-		var held int64
+		var acquired int64
 		spilled := false
 		fr, err := rd.Next(func(fh manifest.FrameHeader) ([]byte, error) {
 			// Its payload and, decoded elsewhere, its raw bytes.
@@ -402,7 +402,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 				}
 				return page.b[:n], nil
 			}
-			held = want
+			acquired = want
 			if n < minSpliceChunk || s.discard || s.extractDir != "" {
 				return make([]byte, n), nil
 			}
@@ -413,10 +413,10 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 			page = p
 			return p.b[:n], nil
 		})
-		s.inflight.read(held)
+		s.inflight.read(acquired)
 		if err != nil {
 			s.putPage(page)
-			s.inflight.release(held)
+			s.inflight.release(acquired)
 			if err == io.EOF {
 				return nil
 			}
@@ -430,7 +430,7 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 		case manifest.FrameData:
 			if fr.RawLen == 0 || fr.RawLen > codec.MaxChunk {
 				s.putPage(page)
-				s.inflight.release(held)
+				s.inflight.release(acquired)
 				return rd.FrameErrorf(fr, "DATA frame with raw length %d", fr.RawLen)
 			}
 			ahead := false
@@ -450,10 +450,10 @@ func (s *StreamSource) readShard(ctx context.Context, rd *manifest.Reader, jobs 
 				s.mu.Unlock()
 			}
 			select {
-			case jobs <- decodeJob{rd, fr, page, held, spilled, ahead}:
+			case jobs <- decodeJob{rd, fr, page, acquired, spilled, ahead}:
 			case <-ctx.Done():
 				s.putPage(page)
-				s.inflight.release(held)
+				s.inflight.release(acquired)
 				return context.Cause(ctx)
 			}
 		case manifest.FrameFileEnd:

@@ -93,13 +93,13 @@ type config struct {
 
 	// parsed by finish
 	opts pipeline.Options
-	// holdLimit is what a stream source holds in memory before spilling;
+	// bufferLimit is what a stream source buffers in memory before spilling;
 	// 0: --memory-limit auto, sized when a stream source is opened.
-	holdLimit int64
-	shards    []int
-	extFiles  []extFile
-	segSize   int64
-	progress  io.Writer
+	bufferLimit int64
+	shards      []int
+	extFiles    []extFile
+	segSize     int64
+	progress    io.Writer
 	// connectTimeout is --connect-timeout for package criusock (< 0: no limit).
 	connectTimeout time.Duration
 	// takes are the flags of the command being run (nil: all), onCmdLine
@@ -268,7 +268,7 @@ func (c *config) finish() error {
 				return err
 			}
 		} else {
-			mem, c.holdLimit = m, m
+			mem, c.bufferLimit = m, m
 		}
 	}
 	if c.segSize, err = parseSize(c.segmentSize); err != nil || c.segSize < 1<<20 {

@@ -31,7 +31,7 @@ var (
 func (c *config) locationConfig() location.Config {
 	return location.Config{
 		Stdin: c.stdin, Stdout: c.stdout, Shards: c.shards,
-		Options: c.opts, HoldLimit: c.holdLimit, SpillDir: c.spillDir, SegmentSize: c.segSize,
+		Options: c.opts, BufferLimit: c.bufferLimit, SpillDir: c.spillDir, SegmentSize: c.segSize,
 		S3:  c.s3Settings,
 		TCP: func() (location.TCPConfig, error) { return c.tcpSettings() },
 		Log: c.logLine,
