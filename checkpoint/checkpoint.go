@@ -81,7 +81,7 @@ func (h Hooks) stats(st *Stats) {
 // openSource opens a source and starts its progress (what: "restore",
 // "extract"); the caller defers the source's Close and done.
 func (h Hooks) openSource(ctx context.Context, what string, loc location.Location, open location.Config,
-	so source.StreamOptions) (src source.Source, done func(), err error) {
+	so source.StreamSourceOptions) (src source.Source, done func(), err error) {
 	if so.Log == nil {
 		so.Log = h.Log
 	}
@@ -324,7 +324,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	start := time.Now()
 	// From a stream, CRIU restores while it is read (see serveEarly).
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamOptions{ServeEarly: true})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -367,7 +367,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer warm.Wait()
 	// The driver warms while a slow parent reaps the checkpointed tree
 	// (CRIU waits for its PIDs: criusock.Restore).
-	held := o.Open.StreamOptions(source.StreamOptions{})
+	held := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	rep, err := criusock.Restore(ctx, criusock.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
 		FreePIDs: GoneTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir}, src)

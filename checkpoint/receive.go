@@ -26,7 +26,7 @@ type ReceiveOptions struct {
 	Listen string
 	TCP    location.TCPConfig
 	// Stream are the options of the held stream (memory, spill dir).
-	Stream source.StreamOptions
+	Stream source.StreamSourceOptions
 	// Restore restores the checkpoint with CRIU; otherwise it is served
 	// to an external `criu restore --stream -D ImagesDir`.
 	Restore bool
@@ -133,7 +133,7 @@ func Receive(ctx context.Context, o ReceiveOptions) (*ReceiveResult, error) {
 
 // cacheMemory is the memory of the pre-copy chunk cache: as much as the
 // held image may take before it spills (the cache spills beyond it too).
-func cacheMemory(so source.StreamOptions) int64 {
+func cacheMemory(so source.StreamSourceOptions) int64 {
 	if so.MemoryLimit > 0 {
 		return so.MemoryLimit
 	}

@@ -164,7 +164,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 		return serveEarly(ctx, o)
 	}
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamOptions{})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamSourceOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 // does). The statistics line comes last, with the stream's totals.
 func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamOptions{ServeEarly: true})
+	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +256,7 @@ func serveToCRIU(ctx context.Context, o StreamOptions, src source.Source) error 
 		}
 		extErr <- err
 	}()
-	held := o.Open.StreamOptions(source.StreamOptions{})
+	held := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	_, err := criusock.ServeWith(ctx, o.ImagesDir, src, criusock.ServeOptions{Hooks: criusock.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Log:       o.Hooks.Log,
@@ -316,7 +316,7 @@ func (f *firstRequest) against(end time.Time) string {
 // files to their descriptors.
 func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
 	start := time.Now()
-	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, source.StreamOptions{ExtractDir: o.ImagesDir})
+	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, source.StreamSourceOptions{ExtractDir: o.ImagesDir})
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ func TestReplacedNamesNotHeld(t *testing.T) {
 		held = heap() - before // every copy read, the reader still running
 		pw.CloseWithError(marker(Marker{Kind: ImageEOF}))
 	}()
-	src := NewSource(ctx, []io.Reader{pr}, []string{"pipe"}, nil, source.StreamOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
+	src := NewSource(ctx, []io.Reader{pr}, []string{"pipe"}, nil, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
 	defer src.Close()
 	files, err := src.Files(ctx)
 	if err != nil || len(files) != 1 {

@@ -39,7 +39,7 @@ type Source struct {
 
 // NewSource starts reading the shards (names label them in errors). Files
 // named in external are marked as --ext-file-fds files.
-func NewSource(ctx context.Context, shards []io.Reader, names []string, external []string, so source.StreamOptions) *Source {
+func NewSource(ctx context.Context, shards []io.Reader, names []string, external []string, so source.StreamSourceOptions) *Source {
 	pr, pw := io.Pipe()
 	s := &Source{
 		rd:   NewReader(ctx, shards, names),

@@ -85,7 +85,7 @@ func TestExtractFixtures(t *testing.T) {
 			if fx.ext != "" {
 				ext = []string{fx.ext}
 			}
-			src := NewSource(context.Background(), shards, names, ext, source.StreamOptions{ExtractDir: dir})
+			src := NewSource(context.Background(), shards, names, ext, source.StreamSourceOptions{ExtractDir: dir})
 			defer src.Close()
 			files, err := src.Files(context.Background())
 			if err != nil {
@@ -147,7 +147,7 @@ func TestExtractFixtures(t *testing.T) {
 func TestServeFixtureInMemory(t *testing.T) {
 	want := readTar(t, "testdata/shards.extracted.tar")
 	shards, names := openShards(t, []string{"shard0.img", "shard1.img"})
-	src := NewSource(context.Background(), shards, names, nil, source.StreamOptions{})
+	src := NewSource(context.Background(), shards, names, nil, source.StreamSourceOptions{})
 	defer src.Close()
 	for _, name := range []string{"inventory.img", "pages-1.img", "inventory.img"} {
 		var buf bytes.Buffer
@@ -211,7 +211,7 @@ func TestDamagedStreams(t *testing.T) {
 				rs = append(rs, bytes.NewReader(b))
 				names = append(names, "s"+string(rune('0'+i)))
 			}
-			src := NewSource(context.Background(), rs, names, nil, source.StreamOptions{ExtractDir: dir})
+			src := NewSource(context.Background(), rs, names, nil, source.StreamSourceOptions{ExtractDir: dir})
 			_, err := src.Files(context.Background())
 			src.Close()
 			if !errors.Is(err, errdefs.ErrCorrupt) {
@@ -260,7 +260,7 @@ func TestCloseWhileWaiting(t *testing.T) {
 func closeStalled(t *testing.T, s []byte) {
 	pr, pw := io.Pipe()
 	go func() { pw.Write(s) }() // then silence
-	src := NewSource(context.Background(), []io.Reader{pr}, []string{"live"}, nil, source.StreamOptions{})
+	src := NewSource(context.Background(), []io.Reader{pr}, []string{"live"}, nil, source.StreamSourceOptions{})
 	time.Sleep(50 * time.Millisecond)
 	done := make(chan struct{})
 	go func() {

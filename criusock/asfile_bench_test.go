@@ -66,7 +66,7 @@ func streamOf(t testing.TB, ctx context.Context, files map[string][]byte) source
 	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
 		t.Fatal(err)
 	}
-	s := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"mem"}, source.StreamOptions{})
+	s := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"mem"}, source.StreamSourceOptions{})
 	t.Cleanup(func() { s.Close() })
 	return s
 }

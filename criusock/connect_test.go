@@ -31,7 +31,7 @@ func TestConnectTimeout(t *testing.T) {
 	})
 	t.Run("serve, nobody", func(t *testing.T) {
 		dir := shortDir(t)
-		src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(nil)}, []string{"empty"}, source.StreamOptions{})
+		src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(nil)}, []string{"empty"}, source.StreamSourceOptions{})
 		defer src.Close()
 		_, err := ServeWith(ctx, dir, src, ServeOptions{ConnectTimeout: limit})
 		if !errors.Is(err, ErrNoCRIU) || !strings.Contains(err.Error(), filepath.Join(dir, ServeSocket)) {

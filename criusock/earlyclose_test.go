@@ -94,7 +94,7 @@ func TestServeEarlyClose(t *testing.T) {
 		{name: "disconnected with the file outstanding", take: []int{1 << 20}, closeConn: true, wantErr: ErrOutstanding},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"mem"}, source.StreamOptions{})
+			src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"mem"}, source.StreamSourceOptions{})
 			defer src.Close()
 			dir := shortDir(t)
 			listening := make(chan struct{})

@@ -155,7 +155,7 @@ func TestIntakeProducers(t *testing.T) {
 
 	// Restore side: CRIU's connection and a producer's pull, at once; serve
 	// waits for the one producer it is told of.
-	src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream.Bytes())}, []string{"mem"}, source.StreamOptions{})
+	src := source.NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream.Bytes())}, []string{"mem"}, source.StreamSourceOptions{})
 	defer src.Close()
 	sdir := shortDir(t)
 	listening := make(chan struct{})

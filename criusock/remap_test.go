@@ -145,7 +145,7 @@ func TestRemapTCPListenLater(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pr, pw := io.Pipe()
-			src := source.NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, source.StreamOptions{ServeEarly: true})
+			src := source.NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, source.StreamSourceOptions{ServeEarly: true})
 			defer src.Close()
 			r := RemapTCPListenLater(src, tc.remaps) // must not block: nothing has arrived
 			got := make(chan error, 1)

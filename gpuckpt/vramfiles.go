@@ -456,7 +456,7 @@ func suspendTo(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStep
 // then the device memory of the processes that took the fast path comes
 // back from the archive at o.From.
 func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStepOptions) ([]Phase, error) {
-	src, err := location.OpenSource(ctx, o.From, o.Open, source.StreamOptions{})
+	src, err := location.OpenSource(ctx, o.From, o.Open, source.StreamSourceOptions{})
 	if err != nil {
 		return nil, err
 	}

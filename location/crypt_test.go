@@ -70,7 +70,7 @@ func TestKeyedLocations(t *testing.T) {
 				if buf != nil {
 					c.Stdin = bytes.NewReader(buf.Bytes())
 				}
-				return OpenSource(ctx, loc, c, source.StreamOptions{})
+				return OpenSource(ctx, loc, c, source.StreamSourceOptions{})
 			}
 			read := func(c Config) ([]byte, error) {
 				src, err := open(c)

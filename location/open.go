@@ -133,8 +133,8 @@ func (o *Output) WriteFrameAsync(ctx context.Context, fh *manifest.FrameHeader, 
 
 // OpenSource opens a SRC. so are the stream source's own options
 // (ExtractDir, Discard, VerifyHashes); the rest comes from c.
-func OpenSource(ctx context.Context, loc Location, c Config, so source.StreamOptions) (source.Source, error) {
-	return loc.backend().source(ctx, &c, c.StreamOptions(so))
+func OpenSource(ctx context.Context, loc Location, c Config, so source.StreamSourceOptions) (source.Source, error) {
+	return loc.backend().source(ctx, &c, c.StreamSourceOptions(so))
 }
 
 // OpenStore opens a location that holds checkpoints (ls, rm, gc); close
@@ -174,7 +174,7 @@ func (c *Config) archiveManifest(ctx context.Context, st store.Store) (*manifest
 
 type backend interface {
 	output(ctx context.Context, c *Config) (*Output, error)
-	source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error)
+	source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error)
 	store(ctx context.Context, c *Config) (store.Store, func(), error)
 	destStore(ctx context.Context, c *Config) (store.Store, func(), error)
 	manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error)
@@ -203,7 +203,7 @@ func (u unsupported) output(context.Context, *Config) (*Output, error) {
 	return nil, errdefs.Usagef("--to %s: this destination is not supported yet", u.loc)
 }
 
-func (u unsupported) source(context.Context, *Config, source.StreamOptions) (source.Source, error) {
+func (u unsupported) source(context.Context, *Config, source.StreamSourceOptions) (source.Source, error) {
 	return nil, errdefs.Usagef("source %s: not supported yet", u.loc)
 }
 
@@ -219,10 +219,10 @@ func (u unsupported) manifest(context.Context, *Config) (*manifest.Manifest, boo
 	return nil, false, errdefs.Usagef("%s: not supported yet", u.loc)
 }
 
-// StreamOptions are the options a stream source opened with c gets (so's
-// own, plus c's memory and spill settings); receive, which builds its
-// source itself, starts from them too.
-func (c Config) StreamOptions(so source.StreamOptions) source.StreamOptions {
+// StreamSourceOptions are the options a stream source opened with c gets
+// (so's own, plus c's memory and spill settings); receive, which builds
+// its source itself, starts from them too.
+func (c Config) StreamSourceOptions(so source.StreamSourceOptions) source.StreamSourceOptions {
 	so.Options = c.Options
 	so.Options.MemoryLimit = c.BufferLimit
 	if c.BufferLimit == 0 {
@@ -234,7 +234,7 @@ func (c Config) StreamOptions(so source.StreamOptions) source.StreamOptions {
 }
 
 // archiveOptions are the options of an archive source.
-func (c *Config) archiveOptions(so source.StreamOptions) pipeline.Options {
+func (c *Config) archiveOptions(so source.StreamSourceOptions) pipeline.Options {
 	opts := c.Options
 	opts.VerifyHashes = so.VerifyHashes || so.Discard
 	return opts
@@ -301,7 +301,7 @@ func (c *Config) stdioWriters() ([]io.Writer, error) {
 	return ws, nil
 }
 
-func (stdioLoc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
+func (stdioLoc) source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error) {
 	if _, ok := c.Stdin.(*os.File); !ok && c.Stdin != nil && len(c.Shards) == 0 {
 		// Tests hand in readers, used as they are (see stdioWriters).
 		return newStreamSource(ctx, []io.Reader{c.Stdin}, []string{"stdin"}, so)
@@ -322,7 +322,7 @@ func (stdioLoc) source(ctx context.Context, c *Config, so source.StreamOptions) 
 
 // newStreamSource reads a gpucr-stream stream, or one that
 // criu-image-streamer wrote (told apart by their first bytes).
-func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so source.StreamOptions) (source.Source, error) {
+func newStreamSource(ctx context.Context, rs []io.Reader, names []string, so source.StreamSourceOptions) (source.Source, error) {
 	rs, legacy, err := cisformat.Sniff(rs)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", names[0], err)
@@ -371,7 +371,7 @@ func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	return &Output{Output: out}, nil
 }
 
-func (a archiveLoc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
+func (a archiveLoc) source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error) {
 	if _, err := os.Stat(a.loc.Path); err != nil {
 		return nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
 	}
@@ -404,7 +404,7 @@ func (f streamFileLoc) output(context.Context, *Config) (*Output, error) {
 	return nil, errdefs.Usagef("--to %s: a file is already there; capture writes archive directories (or use stdout: capture > FILE)", f.loc)
 }
 
-func (f streamFileLoc) source(ctx context.Context, _ *Config, so source.StreamOptions) (source.Source, error) {
+func (f streamFileLoc) source(ctx context.Context, _ *Config, so source.StreamSourceOptions) (source.Source, error) {
 	file, err := os.Open(f.loc.Path)
 	if err != nil {
 		return nil, err

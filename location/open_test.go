@@ -41,7 +41,7 @@ func TestOpenRefusals(t *testing.T) {
 		{"store of a missing dir", store(filepath.Join(dir, "none")), errdefs.ErrNotFound},
 		{"output to a stream file", func() error { _, err := OpenOutput(ctx, parse(file), Config{}); return err }(), errdefs.ErrUsage},
 		{"source of a missing archive", func() error {
-			_, err := OpenSource(ctx, parse(filepath.Join(dir, "none")), Config{BufferLimit: 1 << 20}, source.StreamOptions{})
+			_, err := OpenSource(ctx, parse(filepath.Join(dir, "none")), Config{BufferLimit: 1 << 20}, source.StreamSourceOptions{})
 			return err
 		}(), errdefs.ErrNotFound},
 		{"manifest of tcp", func() error { _, _, err := ReadManifest(ctx, parse("tcp://127.0.0.1:1"), Config{}); return err }(), errdefs.ErrUsage},

@@ -140,7 +140,7 @@ func capMemoryTo(pipeline, store int64) {
 
 // source reads chunks with ranged GETs in CRIU's order, a bounded window
 // ahead; nothing is staged on disk.
-func (l s3Loc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
+func (l s3Loc) source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error) {
 	st, sc, err := l.open(ctx, c, false)
 	if err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ func (l tcpLoc) output(ctx context.Context, c *Config) (*Output, error) {
 // committed, so that a transfer that breaks fails the command before
 // anything is served (serve prints socket-init only then; receive is the
 // form that listens on CRIU's socket from the start).
-func (l tcpLoc) source(ctx context.Context, c *Config, so source.StreamOptions) (source.Source, error) {
+func (l tcpLoc) source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error) {
 	t, err := l.settings(c)
 	if err != nil {
 		return nil, err

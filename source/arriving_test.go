@@ -110,7 +110,7 @@ func TestStreamServesArriving(t *testing.T) {
 			}
 			open := make(chan struct{})
 			src := NewStreamSource(ctx, []io.Reader{gatedStream(sb, gate, open, tc.cut)}, []string{"stream"},
-				StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
+				StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
 			defer src.Close()
 
 			f, err := src.Stat(ctx, "pages-1.img")

@@ -46,7 +46,7 @@ func benchStreamSource(b *testing.B, spec string, total int64, seal *crypt.Sessi
 	b.ResetTimer()
 	for range b.N {
 		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"bench"},
-			StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total, Key: key}, ServeEarly: true})
+			StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 2 * total, Key: key}, ServeEarly: true})
 		var wg sync.WaitGroup
 		for _, f := range m.Files {
 			wg.Add(1)
@@ -137,7 +137,7 @@ func BenchmarkStreamSourcePipe(b *testing.B) {
 		stream, m := benchStream(b, spec, total, pipeline.Format{})
 		benchIntoPipe(b, spec, total, m.Files, func() (Source, error) {
 			return NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(stream)}, []string{"bench"},
-				StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}}), nil
+				StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 2 * total}}), nil
 		})
 	}
 }
@@ -159,7 +159,7 @@ func BenchmarkStreamSourceBorrowed(b *testing.B) {
 				if mode == "borrowed" {
 					r = &lendingShard{Reader: bytes.NewReader(stream), b: stream}
 				}
-				src := NewStreamSource(ctx, []io.Reader{r}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
+				src := NewStreamSource(ctx, []io.Reader{r}, []string{"bench"}, StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 2 * total}, ServeEarly: true})
 				var wg sync.WaitGroup
 				for _, f := range m.Files {
 					wg.Add(1)
@@ -381,7 +381,7 @@ func BenchmarkStreamSpill(b *testing.B) {
 						pw.CloseWithError(writeShard(pw, i))
 					}()
 				}
-				src := NewStreamSource(ctx, readers, names, StreamOptions{Options: pipeline.Options{MemoryLimit: 1 << 20}, SpillDir: dir})
+				src := NewStreamSource(ctx, readers, names, StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 1 << 20}, SpillDir: dir})
 				err := src.Wait(ctx)
 				b.StopTimer()
 				for _, r := range readers {
@@ -412,7 +412,7 @@ func BenchmarkStreamCopyToFile(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_SOURCE_MIB", 256)
 	stream, m := benchStream(b, "lz4", total, pipeline.Format{})
 	ctx := context.Background()
-	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"bench"}, StreamOptions{Options: pipeline.Options{MemoryLimit: 2 * total}})
+	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(stream)}, []string{"bench"}, StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 2 * total}})
 	defer src.Close()
 	if err := src.Wait(ctx); err != nil {
 		b.Fatal(err)

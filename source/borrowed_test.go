@@ -54,7 +54,7 @@ func TestStreamBorrowedPayloads(t *testing.T) {
 	files := corpusFiles()
 	b := plainStream(t, files)
 	pristine := bytes.Clone(b)
-	so := StreamOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: true}}
+	so := StreamSourceOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: true}}
 
 	plain := readStream(ctx, [][]byte{b}, so)
 	defer plain.Close()
@@ -109,7 +109,7 @@ func TestStreamBorrowedPayloads(t *testing.T) {
 	shards, _ := sealedStream(t, k, "none", files, 1)
 	pristine = bytes.Clone(shards[0])
 	sh := &lendingShard{Reader: bytes.NewReader(shards[0]), b: shards[0]}
-	sealed := NewStreamSource(ctx, []io.Reader{sh}, []string{"shard 0"}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}})
+	sealed := NewStreamSource(ctx, []io.Reader{sh}, []string{"shard 0"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: k}})
 	defer sealed.Close()
 	pipelinetest.CheckSource(t, ctx, "sealed", sealed, files)
 	if sh.gave != 0 || !bytes.Equal(shards[0], pristine) {

@@ -31,7 +31,7 @@ func TestSourcesCancel(t *testing.T) {
 	sc := newStreamCorpus(t, "lz4")
 	base = pipelinetest.CountGoroutines()
 	cctx, cancel = context.WithCancel(ctx)
-	src := NewStreamSource(cctx, []io.Reader{&slowReader{b: sc.b}}, []string{"slow"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
+	src := NewStreamSource(cctx, []io.Reader{&slowReader{b: sc.b}}, []string{"slow"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
 	cancel()
 	if err := src.Wait(ctx); err == nil {
 		t.Fatal("Wait after cancel succeeded")
@@ -47,7 +47,7 @@ func TestStreamSourceCancelBlockedShard(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"stdin"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"stdin"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
 	cancel()
 	closed := make(chan struct{})
 	go func() { src.Close(); close(closed) }()

@@ -192,7 +192,7 @@ type copyResult struct {
 
 // serveDamaged runs a StreamSource over b, copying every file while the
 // stream decodes, and returns Wait's error and the copies.
-func serveDamaged(ctx context.Context, sc *streamCorpus, b []byte, so StreamOptions) ([]copyResult, error) {
+func serveDamaged(ctx context.Context, sc *streamCorpus, b []byte, so StreamSourceOptions) ([]copyResult, error) {
 	src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(b)}, []string{"damaged"}, so)
 	defer src.Close()
 	results := make(chan copyResult, len(sc.files))
@@ -244,7 +244,7 @@ func TestStreamCorruption(t *testing.T) {
 			defer cancel()
 			sc := newStreamCorpus(t, spec)
 			// The undamaged stream serves everything.
-			copies, err := serveDamaged(ctx, sc, sc.b, StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
+			copies, err := serveDamaged(ctx, sc, sc.b, StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,7 +272,7 @@ func TestStreamCorruption(t *testing.T) {
 					b := bytes.Clone(sc.b)
 					b[off] ^= mask
 					what := fmt.Sprintf("byte %d ^ %02x", off, mask)
-					so := StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}
+					so := StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}
 					extract := i%5 == 0 && mask == 1
 					if extract {
 						so.ExtractDir = t.TempDir()
@@ -335,7 +335,7 @@ func TestStreamTruncation(t *testing.T) {
 	sort.Slice(cuts, func(i, j int) bool { return cuts[i] < cuts[j] })
 	for i, n := range dedup(cuts) {
 		what := fmt.Sprintf("cut at %d of %d", n, len(sc.b))
-		so := StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: i%2 == 0}
+		so := StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: i%2 == 0}
 		if i%7 == 3 {
 			so.ExtractDir = t.TempDir()
 		}
@@ -381,7 +381,7 @@ func TestStreamShardMismatch(t *testing.T) {
 			rs = append(rs, bytes.NewReader(s))
 			names = append(names, fmt.Sprintf("shard %d", i))
 		}
-		src := NewStreamSource(ctx, rs, names, StreamOptions{Options: pipeline.Options{Workers: 2}})
+		src := NewStreamSource(ctx, rs, names, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
 		defer src.Close()
 		return src.Wait(ctx)
 	}

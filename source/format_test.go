@@ -64,7 +64,7 @@ func TestNoChunkHashesRules(t *testing.T) {
 			rs = append(rs, bytes.NewReader(s))
 			names = append(names, "shard")
 		}
-		src := NewStreamSource(context.Background(), rs, names, StreamOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: verify}})
+		src := NewStreamSource(context.Background(), rs, names, StreamSourceOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: verify}})
 		defer src.Close()
 		var got bytes.Buffer
 		_, cerr := src.Copy(context.Background(), "pages-1.img", &got)

@@ -109,7 +109,7 @@ func TestStreamErrorEscapesNames(t *testing.T) {
 	h.file(0, "x\x1b]0;pwned\x07.img")
 	h.data(0, 0, "none", []byte("abc"))
 	b := h.bytes() // the file never ends
-	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(b)}, []string{"stdin"}, StreamOptions{Discard: true})
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(b)}, []string{"stdin"}, StreamSourceOptions{Discard: true})
 	defer s.Close()
 	err := s.Wait(context.Background())
 	if err == nil {
@@ -138,7 +138,7 @@ func TestStreamExtractPlantedSymlink(t *testing.T) {
 	h.fileEnd(0, 9, [][32]byte{h.data(0, 0, "none", []byte("attacker!"))})
 	h.file(1, "b.img")
 	h.fileEnd(1, 3, [][32]byte{h.data(1, 0, "none", []byte("bbb"))})
-	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamOptions{ExtractDir: dir})
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamSourceOptions{ExtractDir: dir})
 	if err := s.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestStreamExtractFailureLeavesNothing(t *testing.T) {
 	h.file(1, "b.img")
 	raw := []byte("bbb")
 	h.frame(manifest.FrameHeader{Type: manifest.FrameData, FileID: 1, RawLen: 3, Checksum: codec.Checksum(raw) ^ 1, Hash: codec.ContentHash(raw)}, raw)
-	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamOptions{ExtractDir: dir})
+	s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(h.bytes())}, []string{"stdin"}, StreamSourceOptions{ExtractDir: dir})
 	err := s.Wait(context.Background())
 	s.Close()
 	if !errors.Is(err, errdefs.ErrCorrupt) {
@@ -263,11 +263,11 @@ func TestStreamMetadataBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		b    []byte
-		so   StreamOptions
+		so   StreamSourceOptions
 	}{
-		{"zero chunks, verify", zeros(), StreamOptions{Discard: true}},
-		{"zero chunks, held", zeros(), StreamOptions{}},
-		{"names, verify", names(), StreamOptions{Discard: true}},
+		{"zero chunks, verify", zeros(), StreamSourceOptions{Discard: true}},
+		{"zero chunks, held", zeros(), StreamSourceOptions{}},
+		{"names, verify", names(), StreamSourceOptions{Discard: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.so.MemoryLimit = limit
@@ -309,7 +309,7 @@ func TestStreamSpillBoundedBySpace(t *testing.T) {
 		return free - fi.Size(), total, nil
 	}
 	t.Cleanup(func() { spaceLeft = old })
-	for _, so := range []StreamOptions{{SpillDir: t.TempDir()}, {ExtractDir: t.TempDir()}} {
+	for _, so := range []StreamSourceOptions{{SpillDir: t.TempDir()}, {ExtractDir: t.TempDir()}} {
 		h := newHostile(t)
 		h.file(0, "pages-1.img")
 		raw := bytes.Repeat([]byte{1}, 1<<20)

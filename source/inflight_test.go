@@ -31,7 +31,7 @@ func TestStreamInflightCounted(t *testing.T) {
 	}
 	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 4, Codec: pipelinetest.MustSpec(t, "lz4")}, files)
 	for _, discard := range []bool{true, false} {
-		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 8, MemoryLimit: limit}, Discard: discard, SpillDir: t.TempDir()})
+		src := NewStreamSource(ctx, []io.Reader{bytes.NewReader(buf.Bytes())}, []string{"buf"}, StreamSourceOptions{Options: pipeline.Options{Workers: 8, MemoryLimit: limit}, Discard: discard, SpillDir: t.TempDir()})
 		err := src.Wait(ctx)
 		src.Close()
 		if err != nil {
@@ -73,7 +73,7 @@ func TestStreamInflightManyShards(t *testing.T) {
 		for i := range bufs {
 			readers[i], names[i] = bytes.NewReader(bufs[i].Bytes()), fmt.Sprintf("shard%d", i)
 		}
-		src := NewStreamSource(ctx, readers, names, StreamOptions{Options: pipeline.Options{Workers: 4, MemoryLimit: limit}, SpillDir: t.TempDir()})
+		src := NewStreamSource(ctx, readers, names, StreamSourceOptions{Options: pipeline.Options{Workers: 4, MemoryLimit: limit}, SpillDir: t.TempDir()})
 		results := make(chan copyResult, len(files))
 		for name := range files {
 			go func() {

@@ -70,7 +70,7 @@ func TestStreamReplacedNamesNotHeld(t *testing.T) {
 	const n, limit = 20000, 8 << 20
 	before, held := heapInUse(), int64(0)
 	src := NewStreamSource(ctx, []io.Reader{replacingStream(n, func() { held = heapInUse() - before })}, []string{"pipe"},
-		StreamOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
+		StreamSourceOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
 	defer src.Close()
 	if err := src.Wait(ctx); err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func TestStreamReplacedIDsCounted(t *testing.T) {
 	defer cancel()
 	const limit = 64 << 10
 	src := NewStreamSource(ctx, []io.Reader{replacingStream(2*limit/doneMeta, nil)}, []string{"pipe"},
-		StreamOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
+		StreamSourceOptions{Options: pipeline.Options{MemoryLimit: limit}, Discard: true})
 	defer src.Close()
 	if err := src.Wait(ctx); !errors.Is(err, ErrMemoryLimit) {
 		t.Fatalf("Wait = %v, want ErrMemoryLimit", err)

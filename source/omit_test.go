@@ -106,7 +106,7 @@ func TestCopyOmit(t *testing.T) {
 				t.Fatal(err)
 			}
 			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, spec)}, files)
-			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: limit}})
+			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: limit}})
 			if err := s.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +158,7 @@ func TestStreamCopyToFile(t *testing.T) {
 			}
 			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, tc.spec)},
 				map[string][]byte{"pages-1.img": pages, "empty.img": nil})
-			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
+			s := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
 			defer s.Close()
 			if err := s.Wait(ctx); err != nil {
 				t.Fatal(err)

@@ -142,13 +142,13 @@ func TestRoundTrip(t *testing.T) {
 // liveSource is a StreamSource fed through pipes while the capture runs.
 type liveSource struct {
 	kind string
-	so   StreamOptions
+	so   StreamSourceOptions
 	src  *StreamSource
 	prs  []*io.PipeReader
 	pws  []*io.PipeWriter
 }
 
-func startLive(ctx context.Context, t *testing.T, kind string, so StreamOptions, shards int) *liveSource {
+func startLive(ctx context.Context, t *testing.T, kind string, so StreamSourceOptions, shards int) *liveSource {
 	l := &liveSource{kind: kind, so: so}
 	var rs []io.Reader
 	var names []string
@@ -203,10 +203,10 @@ func streamRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData, sh
 	defer cancel()
 	want := d.want()
 	lives := []*liveSource{
-		startLive(ctx, t, "memory", StreamOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: true}}, shards),
-		startLive(ctx, t, "early", StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}, shards),
-		startLive(ctx, t, "spill", StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: 1 << 20}, SpillDir: t.TempDir(), ServeEarly: true}, shards),
-		startLive(ctx, t, "extract", StreamOptions{Options: pipeline.Options{Workers: 2}, ExtractDir: t.TempDir()}, shards),
+		startLive(ctx, t, "memory", StreamSourceOptions{Options: pipeline.Options{Workers: 2, VerifyHashes: true}}, shards),
+		startLive(ctx, t, "early", StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true}, shards),
+		startLive(ctx, t, "spill", StreamSourceOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: 1 << 20}, SpillDir: t.TempDir(), ServeEarly: true}, shards),
+		startLive(ctx, t, "extract", StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ExtractDir: t.TempDir()}, shards),
 	}
 	recorded := make([]*bytes.Buffer, shards)
 	writers := make([]io.Writer, shards)
@@ -413,7 +413,7 @@ func TestStreamServesBeforeEnd(t *testing.T) {
 	defer cancel()
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}, ServeEarly: true})
 	defer func() { pw.Close(); src.Close() }()
 	out, _ := streamer.NewStreamOutput([]io.Writer{pw})
 	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: rtChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")})
@@ -470,7 +470,7 @@ func TestEmptyCapture(t *testing.T) {
 	if err != nil || len(m.Files) != 0 {
 		t.Fatalf("Close = %+v, %v", m, err)
 	}
-	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{})
+	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{})
 	defer src.Close()
 	pipelinetest.CheckSource(t, ctx, "empty stream", src, map[string][]byte{})
 
@@ -512,7 +512,7 @@ func TestWriteFileUnsafeNames(t *testing.T) {
 		if werr != nil || cerr != nil {
 			continue // refused at capture: consistent
 		}
-		src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{})
+		src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{})
 		err := src.Wait(ctx)
 		src.Close()
 		if err != nil {
@@ -527,7 +527,7 @@ func TestStreamServesOnlyAfterEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pr, pw := io.Pipe()
-	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
+	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
 	defer func() { pw.Close(); src.Close() }()
 	out, _ := streamer.NewStreamOutput([]io.Writer{pw})
 	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: rtChunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "zstd")})
@@ -594,7 +594,7 @@ func TestDuplicateNameReplay(t *testing.T) {
 	for _, mode := range []string{"memory", "extract"} {
 		t.Run(mode, func(t *testing.T) {
 			for i := range 10 {
-				so := StreamOptions{Options: pipeline.Options{Workers: 2}}
+				so := StreamSourceOptions{Options: pipeline.Options{Workers: 2}}
 				if mode == "extract" {
 					so.ExtractDir = t.TempDir()
 				}

@@ -43,7 +43,7 @@ func sealedStream(t testing.TB, k *crypt.Key, spec string, files map[string][]by
 	return out2, m
 }
 
-func readStream(ctx context.Context, shards [][]byte, so StreamOptions) *StreamSource {
+func readStream(ctx context.Context, shards [][]byte, so StreamSourceOptions) *StreamSource {
 	rs := make([]io.Reader, len(shards))
 	names := make([]string, len(shards))
 	for i, b := range shards {
@@ -101,7 +101,7 @@ func TestSealedRoundTrip(t *testing.T) {
 					noPlaintext(t, fmt.Sprintf("shard %d of %d", i, n), b, files, m)
 				}
 				for _, verify := range []bool{false, true} {
-					src := readStream(ctx, shards, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k, VerifyHashes: verify}})
+					src := readStream(ctx, shards, StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: k, VerifyHashes: verify}})
 					pipelinetest.CheckSource(t, ctx, fmt.Sprintf("%d shards, verify %v", n, verify), src, files)
 					src.Close()
 				}
@@ -178,7 +178,7 @@ func TestSealedKeyErrors(t *testing.T) {
 			if tc.plain {
 				in, sst = [][]byte{plain.Bytes()}, plainStore
 			}
-			src := readStream(ctx, in, StreamOptions{Options: pipeline.Options{Workers: 2, Key: tc.key}})
+			src := readStream(ctx, in, StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: tc.key}})
 			err := src.Wait(ctx)
 			src.Close()
 			checkIsContains(t, "stream", err, tc.is, tc.want)
@@ -451,7 +451,7 @@ func TestSealedStreamTamper(t *testing.T) {
 			if tc.what == "two files' ends swapped in order" {
 				bad = swapFileEnds(t, b)
 			}
-			so := StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}, ServeEarly: true}
+			so := StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: k}, ServeEarly: true}
 			if strings.Contains(tc.what, "file") {
 				// Whole files are authenticated by the END frame: nothing
 				// may be served before it (the default).
@@ -477,7 +477,7 @@ func TestSealedStreamTamper(t *testing.T) {
 	// The same rewrite with nothing changed is accepted: the checks above
 	// fail for what they changed, not for the rewriting.
 	same := rewrite(t, b, func(i int, fr manifest.Frame) []manifest.Frame { return []manifest.Frame{fr} })
-	src := readStream(ctx, [][]byte{same}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k}})
+	src := readStream(ctx, [][]byte{same}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: k}})
 	pipelinetest.CheckSource(t, ctx, "rewritten", src, files)
 	src.Close()
 }
@@ -625,7 +625,7 @@ func FuzzSealedStream(f *testing.F) {
 		stop := time.AfterFunc(10*time.Second, func() { panic("hang\n" + pipelinetest.GoroutineDump()) })
 		defer stop.Stop()
 		ctx := context.Background()
-		src := readStream(ctx, [][]byte{b}, StreamOptions{Options: pipeline.Options{Workers: 2, Key: k, MemoryLimit: 1 << 20}, ServeEarly: true})
+		src := readStream(ctx, [][]byte{b}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, Key: k, MemoryLimit: 1 << 20}, ServeEarly: true})
 		defer src.Close()
 		for name, want := range files {
 			var got bytes.Buffer

@@ -65,7 +65,7 @@ func TestStreamCopyIntoPipe(t *testing.T) {
 				t.Fatal(err)
 			}
 			captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, tc.spec)}, files)
-			src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
+			src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2, MemoryLimit: tc.limit}})
 			defer src.Close()
 			if err := src.Wait(ctx); err != nil {
 				t.Fatal(err)

@@ -198,8 +198,8 @@ type chunkRec struct {
 	foff     int64
 }
 
-// StreamOptions configures a StreamSource.
-type StreamOptions struct {
+// StreamSourceOptions configures a StreamSource.
+type StreamSourceOptions struct {
 	pipeline.Options
 	// ExtractDir, when set, receives every file as it completes.
 	ExtractDir string
@@ -220,7 +220,7 @@ type StreamOptions struct {
 
 // NewStreamSource starts decoding the shards (one reader each) in the
 // background. names label the shards in errors.
-func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so StreamOptions) *StreamSource {
+func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so StreamSourceOptions) *StreamSource {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &StreamSource{
 		opts:       so.Options.WithDefaults(),

@@ -55,7 +55,7 @@ func TestStreamSpillFiles(t *testing.T) {
 	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2, Codec: pipelinetest.MustSpec(t, "lz4")}, files)
 	dir := t.TempDir()
 	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"},
-		StreamOptions{Options: pipeline.Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
+		StreamSourceOptions{Options: pipeline.Options{Workers: 4, MemoryLimit: 2 * chunk}, SpillDir: dir})
 	defer src.Close() // a second Close does nothing (TestStreamSourceCloseTwice)
 	if err := src.Wait(ctx); err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestStreamSourceCloseTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	captureFiles(t, ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 2}, files)
-	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamOptions{Options: pipeline.Options{Workers: 2}})
+	src := NewStreamSource(ctx, []io.Reader{&buf}, []string{"buf"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
 	pipelinetest.CheckSource(t, ctx, "held", src, files)
 	for i := 0; i < 2; i++ {
 		if err := src.Close(); err != nil {

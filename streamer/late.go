@@ -8,9 +8,10 @@ package streamer
 // says DATA frames may follow their file's FILE-END; a reader marks such a
 // frame manifest.Frame.Late, and a stream source counts the shards that
 // carried late data (lateShards) to learn that every file is announced.
-// serve --early (source.StreamOptions.ServeEarly, checkpoint's Early) is
-// another concept: serving files while the stream still arrives. It works
-// on any stream; late data is what lets CRIU start long before the end.
+// serve --early (source.StreamSourceOptions.ServeEarly, checkpoint's
+// Early) is another concept: serving files while the stream still
+// arrives. It works on any stream; late data is what lets CRIU start long
+// before the end.
 //
 // CRIU's dump writes each process's page image (pages-N.img) before the
 // small images, and inventory.img last; its restore asks for inventory.img

@@ -48,7 +48,7 @@ func newLiveShards(ctx context.Context, n int, key *crypt.Key) *liveShards {
 		l.bufs = append(l.bufs, buf)
 		rs[i], names[i] = pr, fmt.Sprintf("shard %d", i)
 	}
-	l.src = source.NewStreamSource(ctx, rs, names, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 64 << 20, Key: key, VerifyHashes: true}})
+	l.src = source.NewStreamSource(ctx, rs, names, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 64 << 20, Key: key, VerifyHashes: true}})
 	return l
 }
 

@@ -96,7 +96,7 @@ func inspectVRAM(ctx context.Context, cfg *config, loc location.Location, m *man
 	if !slices.ContainsFunc(m.CUDA, func(p manifest.CUDAProcess) bool { return p.Path == manifest.CUDAPathPreload }) {
 		return nil, ""
 	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamOptions{Discard: true})
+	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamSourceOptions{Discard: true})
 	if err != nil {
 		return nil, err.Error()
 	}

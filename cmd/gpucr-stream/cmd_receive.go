@@ -45,7 +45,7 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	} else if err := cfg.needImagesDir("receive (without --restore)"); err != nil {
 		return err
 	}
-	o.Stream = cfg.locationConfig().StreamOptions(source.StreamOptions{})
+	o.Stream = cfg.locationConfig().StreamSourceOptions(source.StreamSourceOptions{})
 	res, err := checkpoint.Receive(ctx, o)
 	if err != nil {
 		return err

@@ -60,7 +60,7 @@ func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport,
 	if loc.Kind == location.TCP {
 		return rep, usagef("verify: %s: verify reads a checkpoint at rest (a directory, s3://, a stream file or -); a tcp:// transfer is verified as it is received (receive, serve --from tcp://)", from)
 	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamOptions{Discard: true})
+	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamSourceOptions{Discard: true})
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}

@@ -36,7 +36,7 @@ func BenchmarkTCPTransfer(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				src := NewSource(ctx, l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 1 << 30}})
+				src := NewSource(ctx, l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 1 << 30}})
 				out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
 				if err != nil {
 					b.Fatal(err)
@@ -123,7 +123,7 @@ func migrateOnce(b *testing.B, size int64, block []byte, spec codec.Spec, stream
 	if err != nil {
 		b.Fatal(err)
 	}
-	src := NewSource(ctx, l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: size + 512<<20}})
+	src := NewSource(ctx, l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: size + 512<<20}})
 	defer src.Close()
 	out, err := Dial(ctx, l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams, AutoCommit: true})
 	if err != nil {
@@ -217,7 +217,7 @@ func BenchmarkPrecopyFinal(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				src := NewSource(testCtx(b), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: int64(size) + 256<<20}, SpillDir: b.TempDir()})
+				src := NewSource(testCtx(b), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: int64(size) + 256<<20}, SpillDir: b.TempDir()})
 				out, err := Dial(testCtx(b), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: streams,
 					Format: pipeline.Format{ChunkHashes: true}})
 				if err != nil {

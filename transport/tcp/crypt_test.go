@@ -28,7 +28,7 @@ func TestTCPEncrypted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20, Key: key}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 8 << 20, Key: key}, SpillDir: t.TempDir()})
 	defer src.Close()
 	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second, AutoCommit: true, Format: pipeline.Format{Seal: seal}})
 	if err != nil {
@@ -49,7 +49,7 @@ func TestTCPEncrypted(t *testing.T) {
 		t.Fatal("the local copy holds plain bytes")
 	}
 	copySrc := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(local.Bytes())}, []string{"copy"},
-		source.StreamOptions{Options: pipeline.Options{Key: key}})
+		source.StreamSourceOptions{Options: pipeline.Options{Key: key}})
 	defer copySrc.Close()
 	checkFiles(t, copySrc, files)
 }

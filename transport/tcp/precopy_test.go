@@ -34,7 +34,7 @@ func TestPrecopyRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+			src := NewSource(testCtx(t), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 			defer src.Close()
 			out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: c.streams, Timeout: 3 * time.Second,
 				Format: pipeline.Format{ChunkHashes: true}})
@@ -197,7 +197,7 @@ func TestPrecopyKeepAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 	defer src.Close()
 	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: timeout,
 		Format: pipeline.Format{ChunkHashes: true}})
@@ -238,7 +238,7 @@ func TestPrecopyWithCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 	defer src.Close()
 	out, err := Dial(testCtx(t), l.Addr().String(), SendOptions{Auth: tokenAuth(goodToken), Streams: 2, Timeout: 3 * time.Second,
 		Format: pipeline.Format{ChunkHashes: true}})
@@ -270,7 +270,7 @@ func TestPrecopyWithCopy(t *testing.T) {
 	if out.RefBytes() < 2<<20 {
 		t.Errorf("%d bytes by reference", out.RefBytes())
 	}
-	kept := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(copyBuf.Bytes())}, []string{"copy"}, source.StreamOptions{})
+	kept := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(copyBuf.Bytes())}, []string{"copy"}, source.StreamSourceOptions{})
 	defer kept.Close()
 	checkFiles(t, kept, files)
 	// The copy holds the text raw: the receiver had it, so not encoded again.

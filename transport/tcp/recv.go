@@ -488,7 +488,7 @@ func (s *Session) Close() {
 // is dropped at once.
 type Source struct {
 	l      *Listener
-	so     source.StreamOptions
+	so     source.StreamSourceOptions
 	cancel context.CancelFunc
 
 	started chan struct{} // session accepted
@@ -506,7 +506,7 @@ type Source struct {
 // NewSource starts receiving on l in the background; l is closed once a
 // sender's session is accepted. Canceling ctx with a cause refuses the
 // sender with that cause.
-func NewSource(ctx context.Context, l *Listener, so source.StreamOptions) *Source {
+func NewSource(ctx context.Context, l *Listener, so source.StreamSourceOptions) *Source {
 	ctx, cancel := context.WithCancel(ctx)
 	// Files go out only through the gate (an extract writes them with
 	// Copy after the commit), never straight from the decoder.

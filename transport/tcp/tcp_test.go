@@ -87,7 +87,7 @@ func startReceiver(t *testing.T, auth Auth) *receiver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := NewSource(testCtx(t), l, source.StreamOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
+	src := NewSource(testCtx(t), l, source.StreamSourceOptions{Options: pipeline.Options{MemoryLimit: 8 << 20}, SpillDir: t.TempDir()})
 	t.Cleanup(func() { src.Close() })
 	return &receiver{l: l, src: src, log: lb}
 }

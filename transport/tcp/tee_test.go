@@ -71,7 +71,7 @@ func TestTCPTeeKeepCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkFiles(t, r.src, files)
-			copySrc := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(disk.buf.Bytes())}, []string{"copy"}, source.StreamOptions{})
+			copySrc := source.NewStreamSource(testCtx(t), []io.Reader{bytes.NewReader(disk.buf.Bytes())}, []string{"copy"}, source.StreamSourceOptions{})
 			defer copySrc.Close()
 			checkFiles(t, copySrc, files)
 		})
