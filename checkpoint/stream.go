@@ -45,8 +45,9 @@ type Stats struct {
 	Source      string       `json:"source,omitempty"`
 }
 
-// StreamOptions are a capture's, serve's or extract's.
-type StreamOptions struct {
+// DropInOptions are the options of the criu-image-streamer drop-in flows:
+// a capture's, serve's or extract's.
+type DropInOptions struct {
 	// ImagesDir is the directory given to criu with -D.
 	ImagesDir string
 	// Loc is the destination (capture) or source (serve, extract).
@@ -71,7 +72,7 @@ type StreamOptions struct {
 
 // Capture takes the images of `criu dump --stream -D ImagesDir` (and the
 // ext files, and the VRAM producers') and writes them to o.Loc.
-func Capture(ctx context.Context, o StreamOptions) (*Stats, error) {
+func Capture(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	c, out, err := location.StartCapture(ctx, o.Loc, o.Open)
 	if err != nil {
@@ -159,7 +160,7 @@ func eachExtFile(files []ExtFile, fn func(ExtFile, *os.File) error) error {
 // read the lines in that order, and a stream damaged anywhere never starts
 // a restore. An archive is read in CRIU's order as it asks; its line comes
 // first too. With o.Early the socket listens at once (serveEarly).
-func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
+func Serve(ctx context.Context, o DropInOptions) (*Stats, error) {
 	if o.Early {
 		return serveEarly(ctx, o)
 	}
@@ -199,7 +200,7 @@ func Serve(ctx context.Context, o StreamOptions) (*Stats, error) {
 // after CRIU took all it asked for fails the serve after CRIU may have
 // finished: the caller must then kill what it restored (restore --from
 // does). The statistics line comes last, with the stream's totals.
-func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
+func serveEarly(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
@@ -245,7 +246,7 @@ func serveEarly(ctx context.Context, o StreamOptions) (*Stats, error) {
 
 // serveToCRIU serves src to CRIU's restore and the ext files to their
 // descriptors.
-func serveToCRIU(ctx context.Context, o StreamOptions, src source.Source) error {
+func serveToCRIU(ctx context.Context, o DropInOptions, src source.Source) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	extErr := make(chan error, 1)
@@ -314,7 +315,7 @@ func (f *firstRequest) against(end time.Time) string {
 
 // Extract writes the image files of o.Loc into ImagesDir, and the ext
 // files to their descriptors.
-func Extract(ctx context.Context, o StreamOptions) (*Stats, error) {
+func Extract(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, source.StreamSourceOptions{ExtractDir: o.ImagesDir})
 	if err != nil {

@@ -18,7 +18,7 @@ func (c *config) statsLine(st *checkpoint.Stats) {
 
 // runStream is capture, serve or extract, which CRIU runs beside.
 func runStream(ctx context.Context, cfg *config, args []string, name, use string,
-	fn func(context.Context, checkpoint.StreamOptions) (*checkpoint.Stats, error)) error {
+	fn func(context.Context, checkpoint.DropInOptions) (*checkpoint.Stats, error)) error {
 	if len(args) > 0 {
 		return usagef("%s takes no arguments (got %q); use %s", name, args, use)
 	}
@@ -46,7 +46,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 		}
 	}
 	// The statistics line is written by the hooks, when the real tool writes it.
-	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
+	_, err = fn(ctx, checkpoint.DropInOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
 		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
 		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap, Early: cfg.serveEarly})
 	if errors.Is(err, criusock.ErrNoCRIU) {
