@@ -368,7 +368,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// The driver warms while a slow parent reaps the checkpointed tree
 	// (CRIU waits for its PIDs: criusock.Restore).
 	held := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
-	rep, err := criusock.Restore(ctx, criusock.RestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
+	rep, err := criusock.Restore(ctx, criusock.CRIURestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
 		FreePIDs: GoneTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir}, src)
 	if err == nil {

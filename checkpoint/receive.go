@@ -296,8 +296,8 @@ func (r *receiver) restore(ctx context.Context) error {
 }
 
 // restoreOptions are how CRIU restores here, from the stream or lazily.
-func (r *receiver) restoreOptions(ctx context.Context) criusock.RestoreOptions {
-	return criusock.RestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
+func (r *receiver) restoreOptions(ctx context.Context) criusock.CRIURestoreOptions {
+	return criusock.CRIURestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: criusock.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout,
 		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir}
 }

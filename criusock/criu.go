@@ -315,8 +315,8 @@ func interruptedDump(ctx context.Context, pid int, criuErr error, committed bool
 	return interrupted(ctx, "%s; %s", what, treeState(pid))
 }
 
-// RestoreOptions configure one `criu restore --stream` run.
-type RestoreOptions struct {
+// CRIURestoreOptions configure one `criu restore --stream` run.
+type CRIURestoreOptions struct {
 	CRIU      string
 	WorkDir   string
 	ExtraArgs []string
@@ -349,7 +349,7 @@ type RestoreReport struct {
 // it cannot be trusted. TIME_WAIT sockets that would refuse CRIU's bind of
 // the image's listeners are cleared first (ClearTimeWait), and the PIDs
 // the image restores waited for (waitFreePIDs).
-func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
+func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep RestoreReport, err error) {
 	pids := waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
 	src = pids
 	defer func() { rep.PIDWait = pids.Waited() }()

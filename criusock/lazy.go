@@ -76,7 +76,7 @@ func CheckLazyPages(ctx context.Context, criu string) error {
 // `criu lazy-pages` on it and runs `criu restore --lazy-pages`. It returns
 // once the tree is restored and runs; Wait then waits for the daemon's last
 // page. On failure nothing restored is left running.
-func RestoreLazy(ctx context.Context, o RestoreOptions, src source.Source) (l *LazyRestore, err error) {
+func RestoreLazy(ctx context.Context, o CRIURestoreOptions, src source.Source) (l *LazyRestore, err error) {
 	src = waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
 	all, err := src.Files(ctx)
 	if err != nil {
