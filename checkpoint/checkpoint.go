@@ -367,10 +367,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	defer warm.Wait()
 	// The driver warms while a slow parent reaps the checkpointed tree
 	// (CRIU waits for its PIDs: criusock.Restore).
-	held := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
+	buffering := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	rep, err := criusock.Restore(ctx, criusock.CRIURestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
-		FreePIDs: GoneTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir}, src)
+		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}

@@ -257,11 +257,11 @@ func serveToCRIU(ctx context.Context, o DropInOptions, src source.Source) error 
 		}
 		extErr <- err
 	}()
-	held := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
+	buffering := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	_, err := criusock.ServeWith(ctx, o.ImagesDir, src, criusock.ServeOptions{Hooks: criusock.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Log:       o.Hooks.Log,
-	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout, MemoryLimit: held.MemoryLimit, SpillDir: held.SpillDir})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir})
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 			err = cause

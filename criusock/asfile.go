@@ -76,9 +76,9 @@ type fileImages struct {
 	memory   int64 // what their memfds may hold together
 	log      func(string)
 
-	mu    sync.Mutex
-	asked map[string]int // CRIU's requests so far, by name
-	held  int64          // what the memfds made hold
+	mu       sync.Mutex
+	asked    map[string]int // CRIU's requests so far, by name
+	inMemfds int64          // bytes in the memfds made so far
 	// skips are the spans of pages images their first serve leaves out
 	// (unpremapped.go), by name.
 	skips map[string][]source.Span
@@ -186,9 +186,9 @@ func (fi *fileImages) make(ctx context.Context, name string, size int64) (*os.Fi
 			need += s.Len
 		}
 	}
-	inMemory := fi.held+need <= fi.memory
+	inMemory := fi.inMemfds+need <= fi.memory
 	if inMemory {
-		fi.held += need // until the serve ends: CRIU holds it as long as it likes
+		fi.inMemfds += need // until the serve ends: CRIU holds it as long as it likes
 	}
 	fi.mu.Unlock()
 	var f *os.File

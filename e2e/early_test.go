@@ -35,12 +35,12 @@ func capturedStream(t *testing.T, mb int, args ...string) (dir, stream string, t
 	return dir, stream, tg, before
 }
 
-// serveHeldBack runs `serve --early` on data, given through a pipe but
-// for data[gate:], held back until serve logs a line that wanted accepts,
+// serveGated runs `serve --early` on data, given through a pipe but
+// for data[gate:], gated until serve logs a line that wanted accepts,
 // with `criu restore --stream` started at socket-init; it returns that line
 // and the serve, ended, once criu restored. A serve that never logs such a
 // line fails the test within 30 s.
-func serveHeldBack(ctx context.Context, t *testing.T, dir string, data []byte, gate int, wanted func(string) bool) (string, *proc) {
+func serveGated(ctx context.Context, t *testing.T, dir string, data []byte, gate int, wanted func(string) bool) (string, *proc) {
 	t.Helper()
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -121,7 +121,7 @@ func TestServeEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	const held = 64
-	line, serve := serveHeldBack(ctx, t, dir, data, len(data)-held, func(l string) bool {
+	line, serve := serveGated(ctx, t, dir, data, len(data)-held, func(l string) bool {
 		return strings.Contains(l, "criu asked for its first file") && strings.Contains(l, "while the stream is still being read")
 	})
 	t.Logf("with %d bytes of the stream held back: %s", held, line)
@@ -224,7 +224,7 @@ func TestServePagesLast(t *testing.T) {
 		t.Fatal(err)
 	}
 	gate := lastPagesFrame(t, data)
-	line, _ := serveHeldBack(ctx, t, dir, data, int(gate), func(l string) bool {
+	line, _ := serveGated(ctx, t, dir, data, int(gate), func(l string) bool {
 		return strings.Contains(l, "pages-") && strings.Contains(l, "copied as it arrives")
 	})
 	t.Logf("with the last %d bytes of the stream held back: %s", len(data)-int(gate), line)
