@@ -64,7 +64,7 @@ func TestCaptureLateData(t *testing.T) {
 				}
 				pipelinetest.CheckSource(t, ctx, "pages last", live.src, files)
 				if shards == 1 {
-					checkLocations(t, m, live.bufs)
+					checkFramePositions(t, m, live.bufs)
 				}
 				for s, b := range live.bufs {
 					checkLateData(t, fmt.Sprintf("shard %d", s), b.Bytes(), k)

@@ -74,9 +74,9 @@ func captureInOrder(ctx context.Context, out Output, names []string, files map[s
 	return c.Close(ctx, manifest.Manifest{ID: "output-test", Host: "test", Created: time.Unix(1e9, 0).UTC()})
 }
 
-// checkLocations checks that every chunk of m points at its DATA frame in
+// checkFramePositions checks that every chunk of m points at its DATA frame in
 // the shard (Segment) it names.
-func checkLocations(t *testing.T, m *manifest.Manifest, shards []*bytes.Buffer) {
+func checkFramePositions(t *testing.T, m *manifest.Manifest, shards []*bytes.Buffer) {
 	t.Helper()
 	n := 0
 	for _, f := range m.Files {
@@ -134,7 +134,7 @@ func TestStreamOutputAsync(t *testing.T) {
 					}
 					pipelinetest.CheckSource(t, ctx, fmt.Sprintf("async %v", async), live.src, files)
 					live.src.Close()
-					checkLocations(t, m, live.bufs)
+					checkFramePositions(t, m, live.bufs)
 					for s, n := range so.Sizes() {
 						if n != int64(live.bufs[s].Len()) {
 							t.Fatalf("Sizes()[%d] = %d, the shard holds %d bytes", s, n, live.bufs[s].Len())
@@ -336,7 +336,7 @@ func TestTeeOutputAsync(t *testing.T) {
 					}
 				}
 			}
-			checkLocations(t, m, local.bufs)
+			checkFramePositions(t, m, local.bufs)
 			pipelinetest.WaitGoroutines(t, base)
 		})
 	}
