@@ -54,9 +54,10 @@ func CRIUVersion(ctx context.Context, criu string) string {
 }
 
 // actionScript is run by criu for every action. On post-dump (images
-// closed, process not yet killed) it asks the image streamer to commit through a
-// FIFO pair and fails unless the answer is "ok": CRIU then resumes the
-// process instead of killing it, so a failed upload never loses it.
+// closed, process not yet killed) it asks the image streamer to commit
+// through a FIFO pair and fails unless the answer is "ok": CRIU then
+// resumes the process instead of killing it, so a failed upload never
+// loses it.
 const actionScript = `#!/bin/sh
 [ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
 echo post-dump > "%[1]s/commit.req" || exit 1

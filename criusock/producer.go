@@ -22,9 +22,9 @@ import (
 // length-prefixed img_streamer_request_entry per file, then a pipe passed
 // with SCM_RIGHTS) with one addition: the first request of a producer's
 // connection is a hello, a request whose file name is ProducerHelloPrefix
-// followed by the producer's name. It carries no pipe; the image streamer answers
-// it with a reply {exists: true} once it has taken the producer on, or
-// closes the connection if it takes no more producers (the image is
+// followed by the producer's name. It carries no pipe; the image streamer
+// answers it with a reply {exists: true} once it has taken the producer
+// on, or closes the connection if it takes no more producers (the image is
 // already complete). CRIU never names an image with a leading dot, so the
 // two cannot be confused, and a connection without a hello is CRIU's.
 //

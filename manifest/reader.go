@@ -112,9 +112,9 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 // before the first Next.
 func (r *Reader) SetEndCheck(check func(input []byte, tag [32]byte) error) { r.endCheck = check }
 
-// BorrowPayloads makes Next return the payloads that the underlying reader holds
-// already (PayloadLender) as they are, marked Frame.Borrowed, without calling
-// alloc: for a caller that never writes a DATA payload (one that opens
+// BorrowPayloads makes Next return the payloads that the underlying
+// reader lends (PayloadLender) as they are, marked Frame.Borrowed, without
+// calling alloc: for a caller that never writes a DATA payload (one that opens
 // encrypted chunks in place does).
 func (r *Reader) BorrowPayloads() {
 	r.lender, _ = r.r.(PayloadLender)
