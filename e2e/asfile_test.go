@@ -257,7 +257,10 @@ func inNetnsOutput(t *testing.T, nsPath string, args ...string) (string, error) 
 }
 
 // reserveHugePages adds huge pages of bytes to the pool for the test's
-// time.
+// time, and two more: CRIU learns the hugetlb device by mapping a huge page
+// of its own when it starts (kerndat), and with the pool empty (the target
+// holding all of it) it takes the target's mapping for a file on an
+// unknown mount ("Can't lookup mount=... /anon_hugepage (deleted)").
 func reserveHugePages(t *testing.T, bytes int) {
 	t.Helper()
 	const nr = "/proc/sys/vm/nr_hugepages"
@@ -265,7 +268,7 @@ func reserveHugePages(t *testing.T, bytes int) {
 	if err != nil {
 		missing(t, "huge pages: %v", err)
 	}
-	n := bytes / hugePageSize(t)
+	n := bytes/hugePageSize(t) + 2
 	was, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err := os.WriteFile(nr, []byte(strconv.Itoa(was+n)), 0); err != nil {
 		missing(t, "reserve %d huge pages: %v", n, err)
