@@ -257,7 +257,14 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		})
 		rep.Commit = time.Since(start)
 	}()
-	args := []string{"dump", "--stream", "-D", images, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		in.Abort(err)
+		in.Wait(ctx)
+		return rep, err
+	}
+	defer release()
+	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
 		"--action-script", cm.script()}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
@@ -382,7 +389,14 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	case <-listening:
 	case <-ctx.Done():
 	}
-	args := []string{"restore", "--stream", "-D", images, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return rep, err
+	}
+	defer release()
+	args := []string{"restore", "--stream", "-D", reach, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
 	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
 	rep.CRIU = took
 	if criuErr != nil {

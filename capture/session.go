@@ -236,7 +236,7 @@ func (s *session) producersOpen() int {
 // acceptLoop takes connections until the listener closes (the session
 // ended, failed or ctx was cancelled) and runs handle for each on its own
 // goroutine.
-func (s *session) acceptLoop(ctx context.Context, l *net.UnixListener, handle func(*net.UnixConn)) {
+func (s *session) acceptLoop(ctx context.Context, l *dirListener, handle func(*net.UnixConn)) {
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	go func() {
@@ -421,7 +421,7 @@ type IntakeSession struct {
 // the background.
 func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (*IntakeSession, error) {
 	path := filepath.Join(dir, CaptureSocket)
-	l, err := listen(path)
+	l, err := listen(dir, CaptureSocket)
 	if err != nil {
 		return nil, err
 	}
@@ -442,7 +442,7 @@ func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o Int
 	return in, nil
 }
 
-func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *net.UnixListener, path string, hooks Hooks) error {
+func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *dirListener, path string, hooks Hooks) error {
 	// A pipeline failure (storage down, disk full) must reach CRIU now, not
 	// when it next writes.
 	watched := make(chan struct{})
@@ -678,7 +678,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 		src = sp
 	}
 	path := filepath.Join(dir, ServeSocket)
-	l, err := listen(path)
+	l, err := listen(dir, ServeSocket)
 	if err != nil {
 		return res, err
 	}

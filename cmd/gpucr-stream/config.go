@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/pipeline"
 )
@@ -327,13 +325,6 @@ func (c *config) finish() error {
 func (c *config) needImagesDir(cmd string) error {
 	if c.imagesDir == "" {
 		return usagef("%s needs --images-dir DIR (the directory given to criu with -D)", cmd)
-	}
-	// The sockets' paths must fit sun_path: say so before anything is
-	// written (a capture's stream header included).
-	for _, sock := range []string{capture.CaptureSocket, capture.ServeSocket} {
-		if p := filepath.Join(c.imagesDir, sock); len(p) >= capture.MaxSocketPath {
-			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), capture.MaxSocketPath-1)
-		}
 	}
 	// Created if missing, as criu-image-streamer does; private, since CRIU's
 	// images hold process memory.
