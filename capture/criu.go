@@ -21,7 +21,9 @@ import (
 )
 
 // FindCRIU returns the criu binary to run: the given path, else criu on
-// PATH, else the prefix scripts/install-criu.sh installs.
+// PATH, else the prefix scripts/install-criu.sh installs. A criu on PATH
+// that is this program (gpucr-stream installed as criu, for runtimes that
+// run "criu swrk": package swrk) is passed over.
 func FindCRIU(path string) (string, error) {
 	if path != "" {
 		if _, err := os.Stat(path); err != nil {
@@ -29,7 +31,7 @@ func FindCRIU(path string) (string, error) {
 		}
 		return path, nil
 	}
-	if p, err := exec.LookPath("criu"); err == nil {
+	if p, ok := criuOnPath(); ok {
 		return p, nil
 	}
 	const prefix = "/opt/gpucr-criu/bin/criu"
@@ -37,6 +39,23 @@ func FindCRIU(path string) (string, error) {
 		return prefix, nil
 	}
 	return "", errors.New("criu not found: install CRIU >= 4.0 (scripts/install-criu.sh) or pass --criu PATH")
+}
+
+// criuOnPath is the first executable criu on PATH that is not this program.
+func criuOnPath() (string, bool) {
+	self, err := os.Stat("/proc/self/exe")
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, "criu")
+		st, serr := os.Stat(p)
+		if serr != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 || (err == nil && os.SameFile(st, self)) {
+			continue
+		}
+		return p, true
+	}
+	return "", false
 }
 
 // CRIUVersion asks criu for its version ("4.1.1"), or "".

@@ -161,7 +161,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
-		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, checkCommand, versionCommand, completionCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, checkCommand, versionCommand, completionCommand, swrkCommand,
 	}
 }
 
