@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -170,6 +171,12 @@ type DumpOptions struct {
 	// Producers is the number of producer connections (VRAM dumpers) the
 	// image waits for before it is complete; see IntakeOptions.
 	Producers int
+	// Carry are files to carry beside DefaultCarry (IntakeOptions.Carry).
+	Carry []string
+	// Launcher, if set, runs the dump through a container runtime
+	// (launch.go) instead of `criu dump` here; PID is then the
+	// container's init, for the caller.
+	Launcher Launcher
 }
 
 // DumpReport times the phases of a dump.
@@ -252,7 +259,11 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		return rep, err
 	}
 	defer cm.close()
-	in, err := StartIntakeWith(ctx, images, c, IntakeOptions{Hooks: o.Hooks, Producers: o.Producers})
+	carry := o.Carry
+	if o.Launcher != nil {
+		carry = append(slices.Clip(carry), o.Launcher.Carried()...)
+	}
+	in, err := StartIntakeWith(ctx, images, c, IntakeOptions{Hooks: o.Hooks, Producers: o.Producers, Carry: carry})
 	if err != nil {
 		return rep, err
 	}
@@ -268,6 +279,11 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		}
 		start := time.Now()
 		cut, commitErr = cm.commit(ctx, func() error {
+			if o.Launcher != nil {
+				if err := o.Launcher.PostDump(ctx, images); err != nil {
+					return err
+				}
+			}
 			res, err := in.Drained(ctx)
 			if err == nil && o.BeforeKill != nil {
 				err = o.BeforeKill(ctx, res)
@@ -276,22 +292,10 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		})
 		rep.Commit = time.Since(start)
 	}()
-	reach, release, err := ReachableDir(images)
-	if err != nil {
-		in.Abort(err)
-		in.Wait(ctx)
-		return rep, err
-	}
-	defer release()
-	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
-		"--action-script", cm.script()}
-	if o.LeaveRunning {
-		args = append(args, "--leave-running")
-	}
 	var out string
 	criuErr := context.Cause(ctx)
 	if criuErr == nil { // not interrupted before it started
-		out, rep.CRIU, criuErr = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+		out, rep.CRIU, criuErr = runDump(ctx, o, images, cm.script(), &rep)
 	}
 	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
 	// CRIU's broken pipe, is what the user must hear.
@@ -356,6 +360,11 @@ type RestoreOptions struct {
 	// MemoryLimit and SpillDir are ServeOptions'.
 	MemoryLimit int64
 	SpillDir    string
+	// Carry names carried files to write into the images dir before CRIU
+	// runs, waiting for them in a stream; an archive's are written anyway.
+	Carry []string
+	// Launcher, if set, runs the restore through a container runtime.
+	Launcher Launcher
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -369,6 +378,26 @@ type RestoreReport struct {
 	LogPath string
 }
 
+// runDump runs CRIU's dump into images, here or through o.Launcher.
+func runDump(ctx context.Context, o DumpOptions, images, script string, rep *DumpReport) (out string, took time.Duration, err error) {
+	if o.Launcher != nil {
+		l, err := o.Launcher.Dump(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images),
+			Args: append([]string{"--action-script", script}, o.ExtraArgs...), LeaveRunning: o.LeaveRunning})
+		rep.LogPath = l.Log
+		return l.Output, l.Took, err
+	}
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		return "", 0, err
+	}
+	defer release()
+	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4", "--action-script", script}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	return runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+}
+
 // Restore runs `criu restore --stream --restore-detached` fed by an
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
@@ -376,6 +405,12 @@ type RestoreReport struct {
 // the image's listeners are cleared first (ClearTimeWait), and the PIDs
 // the image restores waited for (waitFreePIDs).
 func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep RestoreReport, err error) {
+	carried := append(CarriedIn(src), o.Carry...)
+	if o.Launcher != nil {
+		for _, p := range o.Launcher.Carried() {
+			carried = append(carried, filepath.Base(p))
+		}
+	}
 	pids := waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
 	src = pids
 	defer func() { rep.PIDWait = pids.Waited() }()
@@ -386,6 +421,9 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	defer func() { err = finishWorkDir(err, dir, o.WorkDir == "", cleanup) }()
 	rep.LogPath = filepath.Join(images, "restore.log")
 	pidfile := filepath.Join(dir, "restored.pid")
+	if err := WriteCarried(ctx, src, images, carried); err != nil {
+		return rep, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	listening := make(chan struct{})
@@ -408,21 +446,12 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 	case <-listening:
 	case <-ctx.Done():
 	}
-	reach, release, err := ReachableDir(images)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		return rep, err
-	}
-	defer release()
-	args := []string{"restore", "--stream", "-D", reach, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
-	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+	out, took, criuErr := runRestore(ctx, o, images, pidfile, src, &rep)
 	rep.CRIU = took
 	if criuErr != nil {
 		cancel() // stop serving: CRIU is gone
 	}
 	wg.Wait()
-	rep.PID = readPID(pidfile)
 	if criuErr == nil && errors.Is(serveErr, ErrOutstanding) {
 		// CRIU succeeded: leaving the rest of a file was its decision,
 		// made just before it closed the socket.
@@ -447,6 +476,25 @@ func Restore(ctx context.Context, o RestoreOptions, src source.Source) (rep Rest
 		return rep, criuFailed{fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))}
 	}
 	return rep, nil
+}
+
+// runRestore runs CRIU's restore from images, here or through
+// o.Launcher, and sets rep.PID.
+func runRestore(ctx context.Context, o RestoreOptions, images, pidfile string, src source.Source, rep *RestoreReport) (out string, took time.Duration, err error) {
+	if o.Launcher != nil {
+		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src})
+		rep.PID, rep.LogPath = l.PID, l.Log
+		return l.Output, l.Took, err
+	}
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		return "", 0, err
+	}
+	defer release()
+	args := []string{"restore", "--stream", "-D", reach, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
+	out, took, err = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+	rep.PID = readPID(pidfile)
+	return out, took, err
 }
 
 // readPID is the PID criu restore --pidfile wrote (0: none).

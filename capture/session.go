@@ -391,6 +391,10 @@ type IntakeOptions struct {
 	// DefaultConnectTimeout, negative no limit. Past it the intake fails
 	// with ErrNoCRIU.
 	ConnectTimeout time.Duration
+	// Carry names files to carry in the checkpoint (carry.go) beside
+	// DefaultCarry: taken when CRIU connects, or at the end of the dump
+	// if they appear later; one missing then fails the dump.
+	Carry []string
 }
 
 // IntakeSession takes the images of one `criu dump --stream`, and the files
@@ -410,6 +414,7 @@ type IntakeSession struct {
 	pfiles    atomic.Int64
 	pbytes    atomic.Int64
 	inventory atomic.Bool // inventory.img requested by CRIU: it opens it last
+	carry     *carrier
 
 	mu   sync.Mutex
 	sess *session
@@ -428,7 +433,7 @@ func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o Int
 	if o.Hooks.Listening != nil {
 		o.Hooks.Listening()
 	}
-	in := &IntakeSession{c: c, done: make(chan struct{})}
+	in := &IntakeSession{c: c, done: make(chan struct{}), carry: newCarrier(dir, o.Carry)}
 	s, sctx := newSession(ctx, o.Producers)
 	s.limitConnectWait(o.ConnectTimeout, path)
 	in.sess = s
@@ -463,7 +468,10 @@ func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *dirListen
 	if err != nil {
 		return fmt.Errorf("dump intake: %w", err)
 	}
-	return s.endErr(ctx, path)
+	if err := s.endErr(ctx, path); err != nil || !in.inventory.Load() {
+		return err // a dump that did not finish: the caller says so
+	}
+	return in.carry.take(in.c, true)
 }
 
 // endErr is the error of a session that stopped without an error of its
@@ -487,7 +495,16 @@ func (s *session) endErr(ctx context.Context, path string) error {
 }
 
 func (in *IntakeSession) handle(ctx context.Context, s *session, conn *net.UnixConn, hooks Hooks) {
-	kind := s.readConn(ctx, conn, hooks.Connected, func(kind connKind, name string) error {
+	// The carried files there when CRIU connects go first into the image.
+	connected := func() {
+		if hooks.Connected != nil {
+			hooks.Connected()
+		}
+		if err := in.carry.take(in.c, false); err != nil {
+			s.abort(err)
+		}
+	}
+	kind := s.readConn(ctx, conn, connected, func(kind connKind, name string) error {
 		if kind == connProducer && name == "inventory.img" {
 			return errors.New("a producer sent inventory.img: that name is CRIU's (it marks the end of the dump)")
 		}
@@ -565,6 +582,10 @@ func (in *IntakeSession) Drained(ctx context.Context) (DumpResult, error) {
 		}
 		s.mu.Unlock()
 		if ready {
+			// Files the caller put into the images dir during the dump.
+			if err := in.carry.take(in.c, true); err != nil {
+				return in.result(), err
+			}
 			return in.result(), nil
 		}
 		select {

@@ -53,7 +53,8 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 			if !manifest.ValidName(string(fr.Payload)) {
 				return nil, rd.FrameErrorf(fr, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
 			}
-			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
+			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0,
+				Carried: fr.Flags&manifest.FileFlagCarried != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:
 			// The index of a stream that never ends must not grow without
 			// bound: a chunk record per 64-byte frame.

@@ -181,7 +181,9 @@ var flagGroups = map[string][]string{
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	// a tcp:// receiver: the sender chooses the streams
 	"tcpin": {"token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
-	"criu":  {"criu", "work-dir", "criu-opts"},
+	"criu":  {"criu", "work-dir", "criu-opts", "carry"},
+	// a container, through its runtime (container.go)
+	"container": {"container", "runtime", "runtime-root", "bundle"},
 	// the GPU fast path of checkpoint, migrate and gpu suspend --to
 	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }

@@ -48,7 +48,7 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	}
 	// The statistics line is written by the hooks, when the real tool writes it.
 	_, err = fn(ctx, checkpoint.StreamOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
-		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
+		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(), Carry: cfg.carryList(),
 		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap, Early: cfg.serveEarly})
 	if errors.Is(err, capture.ErrNoCRIU) {
 		hint := ""

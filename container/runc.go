@@ -1,0 +1,134 @@
+package container
+
+// runc: `runc checkpoint` and `runc restore` with --criu pointing at
+// gpucr-stream, whose swrk streams what CRIU dumps and restores. runc
+// itself does what it does with any CRIU: it writes descriptors.json into
+// the images dir (carried), hands CRIU the container's mounts, namespaces
+// and cgroups, and on restore puts the restored init into the container's
+// cgroups and its state, so `runc list` shows it running.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/gpucr/gpucr-stream/capture"
+	"github.com/gpucr/gpucr-stream/errdefs"
+)
+
+type runc struct{ o Options }
+
+// runcState is `runc state`'s answer.
+type runcState struct {
+	ID     string `json:"id"`
+	PID    int    `json:"pid"`
+	Status string `json:"status"`
+	Bundle string `json:"bundle"`
+}
+
+func (r *runc) global() []string {
+	if r.o.Root != "" {
+		return []string{"--root", r.o.Root}
+	}
+	return nil
+}
+
+// state is the container's state; errdefs.ErrNotFound if runc does not
+// know it.
+func (r *runc) state(ctx context.Context, id string) (runcState, error) {
+	var st runcState
+	out, _, err := command(ctx, "", r.o.Binary, append(r.global(), "state", id)...)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") {
+			return st, fmt.Errorf("runc: no container %q: %w", id, errdefs.ErrNotFound)
+		}
+		return st, err
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		return st, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+func (r *runc) forCheckpoint(ctx context.Context, id string) (int, capture.Launcher, error) {
+	st, err := r.state(ctx, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	if st.Status != "running" || st.PID <= 0 {
+		return 0, nil, errdefs.Usagef("runc: container %q is %s, not running", id, st.Status)
+	}
+	return st.PID, &runcLauncher{r: r, id: id, bundle: st.Bundle}, nil
+}
+
+func (r *runc) forRestore(ctx context.Context, name string) (capture.Launcher, error) {
+	if st, err := r.state(ctx, name); err == nil {
+		return nil, errdefs.Usagef("runc: a container %q exists already (%s): restore under another name, or delete it first (runc delete)", name, st.Status)
+	}
+	return &runcLauncher{r: r, id: name, bundle: r.o.Bundle}, nil
+}
+
+// runcLauncher checkpoints container id, or restores one as id.
+type runcLauncher struct {
+	r      *runc
+	id     string
+	bundle string
+}
+
+// Carried: runc's record of the container's stdio, and whose it is.
+func (l *runcLauncher) Carried() []string { return []string{descriptors, InfoFile} }
+
+// PostDump: runc leaves nothing more to carry.
+func (l *runcLauncher) PostDump(context.Context, string) error { return nil }
+
+func (l *runcLauncher) Dump(ctx context.Context, x capture.Launch) (capture.Launched, error) {
+	if err := prepare(x, Info{Runtime: "runc", ID: l.id, Bundle: l.bundle}); err != nil {
+		return capture.Launched{}, err
+	}
+	args := append(l.r.global(), "--criu", l.r.o.Self, "checkpoint", "--image-path", x.ImagesDir, "--work-path", x.WorkDir)
+	if x.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	out, took, err := command(ctx, x.CRIU, l.r.o.Binary, append(args, l.id)...)
+	return capture.Launched{Log: x.WorkDir + "/dump.log", Output: out, Took: took}, err
+}
+
+func (l *runcLauncher) Restore(ctx context.Context, x capture.Launch) (capture.Launched, error) {
+	info, err := readInfo(x.ImagesDir)
+	if err != nil {
+		return capture.Launched{}, err
+	}
+	bundle := l.bundle
+	if bundle == "" {
+		bundle = info.Bundle
+	}
+	if bundle == "" {
+		return capture.Launched{}, errdefs.Usagef("runc restore needs --bundle (the checkpoint of %s container %s names none)", info.Runtime, info.ID)
+	}
+	if _, err := os.Stat(bundle + "/config.json"); err != nil {
+		return capture.Launched{}, errdefs.Usagef("runc restore: bundle %s: %v", bundle, err)
+	}
+	if err := prepare(x, info); err != nil {
+		return capture.Launched{}, err
+	}
+	// Detached: runc returns once the container runs; its stdio is what
+	// descriptors.json records (inherited only where that was a pipe).
+	args := append(l.r.global(), "--criu", l.r.o.Self, "restore", "--detach", "--image-path", x.ImagesDir, "--work-path", x.WorkDir,
+		"--bundle", bundle, l.id)
+	out, took, err := command(ctx, x.CRIU, l.r.o.Binary, args...)
+	res := capture.Launched{Log: x.WorkDir + "/restore.log", Output: out, Took: took}
+	if err != nil {
+		return res, err
+	}
+	st, err := l.r.state(ctx, l.id)
+	if err != nil {
+		return res, fmt.Errorf("runc restored %s, but: %w", l.id, err)
+	}
+	if st.Status != "running" {
+		return res, fmt.Errorf("runc restored %s, but it is %s", l.id, st.Status)
+	}
+	res.PID = st.PID
+	return res, nil
+}
