@@ -41,9 +41,13 @@ type podmanInspect struct {
 		PID          int    `json:"Pid"`
 		Checkpointed bool   `json:"Checkpointed"`
 	} `json:"State"`
-	StaticDir  string `json:"StaticDir"`
-	Mountpoint string `json:"Mountpoint"`
-	ImageName  string `json:"ImageName"`
+	StaticDir   string `json:"StaticDir"`
+	GraphDriver struct {
+		Data struct {
+			MergedDir string `json:"MergedDir"`
+		} `json:"Data"`
+	} `json:"GraphDriver"`
+	ImageName string `json:"ImageName"`
 }
 
 // Podman's metadata files (checkpointctl's lib/metadata.go names them).
@@ -78,8 +82,11 @@ func (p *podman) forCheckpoint(ctx context.Context, id string) (int, capture.Lau
 	if err != nil {
 		return 0, nil, err
 	}
-	if in.State.Status != "running" || in.State.PID <= 0 || in.StaticDir == "" || in.Mountpoint == "" {
+	if in.State.Status != "running" || in.State.PID <= 0 {
 		return 0, nil, errdefs.Usagef("podman: container %q is %s, not running", id, in.State.Status)
+	}
+	if in.StaticDir == "" || in.GraphDriver.Data.MergedDir == "" {
+		return 0, nil, fmt.Errorf("podman: container %q: inspect names no userdata or root file system (storage driver not overlay?)", id)
 	}
 	return in.State.PID, &podmanLauncher{p: p, c: in}, nil
 }
@@ -161,7 +168,7 @@ func (l *podmanLauncher) Dump(ctx context.Context, x capture.Launch) (capture.La
 // images dir while CRIU holds it frozen: carried, they restore it as a
 // new container.
 func (l *podmanLauncher) PostDump(ctx context.Context, images string) error {
-	return writeRootfsDiff(ctx, l.p.o.Binary, l.c.ID, l.c.Mountpoint, images)
+	return writeRootfsDiff(ctx, l.p.o.Binary, l.c.ID, l.c.GraphDriver.Data.MergedDir, images)
 }
 
 func (l *podmanLauncher) Restore(ctx context.Context, x capture.Launch) (capture.Launched, error) {
