@@ -114,10 +114,7 @@ func open(o Options) (runtime, error) {
 // hold a pipe open, and this command with it, as long as it runs.
 func command(ctx context.Context, criu, bin string, args ...string) (string, time.Duration, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = os.Environ()
-	if criu != "" {
-		cmd.Env = append(cmd.Env, "PATH="+filepath.Dir(criu)+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
+	cmd.Env = criuPath(criu)
 	var files [2]*os.File
 	for i := range files {
 		f, err := os.CreateTemp("", "gpucr-runtime-")
@@ -142,6 +139,15 @@ func command(ctx context.Context, criu, bin string, args ...string) (string, tim
 		return text[0], took, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(text[1]))
 	}
 	return text[0], took, nil
+}
+
+// criuPath is the environment with criu's directory first on PATH.
+func criuPath(criu string) []string {
+	env := os.Environ()
+	if criu != "" {
+		env = append(env, "PATH="+filepath.Dir(criu)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+	return env
 }
 
 // maxOutput bounds what is read of a runtime's output.

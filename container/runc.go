@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/capture"
 	"github.com/gpucr/gpucr-stream/errdefs"
@@ -83,15 +85,40 @@ func (l *runcLauncher) Carried() []string { return []string{descriptors, InfoFil
 // PostDump: runc leaves nothing more to carry.
 func (l *runcLauncher) PostDump(context.Context, string) error { return nil }
 
+// logged runs a runc command that CRIU runs under, with its stdio on
+// /dev/null and its messages in a log file: a restored container gets
+// runc's stdio where descriptors.json records pipes, and a container must
+// not keep a file of this process open (nor could CRIU dump one that lies
+// outside its mounts).
+func (r *runc) logged(ctx context.Context, criu string, args ...string) (string, time.Duration, error) {
+	log, err := os.CreateTemp("", "gpucr-runc-log-")
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.Remove(log.Name())
+	defer log.Close()
+	cmd := exec.CommandContext(ctx, r.o.Binary, append(append(r.global(), "--log", log.Name(), "--log-format", "text"), args...)...)
+	cmd.Env = criuPath(criu)
+	start := time.Now()
+	err = cmd.Run()
+	took := time.Since(start)
+	b := make([]byte, maxOutput)
+	n, _ := log.ReadAt(b, 0)
+	if err != nil {
+		return string(b[:n]), took, fmt.Errorf("runc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(b[:n])))
+	}
+	return string(b[:n]), took, nil
+}
+
 func (l *runcLauncher) Dump(ctx context.Context, x capture.Launch) (capture.Launched, error) {
 	if err := prepare(x, Info{Runtime: "runc", ID: l.id, Bundle: l.bundle}); err != nil {
 		return capture.Launched{}, err
 	}
-	args := append(l.r.global(), "--criu", l.r.o.Self, "checkpoint", "--image-path", x.ImagesDir, "--work-path", x.WorkDir)
+	args := []string{"--criu", l.r.o.Self, "checkpoint", "--image-path", x.ImagesDir, "--work-path", x.WorkDir}
 	if x.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
-	out, took, err := command(ctx, x.CRIU, l.r.o.Binary, append(args, l.id)...)
+	out, took, err := l.r.logged(ctx, x.CRIU, append(args, l.id)...)
 	return capture.Launched{Log: x.WorkDir + "/dump.log", Output: out, Took: took}, err
 }
 
@@ -113,11 +140,10 @@ func (l *runcLauncher) Restore(ctx context.Context, x capture.Launch) (capture.L
 	if err := prepare(x, info); err != nil {
 		return capture.Launched{}, err
 	}
-	// Detached: runc returns once the container runs; its stdio is what
-	// descriptors.json records (inherited only where that was a pipe).
-	args := append(l.r.global(), "--criu", l.r.o.Self, "restore", "--detach", "--image-path", x.ImagesDir, "--work-path", x.WorkDir,
-		"--bundle", bundle, l.id)
-	out, took, err := command(ctx, x.CRIU, l.r.o.Binary, args...)
+	// Detached: runc returns once the container runs. Its stdio is what
+	// descriptors.json records, /dev/null where that was a pipe (logged).
+	out, took, err := l.r.logged(ctx, x.CRIU, "--criu", l.r.o.Self, "restore", "--detach", "--image-path", x.ImagesDir,
+		"--work-path", x.WorkDir, "--bundle", bundle, l.id)
 	res := capture.Launched{Log: x.WorkDir + "/restore.log", Output: out, Took: took}
 	if err != nil {
 		return res, err

@@ -207,6 +207,7 @@ type FileStats struct {
 	Chunks      int            `json:"chunks"`
 	Codecs      map[string]int `json:"codecs"`
 	External    bool           `json:"external,omitempty"`
+	Carried     bool           `json:"carried,omitempty"`
 	Digest      string         `json:"digest"`
 }
 
@@ -214,7 +215,7 @@ type FileStats struct {
 func DescribeFiles(m *manifest.Manifest) []FileStats {
 	var out []FileStats
 	for _, f := range m.Files {
-		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
+		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Carried: f.Carried, Digest: f.Digest.String()}
 		for _, c := range f.Chunks {
 			fi.StoredBytes += int64(c.Stored)
 			fi.Codecs[codec.ID(c.Codec).String()]++
