@@ -113,7 +113,7 @@ func open(o Options) (runtime, error) {
 // hands CRIU its own for the pipes descriptors.json records), and would
 // hold a pipe open, and this command with it, as long as it runs.
 func command(ctx context.Context, criu, bin string, args ...string) (string, time.Duration, error) {
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = criuPath(criu)
 	var files [2]*os.File
 	for i := range files {
@@ -127,7 +127,7 @@ func command(ctx context.Context, criu, bin string, args ...string) (string, tim
 	}
 	cmd.Stdout, cmd.Stderr = files[0], files[1]
 	start := time.Now()
-	err := cmd.Run()
+	err := run(ctx, cmd)
 	took := time.Since(start)
 	var text [2]string
 	for i, f := range files {
@@ -139,6 +139,33 @@ func command(ctx context.Context, criu, bin string, args ...string) (string, tim
 		return text[0], took, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(text[1]))
 	}
 	return text[0], took, nil
+}
+
+// run runs cmd. When ctx ends first, the runtime is not killed at once:
+// the capture or serve it works for has failed CRIU's streams, so CRIU
+// fails, cleans up (resumes a dumped container) and the runtime returns;
+// only after capture.InterruptGrace is it killed.
+func run(ctx context.Context, cmd *exec.Cmd) error {
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(capture.InterruptGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+		cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("%s killed: it did not stop within %v of %v", cmd.Path, capture.InterruptGrace, context.Cause(ctx))
+	}
 }
 
 // criuPath is the environment with criu's directory first on PATH.

@@ -97,10 +97,10 @@ func (r *runc) logged(ctx context.Context, criu string, args ...string) (string,
 	}
 	defer os.Remove(log.Name())
 	defer log.Close()
-	cmd := exec.CommandContext(ctx, r.o.Binary, append(append(r.global(), "--log", log.Name(), "--log-format", "text"), args...)...)
+	cmd := exec.Command(r.o.Binary, append(append(r.global(), "--log", log.Name(), "--log-format", "text"), args...)...)
 	cmd.Env = criuPath(criu)
 	start := time.Now()
-	err = cmd.Run()
+	err = run(ctx, cmd)
 	took := time.Since(start)
 	b := make([]byte, maxOutput)
 	n, _ := log.ReadAt(b, 0)

@@ -21,6 +21,9 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("migrate: unexpected arguments %q", args)
 	}
+	if cfg.pid <= 0 && cfg.container == "" {
+		return usagef("migrate needs --pid PID or --container ID")
+	}
 	dest, err := location.Parse(cfg.to)
 	if err != nil || dest.Kind != location.TCP {
 		return usagef("migrate needs --to tcp://HOST:PORT (a receiver started with gpucr-stream receive)")
