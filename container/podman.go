@@ -59,8 +59,10 @@ const (
 	descriptors  = "descriptors.json"
 )
 
-// podmanCarried are the files a Podman checkpoint carries, by name.
-var podmanCarried = []string{descriptors, InfoFile, configDump, specDump, rootfsDiff, deletedFiles}
+// podmanCarried are the files a restore needs of a Podman checkpoint; the
+// root file system changes are there when the container had any (always
+// in one taken here, only then in one podman exported).
+var podmanCarried = []string{descriptors, InfoFile, configDump, specDump}
 
 func (p *podman) inspect(ctx context.Context, id string) (podmanInspect, error) {
 	var in []podmanInspect
@@ -261,7 +263,7 @@ func importArchive(ctx context.Context, x capture.Launch, path string) error {
 		_, err := io.Copy(tw, r)
 		return err
 	}
-	for _, n := range []string{configDump, specDump, rootfsDiff, deletedFiles, "checkpoint/" + descriptors} {
+	for _, n := range []string{configDump, specDump, "checkpoint/" + descriptors} {
 		g, err := os.Open(filepath.Join(x.ImagesDir, filepath.Base(n)))
 		if err != nil {
 			return fmt.Errorf("podman import archive: %w", err)
@@ -275,14 +277,21 @@ func importArchive(ctx context.Context, x capture.Launch, path string) error {
 			return fmt.Errorf("podman import archive: %s: %w", n, err)
 		}
 	}
-	inv, err := x.Src.Stat(ctx, "inventory.img")
-	if err == nil {
-		if err = tw.WriteHeader(&tar.Header{Name: "checkpoint/inventory.img", Mode: 0o600, Size: inv.Size, Typeflag: tar.TypeReg}); err == nil {
-			_, err = x.Src.Copy(ctx, "inventory.img", tw)
+	// From the checkpoint: inventory.img, and the root file system's
+	// changes where there are any.
+	for _, n := range []string{rootfsDiff, deletedFiles, "checkpoint/inventory.img"} {
+		f, err := x.Src.Stat(ctx, filepath.Base(n))
+		if errors.Is(err, errdefs.ErrNotFound) && n != "checkpoint/inventory.img" {
+			continue
 		}
-	}
-	if err != nil {
-		return fmt.Errorf("podman import archive: inventory.img: %w", err)
+		if err == nil {
+			if err = tw.WriteHeader(&tar.Header{Name: n, Mode: 0o600, Size: f.Size, Typeflag: tar.TypeReg}); err == nil {
+				_, err = x.Src.Copy(ctx, f.Name, tw)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("podman import archive: %s: %w", n, err)
+		}
 	}
 	images, err := filepath.Abs(x.ImagesDir)
 	if err != nil {

@@ -226,3 +226,50 @@ func TestPodmanRoundTrip(t *testing.T) {
 		t.Errorf("the root file system change did not come along: %q", got)
 	}
 }
+
+// TestCheckpointctlArchive: Podman's own checkpoint archive (podman
+// container checkpoint --export, CRIU run by Podman as usual) copied into
+// a gpucr-stream location restores as a Podman container through
+// gpucr-stream; a gpucr-stream checkpoint copied out as an archive in the
+// same layout restores with Podman alone (podman container restore
+// --import). Both count on.
+func TestCheckpointctlArchive(t *testing.T) {
+	podman := Runtime(t, "podman")
+	// Podman's runc runs the criu on PATH when gpucr-stream is not its criu.
+	t.Setenv("PATH", filepath.Dir(CRIU(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	data := mkdir(t, filepath.Join(dir, "data"))
+	image := podmanImage(ctx, t, podman, mkdir(t, filepath.Join(dir, "image")))
+	name, other := fmt.Sprintf("gcs-e2e-tar-%d", os.Getpid()), fmt.Sprintf("gcs-e2e-tar-b-%d", os.Getpid())
+	t.Cleanup(func() { exec.Command(podman, "rm", "--force", other).Run() })
+	tg := podmanRun(ctx, t, podman, image, name, data, 32)
+	before, err := tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := filepath.Join(dir, "podman.tar.zst")
+	runtimeCmd(ctx, t, podman, "container", "checkpoint", "--export", exported, name)
+	checkpointedOut(ctx, t, tg, func() (int, error) { return podmanPID(podman, name) })
+	imported := filepath.Join(dir, "loc", "imported")
+	gcsRun(ctx, t, "cp", exported, imported).ok(t, "cp podman's archive into a location")
+	runtimeCmd(ctx, t, podman, "rm", name)
+	gcsRun(ctx, t, "restore", "--container", name, "--runtime", "podman", "--from", imported).ok(t, "restore the imported archive")
+	tg.follow(t, func() (int, error) { return podmanPID(podman, name) })
+	before = proveContainer(ctx, t, tg, before)
+
+	ours := filepath.Join(dir, "loc", "ours")
+	gcsRun(ctx, t, "checkpoint", "--container", name, "--runtime", "podman", "--to", ours).ok(t, "checkpoint")
+	archive := filepath.Join(dir, "ours.tar.gz")
+	gcsRun(ctx, t, "cp", ours, archive).ok(t, "cp a checkpoint out as an archive")
+	listing := runtimeCmd(ctx, t, "tar", "tzf", archive)
+	for _, want := range []string{"checkpoint/inventory.img\n", "checkpoint/descriptors.json\n", "\nconfig.dump\n", "\nspec.dump\n"} {
+		if !strings.Contains("\n"+listing, want) {
+			t.Errorf("the archive lacks %q:\n%s", strings.TrimSpace(want), listing)
+		}
+	}
+	runtimeCmd(ctx, t, podman, "rm", name)
+	runtimeCmd(ctx, t, podman, "container", "restore", "--import", archive, "--name", other)
+	tg.follow(t, func() (int, error) { return podmanPID(podman, other) })
+	proveContainer(ctx, t, tg, before)
+}

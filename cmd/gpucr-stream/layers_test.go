@@ -18,7 +18,7 @@ var rooms = map[string]int{
 	"streamer": 4, "source": 4, "pipeline/pipelinetest": 4,
 	"capture": 5, "transport/tcp": 5, "imagestreamer": 5,
 	"location": 6, "catalog": 6, "swrk": 6,
-	"gpuckpt": 7, "container": 7,
+	"gpuckpt": 7, "container": 7, "ctrtar": 5,
 	"checkpoint":       8,
 	"cmd/gpucr-stream": 9,
 }
