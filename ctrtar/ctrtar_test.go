@@ -205,7 +205,9 @@ func (d *discard) WriteFile(_ string, r io.Reader, _ bool) (int64, error) {
 	}
 	return n, err
 }
-func (d *discard) WriteCarried(name string, r io.Reader) (int64, error) { return d.WriteFile(name, r, true) }
+func (d *discard) WriteCarried(name string, r io.Reader) (int64, error) {
+	return d.WriteFile(name, r, true)
+}
 
 // FuzzImport: whatever an archive holds, Import imports it or refuses it
 // with an error, without a panic, and takes no more files than it holds.
