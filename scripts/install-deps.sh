@@ -6,8 +6,8 @@
 #   test: the same, Debian tools (iproute2 for network namespaces, openssh
 #         for the ssh form, lz4 and zstd for the pipe examples, nftables and
 #         iptables for CRIU to dump a network namespace's rules, runc and
-#         podman for the container tests) and the pinned MinIO server for
-#         the S3 tests (built with Go: minutes, once).
+#         podman for the container tests, jq for their benchmark) and the
+#         pinned MinIO server for the S3 tests (built with Go: minutes, once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-test}
@@ -30,7 +30,7 @@ quiet() {
 
 if [ "$what" = test ]; then
 	need=()
-	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd nft:nftables iptables-restore:iptables; do
+	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd nft:nftables iptables-restore:iptables jq:jq; do
 		command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
 	done
 	# The container runtimes without their recommends: runc's would

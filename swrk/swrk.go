@@ -97,6 +97,7 @@ type call struct {
 	req    *rpc.CriuReq
 	opts   *rpc.CriuOpts
 	fd     int
+	peer   int // the caller, whose descriptors the request names
 	conn   *net.UnixConn
 	mu     sync.Mutex // one exchange at a time on conn
 	images *os.File   // the images dir, held open: CRIU reaches it by /proc/PID/fd/N
@@ -121,12 +122,13 @@ func streamedCall(req *rpc.CriuReq, fd int) (*call, error) {
 		return nil, nil
 	}
 	opts := requestOpts(req)
+	// The caller's descriptors are reached through /proc, as CRIU does.
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return nil, fmt.Errorf("the caller of descriptor %d: %w", fd, err)
+	}
 	path := opts.GetImagesDir()
 	if opts.GetImagesDirFd() >= 0 {
-		cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if err != nil {
-			return nil, fmt.Errorf("the caller of descriptor %d: %w", fd, err)
-		}
 		path = fmt.Sprintf("/proc/%d/fd/%d", cred.Pid, opts.GetImagesDirFd())
 	}
 	if path == "" {
@@ -146,7 +148,7 @@ func streamedCall(req *rpc.CriuReq, fd int) (*call, error) {
 		images.Close()
 		return nil, fmt.Errorf("streamer socket in %s: %w", path, err)
 	}
-	return &call{req: req, opts: opts, fd: fd, images: images, streamDir: filepath.Dir(real), mode: mode}, nil
+	return &call{req: req, opts: opts, fd: fd, peer: int(cred.Pid), images: images, streamDir: filepath.Dir(real), mode: mode}, nil
 }
 
 func openDir(path string) (*os.File, error) {
@@ -174,7 +176,11 @@ func (c *call) close() {
 
 // run takes the request off the socket, runs CRIU and answers.
 func (c *call) run(ctx context.Context) error {
-	conn, err := net.FileConn(os.NewFile(uintptr(c.fd), "criu rpc"))
+	// FileConn works on a duplicate; the descriptor itself is closed here,
+	// not whenever the garbage collector finalizes its File.
+	f := os.NewFile(uintptr(c.fd), "criu rpc")
+	conn, err := net.FileConn(f)
+	f.Close()
 	if err != nil {
 		return fmt.Errorf("swrk: descriptor %d: %w", c.fd, err)
 	}
@@ -183,11 +189,7 @@ func (c *call) run(ctx context.Context) error {
 		return fmt.Errorf("swrk: %w", err)
 	}
 	if c.opts.WorkDirFd != nil {
-		cred, err := unix.GetsockoptUcred(c.fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if err == nil {
-			c.work, err = openDir(fmt.Sprintf("/proc/%d/fd/%d", cred.Pid, c.opts.GetWorkDirFd()))
-		}
-		if err != nil {
+		if c.work, err = openDir(fmt.Sprintf("/proc/%d/fd/%d", c.peer, c.opts.GetWorkDirFd())); err != nil {
 			return c.fail(fmt.Errorf("work dir: %w", err))
 		}
 	}
@@ -270,7 +272,9 @@ func (c *call) runCRIU(ctx context.Context, s Settings, tr *translation) (int, e
 	if cmd.ExtraFiles, err = inherited(tr.inherit); err != nil {
 		return 0, err
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	closeAll(cmd.ExtraFiles)
+	if err != nil {
 		return 0, fmt.Errorf("start %s: %w", criu, err)
 	}
 	var wg sync.WaitGroup
@@ -301,19 +305,30 @@ func (c *call) runCRIU(ctx context.Context, s Settings, tr *translation) (int, e
 
 // inherited places descriptors at their own numbers in a child: entry
 // i of ExtraFiles is descriptor 3+i, and nil entries are closed there.
+// The entries are duplicates, owned here: close them once the child runs.
 func inherited(fds []int) ([]*os.File, error) {
 	top := 2
 	for _, fd := range fds {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-			return nil, fmt.Errorf("inherit_fd names descriptor %d, which the runtime did not pass: %w", fd, err)
-		}
 		top = max(top, fd)
 	}
 	files := make([]*os.File, top-2)
 	for _, fd := range fds {
-		files[fd-3] = os.NewFile(uintptr(fd), "inherited "+strconv.Itoa(fd))
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			closeAll(files)
+			return nil, fmt.Errorf("inherit_fd names descriptor %d, which the runtime did not pass: %w", fd, err)
+		}
+		files[fd-3] = os.NewFile(uintptr(dup), "inherited "+strconv.Itoa(fd))
 	}
 	return files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 // pidActions are the actions whose notification carries the root task's

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -39,8 +40,8 @@ done
 [ -z "$pidfile" ] || echo 4242 > "$pidfile"
 `
 
-// runtime is the runtime's end of a swrk session, in this process.
-type runtime struct {
+// rpcPeer is the runtime's end of a swrk session, in this process.
+type rpcPeer struct {
 	t      *testing.T
 	conn   *net.UnixConn
 	served chan error
@@ -48,7 +49,7 @@ type runtime struct {
 
 // startSwrk runs Serve on one end of a SOCK_SEQPACKET pair, as runc does
 // with `criu swrk 3`, and sends req on the other.
-func startSwrk(t *testing.T, req *rpc.CriuReq) *runtime {
+func startSwrk(t *testing.T, req *rpc.CriuReq) *rpcPeer {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -60,7 +61,7 @@ func startSwrk(t *testing.T, req *rpc.CriuReq) *runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &runtime{t: t, conn: c.(*net.UnixConn), served: make(chan error, 1)}
+	r := &rpcPeer{t: t, conn: c.(*net.UnixConn), served: make(chan error, 1)}
 	t.Cleanup(func() { r.conn.Close() })
 	b, err := proto.Marshal(req)
 	if err != nil {
@@ -71,11 +72,26 @@ func startSwrk(t *testing.T, req *rpc.CriuReq) *runtime {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	go func() { r.served <- Serve(ctx, fds[1]) }()
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, fds[1]) }()
+	// Garbage collections all along: a descriptor of the session left to
+	// a File's finalizer was closed under Serve (runc saw "work dir: bad
+	// file descriptor" on a loaded machine).
+	go func() {
+		for {
+			select {
+			case err := <-served:
+				r.served <- err
+				return
+			case <-time.After(time.Millisecond):
+				runtime.GC()
+			}
+		}
+	}()
 	return r
 }
 
-func (r *runtime) read() *rpc.CriuResp {
+func (r *rpcPeer) read() *rpc.CriuResp {
 	r.t.Helper()
 	buf := make([]byte, 1<<16)
 	n, err := r.conn.Read(buf)
@@ -89,7 +105,7 @@ func (r *runtime) read() *rpc.CriuResp {
 	return resp
 }
 
-func (r *runtime) answer(ok bool) {
+func (r *rpcPeer) answer(ok bool) {
 	r.t.Helper()
 	b, _ := proto.Marshal(&rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(ok)})
 	if _, err := r.conn.Write(b); err != nil {
@@ -178,6 +194,7 @@ func TestServeRestore(t *testing.T) {
 	defer unix.Close(63)
 	o := runcRestore()
 	o.ImagesDirFd, o.InheritFd = proto.Int32(fd), []*rpc.InheritFd{{Key: proto.String("extRootNetNS"), Fd: proto.Int32(63)}}
+	o.WorkDirFd = proto.Int32(fd) // the images dir again: CRIU's logs go there
 	r := startSwrk(t, &rpc.CriuReq{Type: rpc.CriuReqType_RESTORE.Enum(), Opts: o})
 	for _, want := range []string{"setup-namespaces", "post-restore"} {
 		resp := r.read()
