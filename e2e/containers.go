@@ -288,3 +288,23 @@ func podmanPID(podman, name string) (int, error) {
 	}
 	return strconv.Atoi(pid)
 }
+
+// RuncContainer starts the target (mb MiB) in a runc container under
+// dir: its runc state dir and ID, and a pid func that finds its init.
+func RuncContainer(ctx context.Context, t testing.TB, dir string, mb int) (tg *Target, root, id string, pid func() (int, error)) {
+	t.Helper()
+	runc := Runtime(t, "runc")
+	root, data := filepath.Join(dir, "runc"), filepath.Join(dir, "data")
+	for _, d := range []string{root, data} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bundle := runcBundle(t, runc, filepath.Join(dir, "bundle"), data, targetArgs(mb, "model"))
+	id = fmt.Sprintf("gcs-e2e-%d", os.Getpid())
+	tg = startRunc(ctx, t, runc, root, bundle, id, data)
+	return tg, root, id, func() (int, error) { return runcPID(runc, root, id) }
+}
+
+// Follow points tg at its container's init again, after a restore.
+func (tg *Target) Follow(t testing.TB, pid func() (int, error)) { tg.follow(t, pid) }
