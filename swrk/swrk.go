@@ -84,11 +84,19 @@ func peekRequest(fd int) (*rpc.CriuReq, error) {
 
 // passThrough becomes the real CRIU's swrk on the same socket.
 func passThrough(fd int) error {
+	return ExecCRIU([]string{"swrk", strconv.Itoa(fd)})
+}
+
+// ExecCRIU becomes the real criu (on PATH, never this program) with args:
+// what gpucr-stream installed as `criu` does with a command line that is
+// not `swrk` (a runtime's `criu check`, `criu --version`). It returns only
+// on failure.
+func ExecCRIU(args []string) error {
 	criu, err := capture.FindCRIU("")
 	if err != nil {
 		return fmt.Errorf("swrk: %w", err)
 	}
-	err = syscall.Exec(criu, []string{criu, "swrk", strconv.Itoa(fd)}, os.Environ())
+	err = syscall.Exec(criu, append([]string{criu}, args...), os.Environ())
 	return fmt.Errorf("swrk: exec %s: %w", criu, err)
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -65,4 +66,21 @@ func TestContainerGPUSteps(t *testing.T) {
 		t.Errorf("restore printed %q, the container's init is %d", out, tg.PID())
 	}
 	tg.ProveIntact(ctx, t, &before)
+}
+
+// TestInstalledAsCriu: gpucr-stream installed as criu ahead of the real
+// one on PATH (for runtimes that run criu from PATH) hands every command
+// line but swrk to the real criu.
+func TestInstalledAsCriu(t *testing.T) {
+	criu := e2e.CRIU(t)
+	dir := t.TempDir()
+	if err := os.Symlink(e2e.BuildBinary(t, "./cmd/gpucr-stream"), filepath.Join(dir, "criu")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(dir, "criu"), "--version")
+	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+filepath.Dir(criu)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Version: 4.") {
+		t.Fatalf("criu --version through gpucr-stream: %v: %s", err, out)
+	}
 }
