@@ -11,6 +11,7 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -80,7 +81,11 @@ func addTree(tw *tar.Writer, root, path string, all bool, seen map[string]bool) 
 		return nil
 	}
 	top := filepath.Join(root, rel)
-	if st, err := os.Lstat(top); err != nil || (st.IsDir() && !all) {
+	st, err := os.Lstat(top)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && st.IsDir() && !all) {
+		return nil // nothing there to carry, or a changed directory
+	}
+	if err != nil {
 		return err
 	}
 	return filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
