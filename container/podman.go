@@ -194,7 +194,8 @@ func (l *podmanLauncher) Restore(ctx context.Context, x capture.Launch) (capture
 			return res, err
 		}
 		defer unlink()
-		if err := copyInto(x.ImagesDir, cdir, descriptors); err == nil {
+		err = copyInto(x.ImagesDir, cdir, descriptors)
+		if err == nil {
 			err = inventoryInto(ctx, x, cdir)
 		}
 		if err != nil {
