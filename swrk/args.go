@@ -147,20 +147,42 @@ func translate(mode rpc.CriuReqType, o *rpc.CriuOpts) (*translation, error) {
 	}
 	t.flag("force-irmap", o.ForceIrmap)
 	t.execCmd = o.ExecCmd
+	if err := t.environment(o); err != nil {
+		return nil, err
+	}
+	t.num("timeout", o.Timeout)
+	t.flag("skip-in-flight", o.TcpSkipInFlight)
+	t.flag("weak-sysctls", o.WeakSysctls)
+	t.flag("tcp-close", o.TcpClose)
+	t.str("lsm-profile", o.LsmProfile)
+	t.str("lsm-mount-context", o.LsmMountContext)
+	if o.NetworkLock != nil {
+		t.add("network-lock", strings.ToLower(o.GetNetworkLock().String()))
+	}
+	t.flag("mntns-compat-mode", o.MntnsCompatMode)
+	t.flag("skip-file-rwx-check", o.SkipFileRwxCheck)
+	t.flag("unprivileged", o.Unprivileged)
+	t.flag("display-stats", o.DisplayStats)
+	return t, nil
+}
+
+// environment is what the tree is restored into or dumped from beside
+// itself: mounts, cgroups, descriptors, namespaces.
+func (t *translation) environment(o *rpc.CriuOpts) error {
 	for _, m := range o.ExtMnt {
 		if strings.Contains(m.GetKey(), ":") {
-			return nil, ErrUnsupported{"ext_mnt", fmt.Sprintf("key %q holds a ':', which --ext-mount-map cannot express", m.GetKey())}
+			return ErrUnsupported{"ext_mnt", fmt.Sprintf("key %q holds a ':', which --ext-mount-map cannot express", m.GetKey())}
 		}
 		t.add("ext-mount-map", m.GetKey()+":"+m.GetVal())
 	}
 	if err := t.cgroups(o); err != nil {
-		return nil, err
+		return err
 	}
 	t.flag("restore-sibling", o.RstSibling)
 	for _, f := range o.InheritFd {
 		fd := int(f.GetFd())
 		if fd < 0 || fd >= maxInheritFD {
-			return nil, ErrUnsupported{"inherit_fd", fmt.Sprintf("descriptor %d (want 0..%d)", fd, maxInheritFD-1)}
+			return ErrUnsupported{"inherit_fd", fmt.Sprintf("descriptor %d (want 0..%d)", fd, maxInheritFD-1)}
 		}
 		t.add("inherit-fd", fmt.Sprintf("fd[%d]:%s", fd, f.GetKey()))
 		if fd > 2 && !slices.Contains(t.inherit, fd) {
@@ -179,7 +201,7 @@ func translate(mode rpc.CriuReqType, o *rpc.CriuOpts) (*translation, error) {
 	t.add("external", o.External...)
 	if o.EmptyNs != nil && o.GetEmptyNs() != 0 {
 		if o.GetEmptyNs() != unix.CLONE_NEWNET {
-			return nil, ErrUnsupported{"empty_ns", fmt.Sprintf("%#x: only CLONE_NEWNET is allowed", o.GetEmptyNs())}
+			return ErrUnsupported{"empty_ns", fmt.Sprintf("%#x: only CLONE_NEWNET is allowed", o.GetEmptyNs())}
 		}
 		t.add("empty-ns", "net")
 	}
@@ -190,20 +212,7 @@ func translate(mode rpc.CriuReqType, o *rpc.CriuOpts) (*translation, error) {
 		}
 		t.add("join-ns", v)
 	}
-	t.num("timeout", o.Timeout)
-	t.flag("skip-in-flight", o.TcpSkipInFlight)
-	t.flag("weak-sysctls", o.WeakSysctls)
-	t.flag("tcp-close", o.TcpClose)
-	t.str("lsm-profile", o.LsmProfile)
-	t.str("lsm-mount-context", o.LsmMountContext)
-	if o.NetworkLock != nil {
-		t.add("network-lock", strings.ToLower(o.GetNetworkLock().String()))
-	}
-	t.flag("mntns-compat-mode", o.MntnsCompatMode)
-	t.flag("skip-file-rwx-check", o.SkipFileRwxCheck)
-	t.flag("unprivileged", o.Unprivileged)
-	t.flag("display-stats", o.DisplayStats)
-	return t, nil
+	return nil
 }
 
 // refused is the first option stream mode cannot honour.
