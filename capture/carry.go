@@ -126,6 +126,19 @@ func (k *carrier) open(p string) (*os.File, error) {
 	return f, nil
 }
 
+// onConnect is what runs when CRIU connects to an intake: hooks.Connected,
+// then the carried files there by then, which so go first into the image.
+func (in *IntakeSession) onConnect(s *session, hooks Hooks) func() {
+	return func() {
+		if hooks.Connected != nil {
+			hooks.Connected()
+		}
+		if err := in.carry.take(in.c, false); err != nil {
+			s.abort(err)
+		}
+	}
+}
+
 // CarriedIn lists the carried files a source names without waiting: an
 // archive's manifest; nil for a stream still being read.
 func CarriedIn(src source.Source) []string {

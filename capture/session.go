@@ -495,16 +495,7 @@ func (s *session) endErr(ctx context.Context, path string) error {
 }
 
 func (in *IntakeSession) handle(ctx context.Context, s *session, conn *net.UnixConn, hooks Hooks) {
-	// The carried files there when CRIU connects go first into the image.
-	connected := func() {
-		if hooks.Connected != nil {
-			hooks.Connected()
-		}
-		if err := in.carry.take(in.c, false); err != nil {
-			s.abort(err)
-		}
-	}
-	kind := s.readConn(ctx, conn, connected, func(kind connKind, name string) error {
+	kind := s.readConn(ctx, conn, in.onConnect(s, hooks), func(kind connKind, name string) error {
 		if kind == connProducer && name == "inventory.img" {
 			return errors.New("a producer sent inventory.img: that name is CRIU's (it marks the end of the dump)")
 		}
