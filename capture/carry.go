@@ -4,7 +4,10 @@ package capture
 // during a dump ride in the checkpoint (flagged manifest.FileFlagCarried)
 // and are written back into the images dir before CRIU runs on restore.
 // runc writes descriptors.json there before it starts CRIU and reads it
-// back before a restore; --carry NAME names others.
+// back before a restore; --carry NAME names others. A file is taken as it
+// is when CRIU connects, or else at CRIU's post-dump (the end of the dump
+// for a capture run beside CRIU): a caller writing one during the dump
+// puts it there whole (a rename).
 
 import (
 	"context"

@@ -44,8 +44,12 @@ func TestCarry(t *testing.T) {
 	if err := criu.Push(ctx, "pages-1.img", strings.NewReader("pages")); err != nil {
 		t.Fatal(err)
 	}
-	// Written during the dump, before CRIU's last image.
-	if err := os.WriteFile(filepath.Join(dir, "late.json"), []byte("late"), 0o600); err != nil {
+	// Written during the dump, before CRIU's last image, whole at once (a
+	// rename), as a caller must: a file is carried as it is when taken.
+	if err := os.WriteFile(filepath.Join(dir, ".late.tmp"), []byte("late"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, ".late.tmp"), filepath.Join(dir, "late.json")); err != nil {
 		t.Fatal(err)
 	}
 	if err := criu.Push(ctx, "inventory.img", strings.NewReader("inv")); err != nil {
