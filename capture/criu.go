@@ -145,6 +145,37 @@ func (c *committer) commit(ctx context.Context, fn func() error) (cut bool, err 
 	}
 }
 
+// AskCommit is the action script's side of the commit, for a CRIU whose
+// post-dump reaches a program rather than the script (gpucr-stream's swrk,
+// under a container runtime: package swrk): it asks the committer whose
+// FIFOs are in dir and waits for its answer, nil for "ok".
+func AskCommit(ctx context.Context, dir string) error {
+	// Non-blocking opens: a committer that is gone is an error, not a hang.
+	req, err := os.OpenFile(filepath.Join(dir, "commit.req"), os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	defer req.Close()
+	res, err := os.OpenFile(filepath.Join(dir, "commit.res"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	defer res.Close()
+	stop := context.AfterFunc(ctx, func() { res.Close() })
+	defer stop()
+	if _, err := fmt.Fprintln(req, "post-dump"); err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	answer, err := bufio.NewReader(res).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("the commit's answer: %w", err)
+	}
+	if answer = strings.TrimSpace(answer); answer != "ok" {
+		return fmt.Errorf("checkpoint not committed: %s", answer)
+	}
+	return nil
+}
+
 func (c *committer) answer(err error) {
 	msg := "ok"
 	if err != nil {
@@ -295,7 +326,7 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 	var out string
 	criuErr := context.Cause(ctx)
 	if criuErr == nil { // not interrupted before it started
-		out, rep.CRIU, criuErr = runDump(ctx, o, images, cm.script(), &rep)
+		out, rep.CRIU, criuErr = runDump(ctx, o, images, cm, &rep)
 	}
 	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
 	// CRIU's broken pipe, is what the user must hear.
@@ -379,13 +410,14 @@ type RestoreReport struct {
 }
 
 // runDump runs CRIU's dump into images, here or through o.Launcher.
-func runDump(ctx context.Context, o DumpOptions, images, script string, rep *DumpReport) (out string, took time.Duration, err error) {
+func runDump(ctx context.Context, o DumpOptions, images string, cm *committer, rep *DumpReport) (out string, took time.Duration, err error) {
 	if o.Launcher != nil {
 		l, err := o.Launcher.Dump(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images),
-			Args: append([]string{"--action-script", script}, o.ExtraArgs...), LeaveRunning: o.LeaveRunning})
+			Args: o.ExtraArgs, Commit: cm.dir, LeaveRunning: o.LeaveRunning})
 		rep.LogPath = l.Log
 		return l.Output, l.Took, err
 	}
+	script := cm.script()
 	reach, release, err := ReachableDir(images)
 	if err != nil {
 		return "", 0, err

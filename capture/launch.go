@@ -37,9 +37,13 @@ type Launch struct {
 	CRIU string
 	// ImagesDir holds the streamer socket; WorkDir is where CRIU's logs go.
 	ImagesDir, WorkDir string
-	// Args are CRIU options to add to the runtime's (the commit action
-	// script, --criu-opts, a network lock method).
-	Args         []string
+	// Args are CRIU options to add to the runtime's (--criu-opts, a
+	// network lock method).
+	Args []string
+	// Commit is the committer's directory (dump): at CRIU's post-dump the
+	// runtime's CRIU asks it to commit (AskCommit) before the runtime
+	// hears of post-dump, and fails the step if it refuses.
+	Commit       string
 	LeaveRunning bool
 	// Src is the checkpoint being restored: files the runtime needs
 	// besides CRIU's images come from it.

@@ -184,7 +184,7 @@ const maxOutput = 1 << 20
 // streamer socket (the real criu, the options to add) and the container's
 // info, both into the images dir.
 func prepare(l capture.Launch, info Info) error {
-	if err := swrk.WriteSettings(l.ImagesDir, swrk.Settings{CRIU: l.CRIU, Args: l.Args}); err != nil {
+	if err := swrk.WriteSettings(l.ImagesDir, swrk.Settings{CRIU: l.CRIU, Args: l.Args, Commit: l.Commit}); err != nil {
 		return err
 	}
 	b, err := json.Marshal(info)

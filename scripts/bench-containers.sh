@@ -3,13 +3,14 @@
 # gpucr-stream (checkpoint/restore --container: runc runs gpucr-stream as its
 # criu, whose swrk streams CRIU's images) against plain `runc checkpoint` /
 # `runc restore` with the same CRIU, both into the same tmpfs (BENCH_DIR,
-# /dev/shm by default). One container throughout: each restore brings it back
-# for the next measurement, the variants interleaved round by round (their
-# order alternating), every restore proved by the target's memory checksum.
-# Each round then takes two --dedup --leave-running checkpoints of the
-# unchanged container into one location: "same" is what the second added
-# (ls --json new_bytes) against the first. Times are the commands' wall
-# time; medians and ratios are printed at the end.
+# /dev/shm by default). A fresh container for each dump and restore (a
+# restore through gpucr-stream leaves zero pages untouched, so a restored
+# container would dump less), the variants interleaved round by round
+# (their order alternating), every restore proved by the target's memory
+# checksum. Each round then takes two --dedup --leave-running checkpoints
+# of a fresh, unchanged container into one location: "same" is what the
+# second added (ls --json new_bytes) against the first. Times are the
+# commands' wall time; medians and ratios are printed at the end.
 #
 # The container runs the e2e target (BENCH_MB MiB, default 1024, of
 # BENCH_MIX, default thirds: a third random, zeros, text, as scripts/bench.sh)
@@ -74,8 +75,16 @@ timed() { # metric COMMAND...: runs it, records its wall time
 }
 gcs() { "$GCS" "$@" --criu "$CRIU" --runtime-root "$ROOT" >"$WORK/gcs.out" 2>&1 || { cat "$WORK/gcs.out" >&2; exit 1; }; }
 
+fresh() { # a new container, its target's memory filled
+	"$RUNC" --root "$ROOT" delete --force "$ID" >/dev/null 2>&1 || true
+	rm -f "$DATA"/*
+	runc_ run --detach --bundle "$BUNDLE" "$ID"
+	for _ in $(seq 2400); do [ -s "$DATA/ready" ] && break; sleep 0.05; done
+	[ -s "$DATA/ready" ] || { echo "bench-containers: the container's target is not ready" >&2; exit 1; }
+}
 plain() {
 	local p
+	fresh
 	p=$(pid)
 	timed plain_dump runc_ --criu "$CRIU" checkpoint --image-path "$WORK/img" "$ID"
 	gone "$p"
@@ -85,6 +94,7 @@ plain() {
 }
 streamed() {
 	local p
+	fresh
 	p=$(pid)
 	timed gcs_dump gcs checkpoint --container "$ID" --to "$WORK/ck" "${CODEC[@]}"
 	gone "$p"
@@ -95,12 +105,10 @@ streamed() {
 new_bytes() { "$GCS" ls --json "$WORK/loc" | jq -r --arg n "$1" '.[] | select(.name == $n) | .new_bytes'; }
 
 echo "bench-containers: runc container of the target, ${MB} MiB ($MIX), ${ROUNDS} rounds, codec ${BENCH_CODEC:-default}, into $SHM; $(nproc) cores; $(date -u +%FT%TZ)" >&2
-runc_ run --detach --bundle "$BUNDLE" "$ID"
-for _ in $(seq 2400); do [ -s "$DATA/ready" ] && break; sleep 0.05; done
-[ -s "$DATA/ready" ] || { echo "bench-containers: the container's target is not ready" >&2; exit 1; }
 for r in $(seq "$ROUNDS"); do
 	echo "bench-containers: round $r" >&2
 	if [ $((r % 2)) = 1 ]; then plain; streamed; else streamed; plain; fi
+	fresh
 	timed dedup_first gcs checkpoint --container "$ID" --leave-running --dedup --to "$WORK/loc/first" "${CODEC[@]}"
 	timed dedup_same gcs checkpoint --container "$ID" --leave-running --dedup --to "$WORK/loc/same" "${CODEC[@]}"
 	record first_new "$(new_bytes first)"

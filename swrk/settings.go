@@ -28,8 +28,12 @@ type Settings struct {
 	// CRIU is the criu binary (empty: criu on PATH, never gpucr-stream).
 	CRIU string `json:"criu,omitempty"`
 	// Args are added to CRIU's command line after the request's options
-	// (a commit action script, --criu-opts, a network lock method).
+	// (--criu-opts, a network lock method).
 	Args []string `json:"criu_args,omitempty"`
+	// Commit is the directory of a committer (capture.AskCommit) that
+	// commits the checkpoint at CRIU's post-dump, before the runtime
+	// hears of it; its refusal fails the step, and CRIU resumes the tree.
+	Commit string `json:"commit,omitempty"`
 }
 
 // WriteSettings writes s into dir, private to this user.

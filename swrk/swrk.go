@@ -114,6 +114,7 @@ type call struct {
 	// may point there) and the settings.
 	streamDir string
 	mode      string // "dump" or "restore"
+	commit    string // a committer to ask at post-dump (Settings.Commit)
 	buf       []byte // receive's
 }
 
@@ -205,6 +206,7 @@ func (c *call) run(ctx context.Context) error {
 	if err != nil {
 		return c.fail(err)
 	}
+	c.commit = settings.Commit
 	tr, err := translate(c.req.GetType(), c.opts)
 	if err != nil {
 		return c.fail(err)
@@ -245,14 +247,11 @@ func (c *call) runCRIU(ctx context.Context, s Settings, tr *translation) (int, e
 	args := append([]string{c.mode}, confArgs...)
 	args = append(args, tr.args(conf)...)
 	var r *relay
-	if c.opts.GetNotifyScripts() {
+	if c.opts.GetNotifyScripts() || c.commit != "" {
 		if r, err = newRelay(); err != nil {
 			return 0, err
 		}
 		defer r.close()
-		// Before the settings' scripts: CRIU runs the last one given
-		// first, so a commit script there runs before the runtime hears
-		// of post-dump.
 		args = append(args, "--action-script="+r.script())
 	}
 	args = append(args, s.Args...)
@@ -343,8 +342,19 @@ func closeAll(files []*os.File) {
 // PID (send_criu_rpc_script).
 var pidActions = map[string]bool{"setup-namespaces": true, "post-restore": true}
 
-// notify hands one action to the runtime and waits for its answer.
+// notify hands one action to the runtime and waits for its answer. A
+// post-dump is first committed, where the settings name a committer: the
+// checkpoint is durable before the runtime hears of it and CRIU kills the
+// tree, which it resumes instead if the commit fails.
 func (c *call) notify(ctx context.Context, action string, pid int) error {
+	if action == "post-dump" && c.commit != "" {
+		if err := capture.AskCommit(ctx, c.commit); err != nil {
+			return err
+		}
+	}
+	if !c.opts.GetNotifyScripts() {
+		return nil // the runtime asked for no notifications
+	}
 	n := &rpc.CriuNotify{Script: proto.String(action)}
 	if pidActions[action] {
 		n.Pid = proto.Int32(int32(pid))

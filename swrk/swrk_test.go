@@ -2,6 +2,7 @@ package swrk
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -340,5 +341,79 @@ func TestSettingsTrusted(t *testing.T) {
 	}
 	if s, err := readSettings(t.TempDir()); err != nil || s.CRIU != "" {
 		t.Fatalf("no settings: %+v, %v", s, err)
+	}
+}
+
+// fakeCommitter answers capture.AskCommit on FIFOs in a new directory
+// with answer, once, and says when it was asked.
+func fakeCommitter(t *testing.T, answer string) (dir string, asked <-chan struct{}) {
+	t.Helper()
+	dir = t.TempDir()
+	var files [2]*os.File
+	for i, n := range []string{"commit.req", "commit.res"} {
+		if err := unix.Mkfifo(filepath.Join(dir, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(filepath.Join(dir, n), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		files[i] = f
+	}
+	ch := make(chan struct{})
+	go func() {
+		b := make([]byte, 64)
+		if n, err := files[0].Read(b); err == nil && strings.TrimSpace(string(b[:n])) == "post-dump" {
+			close(ch)
+			files[1].WriteString(answer + "\n")
+		}
+	}()
+	return dir, ch
+}
+
+// TestServeCommit: with a committer in the settings, post-dump is
+// committed before the runtime hears of it; a refused commit fails CRIU's
+// step, and the runtime never hears of post-dump.
+func TestServeCommit(t *testing.T) {
+	for _, tc := range []struct{ answer string }{{"ok"}, {"the bucket is full"}} {
+		t.Run(tc.answer, func(t *testing.T) {
+			dir, fd := streamerDir(t, capture.CaptureSocket)
+			commit, asked := fakeCommitter(t, tc.answer)
+			b, _ := os.ReadFile(filepath.Join(dir, SettingsFile))
+			var s Settings
+			json.Unmarshal(b, &s)
+			s.Commit = commit
+			if err := WriteSettings(dir, s); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("FAKE_ACTIONS", "pre-dump post-dump")
+			o := runcDump()
+			o.ImagesDirFd, o.WorkDirFd, o.ConfigFile = proto.Int32(fd), nil, nil
+			r := startSwrk(t, &rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: o})
+			if resp := r.read(); resp.GetNotify().GetScript() != "pre-dump" {
+				t.Fatalf("got %v", resp)
+			}
+			r.answer(true)
+			resp := r.read()
+			select {
+			case <-asked:
+			default:
+				t.Fatalf("%v reached the runtime before the commit was asked for", resp)
+			}
+			if tc.answer == "ok" {
+				if resp.GetNotify().GetScript() != "post-dump" {
+					t.Fatalf("got %v, want post-dump", resp)
+				}
+				r.answer(true)
+				resp = r.read()
+			}
+			if resp.GetType() != rpc.CriuReqType_DUMP || resp.GetSuccess() != (tc.answer == "ok") {
+				t.Fatalf("answer %v", resp)
+			}
+			if err := <-r.served; (err == nil) != (tc.answer == "ok") {
+				t.Fatalf("Serve: %v", err)
+			}
+		})
 	}
 }
