@@ -273,3 +273,52 @@ func TestCheckpointctlArchive(t *testing.T) {
 	tg.follow(t, func() (int, error) { return podmanPID(podman, other) })
 	proveContainer(ctx, t, tg, before)
 }
+
+// TestRuncByHand: runc in stream mode with the drop-in commands, as the
+// README shows it: a capture listening in the images dir makes `runc
+// --criu gpucr-stream checkpoint` stream into it, carrying runc's
+// descriptors.json; a serve writes that back into its images dir before it
+// listens, and `runc --criu gpucr-stream restore` restores from it.
+func TestRuncByHand(t *testing.T) {
+	runc := Runtime(t, "runc")
+	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	// runc's version checks go to the real criu, which swrk finds on PATH.
+	t.Setenv("PATH", filepath.Dir(CRIU(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	ctx := testCtx(t)
+	dir := ShortTempDir(t)
+	tg, root, id, pid := RuncContainer(ctx, t, dir, 32)
+	before, err := tg.Prove(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, stream := mkdir(t, filepath.Join(dir, "ck")), filepath.Join(dir, "stream")
+	capture := startGCS(ctx, t, gcsOpts{}, "--images-dir", ck, "capture", "--to", stream)
+	if !capture.waitLine(ctx, "socket-init") {
+		t.Fatalf("capture: %v", capture.wait(ctx))
+	}
+	runtimeCmd(ctx, t, runc, "--root", root, "--criu", bin, "checkpoint", "--image-path", ck, id)
+	if err := capture.wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkpointedOut(ctx, t, tg, pid)
+	rs := mkdir(t, filepath.Join(dir, "rs"))
+	serve := startGCS(ctx, t, gcsOpts{}, "--images-dir", rs, "serve", "--from", stream)
+	if !serve.waitLine(ctx, "socket-init") {
+		t.Fatalf("serve: %v", serve.wait(ctx))
+	}
+	if b, err := os.ReadFile(filepath.Join(rs, "descriptors.json")); err != nil || !strings.Contains(string(b), "/dev/null") {
+		t.Fatalf("descriptors.json not written back before socket-init: %q, %v", b, err)
+	}
+	log := filepath.Join(dir, "runc.log")
+	cmd := exec.CommandContext(ctx, runc, "--root", root, "--log", log, "--criu", bin, "restore", "--detach", "--image-path", rs,
+		"--bundle", filepath.Join(dir, "bundle"), id)
+	if err := cmd.Run(); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("runc restore: %v: %s", err, b)
+	}
+	if err := serve.wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tg.follow(t, pid)
+	proveContainer(ctx, t, tg, before)
+}
