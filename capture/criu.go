@@ -417,13 +417,12 @@ func runDump(ctx context.Context, o DumpOptions, images string, cm *committer, r
 		rep.LogPath = l.Log
 		return l.Output, l.Took, err
 	}
-	script := cm.script()
 	reach, release, err := ReachableDir(images)
 	if err != nil {
 		return "", 0, err
 	}
 	defer release()
-	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4", "--action-script", script}
+	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4", "--action-script", cm.script()}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}

@@ -3,8 +3,8 @@ package capture
 // CRIU run by someone else for a dump or restore this process streams: a
 // container runtime whose CRIU is gpucr-stream's swrk (packages swrk and
 // container). The capture or serve listens in the images dir as for CRIU
-// run here, and the post-dump commit goes through the same action script,
-// which swrk hands CRIU.
+// run here, and swrk asks the same committer at CRIU's post-dump
+// (AskCommit) that the action script asks otherwise.
 
 import (
 	"context"

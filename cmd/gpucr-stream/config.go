@@ -53,7 +53,7 @@ type config struct {
 	workDir      string
 	carry        string
 
-	// containers (container.go)
+	// containers (wire.go)
 	container   string
 	runtime     string
 	runtimeRoot string
