@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore gpu-e2e clean
+.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
 
 build: preload binary
 
@@ -125,6 +125,12 @@ bench-restore: deps build
 # beside criu restore -D (docs/BENCHMARKS.md, "Restore from a stream while it is read").
 bench-stream-restore: deps build
 	bash scripts/bench-stream-restore.sh
+
+# A runc container through gpucr-stream against plain runc checkpoint and
+# restore into tmpfs, and a second --dedup checkpoint of it unchanged
+# (docs/CONTAINERS.md, "Measured").
+bench-containers: deps build
+	bash scripts/bench-containers.sh
 
 clean:
 	rm -rf bin

@@ -114,6 +114,12 @@ type CRIU struct {
 	WorkDir string
 	// Args are extra criu arguments.
 	Args []string
+	// Carry names files of CRIU's images dir to carry in the checkpoint
+	// and write back there on restore (criusock/carry.go).
+	Carry []string
+	// Launcher runs CRIU through a container runtime (package container);
+	// nil: criu runs here.
+	Launcher criusock.Launcher
 }
 
 // Options are a checkpoint's.
@@ -214,6 +220,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	m, rep, err := dump(ctx, c, meta, criusock.DumpOptions{
 		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
 		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
+		Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher,
 	}, cc)
 	done()
 	if err != nil {
@@ -370,7 +377,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	buffering := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	rep, err := criusock.Restore(ctx, criusock.CRIURestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
-		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir}, src)
+		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir, Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}

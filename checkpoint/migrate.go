@@ -279,7 +279,7 @@ func (m *migration) dump(ctx context.Context) error {
 	} else {
 		m.man, rep, err = dump(ctx, c, meta, criusock.DumpOptions{
 			CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: m.o.LeaveRunning, ExtraArgs: m.o.CRIU.Args,
-			Hooks: criusock.Hooks{Log: m.o.Hooks.Log},
+			Hooks: criusock.Hooks{Log: m.o.Hooks.Log}, Carry: m.o.CRIU.Carry, Launcher: m.o.CRIU.Launcher,
 		}, m.cc)
 		if err != nil {
 			err = m.cc.Undo(err)

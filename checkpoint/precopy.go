@@ -231,7 +231,7 @@ func (m *migration) precopyRound(ctx context.Context) (PrecopyRound, error) {
 	meta := manifest.Manifest{Tool: m.o.Tool, Process: processOf(m.o.PID)}
 	man, _, err := dump(ctx, c, meta, criusock.DumpOptions{
 		CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: true, ExtraArgs: m.o.CRIU.Args,
-		Hooks: criusock.Hooks{Log: m.o.Hooks.Log},
+		Hooks: criusock.Hooks{Log: m.o.Hooks.Log}, Carry: m.o.CRIU.Carry, Launcher: m.o.CRIU.Launcher,
 	}, m.cc)
 	if err != nil {
 		return PrecopyRound{}, err

@@ -299,7 +299,7 @@ func (r *receiver) restore(ctx context.Context) error {
 func (r *receiver) restoreOptions(ctx context.Context) criusock.CRIURestoreOptions {
 	return criusock.CRIURestoreOptions{CRIU: r.criu, WorkDir: r.o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, r.criu, r.o.CRIU.Args), Hooks: criusock.Hooks{Log: r.o.Hooks.Log}, FreePIDs: GoneTimeout,
-		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir}
+		MemoryLimit: cacheMemory(r.o.Stream), SpillDir: r.o.Stream.SpillDir, Carry: r.o.CRIU.Carry, Launcher: r.o.CRIU.Launcher}
 }
 
 // gpuPairs maps the committed image's GPUs onto this host's (--gpu-map)

@@ -68,6 +68,10 @@ type DropInOptions struct {
 	// stream is still being read: socket-init comes first and the
 	// statistics line last, not in criu-image-streamer's order.
 	Early bool
+	// Carry names files of the images dir to carry (capture), or carried
+	// files to wait for (serve --early; a serve otherwise writes every
+	// carried file back into the images dir before it listens).
+	Carry []string
 }
 
 // Capture takes the images of `criu dump --stream -D ImagesDir` (and the
@@ -85,7 +89,7 @@ func Capture(ctx context.Context, o DropInOptions) (*Stats, error) {
 	res, err := criusock.IntakeWith(ctx, o.ImagesDir, c, criusock.IntakeOptions{Hooks: criusock.Hooks{
 		Listening: func() { o.Hooks.line("socket-init") },
 		Connected: func() { o.Hooks.line("checkpoint-start") },
-	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout})
+	}, Producers: o.Producers, ConnectTimeout: o.ConnectTimeout, Carry: o.Carry})
 	if eerr := <-extErr; err == nil {
 		err = eerr
 	}
@@ -184,6 +188,13 @@ func Serve(ctx context.Context, o DropInOptions) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	carried, err := criusock.CarriedFiles(ctx, src)
+	if err == nil {
+		err = criusock.WriteCarried(ctx, src, o.ImagesDir, append(carried, o.Carry...))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	o.Hooks.stats(st)
 	if err := serveToCRIU(ctx, o, served); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -224,7 +235,12 @@ func serveEarly(ctx context.Context, o DropInOptions) (*Stats, error) {
 		endedAt <- time.Time{}
 	}
 	first := &firstRequest{Source: criusock.RemapTCPListenLater(src, o.TCPListenRemap), log: o.Hooks.log, ended: ended}
-	err = serveToCRIU(ctx, o, first)
+	// Carried files arrive before CRIU's images: waiting for the named
+	// ones costs little.
+	err = criusock.WriteCarried(ctx, src, o.ImagesDir, append(criusock.CarriedIn(src), o.Carry...))
+	if err == nil {
+		err = serveToCRIU(ctx, o, first)
+	}
 	if stream != nil && err == nil {
 		err = stream.Wait(ctx)
 	}

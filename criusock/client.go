@@ -22,12 +22,11 @@ type Client struct {
 
 // Dial connects to the capture socket in dir.
 func Dial(ctx context.Context, dir string) (*Client, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", filepath.Join(dir, CaptureSocket))
+	c, err := dialIn(ctx, dir, CaptureSocket)
 	if err != nil {
-		return nil, fmt.Errorf("connect to capture in %s: %w", dir, err)
+		return nil, err
 	}
-	return &Client{conn: c.(*net.UnixConn)}, nil
+	return &Client{conn: c}, nil
 }
 
 // Push sends one file: the request, then a pipe whose write end gets r.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,9 @@ import (
 )
 
 // FindCRIU returns the criu binary to run: the given path, else criu on
-// PATH, else the prefix scripts/install-criu.sh installs.
+// PATH, else the prefix scripts/install-criu.sh installs. A criu on PATH
+// that is this program (gpucr-stream installed as criu, for runtimes that
+// run "criu swrk": package swrk) is passed over.
 func FindCRIU(path string) (string, error) {
 	if path != "" {
 		if _, err := os.Stat(path); err != nil {
@@ -29,7 +32,7 @@ func FindCRIU(path string) (string, error) {
 		}
 		return path, nil
 	}
-	if p, err := exec.LookPath("criu"); err == nil {
+	if p, ok := criuOnPath(); ok {
 		return p, nil
 	}
 	const prefix = "/opt/gpucr-criu/bin/criu"
@@ -37,6 +40,23 @@ func FindCRIU(path string) (string, error) {
 		return prefix, nil
 	}
 	return "", errors.New("criu not found: install CRIU >= 4.0 (scripts/install-criu.sh) or pass --criu PATH")
+}
+
+// criuOnPath is the first executable criu on PATH that is not this program.
+func criuOnPath() (string, bool) {
+	self, err := os.Stat("/proc/self/exe")
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, "criu")
+		st, serr := os.Stat(p)
+		if serr != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 || (err == nil && os.SameFile(st, self)) {
+			continue
+		}
+		return p, true
+	}
+	return "", false
 }
 
 // CRIUVersion asks criu for its version ("4.1.1"), or "".
@@ -126,6 +146,37 @@ func (c *committer) commit(ctx context.Context, fn func() error) (cut bool, err 
 	}
 }
 
+// AskCommit is the action script's side of the commit, for a CRIU whose
+// post-dump reaches a program rather than the script (gpucr-stream's swrk,
+// under a container runtime: package swrk): it asks the committer whose
+// FIFOs are in dir and waits for its answer, nil for "ok".
+func AskCommit(ctx context.Context, dir string) error {
+	// Non-blocking opens: a committer that is gone is an error, not a hang.
+	req, err := os.OpenFile(filepath.Join(dir, "commit.req"), os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	defer req.Close()
+	res, err := os.OpenFile(filepath.Join(dir, "commit.res"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	defer res.Close()
+	stop := context.AfterFunc(ctx, func() { res.Close() })
+	defer stop()
+	if _, err := fmt.Fprintln(req, "post-dump"); err != nil {
+		return fmt.Errorf("ask for the commit: %w", err)
+	}
+	answer, err := bufio.NewReader(res).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("the commit's answer: %w", err)
+	}
+	if answer = strings.TrimSpace(answer); answer != "ok" {
+		return fmt.Errorf("checkpoint not committed: %s", answer)
+	}
+	return nil
+}
+
 func (c *committer) answer(err error) {
 	msg := "ok"
 	if err != nil {
@@ -152,6 +203,12 @@ type DumpOptions struct {
 	// Producers is the number of producer connections (VRAM dumpers) the
 	// image waits for before it is complete; see IntakeOptions.
 	Producers int
+	// Carry are files to carry beside DefaultCarry (IntakeOptions.Carry).
+	Carry []string
+	// Launcher, if set, runs the dump through a container runtime
+	// (launch.go) instead of `criu dump` here; PID is then the
+	// container's init, for the caller.
+	Launcher Launcher
 }
 
 // DumpReport times the phases of a dump.
@@ -234,7 +291,11 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		return rep, err
 	}
 	defer cm.close()
-	in, err := StartIntakeWith(ctx, images, c, IntakeOptions{Hooks: o.Hooks, Producers: o.Producers})
+	carry := o.Carry
+	if o.Launcher != nil {
+		carry = append(slices.Clip(carry), o.Launcher.Carried()...)
+	}
+	in, err := StartIntakeWith(ctx, images, c, IntakeOptions{Hooks: o.Hooks, Producers: o.Producers, Carry: carry})
 	if err != nil {
 		return rep, err
 	}
@@ -250,6 +311,11 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		}
 		start := time.Now()
 		cut, commitErr = cm.commit(ctx, func() error {
+			if o.Launcher != nil {
+				if err := o.Launcher.PostDump(ctx, images); err != nil {
+					return err
+				}
+			}
 			res, err := in.Drained(ctx)
 			if err == nil && o.BeforeKill != nil {
 				err = o.BeforeKill(ctx, res)
@@ -258,15 +324,10 @@ func Dump(ctx context.Context, o DumpOptions, c *streamer.Capture) (rep DumpRepo
 		})
 		rep.Commit = time.Since(start)
 	}()
-	args := []string{"dump", "--stream", "-D", images, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4",
-		"--action-script", cm.script()}
-	if o.LeaveRunning {
-		args = append(args, "--leave-running")
-	}
 	var out string
 	criuErr := context.Cause(ctx)
 	if criuErr == nil { // not interrupted before it started
-		out, rep.CRIU, criuErr = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+		out, rep.CRIU, criuErr = runDump(ctx, o, images, cm, &rep)
 	}
 	// A pipeline that failed (storage down) closed CRIU's pipes: that, not
 	// CRIU's broken pipe, is what the user must hear.
@@ -331,6 +392,11 @@ type CRIURestoreOptions struct {
 	// MemoryLimit and SpillDir are ServeOptions'.
 	MemoryLimit int64
 	SpillDir    string
+	// Carry names carried files to write into the images dir before CRIU
+	// runs, waiting for them in a stream; an archive's are written anyway.
+	Carry []string
+	// Launcher, if set, runs the restore through a container runtime.
+	Launcher Launcher
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -344,6 +410,26 @@ type RestoreReport struct {
 	LogPath string
 }
 
+// runDump runs CRIU's dump into images, here or through o.Launcher.
+func runDump(ctx context.Context, o DumpOptions, images string, cm *committer, rep *DumpReport) (out string, took time.Duration, err error) {
+	if o.Launcher != nil {
+		l, err := o.Launcher.Dump(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images),
+			Args: o.ExtraArgs, Commit: cm.dir, LeaveRunning: o.LeaveRunning})
+		rep.LogPath = l.Log
+		return l.Output, l.Took, err
+	}
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		return "", 0, err
+	}
+	defer release()
+	args := []string{"dump", "--stream", "-D", reach, "-t", strconv.Itoa(o.PID), "-o", "dump.log", "-v4", "--action-script", cm.script()}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	return runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+}
+
 // Restore runs `criu restore --stream --restore-detached` fed by an
 // in-process serve of src and returns the restored root PID. If serving
 // failed while CRIU nevertheless finished, the restored tree is killed:
@@ -351,6 +437,12 @@ type RestoreReport struct {
 // the image's listeners are cleared first (ClearTimeWait), and the PIDs
 // the image restores waited for (waitFreePIDs).
 func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep RestoreReport, err error) {
+	carried := append(CarriedIn(src), o.Carry...)
+	if o.Launcher != nil {
+		for _, p := range o.Launcher.Carried() {
+			carried = append(carried, filepath.Base(p))
+		}
+	}
 	pids := waitFreePIDs(ClearTimeWait(src, o.Hooks.log), o.FreePIDs, o.Hooks.log)
 	src = pids
 	defer func() { rep.PIDWait = pids.Waited() }()
@@ -361,6 +453,9 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 	defer func() { err = finishWorkDir(err, dir, o.WorkDir == "", cleanup) }()
 	rep.LogPath = filepath.Join(images, "restore.log")
 	pidfile := filepath.Join(dir, "restored.pid")
+	if err := WriteCarried(ctx, src, images, carried); err != nil {
+		return rep, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	listening := make(chan struct{})
@@ -383,14 +478,12 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 	case <-listening:
 	case <-ctx.Done():
 	}
-	args := []string{"restore", "--stream", "-D", images, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
-	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+	out, took, criuErr := runRestore(ctx, o, images, pidfile, src, &rep)
 	rep.CRIU = took
 	if criuErr != nil {
 		cancel() // stop serving: CRIU is gone
 	}
 	wg.Wait()
-	rep.PID = readPID(pidfile)
 	if criuErr == nil && errors.Is(serveErr, ErrOutstanding) {
 		// CRIU succeeded: leaving the rest of a file was its decision,
 		// made just before it closed the socket.
@@ -415,6 +508,25 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 		return rep, criuFailed{fmt.Errorf("criu restore: %w; %s", criuErr, criuLogTail(rep.LogPath, out))}
 	}
 	return rep, nil
+}
+
+// runRestore runs CRIU's restore from images, here or through
+// o.Launcher, and sets rep.PID.
+func runRestore(ctx context.Context, o CRIURestoreOptions, images, pidfile string, src source.Source, rep *RestoreReport) (out string, took time.Duration, err error) {
+	if o.Launcher != nil {
+		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src})
+		rep.PID, rep.LogPath = l.PID, l.Log
+		return l.Output, l.Took, err
+	}
+	reach, release, err := ReachableDir(images)
+	if err != nil {
+		return "", 0, err
+	}
+	defer release()
+	args := []string{"restore", "--stream", "-D", reach, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
+	out, took, err = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
+	rep.PID = readPID(pidfile)
+	return out, took, err
 }
 
 // readPID is the PID criu restore --pidfile wrote (0: none).

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,16 +79,17 @@ func ReadReply(r io.Reader) (bool, error) {
 // Close when done. A producer that fails must not Close cleanly: Abort
 // instead, so that the checkpoint fails.
 func DialProducer(ctx context.Context, dir, name string) (*Client, error) {
-	return dialHello(ctx, filepath.Join(dir, CaptureSocket), name)
+	return dialHello(ctx, dir, CaptureSocket, name)
 }
 
 // DialPull connects to the serve socket in dir as producer name, to pull
 // files back during a restore.
 func DialPull(ctx context.Context, dir, name string) (*Client, error) {
-	return dialHello(ctx, filepath.Join(dir, ServeSocket), name)
+	return dialHello(ctx, dir, ServeSocket, name)
 }
 
-func dialHello(ctx context.Context, path, name string) (*Client, error) {
+func dialHello(ctx context.Context, dir, sock, name string) (*Client, error) {
+	path := filepath.Join(dir, sock)
 	hello, err := ProducerHello(name)
 	if err != nil {
 		return nil, err
@@ -98,12 +98,10 @@ func dialHello(ctx context.Context, path, name string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
+	conn, err := dialIn(ctx, dir, sock)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", path, err)
+		return nil, err
 	}
-	conn := c.(*net.UnixConn)
 	if _, err := conn.Write(req); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("hello on %s: %w", path, err)

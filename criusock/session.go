@@ -236,7 +236,7 @@ func (s *session) producersOpen() int {
 // acceptLoop takes connections until the listener closes (the session
 // ended, failed or ctx was cancelled) and runs handle for each on its own
 // goroutine.
-func (s *session) acceptLoop(ctx context.Context, l *net.UnixListener, handle func(*net.UnixConn)) {
+func (s *session) acceptLoop(ctx context.Context, l *dirListener, handle func(*net.UnixConn)) {
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	go func() {
@@ -391,6 +391,10 @@ type IntakeOptions struct {
 	// DefaultConnectTimeout, negative no limit. Past it the intake fails
 	// with ErrNoCRIU.
 	ConnectTimeout time.Duration
+	// Carry names files to carry in the checkpoint (carry.go) beside
+	// DefaultCarry: taken when CRIU connects, or at the end of the dump
+	// if they appear later; one missing then fails the dump.
+	Carry []string
 }
 
 // IntakeSession takes the images of one `criu dump --stream`, and the files
@@ -410,6 +414,7 @@ type IntakeSession struct {
 	pfiles    atomic.Int64
 	pbytes    atomic.Int64
 	inventory atomic.Bool // inventory.img requested by CRIU: it opens it last
+	carry     *carrier
 
 	mu   sync.Mutex
 	sess *session
@@ -421,14 +426,14 @@ type IntakeSession struct {
 // the background.
 func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o IntakeOptions) (*IntakeSession, error) {
 	path := filepath.Join(dir, CaptureSocket)
-	l, err := listen(path)
+	l, err := listen(dir, CaptureSocket)
 	if err != nil {
 		return nil, err
 	}
 	if o.Hooks.Listening != nil {
 		o.Hooks.Listening()
 	}
-	in := &IntakeSession{c: c, done: make(chan struct{})}
+	in := &IntakeSession{c: c, done: make(chan struct{}), carry: newCarrier(dir, o.Carry)}
 	s, sctx := newSession(ctx, o.Producers)
 	s.limitConnectWait(o.ConnectTimeout, path)
 	in.sess = s
@@ -442,7 +447,7 @@ func StartIntakeWith(ctx context.Context, dir string, c *streamer.Capture, o Int
 	return in, nil
 }
 
-func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *net.UnixListener, path string, hooks Hooks) error {
+func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *dirListener, path string, hooks Hooks) error {
 	// A pipeline failure (storage down, disk full) must reach CRIU now, not
 	// when it next writes.
 	watched := make(chan struct{})
@@ -463,7 +468,10 @@ func (in *IntakeSession) run(ctx, sctx context.Context, s *session, l *net.UnixL
 	if err != nil {
 		return fmt.Errorf("dump intake: %w", err)
 	}
-	return s.endErr(ctx, path)
+	if err := s.endErr(ctx, path); err != nil || !in.inventory.Load() {
+		return err // a dump that did not finish: the caller says so
+	}
+	return in.carry.take(in.c, true)
 }
 
 // endErr is the error of a session that stopped without an error of its
@@ -487,7 +495,7 @@ func (s *session) endErr(ctx context.Context, path string) error {
 }
 
 func (in *IntakeSession) handle(ctx context.Context, s *session, conn *net.UnixConn, hooks Hooks) {
-	kind := s.readConn(ctx, conn, hooks.Connected, func(kind connKind, name string) error {
+	kind := s.readConn(ctx, conn, in.onConnect(s, hooks), func(kind connKind, name string) error {
 		if kind == connProducer && name == "inventory.img" {
 			return errors.New("a producer sent inventory.img: that name is CRIU's (it marks the end of the dump)")
 		}
@@ -565,6 +573,10 @@ func (in *IntakeSession) Drained(ctx context.Context) (DumpResult, error) {
 		}
 		s.mu.Unlock()
 		if ready {
+			// Files the caller put into the images dir during the dump.
+			if err := in.carry.take(in.c, true); err != nil {
+				return in.result(), err
+			}
 			return in.result(), nil
 		}
 		select {
@@ -678,7 +690,7 @@ func ServeWith(ctx context.Context, dir string, src source.Source, o ServeOption
 		src = sp
 	}
 	path := filepath.Join(dir, ServeSocket)
-	l, err := listen(path)
+	l, err := listen(dir, ServeSocket)
 	if err != nil {
 		return res, err
 	}

@@ -209,11 +209,14 @@ type File struct {
 	Name string `json:"name"`
 	// ID is the file id of the file's frames (absent when 0): an encrypted
 	// chunk is bound to it, so a reader of an archive must know it.
-	ID       uint32  `json:"id,omitempty"`
-	Size     int64   `json:"size"`
-	Digest   Hash    `json:"digest"`
-	External bool    `json:"external,omitempty"`
-	Chunks   []Chunk `json:"chunks"`
+	ID       uint32 `json:"id,omitempty"`
+	Size     int64  `json:"size"`
+	Digest   Hash   `json:"digest"`
+	External bool   `json:"external,omitempty"`
+	// Carried: a file of the images dir, written back there on restore
+	// (FileFlagCarried).
+	Carried bool    `json:"carried,omitempty"`
+	Chunks  []Chunk `json:"chunks"`
 }
 
 // Chunk locates one DATA frame: segment index and the offset of its header.

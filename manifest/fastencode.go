@@ -71,6 +71,9 @@ func appendFiles(out []byte, files []File) ([]byte, error) {
 		if f.External {
 			out = append(out, ",\n   \"external\": true"...)
 		}
+		if f.Carried {
+			out = append(out, ",\n   \"carried\": true"...)
+		}
 		out = append(out, ",\n   \"chunks\": "...)
 		out = appendChunks(out, f.Chunks)
 		out = append(out, "\n  }"...)

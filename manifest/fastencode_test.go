@@ -41,6 +41,7 @@ func TestFastEncode(t *testing.T) {
 			Files: []File{
 				{Name: "pages-1.img", ID: 7, Size: 8192, Digest: Hash{9}, External: true, Chunks: []Chunk{full, {RawLen: 4096, Codec: 1}}},
 				{Name: "empty.img", Chunks: []Chunk{}},
+				{Name: "descriptors.json", Size: 3, External: true, Carried: true, Chunks: []Chunk{{RawLen: 3}}},
 				{Name: "nil.img"},
 			}}},
 		{"names encoding/json escapes", Manifest{Files: []File{
@@ -58,7 +59,7 @@ func FuzzFastEncode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, name, raw []byte, n uint8) {
 		m := &Manifest{Tool: string(name), Format: 4}
 		for i := range int(n % 5) {
-			fl := File{Name: string(name) + string(rune('a'+i)), ID: uint32(i), External: i%2 == 1, Size: int64(len(raw)) - 7}
+			fl := File{Name: string(name) + string(rune('a'+i)), ID: uint32(i), External: i%2 == 1, Carried: i == 3, Size: int64(len(raw)) - 7}
 			if i == 3 {
 				fl.Chunks = []Chunk{}
 			}

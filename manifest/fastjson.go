@@ -302,7 +302,7 @@ func (p *fastParser) file(f *File) bool {
 	if p.byte('}') {
 		return true
 	}
-	var seen [6]bool
+	var seen [7]bool
 	for {
 		key, ok := p.key()
 		if !ok || !p.byte(':') {
@@ -328,6 +328,9 @@ func (p *fastParser) file(f *File) bool {
 		case "chunks":
 			k = 5
 			ok = p.chunks(&f.Chunks)
+		case "carried":
+			k = 6
+			f.Carried, ok = p.bool()
 		}
 		if k < 0 || !ok || seen[k] {
 			return false

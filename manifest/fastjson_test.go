@@ -129,7 +129,8 @@ func FuzzFastDecode(f *testing.F) {
 	m := &Manifest{Format: VersionSharedChunks, SharedChunks: true, Tool: "fuzz", ChunkSize: 1 << 20,
 		Segments: []Segment{{Name: "gpucr-chunks/packs/00.pack", Size: 9}},
 		Files: []File{{Name: "pages-1.img", ID: 3, Size: 8192, External: true, Chunks: []Chunk{{RawLen: 4096, Stored: 9, Codec: 2, Checksum: 7, Hash: Hash{1}},
-			{Offset: 4096, RawLen: 4096, Codec: 1, Segment: -1}}}, {Name: "empty.img", Chunks: []Chunk{}}}}
+			{Offset: 4096, RawLen: 4096, Codec: 1, Segment: -1}}}, {Name: "empty.img", Chunks: []Chunk{}},
+			{Name: "descriptors.json", External: true, Carried: true, Chunks: []Chunk{}}}}
 	doc, err := m.Marshal()
 	if err != nil {
 		f.Fatal(err)

@@ -223,8 +223,16 @@ func (t FrameType) String() string {
 	return fmt.Sprintf("frame-type(%d)", uint8(t))
 }
 
-// FileFlagExternal marks a file that did not come from CRIU (--ext-file-fds).
-const FileFlagExternal = 1
+// FILE frame flags.
+const (
+	// FileFlagExternal marks a file that did not come from CRIU
+	// (--ext-file-fds, producers, carried files).
+	FileFlagExternal = 1
+	// FileFlagCarried marks a file the caller put into CRIU's images dir
+	// (runc's descriptors.json, --carry): a restore writes it back there
+	// before CRIU runs. Set with FileFlagExternal.
+	FileFlagCarried = 2
+)
 
 // FrameHeader is the fixed 64-byte header in front of every payload.
 type FrameHeader struct {

@@ -5,7 +5,8 @@
 #   demo: CRIU >= 4 (scripts/install-criu.sh): all the demo runs besides Go.
 #   test: the same, Debian tools (iproute2 for network namespaces, openssh
 #         for the ssh form, lz4 and zstd for the pipe examples, nftables and
-#         iptables for CRIU to dump a network namespace's rules) and the
+#         iptables for CRIU to dump a network namespace's rules, runc and
+#         podman for the container tests, jq for their benchmark) and the
 #         pinned MinIO server for the S3 tests (built with Go: minutes, once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +30,27 @@ quiet() {
 
 if [ "$what" = test ]; then
 	need=()
-	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd nft:nftables iptables-restore:iptables; do
+	for tool in ip:iproute2 sshd:openssh-server ssh:openssh-client lz4:lz4 zstd:zstd nft:nftables iptables-restore:iptables jq:jq; do
 		command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
 	done
-	if [ ${#need[@]} -gt 0 ]; then
-		say "apt-get install ${need[*]} (for the network and pipe tests)"
+	# The container runtimes without their recommends: runc's would
+	# install Debian's criu (bookworm's 3.17 cannot start on these kernels)
+	# on PATH beside the one installed below. Podman runs as root here
+	# (no uidmap, slirp4netns or fuse-overlayfs); netavark is the network
+	# backend it looks for first.
+	runtimes=()
+	for tool in runc:runc podman:podman conmon:conmon netavark:netavark; do
+		command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/lib/podman/${tool%%:*}" ] || runtimes+=("${tool##*:}")
+	done
+	if [ ${#need[@]} -gt 0 ] || [ ${#runtimes[@]} -gt 0 ]; then
+		say "apt-get install ${need[*]} ${runtimes[*]} (for the network, pipe and container tests)"
 		quiet apt-get update -qq
+	fi
+	if [ ${#need[@]} -gt 0 ]; then
 		DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq "${need[@]}"
+	fi
+	if [ ${#runtimes[@]} -gt 0 ]; then
+		DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends "${runtimes[@]}"
 	fi
 fi
 

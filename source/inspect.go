@@ -53,7 +53,8 @@ func ScanStream(r io.Reader, name string) (*manifest.Manifest, error) {
 			if !manifest.ValidName(string(fr.Payload)) {
 				return nil, rd.FrameErrorf(fr, "FILE frame with unsafe name %s", manifest.PrintableName(string(fr.Payload)))
 			}
-			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}}
+			files[fr.FileID] = &manifest.File{Name: string(fr.Payload), External: fr.Flags&manifest.FileFlagExternal != 0,
+				Carried: fr.Flags&manifest.FileFlagCarried != 0, Chunks: []manifest.Chunk{}}
 		case manifest.FrameData:
 			// The index of a stream that never ends must not grow without
 			// bound: a chunk record per 64-byte frame.
@@ -206,6 +207,7 @@ type FileStats struct {
 	Chunks      int            `json:"chunks"`
 	Codecs      map[string]int `json:"codecs"`
 	External    bool           `json:"external,omitempty"`
+	Carried     bool           `json:"carried,omitempty"`
 	Digest      string         `json:"digest"`
 }
 
@@ -213,7 +215,7 @@ type FileStats struct {
 func DescribeFiles(m *manifest.Manifest) []FileStats {
 	var out []FileStats
 	for _, f := range m.Files {
-		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Digest: f.Digest.String()}
+		fi := FileStats{Name: f.Name, Size: f.Size, Chunks: len(f.Chunks), Codecs: map[string]int{}, External: f.External, Carried: f.Carried, Digest: f.Digest.String()}
 		for _, c := range f.Chunks {
 			fi.StoredBytes += int64(c.Stored)
 			fi.Codecs[codec.ID(c.Codec).String()]++

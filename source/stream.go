@@ -104,6 +104,7 @@ type streamFile struct {
 	id       uint32
 	name     string
 	external bool
+	carried  bool
 	size     int64 // -1 until FILE-END
 	expect   uint32
 	digest   [32]byte
@@ -480,7 +481,7 @@ func (s *StreamSource) openFile(rd *manifest.Reader, fr manifest.Frame) error {
 		}
 		return nil // the same announcement on another shard or segment
 	}
-	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, size: -1}
+	f := &streamFile{id: fr.FileID, name: name, external: fr.Flags&manifest.FileFlagExternal != 0, carried: fr.Flags&manifest.FileFlagCarried != 0, size: -1}
 	s.pending[fr.FileID] = f
 	if err := s.addMetaLocked(f, fileMeta+2*int64(len(name))); err != nil {
 		return err
@@ -806,7 +807,7 @@ func (s *StreamSource) Err() error {
 // are zero (codec.Zero; the others codec.None), which is what a sparse
 // serve of a pages image needs (criusock/sparse.go).
 func (f *streamFile) entry() manifest.File {
-	m := manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external}
+	m := manifest.File{Name: f.name, Size: f.size, Digest: f.digest, External: f.external, Carried: f.carried}
 	if len(f.chunks) > 0 {
 		m.Chunks = make([]manifest.Chunk, len(f.chunks))
 		for i, c := range f.chunks {

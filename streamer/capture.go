@@ -236,6 +236,20 @@ func (c *Capture) release(it *item) {
 // may be written concurrently; a name written again replaces the earlier
 // file. It returns the number of bytes read.
 func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, error) {
+	var flags uint16
+	if external {
+		flags = manifest.FileFlagExternal
+	}
+	return c.writeFile(name, r, flags)
+}
+
+// WriteCarried is WriteFile of a file the caller put into CRIU's images
+// dir, which a restore writes back there (manifest.FileFlagCarried).
+func (c *Capture) WriteCarried(name string, r io.Reader) (int64, error) {
+	return c.writeFile(name, r, manifest.FileFlagExternal|manifest.FileFlagCarried)
+}
+
+func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, error) {
 	if !manifest.ValidName(name) {
 		return 0, fmt.Errorf("capture: invalid file name %q (one path component, no NUL, at most %d bytes)", name, manifest.MaxNameLen)
 	}
@@ -243,10 +257,6 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 	id := c.nextID
 	c.nextID++
 	c.mu.Unlock()
-	var flags uint16
-	if external {
-		flags = manifest.FileFlagExternal
-	}
 	if err := c.submit(&item{kind: manifest.FrameFile, fileID: id, name: name, flags: flags}); err != nil {
 		return 0, err
 	}
@@ -509,7 +519,8 @@ func (c *Capture) write(it *item) (taken bool, err error) {
 		if _, err := c.out.WriteFrame(ctx, &fh, []byte(it.name)); err != nil {
 			return false, fmt.Errorf("write %s: %w", it.name, err)
 		}
-		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0, Chunks: []manifest.Chunk{}},
+		c.files[it.fileID] = &fileState{file: manifest.File{Name: it.name, External: it.flags&manifest.FileFlagExternal != 0,
+			Carried: it.flags&manifest.FileFlagCarried != 0, Chunks: []manifest.Chunk{}},
 			late: c.opts.LateData && pagesImage.MatchString(it.name)}
 		if c.seal != nil {
 			c.files[it.fileID].file.ID = it.fileID // sealed chunks are bound to it

@@ -9,14 +9,11 @@ import (
 )
 
 var checkpointCommand = command{"checkpoint", "checkpoint process --pid with criu into --to; the checkpoint is committed before CRIU kills it", "",
-	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "@report", "to", "pages-last", "pid", "leave-running", "cuda", "lock-timeout", "producers", "@fastpath", "create-bucket"}, runCheckpoint}
+	[]string{"@key", "@encode", "@s3", "@tcp", "@criu", "@container", "@report", "to", "pages-last", "pid", "leave-running", "cuda", "lock-timeout", "producers", "@fastpath", "create-bucket"}, runCheckpoint}
 
 func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("checkpoint: unexpected arguments %q", args)
-	}
-	if cfg.pid <= 0 {
-		return usagef("checkpoint needs --pid PID")
 	}
 	cuda, err := cfg.cudaOptions(true)
 	if err != nil {
@@ -33,8 +30,13 @@ func runCheckpoint(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.Checkpoint(ctx, checkpoint.Options{PID: cfg.pid, Dest: dest, Open: cfg.locationConfig(),
-		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, Producers: cfg.producers, CUDA: cuda, FastPath: fast,
+	criu := cfg.criuOptions()
+	pid, err := cfg.checkpointTarget(ctx, "checkpoint", &criu)
+	if err != nil {
+		return err
+	}
+	res, err := checkpoint.Checkpoint(ctx, checkpoint.Options{PID: pid, Dest: dest, Open: cfg.locationConfig(),
+		CRIU: criu, LeaveRunning: cfg.leaveRunning, Producers: cfg.producers, CUDA: cuda, FastPath: fast,
 		Tool: "gpucr-stream " + version, Hooks: cfg.hooks()})
 	if err != nil {
 		return err

@@ -10,7 +10,7 @@ import (
 )
 
 var migrateCommand = command{"migrate", "move process --pid to a receiver: checkpoint straight to --to tcp://HOST:PORT, restored there (CUDA processes too: --cuda, --lock-timeout; --gpu-map on the receiver)", "",
-	[]string{"@key", "@encode", "@tcp", "@criu", "@fastpath", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir", "precopy", "precopy-rounds", "precopy-shrink"}, runMigrate}
+	[]string{"@key", "@encode", "@tcp", "@criu", "@container", "@fastpath", "@report", "to", "pid", "leave-running", "cuda", "lock-timeout", "keep-dir", "precopy", "precopy-rounds", "precopy-shrink"}, runMigrate}
 
 type (
 	migrateResult = checkpoint.MigrateResult
@@ -21,8 +21,8 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
 		return usagef("migrate: unexpected arguments %q", args)
 	}
-	if cfg.pid <= 0 {
-		return usagef("migrate needs --pid PID")
+	if cfg.pid <= 0 && cfg.container == "" {
+		return usagef("migrate needs --pid PID or --container ID")
 	}
 	dest, err := location.Parse(cfg.to)
 	if err != nil || dest.Kind != location.TCP {
@@ -50,8 +50,13 @@ func runMigrate(ctx context.Context, cfg *config, args []string) error {
 		return usagef("migrate: --precopy-shrink %d: want a percentage, 1..99", cfg.precopyPct)
 	}
 	pre := checkpoint.PrecopyOptions{Off: cfg.precopy == "off", Rounds: cfg.precopyMax, Shrink: float64(cfg.precopyPct) / 100}
-	res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{PID: cfg.pid, Dest: dest, TCP: t, Stream: cfg.opts,
-		CRIU: cfg.criuOptions(), LeaveRunning: cfg.leaveRunning, KeepDir: cfg.keepDir, NoKeep: cfg.keepDir == "none",
+	criu := cfg.criuOptions()
+	pid, err := cfg.checkpointTarget(ctx, "migrate", &criu)
+	if err != nil {
+		return err
+	}
+	res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{PID: pid, Dest: dest, TCP: t, Stream: cfg.opts,
+		CRIU: criu, LeaveRunning: cfg.leaveRunning, KeepDir: cfg.keepDir, NoKeep: cfg.keepDir == "none",
 		CUDA: cuda, FastPath: fast, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(), Precopy: pre})
 	if err != nil {
 		return err

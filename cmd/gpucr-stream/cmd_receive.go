@@ -10,7 +10,7 @@ import (
 )
 
 var receiveCommand = command{"receive", "accept one checkpoint on --listen HOST:PORT and serve it to criu restore (--restore: restore it and print the PID)", "",
-	[]string{"@key", "@decode", "@tcpin", "@criu", "@report", "images-dir", "listen", "restore", "lazy-pages", "cuda", "gpu-map"}, runReceive}
+	[]string{"@key", "@decode", "@tcpin", "@criu", "@container", "@report", "images-dir", "listen", "restore", "lazy-pages", "cuda", "gpu-map"}, runReceive}
 
 func runReceive(ctx context.Context, cfg *config, args []string) error {
 	if len(args) > 0 {
@@ -21,6 +21,12 @@ func runReceive(ctx context.Context, cfg *config, args []string) error {
 	}
 	o := checkpoint.ReceiveOptions{Listen: cfg.listen, Restore: cfg.restoreArg, ImagesDir: cfg.imagesDir,
 		CRIU: cfg.criuOptions(), Hooks: cfg.hooks()}
+	if cfg.container != "" && (!cfg.restoreArg || cfg.lazyPages) {
+		return usagef("receive --container restores the container: it needs --restore (without --lazy-pages)")
+	}
+	if err := cfg.restoreAs(ctx, &o.CRIU); err != nil {
+		return err
+	}
 	var err error
 	if o.TCP.Auth, err = cfg.tcpAuth(); err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 )
 
 var restoreCommand = command{"restore", "restore a checkpoint from --from (or SRC) with criu and print the new PID", "[SRC]",
-	[]string{"@key", "@decode", "@s3read", "@tcpin", "@criu", "@report", "from", "cuda", "gpu-map", "stage-memory", "producers"}, runRestore}
+	[]string{"@key", "@decode", "@s3read", "@tcpin", "@criu", "@container", "@report", "from", "cuda", "gpu-map", "stage-memory", "producers"}, runRestore}
 
 func runRestore(ctx context.Context, cfg *config, args []string) error {
 	from, err := srcArg(cfg, "restore", args)
@@ -28,7 +28,11 @@ func runRestore(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Src: src, Open: cfg.locationConfig(), CRIU: cfg.criuOptions(),
+	criu := cfg.criuOptions()
+	if err := cfg.restoreAs(ctx, &criu); err != nil {
+		return err
+	}
+	res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Src: src, Open: cfg.locationConfig(), CRIU: criu,
 		Producers: cfg.producers, CUDA: cuda, GPUMap: gpuMap, Hooks: cfg.hooks()})
 	if err != nil {
 		return err

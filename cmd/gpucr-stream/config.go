@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +51,13 @@ type config struct {
 	precopyMax   int
 	precopyPct   int
 	workDir      string
+	carry        string
+
+	// containers (wire.go)
+	container   string
+	runtime     string
+	runtimeRoot string
+	bundle      string
 
 	// GPU checkpoint and VRAM producers (gpu.go, vram.go)
 	cuda        string
@@ -185,6 +191,11 @@ func (c *config) flagSet() *flag.FlagSet {
 	str(&c.vramKeepDir, "vram-keep-dir", "", "checkpoint, migrate, gpu suspend --to: fast path: where the copy of device memory kept until the commit goes (for an undo; default: a tmpfs of huge pages mounted for it under /run/gpucr-stream where it can, else $TMPDIR)")
 	boolean(&c.hostCheck, "host-check", "gpu hash: also hash every block on the host, in the library, and count the blocks whose device hashes differ")
 	str(&c.criuOpts, "criu-opts", "", "checkpoint/restore: extra criu arguments, space-separated (e.g. --tcp-established)")
+	str(&c.carry, "carry", "", "files of CRIU's images dir to carry in the checkpoint and write back there on restore, comma-separated (a name in the images dir or an absolute path; runc's descriptors.json always goes); restore, serve --early: carried files to wait for in a stream")
+	str(&c.container, "container", "", "checkpoint, migrate: the container to checkpoint (its runtime's ID or name); restore, receive --restore: the container to restore as, managed by its runtime afterwards")
+	str(&c.runtime, "runtime", "runc", "with --container: the container runtime, runc or podman (run with gpucr-stream as its criu)")
+	str(&c.runtimeRoot, "runtime-root", "", "with --container and --runtime runc: runc's state directory (runc --root; default runc's)")
+	str(&c.bundle, "bundle", "", "restore --container with --runtime runc: the OCI bundle (default: the one the container was checkpointed from)")
 	// S3 and archive management (s3.go, ls.go)
 	str(&c.s3Endpoint, "s3-endpoint", "", "S3 endpoint, http(s)://host[:port] (default: $AWS_ENDPOINT_URL, else AWS S3); credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY or ~/.aws/credentials")
 	str(&c.s3Region, "s3-region", "", "S3 region (default: $AWS_REGION, else asked from the server)")
@@ -310,6 +321,9 @@ func (c *config) finish() error {
 			c.extFiles = append(c.extFiles, extFile{name, fd})
 		}
 	}
+	if err := criusock.CheckCarry(c.carryList()); err != nil {
+		return err
+	}
 	switch c.progressFD {
 	case 1:
 		c.progress = c.stdout
@@ -327,13 +341,6 @@ func (c *config) finish() error {
 func (c *config) needImagesDir(cmd string) error {
 	if c.imagesDir == "" {
 		return usagef("%s needs --images-dir DIR (the directory given to criu with -D)", cmd)
-	}
-	// The sockets' paths must fit sun_path: say so before anything is
-	// written (a capture's stream header included).
-	for _, sock := range []string{criusock.CaptureSocket, criusock.ServeSocket} {
-		if p := filepath.Join(c.imagesDir, sock); len(p) >= criusock.MaxSocketPath {
-			return usagef("--images-dir %s: too long for a socket path (%s is %d bytes, the limit is %d); use a shorter directory", c.imagesDir, p, len(p), criusock.MaxSocketPath-1)
-		}
 	}
 	// Created if missing, as criu-image-streamer does; private, since CRIU's
 	// images hold process memory.

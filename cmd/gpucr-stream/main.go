@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime/pprof"
 	"slices"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/swrk"
 )
 
 // Exit codes are part of the interface: scripts test them. Documented in
@@ -66,6 +68,12 @@ func exitCode(err error, interrupted bool) int {
 	return exitFailure
 }
 func main() {
+	// Installed as criu (for a runtime that runs `criu swrk FD` from PATH,
+	// such as crun's libcriu), every other command line is the real criu's.
+	if filepath.Base(os.Args[0]) == "criu" && (len(os.Args) < 2 || os.Args[1] != "swrk") {
+		fmt.Fprintf(os.Stderr, "gpucr-stream (as criu): %v\n", swrk.ExecCRIU(os.Args[1:]))
+		os.Exit(exitFailure)
+	}
 	// GPUCR_CPUPROFILE=FILE writes a CPU profile, for benchmark analysis;
 	// %c in FILE is the command (two of them at once, a sender and a
 	// receiver, need two files). Not for run: the profiler's SIGPROF timer
@@ -161,7 +169,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		captureCommand, serveCommand, extractCommand, checkpointCommand, restoreCommand, runCommand, gpuCommand,
-		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, checkCommand, versionCommand, completionCommand,
+		vramCommand, migrateCommand, receiveCommand, tokenCommand, keygenCommand, inspectCommand, verifyCommand, lsCommand, cpCommand, rmCommand, gcCommand, checkCommand, versionCommand, completionCommand, swrkCommand,
 	}
 }
 
@@ -181,7 +189,9 @@ var flagGroups = map[string][]string{
 	"tcp":    {"streams", "token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
 	// a tcp:// receiver: the sender chooses the streams
 	"tcpin": {"token-file", "tls-cert", "tls-key", "tls-ca", "net-timeout"},
-	"criu":  {"criu", "work-dir", "criu-opts"},
+	"criu":  {"criu", "work-dir", "criu-opts", "carry"},
+	// a container, through its runtime (container.go)
+	"container": {"container", "runtime", "runtime-root", "bundle"},
 	// the GPU fast path of checkpoint, migrate and gpu suspend --to
 	"fastpath": {"fast-path", "vram-files", "vram-keep-dir"},
 }

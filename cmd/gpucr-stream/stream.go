@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/criusock"
@@ -47,10 +48,15 @@ func runStream(ctx context.Context, cfg *config, args []string, name, use string
 	}
 	// The statistics line is written by the hooks, when the real tool writes it.
 	_, err = fn(ctx, checkpoint.DropInOptions{ImagesDir: cfg.imagesDir, Loc: loc, Open: cfg.locationConfig(),
-		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(),
+		ExtFiles: cfg.extFileList(), Producers: cfg.producers, Tool: "gpucr-stream " + version, Hooks: cfg.hooks(), Carry: cfg.carryList(),
 		ConnectTimeout: cfg.connectTimeout, TCPListenRemap: remap, Early: cfg.serveEarly})
 	if errors.Is(err, criusock.ErrNoCRIU) {
-		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)", err)
+		hint := ""
+		if p := filepath.Join(cfg.imagesDir, criusock.CaptureSocket); len(p) >= criusock.MaxSocketPath {
+			// CRIU cuts DIR/streamer-*.sock at sun_path's size.
+			hint = " (--images-dir is too long for criu to reach directly: give criu -D /proc/PID/fd/N of a process holding it open, as gpucr-stream swrk does, or a short symlink)"
+		}
+		return fmt.Errorf("%w: start criu with -D set to --images-dir once socket-init is printed, or wait longer with --connect-timeout (0: forever)%s", err, hint)
 	}
 	return err
 }

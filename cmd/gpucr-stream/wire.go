@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/container"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
@@ -175,7 +176,47 @@ func (c *config) hooks() checkpoint.Hooks {
 }
 
 func (c *config) criuOptions() checkpoint.CRIU {
-	return checkpoint.CRIU{Path: c.criu, WorkDir: c.workDir, Args: strings.Fields(c.criuOpts)}
+	return checkpoint.CRIU{Path: c.criu, WorkDir: c.workDir, Args: strings.Fields(c.criuOpts), Carry: c.carryList()}
+}
+
+// carryList is --carry, checked in finish.
+func (c *config) carryList() []string {
+	if c.carry == "" {
+		return nil
+	}
+	return strings.Split(c.carry, ",")
+}
+
+// containerOptions are --runtime, --runtime-root and --bundle.
+func (c *config) containerOptions() container.Options {
+	return container.Options{Runtime: c.runtime, Root: c.runtimeRoot, Bundle: c.bundle}
+}
+
+// checkpointTarget is the tree a checkpoint or migration dumps: --pid, or
+// the init of --container, whose runtime then runs CRIU.
+func (c *config) checkpointTarget(ctx context.Context, cmd string, criu *checkpoint.CRIU) (int, error) {
+	switch {
+	case c.container != "" && c.pid > 0:
+		return 0, usagef("%s takes --pid or --container, not both", cmd)
+	case c.container == "" && c.pid <= 0:
+		return 0, usagef("%s needs --pid PID or --container ID", cmd)
+	case c.container == "":
+		return c.pid, nil
+	}
+	pid, l, err := container.ForCheckpoint(ctx, c.containerOptions(), c.container)
+	criu.Launcher = l
+	return pid, err
+}
+
+// restoreAs makes a restore (restore, receive --restore) restore as
+// --container through its runtime, where it is given.
+func (c *config) restoreAs(ctx context.Context, criu *checkpoint.CRIU) error {
+	if c.container == "" {
+		return nil
+	}
+	l, err := container.ForRestore(ctx, c.containerOptions(), c.container)
+	criu.Launcher = l
+	return err
 }
 
 // cudaOptions are --cuda, and --lock-timeout where the command suspends.

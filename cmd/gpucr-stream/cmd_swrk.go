@@ -1,0 +1,22 @@
+package main
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/gpucr/gpucr-stream/swrk"
+)
+
+var swrkCommand = command{"swrk", "CRIU's RPC service for container runtimes (runc --criu gpucr-stream runs it): streams a dump or restore whose images dir holds a streamer socket, passes anything else to criu", "FD",
+	nil, runSwrk}
+
+func runSwrk(ctx context.Context, cfg *config, args []string) error {
+	if len(args) != 1 {
+		return usagef("swrk takes the descriptor of CRIU's RPC socket, as `criu swrk FD` does")
+	}
+	fd, err := strconv.Atoi(args[0])
+	if err != nil || fd < 3 {
+		return usagef("swrk: descriptor %q: want a number of at least 3", args[0])
+	}
+	return swrk.Serve(ctx, fd)
+}
