@@ -106,12 +106,14 @@ type receiver struct {
 }
 
 // startReceive runs `receive --listen 127.0.0.1:0 --restore ARGS` and
-// waits until it listens.
+// waits until it listens. Its --net-timeout (and the sender's) leaves room
+// for a loaded host, where the sender may wait seconds for its init to
+// reap the checkpointed container before it says "restore".
 func startReceive(ctx context.Context, t *testing.T, tok string, args ...string) *receiver {
 	t.Helper()
 	r := &receiver{done: make(chan error, 1)}
 	cmd := exec.CommandContext(ctx, BuildBinary(t, "./cmd/gpucr-stream"), append([]string{"receive", "--listen", "127.0.0.1:0",
-		"--token-file", tok, "--net-timeout", "5s", "--restore", "--no-progress"}, args...)...)
+		"--token-file", tok, "--net-timeout", "30s", "--restore", "--no-progress"}, args...)...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -167,7 +169,7 @@ func TestRuncMigrate(t *testing.T) {
 	tok := writeToken(t, BuildBinary(t, "./cmd/gpucr-stream"), filepath.Join(dir, "token"))
 	r := startReceive(ctx, t, tok, "--container", id, "--runtime-root", rootB, "--work-dir", filepath.Join(dir, "recv"))
 	gcsRun(ctx, t, "migrate", "--container", id, "--runtime-root", rootA, "--to", "tcp://"+r.addr, "--token-file", tok,
-		"--net-timeout", "5s", "--work-dir", filepath.Join(dir, "send")).ok(t, "migrate")
+		"--net-timeout", "30s", "--work-dir", filepath.Join(dir, "send")).ok(t, "migrate")
 	select {
 	case err := <-r.done:
 		if err != nil {
