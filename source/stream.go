@@ -69,10 +69,10 @@ type StreamSource struct {
 	extracted []string
 	// shardBytes is each shard\'s stream bytes read, known once it ended.
 	shardBytes []int64
-	// retired holds the page buffers of files replaced by a later copy:
-	// a Copy may still be handing them to a pipe, so they are unmapped
-	// only by Close.
-	retired []*pageBuf
+	// retired holds the files replaced by a later copy while a Copy still
+	// reads them: their memory stays counted until the last Copy of them
+	// ends (copyEnd) or Close, and is freed then.
+	retired map[*streamFile]bool
 	// pages: large payloads are read into page buffers from here. A raw
 	// (codec none) payload stays where it was read and becomes the chunk;
 	// a compressed one is decoded into another and goes back.
@@ -112,6 +112,9 @@ type streamFile struct {
 	fd       *os.File // extract mode: the file being written
 	tmpPath  string
 	meta     int64 // what metaUsed counts for this file
+	// copies counts the Copy calls reading its chunks: a replaced file's
+	// memory is freed once none is (releaseLocked).
+	copies int
 	// ahead counts its DATA frames read before its end was known, aheadIn
 	// those of them decoded.
 	ahead, aheadIn int
@@ -188,7 +191,7 @@ type chunkRec struct {
 	hash [32]byte
 	zero bool
 	mem  []byte
-	page *pageBuf // mem's mapping, when mem may be spliced
+	page *pageBuf // mem's mapping, when mem may be spliced (trimmed to it)
 	// borrowed: mem is the reader's memory (manifest.Frame.Borrowed, a chunk
 	// cache's), not counted here and never written by anyone: it may be
 	// spliced too. The slice keeps it from Go's heap until Close, and the
@@ -234,6 +237,7 @@ func NewStreamSource(ctx context.Context, shards []io.Reader, names []string, so
 		pending:    map[uint32]*streamFile{},
 		doneIDs:    map[uint32]bool{},
 		complete:   map[string]*streamFile{},
+		retired:    map[*streamFile]bool{},
 		cancel:     cancel,
 		shardBytes: make([]int64, len(shards)),
 		shards:     len(shards),
@@ -579,21 +583,66 @@ func (s *StreamSource) maybeCompleteLocked(f *streamFile, where func() error) er
 	return nil
 }
 
+// releaseLocked drops f (replaced, or at Close): its memory is freed at
+// once, or, while a Copy still reads it, stays counted until the last one
+// ends (copyEnd). Kept until Close, a stream re-sending one file kept every
+// copy of it (3 GB for 1,500 copies of 1 MiB under a 64 MiB limit).
 func (s *StreamSource) releaseLocked(f *streamFile) {
 	s.metaUsed -= f.meta
 	f.meta = 0
-	for _, c := range f.chunks {
-		if !c.borrowed {
-			s.memUsed -= int64(len(c.mem))
-		}
-		if c.page != nil {
-			s.retired = append(s.retired, c.page)
-		}
-	}
 	if f.fd != nil {
 		f.fd.Close()
 		f.fd = nil
 	}
+	if f.copies > 0 {
+		s.retired[f] = true
+		return
+	}
+	s.freeLocked(f)
+}
+
+// freeLocked frees the memory of f's chunks and stops counting it. A page
+// handed to a pipe by vmsplice stays alive through the pipe's reference.
+// It runs once for each file: a Copy's own view of f.chunks is not
+// written.
+func (s *StreamSource) freeLocked(f *streamFile) {
+	for _, c := range f.chunks {
+		s.memUsed -= c.memCost()
+		if c.page != nil {
+			c.page.free()
+		}
+	}
+	delete(s.retired, f)
+}
+
+// copyEnd ends a Copy of f (file with copying): the last one of a
+// released file frees it.
+func (s *StreamSource) copyEnd(f *streamFile) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f.copies--
+	if f.copies == 0 && s.retired[f] {
+		s.freeLocked(f)
+	}
+}
+
+// memCost is what a chunk's raw bytes in mem take of the budget: a page
+// buffer's huge pages (trimmed to them when the chunk is kept), or the
+// bytes themselves.
+func memCost(mem []byte, page *pageBuf) int64 {
+	if page != nil {
+		return int64(roundHuge(len(mem)))
+	}
+	return int64(len(mem))
+}
+
+// memCost is what c counts against the budget: nothing for memory the
+// reader lends (borrowed).
+func (c *chunkRec) memCost() int64 {
+	if c.borrowed {
+		return 0
+	}
+	return memCost(c.mem, c.page)
 }
 
 // putPage gives back a payload page buffer (nil is ignored).
@@ -693,10 +742,13 @@ func (s *StreamSource) decode(j decodeJob) error {
 			rec.fd, rec.foff = f.fd, rec.off
 		case borrowed:
 			rec.mem, rec.borrowed = raw, true
-		case s.memUsed+s.metaUsed+int64(len(raw)) <= s.opts.MemoryLimit-s.inflight.max:
+		case s.memUsed+s.metaUsed+memCost(raw, page) <= s.opts.MemoryLimit-s.inflight.max:
 			rec.mem, rec.page = raw, page
+			if page != nil {
+				page.trim(len(raw))
+			}
 			page = nil
-			s.memUsed += int64(len(raw))
+			s.memUsed += rec.memCost()
 		default:
 			if rec.fd, rec.foff, err = s.spillAtLocked(int64(len(raw))); err != nil {
 				s.mu.Unlock()
@@ -826,7 +878,7 @@ func (f *streamFile) entry() manifest.File {
 // arrivedLocked) is listed with the chunks in so far: those sent ahead of
 // its end, such as a page image's zero chunks.
 func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, error) {
-	f, err := s.file(ctx, name, true)
+	f, err := s.file(ctx, name, true, false)
 	if err != nil {
 		return manifest.File{}, err
 	}
@@ -837,8 +889,9 @@ func (s *StreamSource) Stat(ctx context.Context, name string) (manifest.File, er
 
 // file waits until the named file is complete (or the stream ended) and
 // returns it; with arriving and ServeEarly, also a file still arriving
-// (arrivedLocked), the latest opened of that name.
-func (s *StreamSource) file(ctx context.Context, name string, arriving bool) (*streamFile, error) {
+// (arrivedLocked), the latest opened of that name. With copying, its
+// memory is kept for the caller until it calls copyEnd.
+func (s *StreamSource) file(ctx context.Context, name string, arriving, copying bool) (*streamFile, error) {
 	var f *streamFile
 	err := s.wait(ctx, func() bool {
 		f = s.complete[name]
@@ -851,7 +904,11 @@ func (s *StreamSource) file(ctx context.Context, name string, arriving bool) (*s
 				return true // announced nowhere, and no more files come
 			}
 		}
-		return (f != nil && s.early) || s.ended
+		ready := (f != nil && s.early) || s.ended
+		if ready && f != nil && copying {
+			f.copies++
+		}
+		return ready
 	})
 	if err != nil {
 		return nil, err
@@ -896,10 +953,11 @@ func (s *StreamSource) Files(ctx context.Context) ([]manifest.File, error) {
 // Copy implements Source. With ServeEarly, a file still arriving is
 // copied as it arrives (copyArriving).
 func (s *StreamSource) Copy(ctx context.Context, name string, w io.Writer) (int64, error) {
-	f, err := s.file(ctx, name, true)
+	f, err := s.file(ctx, name, true, true)
 	if err != nil {
 		return 0, err
 	}
+	defer s.copyEnd(f)
 	if s.discard {
 		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
 	}
@@ -1019,10 +1077,11 @@ func copyChunk(cw chunkWriter, w io.Writer, c chunkRec, buf *[]byte) error {
 // written by Copy, took 1.1 s of its downtime on 16 cores), the faults of a
 // mapping are not. Zero chunks are left as holes.
 func (s *StreamSource) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {
-	sf, err := s.file(ctx, name, false)
+	sf, err := s.file(ctx, name, false, true)
 	if err != nil {
 		return 0, err
 	}
+	defer s.copyEnd(sf)
 	if s.discard {
 		return 0, fmt.Errorf("copy %s: stream source keeps no data", name)
 	}
@@ -1095,10 +1154,9 @@ func (s *StreamSource) Close() error {
 		s.releaseLocked(f)
 	}
 	s.metaUsed -= doneMeta * int64(len(s.doneIDs))
-	for _, p := range s.retired {
-		p.free()
+	for f := range s.retired {
+		s.freeLocked(f) // Close comes after every Copy
 	}
-	s.retired = nil
 	s.pages.close()
 	for _, sp := range s.spills {
 		sp.f.Close()
