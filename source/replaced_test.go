@@ -3,12 +3,17 @@ package source
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/pipeline"
 )
@@ -166,5 +171,80 @@ func TestStreamReplacedWhileCopied(t *testing.T) {
 	s.mu.Unlock()
 	if used != one || retired != 0 {
 		t.Fatalf("after the Copy: %d bytes counted, %d retired files; want %d and none", used, retired, one)
+	}
+}
+
+// renames counts the files renamed into dir while read runs (inotify's
+// IN_MOVED_TO events; the IN_CREATE of each temporary file between them
+// keeps the kernel from merging them, and a queue of 16384 holds what
+// this test does).
+func renames(t *testing.T, dir string, read func()) int {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_MOVED_TO|unix.IN_CREATE); err != nil {
+		t.Fatal(err)
+	}
+	read()
+	n := 0
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := unix.Read(fd, buf)
+		if err == unix.EAGAIN {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off < k; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+				t.Fatal("inotify queue overflowed")
+			}
+			if ev.Mask&unix.IN_MOVED_TO != 0 {
+				n++
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+}
+
+// An extract of a stream that replaces one file many times renames it
+// into place once, and leaves no temporary file (100,000 replacements
+// took 100,000 renames, 6 minutes on ext4).
+func TestStreamExtractReplacementsRenamedOnce(t *testing.T) {
+	const copies = 2000
+	h := newHostile(t)
+	for i := range copies {
+		raw := []byte(fmt.Sprintf("inventory, version %d", i))
+		h.file(uint32(i), "inventory.img")
+		h.fileEnd(uint32(i), uint64(len(raw)), [][32]byte{h.data(uint32(i), 0, "none", raw)})
+	}
+	h.file(copies, "core-1.img")
+	h.fileEnd(copies, 4, [][32]byte{h.data(copies, 0, "none", []byte("core"))})
+	b := h.bytes()
+	dir := t.TempDir()
+	n := renames(t, dir, func() {
+		s := NewStreamSource(context.Background(), []io.Reader{bytes.NewReader(b)}, []string{"stdin"}, StreamSourceOptions{ExtractDir: dir})
+		defer s.Close()
+		if err := s.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 2 {
+		t.Errorf("%d renames into the directory seen (the kernel merges some) for %d copies of one file and one other, want 2", n, copies)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2 {
+		t.Fatalf("%d entries left in the directory, want 2", len(ents))
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "inventory.img")); string(got) != fmt.Sprintf("inventory, version %d", copies-1) {
+		t.Fatalf("inventory.img holds %q, want the last copy", got)
 	}
 }
