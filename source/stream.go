@@ -145,10 +145,10 @@ var spaceLeft = func(f *os.File) (avail, total int64, err error) {
 	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
 }
 
-// roomFor refuses to write n more bytes to f when that would leave less
+// RoomFor refuses to write n more bytes to f when that would leave less
 // than a reserve (5% of the file system, at most 1 GiB) free: a stream of
 // well-compressed chunks must not fill the disk it spills to.
-func roomFor(f *os.File, n int64) error {
+func RoomFor(f *os.File, n int64) error {
 	avail, total, err := spaceLeft(f)
 	if err != nil {
 		return nil // unknown: a full disk still fails the write
@@ -785,7 +785,7 @@ func (s *StreamSource) decode(j decodeJob) error {
 	}
 	s.mu.Unlock()
 	if rec.fd != nil {
-		err := roomFor(rec.fd, int64(len(raw)))
+		err := RoomFor(rec.fd, int64(len(raw)))
 		if err == nil {
 			_, err = rec.fd.WriteAt(raw, rec.foff)
 		}
