@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/redact"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,8 +32,19 @@ import (
 // before CRIU dumps the process (CRIU refuses a socket connected to a
 // process outside the tree) and dialled again after the restore.
 
+// maxAnswer bounds an answer line, newline included: the library writes
+// each into a buffer of this size (preload/control.c). The socket belongs
+// to the checkpointed process, which may be anyone's: an answer that does
+// not end within it fails the command (one that never ended grew root's
+// gpucr-stream to 4.1 GB).
+const maxAnswer = 16 << 10
+
 // PreloadLibrary is the file name of the library.
 const PreloadLibrary = "libgpucr-preload.so"
+
+// ErrBadAnswer says the control socket answered something that is not
+// the library's protocol.
+var ErrBadAnswer = errors.New("not an answer of the library")
 
 // ErrNoPreload says a process does not have the library loaded (or its
 // control socket is not there): it takes the driver-only path.
@@ -202,7 +214,7 @@ func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &Preload{PID: pid, conn: conn, rd: bufio.NewReader(conn)}, nil
+	return &Preload{PID: pid, conn: conn, rd: bufio.NewReaderSize(conn, maxAnswer)}, nil
 }
 
 // Close ends the connection; the library's state stays.
@@ -231,18 +243,22 @@ func (p *Preload) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, e
 		p.broken = true
 		return nil, fmt.Errorf("process %d: %s: %w", p.PID, cmd, ctxErr(ctx, err))
 	}
-	line, err := p.rd.ReadString('\n')
+	b, err := p.rd.ReadSlice('\n') // at most maxAnswer bytes
+	if errors.Is(err, bufio.ErrBufferFull) {
+		p.broken = true
+		return nil, fmt.Errorf("process %d: %s: answer longer than %d bytes, starting %s: %w", p.PID, cmd, maxAnswer, redact.Text(string(b[:64])), ErrBadAnswer)
+	}
 	if err != nil {
 		p.broken = true
 		return nil, fmt.Errorf("process %d: %s: no answer: %w", p.PID, cmd, ctxErr(ctx, err))
 	}
-	line = strings.TrimSuffix(line, "\n")
+	line := string(b[:len(b)-1])
 	if msg, ok := strings.CutPrefix(line, "err "); ok {
-		return nil, fmt.Errorf("process %d: %s: %s", p.PID, cmd, msg)
+		return nil, fmt.Errorf("process %d: %s: %s", p.PID, cmd, redact.Text(msg))
 	}
 	js, ok := strings.CutPrefix(line, "ok ")
 	if !ok {
-		return nil, fmt.Errorf("process %d: %s: unexpected answer %q", p.PID, cmd, line)
+		return nil, fmt.Errorf("process %d: %s: unexpected answer %q: %w", p.PID, cmd, line[:min(len(line), 64)], ErrBadAnswer)
 	}
 	return []byte(js), nil
 }
@@ -263,6 +279,11 @@ func (p *Preload) Report(ctx context.Context) (PreloadReport, error) {
 	}
 	if err := json.Unmarshal(js, &r); err != nil {
 		return r, fmt.Errorf("process %d: report: %w", p.PID, err)
+	}
+	// Shown to people: the process may have put escape sequences there.
+	r.Reason = redact.Text(r.Reason)
+	for i, k := range r.Kept {
+		r.Kept[i] = redact.Text(k)
 	}
 	return r, nil
 }
@@ -610,6 +631,7 @@ func (p *Preload) DevHash(ctx context.Context, block int64, key uint64, check bo
 	if err := json.Unmarshal(js, &r); err != nil {
 		return r, fmt.Errorf("process %d: devhash: %w", p.PID, err)
 	}
+	r.Digest = redact.Text(r.Digest) // printed by gpu hash
 	return r, nil
 }
 

@@ -1,6 +1,7 @@
-// Package redact strips secrets from what gpucr-stream prints: URLs with
-// user info or credential query parameters, endpoints that were given
-// with credentials in them.
+// Package redact strips from what gpucr-stream prints what must not be
+// there: secrets (URLs with user info or credential query parameters,
+// endpoints that were given with credentials in them) and a peer's
+// control characters (Text).
 package redact
 
 import (

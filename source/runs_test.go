@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -258,30 +259,74 @@ func TestDedupRunsDamage(t *testing.T) {
 	}
 }
 
-// FuzzDedupRuns damages a pack of a deduplicated checkpoint (bytes
-// written over it at an offset, or the pack cut there) and restores every
-// file: each is its bytes exactly or an error wrapping errdefs.ErrCorrupt,
-// never other bytes or a panic.
-func FuzzDedupRuns(f *testing.F) {
+// dedupRunsFixture is FuzzDedupRuns's checkpoint: two files in a
+// location of their own, in packs of 256 KiB (runs in two). One lane, so
+// that it is the same in every process: the coordinator's, each worker's,
+// a replay's.
+func dedupRunsFixture(tb testing.TB) (*mem.Store, *manifest.Manifest, map[string][]byte) {
 	ctx := context.Background()
 	files := map[string][]byte{"a.img": pagesImage(96, 1), "b.img": pagesImage(64, 2)}
 	loc := mem.New("loc")
-	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 256<<10, nil) // packs of 256 KiB: runs in two
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "ckpt"), loc, 256<<10, nil)
 	if err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
 	}
-	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 1, Codec: pipelinetest.MustSpec(f, "lz4")})
+	out.SetLanes(1)
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 128 << 10, Workers: 1, Codec: pipelinetest.MustSpec(tb, "lz4")})
 	if err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
 	}
 	for _, n := range []string{"a.img", "b.img"} {
 		if _, err := c.WriteFile(n, bytes.NewReader(files[n]), false); err != nil {
-			f.Fatal(err)
+			tb.Fatal(err)
 		}
 	}
 	m, err := c.Close(ctx, manifest.Manifest{Tool: "test"})
 	if err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
+	}
+	return loc, m, files
+}
+
+// layout is where a checkpoint's chunks lie: pack index, place, size.
+func layout(m *manifest.Manifest) string {
+	var b strings.Builder
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			fmt.Fprintf(&b, "%d:%d:%d ", c.Segment, c.Pos, c.Stored)
+		}
+	}
+	return b.String()
+}
+
+// FuzzDedupRuns damages a pack of a deduplicated checkpoint (bytes
+// written over it at an offset, or the pack cut there) and restores every
+// file: each is its bytes exactly or an error wrapping errdefs.ErrCorrupt,
+// never other bytes or a panic.
+//
+// An input means the same damage in every process only if the fixture is
+// the same there: it was written on GOMAXPROCS lanes, so the packs and
+// what pack index seg names depended on the machine, and a failure found
+// in one worker was another input in the worker that minimizes it and in
+// a replay elsewhere. Each input damages a store of its own: the shared
+// one was damaged in place and put back by a defer, and every input after
+// one that did not get there would have run against a damaged fixture.
+// What fails names its input, since Go records no crasher for a failure
+// outside an input (the setup, a seed in the warm-up, a worker killed by
+// a signal such as the OOM killer's).
+func FuzzDedupRuns(f *testing.F) {
+	ctx := context.Background()
+	loc, m, files := dedupRunsFixture(f)
+	// The same on a machine of another size.
+	other := 1
+	if runtime.GOMAXPROCS(0) == 1 {
+		other = 4
+	}
+	prev := runtime.GOMAXPROCS(other)
+	_, again, _ := dedupRunsFixture(f)
+	runtime.GOMAXPROCS(prev)
+	if layout(again) != layout(m) {
+		f.Fatalf("the fixture differs with GOMAXPROCS %d and %d: an input would not mean the same damage everywhere", prev, other)
 	}
 	if len(m.Segments) < 2 {
 		f.Fatalf("%d packs, want several", len(m.Segments))
@@ -291,8 +336,7 @@ func FuzzDedupRuns(f *testing.F) {
 	f.Add(uint8(0), uint32(100<<10), []byte(nil), true)
 	f.Fuzz(func(t *testing.T, seg uint8, at uint32, over []byte, cut bool) {
 		pack := m.Segments[int(seg)%len(m.Segments)].Name
-		orig := loc.Object(pack)
-		bad := bytes.Clone(orig)
+		bad := bytes.Clone(loc.Object(pack))
 		if int(at) > len(bad) {
 			at %= uint32(len(bad) + 1)
 		}
@@ -301,21 +345,27 @@ func FuzzDedupRuns(f *testing.F) {
 		} else {
 			copy(bad[at:], over)
 		}
-		loc.Put(pack, bad)
-		defer loc.Put(pack, orig)
-		a, err := OpenArchive(ctx, store.Sub(loc, "ckpt"), pipeline.Options{})
+		// The fixture's objects are never written: this input's store
+		// shares them, and holds its own damaged pack.
+		st := mem.New("loc")
+		for _, n := range loc.Names() {
+			st.Put(n, loc.Object(n))
+		}
+		st.Put(pack, bad)
+		input := fmt.Sprintf("pack %d of %d (%d bytes) at %d, %d bytes over it, cut %v", int(seg)%len(m.Segments), len(m.Segments), len(loc.Object(pack)), at, len(over), cut)
+		a, err := OpenArchive(ctx, store.Sub(st, "ckpt"), pipeline.Options{})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", input, err)
 		}
 		defer a.Close()
 		for name, want := range files {
 			var buf bytes.Buffer
 			_, err := a.Copy(ctx, name, &buf)
 			if err != nil && !errors.Is(err, errdefs.ErrCorrupt) {
-				t.Fatalf("%s: %v, want corrupt", name, err)
+				t.Fatalf("%s: %s: %v, want corrupt", input, name, err)
 			}
 			if got := buf.Bytes(); !bytes.Equal(got, want[:min(len(got), len(want))]) || (err == nil && len(got) != len(want)) {
-				t.Fatalf("%s: %d bytes restored (error %v) are not the file's", name, len(got), err)
+				t.Fatalf("%s: %s: %d bytes restored (error %v) are not the file's", input, name, len(got), err)
 			}
 		}
 	})

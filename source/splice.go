@@ -80,6 +80,14 @@ func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))
 
 func (p *pageBuf) free() { _ = unix.Munmap(p.mapping) }
 
+// trim gives back the pages past the huge pages that n bytes need: a
+// chunk kept in a larger buffer (the pool's) holds only what it counts.
+func (p *pageBuf) trim(n int) {
+	if k := roundHuge(n); k < len(p.b) && !p.file {
+		_ = unix.Madvise(p.b[k:], unix.MADV_DONTNEED)
+	}
+}
+
 // pagePool keeps page buffers that were written out by copying, for reuse;
 // a spliced buffer is freed instead (see above).
 type pagePool struct {

@@ -15,6 +15,13 @@ package tcp
 // ran at about 1.4 GB/s a core, half of its CPU time). So the readers read
 // CHUNK records into slabs (alloc) that a goroutine of the cache allocates
 // ahead, asks for in huge pages and faults in, off the readers' path.
+//
+// The budget counts each chunk's record too (chunkRecord), whether the
+// chunk is in memory or spilled: a million small chunks took 157 MiB of
+// records over a 1 MiB limit. Chunk bytes stay out of the last eighth of
+// the budget (dataLimit), so that records still fit once the data has
+// filled the rest; a cache whose records would pass the limit fails the
+// stream, naming it.
 
 import (
 	"errors"
@@ -27,6 +34,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
@@ -37,16 +45,24 @@ type cachedChunk struct {
 	off, length int64  // in the spill file
 }
 
+// chunkRecord is what one chunk's record holds besides its bytes, counted
+// generously: the entry (rounded up by the allocator), its key and
+// pointer in the map, and the map's room to grow.
+const chunkRecord = 2 * (int64(unsafe.Sizeof(cachedChunk{})) + 32 + 8)
+
 type chunkCache struct {
 	mu       sync.Mutex
 	limit    int64
 	spillDir string
-	mem      int64 // against limit: the slabs taken, and chunks in memory of their own
-	spill    *os.File
-	spilled  int64
-	stored   int64 // the chunks' stored bytes, wherever they are
-	chunks   map[[32]byte]*cachedChunk
-	closed   bool
+	// room checks that a spill file can take n more bytes
+	// (source.RoomFor; a variable for tests).
+	room    func(f *os.File, n int64) error
+	mem     int64 // against limit: the slabs taken, chunks in memory of their own, and every chunk's record
+	spill   *os.File
+	spilled int64
+	stored  int64 // the chunks' stored bytes, wherever they are
+	chunks  map[[32]byte]*cachedChunk
+	closed  bool
 	// shards readers in all, begun of them in their stream; changed is
 	// signalled as chunks arrive, as begun grows and when the cache closes.
 	shards, begun int
@@ -66,7 +82,7 @@ const (
 )
 
 func newChunkCache(limit int64, spillDir string, shards int) *chunkCache {
-	k := &chunkCache{limit: limit, spillDir: spillDir, chunks: map[[32]byte]*cachedChunk{}, shards: shards}
+	k := &chunkCache{limit: limit, spillDir: spillDir, room: source.RoomFor, chunks: map[[32]byte]*cachedChunk{}, shards: shards}
 	k.changed = sync.NewCond(&k.mu)
 	return k
 }
@@ -85,7 +101,7 @@ func (k *chunkCache) alloc(n int) []byte {
 		k.mu.Unlock()
 		return b
 	}
-	if k.mem+slabSize > k.limit {
+	if k.mem+slabSize > k.dataLimit() {
 		k.mu.Unlock()
 		return make([]byte, n)
 	}
@@ -107,6 +123,10 @@ func (k *chunkCache) alloc(n int) []byte {
 	k.slabUsed = n
 	return slab[:n:n]
 }
+
+// dataLimit is what chunk bytes may take of the budget, with the records:
+// all but the eighth kept for the records of chunks still to come.
+func (k *chunkCache) dataLimit() int64 { return k.limit - k.limit/8 }
 
 // inSlab says whether b lies in one of the slabs (the newest ones are
 // those a reader has in flight).
@@ -186,12 +206,16 @@ func (k *chunkCache) put(c wire.Chunk) error {
 	if _, ok := k.chunks[c.ID]; ok {
 		return nil
 	}
+	if k.mem+chunkRecord > k.limit {
+		return fmt.Errorf("chunk cache: the records of %d chunks, beside the chunks kept in memory, would pass the memory limit of %d bytes (--memory-limit): %w",
+			len(k.chunks)+1, k.limit, source.ErrMemoryLimit)
+	}
 	e := &cachedChunk{codec: c.Codec, raw: c.RawLen, crc: c.CRC}
 	n := int64(len(c.Stored))
 	switch {
 	case k.inSlab(c.Stored): // counted with its slab
 		e.stored = c.Stored
-	case k.mem+n <= k.limit:
+	case k.mem+chunkRecord+n <= k.dataLimit():
 		e.stored, k.mem = c.Stored, k.mem+n
 	default:
 		if k.spill == nil {
@@ -202,6 +226,9 @@ func (k *chunkCache) put(c wire.Chunk) error {
 			os.Remove(f.Name()) // gone with the last descriptor, whatever happens
 			k.spill = f
 		}
+		if err := k.room(k.spill, n); err != nil {
+			return fmt.Errorf("chunk cache: spill beyond %d bytes: %w", k.limit, err)
+		}
 		if _, err := k.spill.WriteAt(c.Stored, k.spilled); err != nil {
 			return fmt.Errorf("chunk cache: spill to %s: %w", k.spill.Name(), err)
 		}
@@ -209,6 +236,7 @@ func (k *chunkCache) put(c wire.Chunk) error {
 		k.spilled += n
 	}
 	k.chunks[c.ID] = e
+	k.mem += chunkRecord
 	k.stored += n
 	k.changed.Broadcast()
 	return nil

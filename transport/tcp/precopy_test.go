@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +30,7 @@ func TestPrecopyRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		streams int
 		cache   int64
-	}{{1, 64 << 20}, {3, 64 << 20}, {2, 0}} {
+	}{{1, 64 << 20}, {3, 64 << 20}, {2, 64 << 10}} { // the last spills all its large chunks
 		t.Run(fmt.Sprintf("streams=%d,cache=%d", c.streams, c.cache), func(t *testing.T) {
 			l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken), Timeout: 3 * time.Second, Reports: true,
 				ChunkCache: true, CacheMemory: c.cache, SpillDir: t.TempDir()})
@@ -102,7 +105,7 @@ func TestChunkCache(t *testing.T) {
 		wantErr string
 	}{
 		{"memory", 1 << 20, good, ""},
-		{"spilled", 0, good, ""},
+		{"spilled", chunkRecord, good, ""}, // its record fits, its bytes do not
 		{"unknown", 1 << 20, hdr([32]byte{0xee}, 2, uint32(len(stored))), "names chunk ee00"},
 		{"other codec", 1 << 20, hdr(id, 3, uint32(len(stored))), "the cache holds 4096 in codec 2"},
 		{"other length", 1 << 20, hdr(id, 2, 3), "the cache holds"},
@@ -122,7 +125,7 @@ func TestChunkCache(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || !bytes.Equal(b, stored) || lendable != (c.limit > 0) {
+			if err != nil || !bytes.Equal(b, stored) || lendable != (c.limit >= 1<<20) {
 				t.Fatalf("payload: %q, lendable %v, %v", b, lendable, err)
 			}
 		})
@@ -290,7 +293,13 @@ func TestChunkCacheSlabs(t *testing.T) {
 		fh.Marshal(b)
 		return b
 	}
-	k := newChunkCache(slabSize+maxSlabChunk+1, t.TempDir(), 1)
+	// Chunk bytes may take one slab, one chunk of its own and the records.
+	data := int64(slabSize + maxSlabChunk + 1 + 10*chunkRecord)
+	limit := data
+	for limit-limit/8 < data {
+		limit++
+	}
+	k := newChunkCache(limit, t.TempDir(), 1)
 	defer k.close()
 	k.begin()
 	var chunks []wire.Chunk
@@ -314,8 +323,8 @@ func TestChunkCacheSlabs(t *testing.T) {
 	for range 7 {
 		add(maxSlabChunk-wire.ChunkFixed, true) // 7 of 8 fill most of the first slab
 	}
-	if k.mem != slabSize {
-		t.Fatalf("after one slab's chunks the cache counts %d bytes, want %d", k.mem, slabSize)
+	if want := slabSize + 7*chunkRecord; k.mem != want {
+		t.Fatalf("after one slab's chunks the cache counts %d bytes, want %d (the slab and 7 records)", k.mem, want)
 	}
 	add(maxSlabChunk+1, false)              // too large for a slab: its own, counted
 	add(maxSlabChunk-wire.ChunkFixed, true) // the last that fits the first slab
@@ -332,4 +341,87 @@ func TestChunkCacheSlabs(t *testing.T) {
 			t.Fatalf("chunk %d: lendable %v (the cache's own bytes: %v)", i, lendable, lendable && &b[0] == &c.Stored[0])
 		}
 	}
+}
+
+// Every chunk's record counts against the cache's budget at no less than
+// what it takes of the heap, and records past the limit fail the stream
+// (a million small chunks held 157 MiB over a 1 MiB limit).
+func TestChunkCacheRecordsCounted(t *testing.T) {
+	const n = 100000
+	chunk := func(i int) wire.Chunk {
+		c := wire.Chunk{RawLen: 8, Stored: make([]byte, 8)}
+		binary.LittleEndian.PutUint64(c.ID[:], uint64(i))
+		return c
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	k := newChunkCache(1<<30, t.TempDir(), 1)
+	for i := range n {
+		if err := k.put(chunk(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d chunks of 8 bytes: %d bytes counted, the heap grew by %d", n, k.mem, heap)
+	if k.mem < heap {
+		t.Errorf("%d chunks of 8 bytes counted as %d bytes; they took %d of the heap", n, k.mem, heap)
+	}
+	k.close()
+
+	k = newChunkCache(1<<20, t.TempDir(), 1)
+	defer k.close()
+	for i := range n {
+		err := k.put(chunk(i))
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, source.ErrMemoryLimit) || !strings.Contains(err.Error(), "--memory-limit") {
+			t.Fatalf("chunk %d: %v, want ErrMemoryLimit naming --memory-limit", i, err)
+		}
+		if k.mem > 1<<20 {
+			t.Fatalf("the cache counts %d bytes over its limit of %d", k.mem, 1<<20)
+		}
+		return
+	}
+	t.Fatalf("a cache of 1 MiB took the records of %d chunks", n)
+}
+
+// The cache checks the spill directory's free space before it writes, and
+// fails clearly when it would fill it.
+func TestChunkCacheSpillSpace(t *testing.T) {
+	k := newChunkCache(chunkRecord*16, t.TempDir(), 1)
+	defer k.close()
+	const free = 3 << 20
+	k.room = func(f *os.File, n int64) error {
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if fi.Size()+n > free {
+			return fmt.Errorf("%s: %d more bytes: %w", f.Name(), n, source.ErrNoSpace)
+		}
+		return nil
+	}
+	for i := range 8 {
+		c := wire.Chunk{RawLen: 1 << 20, Stored: make([]byte, 1<<20)}
+		c.ID[0] = byte(i)
+		err := k.put(c)
+		if i < 3 {
+			if err != nil {
+				t.Fatalf("chunk %d: %v", i, err)
+			}
+			continue
+		}
+		if !errors.Is(err, source.ErrNoSpace) || !strings.Contains(err.Error(), "chunk cache: spill") {
+			t.Fatalf("chunk %d: %v, want ErrNoSpace", i, err)
+		}
+		if k.spilled != free {
+			t.Fatalf("spilled %d bytes, want %d", k.spilled, free)
+		}
+		return
+	}
+	t.Fatal("the spill directory was filled")
 }

@@ -54,6 +54,8 @@ type Listener struct {
 	wireIn  atomic.Int64
 	wireOut atomic.Int64
 	once    sync.Once
+	// drops logs the peers turned away before authenticating.
+	drops *dropLog
 }
 
 // Listen listens on addr (host:port; port 0 picks one).
@@ -79,7 +81,7 @@ func Listen(ctx context.Context, addr string, o ListenOptions) (*Listener, error
 	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
 		o.Log(fmt.Sprintf("warning: listening on every interface (%s): any host that reaches this port can try to connect; name an address (--listen HOST:PORT) to limit that", ln.Addr()))
 	}
-	return &Listener{ln: ln, o: o, cfg: cfg}, nil
+	return &Listener{ln: ln, o: o, cfg: cfg, drops: newDropLog(o.Log, time.Second, 5)}, nil
 }
 
 // Addr is the address listened on.
@@ -134,7 +136,14 @@ func (l *Listener) handshake(ctx context.Context, raw net.Conn, pre *preAuth) (*
 		return c, nil
 	}
 	err = fmt.Errorf("%w: %w", err, ErrRefused)
-	l.logf("refused %s: %v", raw.RemoteAddr(), err)
+	why := "hello refused"
+	switch {
+	case c == nil:
+		why = "TLS handshake failed"
+	case tell == noHello:
+		why = "no hello"
+	}
+	l.drops.add(why, fmt.Sprintf("refused %s: %v", raw.RemoteAddr(), err))
 	if c != nil {
 		refuse(c.tc, raw, tell)
 	} else {
@@ -149,7 +158,8 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn, pre *preAuth)
 	tuneConn(raw, l.o.Timeout)
 	// A real sender sends its hello right after the TLS handshake, a few
 	// round trips: a peer that takes longer is not one.
-	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, min(l.o.Timeout, preAuthTimeout))
+	end := time.Now().Add(min(l.o.Timeout, preAuthTimeout))
+	ch, stop, err := openChannel(ctx, raw, l.cfg, true, &l.wireIn, &l.wireOut, time.Until(end))
 	defer stop()
 	if ch == nil {
 		return nil, "", fmt.Errorf("TLS handshake failed (not a gpucr-stream sender, or one without our certificates): %v", err)
@@ -159,9 +169,11 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn, pre *preAuth)
 		return c, err.Error(), err
 	}
 	pre.tlsDone(raw)
+	wait := min(time.Until(end), helloTimeout)
+	_ = raw.SetReadDeadline(time.Now().Add(wait))
 	c.hb = make([]byte, wire.HelloSize)
 	if _, err := io.ReadFull(c.br, c.hb); err != nil {
-		return c, "no hello", fmt.Errorf("no hello after the TLS handshake: %v", err)
+		return c, noHello, fmt.Errorf("no hello within %v of the TLS handshake: %v", wait.Round(time.Millisecond), err)
 	}
 	if c.h, err = wire.ParseHello(c.hb); err != nil {
 		return c, err.Error(), err
@@ -175,6 +187,9 @@ func (l *Listener) authenticate(ctx context.Context, raw net.Conn, pre *preAuth)
 	}
 	return c, "", nil
 }
+
+// noHello is what a peer that sent no hello is told.
+const noHello = "no hello"
 
 // admit answers an authenticated connection with the receiver's proof.
 func (l *Listener) admit(c *recvConn) error {
@@ -218,6 +233,7 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 	// Every goroutine started here has returned when AcceptSession does:
 	// the accept loop once the listener is closed, the handshakes once ctx
 	// is cancelled (their deadlines fire at once).
+	defer l.drops.flush(true) // once every handshake has ended
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer l.Close()
@@ -244,6 +260,7 @@ func (l *Listener) AcceptSession(ctx context.Context) (*Session, error) {
 				return s, nil
 			}
 		case <-tick.C:
+			l.drops.flush(false)
 			for id, p := range pending {
 				if time.Since(p.start) > l.o.Timeout {
 					p.close()
@@ -275,7 +292,7 @@ func (l *Listener) acceptLoop(ctx context.Context, wg *sync.WaitGroup, authentic
 			return
 		}
 		if ev := pre.add(raw); ev != nil {
-			l.logf("dropped %s: too many connections still to authenticate", ev.RemoteAddr())
+			l.drops.add("dropped (too many still to authenticate)", fmt.Sprintf("dropped %s: too many connections still to authenticate", ev.RemoteAddr()))
 			ev.Close()
 		}
 		wg.Add(1)

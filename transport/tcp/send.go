@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -229,7 +230,50 @@ func Dial(ctx context.Context, addr string, o SendOptions) (*Output, error) {
 	return t, nil
 }
 
+// Retries of a stream's connection that was refused or reset before the
+// receiver answered: a receiver not listening yet, or one that dropped it
+// under a flood of unauthenticated peers (preauth.go).
+const (
+	dialAttempts   = 5
+	dialRetryFirst = 100 * time.Millisecond // then doubled
+)
+
+// dial connects stream idx, retrying a connection refused or reset before
+// the receiver answered, all within the timeout.
 func (t *Output) dial(ctx context.Context, cfg *tls.Config, idx int) (*sendConn, ReceiverInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	delay := dialRetryFirst
+	for attempt := 1; ; attempt++ {
+		c, info, err := t.dialOnce(ctx, cfg, idx)
+		if err == nil || !retryable(err) {
+			return c, info, err
+		}
+		if attempt == dialAttempts {
+			return c, info, fmt.Errorf("%w (%d attempts)", err, attempt)
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return c, info, fmt.Errorf("%w (%d attempts in --net-timeout %v)", err, attempt, t.opts.Timeout)
+		}
+		delay *= 2
+	}
+}
+
+// retryable says err is a connection refused or cut before the receiver
+// answered: worth another try. A receiver's refusal, a failed proof or a
+// timeout is not.
+func retryable(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Output) dialOnce(ctx context.Context, cfg *tls.Config, idx int) (*sendConn, ReceiverInfo, error) {
 	var info ReceiverInfo
 	d := net.Dialer{Timeout: t.opts.Timeout, KeepAliveConfig: keepAlive(t.opts.Timeout), Control: userTimeout(t.opts.Timeout)}
 	raw, err := d.DialContext(ctx, "tcp", t.addr)

@@ -82,8 +82,14 @@ type receiver struct {
 
 func startReceiver(t *testing.T, auth Auth) *receiver {
 	t.Helper()
+	return startReceiverTimeout(t, auth, 3*time.Second)
+}
+
+// startReceiverTimeout is startReceiver with timeout (--net-timeout).
+func startReceiverTimeout(t *testing.T, auth Auth, timeout time.Duration) *receiver {
+	t.Helper()
 	lb := &logBuf{}
-	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: auth, Timeout: 3 * time.Second, Reports: true, Restores: true, Log: lb.log})
+	l, err := Listen(testCtx(t), "127.0.0.1:0", ListenOptions{Auth: auth, Timeout: timeout, Reports: true, Restores: true, Log: lb.log})
 	if err != nil {
 		t.Fatal(err)
 	}
