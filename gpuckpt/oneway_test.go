@@ -100,11 +100,11 @@ func fakeProcRoot(t *testing.T, procs map[int]fakeProc) {
 
 // fakePreload answers `report` on pid's control socket in a fresh
 // GPUCR_PRELOAD_DIR as the library would.
-func fakePreload(t *testing.T, pid int, rep preloadctl.PreloadReport) {
+func fakePreload(t *testing.T, pid int, rep preloadctl.Report) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GPUCR_PRELOAD_DIR", dir)
-	ln, err := net.Listen("unix", preloadctl.PreloadSocket(dir, pid))
+	ln, err := net.Listen("unix", preloadctl.Socket(dir, pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +152,8 @@ func TestCheckUndoable(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		procs   map[int]fakeProc
-		report  *preloadctl.PreloadReport // for pid 11, which then maps the library
-		refused []string                  // in the error; none: not refused
+		report  *preloadctl.Report // for pid 11, which then maps the library
+		refused []string           // in the error; none: not refused
 	}{
 		{"nccl shm segment", map[int]fakeProc{11: {maps: []string{libcuda, libnccl, "/dev/shm/nccl-Ab12Cd (deleted)"}}},
 			nil, []string{"process 11 is an NCCL rank", "maps libnccl.so.2", "/dev/shm/nccl-Ab12Cd", "CUDA_ERROR_NOT_SUPPORTED", "runs on", "`gpucr-stream run`"}},
@@ -170,12 +170,12 @@ func TestCheckUndoable(t *testing.T) {
 			11: {maps: []string{libcuda}, tcp: [][2]string{{lo40000, lo40001}}},
 			12: {maps: []string{libcuda, libnccl}, tcp: [][2]string{{lo40001, lo40000}}}}, nil, nil},
 		{"preload: IPC export", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
+			&preloadctl.Report{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
 			[]string{"process 11 shares device memory with another process", "the preload library saw it call cuIpcGetMemHandle", "cannot restore device memory that another process maps"}},
 		{"preload: managed memory", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
+			&preloadctl.Report{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
 		{"preload: capable", map[int]fakeProc{11: {maps: []string{libcuda, libnccl}}},
-			&preloadctl.PreloadReport{PID: 11, Capable: true}, nil},
+			&preloadctl.Report{PID: 11, Capable: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.report != nil {

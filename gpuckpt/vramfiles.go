@@ -86,7 +86,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 	}
 	start := time.Now()
 	var err error
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, NewKeep: newKeep})
+	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep})
 	var phases []Phase
 	if cc.fast != nil {
 		t := cc.fast.Timings
@@ -176,7 +176,7 @@ func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.C
 		return 0, "", fmt.Errorf("pre-copy of device memory: %w", err)
 	}
 	defer dir.Remove()
-	n, err = vram.Peek(ctx, preloadctl.PreloadDir(), dir.File(), cc.pids, f.Files, putInto(c))
+	n, err = vram.Peek(ctx, preloadctl.Dir(), dir.File(), cc.pids, f.Files, putInto(c))
 	return n, "", err
 }
 
@@ -225,20 +225,20 @@ var errNotPreloaded = errors.New("a process runs without the fast-path library")
 // it is taken (and CheckUndoable, before it lets an NCCL tree through):
 // every one runs with the library, which says it can release and recreate
 // all its device memory and is not parked by another checkpoint.
-func fastCheck(ctx context.Context, pids []int) ([]preloadctl.PreloadReport, error) {
+func fastCheck(ctx context.Context, pids []int) ([]preloadctl.Report, error) {
 	for _, pid := range pids {
-		if !preloadctl.HasPreload(pid) {
+		if !preloadctl.Loaded(pid) {
 			return nil, fmt.Errorf("process %d: %w", pid, errNotPreloaded)
 		}
 	}
-	return vram.FastCheck(ctx, preloadctl.PreloadDir(), pids)
+	return vram.FastCheck(ctx, preloadctl.Dir(), pids)
 }
 
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
 // and says it can: reps are the libraries' reports, need the device memory
 // it would move.
-func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (reps []preloadctl.PreloadReport, need int64, ok bool) {
+func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (reps []preloadctl.Report, need int64, ok bool) {
 	if f.Mode == FastPathOff || !carried {
 		return nil, 0, false
 	}
@@ -328,7 +328,7 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, cs, err := vram.FastResume(ctx, preloadctl.PreloadDir(), p.PID, p.Files, get, stage.Take)
+			r, c, cs, err := vram.FastResume(ctx, preloadctl.Dir(), p.PID, p.Files, get, stage.Take)
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, r), max(copyIn, c)
@@ -349,7 +349,7 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 	// refilled (vram/shared.go).
 	if len(errs) == 0 {
 		t := time.Now()
-		if err := vram.Reimport(ctx, preloadctl.PreloadDir(), pids); err != nil {
+		if err := vram.Reimport(ctx, preloadctl.Dir(), pids); err != nil {
 			errs = append(errs, err)
 		}
 		copyIn += time.Since(t)
@@ -408,7 +408,7 @@ func suspendTo(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStep
 	if o.FastPath.Mode == FastPathOff {
 		return nil, errdefs.Usagef("gpu suspend --to needs the fast path (--fast-path auto)")
 	}
-	if _, err := vram.FastCheck(ctx, preloadctl.PreloadDir(), pids); err != nil {
+	if _, err := vram.FastCheck(ctx, preloadctl.Dir(), pids); err != nil {
 		return nil, fmt.Errorf("gpu suspend --to: %w", err)
 	}
 	c, _, err := location.StartCapture(ctx, o.To, o.Open)

@@ -94,7 +94,7 @@ func TestRecoverOnlyWhatWasKept(t *testing.T) {
 func TestDialChecksListener(t *testing.T) {
 	tg := startTarget(t)
 	dir := t.TempDir()
-	l, err := net.Listen("unix", preloadctl.PreloadSocket(dir, tg.pid))
+	l, err := net.Listen("unix", preloadctl.Socket(dir, tg.pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,11 +109,11 @@ func TestDialChecksListener(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	_, err = preloadctl.DialPreload(context.Background(), dir, tg.pid)
+	_, err = preloadctl.Dial(context.Background(), dir, tg.pid)
 	if !errors.Is(err, preloadctl.ErrNotTheProcess) || !strings.Contains(err.Error(), "served by process "+strconv.Itoa(os.Getpid())) {
 		t.Fatalf("dial a stranger's socket: %v, want %v", err, preloadctl.ErrNotTheProcess)
 	}
-	if _, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid); err != nil {
+	if _, err := preloadctl.Dial(context.Background(), tg.sockDir, tg.pid); err != nil {
 		t.Fatalf("dial the process's own socket: %v", err)
 	}
 }
@@ -146,7 +146,7 @@ func TestSocketDirSymlink(t *testing.T) {
 // library only for its idle timeout; the next is served.
 func TestIdleClient(t *testing.T) {
 	tg := startTarget(t, "GPUCR_PRELOAD_IDLE_MS=300")
-	c, err := net.Dial("unix", preloadctl.PreloadSocket(tg.sockDir, tg.pid))
+	c, err := net.Dial("unix", preloadctl.Socket(tg.sockDir, tg.pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestIdleClient(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // accepted first
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestKeepRemovesNothingNamed(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}

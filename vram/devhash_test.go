@@ -56,7 +56,7 @@ func TestHashDevice(t *testing.T) {
 	}
 
 	// devhash is refused unless parked.
-	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}

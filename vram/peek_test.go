@@ -50,7 +50,7 @@ func TestPeek(t *testing.T) {
 		}
 	}
 
-	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}

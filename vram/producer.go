@@ -70,7 +70,7 @@ type StagedFunc func(ctx context.Context, name string) (*os.File, error)
 
 // FastOptions configures FastSuspend.
 type FastOptions struct {
-	// Dir holds the control sockets (preloadctl.PreloadDir()).
+	// Dir holds the control sockets (preloadctl.Dir()).
 	Dir string
 	// Files per process: copy threads in the library, files in the
 	// checkpoint (default DefaultFiles).
@@ -126,7 +126,7 @@ type FastTimings struct {
 
 type fastProc struct {
 	FastProc
-	p                *preloadctl.Preload
+	p                *preloadctl.Conn
 	parked, released bool
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
@@ -153,10 +153,10 @@ type FastSuspension struct {
 
 // FastCheck reports on the library of every pid; it returns an error
 // unless all of them have it loaded and can take the fast path.
-func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.PreloadReport, error) {
-	var reps []preloadctl.PreloadReport
+func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.Report, error) {
+	var reps []preloadctl.Report
 	for _, pid := range pids {
-		p, err := preloadctl.DialPreload(ctx, dir, pid)
+		p, err := preloadctl.Dial(ctx, dir, pid)
 		if err != nil {
 			return reps, err
 		}
@@ -232,7 +232,7 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 		}
 	}
 	for _, pid := range pids {
-		p, err := preloadctl.DialPreload(ctx, o.Dir, pid)
+		p, err := preloadctl.Dial(ctx, o.Dir, pid)
 		if err != nil {
 			return s, s.undo(ctx, err)
 		}
@@ -586,7 +586,7 @@ func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
 		if fp.p != nil {
 			fp.p.Close()
 		}
-		p, err := preloadctl.DialPreload(ctx, s.opts.Dir, fp.PID)
+		p, err := preloadctl.Dial(ctx, s.opts.Dir, fp.PID)
 		if err != nil {
 			return err
 		}
@@ -678,7 +678,7 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	// remap counts from the dial, copyIn to the unpark: the two cover it
 	// all.
 	t := time.Now()
-	p, err := preloadctl.DialPreload(ctx, dir, pid)
+	p, err := preloadctl.Dial(ctx, dir, pid)
 	if err != nil {
 		return time.Since(t), 0, cs, err
 	}
@@ -699,7 +699,7 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 	return remap, 0, cs, p.Unpark(ctx)
 }
 
-func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
+func copyInFrom(ctx context.Context, p *preloadctl.Conn, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// rs[k] is what the library reads file k from: the staged file, or

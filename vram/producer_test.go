@@ -55,7 +55,7 @@ func buildPreload(t testing.TB) string {
 		lib, _ := filepath.Glob(filepath.Join(src, "*.c")) // the library's files
 		steps := [][]string{
 			{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, "lib", "libcuda.so.1"), filepath.Join(src, "testdata", "fake_cuda.c")},
-			append(append([]string{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, preloadctl.PreloadLibrary)}, lib...), "-ldl", "-lpthread"),
+			append(append([]string{cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", filepath.Join(buildDir, preloadctl.Library)}, lib...), "-ldl", "-lpthread"),
 			{cc, "-O2", "-Wall", "-o", filepath.Join(buildDir, "fp_target"), filepath.Join(src, "testdata", "fp_target.c"), "-ldl", "-lpthread"},
 		}
 		if buildErr = os.MkdirAll(filepath.Join(buildDir, "lib"), 0o755); buildErr != nil {
@@ -87,7 +87,7 @@ func TestMain(m *testing.M) {
 // points and dlsym in it, and to the two functions it offers programs
 // (gpucr_mark_cache, gpucr_unmark_cache), never to another of its names.
 func TestPreloadExportsOnlyTheDriver(t *testing.T) {
-	f, err := elf.Open(filepath.Join(buildPreload(t), preloadctl.PreloadLibrary))
+	f, err := elf.Open(filepath.Join(buildPreload(t), preloadctl.Library))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func startWrapped(t testing.TB, wrap []string, env ...string) *target {
 	os.Mkdir(tg.dir, 0o755)
 	args := append(append([]string{}, wrap...), filepath.Join(b, "fp_target"), tg.dir)
 	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, preloadctl.PreloadLibrary), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(b, preloadctl.Library), "LD_LIBRARY_PATH="+filepath.Join(b, "lib"),
 		"GPUCR_PRELOAD_DIR="+tg.sockDir)
 	cmd.Env = append(cmd.Env, env...)
 	// Its output in a file: the library speaks on its stderr.
@@ -274,9 +274,9 @@ func (tg *target) mustBeIntact(t *testing.T) {
 	}
 }
 
-func (tg *target) report(t testing.TB) preloadctl.PreloadReport {
+func (tg *target) report(t testing.TB) preloadctl.Report {
 	t.Helper()
-	p, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(context.Background(), tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +431,7 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("socket directory: %v %v, want mode 0700", fi.Mode(), err)
 	}
-	si, err := os.Stat(preloadctl.PreloadSocket(tg.sockDir, tg.pid))
+	si, err := os.Stat(preloadctl.Socket(tg.sockDir, tg.pid))
 	if err != nil || si.Mode().Perm() != 0o600 {
 		t.Fatalf("socket: %v %v, want mode 0600", si.Mode(), err)
 	}
@@ -536,7 +536,7 @@ func testStageFreed(t *testing.T, env []string) {
 	tg := startTarget(t, env...)
 	ctx := context.Background()
 	staged := func() int {
-		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -548,7 +548,7 @@ func testStageFreed(t *testing.T, env []string) {
 		return r.Staged
 	}
 	for _, end := range []string{"unpark", "close"} {
-		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -575,7 +575,7 @@ func testStageFreed(t *testing.T, env []string) {
 		}
 	}
 	if err := func() error {
-		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			return err
 		}
@@ -891,7 +891,7 @@ func TestFastCheckIncapable(t *testing.T) {
 		})
 	}
 	tg := startTarget(t)
-	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, preloadctl.ErrNoPreload) {
+	if _, err := FastCheck(context.Background(), tg.sockDir, []int{1 << 22}); !errors.Is(err, preloadctl.ErrNotLoaded) {
 		t.Fatalf("check of a process without the library: %v", err)
 	}
 }
@@ -947,7 +947,7 @@ func FuzzCopyIn(f *testing.F) {
 			t.Fatalf("after a refused copy-in (%v): %+v, want parked and unfilled", err, r)
 		}
 		// Nothing lets the program run on memory that was not refilled.
-		p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+		p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1018,7 +1018,7 @@ func TestFastPathOrphaned(t *testing.T) {
 			}
 			// gpucr-stream dies: its connection ends, nothing else.
 			s.procs[0].p.Close()
-			status := preloadctl.PreloadStatusFile(tg.sockDir, tg.pid)
+			status := preloadctl.StatusFile(tg.sockDir, tg.pid)
 			var said []byte
 			for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && len(said) == 0; time.Sleep(5 * time.Millisecond) {
 				said, _ = os.ReadFile(status)
@@ -1196,7 +1196,7 @@ func TestCollectiveBarrier(t *testing.T) {
 	for _, name := range []string{"_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LLv", "ncclKernel_AllGather"} {
 		t.Run(name, func(t *testing.T) {
 			tg := startTarget(t, "GPUCR_FAKE_KERNEL_NAME="+name)
-			p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+			p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1250,7 +1250,7 @@ func TestCollectiveBarrier(t *testing.T) {
 // many it launched (the hold ends with the connection).
 func (tg *target) collectives(t *testing.T) int64 {
 	t.Helper()
-	p, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(context.Background(), tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1298,7 +1298,7 @@ func TestFastPathSharedMemory(t *testing.T) {
 	}
 	// What the process says it imported from is believed only for a
 	// process of the tree: pid 1 is not, and the process stays parked.
-	p, err := preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1317,7 +1317,7 @@ func TestFastPathSharedMemory(t *testing.T) {
 	if r := tg.report(t); !r.Parked {
 		t.Fatalf("after a refused reimport: %+v, want parked", r)
 	}
-	p, err = preloadctl.DialPreload(ctx, tg.sockDir, tg.pid)
+	p, err = preloadctl.Dial(ctx, tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,7 +210,7 @@ func TestMarkCache(t *testing.T) {
 // TestReportCached: the report of a process that marked nothing.
 func TestReportCached(t *testing.T) {
 	tg := startTarget(t)
-	p, err := preloadctl.DialPreload(context.Background(), tg.sockDir, tg.pid)
+	p, err := preloadctl.Dial(context.Background(), tg.sockDir, tg.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
