@@ -147,8 +147,8 @@ func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, star
 	case o.Action == "suspend":
 		res.Phases, err = (&Checkpoint{drv: drv, pids: pids}).Suspend(ctx, o.LockTimeout)
 	default:
-		var t cudadriver.Timings
-		_, t, err = cudadriver.ResumeRestored(drv, pids, o.Pairs)
+		var t DriverTimings
+		_, t, err = resumeRestored(drv, pids, o.Pairs)
 		res.Phases = TimingPhases(t)
 		if err == nil {
 			// A process the fast path left parked (gpucr-stream died after

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,10 +251,34 @@ func (d *scripted) Restore(pid int, p []cudadriver.GPUPair) error {
 func (d *scripted) Unlock(pid int) error {
 	return d.call("unlock", pid, func() error { return d.Fake.Unlock(pid) })
 }
+
+// log lists the calls in order; a run of calls of one step that ran at
+// once (checkpoints in Suspend, restores in resumeRestored) in the order
+// of their pids.
 func (d *scripted) log() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return strings.Join(d.calls, ", ")
+	return strings.Join(atOnce(d.calls), ", ")
+}
+
+func atOnce(calls []string) []string {
+	out := slices.Clone(calls)
+	for i := 0; i < len(out); {
+		j := i + 1
+		verb := strings.Fields(out[i])[0]
+		for j < len(out) && strings.Fields(out[j])[0] == verb {
+			j++
+		}
+		if verb == "checkpoint" || (verb == "restore" && i == 0) {
+			slices.SortFunc(out[i:j], func(a, b string) int {
+				x, _ := strconv.Atoi(strings.Fields(a)[1])
+				y, _ := strconv.Atoi(strings.Fields(b)[1])
+				return x - y
+			})
+		}
+		i = j
+	}
+	return out
 }
 
 // TestSuspendAllOrNothing: the second process of a tree cannot be locked

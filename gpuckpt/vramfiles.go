@@ -101,6 +101,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return phases, err
 	}
 	cc.recordPaths(meta)
+	cc.undo.steps = append(cc.undo.steps, step{name: "fast path", undo: func(context.Context) error { return cc.fastUndo() }, fast: true})
 	if d := time.Since(start).Seconds(); d > 0 {
 		var alloc, written, cached int64
 		for _, p := range cc.fast.Procs() {
@@ -293,6 +294,7 @@ func (cc *Checkpoint) FastCommit() {
 	if cc == nil || cc.fast == nil {
 		return
 	}
+	cc.undo.forget()
 	cc.fast.Commit()
 	cc.keepDir.Remove()
 }
@@ -472,7 +474,7 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 		return nil, err
 	}
 	defer stage.Close()
-	_, t, err := cudadriver.ResumeRestored(drv, pids, o.Pairs)
+	_, t, err := resumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)
 	if err != nil {
 		return phases, err
