@@ -1,10 +1,9 @@
 package gpuckpt
 
-// The CUDA policy around CRIU: before a dump the CUDA processes of the tree
-// are suspended (lock, then checkpoint: device memory into host memory);
-// a dump that fails after that undoes it (restore, unlock), one that
-// leaves the process running resumes it; after a restore the restored
-// processes are resumed, onto other GPUs where a GPUMap says so.
+// The CUDA policy around CRIU: which processes of the tree hold GPU state
+// (Find) and on which GPUs, before a dump; their suspend and its undo are
+// suspend.go's. After a restore the restored processes are resumed, onto
+// other GPUs where a GPUMap says so.
 
 import (
 	"context"
@@ -102,8 +101,10 @@ type Checkpoint struct {
 	undo   undoStack
 	driver *driverSuspend
 	// fast: the device memory the fast path moved out (nil: the driver
-	// takes it all); keepDir holds its copy until the commit (vramfiles.go).
+	// takes it all), its steps timed in fastT; keepDir holds its copy
+	// until the commit (vramfiles.go).
 	fast    *vram.FastSuspension
+	fastT   fastTimings
 	keepDir *scratch.Dir
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string

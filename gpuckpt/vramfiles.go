@@ -1,13 +1,14 @@
 package gpuckpt
 
-// The GPU fast path around the CUDA policy of cuda.go (vram/producer.go has
-// the mechanism, docs/PRODUCERS.md section 3 the order and why). Processes
+// The GPU fast path around the CUDA policy of cuda.go (its steps are
+// suspend.go's table, their mechanisms package vram's; docs/PRODUCERS.md
+// section 3 has the order and why). Processes
 // started with `gpucr-stream run` (libgpucr-preload) move their device
 // memory into the capture themselves and release it before the driver's
 // checkpoint, which then finds little to copy; a restore puts it back after
 // the driver's restore. A copy is kept until the commit: any failure after
 // the release maps the memory back and refills it before the program runs
-// again (Checkpoint.Undo and Resume call fastUndo). Processes without
+// again (the undo of its steps, suspend.go). Processes without
 // the library keep the driver-only path, unchanged.
 
 import (
@@ -85,23 +86,15 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return keep.Path, keep.File(), nil
 	}
 	start := time.Now()
-	var err error
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep})
+	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep})
 	var phases []Phase
 	if cc.fast != nil {
-		t := cc.fast.Timings
-		phases = []Phase{{"vram stage (process running)", t.Stage.Seconds()}, {"vram park", t.Park.Seconds()},
-			{"vram zero scan", t.Scan.Seconds()}, {"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
-		phases = append(phases, copyPhases("copy out", t.Copy)...)
-		phases = append(phases, perProcess("copy out", cc.fast.Procs(), meta.GPUs)...)
+		phases = cc.fastPhases(meta.GPUs)
 	}
 	if err != nil {
-		cc.keepDir.Remove()
-		cc.keepDir = nil
 		return phases, err
 	}
 	cc.recordPaths(meta)
-	cc.undo.steps = append(cc.undo.steps, step{name: "fast path", undo: func(context.Context) error { return cc.fastUndo() }, fast: true})
 	if d := time.Since(start).Seconds(); d > 0 {
 		var alloc, written, cached int64
 		for _, p := range cc.fast.Procs() {
@@ -199,7 +192,7 @@ func (cc *Checkpoint) FastStorePhases() []Phase {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
-	return []Phase{{"vram store (beside the dump)", cc.fast.Timings.Store.Seconds()}}
+	return []Phase{{"vram store (beside the dump)", cc.fast.StoreTime().Seconds()}}
 }
 
 // FastCarried says whether a checkpoint into dest can carry the fast
@@ -272,20 +265,6 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver})
 		}
 	}
-}
-
-// fastUndo refills what FastSuspend released (after the driver's state is
-// back), for a failed dump or LeaveRunning. It takes no context: the undo
-// runs even when the checkpoint was cancelled.
-func (cc *Checkpoint) fastUndo() error {
-	if cc == nil || cc.fast == nil {
-		return nil
-	}
-	err := cc.fast.Undo(context.Background())
-	if rerr := cc.keepDir.Remove(); rerr != nil {
-		err = errors.Join(err, rerr)
-	}
-	return err
 }
 
 // FastCommit drops the kept copy once the checkpoint is committed and the

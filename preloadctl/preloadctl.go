@@ -3,7 +3,8 @@
 // the fast path: finding a process's control socket and checking that the
 // process itself listens there, the commands and their answers, and
 // starting a program with the library (gpucr-stream run). What the
-// commands are for, in which order, is package vram's.
+// commands are for is package vram's; in which order they run and what
+// undoes them, package gpuckpt's.
 package preloadctl
 
 import (

@@ -42,9 +42,10 @@ func sameFile(a, fa, b, fb int) (bool, error) {
 	return r == 0, nil
 }
 
-// matchShared records in every importer, parked, where each of its
-// imports came from.
-func (s *FastSuspension) matchShared(ctx context.Context) error {
+// MatchShared records in every importer, parked, where each of its
+// imports came from. Nothing to revert: the record is the importer's, for
+// Reimport.
+func (s *FastSuspension) MatchShared(ctx context.Context) error {
 	type desc struct {
 		fp    *fastProc
 		h, fd int
