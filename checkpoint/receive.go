@@ -347,7 +347,7 @@ func (r *receiver) restoreLazy(ctx context.Context, ci tcp.CommitInfo) error {
 		l, err = criusock.RestoreLazy(ctx, r.restoreOptions(ctx), r.src)
 	}
 	var cudaPIDs []int
-	var t cudadriver.Timings
+	var t gpuckpt.DriverTimings
 	var fast []Phase
 	if err == nil {
 		// CUDA processes come back onto the GPU while the daemon hands
@@ -510,10 +510,10 @@ func (r *receiver) serve(ctx context.Context) error {
 // it goes back onto the GPU and they run. The report for the sender names
 // the PID only when both steps succeeded; otherwise the sender keeps its
 // copy of the image and says so.
-func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep criusock.RestoreReport, err error, pairs []cudadriver.GPUPair) (tcp.Report, []int, cudadriver.Timings, error) {
+func finishRestore(ctx context.Context, c gpuckpt.CUDA, rep criusock.RestoreReport, err error, pairs []cudadriver.GPUPair) (tcp.Report, []int, gpuckpt.DriverTimings, error) {
 	report := tcp.Report{Served: rep.Served}
 	var cudaPIDs []int
-	var t cudadriver.Timings
+	var t gpuckpt.DriverTimings
 	if err == nil {
 		if cudaPIDs, t, err = gpuckpt.Restore(ctx, c, rep.PID, pairs); err != nil {
 			err = fmt.Errorf("process %d restored, but its GPU state is not: %w", rep.PID, err)

@@ -1,13 +1,14 @@
 // Package cudadriver is gpucr-stream's binding of the CUDA driver: its process
-// checkpoint API (lock, checkpoint, restore, unlock), finding the CUDA
-// processes of a process tree, GPU details for the manifest, and the
-// orchestration that suspends a tree's GPU state before a CRIU dump and
-// resumes it afterwards, undoing every step on failure.
+// checkpoint API (lock, checkpoint, restore, unlock, state, one process at a
+// time), finding the CUDA processes of a process tree, and GPU details from
+// nvidia-smi for the manifest and --gpu-map. What to do with a tree, in
+// which order, and what to undo when a step fails is package gpuckpt's.
 //
 // The driver is bound at run time (libcuda.so.1 through purego, no cgo), so
 // the one binary runs on hosts without a GPU and reports plainly that there
 // is no driver. Everything that calls the driver goes through the Driver
-// interface, so that the orchestration is tested with a fake.
+// interface, so that the policy above it is tested with a fake
+// (cudadriver/drivertest).
 package cudadriver
 
 import (

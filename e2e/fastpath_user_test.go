@@ -47,8 +47,8 @@ func (e *fastEnv) startUser(t *testing.T, name string) userTarget {
 	u.sockDir = filepath.Join(u.home, "run")
 	// The user reaches its program, the library and the fake driver (all
 	// in e.dir), and owns its own directories.
-	lib := filepath.Join(e.dir, "lib", preloadctl.PreloadLibrary)
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(e.gcs), preloadctl.PreloadLibrary))
+	lib := filepath.Join(e.dir, "lib", preloadctl.Library)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(e.gcs), preloadctl.Library))
 	if err == nil {
 		err = os.WriteFile(lib, b, 0o755)
 	}
@@ -225,7 +225,7 @@ func TestFastPathOtherUserKept(t *testing.T) {
 	}
 	// The user's client: park, copy out into its own files, keep, release,
 	// announce the driver, detach.
-	p, err := preloadctl.DialPreload(ctx, u.sockDir, u.pid)
+	p, err := preloadctl.Dial(ctx, u.sockDir, u.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestFastPathOtherUserKept(t *testing.T) {
 		t.Fatalf("the program ran: %q", r)
 	}
 	// Its own copy brings it back (the driver's state is back already).
-	p, err = preloadctl.DialPreload(ctx, u.sockDir, u.pid)
+	p, err = preloadctl.Dial(ctx, u.sockDir, u.pid)
 	step("dial", err)
 	defer p.Close()
 	var mine []*os.File

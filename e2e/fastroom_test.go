@@ -97,7 +97,7 @@ func TestFastPathMarkedCache(t *testing.T) {
 	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") || !strings.HasSuffix(r, "kv=dropped") {
 		t.Fatalf("after the restore: %q (%s), want the KV cache back as zeros", r, out)
 	}
-	p, err := preloadctl.DialPreload(ctx, e.sockDir, pid)
+	p, err := preloadctl.Dial(ctx, e.sockDir, pid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,9 @@
 package gpuckpt
 
-// The CUDA policy around CRIU: before a dump the CUDA processes of the tree
-// are suspended (lock, then checkpoint: device memory into host memory);
-// a dump that fails after that undoes it (restore, unlock), one that
-// leaves the process running resumes it; after a restore the restored
-// processes are resumed, onto other GPUs where a GPUMap says so.
+// The CUDA policy around CRIU: which processes of the tree hold GPU state
+// (Find) and on which GPUs, before a dump; their suspend and its undo are
+// suspend.go's. After a restore the restored processes are resumed, onto
+// other GPUs where a GPUMap says so.
 
 import (
 	"context"
@@ -97,10 +96,15 @@ type Checkpoint struct {
 	// query is closed once gpus holds nvidia-smi's answer (StartGPUQuery
 	// asks once).
 	query chan struct{}
-	sus   *cudadriver.Suspension
+	// undo is the stack of the suspend's steps (suspend.go); driver,
+	// the driver's steps, once Suspend ran.
+	undo   undoStack
+	driver *driverSuspend
 	// fast: the device memory the fast path moved out (nil: the driver
-	// takes it all); keepDir holds its copy until the commit (vramfiles.go).
+	// takes it all), its steps timed in fastT; keepDir holds its copy
+	// until the commit (vramfiles.go).
 	fast    *vram.FastSuspension
+	fastT   fastTimings
 	keepDir *scratch.Dir
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
@@ -217,89 +221,7 @@ func (cc *Checkpoint) GPUs(ctx context.Context) []cudadriver.GPUInfo {
 	return cc.gpus
 }
 
-// Suspend moves the GPU state of cc's processes into host memory (lock,
-// then checkpoint), so that CRIU can dump them. The tree is locked all or
-// nothing (cudadriver.Suspend): a process that cannot be locked has the others
-// unlocked at once. On failure the steps are undone, and the memory the
-// fast path released comes back: the processes run on, or the error is a
-// StuckError saying where each is left. The fast path's libraries hear of
-// the driver's lock before it, and are detached after the checkpoint
-// (vramfiles.go).
-func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([]Phase, error) {
-	if cc == nil {
-		return nil, nil
-	}
-	if err := cc.checkDriverRoom(ctx); err != nil {
-		if cc.fast == nil {
-			return nil, err // nothing was done yet
-		}
-		fastErr := cc.fastUndo()
-		return nil, cc.failed(err, fastErr, fastErr)
-	}
-	if cc.fast != nil {
-		if err := cc.fast.BeforeDriver(ctx); err != nil {
-			fastErr := cc.fastUndo()
-			return nil, cc.failed(err, fastErr, fastErr)
-		}
-	}
-	drv := cc.drv
-	if testFault("gpu-checkpoint") {
-		drv = faultyCheckpoint{drv}
-	}
-	var err error
-	cc.sus, err = cudadriver.Suspend(drv, cc.pids, lockTimeout)
-	if err != nil {
-		// cudadriver.Suspend undid the driver's steps; the states tell whether
-		// that worked.
-		fastErr := cc.fastUndo()
-		err = cc.failed(lockFailed(err, cc.pids), fastErr, fastErr)
-	} else if cc.fast != nil {
-		if err = cc.fast.Detach(ctx); err != nil {
-			err = cc.Undo(err)
-		}
-	}
-	return TimingPhases(cc.sus.Timings), err
-}
-
-// Undo is for a dump that failed after Suspend: CRIU resumed the process
-// (or never stopped it), so its GPU state must come back too. It returns
-// cause, saying whether that worked (a StuckError if not). The driver's
-// state comes back first, then the memory the fast path released.
-func (cc *Checkpoint) Undo(cause error) error {
-	if cc == nil {
-		return cause
-	}
-	drvErr := cc.sus.Resume(nil)
-	fastErr := cc.fastUndo()
-	return cc.failed(cause, errors.Join(drvErr, fastErr), fastErr)
-}
-
-// Resume puts the GPU state back after a committed dump that left the
-// process running, and times the driver steps and the fast path's refill.
-// A failure is a StuckError.
-func (cc *Checkpoint) Resume() ([]Phase, error) {
-	if cc == nil {
-		return nil, nil
-	}
-	before := cc.sus.Timings
-	drvErr := cc.sus.Resume(nil)
-	t := cc.sus.Timings
-	ps := TimingPhases(cudadriver.Timings{Restore: t.Restore - before.Restore, Unlock: t.Unlock - before.Unlock})
-	var fastErr error
-	if cc.fast != nil {
-		start := time.Now()
-		fastErr = cc.fastUndo()
-		ps = append(ps, Phase{"vram refill", time.Since(start).Seconds()})
-	}
-	if err := errors.Join(drvErr, fastErr); err != nil {
-		states, _ := procStates(cc.drv, cc.pids, fastErr != nil)
-		refused(states, err)
-		return ps, &StuckError{Undo: err, Procs: states}
-	}
-	return ps, nil
-}
-
-// cudaPIDs are the suspended CUDA processes (nil without any).
+// PIDs are the suspended CUDA processes (nil without any).
 func (cc *Checkpoint) PIDs() []int {
 	if cc == nil {
 		return nil
@@ -309,8 +231,8 @@ func (cc *Checkpoint) PIDs() []int {
 
 // Restore finds the CUDA processes of a restored tree and brings them
 // back onto the GPU. It returns the pids it resumed.
-func Restore(ctx context.Context, c CUDA, root int, pairs []cudadriver.GPUPair) ([]int, cudadriver.Timings, error) {
-	var t cudadriver.Timings
+func Restore(ctx context.Context, c CUDA, root int, pairs []cudadriver.GPUPair) ([]int, DriverTimings, error) {
+	var t DriverTimings
 	if c.EffectiveMode() == CUDAOff {
 		return nil, t, nil
 	}
@@ -336,7 +258,7 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []cudadriver.GPUPair) 
 			return nil, t, err
 		}
 	}
-	resumed, t, err := cudadriver.ResumeRestored(drv, pids, pairs)
+	resumed, t, err := resumeRestored(drv, pids, pairs)
 	if err != nil && len(pairs) > 0 && errors.Is(err, cudadriver.ErrUnsupported) {
 		// Driver 580 on two H100s refused (CUDA_ERROR_INVALID_VALUE) a
 		// map that named only the GPU the process used (GPU0=GPU1) and
@@ -346,8 +268,8 @@ func Restore(ctx context.Context, c CUDA, root int, pairs []cudadriver.GPUPair) 
 		// still checkpointed, the others only wait for their unlock.
 		if host, herr := c.hostUUIDs(ctx); herr == nil {
 			if full := completePairs(pairs, host); len(full) > len(pairs) {
-				var t2 cudadriver.Timings
-				resumed, t2, err = cudadriver.ResumeRestored(drv, pids, full)
+				var t2 DriverTimings
+				resumed, t2, err = resumeRestored(drv, pids, full)
 				t.Restore += t2.Restore
 				t.Unlock += t2.Unlock
 				if err != nil {
@@ -492,18 +414,6 @@ func (m GPUMap) Targets() []cudadriver.GPUPair {
 		return []cudadriver.GPUPair{{New: m.AllTo}}
 	}
 	return m.Pairs
-}
-
-// TimingPhases lists the non-zero driver steps.
-func TimingPhases(t cudadriver.Timings) []Phase {
-	var ps []Phase
-	for _, p := range []Phase{{"gpu lock", t.Lock.Seconds()}, {"gpu checkpoint", t.Checkpoint.Seconds()},
-		{"gpu restore", t.Restore.Seconds()}, {"gpu unlock", t.Unlock.Seconds()}} {
-		if p.Secs > 0 {
-			ps = append(ps, p)
-		}
-	}
-	return ps
 }
 
 // CheckDumpable refuses, before any GPU step, a CUDA tree whose GPU step

@@ -147,15 +147,15 @@ func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, star
 	case o.Action == "suspend":
 		res.Phases, err = (&Checkpoint{drv: drv, pids: pids}).Suspend(ctx, o.LockTimeout)
 	default:
-		var t cudadriver.Timings
-		_, t, err = cudadriver.ResumeRestored(drv, pids, o.Pairs)
+		var t DriverTimings
+		_, t, err = resumeRestored(drv, pids, o.Pairs)
 		res.Phases = TimingPhases(t)
 		if err == nil {
 			// A process the fast path left parked (gpucr-stream died after
 			// the driver's lock) gets its memory back from the kept copy.
 			start := time.Now()
 			var rec []int
-			rec, err = vram.FastRecover(ctx, preloadctl.PreloadDir(), "", pids)
+			rec, err = vram.FastRecover(ctx, preloadctl.Dir(), "", pids)
 			if len(rec) > 0 {
 				res.Phases = append(res.Phases, Phase{"vram refill", time.Since(start).Seconds()})
 			}
@@ -177,7 +177,7 @@ func hashStep(ctx context.Context, o GPUStepOptions) (*vram.HashReport, error) {
 		return nil, fmt.Errorf("gpu hash: %w", err)
 	}
 	defer dir.Remove()
-	r, err := vram.HashDevice(ctx, preloadctl.PreloadDir(), o.PID, vram.HashOptions{Check: o.HostCheck, Scratch: dir.File(), Files: o.FastPath.Files})
+	r, err := vram.HashDevice(ctx, preloadctl.Dir(), o.PID, vram.HashOptions{Check: o.HostCheck, Scratch: dir.File(), Files: o.FastPath.Files})
 	if err != nil {
 		return nil, fmt.Errorf("gpu hash: %w", err)
 	}

@@ -77,7 +77,7 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 	}
 	var out []oneWay
 	for _, pid := range pids {
-		w := oneWay{pid: pid, preloaded: preloadctl.HasPreload(pid)}
+		w := oneWay{pid: pid, preloaded: preloadctl.Loaded(pid)}
 		if w.preloaded {
 			if call := preloadShared(ctx, pid); call != "" {
 				w.why = append(w.why, "the preload library saw it call "+call)
@@ -121,12 +121,12 @@ func findOneWay(ctx context.Context, pids []int) []oneWay {
 	return out
 }
 
-func preloadReport(ctx context.Context, pid int) (preloadctl.PreloadReport, error) {
+func preloadReport(ctx context.Context, pid int) (preloadctl.Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	p, err := preloadctl.DialPreload(ctx, preloadctl.PreloadDir(), pid)
+	p, err := preloadctl.Dial(ctx, preloadctl.Dir(), pid)
 	if err != nil {
-		return preloadctl.PreloadReport{}, err
+		return preloadctl.Report{}, err
 	}
 	defer p.Close()
 	return p.Report(ctx)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,11 +101,11 @@ func fakeProcRoot(t *testing.T, procs map[int]fakeProc) {
 
 // fakePreload answers `report` on pid's control socket in a fresh
 // GPUCR_PRELOAD_DIR as the library would.
-func fakePreload(t *testing.T, pid int, rep preloadctl.PreloadReport) {
+func fakePreload(t *testing.T, pid int, rep preloadctl.Report) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GPUCR_PRELOAD_DIR", dir)
-	ln, err := net.Listen("unix", preloadctl.PreloadSocket(dir, pid))
+	ln, err := net.Listen("unix", preloadctl.Socket(dir, pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +153,8 @@ func TestCheckUndoable(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		procs   map[int]fakeProc
-		report  *preloadctl.PreloadReport // for pid 11, which then maps the library
-		refused []string                  // in the error; none: not refused
+		report  *preloadctl.Report // for pid 11, which then maps the library
+		refused []string           // in the error; none: not refused
 	}{
 		{"nccl shm segment", map[int]fakeProc{11: {maps: []string{libcuda, libnccl, "/dev/shm/nccl-Ab12Cd (deleted)"}}},
 			nil, []string{"process 11 is an NCCL rank", "maps libnccl.so.2", "/dev/shm/nccl-Ab12Cd", "CUDA_ERROR_NOT_SUPPORTED", "runs on", "`gpucr-stream run`"}},
@@ -170,12 +171,12 @@ func TestCheckUndoable(t *testing.T) {
 			11: {maps: []string{libcuda}, tcp: [][2]string{{lo40000, lo40001}}},
 			12: {maps: []string{libcuda, libnccl}, tcp: [][2]string{{lo40001, lo40000}}}}, nil, nil},
 		{"preload: IPC export", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
+			&preloadctl.Report{PID: 11, Reason: "the program called cuIpcGetMemHandle"},
 			[]string{"process 11 shares device memory with another process", "the preload library saw it call cuIpcGetMemHandle", "cannot restore device memory that another process maps"}},
 		{"preload: managed memory", map[int]fakeProc{11: {maps: []string{libcuda}}},
-			&preloadctl.PreloadReport{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
+			&preloadctl.Report{PID: 11, Reason: "the program called cuMemAllocManaged"}, nil},
 		{"preload: capable", map[int]fakeProc{11: {maps: []string{libcuda, libnccl}}},
-			&preloadctl.PreloadReport{PID: 11, Capable: true}, nil},
+			&preloadctl.Report{PID: 11, Capable: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.report != nil {
@@ -250,10 +251,34 @@ func (d *scripted) Restore(pid int, p []cudadriver.GPUPair) error {
 func (d *scripted) Unlock(pid int) error {
 	return d.call("unlock", pid, func() error { return d.Fake.Unlock(pid) })
 }
+
+// log lists the calls in order; a run of calls of one step that ran at
+// once (checkpoints in Suspend, restores in resumeRestored) in the order
+// of their pids.
 func (d *scripted) log() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return strings.Join(d.calls, ", ")
+	return strings.Join(atOnce(d.calls), ", ")
+}
+
+func atOnce(calls []string) []string {
+	out := slices.Clone(calls)
+	for i := 0; i < len(out); {
+		j := i + 1
+		verb := strings.Fields(out[i])[0]
+		for j < len(out) && strings.Fields(out[j])[0] == verb {
+			j++
+		}
+		if verb == "checkpoint" || (verb == "restore" && i == 0) {
+			slices.SortFunc(out[i:j], func(a, b string) int {
+				x, _ := strconv.Atoi(strings.Fields(a)[1])
+				y, _ := strconv.Atoi(strings.Fields(b)[1])
+				return x - y
+			})
+		}
+		i = j
+	}
+	return out
 }
 
 // TestSuspendAllOrNothing: the second process of a tree cannot be locked

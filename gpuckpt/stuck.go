@@ -6,7 +6,6 @@ package gpuckpt
 // (cuCheckpointProcessGetState), not guessed from the steps that ran.
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -87,80 +86,29 @@ func procStates(drv cudadriver.Driver, pids []int, parked bool) (states []ProcSt
 	return states, stuck
 }
 
-// failed explains a GPU step that failed with cause, after the undo
-// (undoErr: what of it failed, nil if nothing): every process back, or a
-// StuckError. fastErr is the fast path's part of undoErr.
-func (cc *Checkpoint) failed(cause, undoErr, fastErr error) error {
-	states, stuck := procStates(cc.drv, cc.pids, fastErr != nil)
-	if undoErr == nil && !stuck {
+// failed explains a GPU step that failed with cause, after the undo u:
+// every process back, or a StuckError.
+func (cc *Checkpoint) failed(cause error, u undone) error {
+	states, stuck := procStates(cc.drv, cc.pids, u.fast != nil)
+	if u.err == nil && !stuck {
 		return fmt.Errorf("%w (GPU state of %v restored and unlocked: the process runs on)", cause, cc.pids)
 	}
-	refused(states, undoErr)
-	return &StuckError{Cause: cause, Undo: undoErr, Procs: states}
+	cc.refused(states)
+	return &StuckError{Cause: cause, Undo: u.err, Procs: states}
 }
 
-// refused adds to states what the driver's refusals in undoErr mean: a
-// restore it did not support (driver 580, for an NCCL rank) is likely to
-// be refused again.
-func refused(states []ProcState, undoErr error) {
-	for _, ve := range driverErrors(undoErr) {
-		if ve.Op != "restore" || ve.Code != cudadriver.ErrorNotSupported {
-			continue
-		}
+// refused adds to states what the driver's refusals of the undo's
+// restores mean: a restore it did not support (driver 580, for an NCCL
+// rank) is likely to be refused again.
+func (cc *Checkpoint) refused(states []ProcState) {
+	if cc.driver == nil {
+		return
+	}
+	for _, pid := range cc.driver.refused {
 		for i := range states {
-			if states[i].PID == ve.PID && states[i].Recover != "" {
+			if states[i].PID == pid && states[i].Recover != "" {
 				states[i].Recover += " (the driver refused this restore once, CUDA_ERROR_NOT_SUPPORTED: if it does again, stopping the process is all that is left)"
 			}
 		}
 	}
-}
-
-// driverErrors are the driver's failures in err, joined ones included.
-func driverErrors(err error) []*cudadriver.Error {
-	switch e := err.(type) {
-	case nil:
-		return nil
-	case *cudadriver.Error:
-		return []*cudadriver.Error{e}
-	case interface{ Unwrap() []error }:
-		var out []*cudadriver.Error
-		for _, x := range e.Unwrap() {
-			out = append(out, driverErrors(x)...)
-		}
-		return out
-	}
-	return driverErrors(errors.Unwrap(err))
-}
-
-// lockFailed explains a lock that failed inside cudadriver.Suspend, which locks
-// the tree all or nothing: the processes locked before it were unlocked at
-// once (failed then checks that they run).
-func lockFailed(err error, pids []int) error {
-	var ve *cudadriver.Error
-	if !errors.As(err, &ve) || ve.Op != "lock" {
-		return err
-	}
-	i := 0
-	for i < len(pids) && pids[i] != ve.PID {
-		i++
-	}
-	hint := ""
-	if ve.Code == cudadriver.ErrorNotReady {
-		hint = " (its GPU work does not drain: a collective that waits for a process locked before it)"
-	}
-	if i == 0 || i == len(pids) {
-		return fmt.Errorf("locking the tree's CUDA processes %v all or nothing: process %d could not be locked%s: %w", pids, ve.PID, hint, err)
-	}
-	return fmt.Errorf("locking the tree's CUDA processes %v all or nothing: process %d could not be locked%s, so process %s, locked before it, is unlocked at once: %w",
-		pids, ve.PID, hint, joinInts(pids[:i]), err)
-}
-
-// faultyCheckpoint fails the driver's checkpoint step before it reaches
-// the driver (GPUCR_TEST_FAULT=gpu-checkpoint): the GPU machine's fault
-// round locks a real tree and sees it unlocked again, without the
-// checkpoint that the driver could not undo for an NCCL rank.
-type faultyCheckpoint struct{ cudadriver.Driver }
-
-func (faultyCheckpoint) Checkpoint(pid int) error {
-	return fmt.Errorf("cuda checkpoint of pid %d: injected failure (GPUCR_TEST_FAULT=gpu-checkpoint)", pid)
 }

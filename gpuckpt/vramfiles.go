@@ -1,13 +1,14 @@
 package gpuckpt
 
-// The GPU fast path around the CUDA policy of cuda.go (vram/producer.go has
-// the mechanism, docs/PRODUCERS.md section 3 the order and why). Processes
+// The GPU fast path around the CUDA policy of cuda.go (its steps are
+// suspend.go's table, their mechanisms package vram's; docs/PRODUCERS.md
+// section 3 has the order and why). Processes
 // started with `gpucr-stream run` (libgpucr-preload) move their device
 // memory into the capture themselves and release it before the driver's
 // checkpoint, which then finds little to copy; a restore puts it back after
 // the driver's restore. A copy is kept until the commit: any failure after
 // the release maps the memory back and refills it before the program runs
-// again (Checkpoint.Undo and Resume call fastUndo). Processes without
+// again (the undo of its steps, suspend.go). Processes without
 // the library keep the driver-only path, unchanged.
 
 import (
@@ -85,19 +86,12 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return keep.Path, keep.File(), nil
 	}
 	start := time.Now()
-	var err error
-	cc.fast, err = vram.FastSuspend(ctx, cc.pids, putInto(c), vram.FastOptions{Dir: preloadctl.PreloadDir(), Files: f.Files, NewKeep: newKeep})
+	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep})
 	var phases []Phase
 	if cc.fast != nil {
-		t := cc.fast.Timings
-		phases = []Phase{{"vram stage (process running)", t.Stage.Seconds()}, {"vram park", t.Park.Seconds()},
-			{"vram zero scan", t.Scan.Seconds()}, {"vram copy out", t.CopyOut.Seconds()}, {"vram release", t.Release.Seconds()}}
-		phases = append(phases, copyPhases("copy out", t.Copy)...)
-		phases = append(phases, perProcess("copy out", cc.fast.Procs(), meta.GPUs)...)
+		phases = cc.fastPhases(meta.GPUs)
 	}
 	if err != nil {
-		cc.keepDir.Remove()
-		cc.keepDir = nil
 		return phases, err
 	}
 	cc.recordPaths(meta)
@@ -176,7 +170,7 @@ func (cc *Checkpoint) PrecopyVRAM(ctx context.Context, f FastPath, c *streamer.C
 		return 0, "", fmt.Errorf("pre-copy of device memory: %w", err)
 	}
 	defer dir.Remove()
-	n, err = vram.Peek(ctx, preloadctl.PreloadDir(), dir.File(), cc.pids, f.Files, putInto(c))
+	n, err = vram.Peek(ctx, preloadctl.Dir(), dir.File(), cc.pids, f.Files, putInto(c))
 	return n, "", err
 }
 
@@ -198,7 +192,7 @@ func (cc *Checkpoint) FastStorePhases() []Phase {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
-	return []Phase{{"vram store (beside the dump)", cc.fast.Timings.Store.Seconds()}}
+	return []Phase{{"vram store (beside the dump)", cc.fast.StoreTime().Seconds()}}
 }
 
 // FastCarried says whether a checkpoint into dest can carry the fast
@@ -225,20 +219,20 @@ var errNotPreloaded = errors.New("a process runs without the fast-path library")
 // it is taken (and CheckUndoable, before it lets an NCCL tree through):
 // every one runs with the library, which says it can release and recreate
 // all its device memory and is not parked by another checkpoint.
-func fastCheck(ctx context.Context, pids []int) ([]preloadctl.PreloadReport, error) {
+func fastCheck(ctx context.Context, pids []int) ([]preloadctl.Report, error) {
 	for _, pid := range pids {
-		if !preloadctl.HasPreload(pid) {
+		if !preloadctl.Loaded(pid) {
 			return nil, fmt.Errorf("process %d: %w", pid, errNotPreloaded)
 		}
 	}
-	return vram.FastCheck(ctx, preloadctl.PreloadDir(), pids)
+	return vram.FastCheck(ctx, preloadctl.Dir(), pids)
 }
 
 // fastPossible says whether the fast path can be taken: f allows it, the
 // destination carries the files, and every process has the library loaded
 // and says it can: reps are the libraries' reports, need the device memory
 // it would move.
-func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (reps []preloadctl.PreloadReport, need int64, ok bool) {
+func (cc *Checkpoint) fastPossible(ctx context.Context, f FastPath, carried bool, log func(string)) (reps []preloadctl.Report, need int64, ok bool) {
 	if f.Mode == FastPathOff || !carried {
 		return nil, 0, false
 	}
@@ -273,26 +267,13 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 	}
 }
 
-// fastUndo refills what FastSuspend released (after the driver's state is
-// back), for a failed dump or LeaveRunning. It takes no context: the undo
-// runs even when the checkpoint was cancelled.
-func (cc *Checkpoint) fastUndo() error {
-	if cc == nil || cc.fast == nil {
-		return nil
-	}
-	err := cc.fast.Undo(context.Background())
-	if rerr := cc.keepDir.Remove(); rerr != nil {
-		err = errors.Join(err, rerr)
-	}
-	return err
-}
-
 // FastCommit drops the kept copy once the checkpoint is committed and the
 // processes are dumped.
 func (cc *Checkpoint) FastCommit() {
 	if cc == nil || cc.fast == nil {
 		return
 	}
+	cc.undo.forget()
 	cc.fast.Commit()
 	cc.keepDir.Remove()
 }
@@ -328,7 +309,7 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, cs, err := vram.FastResume(ctx, preloadctl.PreloadDir(), p.PID, p.Files, get, stage.Take)
+			r, c, cs, err := vram.FastResume(ctx, preloadctl.Dir(), p.PID, p.Files, get, stage.Take)
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, r), max(copyIn, c)
@@ -349,7 +330,7 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 	// refilled (vram/shared.go).
 	if len(errs) == 0 {
 		t := time.Now()
-		if err := vram.Reimport(ctx, preloadctl.PreloadDir(), pids); err != nil {
+		if err := vram.Reimport(ctx, preloadctl.Dir(), pids); err != nil {
 			errs = append(errs, err)
 		}
 		copyIn += time.Since(t)
@@ -408,7 +389,7 @@ func suspendTo(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStep
 	if o.FastPath.Mode == FastPathOff {
 		return nil, errdefs.Usagef("gpu suspend --to needs the fast path (--fast-path auto)")
 	}
-	if _, err := vram.FastCheck(ctx, preloadctl.PreloadDir(), pids); err != nil {
+	if _, err := vram.FastCheck(ctx, preloadctl.Dir(), pids); err != nil {
 		return nil, fmt.Errorf("gpu suspend --to: %w", err)
 	}
 	c, _, err := location.StartCapture(ctx, o.To, o.Open)
@@ -472,7 +453,7 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 		return nil, err
 	}
 	defer stage.Close()
-	_, t, err := cudadriver.ResumeRestored(drv, pids, o.Pairs)
+	_, t, err := resumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)
 	if err != nil {
 		return phases, err

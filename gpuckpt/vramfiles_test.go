@@ -69,7 +69,7 @@ func TestGPUStepFastPathRefusals(t *testing.T) {
 		{"suspend --from", GPUStepOptions{Action: "suspend", From: ar}, true, nil},
 		{"resume --to", GPUStepOptions{Action: "resume", To: ar}, true, nil},
 		{"suspend --to, fast path off", GPUStepOptions{Action: "suspend", To: ar, FastPath: FastPath{Mode: FastPathOff}}, true, nil},
-		{"suspend --to, no library", GPUStepOptions{Action: "suspend", To: ar}, false, preloadctl.ErrNoPreload},
+		{"suspend --to, no library", GPUStepOptions{Action: "suspend", To: ar}, false, preloadctl.ErrNotLoaded},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,7 +159,7 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
 		t.Fatalf("FastRestore of another process: %v", err)
 	}
-	if errors.Is(err, preloadctl.ErrNoPreload) {
+	if errors.Is(err, preloadctl.ErrNotLoaded) {
 		t.Fatalf("FastRestore dialled process 4242: %v", err)
 	}
 }

@@ -23,7 +23,7 @@ func fakeLibrary(t *testing.T, answer func(c net.Conn)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("unix", PreloadSocket(dir, os.Getpid()))
+	ln, err := net.Listen("unix", Socket(dir, os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,9 +77,9 @@ func TestPreloadHostileAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		answer func(net.Conn)
-		check  func(t *testing.T, p *Preload, r PreloadReport, err error)
+		check  func(t *testing.T, p *Conn, r Report, err error)
 	}{
-		{"endless line", endless, func(t *testing.T, p *Preload, _ PreloadReport, err error) {
+		{"endless line", endless, func(t *testing.T, p *Conn, _ Report, err error) {
 			if !errors.Is(err, ErrBadAnswer) || !strings.Contains(err.Error(), "longer than 16384 bytes") {
 				t.Fatalf("%v, want ErrBadAnswer saying how long an answer may be", err)
 			}
@@ -87,14 +87,14 @@ func TestPreloadHostileAnswers(t *testing.T) {
 				t.Fatal("the connection is not marked out of step")
 			}
 		}},
-		{"escapes in an error", func(c net.Conn) { c.Write([]byte("err \x1b]0;pwned\x07 boom\r\n")) }, func(t *testing.T, _ *Preload, _ PreloadReport, err error) {
+		{"escapes in an error", func(c net.Conn) { c.Write([]byte("err \x1b]0;pwned\x07 boom\r\n")) }, func(t *testing.T, _ *Conn, _ Report, err error) {
 			if err == nil || strings.ContainsAny(err.Error(), "\x1b\x07\r") || !strings.Contains(err.Error(), `\x1b]0;pwned\a boom\r`) {
 				t.Fatalf("%q, want the message with its control characters escaped", err)
 			}
 		}},
 		{"escapes in a report", func(c net.Conn) {
 			c.Write([]byte(`ok {"pid":1,"reason":"\u001b[2J\u202eno","kept":["/k\u0007"]}` + "\n"))
-		}, func(t *testing.T, _ *Preload, r PreloadReport, err error) {
+		}, func(t *testing.T, _ *Conn, r Report, err error) {
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func TestPreloadHostileAnswers(t *testing.T) {
 				t.Fatalf("reason %q, kept %q: want them escaped", r.Reason, r.Kept)
 			}
 		}},
-		{"not the protocol", func(c net.Conn) { c.Write([]byte("SSH-2.0-x\n")) }, func(t *testing.T, _ *Preload, _ PreloadReport, err error) {
+		{"not the protocol", func(c net.Conn) { c.Write([]byte("SSH-2.0-x\n")) }, func(t *testing.T, _ *Conn, _ Report, err error) {
 			if !errors.Is(err, ErrBadAnswer) {
 				t.Fatalf("%v, want ErrBadAnswer", err)
 			}
@@ -112,7 +112,7 @@ func TestPreloadHostileAnswers(t *testing.T) {
 			dir := fakeLibrary(t, tc.answer)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			p, err := DialPreload(ctx, dir, os.Getpid())
+			p, err := Dial(ctx, dir, os.Getpid())
 			if err != nil {
 				t.Fatal(err)
 			}

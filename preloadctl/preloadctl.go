@@ -3,7 +3,8 @@
 // the fast path: finding a process's control socket and checking that the
 // process itself listens there, the commands and their answers, and
 // starting a program with the library (gpucr-stream run). What the
-// commands are for, in which order, is package vram's.
+// commands are for is package vram's; in which order they run and what
+// undoes them, package gpuckpt's.
 package preloadctl
 
 import (
@@ -39,29 +40,29 @@ import (
 // gpucr-stream to 4.1 GB).
 const maxAnswer = 16 << 10
 
-// PreloadLibrary is the file name of the library.
-const PreloadLibrary = "libgpucr-preload.so"
+// Library is the file name of the library.
+const Library = "libgpucr-preload.so"
 
 // ErrBadAnswer says the control socket answered something that is not
 // the library's protocol.
 var ErrBadAnswer = errors.New("not an answer of the library")
 
-// ErrNoPreload says a process does not have the library loaded (or its
+// ErrNotLoaded says a process does not have the library loaded (or its
 // control socket is not there): it takes the driver-only path.
-var ErrNoPreload = errors.New("the fast-path library is not loaded in the process")
+var ErrNotLoaded = errors.New("the fast-path library is not loaded in the process")
 
-// PreloadDir is the directory of the control sockets: GPUCR_PRELOAD_DIR,
+// Dir is the directory of the control sockets: GPUCR_PRELOAD_DIR,
 // else /run/gpucr-stream (the library uses the same rule).
-func PreloadDir() string {
+func Dir() string {
 	if d := os.Getenv("GPUCR_PRELOAD_DIR"); d != "" {
 		return d
 	}
 	return "/run/gpucr-stream"
 }
 
-// PreloadSocket is the control socket of pid in dir, as the process
+// Socket is the control socket of pid in dir, as the process
 // names it: by its pid in its own namespace (nsPID).
-func PreloadSocket(dir string, pid int) string {
+func Socket(dir string, pid int) string {
 	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".sock")
 }
 
@@ -70,7 +71,7 @@ func PreloadSocket(dir string, pid int) string {
 // process sees it (through /proc/PID/root when its mount namespace is
 // not ours).
 func socketOf(dir string, pid int) string {
-	name := PreloadSocket(dir, nsPID(pid))
+	name := Socket(dir, nsPID(pid))
 	self, err1 := os.Readlink(filepath.Join(proc.Root, "self", "ns", "mnt"))
 	its, err2 := os.Readlink(filepath.Join(proc.Root, strconv.Itoa(pid), "ns", "mnt"))
 	if err1 == nil && err2 == nil && self != its {
@@ -143,14 +144,14 @@ func checkPeer(c *net.UnixConn, pid int, path string) error {
 	return nil
 }
 
-// HasPreload says whether pid maps the library.
-func HasPreload(pid int) bool {
+// Loaded says whether pid maps the library.
+func Loaded(pid int) bool {
 	b, err := os.ReadFile(filepath.Join(proc.Root, strconv.Itoa(pid), "maps"))
-	return err == nil && strings.Contains(string(b), PreloadLibrary)
+	return err == nil && strings.Contains(string(b), Library)
 }
 
-// PreloadReport is what the library says of its process.
-type PreloadReport struct {
+// Report is what the library says of its process.
+type Report struct {
 	PID int `json:"pid"`
 	// Capable: every device allocation can be released and recreated.
 	Capable bool `json:"capable"`
@@ -187,8 +188,8 @@ type PreloadReport struct {
 	CacheRanges int   `json:"cache_ranges"`
 }
 
-// Preload is a connection to one process's library.
-type Preload struct {
+// Conn is a connection to one process's library.
+type Conn struct {
 	PID  int
 	conn *net.UnixConn
 	rd   *bufio.Reader
@@ -197,15 +198,15 @@ type Preload struct {
 	broken bool
 }
 
-// DialPreload connects to the library of pid through its socket in dir,
+// Dial connects to the library of pid through its socket in dir,
 // and checks that pid itself listens there.
-func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
+func Dial(ctx context.Context, dir string, pid int) (*Conn, error) {
 	path := socketOf(dir, pid)
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("process %d: %w (%v)", pid, ErrNoPreload, err)
+			return nil, fmt.Errorf("process %d: %w (%v)", pid, ErrNotLoaded, err)
 		}
 		return nil, fmt.Errorf("process %d: connect to %s: %w", pid, path, err)
 	}
@@ -214,18 +215,18 @@ func DialPreload(ctx context.Context, dir string, pid int) (*Preload, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &Preload{PID: pid, conn: conn, rd: bufio.NewReaderSize(conn, maxAnswer)}, nil
+	return &Conn{PID: pid, conn: conn, rd: bufio.NewReaderSize(conn, maxAnswer)}, nil
 }
 
 // Close ends the connection; the library's state stays.
-func (p *Preload) Close() error { return p.conn.Close() }
+func (p *Conn) Close() error { return p.conn.Close() }
 
 // Broken says that a command got no answer: the connection is out of step,
 // good only to be closed.
-func (p *Preload) Broken() bool { return p.broken }
+func (p *Conn) Broken() bool { return p.broken }
 
 // do sends one command (with fds) and returns the JSON of its answer.
-func (p *Preload) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, error) {
+func (p *Conn) do(ctx context.Context, cmd string, fds []*os.File) ([]byte, error) {
 	stop := context.AfterFunc(ctx, func() { p.conn.SetDeadline(time.Now()) })
 	defer stop()
 	var oob []byte
@@ -271,8 +272,8 @@ func ctxErr(ctx context.Context, err error) error {
 }
 
 // Report asks for the library's bookkeeping.
-func (p *Preload) Report(ctx context.Context) (PreloadReport, error) {
-	var r PreloadReport
+func (p *Conn) Report(ctx context.Context) (Report, error) {
+	var r Report
 	js, err := p.do(ctx, "report", nil)
 	if err != nil {
 		return r, err
@@ -290,7 +291,7 @@ func (p *Preload) Report(ctx context.Context) (PreloadReport, error) {
 
 // Park closes the gate (no new CUDA work starts), waits up to timeout for
 // calls in flight to leave it, and synchronizes the program's contexts.
-func (p *Preload) Park(ctx context.Context, timeout time.Duration) error {
+func (p *Conn) Park(ctx context.Context, timeout time.Duration) error {
 	_, err := p.do(ctx, "park "+strconv.FormatInt(max(timeout.Milliseconds(), 1), 10), nil)
 	return err
 }
@@ -300,23 +301,23 @@ func (p *Preload) Park(ctx context.Context, timeout time.Duration) error {
 // collective barrier (preload/gate.c) that brings the ranks of a job to
 // one collective boundary before they are parked. Unpark, CollectivesRelease
 // and the end of this connection (while not parked) let them go.
-func (p *Preload) CollectivesHold(ctx context.Context) (int64, error) {
+func (p *Conn) CollectivesHold(ctx context.Context) (int64, error) {
 	return p.collectives(ctx, "collhold")
 }
 
 // CollectivesUntil lets the process launch collectives until it has
 // launched n, waiting up to timeout for that, and holds it there.
-func (p *Preload) CollectivesUntil(ctx context.Context, n int64, timeout time.Duration) (int64, error) {
+func (p *Conn) CollectivesUntil(ctx context.Context, n int64, timeout time.Duration) (int64, error) {
 	return p.collectives(ctx, fmt.Sprintf("colluntil %d %d", n, max(timeout.Milliseconds(), 1)))
 }
 
 // CollectivesRelease lets held collective launches go.
-func (p *Preload) CollectivesRelease(ctx context.Context) error {
+func (p *Conn) CollectivesRelease(ctx context.Context) error {
 	_, err := p.do(ctx, "collrelease", nil)
 	return err
 }
 
-func (p *Preload) collectives(ctx context.Context, cmd string) (int64, error) {
+func (p *Conn) collectives(ctx context.Context, cmd string) (int64, error) {
 	b, err := p.do(ctx, cmd, nil)
 	if err != nil {
 		return 0, err
@@ -371,7 +372,7 @@ func (s Shared) Pending() bool {
 }
 
 // Shared asks what the process shares.
-func (p *Preload) Shared(ctx context.Context) (Shared, error) {
+func (p *Conn) Shared(ctx context.Context) (Shared, error) {
 	var s Shared
 	js, err := p.do(ctx, "shared", nil)
 	if err != nil {
@@ -385,7 +386,7 @@ func (p *Preload) Shared(ctx context.Context) (Shared, error) {
 
 // Source records that imported handle record h came from handle record
 // srcH of process pid (kept in the process: it survives CRIU).
-func (p *Preload) Source(ctx context.Context, h, pid, srcH int) error {
+func (p *Conn) Source(ctx context.Context, h, pid, srcH int) error {
 	_, err := p.do(ctx, fmt.Sprintf("source %d %d %d", h, pid, srcH), nil)
 	return err
 }
@@ -393,7 +394,7 @@ func (p *Preload) Source(ctx context.Context, h, pid, srcH int) error {
 // Export has the library export handle record h (mapped again after a
 // remap) and returns the descriptor's number in the process, open until
 // the next command on this connection: take it with pidfd_getfd first.
-func (p *Preload) Export(ctx context.Context, h int) (int, error) {
+func (p *Conn) Export(ctx context.Context, h int) (int, error) {
 	js, err := p.do(ctx, "export "+strconv.Itoa(h), nil)
 	if err != nil {
 		return -1, err
@@ -409,20 +410,20 @@ func (p *Preload) Export(ctx context.Context, h int) (int, error) {
 
 // Import has the library import f (an exporter's handle) as imported
 // handle record h and map it where h was mapped.
-func (p *Preload) Import(ctx context.Context, h int, f *os.File) error {
+func (p *Conn) Import(ctx context.Context, h int, f *os.File) error {
 	_, err := p.do(ctx, "import "+strconv.Itoa(h), []*os.File{f})
 	return err
 }
 
 // Unpark lets the program run again (refused while memory is released).
-func (p *Preload) Unpark(ctx context.Context) error {
+func (p *Conn) Unpark(ctx context.Context) error {
 	_, err := p.do(ctx, "unpark", nil)
 	return err
 }
 
 // Release unmaps and frees every device allocation, keeping what it takes
 // to recreate them at the same addresses.
-func (p *Preload) Release(ctx context.Context) error {
+func (p *Conn) Release(ctx context.Context) error {
 	_, err := p.do(ctx, "release", nil)
 	return err
 }
@@ -432,7 +433,7 @@ func (p *Preload) Release(ctx context.Context) error {
 // Release): should this connection end without Detach (gpucr-stream
 // died), the library refills from them itself, and removes the files
 // where it may (only those it holds, found in dir).
-func (p *Preload) Keep(ctx context.Context, dir *os.File, files []*os.File) error {
+func (p *Conn) Keep(ctx context.Context, dir *os.File, files []*os.File) error {
 	if len(files) == 0 || len(files) > 64 {
 		return fmt.Errorf("process %d: keep: %d files, want 1..64", p.PID, len(files))
 	}
@@ -443,7 +444,7 @@ func (p *Preload) Keep(ctx context.Context, dir *os.File, files []*os.File) erro
 // Driver says the driver's lock comes next: from now on, should this
 // connection end without Detach, the library makes no CUDA call and waits
 // for Recover (`gpu resume --pid`).
-func (p *Preload) Driver(ctx context.Context) error {
+func (p *Conn) Driver(ctx context.Context) error {
 	_, err := p.do(ctx, "driver", nil)
 	return err
 }
@@ -451,7 +452,7 @@ func (p *Preload) Driver(ctx context.Context) error {
 // Detach lets go of the park before CRIU dumps the process: the library
 // closes the kept copy's descriptors (it keeps their paths for Recover),
 // and the end of this connection is no longer gpucr-stream's death.
-func (p *Preload) Detach(ctx context.Context) error {
+func (p *Conn) Detach(ctx context.Context) error {
 	_, err := p.do(ctx, "detach", nil)
 	return err
 }
@@ -460,7 +461,7 @@ func (p *Preload) Detach(ctx context.Context) error {
 // refills it from files (none: the kept copy the library knows) with the
 // checks of CopyIn, and unparks it. A process that is not parked is left
 // alone. On failure it stays parked.
-func (p *Preload) Recover(ctx context.Context, files []*os.File) error {
+func (p *Conn) Recover(ctx context.Context, files []*os.File) error {
 	if len(files) > 64 {
 		return fmt.Errorf("process %d: recover: %d files, want at most 64", p.PID, len(files))
 	}
@@ -468,15 +469,15 @@ func (p *Preload) Recover(ctx context.Context, files []*os.File) error {
 	return err
 }
 
-// PreloadStatusFile is where the library of pid (its own pid) says what
+// StatusFile is where the library of pid (its own pid) says what
 // it did on its own after gpucr-stream went away (next to its socket in
 // dir).
-func PreloadStatusFile(dir string, pid int) string {
+func StatusFile(dir string, pid int) string {
 	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".status")
 }
 
 // Remap recreates and maps what Release freed (contents undefined).
-func (p *Preload) Remap(ctx context.Context) error {
+func (p *Conn) Remap(ctx context.Context) error {
 	_, err := p.do(ctx, "remap", nil)
 	return err
 }
@@ -486,7 +487,7 @@ func (p *Preload) Remap(ctx context.Context) error {
 // out after Park starts at once. What no copy takes is freed at Unpark or
 // when the connection ends. A library that stages nothing (no context yet,
 // or GPUCR_PRELOAD_STAGE=0) answers ok too; its workers allocate their own.
-func (p *Preload) Stage(ctx context.Context, workers int) error {
+func (p *Conn) Stage(ctx context.Context, workers int) error {
 	_, err := p.do(ctx, "stage "+strconv.Itoa(workers), nil)
 	return err
 }
@@ -510,7 +511,7 @@ type ZeroScan struct {
 
 // Scan has the parked process's library find its zero blocks on the
 // device, for the copy out that follows: what that copy will hold.
-func (p *Preload) Scan(ctx context.Context) (ZeroScan, error) {
+func (p *Conn) Scan(ctx context.Context) (ZeroScan, error) {
 	var w ZeroScan
 	js, err := p.do(ctx, "scan", nil)
 	if err != nil {
@@ -543,23 +544,23 @@ type CopyStats struct {
 // CopyOut writes every live mapping into the files (one copy thread each,
 // the format of docs/PRODUCERS.md "VRAM files"); the library closes its
 // copies of them when done.
-func (p *Preload) CopyOut(ctx context.Context, files []*os.File) (CopyStats, error) {
+func (p *Conn) CopyOut(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "copyout", files)
 }
 
 // Peek is CopyOut while the program runs (a migration's pre-copy): a
 // hint of the memory, torn where the program writes meanwhile; memory
 // unmapped meanwhile is left as zeros.
-func (p *Preload) Peek(ctx context.Context, files []*os.File) (CopyStats, error) {
+func (p *Conn) Peek(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "peek", files)
 }
 
 // CopyIn reads files in that format and writes their ranges back.
-func (p *Preload) CopyIn(ctx context.Context, files []*os.File) (CopyStats, error) {
+func (p *Conn) CopyIn(ctx context.Context, files []*os.File) (CopyStats, error) {
 	return p.copy(ctx, "copyin", files)
 }
 
-func (p *Preload) copy(ctx context.Context, cmd string, files []*os.File) (CopyStats, error) {
+func (p *Conn) copy(ctx context.Context, cmd string, files []*os.File) (CopyStats, error) {
 	if len(files) == 0 || len(files) > 64 {
 		return CopyStats{}, fmt.Errorf("process %d: %s: %d files, want 1..64", p.PID, cmd, len(files))
 	}
@@ -618,7 +619,7 @@ type DevHash struct {
 
 // DevHash hashes the parked process's device memory on the device, in
 // blocks of block bytes under key; check hashes it on the host too.
-func (p *Preload) DevHash(ctx context.Context, block int64, key uint64, check bool) (DevHash, error) {
+func (p *Conn) DevHash(ctx context.Context, block int64, key uint64, check bool) (DevHash, error) {
 	cmd := fmt.Sprintf("devhash %d %#x", block, key)
 	if check {
 		cmd += " check"
@@ -637,19 +638,19 @@ func (p *Preload) DevHash(ctx context.Context, block int64, key uint64, check bo
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// FindPreload finds the library: next to the running binary (where make
+// FindLibrary finds the library: next to the running binary (where make
 // build puts it), else in PREFIX/lib/gpucr-stream beside the binary's
 // PREFIX/bin (where make install puts it, whatever PREFIX), else the
 // default install dir.
-func FindPreload() (string, error) {
+func FindLibrary() (string, error) {
 	var tried []string
 	if exe, err := os.Executable(); err == nil {
 		if exe, err = filepath.EvalSymlinks(exe); err == nil {
 			bin := filepath.Dir(exe)
-			tried = append(tried, filepath.Join(bin, PreloadLibrary), filepath.Join(bin, "..", "lib", "gpucr-stream", PreloadLibrary))
+			tried = append(tried, filepath.Join(bin, Library), filepath.Join(bin, "..", "lib", "gpucr-stream", Library))
 		}
 	}
-	if def := filepath.Join("/usr/local/lib/gpucr-stream", PreloadLibrary); !slices.Contains(tried, def) {
+	if def := filepath.Join("/usr/local/lib/gpucr-stream", Library); !slices.Contains(tried, def) {
 		tried = append(tried, def)
 	}
 	for _, p := range tried {
@@ -657,12 +658,12 @@ func FindPreload() (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%s not found (looked at %s; make build puts it next to the binary)", PreloadLibrary, strings.Join(tried, ", "))
+	return "", fmt.Errorf("%s not found (looked at %s; make build puts it next to the binary)", Library, strings.Join(tried, ", "))
 }
 
-// PreloadEnv returns env with lib first in LD_PRELOAD, ahead of what was
+// Env returns env with lib first in LD_PRELOAD, ahead of what was
 // there; env itself is left alone.
-func PreloadEnv(env []string, lib string) []string {
+func Env(env []string, lib string) []string {
 	out := make([]string, 0, len(env)+1)
 	pre := lib
 	found := false
@@ -679,14 +680,14 @@ func PreloadEnv(env []string, lib string) []string {
 	return append(out, "LD_PRELOAD="+pre)
 }
 
-// ExecPreloaded replaces this process with args (a program, found on PATH
+// Exec replaces this process with args (a program, found on PATH
 // unless it names a path, and its arguments) run with the library
 // preloaded: `gpucr-stream run`. It returns only on failure.
-func ExecPreloaded(args []string) error {
+func Exec(args []string) error {
 	if len(args) == 0 {
 		return errors.New("run: no program")
 	}
-	lib, err := FindPreload()
+	lib, err := FindLibrary()
 	if err != nil {
 		return err
 	}
@@ -696,7 +697,7 @@ func ExecPreloaded(args []string) error {
 			return err
 		}
 	}
-	if err := syscall.Exec(prog, args, PreloadEnv(os.Environ(), lib)); err != nil {
+	if err := syscall.Exec(prog, args, Env(os.Environ(), lib)); err != nil {
 		return fmt.Errorf("run %s: %w", prog, err)
 	}
 	return nil

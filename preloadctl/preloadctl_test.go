@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// TestPreloadEnv: the library goes first in LD_PRELOAD, ahead of what the
+// TestEnv: the library goes first in LD_PRELOAD, ahead of what the
 // caller preloads, and nothing else of the environment changes.
-func TestPreloadEnv(t *testing.T) {
+func TestEnv(t *testing.T) {
 	const lib = "/x/libgpucr-preload.so"
 	tests := []struct {
 		name string
@@ -24,11 +24,11 @@ func TestPreloadEnv(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := slices.Clone(tc.env)
-			if got := PreloadEnv(tc.env, lib); !slices.Equal(got, tc.want) {
-				t.Fatalf("PreloadEnv(%q) = %q, want %q", tc.env, got, tc.want)
+			if got := Env(tc.env, lib); !slices.Equal(got, tc.want) {
+				t.Fatalf("Env(%q) = %q, want %q", tc.env, got, tc.want)
 			}
 			if !slices.Equal(in, tc.env) {
-				t.Fatalf("PreloadEnv changed its input: %q", tc.env)
+				t.Fatalf("Env changed its input: %q", tc.env)
 			}
 		})
 	}

@@ -76,7 +76,7 @@ func HashDevice(ctx context.Context, sockDir string, pid int, o HashOptions) (r 
 	if o.ParkTimeout <= 0 {
 		o.ParkTimeout = 10 * time.Second
 	}
-	p, err := preloadctl.DialPreload(ctx, sockDir, pid)
+	p, err := preloadctl.Dial(ctx, sockDir, pid)
 	if err != nil {
 		return r, fmt.Errorf("hash the device memory of %d: %w", pid, err)
 	}

@@ -259,11 +259,11 @@ func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, e
 }
 
 func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
-	if !preloadctl.HasPreload(pid) {
+	if !preloadctl.Loaded(pid) {
 		return false, nil
 	}
-	p, err := preloadctl.DialPreload(ctx, dir, pid)
-	if errors.Is(err, preloadctl.ErrNoPreload) {
+	p, err := preloadctl.Dial(ctx, dir, pid)
+	if errors.Is(err, preloadctl.ErrNotLoaded) {
 		return false, nil
 	}
 	if err != nil {

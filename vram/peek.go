@@ -41,7 +41,7 @@ func Peek(ctx context.Context, sockDir string, dir *os.File, pids []int, files i
 }
 
 func peekOne(ctx context.Context, sockDir string, dir *os.File, pid, files int, put PutFunc) (int64, error) {
-	p, err := preloadctl.DialPreload(ctx, sockDir, pid)
+	p, err := preloadctl.Dial(ctx, sockDir, pid)
 	if err != nil {
 		return 0, err
 	}

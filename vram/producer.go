@@ -1,9 +1,15 @@
-// Package vram is the GPU fast path's producer: the device memory of CUDA
-// processes that run with libgpucr-preload leaves the device as VRAM files
-// (a kept copy, stored into the checkpoint) and comes back from them, with
-// the undo and the recovery after gpucr-stream's death (producer.go,
-// kept.go). The driver's API is package cudadriver; the library's control
-// protocol, package preloadctl.
+// Package vram is the GPU fast path's producer: the mechanisms by which
+// the device memory of CUDA processes that run with libgpucr-preload
+// leaves the device as VRAM files and comes back from them. It owns the
+// steps of a copy out, each for every process of a tree and each with its
+// inverse (FastSuspension: park, zero scan, the kept copy, copy out,
+// release, the store, refill; producer.go, written.go, room.go, store.go,
+// shared.go), the restore (resume.go), the record of a kept copy and the
+// recovery after gpucr-stream's death (kept.go), the files' format
+// (format.go), the pre-copy (peek.go) and device hashing (devhash.go). In
+// which order the steps run and what is undone when is package gpuckpt's;
+// the driver's API is package cudadriver; the library's control protocol,
+// package preloadctl.
 package vram
 
 import (
@@ -15,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/fsat"
@@ -27,12 +32,12 @@ import (
 // memory moves through the pipeline as producer files at pinned-copy speed
 // and is released before the driver's checkpoint, which then only keeps
 // the control state. Order (and why) in preload/control.c, gate.c and
-// docs/PRODUCERS.md section 3:
+// docs/PRODUCERS.md section 3; gpuckpt/suspend.go runs the steps:
 //
-//	checkpoint: park every process -> copy out (the library writes the
-//	            kept copy, KeepDir) -> keep -> release -> store starts
-//	            -> (caller) driver lock + checkpoint -> CRIU dump
-//	            -> (caller) Wait for the store -> commit
+//	checkpoint: park every process -> zero scan -> room -> copy out (the
+//	            library writes the kept copy, KeepDir) -> keep -> release
+//	            -> store starts -> (caller) driver lock + checkpoint
+//	            -> CRIU dump -> (caller) Wait for the store -> commit
 //	restore:    (caller) CRIU restore -> driver restore + unlock -> remap ->
 //	            copy in -> unpark
 //
@@ -44,7 +49,7 @@ import (
 // the caller waits for it (Wait) before it commits. The kept copy stays
 // until the commit: a failure after the release (also of the store) maps
 // the memory back and refills it from that copy before the program runs
-// again.
+// again (Refill).
 //
 // gpucr-stream may die (SIGKILL) in the middle, also while the store runs.
 // The connections that parked the processes stay open until Detach, right
@@ -68,9 +73,9 @@ type GetFunc func(ctx context.Context, name string, w io.Writer) error
 // it).
 type StagedFunc func(ctx context.Context, name string) (*os.File, error)
 
-// FastOptions configures FastSuspend.
+// FastOptions configures a FastSuspension.
 type FastOptions struct {
-	// Dir holds the control sockets (preloadctl.PreloadDir()).
+	// Dir holds the control sockets (preloadctl.Dir()).
 	Dir string
 	// Files per process: copy threads in the library, files in the
 	// checkpoint (default DefaultFiles).
@@ -111,38 +116,30 @@ type FastProc struct {
 	Copy preloadctl.CopyStats
 }
 
-// FastTimings are the fast path's steps: park, release and refill summed
-// over the processes, copy out (all processes at once) and store as the
-// time they took. Store runs beside the driver's checkpoint and CRIU's
-// dump (set by Wait).
-type FastTimings struct {
-	// Stage is the staging of the copy threads' pinned buffers, before
-	// the park (the processes still run); Scan, the zero scans (parked).
-	Stage, Scan                           time.Duration
-	Park, CopyOut, Release, Store, Refill time.Duration
-	// Copy is the copy out of the process that took longest.
-	Copy preloadctl.CopyStats
-}
-
 type fastProc struct {
 	FastProc
-	p                *preloadctl.Preload
+	p                *preloadctl.Conn
 	parked, released bool
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
 	ids []fsat.ID
-	// need is what its kept files will take (scanWritten).
+	// need is what its kept files will take (Scan).
 	need int64
 }
 
-// FastSuspension is the state of the processes FastSuspend moved out.
+// FastSuspension is the processes of a tree whose device memory the fast
+// path moves out, and what each step did to them. Its exported methods
+// that take a context and return an error are the steps and their
+// inverses, each for every process at once or in turn; every step records
+// what it did, so that its inverse reverts exactly that. They run in the
+// order of gpuckpt's table (gpuckpt/suspend.go).
 type FastSuspension struct {
 	opts FastOptions
+	pids []int
+	put  PutFunc
 	// keepDir is KeepDir, held open.
 	keepDir *os.File
 	procs   []*fastProc
-	Timings FastTimings
-	done    bool
 	// The store after the release; stopStore cancels it, storeDone closes
 	// once every goroutine of it has returned (storeErr, storeDur set).
 	stopStore func(error)
@@ -151,12 +148,30 @@ type FastSuspension struct {
 	storeDur  time.Duration
 }
 
+// NewFastSuspension is the fast path for the processes pids (none touched
+// yet), storing their VRAM files with put.
+func NewFastSuspension(pids []int, put PutFunc, o FastOptions) (*FastSuspension, error) {
+	if o.Files <= 0 {
+		o.Files = DefaultFiles
+	}
+	if o.ParkTimeout <= 0 {
+		o.ParkTimeout = 10 * time.Second
+	}
+	if o.KeepDir == "" && o.NewKeep == nil {
+		return nil, errors.New("fast path: no directory for the copy kept until the commit")
+	}
+	if o.Records == "" {
+		o.Records = DefaultRecords()
+	}
+	return &FastSuspension{opts: o, pids: pids, put: put}, nil
+}
+
 // FastCheck reports on the library of every pid; it returns an error
 // unless all of them have it loaded and can take the fast path.
-func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.PreloadReport, error) {
-	var reps []preloadctl.PreloadReport
+func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.Report, error) {
+	var reps []preloadctl.Report
 	for _, pid := range pids {
-		p, err := preloadctl.DialPreload(ctx, dir, pid)
+		p, err := preloadctl.Dial(ctx, dir, pid)
 		if err != nil {
 			return reps, err
 		}
@@ -176,13 +191,75 @@ func FastCheck(ctx context.Context, dir string, pids []int) ([]preloadctl.Preloa
 	return reps, nil
 }
 
-// collectiveBarrier brings the processes of a tree to one collective
+// OpenKeep opens the kept copy's directory where FastOptions name one
+// (else Room makes it). Its inverse is RemoveKeep.
+func (s *FastSuspension) OpenKeep(context.Context) error {
+	if s.opts.KeepDir == "" {
+		return nil
+	}
+	return s.openKeep(s.opts.KeepDir, s.opts.Keep)
+}
+
+// RemoveKeep waits for a store still running to end (StopStore cancels
+// it), then removes the kept copy, its records and the directory's
+// descriptor: the inverse of OpenKeep, and of all that Room and CopyOut
+// wrote into it. The refill (Refill) reads the kept copy before.
+func (s *FastSuspension) RemoveKeep(context.Context) error {
+	if s.storeDone != nil {
+		<-s.storeDone
+	}
+	s.removeKeep()
+	return nil
+}
+
+// Dial connects to the library of every process. Its inverse is HangUp.
+func (s *FastSuspension) Dial(ctx context.Context) error {
+	for _, pid := range s.pids {
+		p, err := preloadctl.Dial(ctx, s.opts.Dir, pid)
+		if err != nil {
+			return err
+		}
+		s.procs = append(s.procs, &fastProc{FastProc: FastProc{PID: pid}, p: p})
+	}
+	return nil
+}
+
+// HangUp ends every connection still held; the libraries' state stays.
+// The connections that parked the processes are held until Detach: their
+// end without it tells a library that gpucr-stream is gone (and that is
+// what HangUp does to a library that is parked).
+func (s *FastSuspension) HangUp(context.Context) error {
+	for _, fp := range s.procs {
+		if fp.p != nil {
+			fp.p.Close()
+			fp.p = nil
+		}
+	}
+	return nil
+}
+
+// Stage has every library allocate its copy threads' pinned buffers while
+// the program still runs, all at once (a tree's ranks pinned one after
+// the other took as long again). An optimization only: a library without
+// it, or that could not pin the memory now, allocates in the copy (and
+// fails there if it must), so it never fails. The buffers are freed by
+// the copy, the unpark or the connection's end.
+func (s *FastSuspension) Stage(ctx context.Context) error {
+	var staging sync.WaitGroup
+	for _, fp := range s.procs {
+		staging.Go(func() { _ = fp.p.Stage(ctx, s.opts.Files) })
+	}
+	staging.Wait()
+	return nil
+}
+
+// HoldCollectives brings the processes of a tree to one collective
 // boundary before any is parked (preload/gate.c, "The collective
 // barrier"): each stops its next collective launch, and those that
 // launched fewer than the most launch up to it. A tree without collectives
 // passes at once. Unpark, or the end of the connections on an undo, lets
-// the held launches go.
-func (s *FastSuspension) collectiveBarrier(ctx context.Context) error {
+// the held launches go: it needs no inverse of its own.
+func (s *FastSuspension) HoldCollectives(ctx context.Context) error {
 	if len(s.procs) < 2 {
 		return nil
 	}
@@ -206,83 +283,100 @@ func (s *FastSuspension) collectiveBarrier(ctx context.Context) error {
 	return nil
 }
 
-// FastSuspend parks every process (all before any copy, so that none runs
-// on while another is copied), has each library copy its device memory
-// into KeepDir, hands it the kept copy and releases the memory. Then it
-// starts storing the kept files into put and returns: the device is free,
-// the store runs on until Wait (or Undo, or Commit). On failure it undoes
-// what it did and returns the error joined with any error of the undo.
-func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*FastSuspension, error) {
-	if o.Files <= 0 {
-		o.Files = DefaultFiles
-	}
-	if o.ParkTimeout <= 0 {
-		o.ParkTimeout = 10 * time.Second
-	}
-	if o.KeepDir == "" && o.NewKeep == nil {
-		return nil, errors.New("fast path: no directory for the copy kept until the commit")
-	}
-	if o.Records == "" {
-		o.Records = DefaultRecords()
-	}
-	s := &FastSuspension{opts: o}
-	if o.KeepDir != "" {
-		if err := s.openKeep(o.KeepDir, o.Keep); err != nil {
-			return nil, err
-		}
-	}
-	for _, pid := range pids {
-		p, err := preloadctl.DialPreload(ctx, o.Dir, pid)
-		if err != nil {
-			return s, s.undo(ctx, err)
-		}
-		s.procs = append(s.procs, &fastProc{FastProc: FastProc{PID: pid}, p: p})
-	}
-	// Staging is an optimization only: a library without it, or that
-	// could not pin the memory now, allocates in the copy (and fails
-	// there if it must). Every process stages at once: a tree's ranks
-	// pinned one after the other took as long again.
-	t := time.Now()
-	var staging sync.WaitGroup
+// Park parks every process, all before any copy, so that none runs on
+// while another is copied. Its inverse is Refill.
+func (s *FastSuspension) Park(ctx context.Context) error {
 	for _, fp := range s.procs {
-		staging.Go(func() { _ = fp.p.Stage(ctx, o.Files) })
-	}
-	staging.Wait()
-	s.Timings.Stage = time.Since(t)
-	t = time.Now()
-	err := s.collectiveBarrier(ctx)
-	s.Timings.Park += time.Since(t)
-	if err != nil {
-		return s, s.undo(ctx, err)
-	}
-	for _, fp := range s.procs {
-		t := time.Now()
-		err := fp.p.Park(ctx, o.ParkTimeout)
-		s.Timings.Park += time.Since(t)
-		if err != nil {
-			return s, s.undo(ctx, err)
+		if err := fp.p.Park(ctx, s.opts.ParkTimeout); err != nil {
+			return err
 		}
 		fp.parked = true
 	}
-	if err := s.matchShared(ctx); err != nil {
-		return s, s.undo(ctx, err)
+	return nil
+}
+
+// Refill brings every process back as it was, the last first: what was
+// released is mapped again and refilled from the kept copy, then the
+// process is unparked (a refill that fails leaves it parked: it never runs
+// without its memory). Then the connections end, and the memory the
+// processes import from each other is mapped again, every one being
+// refilled. The inverse of Park and Release; it reads the kept copy
+// through its own descriptors, so a store that stalls does not hold it.
+func (s *FastSuspension) Refill(ctx context.Context) error {
+	var errs []error
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		fp := s.procs[i]
+		if !fp.parked {
+			if fp.p != nil {
+				fp.p.Close()
+				fp.p = nil
+			}
+			continue
+		}
+		if err := s.refill(ctx, fp); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	// Parked here, so not waiting for `gpu resume --pid`: a copy still
-	// recorded for them is stale, as is one of a process that is gone.
-	sweepRecords(o.Records, pids)
-	if err := s.scanWritten(ctx); err != nil {
-		return s, s.undo(ctx, err)
+	var pids []int
+	for _, fp := range s.procs {
+		pids = append(pids, fp.PID)
 	}
-	// Every process copies out at once: each library has its own copy
-	// threads and pinned buffers, and a tree's processes (tensor-parallel
-	// ranks) usually sit on different GPUs.
-	t = time.Now()
+	if err := Reimport(ctx, s.opts.Dir, pids); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// refill sends recover: remap, copy in from the kept copy, unpark, all in
+// the library, which has done it already if the owning connection ended
+// before the driver's lock (recover then finds it running).
+func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
+	// The owning connection while it is in step (its end would look like
+	// gpucr-stream's death), else a fresh one (the library answers one
+	// connection at a time, after the last).
+	if fp.p == nil || fp.p.Broken() {
+		if fp.p != nil {
+			fp.p.Close()
+		}
+		p, err := preloadctl.Dial(ctx, s.opts.Dir, fp.PID)
+		if err != nil {
+			return err
+		}
+		fp.p = p
+	}
+	defer func() { fp.p.Close(); fp.p = nil }()
+	var fs []*os.File
+	if fp.released {
+		// Where they cannot be opened, the library tries its own.
+		fs, _ = openFiles(s.keepDir, fp.Files, fp.ids)
+		defer closeAll(fs)
+	}
+	if err := fp.p.Recover(ctx, fs); err != nil {
+		// The program stays parked: it never runs without its memory.
+		return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
+	}
+	fp.released, fp.parked = false, false
+	return nil
+}
+
+// SweepRecords drops the records of kept copies that are stale: those of
+// processes now parked here (not waiting for `gpu resume --pid`), and of
+// processes that are gone. Never fails.
+func (s *FastSuspension) SweepRecords(context.Context) error {
+	sweepRecords(s.opts.Records, s.pids)
+	return nil
+}
+
+// CopyOut has every library copy its device memory into the kept copy,
+// all at once (each library has its own copy threads and pinned buffers,
+// and a tree's processes, tensor-parallel ranks, usually sit on different
+// GPUs), then records each process's kept copy and hands it to its
+// library. RemoveKeep removes what it wrote.
+func (s *FastSuspension) CopyOut(ctx context.Context) error {
 	errs := make([]error, len(s.procs))
 	var wg sync.WaitGroup
 	for i, fp := range s.procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = s.copyOut(ctx, fp)
 			if errs[i] == nil {
 				errs[i] = s.record(fp)
@@ -290,111 +384,23 @@ func FastSuspend(ctx context.Context, pids []int, put PutFunc, o FastOptions) (*
 			if errs[i] == nil {
 				errs[i] = s.keep(ctx, fp)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	s.Timings.CopyOut += time.Since(t)
+	return errors.Join(errs...)
+}
+
+// Release frees the device memory of every process. Refill, Park's
+// inverse, is Release's too: the library's recover remaps, refills and
+// unparks in one command.
+func (s *FastSuspension) Release(ctx context.Context) error {
 	for _, fp := range s.procs {
-		if fp.Copy.Work >= s.Timings.Copy.Work {
-			s.Timings.Copy = fp.Copy
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return s, s.undo(ctx, err)
-	}
-	for _, fp := range s.procs {
-		t := time.Now()
 		fp.released = true // a failed release may have freed part of it
-		err := fp.p.Release(ctx)
-		s.Timings.Release += time.Since(t)
-		if err != nil {
-			return s, s.undo(ctx, err)
+		if err := fp.p.Release(ctx); err != nil {
+			return err
 		}
 	}
-	// The connections stay until Detach: their end without it tells the
-	// library that gpucr-stream is gone.
-	s.startStore(ctx, put)
-	testPause("released")
-	return s, nil
-}
-
-// errUndone stops a store whose checkpoint is being undone.
-var errUndone = errors.New("fast path: the checkpoint is undone")
-
-// startStore stores every kept file into put, all at once (the capture
-// bounds its memory). The first failure cancels the others.
-func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
-	ctx, cancel := context.WithCancelCause(parent)
-	s.stopStore, s.storeDone = cancel, make(chan struct{})
-	start := time.Now()
-	var wg sync.WaitGroup
-	var failed atomic.Bool
-	for _, fp := range s.procs {
-		for k, name := range fp.Files {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.storeFile(ctx, put, fp, k); err != nil {
-					failed.Store(true)
-					cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
-				}
-			}()
-		}
-	}
-	go func() {
-		wg.Wait()
-		s.storeDur = time.Since(start)
-		if failed.Load() {
-			s.storeErr = context.Cause(ctx)
-		}
-		cancel(nil)
-		close(s.storeDone)
-	}()
-}
-
-// storeFile puts fp's k-th kept file; a cancelled store ends at its next
-// read.
-func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastProc, k int) error {
-	fs, err := openFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
-	if err != nil {
-		return err
-	}
-	defer closeAll(fs)
-	testHoldStore()
-	if err := testStoreFault(); err != nil {
-		return err
-	}
-	return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
-}
-
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if c.ctx.Err() != nil {
-		return 0, context.Cause(c.ctx)
-	}
-	return c.r.Read(p)
-}
-
-// Wait waits for the store that FastSuspend started and returns its error
-// (the first file that failed); call it before the capture's commit. If
-// ctx ends first, the store is cancelled (and waited for). Again: the same
-// answer.
-func (s *FastSuspension) Wait(ctx context.Context) error {
-	if s == nil || s.storeDone == nil {
-		return nil
-	}
-	select {
-	case <-s.storeDone:
-	case <-ctx.Done():
-		s.stopStore(context.Cause(ctx))
-		<-s.storeDone
-	}
-	s.Timings.Store = s.storeDur
-	return s.storeErr
+	return nil
 }
 
 // keep hands fp's library the kept copy, now complete.
@@ -458,19 +464,6 @@ func (s *FastSuspension) Detach(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// pipePair makes a pipe with a large buffer (fewer wake-ups per GB).
-func pipePair() (r, w *os.File, err error) {
-	r, w, err = os.Pipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	// 4 MiB where allowed (root may exceed pipe-max-size), else 1 MiB.
-	if _, err := unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 4<<20); err != nil {
-		_, _ = unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
-	}
-	return r, w, nil
-}
-
 // fileName is the k-th VRAM file of process pid, vram-PID-KK.bin.
 func fileName(pid, k int) string { return fmt.Sprintf("vram-%d-%02d.bin", pid, k) }
 
@@ -521,95 +514,6 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 	return nil
 }
 
-// undo reverts a partial FastSuspend and joins cause with its errors.
-func (s *FastSuspension) undo(ctx context.Context, cause error) error {
-	if err := s.Undo(ctx); err != nil {
-		return errors.Join(cause, fmt.Errorf("undo failed, device memory of the process may be missing: %w", err))
-	}
-	return cause
-}
-
-// Undo brings every process back as it was, in reverse order: what was
-// released is mapped again and refilled from the kept copy, then the
-// process is unparked. For a checkpoint that failed after FastSuspend, and
-// for --leave-running after the commit. A store still running is
-// cancelled first, and waited for after the refill: the refill reads the
-// kept copy through its own descriptors, and must not wait on a
-// destination that stalls. A second call does nothing.
-func (s *FastSuspension) Undo(ctx context.Context) error {
-	if s == nil || s.done {
-		return nil
-	}
-	s.done = true
-	if s.stopStore != nil {
-		s.stopStore(errUndone)
-	}
-	// The undo runs even when the checkpoint was cancelled.
-	ctx = context.WithoutCancel(ctx)
-	var errs []error
-	for i := len(s.procs) - 1; i >= 0; i-- {
-		fp := s.procs[i]
-		if !fp.parked {
-			if fp.p != nil {
-				fp.p.Close()
-			}
-			continue
-		}
-		if err := s.refill(ctx, fp); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// Memory the processes import from each other, once every one is
-	// refilled.
-	var pids []int
-	for _, fp := range s.procs {
-		pids = append(pids, fp.PID)
-	}
-	if err := Reimport(ctx, s.opts.Dir, pids); err != nil {
-		errs = append(errs, err)
-	}
-	if s.storeDone != nil {
-		<-s.storeDone
-	}
-	s.removeKeep()
-	return errors.Join(errs...)
-}
-
-// refill sends recover: remap, copy in from the kept copy, unpark, all in
-// the library, which has done it already if the owning connection ended
-// before the driver's lock (recover then finds it running).
-func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
-	// The owning connection while it is in step (its end would look like
-	// gpucr-stream's death), else a fresh one (the library answers one
-	// connection at a time, after the last).
-	if fp.p == nil || fp.p.Broken() {
-		if fp.p != nil {
-			fp.p.Close()
-		}
-		p, err := preloadctl.DialPreload(ctx, s.opts.Dir, fp.PID)
-		if err != nil {
-			return err
-		}
-		fp.p = p
-	}
-	defer func() { fp.p.Close(); fp.p = nil }()
-	t := time.Now()
-	var fs []*os.File
-	if fp.released {
-		// Where they cannot be opened, the library tries its own.
-		fs, _ = openFiles(s.keepDir, fp.Files, fp.ids)
-		defer closeAll(fs)
-	}
-	err := fp.p.Recover(ctx, fs)
-	s.Timings.Refill += time.Since(t)
-	if err != nil {
-		// The program stays parked: it never runs without its memory.
-		return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
-	}
-	fp.released, fp.parked = false, false
-	return nil
-}
-
 // Commit is for a checkpoint that is committed and whose processes are
 // gone (or dumped): the kept copy goes. Connections still held are
 // detached: the processes stay parked, their memory in the checkpoint.
@@ -617,7 +521,6 @@ func (s *FastSuspension) Commit() {
 	if s == nil {
 		return
 	}
-	s.done = true
 	_ = s.Wait(context.Background()) // done before the commit: returns at once
 	_ = s.Detach(context.Background())
 	s.removeKeep()
@@ -658,6 +561,26 @@ func (s *FastSuspension) Procs() []FastProc {
 	return out
 }
 
+// KeepDir is the kept copy's directory ("" until OpenKeep or Room).
+func (s *FastSuspension) KeepDir() string { return s.opts.KeepDir }
+
+// Reports asks every library for its report through the connection that
+// holds it (parked, another connection would wait for that one's end).
+func (s *FastSuspension) Reports(ctx context.Context) ([]preloadctl.Report, error) {
+	var out []preloadctl.Report
+	for _, fp := range s.procs {
+		if fp.p == nil {
+			return out, fmt.Errorf("process %d: not connected", fp.PID)
+		}
+		r, err := fp.p.Report(ctx)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 // Bytes is the device memory copied out, over all processes.
 func (s *FastSuspension) Bytes() int64 {
 	var n int64
@@ -665,93 +588,4 @@ func (s *FastSuspension) Bytes() int64 {
 		n += fp.Bytes
 	}
 	return n
-}
-
-// FastResume brings a restored process's device memory back: it maps
-// fresh memory where the old was, copies the files in (the library reads
-// those staged, if staged is not nil, itself; get streams the others from
-// the checkpoint), and unparks it, unless it maps memory of another
-// process: then it stays parked for Reimport, once all are refilled. Call
-// it after the driver's restore and unlock. On failure the process stays
-// parked, its memory not refilled: it does not run on with missing memory.
-func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc, staged StagedFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
-	// remap counts from the dial, copyIn to the unpark: the two cover it
-	// all.
-	t := time.Now()
-	p, err := preloadctl.DialPreload(ctx, dir, pid)
-	if err != nil {
-		return time.Since(t), 0, cs, err
-	}
-	defer p.Close()
-	if err := p.Remap(ctx); err != nil {
-		return time.Since(t), 0, cs, err
-	}
-	remap = time.Since(t)
-	t = time.Now()
-	defer func() { copyIn = time.Since(t) }()
-	if cs, err = copyInFrom(ctx, p, files, get, staged); err != nil {
-		return remap, 0, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
-	}
-	// A process that maps another's memory waits, parked, for Reimport.
-	if sh, err := p.Shared(ctx); err != nil || sh.Pending() {
-		return remap, 0, cs, err
-	}
-	return remap, 0, cs, p.Unpark(ctx)
-}
-
-func copyInFrom(ctx context.Context, p *preloadctl.Preload, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	// rs[k] is what the library reads file k from: the staged file, or
-	// the read end of a pipe that get fills through ws[k]. Ours to close
-	// are the pipes (closing one twice is harmless).
-	rs, ws := make([]*os.File, len(files)), make([]*os.File, len(files))
-	defer func() {
-		for k := range ws {
-			if ws[k] != nil {
-				rs[k].Close()
-				ws[k].Close()
-			}
-		}
-	}()
-	for k, name := range files {
-		if staged != nil {
-			f, err := staged(ctx, name)
-			if err != nil {
-				return preloadctl.CopyStats{}, fmt.Errorf("%s: %w", name, err)
-			}
-			if rs[k] = f; f != nil {
-				continue
-			}
-		}
-		r, w, err := pipePair()
-		if err != nil {
-			return preloadctl.CopyStats{}, err
-		}
-		rs[k], ws[k] = r, w
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(files))
-	for k := range files {
-		if ws[k] == nil {
-			continue
-		}
-		wg.Add(1)
-		go func(w *os.File) {
-			defer wg.Done()
-			defer w.Close() // the library's end of file
-			if err := get(ctx, files[k], w); err != nil {
-				errs[k] = fmt.Errorf("%s: %w", files[k], err)
-				cancel(err)
-			}
-		}(ws[k])
-	}
-	n, err := p.CopyIn(ctx, rs)
-	for k := range ws {
-		if ws[k] != nil {
-			rs[k].Close() // a writer still blocked gets EPIPE
-		}
-	}
-	wg.Wait()
-	return n, errors.Join(append([]error{err}, errs...)...)
 }

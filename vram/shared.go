@@ -42,9 +42,10 @@ func sameFile(a, fa, b, fb int) (bool, error) {
 	return r == 0, nil
 }
 
-// matchShared records in every importer, parked, where each of its
-// imports came from.
-func (s *FastSuspension) matchShared(ctx context.Context) error {
+// MatchShared records in every importer, parked, where each of its
+// imports came from. Nothing to revert: the record is the importer's, for
+// Reimport.
+func (s *FastSuspension) MatchShared(ctx context.Context) error {
 	type desc struct {
 		fp    *fastProc
 		h, fd int
@@ -103,10 +104,10 @@ func Reimport(ctx context.Context, dir string, pids []int) error {
 }
 
 func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
-	if !preloadctl.HasPreload(pid) {
+	if !preloadctl.Loaded(pid) {
 		return nil
 	}
-	p, err := preloadctl.DialPreload(ctx, dir, pid)
+	p, err := preloadctl.Dial(ctx, dir, pid)
 	if err != nil {
 		return err
 	}
@@ -132,7 +133,7 @@ func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 		}
 		ex := exporters[im.SrcPID]
 		if ex == nil {
-			conn, err := preloadctl.DialPreload(ctx, dir, im.SrcPID)
+			conn, err := preloadctl.Dial(ctx, dir, im.SrcPID)
 			if err != nil {
 				return fmt.Errorf("import from process %d: %w", im.SrcPID, err)
 			}
@@ -156,7 +157,7 @@ func reimportOne(ctx context.Context, dir string, pid int, tree []int) error {
 // library's connection (the importer's own when it imports from itself: a
 // library answers one connection at a time) and its pidfd.
 type exporter struct {
-	conn *preloadctl.Preload
+	conn *preloadctl.Conn
 	pid  int
 	pfd  int // 0 until opened
 }
@@ -183,7 +184,7 @@ func (ex *exporter) export(ctx context.Context, h int) (*os.File, error) {
 
 // close closes what the exporter holds, but not the importer's own
 // connection (held).
-func (ex *exporter) close(held *preloadctl.Preload) {
+func (ex *exporter) close(held *preloadctl.Conn) {
 	if ex.conn != held {
 		ex.conn.Close()
 	}

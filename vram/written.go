@@ -11,7 +11,8 @@ package vram
 // chunks the location already holds durably (the undo would refill those
 // from the store); that needs the scan to say which blocks changed since
 // the last checkpoint (devhash's block hashes) and the undo to read from
-// the store, and it would go here, between the scan and the room check.
+// the store, and it would be a step between Scan and Room in gpuckpt's
+// table (gpuckpt/suspend.go).
 
 import (
 	"context"
@@ -19,16 +20,13 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/gpucr/gpucr-stream/fsat"
 )
 
-// scanWritten runs every process's zero scan at once, then makes the kept
-// copy's directory where none was given, and checks that it has room for
-// what the copy will hold.
-func (s *FastSuspension) scanWritten(ctx context.Context) error {
-	t := time.Now()
+// Scan runs every process's zero scan at once: what its copy out will
+// hold (need). Nothing to revert.
+func (s *FastSuspension) Scan(ctx context.Context) error {
 	errs := make([]error, len(s.procs))
 	var wg sync.WaitGroup
 	for i, fp := range s.procs {
@@ -45,10 +43,13 @@ func (s *FastSuspension) scanWritten(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	s.Timings.Scan = time.Since(t)
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
+	return errors.Join(errs...)
+}
+
+// Room makes the kept copy's directory where none was given, sized by
+// what the copy will hold (NewKeep), and checks that it has room for
+// that (room.go). What it makes, RemoveKeep removes.
+func (s *FastSuspension) Room(context.Context) error {
 	need := map[int]int64{}
 	var total int64
 	for _, fp := range s.procs {

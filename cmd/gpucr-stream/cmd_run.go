@@ -26,5 +26,5 @@ func runRun(_ context.Context, c *config, args []string) error {
 		}
 		c.logLine(fmt.Sprintf("run: not passing %s to the program (they would land in its checkpoints)", strings.Join(dropped, ", ")))
 	}
-	return preloadctl.ExecPreloaded(args)
+	return preloadctl.Exec(args)
 }

@@ -14,7 +14,7 @@ var rooms = map[string]int{
 	"codec": 1, "manifest": 1, "store": 1, "proc": 1, "fsat": 1, "tcpwait": 1,
 	"crypt": 2, "scratch": 2, "hostroom": 2, "hostroom/cgrouptest": 0, "store/dir": 2, "store/mem": 2, "store/storetest": 2,
 	"cudadriver": 2, "preloadctl": 2, "fdgraft": 2,
-	"pipeline": 3, "store/s3": 3, "chunkstore": 3, "vram": 3, "cudadriver/drivertest": 3,
+	"pipeline": 3, "store/s3": 3, "chunkstore": 3, "vram": 3, "vram/vramtest": 3, "cudadriver/drivertest": 3,
 	"streamer": 4, "source": 4, "pipeline/pipelinetest": 4,
 	"criusock": 5, "transport/tcp": 5, "cisformat": 5, "ctrtar": 5,
 	"location": 6, "catalog": 6, "swrk": 6,

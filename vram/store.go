@@ -1,0 +1,120 @@
+package vram
+
+// The store: after the release, the kept files go into the checkpoint
+// (put, the capture), beside the driver's checkpoint and CRIU's dump; the
+// caller waits for it before the commit.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrUndone stops a store whose checkpoint is being undone (StopStore).
+var ErrUndone = errors.New("fast path: the checkpoint is undone")
+
+// StartStore stores every kept file into put, all at once (the capture
+// bounds its memory), and returns: the store runs on until Wait, StopStore
+// or Commit. The first failure cancels the others. Never fails.
+func (s *FastSuspension) StartStore(ctx context.Context) error {
+	s.startStore(ctx, s.put)
+	testPause("released")
+	return nil
+}
+
+// StopStore cancels a store still running (the undo of StartStore): it
+// ends at its next read. RemoveKeep waits for it.
+func (s *FastSuspension) StopStore(context.Context) error {
+	if s.stopStore != nil {
+		s.stopStore(ErrUndone)
+	}
+	return nil
+}
+
+// startStore starts the store of every kept file into put.
+func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	s.stopStore, s.storeDone = cancel, make(chan struct{})
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for _, fp := range s.procs {
+		for k, name := range fp.Files {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.storeFile(ctx, put, fp, k); err != nil {
+					failed.Store(true)
+					cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
+				}
+			}()
+		}
+	}
+	go func() {
+		wg.Wait()
+		s.storeDur = time.Since(start)
+		if failed.Load() {
+			s.storeErr = context.Cause(ctx)
+		}
+		cancel(nil)
+		close(s.storeDone)
+	}()
+}
+
+// storeFile puts fp's k-th kept file; a cancelled store ends at its next
+// read.
+func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastProc, k int) error {
+	fs, err := openFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
+	if err != nil {
+		return err
+	}
+	defer closeAll(fs)
+	testHoldStore()
+	if err := testStoreFault(); err != nil {
+		return err
+	}
+	return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if c.ctx.Err() != nil {
+		return 0, context.Cause(c.ctx)
+	}
+	return c.r.Read(p)
+}
+
+// Wait waits for the store that StartStore started and returns its error
+// (the first file that failed); call it before the capture's commit. If
+// ctx ends first, the store is cancelled (and waited for). Again: the same
+// answer.
+func (s *FastSuspension) Wait(ctx context.Context) error {
+	if s == nil || s.storeDone == nil {
+		return nil
+	}
+	select {
+	case <-s.storeDone:
+	case <-ctx.Done():
+		s.stopStore(context.Cause(ctx))
+		<-s.storeDone
+	}
+	return s.storeErr
+}
+
+// StoreTime is how long the store took (after Wait): it ran beside the
+// driver's checkpoint and CRIU's dump.
+func (s *FastSuspension) StoreTime() time.Duration {
+	if s == nil || s.storeDone == nil {
+		return 0
+	}
+	<-s.storeDone
+	return s.storeDur
+}
