@@ -168,6 +168,11 @@ func TestRuncMigrate(t *testing.T) {
 	}
 	tok := writeToken(t, BuildBinary(t, "./cmd/gpucr-stream"), filepath.Join(dir, "token"))
 	r := startReceive(ctx, t, tok, "--container", id, "--runtime-root", rootB, "--work-dir", filepath.Join(dir, "recv"))
+	// The container's init is an orphan of `runc run --detach`: where an
+	// earlier test made this process a subreaper, it is ours to reap, and
+	// migrate waits for that before the receiver restores.
+	reaped := make(chan error, 1)
+	go func() { reaped <- WaitPIDGone(ctx, tg.PID()) }()
 	gcsRun(ctx, t, "migrate", "--container", id, "--runtime-root", rootA, "--to", "tcp://"+r.addr, "--token-file", tok,
 		"--net-timeout", "30s", "--work-dir", filepath.Join(dir, "send")).ok(t, "migrate")
 	select {
@@ -180,6 +185,9 @@ func TestRuncMigrate(t *testing.T) {
 	}
 	if p, err := runcPID(runc, rootA, id); err == nil {
 		t.Fatalf("the container still runs in the sending runc root (init %d)", p)
+	}
+	if err := <-reaped; err != nil {
+		t.Fatal(err)
 	}
 	tg.follow(t, func() (int, error) { return runcPID(runc, rootB, id) })
 	proveContainer(ctx, t, tg, before)

@@ -123,6 +123,9 @@ func runtimeCmd(ctx context.Context, t testing.TB, bin string, args ...string) s
 // --shell-job), and removes it when the test ends.
 func startRunc(ctx context.Context, t testing.TB, runc, root, bundle, id, data string) *Target {
 	t.Helper()
+	// Orphans come to this process, whichever test runs first: the
+	// container's init (an orphan of runc run --detach) is ours to reap.
+	becomeSubreaper(t)
 	// Its stdio on /dev/null (the container's), runc's messages in a log.
 	log := filepath.Join(t.TempDir(), "runc.log")
 	cmd := exec.CommandContext(ctx, runc, "--root", root, "--log", log, "--log-format", "text", "run", "--detach", "--bundle", bundle, id)
