@@ -9,6 +9,7 @@ package chunkstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -32,8 +33,8 @@ func Packs(ctx context.Context, st store.Store) (map[PackID]int64, error) {
 	return out, nil
 }
 
-// Missing says some pack m names is not in present.
-func Missing(m *manifest.Manifest, present map[PackID]int64) bool {
+// missing says some pack m names is not in present.
+func missing(m *manifest.Manifest, present map[PackID]int64) bool {
 	for _, s := range m.Segments {
 		if id, ok := ParsePackName(s.Name); !ok || present[id] != s.Size {
 			return true
@@ -84,5 +85,41 @@ func Relocate(m *manifest.Manifest, t *Table, present map[PackID]int64) error {
 		}
 	}
 	m.Segments = segs
+	return nil
+}
+
+// FindRepacked points the chunks of m, the manifest of the checkpoint ckpt,
+// where a reader finds them (docs/FORMAT.md section 17.4, repacked chunks):
+// one listing of the packs of ckpt's location, and, only where a pack m
+// names is gone (gc repacked it), the index loaded and Relocate. A plain
+// checkpoint, or one with no location above it (the reader says why it
+// cannot be read), is left as it is.
+func FindRepacked(ctx context.Context, ckpt store.Store, m *manifest.Manifest) error {
+	if !m.SharedChunks || len(m.Segments) == 0 {
+		return nil
+	}
+	loc, _, ok := store.Parent(ckpt)
+	if !ok {
+		return nil
+	}
+	present, err := Packs(ctx, loc)
+	if err != nil {
+		return err
+	}
+	if !missing(m, present) {
+		return nil
+	}
+	t, err := Load(ctx, loc)
+	if err != nil {
+		return err
+	}
+	if err := Relocate(m, t, present); err != nil {
+		if bad := t.Skipped(); len(bad) > 0 && errors.Is(err, errdefs.ErrNotFound) {
+			// The chunk may be in a pack only that object described.
+			return fmt.Errorf("%s: %w; %d index object(s) of %s could not be read (%v): `gpucr-stream check --repair-index %s` rebuilds the index from the packs",
+				ckpt, err, len(bad), loc, bad[0].Err, loc)
+		}
+		return fmt.Errorf("%s: %w", ckpt, err)
+	}
 	return nil
 }

@@ -1,11 +1,15 @@
 package chunkstore
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/store"
+	"github.com/gpucr/gpucr-stream/store/mem"
 )
 
 // TestRelocate: chunks in a pack that is there stay; chunks of a pack gone
@@ -72,6 +76,77 @@ func TestRelocate(t *testing.T) {
 			cs := m.Files[0].Chunks
 			if m.Segments[cs[0].Segment].Name != tc.want[0].Name || cs[0].Pos != tc.pos || m.Segments[cs[2].Segment].Name != keptP.Name() || cs[2].Pos != 32 {
 				t.Fatalf("chunks %+v", cs)
+			}
+		})
+	}
+}
+
+// TestFindRepacked: a reader's view of a checkpoint in its location. Its
+// chunks stay where the manifest names them while those packs are there
+// (the index not read: reads of the location fail); a pack gone sends
+// them where the index finds them; a chunk found nowhere while an index
+// object cannot be read is an error that says how to rebuild the index. A plain checkpoint, or one
+// with no location above it, is left as it is.
+func TestFindRepacked(t *testing.T) {
+	ctx := context.Background()
+	oldP, newP := PackID{1}, PackID{2}
+	a := manifest.Hash{0xa}
+	chunk := manifest.Chunk{RawLen: 100, Stored: 90, Codec: 2, Checksum: 7, Hash: a, Pos: 400}
+	man := func(shared bool) *manifest.Manifest {
+		return &manifest.Manifest{SharedChunks: shared,
+			Segments: []manifest.Segment{{Name: oldP.Name(), Size: 1000}},
+			Files:    []manifest.File{{Name: "f", Chunks: []manifest.Chunk{chunk}}}}
+	}
+	pack := func(n int) []byte { return make([]byte, n) }
+	for _, tc := range []struct {
+		name    string
+		objects map[string][]byte
+		index   bool // an index object lists a in newP
+		plain   bool
+		root    bool   // the checkpoint is a store of its own
+		noReads bool   // reads of the location's objects fail
+		want    string // the pack a's chunk is read from, "" for an error
+		errText string
+	}{
+		{name: "there", objects: map[string][]byte{oldP.Name(): pack(1000), newIndexName(): []byte("not read")}, noReads: true, want: oldP.Name()},
+		{name: "repacked", objects: map[string][]byte{newP.Name(): pack(200)}, index: true, want: newP.Name()},
+		{name: "bad index", objects: map[string][]byte{newP.Name(): pack(200), newIndexName(): []byte("garbage")},
+			errText: "check --repair-index mem://loc"},
+		{name: "plain", objects: map[string][]byte{}, plain: true, want: oldP.Name()},
+		{name: "no location", objects: map[string][]byte{}, root: true, want: oldP.Name()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loc := mem.New("loc")
+			for name, b := range tc.objects {
+				put(t, loc, name, b)
+			}
+			if tc.index {
+				r := Ref{Pack: newP, Pos: 32, RawLen: 100, Stored: 90, Codec: 2, Checksum: 7}
+				if _, err := WriteIndex(ctx, loc, []Pack{{ID: newP, Size: 200}}, []Chunk{{ID: a, Ref: r}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var ls store.Store = loc
+			if tc.noReads {
+				ls = failingOpen{loc}
+			}
+			ckpt := store.Sub(ls, "ckpt")
+			if tc.root {
+				ckpt = ls
+			}
+			m := man(!tc.plain)
+			err := FindRepacked(ctx, ckpt, m)
+			if tc.want == "" {
+				if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), tc.errText) {
+					t.Fatalf("err %v, want one saying %q", err, tc.errText)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := m.Segments[m.Files[0].Chunks[0].Segment].Name; got != tc.want {
+				t.Fatalf("chunk read from %s, want %s", got, tc.want)
 			}
 		})
 	}

@@ -165,7 +165,7 @@ func OpenArchive(ctx context.Context, st store.Store, opts pipeline.Options) (*A
 	if err != nil {
 		return nil, err
 	}
-	if err := relocate(ctx, st, m); err != nil {
+	if err := chunkstore.FindRepacked(ctx, st, m); err != nil {
 		return nil, err
 	}
 	a := newArchiveSource(st, m, seal, opts)
@@ -173,39 +173,6 @@ func OpenArchive(ctx context.Context, st store.Store, opts pipeline.Options) (*A
 		return nil, err
 	}
 	return a, nil
-}
-
-// relocate finds the chunks of a format 4 checkpoint in st whose packs gc
-// repacked (chunkstore/relocate.go) through its location's index: one
-// listing of the packs, and the index loaded only when one is gone.
-func relocate(ctx context.Context, st store.Store, m *manifest.Manifest) error {
-	if !m.SharedChunks || len(m.Segments) == 0 {
-		return nil
-	}
-	loc, _, ok := store.Parent(st)
-	if !ok {
-		return nil // findChunks says why it cannot be read
-	}
-	present, err := chunkstore.Packs(ctx, loc)
-	if err != nil {
-		return err
-	}
-	if !chunkstore.Missing(m, present) {
-		return nil
-	}
-	t, err := chunkstore.Load(ctx, loc)
-	if err != nil {
-		return err
-	}
-	if err := chunkstore.Relocate(m, t, present); err != nil {
-		if bad := t.Skipped(); len(bad) > 0 && errors.Is(err, errdefs.ErrNotFound) {
-			// The chunk may be in a pack only that object described.
-			return fmt.Errorf("%s: %w; %d index object(s) of %s could not be read (%v): `gpucr-stream check --repair-index %s` rebuilds the index from the packs",
-				st, err, len(bad), loc, bad[0].Err, loc)
-		}
-		return fmt.Errorf("%s: %w", st, err)
-	}
-	return nil
 }
 
 // findChunks points a format 4 checkpoint's reads at the location that
@@ -232,7 +199,7 @@ func OpenArchiveAt(ctx context.Context, src, at store.Store, opts pipeline.Optio
 		return nil, nil, err
 	}
 	// The packs to copy are where src's location holds the chunks.
-	if err := relocate(ctx, src, m); err != nil {
+	if err := chunkstore.FindRepacked(ctx, src, m); err != nil {
 		return nil, nil, err
 	}
 	a := newArchiveSource(at, m, seal, opts)
