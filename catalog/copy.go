@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -109,7 +108,11 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		}
 	}
 	if m.SharedChunks {
-		if err := indexCopied(ctx, to, m, res); err != nil {
+		bad, err := chunkstore.IndexCheckpoint(ctx, to, m)
+		for _, b := range bad {
+			res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
+		}
+		if err != nil {
 			return res, err
 		}
 	}
@@ -140,47 +143,6 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		return res, fmt.Errorf("commit %s/%s: %w", dst, manifest.ManifestName, err)
 	}
 	return res, nil
-}
-
-// indexCopied writes an index object in the location to for the chunks of
-// m that its index does not list yet (in packs copied now, or kept from an
-// earlier copy that indexed only its own checkpoint's chunks), so that
-// captures there share them. Index objects there that cannot be read are
-// noted in res.
-func indexCopied(ctx context.Context, to store.Store, m *manifest.Manifest, res *CopyResult) error {
-	known, err := chunkstore.Load(ctx, to)
-	if err != nil {
-		return err
-	}
-	for _, b := range known.Skipped() {
-		res.BadIndex = append(res.BadIndex, Problem{Name: b.Name, Error: b.Err.Error()})
-	}
-	used := map[int]bool{}
-	var chunks []chunkstore.Chunk
-	for _, f := range m.Files {
-		for _, c := range f.Chunks {
-			if codec.ID(c.Codec) == codec.Zero || known.Has(c.Hash) {
-				continue
-			}
-			id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
-			r := chunkstore.Ref{Pack: id, Pos: c.Pos, RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
-			known.Add(c.Hash, r)
-			chunks = append(chunks, chunkstore.Chunk{ID: c.Hash, Ref: r})
-			used[c.Segment] = true
-		}
-	}
-	if len(chunks) == 0 {
-		return nil
-	}
-	var packs []chunkstore.Pack
-	for i, s := range m.Segments {
-		if used[i] {
-			id, _ := chunkstore.ParsePackName(s.Name)
-			packs = append(packs, chunkstore.Pack{ID: id, Size: s.Size})
-		}
-	}
-	_, err = chunkstore.WriteIndex(ctx, to, packs, chunks)
-	return err
 }
 
 // lostTo is Copy's end when another writer committed a manifest in dst

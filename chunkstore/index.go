@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -544,6 +545,46 @@ func WriteIndex(ctx context.Context, st store.Store, packs []Pack, chunks []Chun
 		return "", fmt.Errorf("write chunk index: %w", err)
 	}
 	return name, nil
+}
+
+// IndexCheckpoint writes an index object in the location loc for the
+// chunks of m, the manifest of a deduplicated checkpoint whose packs loc
+// holds, that loc's index does not list yet, so that captures there share
+// them: cp's, for the packs it copied (or kept from an earlier copy that
+// indexed only its own checkpoint's chunks). It returns the index objects
+// of loc that could not be read (Table.Skipped): the chunks they list are
+// indexed again.
+func IndexCheckpoint(ctx context.Context, loc store.Store, m *manifest.Manifest) ([]BadIndex, error) {
+	known, err := Load(ctx, loc)
+	if err != nil {
+		return nil, err
+	}
+	used := map[int]bool{}
+	var chunks []Chunk
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if codec.ID(c.Codec) == codec.Zero || known.Has(c.Hash) {
+				continue
+			}
+			id, _ := ParsePackName(m.Segments[c.Segment].Name)
+			r := Ref{Pack: id, Pos: c.Pos, RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
+			known.Add(c.Hash, r)
+			chunks = append(chunks, Chunk{ID: c.Hash, Ref: r})
+			used[c.Segment] = true
+		}
+	}
+	if len(chunks) == 0 {
+		return known.Skipped(), nil
+	}
+	var packs []Pack
+	for i, s := range m.Segments {
+		if used[i] {
+			id, _ := ParsePackName(s.Name)
+			packs = append(packs, Pack{ID: id, Size: s.Size})
+		}
+	}
+	_, err = WriteIndex(ctx, loc, packs, chunks)
+	return known.Skipped(), err
 }
 
 // putNew writes a whole object that must not exist yet (CommitNew: names
