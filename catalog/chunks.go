@@ -3,22 +3,21 @@ package catalog
 // GC of a location's chunk store (docs/FORMAT.md section 17.5): mark the
 // frames the manifests of the location's checkpoints use (found as a
 // reader finds them: chunkstore.Relocate), sweep the packs with none,
-// repack those mostly garbage, and rewrite the index. It runs under a gc lock and
-// only when no capture holds one (chunkstore/lock.go): a capture in flight
-// may reference any pack its index listed, or write packs no manifest
-// names yet. A manifest that cannot be read stops the sweep: what it
-// references is unknown. So does, for the chunk store, an index object
+// repack those mostly garbage (chunkstore.Marks.Repack, into packs that
+// streamer.PackWriter writes), and rewrite the index. It runs under a gc
+// lock and only when no capture holds one (chunkstore/lock.go): a capture
+// in flight may reference any pack its index listed, or write packs no
+// manifest names yet. A manifest that cannot be read stops the sweep: what
+// it references is unknown. So does, for the chunk store, an index object
 // that cannot be read when a manifest needs the index to find its chunks
 // (they were repacked): they may lie in any pack that object described.
 // Otherwise every referenced frame is marked where it lies, with or
 // without the index, and gc goes on, leaving the bad object to check.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -193,7 +192,11 @@ func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chu
 			id, _ := chunkstore.ParsePackName(n)
 			gone[id] = true
 		}
-		if res.RepackedInto, err = repackAll(ctx, st, repack, marks); err != nil {
+		w, err := streamer.NewPackWriter(st, repackSize)
+		if err != nil {
+			return nil, err
+		}
+		if res.RepackedInto, err = marks.Repack(ctx, st, repack, w); err != nil {
 			return nil, err
 		}
 	}
@@ -337,80 +340,4 @@ func eachManifest(ctx context.Context, st store.Store, objs []store.ObjectInfo, 
 	}
 	wg.Wait()
 	return first
-}
-
-// repackAll copies the marked frames of the packs names into new packs,
-// moves the table's entries to them (marks.Moved), and says how many it
-// wrote. Each old pack is read once, from start to end, a frame at a time.
-func repackAll(ctx context.Context, st store.Store, names []string, marks *chunkstore.Marks) (int, error) {
-	w, err := streamer.NewPackWriter(st, repackSize)
-	if err != nil {
-		return 0, err
-	}
-	want := map[chunkstore.PackID]bool{}
-	for _, name := range names {
-		id, _ := chunkstore.ParsePackName(name)
-		want[id] = true
-	}
-	frames := marks.Frames(func(p chunkstore.PackID) bool { return want[p] })
-	br := bufio.NewReaderSize(nil, 1<<20) // one for every pack: no megabyte of garbage each
-	for _, name := range names {
-		id, _ := chunkstore.ParsePackName(name)
-		if err := repackOne(ctx, st, br, name, frames[id], func(f chunkstore.Frame, fh *manifest.FrameHeader, payload []byte) error {
-			pack, pos, err := w.Write(ctx, fh, payload)
-			if err == nil {
-				marks.Moved(f, fh.Hash, chunkstore.Ref{Pack: pack, Pos: pos,
-					RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum})
-			}
-			return err
-		}); err != nil {
-			_ = w.Abort(ctx)
-			return 0, fmt.Errorf("repack %s/%s: %w", st, name, err)
-		}
-	}
-	packs, err := w.Commit(ctx)
-	if err != nil {
-		_ = w.Abort(ctx)
-		return 0, fmt.Errorf("repack: %w", err)
-	}
-	marks.Committed(packs)
-	return len(packs), nil
-}
-
-// repackOne reads frames, in offset order, from the pack name through br
-// and hands each to put, checked: a DATA frame of the length expected.
-func repackOne(ctx context.Context, st store.Store, br *bufio.Reader, name string, frames []chunkstore.Frame, put func(chunkstore.Frame, *manifest.FrameHeader, []byte) error) error {
-	r, err := st.Open(ctx, name, 0, -1)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	br.Reset(r)
-	var at int64
-	var buf []byte
-	for _, f := range frames {
-		off, n := f.Pos, f.Len
-		if off < at {
-			return fmt.Errorf("frames at %d and before %d overlap: %w", off, at, errdefs.ErrCorrupt)
-		}
-		if _, err := br.Discard(int(off - at)); err != nil {
-			return fmt.Errorf("offset %d: %w", off, err)
-		}
-		if cap(buf) < int(n) {
-			buf = make([]byte, n)
-		}
-		buf = buf[:n]
-		if _, err := io.ReadFull(br, buf); err != nil {
-			return fmt.Errorf("frame at %d: %w", off, err)
-		}
-		at = off + n
-		fh, err := manifest.UnmarshalFrameHeader(buf[:manifest.FrameSize])
-		if err != nil || fh.Type != manifest.FrameData || int64(fh.StoredLen) != n-manifest.FrameSize {
-			return fmt.Errorf("frame at %d is not the chunk its checkpoints name (%v): %w", off, err, errdefs.ErrCorrupt)
-		}
-		if err := put(f, &fh, buf[manifest.FrameSize:]); err != nil {
-			return err
-		}
-	}
-	return nil
 }

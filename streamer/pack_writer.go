@@ -12,11 +12,15 @@ import (
 
 // PackWriter writes frames of chunks a location holds already into new
 // packs there, as they are (sealed ones stay sealed: they are bound to
-// their id, not to a pack): gc's repacking. One goroutine at a time.
+// their id, not to a pack): gc's repacking (chunkstore.Marks.Repack),
+// which chunkstore leaves to this package because a pack is written by
+// the segment writer (ArchiveOutput). One goroutine at a time.
 type PackWriter struct {
 	out   *ArchiveOutput
 	packs map[int]chunkstore.PackID // segment -> pack
 }
+
+var _ chunkstore.PackWriter = (*PackWriter)(nil)
 
 // NewPackWriter writes packs of up to segmentSize bytes into the location
 // loc, one at a time.
