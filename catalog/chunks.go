@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
@@ -148,12 +147,7 @@ func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chu
 	if err != nil {
 		return nil, err
 	}
-	present := map[chunkstore.PackID]int64{}
-	for _, o := range objs {
-		if id, ok := chunkstore.ParsePackName(o.Name); ok {
-			present[id] = o.Size
-		}
-	}
+	present := chunkstore.PacksIn(objs)
 	t, err := chunkstore.Load(ctx, st)
 	if err != nil {
 		return nil, err
@@ -282,15 +276,7 @@ func markFrames(ctx context.Context, st store.Store, objs []store.ObjectInfo, t 
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for _, f := range m.Files {
-			for _, c := range f.Chunks {
-				if codec.ID(c.Codec) == codec.Zero {
-					continue
-				}
-				id, _ := chunkstore.ParsePackName(m.Segments[c.Segment].Name)
-				marks.Mark(c.Hash, id, c.Pos, c.Stored)
-			}
-		}
+		marks.MarkManifest(m)
 		return nil
 	})
 	return marks, err

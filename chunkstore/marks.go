@@ -16,6 +16,7 @@ import (
 	"math/bits"
 	"slices"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -56,6 +57,20 @@ func (m *Marks) Mark(id manifest.Hash, pack PackID, pos int64, stored uint32) {
 		m.other[pack] = map[int64]int64{}
 	}
 	m.other[pack][pos] = manifest.FrameSize + int64(stored)
+}
+
+// MarkManifest marks the frames the stored chunks of man (format 4) use,
+// in the packs it names: after Relocate, where a reader finds them.
+func (m *Marks) MarkManifest(man *manifest.Manifest) {
+	for _, f := range man.Files {
+		for _, c := range f.Chunks {
+			if codec.ID(c.Codec) == codec.Zero {
+				continue
+			}
+			id, _ := ParsePackName(man.Segments[c.Segment].Name)
+			m.Mark(c.Hash, id, c.Pos, c.Stored)
+		}
+	}
 }
 
 // Live is, for each pack a marked frame lies in, the bytes of its marked

@@ -24,13 +24,19 @@ func Packs(ctx context.Context, st store.Store) (map[PackID]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list packs of %s: %w", st, err)
 	}
-	out := make(map[PackID]int64, len(objs))
+	return PacksIn(objs), nil
+}
+
+// PacksIn are the packs in objs, a listing of a location, by id, with
+// their sizes.
+func PacksIn(objs []store.ObjectInfo) map[PackID]int64 {
+	out := make(map[PackID]int64)
 	for _, o := range objs {
 		if id, ok := ParsePackName(o.Name); ok {
 			out[id] = o.Size
 		}
 	}
-	return out, nil
+	return out
 }
 
 // missing says some pack m names is not in present.
