@@ -1,12 +1,13 @@
 package catalog
 
 // Check of a location (restic's check and repair index are the model,
-// docs/FORMAT.md section 17.8): read every pack's frame headers, compare
-// the index with what the packs hold, and find, for every complete
-// checkpoint, each chunk where a reader will look for it (a deduplicated
-// one) or each segment its manifest names (a plain one). Nothing is
-// written or deleted unless asked: RepairIndex replaces the index objects
-// by one rebuilt from the packs.
+// docs/FORMAT.md section 17.8): read every pack's frame headers
+// (chunkstore.ScanPacks), compare the index with what the packs hold
+// (Scan.Stale), and find, for every complete checkpoint, each chunk where
+// a reader will look for it (a deduplicated one: chunkstore.CheckChunks)
+// or each segment its manifest names (a plain one). Nothing is written or
+// deleted unless asked: RepairIndex replaces the index objects by one
+// rebuilt from the packs.
 
 import (
 	"context"
@@ -17,7 +18,6 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -167,7 +167,7 @@ func Check(ctx context.Context, st store.Store, opts CheckOptions) (*CheckReport
 		}
 		if err == nil {
 			if m.SharedChunks {
-				err = checkShared(m, idx, sc)
+				err = chunkstore.CheckChunks(m, idx, sc)
 			} else {
 				err = checkSegments(p, m, sizes)
 			}
@@ -181,7 +181,7 @@ func Check(ctx context.Context, st store.Store, opts CheckOptions) (*CheckReport
 			rep.Dedup++
 		}
 		switch {
-		case err == nil || (opts.ReadData && errors.Is(err, errPastDamage)):
+		case err == nil || (opts.ReadData && errors.Is(err, chunkstore.ErrPastDamage)):
 			whole = append(whole, p)
 		default:
 			rep.Damaged = append(rep.Damaged, Problem{Name: Join(rep.Location, strings.TrimSuffix(p, "/")), Error: err.Error()})
@@ -279,95 +279,6 @@ func checkChunkStore(ctx context.Context, st store.Store, objs []store.ObjectInf
 	}
 	rep.Repaired = &IndexRepair{Written: name, Chunks: sc.Table.Len(), Removed: n}
 	return sc, sc.Table, nil
-}
-
-// checkShared finds every chunk of m (format 4) where a reader looks for
-// it: at its place in the pack m names, when that pack is there with the
-// size m gives, else where the index idx finds its id; and checks the
-// frame there (sc) is that chunk. A chunk the packs hold elsewhere, that
-// idx does not find, is reported as needing an index repair.
-func checkShared(m *manifest.Manifest, idx *chunkstore.Table, sc *chunkstore.Scan) error {
-	// Of each kind, how many, and the first.
-	const lost, wrong, unknown, unindexed = 0, 1, 2, 3
-	var n [4]int
-	var first [4]string
-	total := 0
-	note := func(kind int, f *manifest.File, c *manifest.Chunk, why string) {
-		if n[kind] == 0 {
-			first[kind] = fmt.Sprintf("file %s, offset %d, chunk %s: %s", manifest.PrintableName(f.Name), c.Offset, c.Hash, why)
-		}
-		n[kind]++
-	}
-	for fi := range m.Files {
-		f := &m.Files[fi]
-		for ci := range f.Chunks {
-			c := &f.Chunks[ci]
-			if codec.ID(c.Codec) == codec.Zero {
-				continue
-			}
-			total++
-			if c.Segment < 0 || c.Segment >= len(m.Segments) {
-				note(lost, f, c, fmt.Sprintf("it names pack %d of %d", c.Segment, len(m.Segments)))
-				continue
-			}
-			want := chunkstore.Ref{RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
-			seg := m.Segments[c.Segment]
-			if id, ok := chunkstore.ParsePackName(seg.Name); ok && sc != nil && sc.Packs[id] != nil && sc.Packs[id].Size == seg.Size {
-				switch want.Pack, want.Pos = id, c.Pos; {
-				case sc.Unknown(id, c.Pos):
-					note(unknown, f, c, fmt.Sprintf("%s is damaged before offset %d", seg.Name, c.Pos))
-				case !sc.Holds(c.Hash, want):
-					note(wrong, f, c, fmt.Sprintf("%s holds no such frame at offset %d", seg.Name, c.Pos))
-				}
-				continue
-			}
-			if same(idx, sc, c.Hash, want) {
-				continue
-			}
-			if sc != nil && idx != nil {
-				if r, ok := idx.Lookup(c.Hash); ok && sc.Unknown(r.Pack, r.Pos) {
-					note(unknown, f, c, fmt.Sprintf("the index finds it in %s, damaged before offset %d", r.Pack.Name(), r.Pos))
-					continue
-				}
-			}
-			if sc != nil && same(sc.Table, sc, c.Hash, want) {
-				note(unindexed, f, c, "found only by reading the packs")
-				continue
-			}
-			note(lost, f, c, fmt.Sprintf("its pack %s is gone and no pack holds it", manifest.PrintableName(seg.Name)))
-		}
-	}
-	if n[lost]+n[wrong]+n[unknown]+n[unindexed] == 0 {
-		return nil
-	}
-	msg := fmt.Sprintf("%d of %d stored chunks are not where a reader finds them: %d in no pack, %d not the frame the manifest names",
-		n[lost]+n[wrong]+n[unknown]+n[unindexed], total, n[lost], n[wrong])
-	if n[unknown] > 0 {
-		msg += fmt.Sprintf(", %d past the damage in a damaged pack", n[unknown])
-	}
-	if n[unindexed] > 0 {
-		msg += fmt.Sprintf(", %d found only by reading the packs (`check --repair-index` makes them readable)", n[unindexed])
-	}
-	example := first[slices.IndexFunc(first[:], func(f string) bool { return f != "" })]
-	if n[lost]+n[wrong]+n[unindexed] == 0 {
-		return fmt.Errorf("%s (%w); first: %s", msg, errPastDamage, example)
-	}
-	return fmt.Errorf("%s; first: %s", msg, example)
-}
-
-// errPastDamage: a checkpoint's chunks lie where a damaged frame header
-// hides them from the scan; only reading them (ReadData) tells whether
-// they are whole.
-var errPastDamage = errors.New("unchecked: --read-data reads them")
-
-// same says the table t finds the chunk id at a frame the scan sc holds,
-// with want's lengths, codec and CRC.
-func same(t *chunkstore.Table, sc *chunkstore.Scan, id manifest.Hash, want chunkstore.Ref) bool {
-	if t == nil || sc == nil {
-		return false
-	}
-	r, ok := t.Lookup(id)
-	return ok && r.RawLen == want.RawLen && r.Stored == want.Stored && r.Codec == want.Codec && r.Checksum == want.Checksum && sc.Holds(id, r)
 }
 
 // checkSegments checks that every segment the manifest m of the plain

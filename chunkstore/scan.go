@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/codec"
@@ -259,4 +260,95 @@ func (s *Scan) WriteIndex(ctx context.Context, st store.Store, t *Table) (string
 		}
 	}
 	return WriteTableIndex(ctx, st, s.Table, func(PackID) bool { return true }, kept)
+}
+
+// CheckChunks finds every chunk of m (format 4) where a reader looks
+// for it: at its place in the pack m names, when that pack is there with
+// the size m gives, else where the index idx finds its id; and checks the
+// frame there (sc: the location's packs, nil when it has none) is that
+// chunk (docs/FORMAT.md section 17.8, step 5). A chunk the packs hold
+// elsewhere, that idx does not find, is reported as needing an index
+// repair; chunks only past the damage in damaged packs, as ErrPastDamage.
+func CheckChunks(m *manifest.Manifest, idx *Table, sc *Scan) error {
+	// Of each kind, how many, and the first.
+	const lost, wrong, unknown, unindexed = 0, 1, 2, 3
+	var n [4]int
+	var first [4]string
+	total := 0
+	note := func(kind int, f *manifest.File, c *manifest.Chunk, why string) {
+		if n[kind] == 0 {
+			first[kind] = fmt.Sprintf("file %s, offset %d, chunk %s: %s", manifest.PrintableName(f.Name), c.Offset, c.Hash, why)
+		}
+		n[kind]++
+	}
+	for fi := range m.Files {
+		f := &m.Files[fi]
+		for ci := range f.Chunks {
+			c := &f.Chunks[ci]
+			if codec.ID(c.Codec) == codec.Zero {
+				continue
+			}
+			total++
+			if c.Segment < 0 || c.Segment >= len(m.Segments) {
+				note(lost, f, c, fmt.Sprintf("it names pack %d of %d", c.Segment, len(m.Segments)))
+				continue
+			}
+			want := Ref{RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
+			seg := m.Segments[c.Segment]
+			if id, ok := ParsePackName(seg.Name); ok && sc != nil && sc.Packs[id] != nil && sc.Packs[id].Size == seg.Size {
+				switch want.Pack, want.Pos = id, c.Pos; {
+				case sc.Unknown(id, c.Pos):
+					note(unknown, f, c, fmt.Sprintf("%s is damaged before offset %d", seg.Name, c.Pos))
+				case !sc.Holds(c.Hash, want):
+					note(wrong, f, c, fmt.Sprintf("%s holds no such frame at offset %d", seg.Name, c.Pos))
+				}
+				continue
+			}
+			if same(idx, sc, c.Hash, want) {
+				continue
+			}
+			if sc != nil && idx != nil {
+				if r, ok := idx.Lookup(c.Hash); ok && sc.Unknown(r.Pack, r.Pos) {
+					note(unknown, f, c, fmt.Sprintf("the index finds it in %s, damaged before offset %d", r.Pack.Name(), r.Pos))
+					continue
+				}
+			}
+			if sc != nil && same(sc.Table, sc, c.Hash, want) {
+				note(unindexed, f, c, "found only by reading the packs")
+				continue
+			}
+			note(lost, f, c, fmt.Sprintf("its pack %s is gone and no pack holds it", manifest.PrintableName(seg.Name)))
+		}
+	}
+	if n[lost]+n[wrong]+n[unknown]+n[unindexed] == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("%d of %d stored chunks are not where a reader finds them: %d in no pack, %d not the frame the manifest names",
+		n[lost]+n[wrong]+n[unknown]+n[unindexed], total, n[lost], n[wrong])
+	if n[unknown] > 0 {
+		msg += fmt.Sprintf(", %d past the damage in a damaged pack", n[unknown])
+	}
+	if n[unindexed] > 0 {
+		msg += fmt.Sprintf(", %d found only by reading the packs (`check --repair-index` makes them readable)", n[unindexed])
+	}
+	example := first[slices.IndexFunc(first[:], func(f string) bool { return f != "" })]
+	if n[lost]+n[wrong]+n[unindexed] == 0 {
+		return fmt.Errorf("%s (%w); first: %s", msg, ErrPastDamage, example)
+	}
+	return fmt.Errorf("%s; first: %s", msg, example)
+}
+
+// ErrPastDamage: a checkpoint's chunks lie where a damaged frame header
+// hides them from the scan; only reading them (check --read-data) tells
+// whether they are whole.
+var ErrPastDamage = errors.New("unchecked: --read-data reads them")
+
+// same says the table t finds the chunk id at a frame the scan sc holds,
+// with want's lengths, codec and CRC.
+func same(t *Table, sc *Scan, id manifest.Hash, want Ref) bool {
+	if t == nil || sc == nil {
+		return false
+	}
+	r, ok := t.Lookup(id)
+	return ok && r.RawLen == want.RawLen && r.Stored == want.Stored && r.Codec == want.Codec && r.Checksum == want.Checksum && sc.Holds(id, r)
 }

@@ -352,3 +352,79 @@ func TestScanHoldsEveryCopy(t *testing.T) {
 		t.Fatalf("rebuilt index: %d chunks, %v; want both copies of 2", len(chunks), err)
 	}
 }
+
+// TestCheckChunks: a checkpoint's chunk is checked where a reader finds
+// it (the pack the manifest names, else through the index), and what is
+// wrong is named by kind: lost, another frame there, only past damage
+// (ErrPastDamage), or found only by reading the packs.
+func TestCheckChunks(t *testing.T) {
+	ctx := context.Background()
+	st := mem.New("loc")
+	a, b, c, gone := PackID{1}, PackID{2}, PackID{3}, PackID{4}
+	present := map[PackID]int64{}
+	var packs []Pack
+	chunksOf := map[PackID][]Chunk{}
+	for i, id := range []PackID{a, b, c} {
+		p, chunks := packBytes(id, byte(i), "first", "second")
+		if id == b {
+			p[chunks[1].Pos+3] ^= 1 // the frames from its second on are unknown
+		}
+		put(t, st, id.Name(), p)
+		present[id] = int64(len(p))
+		packs = append(packs, Pack{ID: id, Size: int64(len(p))})
+		chunksOf[id] = chunks
+	}
+	// Pack c's chunks are in no index object.
+	if _, err := WriteIndex(ctx, st, packs[:2], append(slices.Clone(chunksOf[a]), chunksOf[b]...)); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := Load(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := ScanPacks(ctx, st, present)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// man names chunk ch in pack p (size as listed, or 1 for one gone) at pos.
+	man := func(ch Chunk, p PackID, pos int64) *manifest.Manifest {
+		size := present[p]
+		if size == 0 {
+			size = 1
+		}
+		return &manifest.Manifest{SharedChunks: true, Segments: []manifest.Segment{{Name: p.Name(), Size: size}},
+			Files: []manifest.File{{Name: "pages-1.img", Chunks: []manifest.Chunk{{RawLen: ch.RawLen, Stored: ch.Stored,
+				Codec: ch.Codec, Checksum: ch.Checksum, Hash: ch.ID, Pos: pos}}}}}
+	}
+	a0, a1, b1, c0 := chunksOf[a][0], chunksOf[a][1], chunksOf[b][1], chunksOf[c][0]
+	for _, tc := range []struct {
+		name     string
+		m        *manifest.Manifest
+		idx      *Table
+		sc       *Scan
+		want     string // in the error; "" for none
+		pastOnly bool
+	}{
+		{"in place", man(a0, a, a0.Pos), idx, sc, "", false},
+		{"repacked, indexed", man(a1, gone, 64), idx, sc, "", false},
+		{"another frame there", man(a1, a, a0.Pos), idx, sc, "1 not the frame the manifest names", false},
+		{"past the damage", man(b1, b, b1.Pos), idx, sc, "1 past the damage", true},
+		{"repacked, past the damage", man(b1, gone, 64), idx, sc, "damaged before offset", true},
+		{"unindexed", man(c0, gone, 64), idx, sc, "found only by reading the packs", false},
+		{"lost", man(Chunk{ID: manifest.Hash{0xee}, Ref: a0.Ref}, gone, 64), idx, sc, "1 in no pack", false},
+		{"no chunk store", man(a0, a, a0.Pos), nil, nil, "1 in no pack", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckChunks(tc.m, tc.idx, tc.sc)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, ErrPastDamage) != tc.pastOnly {
+				t.Fatalf("err %v, want one saying %q (past the damage only: %v)", err, tc.want, tc.pastOnly)
+			}
+		})
+	}
+}
