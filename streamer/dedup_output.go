@@ -1,12 +1,13 @@
 package streamer
 
 // A deduplicated checkpoint (format 4) keeps its chunks in the chunk store
-// of the location that holds it (chunkstore): DedupOutput looks each chunk
-// up by its content id, writes the chunks the location does not hold yet
-// into new packs (an ArchiveOutput in pack mode, on lanes like segments),
-// and references the others where they are. Its commit waits for the new
-// packs, writes one index object for their chunks, and then the manifest,
-// which names every pack it references, last.
+// of the location that holds it: DedupOutput writes the chunks the
+// location does not hold yet into new packs (an ArchiveOutput in pack
+// mode, on lanes like segments) and references the others where they are;
+// what the store holds, the lock and the index object are a
+// chunkstore.Writer's. Its commit waits for the new packs, has the writer
+// write their index object, and then writes the manifest, which names
+// every pack it references, last, once they are proven there.
 //
 // FILE and FILE-END frames write nothing: the manifest says what they
 // would, and a checkpoint is read only through it.
@@ -28,29 +29,23 @@ import (
 // DedupOutput writes a format 4 checkpoint into ckpt, its chunks into the
 // chunk store of loc, the location that holds ckpt.
 type DedupOutput struct {
-	ckpt  store.Store
-	loc   store.Store
-	table *chunkstore.Table
-	packs *ArchiveOutput
-	lock  *chunkstore.Lock
-	seal  *crypt.Session // nil: not encrypted
+	ckpt   store.Store
+	loc    store.Store
+	chunks *chunkstore.Writer
+	packs  *ArchiveOutput
+	seal   *crypt.Session // nil: not encrypted
 
 	// the writer's goroutine only
-	segOf     map[chunkstore.PackID]int // pack -> index in segs
-	segs      []chunkstore.PackID
-	newPack   map[int]chunkstore.PackID // packs output segment -> pack
-	added     []chunkstore.Chunk
-	newStored int64
-	index     string // the index object written, once it is
-	done      bool
+	newPack map[int]chunkstore.PackID // packs output segment -> pack
+	done    bool
 }
 
 // NewDedupOutput opens the chunk store of loc for a checkpoint written into
 // ckpt (a checkpoint of loc): it takes a capture lock and loads the index,
-// once. It refuses a ckpt that holds a checkpoint already. With seal, the
-// checkpoint is encrypted: chunk ids are keyed hashes under seal's key, so
-// only checkpoints of that key share chunks, and chunks are sealed for the
-// store (crypt.Session.SealShared).
+// once (chunkstore.NewWriter). It refuses a ckpt that holds a checkpoint
+// already. With seal, the checkpoint is encrypted: chunk ids are keyed
+// hashes under seal's key, so only checkpoints of that key share chunks,
+// and chunks are sealed for the store (crypt.Session.SealShared).
 func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int64, seal *crypt.Session) (*DedupOutput, error) {
 	if _, err := ckpt.Stat(ctx, manifest.ManifestName); err == nil {
 		return nil, fmt.Errorf("%s: a checkpoint already exists there; remove it first", ckpt)
@@ -61,21 +56,11 @@ func NewDedupOutput(ctx context.Context, ckpt, loc store.Store, segmentSize int6
 	if err != nil {
 		return nil, err
 	}
-	lock, err := chunkstore.TakeLock(ctx, loc, chunkstore.LockCapture)
+	chunks, err := chunkstore.NewWriter(ctx, loc)
 	if err != nil {
 		return nil, err
 	}
-	d := &DedupOutput{ckpt: ckpt, loc: loc, packs: packs, lock: lock, seal: seal, table: chunkstore.NewTable(),
-		segOf: map[chunkstore.PackID]int{}, newPack: map[int]chunkstore.PackID{}}
-	// While a gc holds the location, share nothing: gc may delete any
-	// pack the index lists (chunkstore/lock.go).
-	if len(lock.Others[chunkstore.LockGC]) == 0 {
-		if d.table, err = chunkstore.Load(ctx, loc); err != nil {
-			lock.Release(ctx)
-			return nil, err
-		}
-	}
-	return d, nil
+	return &DedupOutput{ckpt: ckpt, loc: loc, chunks: chunks, packs: packs, seal: seal, newPack: map[int]chunkstore.PackID{}}, nil
 }
 
 // SetLanes sets how many packs are written at once (ArchiveOutput.SetLanes).
@@ -89,7 +74,7 @@ func (d *DedupOutput) Format() pipeline.Format {
 
 // Knows says the location holds the chunk id already: a capture need not
 // encode it. Safe from any goroutine.
-func (d *DedupOutput) Knows(id [32]byte) bool { return d.table.Has(id) }
+func (d *DedupOutput) Knows(id [32]byte) bool { return d.chunks.Knows(id) }
 
 // WriteFrame implements Output.
 func (d *DedupOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
@@ -120,12 +105,10 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 	if id == (manifest.Hash{}) {
 		return finish(FramePos{}, errors.New("dedup: chunk without a content id"))
 	}
-	if r, ok := d.table.Lookup(id); ok {
-		if r.RawLen != fh.RawLen || r.Checksum != fh.Checksum {
-			return finish(FramePos{}, fmt.Errorf("dedup: chunk %s: the index says %d bytes with CRC-32C %08x, the chunk has %d with %08x: %w",
-				id, r.RawLen, r.Checksum, fh.RawLen, fh.Checksum, errdefs.ErrCorrupt))
-		}
-		return finish(FramePos{Segment: d.segment(r.Pack), Pos: r.Pos, Ref: true, Stored: r.Stored, Codec: r.Codec}, nil)
+	if r, ok, err := d.chunks.Lookup(id, fh.RawLen, fh.Checksum); err != nil {
+		return finish(FramePos{}, err)
+	} else if ok {
+		return finish(FramePos{Segment: d.chunks.Segment(r.Pack), Pos: r.Pos, Ref: true, Stored: r.Stored, Codec: r.Codec}, nil)
 	}
 	if fh.StoredLen == 0 && fh.RawLen > 0 && codec.ID(fh.Codec) == codec.None {
 		// The capture skipped encoding it because Knows said yes; the
@@ -155,21 +138,8 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 		d.newPack[loc.Segment] = pack
 	}
 	r := chunkstore.Ref{Pack: pack, Pos: loc.Pos, RawLen: fh.RawLen, Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum}
-	d.table.Add(id, r)
-	d.added = append(d.added, chunkstore.Chunk{ID: id, Ref: r})
-	d.newStored += int64(fh.StoredLen)
-	return FramePos{Segment: d.segment(pack), Pos: loc.Pos}, nil
-}
-
-// segment is the index of pack in the manifest's segments.
-func (d *DedupOutput) segment(p chunkstore.PackID) int {
-	i, ok := d.segOf[p]
-	if !ok {
-		i = len(d.segs)
-		d.segs = append(d.segs, p)
-		d.segOf[p] = i
-	}
-	return i
+	d.chunks.Add(id, r)
+	return FramePos{Segment: d.chunks.Segment(pack), Pos: loc.Pos}, nil
 }
 
 // Commit implements Output: the new packs, their index object, then the
@@ -177,42 +147,20 @@ func (d *DedupOutput) segment(p chunkstore.PackID) int {
 // proven there (prove).
 func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	d.done = true
-	defer d.lock.Release(ctx)
+	defer d.chunks.Release(ctx)
 	written, err := d.packs.commitSegments(ctx)
 	if err != nil {
 		return err
 	}
-	sizes := map[chunkstore.PackID]int64{}
-	var newPacks []chunkstore.Pack
+	newPacks := make([]chunkstore.Pack, len(written))
 	for i, s := range written {
-		p := d.newPack[i]
-		sizes[p] = s.Size
-		newPacks = append(newPacks, chunkstore.Pack{ID: p, Size: s.Size})
+		newPacks[i] = chunkstore.Pack{ID: d.newPack[i], Size: s.Size}
 	}
-	if len(d.added) > 0 {
-		if d.index, err = chunkstore.WriteIndex(ctx, d.loc, newPacks, d.added); err != nil {
-			return err
-		}
+	if err := d.chunks.Commit(ctx, newPacks, m); err != nil {
+		return err
 	}
-	m.Segments = make([]manifest.Segment, len(d.segs))
-	for i, p := range d.segs {
-		size, ok := sizes[p]
-		if !ok {
-			if size, ok = d.table.PackSize(p); !ok {
-				return fmt.Errorf("dedup: pack %s is in no index", p.Name())
-			}
-		}
-		m.Segments[i] = manifest.Segment{Name: p.Name(), Size: size}
-	}
-	if len(m.Segments) == 0 {
-		m.Segments = nil // only zero chunks: nothing to name
-	}
-	m.SharedChunks = true
-	m.Format = manifest.VersionSharedChunks
-	m.Stats.NewChunks = int64(len(d.added))
-	m.Stats.NewStoredBytes = d.newStored
 	// Each pack looked up: the location may hold many more than these.
-	if err := prove(ctx, d.lock.Lock, d.loc, m.Segments, ""); err != nil {
+	if err := prove(ctx, d.chunks.Lock.Lock, d.loc, m.Segments, ""); err != nil {
 		return err
 	}
 	return commitManifest(ctx, d.ckpt, m, d.Format())
@@ -223,10 +171,10 @@ func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 // since, and reference them; gc takes them then.
 func (d *DedupOutput) Abort(ctx context.Context) error {
 	if !d.done {
-		defer d.lock.Release(ctx)
+		defer d.chunks.Release(ctx)
 	}
 	d.done = true
-	if d.index != "" {
+	if d.chunks.Indexed() {
 		return nil
 	}
 	return d.packs.Abort(ctx)
@@ -235,4 +183,4 @@ func (d *DedupOutput) Abort(ctx context.Context) error {
 // SkippedIndex are the location's index objects that could not be read
 // (corrupt or truncated, chunkstore.Load): the chunks they list are
 // stored again, never referenced.
-func (d *DedupOutput) SkippedIndex() []chunkstore.BadIndex { return d.table.Skipped() }
+func (d *DedupOutput) SkippedIndex() []chunkstore.BadIndex { return d.chunks.Skipped() }
