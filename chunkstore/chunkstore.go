@@ -15,7 +15,57 @@
 //
 //	gpucr-chunks/packs/<32 hex>.pack   a pack: a version 4 stream of DATA frames
 //	gpucr-chunks/index/<32 hex>.idx    an index object (index.go)
-//	gpucr-chunks/locks/<kind>-<32 hex> a capture's or gc's lock (lock.go)
+//	gpucr-chunks/locks/<kind>-<32 hex> a capture's, check's or gc's lock (lock.go)
+//
+// # Where the chunk store's code is
+//
+// This package owns the objects and every rule about them, for each party
+// that uses the store:
+//
+//	names of packs, index objects, locks  chunkstore.go
+//	index objects, the table in memory    index.go (Load, WriteIndex, Table)
+//	locks, and who may share with whom    lock.go
+//	a capture: lookups, its index object  writer.go (Writer)
+//	a reader: chunks gc moved             relocate.go (FindRepacked, Relocate)
+//	gc: marks, repacking                  marks.go, repack.go (Marks.Repack)
+//	check: the packs read, chunks found   scan.go (ScanPacks, CheckChunks)
+//	cp: the copy's index object           index.go (IndexCheckpoint)
+//
+// Why not one package for all of it: an owner of everything would need
+// streamer's segment writer (to write packs) and source's manifest reader
+// (gc and check read every checkpoint's), so it would rank above them in
+// cmd/gpucr-stream/layers_test.go; but streamer and source call the store
+// (a capture looks up each chunk, a reader finds the chunks gc moved), so
+// it must rank below them. This package is that lower half (rank 3: it
+// imports codec, errdefs, manifest and store only). Four pieces sit above
+// it, each in the package whose machinery it needs, each calling in here
+// for the store's part:
+//
+//   - Writing packs, in streamer. A pack is a stream written by the
+//     segment writer (ArchiveOutput in pack mode: lanes, uploads,
+//     exclusive commits), the code that writes a plain archive's segments.
+//     DedupOutput (streamer/dedup_output.go) is the capture's Output: it
+//     puts each new chunk in a pack, asks a Writer about the others, and
+//     commits the manifest as a plain archive's is (proved, exclusive).
+//     PackWriter (streamer/pack_writer.go) writes gc's new packs for
+//     Marks.Repack, through this package's PackWriter interface.
+//   - Content-defined chunk boundaries (section 17.6), streamer/cdc.go.
+//     The capture's producer cuts a file as it reads it, from the page
+//     zero tests and CRC-32Cs that also give each chunk its sums; the cuts
+//     serve every output that deduplicates: the chunk store's, and a
+//     migration peer's chunk cache (transport/tcp's pre-copy), which is no
+//     chunk store.
+//   - Reading a deduplicated checkpoint, in source (archive.go, runs.go):
+//     the read pipeline reads chunks from the location's packs by range,
+//     as it reads segments, after FindRepacked.
+//   - gc, check and cp of a location, in catalog (chunks.go, check.go,
+//     copy.go; remove.go runs gc). They list a location's checkpoints and
+//     read their manifests (source.ReadManifest), write packs (streamer),
+//     decode checkpoints whole (check --read-data, through source), and
+//     report; the lock, the index, the marks, the scan and the repacking
+//     are calls here.
+//
+// location/open.go opens a DedupOutput for a --dedup capture.
 package chunkstore
 
 import (

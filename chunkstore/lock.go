@@ -5,7 +5,7 @@ package chunkstore
 // prune). Each taker creates its own lock object (store.Lock, refreshed
 // while it runs), then lists the others: of two takers that race, at least
 // one sees the other's lock, because each lists after its own is visible.
-// A capture that sees a gc lock loads no index (it then references only
+// A capture (Writer) that sees a gc lock loads no index (it references only
 // packs it writes itself, which gc's listing predates); a gc that sees any
 // other live lock deletes nothing. A lock older than store.StaleLock, by
 // the store's clock (against the taker's own lock, just written), or whose
