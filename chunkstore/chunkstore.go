@@ -71,7 +71,11 @@ package chunkstore
 import (
 	crand "crypto/rand"
 	"encoding/hex"
+	"iter"
 	"strings"
+
+	"github.com/gpucr/gpucr-stream/codec"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 // Object name prefixes, relative to the location.
@@ -130,4 +134,19 @@ func newIndexName() string {
 func IsIndexName(name string) bool {
 	_, ok := parseName(name, IndexPrefix, indexSuffix)
 	return ok
+}
+
+// storedChunks yields each chunk of m that lies in a pack (all but zero
+// chunks), with its file, for the caller to read or change in place.
+func storedChunks(m *manifest.Manifest) iter.Seq2[*manifest.File, *manifest.Chunk] {
+	return func(yield func(*manifest.File, *manifest.Chunk) bool) {
+		for fi := range m.Files {
+			f := &m.Files[fi]
+			for ci := range f.Chunks {
+				if c := &f.Chunks[ci]; codec.ID(c.Codec) != codec.Zero && !yield(f, c) {
+					return
+				}
+			}
+		}
+	}
 }

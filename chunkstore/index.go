@@ -28,7 +28,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -561,17 +560,15 @@ func IndexCheckpoint(ctx context.Context, loc store.Store, m *manifest.Manifest)
 	}
 	used := map[int]bool{}
 	var chunks []Chunk
-	for _, f := range m.Files {
-		for _, c := range f.Chunks {
-			if codec.ID(c.Codec) == codec.Zero || known.Has(c.Hash) {
-				continue
-			}
-			id, _ := ParsePackName(m.Segments[c.Segment].Name)
-			r := Ref{Pack: id, Pos: c.Pos, RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
-			known.Add(c.Hash, r)
-			chunks = append(chunks, Chunk{ID: c.Hash, Ref: r})
-			used[c.Segment] = true
+	for _, c := range storedChunks(m) {
+		if known.Has(c.Hash) {
+			continue
 		}
+		id, _ := ParsePackName(m.Segments[c.Segment].Name)
+		r := Ref{Pack: id, Pos: c.Pos, RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
+		known.Add(c.Hash, r)
+		chunks = append(chunks, Chunk{ID: c.Hash, Ref: r})
+		used[c.Segment] = true
 	}
 	if len(chunks) == 0 {
 		return known.Skipped(), nil

@@ -16,7 +16,6 @@ import (
 	"math/bits"
 	"slices"
 
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
 
@@ -62,14 +61,9 @@ func (m *Marks) Mark(id manifest.Hash, pack PackID, pos int64, stored uint32) {
 // MarkManifest marks the frames the stored chunks of man (format 4) use,
 // in the packs it names: after Relocate, where a reader finds them.
 func (m *Marks) MarkManifest(man *manifest.Manifest) {
-	for _, f := range man.Files {
-		for _, c := range f.Chunks {
-			if codec.ID(c.Codec) == codec.Zero {
-				continue
-			}
-			id, _ := ParsePackName(man.Segments[c.Segment].Name)
-			m.Mark(c.Hash, id, c.Pos, c.Stored)
-		}
+	for _, c := range storedChunks(man) {
+		id, _ := ParsePackName(man.Segments[c.Segment].Name)
+		m.Mark(c.Hash, id, c.Pos, c.Stored)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store"
@@ -65,30 +64,23 @@ func Relocate(m *manifest.Manifest, t *Table, present map[PackID]int64) error {
 		}
 		return i
 	}
-	for fi := range m.Files {
-		f := &m.Files[fi]
-		for ci := range f.Chunks {
-			c := &f.Chunks[ci]
-			if codec.ID(c.Codec) == codec.Zero {
-				continue
-			}
-			s := m.Segments[c.Segment]
-			if id, ok := ParsePackName(s.Name); ok && present[id] == s.Size {
-				c.Segment = use(id, s.Size)
-				continue
-			}
-			r, ok := t.Lookup(c.Hash)
-			size, there := present[r.Pack]
-			if !ok || !there {
-				return fmt.Errorf("file %s: chunk %s at offset %d: its pack %s is gone and the index finds it in no pack there: %w",
-					manifest.PrintableName(f.Name), c.Hash, c.Offset, manifest.PrintableName(s.Name), errdefs.ErrNotFound)
-			}
-			if r.RawLen != c.RawLen || r.Stored != c.Stored || r.Codec != c.Codec || r.Checksum != c.Checksum {
-				return fmt.Errorf("file %s: chunk %s at offset %d: the index lists it with other lengths, codec or CRC: %w",
-					manifest.PrintableName(f.Name), c.Hash, c.Offset, errdefs.ErrCorrupt)
-			}
-			c.Segment, c.Pos = use(r.Pack, size), r.Pos
+	for f, c := range storedChunks(m) {
+		s := m.Segments[c.Segment]
+		if id, ok := ParsePackName(s.Name); ok && present[id] == s.Size {
+			c.Segment = use(id, s.Size)
+			continue
 		}
+		r, ok := t.Lookup(c.Hash)
+		size, there := present[r.Pack]
+		if !ok || !there {
+			return fmt.Errorf("file %s: chunk %s at offset %d: its pack %s is gone and the index finds it in no pack there: %w",
+				manifest.PrintableName(f.Name), c.Hash, c.Offset, manifest.PrintableName(s.Name), errdefs.ErrNotFound)
+		}
+		if r.RawLen != c.RawLen || r.Stored != c.Stored || r.Codec != c.Codec || r.Checksum != c.Checksum {
+			return fmt.Errorf("file %s: chunk %s at offset %d: the index lists it with other lengths, codec or CRC: %w",
+				manifest.PrintableName(f.Name), c.Hash, c.Offset, errdefs.ErrCorrupt)
+		}
+		c.Segment, c.Pos = use(r.Pack, size), r.Pos
 	}
 	m.Segments = segs
 	return nil

@@ -281,44 +281,37 @@ func CheckChunks(m *manifest.Manifest, idx *Table, sc *Scan) error {
 		}
 		n[kind]++
 	}
-	for fi := range m.Files {
-		f := &m.Files[fi]
-		for ci := range f.Chunks {
-			c := &f.Chunks[ci]
-			if codec.ID(c.Codec) == codec.Zero {
-				continue
-			}
-			total++
-			if c.Segment < 0 || c.Segment >= len(m.Segments) {
-				note(lost, f, c, fmt.Sprintf("it names pack %d of %d", c.Segment, len(m.Segments)))
-				continue
-			}
-			want := Ref{RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
-			seg := m.Segments[c.Segment]
-			if id, ok := ParsePackName(seg.Name); ok && sc != nil && sc.Packs[id] != nil && sc.Packs[id].Size == seg.Size {
-				switch want.Pack, want.Pos = id, c.Pos; {
-				case sc.Unknown(id, c.Pos):
-					note(unknown, f, c, fmt.Sprintf("%s is damaged before offset %d", seg.Name, c.Pos))
-				case !sc.Holds(c.Hash, want):
-					note(wrong, f, c, fmt.Sprintf("%s holds no such frame at offset %d", seg.Name, c.Pos))
-				}
-				continue
-			}
-			if same(idx, sc, c.Hash, want) {
-				continue
-			}
-			if sc != nil && idx != nil {
-				if r, ok := idx.Lookup(c.Hash); ok && sc.Unknown(r.Pack, r.Pos) {
-					note(unknown, f, c, fmt.Sprintf("the index finds it in %s, damaged before offset %d", r.Pack.Name(), r.Pos))
-					continue
-				}
-			}
-			if sc != nil && same(sc.Table, sc, c.Hash, want) {
-				note(unindexed, f, c, "found only by reading the packs")
-				continue
-			}
-			note(lost, f, c, fmt.Sprintf("its pack %s is gone and no pack holds it", manifest.PrintableName(seg.Name)))
+	for f, c := range storedChunks(m) {
+		total++
+		if c.Segment < 0 || c.Segment >= len(m.Segments) {
+			note(lost, f, c, fmt.Sprintf("it names pack %d of %d", c.Segment, len(m.Segments)))
+			continue
 		}
+		want := Ref{RawLen: c.RawLen, Stored: c.Stored, Codec: c.Codec, Checksum: c.Checksum}
+		seg := m.Segments[c.Segment]
+		if id, ok := ParsePackName(seg.Name); ok && sc != nil && sc.Packs[id] != nil && sc.Packs[id].Size == seg.Size {
+			switch want.Pack, want.Pos = id, c.Pos; {
+			case sc.Unknown(id, c.Pos):
+				note(unknown, f, c, fmt.Sprintf("%s is damaged before offset %d", seg.Name, c.Pos))
+			case !sc.Holds(c.Hash, want):
+				note(wrong, f, c, fmt.Sprintf("%s holds no such frame at offset %d", seg.Name, c.Pos))
+			}
+			continue
+		}
+		if same(idx, sc, c.Hash, want) {
+			continue
+		}
+		if sc != nil && idx != nil {
+			if r, ok := idx.Lookup(c.Hash); ok && sc.Unknown(r.Pack, r.Pos) {
+				note(unknown, f, c, fmt.Sprintf("the index finds it in %s, damaged before offset %d", r.Pack.Name(), r.Pos))
+				continue
+			}
+		}
+		if sc != nil && same(sc.Table, sc, c.Hash, want) {
+			note(unindexed, f, c, "found only by reading the packs")
+			continue
+		}
+		note(lost, f, c, fmt.Sprintf("its pack %s is gone and no pack holds it", manifest.PrintableName(seg.Name)))
 	}
 	if n[lost]+n[wrong]+n[unknown]+n[unindexed] == 0 {
 		return nil
