@@ -1,15 +1,16 @@
 package streamer
 
-// Content-defined chunk boundaries, for deduplicated checkpoints: a page
-// inserted or removed near the start of a mapping must not make the rest
-// of the image new, which fixed-size chunks would (every later boundary
-// moves by a page). Boundaries fall on 4 KiB page boundaries of the file,
-// after a page whose CRC-32C meets a mask: the decision depends on that
-// page's content alone, so after a shift the cuts fall on the same pages
-// again, from the first cut after the change. Chunks are at least
-// minChunk and at most the chunk size; zero pages never cut, and a chunk
-// that starts in a run of zero pages ends where the run does, a zero
-// chunk, which costs no storage.
+// Content-defined chunk boundaries (docs/FORMAT.md section 17.6), for
+// every output that deduplicates (a location's chunk store, a migration
+// peer's chunk cache): a page inserted or removed near the start of a
+// mapping must not make the rest of the image new, which fixed-size
+// chunks would (every later boundary moves by a page). Boundaries fall on
+// 4 KiB page boundaries of the file, after a page whose CRC-32C meets a
+// mask: the decision depends on that page's content alone, so after a
+// shift the cuts fall on the same pages again, from the first cut after
+// the change. Chunks are at least minChunk and at most the chunk size;
+// zero pages never cut, and a chunk that starts in a run of zero pages
+// ends where the run does, a zero chunk, which costs no storage.
 //
 // CRIU's pages images hold whole pages in order, so their content moves by
 // whole pages when a mapping grows or shrinks. The page CRC is the SSE4.2
