@@ -157,6 +157,8 @@ type Result struct {
 	CUDAPIDs  []int          `json:"cuda_pids,omitempty"`
 	GPUs      []manifest.GPU `json:"gpus,omitempty"`
 	Producers int            `json:"producers,omitempty"`
+	// VRAM is what the GPU fast path did with their device memory.
+	VRAM *gpuckpt.VRAMSummary `json:"vram,omitempty"`
 }
 
 // GoneTimeout is how long Checkpoint waits for the dumped tree to die, and
@@ -204,8 +206,13 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 		Total: dumpEstimate(tree, meta.GPUs)})
 	defer done()
 	// The fast path first (the processes' device memory into the capture,
-	// then released), so that the driver's checkpoint finds little to copy.
-	ps, err := cc.FastSuspend(ctx, o.FastPath, gpuckpt.FastCarried(o.Dest), c, &meta, o.Hooks.log)
+	// then released), so that the driver's checkpoint finds little to copy;
+	// with --dedup it copies what changed since an earlier checkpoint.
+	fp := o.FastPath
+	if o.Open.Options.Dedup {
+		fp.Dedup = &gpuckpt.DedupTarget{Dest: o.Dest, Open: o.Open}
+	}
+	ps, err := cc.FastSuspend(ctx, fp, gpuckpt.FastCarried(o.Dest), c, &meta, o.Hooks.log)
 	phases = append(phases, ps...)
 	if err == nil {
 		ps, err = cc.Suspend(ctx, o.CUDA.LockTimeout)
@@ -255,7 +262,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	}
 	return &Result{PID: o.PID, Destination: o.Dest.String(), Files: len(m.Files), RawBytes: m.Stats.RawBytes,
 		StoredBytes: m.Stats.StoredBytes, Ratio: m.Stats.Ratio(), LeftRunning: o.LeaveRunning,
-		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.PIDs(), GPUs: m.GPUs, Producers: rep.Producers}, nil
+		Phases: phases, TotalSecs: time.Since(start).Seconds(), CUDAPIDs: cc.PIDs(), GPUs: m.GPUs, Producers: rep.Producers, VRAM: cc.VRAM()}, nil
 }
 
 // dump runs CRIU into c and commits c, with meta, at CRIU's commit point:

@@ -106,6 +106,8 @@ type Checkpoint struct {
 	fast    *vram.FastSuspension
 	fastT   fastTimings
 	keepDir *scratch.Dir
+	// earlier: a --dedup checkpoint's earlier ones (earlier.go).
+	earlier *earliers
 	// driverVersion is the CUDA version of the driver ("13.0").
 	driverVersion string
 }

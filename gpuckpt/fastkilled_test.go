@@ -102,7 +102,7 @@ func TestFastPathOrphaned(t *testing.T) {
 			}
 			// Nothing more to do for the undo of the dead gpucr-stream's
 			// state (a second recover finds the process running).
-			if done, err := vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID}); err != nil || len(done) != 0 {
+			if done, err := vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID}, nil); err != nil || len(done) != 0 {
 				t.Fatalf("second recover: %v %v", done, err)
 			}
 		})
@@ -128,7 +128,7 @@ func recoverOrphan(t *testing.T, tg *vramtest.Target, records string, driver boo
 		t.Fatalf("the status does not say what to run: %s", said)
 	}
 	if damaged {
-		if _, err := vram.FastRecover(ctx, tg.SockDir, records, []int{tg.PID}); err == nil {
+		if _, err := vram.FastRecover(ctx, tg.SockDir, records, []int{tg.PID}, nil); err == nil {
 			t.Fatal("recover from a damaged kept copy succeeded")
 		}
 		for k, b := range keptBytes {
@@ -137,7 +137,7 @@ func recoverOrphan(t *testing.T, tg *vramtest.Target, records string, driver boo
 			}
 		}
 	}
-	done, err := vram.FastRecover(ctx, tg.SockDir, records, []int{tg.PID})
+	done, err := vram.FastRecover(ctx, tg.SockDir, records, []int{tg.PID}, nil)
 	if err != nil || len(done) != 1 {
 		t.Fatalf("recover: %v %v", done, err)
 	}
@@ -188,7 +188,7 @@ func TestFastRecoverMissing(t *testing.T) {
 		t.Fatalf("report: %+v", r)
 	}
 	s.FastCommit() // removes the kept copy
-	if _, err := vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID}); err == nil || !strings.Contains(err.Error(), "kept no copy") || !strings.Contains(err.Error(), "--from") {
+	if _, err := vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID}, nil); err == nil || !strings.Contains(err.Error(), "kept no copy") || !strings.Contains(err.Error(), "--from") {
 		t.Fatalf("recover without the kept copy: %v", err)
 	}
 	if r := tg.Report(t); !r.Parked || !r.Released {
@@ -257,7 +257,7 @@ func TestRecoverOnlyWhatWasKept(t *testing.T) {
 				t.Fatalf("report: %+v", r)
 			}
 			tc.attack(t, o, kept)
-			_, err = vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID})
+			_, err = vram.FastRecover(ctx, tg.SockDir, o.Records, []int{tg.PID}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("recover: %v, want %q", err, tc.want)
 			}

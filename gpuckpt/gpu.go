@@ -155,7 +155,7 @@ func treeStep(ctx context.Context, drv cudadriver.Driver, o GPUStepOptions, star
 			// the driver's lock) gets its memory back from the kept copy.
 			start := time.Now()
 			var rec []int
-			rec, err = vram.FastRecover(ctx, preloadctl.Dir(), "", pids)
+			rec, err = vram.FastRecover(ctx, preloadctl.Dir(), "", pids, openEarlier(o.Open))
 			if len(rec) > 0 {
 				res.Phases = append(res.Phases, Phase{"vram refill", time.Since(start).Seconds()})
 			}

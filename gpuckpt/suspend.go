@@ -30,12 +30,14 @@ func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 	return []step{
 		{name: "kept copy", do: f.OpenKeep, undo: cc.removeKeep, fast: true},
 		{name: "connect", do: f.Dial, undo: f.HangUp, fast: true},
+		{name: "earlier checkpoint", took: &t.earlier, do: f.FindEarlier, undo: cc.dropEarlier},
 		{name: "stage", took: &t.stage, do: f.Stage},
 		{name: "collective barrier", took: &t.park, do: f.HoldCollectives},
 		{name: "park", took: &t.park, do: f.Park, undo: f.Refill, fast: true},
 		{name: "match shared memory", do: f.MatchShared},
 		{name: "sweep stale records", do: f.SweepRecords},
 		{name: "zero scan", took: &t.scan, do: f.Scan},
+		{name: "unchanged blocks", took: &t.unchanged, do: f.Unchanged},
 		{name: "room for the kept copy", do: f.Room},
 		{name: "copy out", took: &t.copyOut, do: f.CopyOut},
 		{name: "release", took: &t.release, do: f.Release},
@@ -43,12 +45,15 @@ func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 	}
 }
 
-// fastTimings are the fast path's steps as its table timed them: the
-// staging of the copy threads' pinned buffers (the processes still run),
-// the park (the collective barrier and the parks), the zero scans, the
-// copy out (every process at once) and the release.
+// fastTimings are the fast path's steps as its table timed them: with
+// --dedup the look for earlier checkpoints (the processes still run), the
+// staging of the copy threads' pinned buffers, the park (the collective
+// barrier and the parks), the zero scans, with --dedup the blocks found
+// unchanged (the rest of the earlier checkpoint's check, the device's
+// hashes, the comparison), the copy out (every process at once) and the
+// release.
 type fastTimings struct {
-	stage, park, scan, copyOut, release time.Duration
+	earlier, stage, park, scan, unchanged, copyOut, release time.Duration
 }
 
 // moveOut runs the fast path's table for cc's processes (FastSuspend),
@@ -69,6 +74,14 @@ func (cc *Checkpoint) moveOut(ctx context.Context, put vram.PutFunc, o vram.Fast
 	return nil
 }
 
+// dropEarlier is the undo of the look for earlier checkpoints: their
+// checks stop, and the lock that kept them readable goes (after the
+// refill, which may have read them).
+func (cc *Checkpoint) dropEarlier(ctx context.Context) error {
+	err := cc.fast.DropEarlier(ctx)
+	return errors.Join(err, cc.earlier.end(ctx))
+}
+
 // removeKeep is the kept copy's undo: the copy goes (once the store let
 // go of it), and the scratch directory made for it.
 func (cc *Checkpoint) removeKeep(ctx context.Context) error {
@@ -81,8 +94,16 @@ func (cc *Checkpoint) removeKeep(ctx context.Context) error {
 func (cc *Checkpoint) fastPhases(gpus []manifest.GPU) []Phase {
 	t := cc.fastT
 	procs := cc.fast.Procs()
-	phases := []Phase{{"vram stage (process running)", t.stage.Seconds()}, {"vram park", t.park.Seconds()},
-		{"vram zero scan", t.scan.Seconds()}, {"vram copy out", t.copyOut.Seconds()}, {"vram release", t.release.Seconds()}}
+	var phases []Phase
+	if cc.earlier != nil {
+		phases = append(phases, Phase{"vram earlier checkpoint (process running)", t.earlier.Seconds()})
+	}
+	phases = append(phases, Phase{"vram stage (process running)", t.stage.Seconds()}, Phase{"vram park", t.park.Seconds()},
+		Phase{"vram zero scan", t.scan.Seconds()})
+	if cc.earlier != nil {
+		phases = append(phases, Phase{"vram unchanged blocks", t.unchanged.Seconds()})
+	}
+	phases = append(phases, Phase{"vram copy out", t.copyOut.Seconds()}, Phase{"vram release", t.release.Seconds()})
 	phases = append(phases, copyPhases("copy out", slowest(procs))...)
 	return append(phases, perProcess("copy out", procs, gpus)...)
 }

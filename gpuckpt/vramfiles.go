@@ -53,6 +53,10 @@ type FastPath struct {
 	// for an undo ("": a tmpfs of huge pages of its own where it can, else
 	// $TMPDIR; package scratch).
 	KeepDir string
+	// Dedup, for a --dedup checkpoint: the copy leaves out what an
+	// earlier checkpoint of the process in the location holds unchanged
+	// (earlier.go).
+	Dedup *DedupTarget
 }
 
 // FastSuspend moves the device memory of cc's processes out of the device
@@ -86,7 +90,7 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return keep.Path, keep.File(), nil
 	}
 	start := time.Now()
-	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep})
+	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep, Dedup: cc.dedupFor(f.Dedup, log)})
 	var phases []Phase
 	if cc.fast != nil {
 		phases = cc.fastPhases(meta.GPUs)
@@ -96,13 +100,9 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 	}
 	cc.recordPaths(meta)
 	if d := time.Since(start).Seconds(); d > 0 {
-		var alloc, written, cached int64
-		for _, p := range cc.fast.Procs() {
-			alloc, written, cached = alloc+p.Allocated, written+p.Written, cached+p.Cached
-		}
-		n := cc.fast.Bytes()
-		say(log, fmt.Sprintf("GPU fast path: %.2f GiB of device memory moved out in %.2fs (%.1f GB/s): of %.2f GiB allocated, %.2f GiB written, %.2f GiB of it marked as caches (not kept); storing it into the checkpoint from the kept copy",
-			float64(n)/(1<<30), d, float64(n)/d/1e9, float64(alloc)/(1<<30), float64(written)/(1<<30), float64(cached)/(1<<30)))
+		v := cc.VRAM()
+		say(log, fmt.Sprintf("GPU fast path: %.2f GiB of device memory moved out in %.2fs (%.1f GB/s): of %.2f GiB allocated, %.2f GiB written, %.2f GiB of it marked as caches (not kept)%s; storing it into the checkpoint from the kept copy",
+			gib(v.Kept), d, float64(v.Kept)/d/1e9, gib(v.Allocated), gib(v.Written), gib(v.Cached), v.reusedNote()))
 	}
 	return phases, nil
 }
@@ -260,7 +260,7 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 	}
 	for _, pid := range cc.pids {
 		if p, ok := byPID[pid]; ok {
-			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes})
+			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes, Hashes: p.Hashes})
 		} else {
 			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver})
 		}
@@ -276,7 +276,48 @@ func (cc *Checkpoint) FastCommit() {
 	cc.undo.forget()
 	cc.fast.Commit()
 	cc.keepDir.Remove()
+	_ = cc.fast.DropEarlier(context.Background())
+	_ = cc.earlier.end(context.Background())
 }
+
+// VRAMSummary is what the fast path did with the device memory of the
+// tree: allocated, written (not zero), marked as caches, stored in the
+// VRAM files, copied out and kept until the commit, and, of the stored,
+// taken from earlier checkpoints instead (--dedup).
+type VRAMSummary struct {
+	Allocated int64  `json:"allocated_bytes"`
+	Written   int64  `json:"written_bytes"`
+	Cached    int64  `json:"cached_bytes"`
+	Stored    int64  `json:"stored_bytes"`
+	Kept      int64  `json:"kept_bytes"`
+	Reused    int64  `json:"earlier_bytes"`
+	Earlier   string `json:"earlier,omitempty"`
+}
+
+// VRAM sums what the fast path did (nil where it was not taken).
+func (cc *Checkpoint) VRAM() *VRAMSummary {
+	if cc == nil || cc.fast == nil {
+		return nil
+	}
+	v := &VRAMSummary{}
+	for _, p := range cc.fast.Procs() {
+		v.Allocated, v.Written, v.Cached = v.Allocated+p.Allocated, v.Written+p.Written, v.Cached+p.Cached
+		v.Stored, v.Kept, v.Reused = v.Stored+p.Bytes, v.Kept+p.Copy.Bytes, v.Reused+p.Reused
+		if p.Earlier != "" {
+			v.Earlier = p.Earlier
+		}
+	}
+	return v
+}
+
+func (v *VRAMSummary) reusedNote() string {
+	if v.Reused == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %.2f GiB unchanged since %s (not kept: the store and any undo read it there)", gib(v.Reused), v.Earlier)
+}
+
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 // FastRestore brings back the device memory of the restored processes that
 // took the fast path (procs, from the manifest), after the driver's restore
@@ -398,7 +439,11 @@ func suspendTo(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUStep
 	}
 	cc := &Checkpoint{drv: drv, pids: pids}
 	meta := manifest.Manifest{Tool: o.Tool}
-	phases, err := cc.FastSuspend(ctx, o.FastPath, archived(o.To), c, &meta, o.Log)
+	fp := o.FastPath
+	if o.Open.Options.Dedup {
+		fp.Dedup = &DedupTarget{Dest: o.To, Open: o.Open}
+	}
+	phases, err := cc.FastSuspend(ctx, fp, archived(o.To), c, &meta, o.Log)
 	if err == nil && cc.fast == nil {
 		err = fmt.Errorf("gpu suspend --to %s: the fast path was not taken (gpu resume --from reads an archive: a directory or s3://)", o.To)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/redact"
@@ -87,3 +88,61 @@ func local(p, raw string) Location {
 }
 
 func (l Location) String() string { return redact.URL(l.Raw) }
+
+// Sibling is the checkpoint name beside l in the location that holds l
+// (the directory of checkpoint directories, the S3 prefix above l's): a
+// --dedup checkpoint's earlier ones. ok is false for other kinds, at a
+// root, and for a name that is no checkpoint's (empty, a path, the chunk
+// store's).
+func (l Location) Sibling(name string) (Location, bool) {
+	parent, ok := l.Parent()
+	if !ok || name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || name+"/" == "gpucr-chunks/" {
+		return Location{}, false
+	}
+	switch parent.Kind {
+	case Archive:
+		p := filepath.Join(parent.Path, name)
+		return Location{Kind: Archive, Path: p, Raw: p}, true
+	case S3:
+		p := parent.Path + "/" + name
+		return Location{Kind: S3, Path: p, Raw: "s3://" + p}, true
+	}
+	return Location{}, false
+}
+
+// Parent is the location that holds the checkpoint l (an archive
+// directory or an S3 prefix), absolute: ok is false for other kinds and
+// at a root.
+func (l Location) Parent() (Location, bool) {
+	switch l.Kind {
+	case Archive:
+		abs, err := filepath.Abs(l.Path)
+		if err != nil || filepath.Dir(abs) == abs {
+			return Location{}, false
+		}
+		d := filepath.Dir(abs)
+		return Location{Kind: Archive, Path: d, Raw: d}, true
+	case S3:
+		p := strings.TrimRight(l.Path, "/")
+		i := strings.LastIndex(p, "/")
+		if i <= 0 {
+			return Location{}, false
+		}
+		return Location{Kind: S3, Path: p[:i], Raw: "s3://" + p[:i]}, true
+	}
+	return Location{}, false
+}
+
+// Name is the checkpoint l's name in the location that holds it (Parent).
+func (l Location) Name() string {
+	switch l.Kind {
+	case Archive:
+		if abs, err := filepath.Abs(l.Path); err == nil {
+			return filepath.Base(abs)
+		}
+	case S3:
+		p := strings.TrimRight(l.Path, "/")
+		return p[strings.LastIndex(p, "/")+1:]
+	}
+	return ""
+}

@@ -153,6 +153,10 @@ type CUDAProcess struct {
 	// Files hold its device memory (fast path), Bytes their total.
 	Files []string `json:"files,omitempty"`
 	Bytes int64    `json:"bytes,omitempty"`
+	// Hashes is the file of its Files' block hashes (a --dedup
+	// checkpoint's; docs/PRODUCERS.md, "Blocks an earlier checkpoint
+	// holds").
+	Hashes string `json:"hashes,omitempty"`
 }
 
 // Stats sums the checkpoint.

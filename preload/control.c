@@ -435,7 +435,7 @@ static void set_timeout(int c, int opt, long ms)
 static void serve_conn(int c)
 {
 	static char out[16384];
-	char line[256], err[512];
+	char line[1024], err[512];
 	int fds[MAXFDS], nfds, owns = 0;
 	long idle = idle_ms();
 	set_timeout(c, SO_RCVTIMEO, idle);
@@ -461,6 +461,17 @@ static void serve_conn(int c)
 		} else if (!strncmp(line, "devhash ", 8)) {
 			rc = cmd_devhash(line + 8, out, sizeof out, err, sizeof err);
 			custom = 1;
+		} else if (!strncmp(line, "hashes ", 7)) {
+			rc = cmd_hashes(line + 7, fds, nfds, out, sizeof out, err, sizeof err);
+			custom = 1;
+		} else if (!strcmp(line, "skip")) {
+			rc = cmd_skip(fds, nfds, out, sizeof out, err, sizeof err);
+			custom = 1;
+		} else if (!strncmp(line, "bases ", 6)) {
+			rc = cmd_bases(line + 6, out, sizeof out, err, sizeof err);
+			custom = 1;
+		} else if (!strncmp(line, "based ", 6)) {
+			rc = cmd_based(line + 6, err, sizeof err);
 		} else {
 			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
 		}
@@ -476,9 +487,9 @@ static void serve_conn(int c)
 			snprintf(out, sizeof out,
 				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
 				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld,\"allocated\":%lld,"
-				 "\"zero_bytes\":%lld,\"cached_bytes\":%lld,\"scan_s\":%.6f,\"scan_error\":\"%s\"}\n",
+				 "\"zero_bytes\":%lld,\"cached_bytes\":%lld,\"earlier_bytes\":%lld,\"scan_s\":%.6f,\"scan_error\":\"%s\"}\n",
 				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged, st.collectives,
-				 st.w.allocated, st.w.zero, st.w.cached, st.w.scan, se);
+				 st.w.allocated, st.w.zero, st.w.cached, st.w.earlier, st.w.scan, se);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;

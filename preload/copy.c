@@ -330,7 +330,7 @@ static void piece_blocks(struct piece *p, const struct scan *s)
 	p->what = m ? m->what + (p->va - m->va) / p->block : NULL;
 	p->stored = p->cached = 0;
 	for (size_t b = 0; b < p->nblk; b++)
-		if (!p->what || p->what[b] == BLK_STORE)
+		if (!p->what || blk_in_file(p->what[b]))
 			p->stored += blk_len(p, b);
 		else if (p->what[b] == BLK_CACHED)
 			p->cached += blk_len(p, b);
@@ -394,7 +394,7 @@ static int write_header(struct job *j, const struct piece *p)
 	memcpy(h, v, HDR);
 	memset(h + HDR, 0, bl);
 	for (size_t b = 0; p->what && b < p->nblk; b++)
-		if (p->what[b] != BLK_STORE)
+		if (!blk_in_file(p->what[b]))
 			h[HDR + b / 8] |= (unsigned char)(1u << (b % 8));
 	if (pwrite_all(j->fds[p->file], h, HDR + bl, p->off) < 0) {
 		job_fail(j, "write: %s", strerror(errno));
@@ -404,8 +404,10 @@ static int write_header(struct job *j, const struct piece *p)
 }
 
 /* A cursor over a piece's stored bytes: next_chunk gives the next run of
- * at most max bytes that are stored and consecutive on the device, at
- * device offset *off of the piece, *len bytes, for file offset *at. */
+ * at most max bytes that are to be copied and consecutive on the device,
+ * at device offset *off of the piece, *len bytes, for file offset *at.
+ * Blocks an earlier checkpoint holds have their place in the file, left
+ * a hole. */
 struct cursor {
 	size_t pos; /* device offset in the piece */
 	off_t at;   /* file offset of the next stored byte */
@@ -416,6 +418,8 @@ static int next_chunk(const struct piece *p, struct cursor *c, size_t max, size_
 	while (c->pos < p->n) {
 		size_t b = c->pos / p->block;
 		if (p->what && p->what[b] != BLK_STORE) {
+			if (p->what[b] == BLK_EARLIER)
+				c->at += (off_t)(blk_len(p, b) - c->pos % p->block);
 			c->pos = (b + 1) * p->block;
 			continue;
 		}

@@ -190,14 +190,7 @@ static CUresult (*r_ModuleUnload)(CUmodule);
 static CUresult (*r_Launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 			    CUstream, void **, void **);
 
-/* One mapping's blocks; prev holds the last call's, for "changed". */
-struct dhmap {
-	CUdeviceptr va;
-	size_t n;
-	CUcontext ctx;
-	uint64_t *h; /* 2 per block */
-	size_t nblk;
-};
+/* prev holds the last call's blocks, for "changed". */
 static struct dhmap *prev;
 static int nprev;
 static uint64_t prev_block, prev_key;
@@ -209,7 +202,7 @@ static double mono(void)
 	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static void free_maps(struct dhmap *m, int k)
+void free_maps(struct dhmap *m, int k)
 {
 	for (int i = 0; i < k; i++)
 		free(m[i].h);
@@ -413,19 +406,15 @@ static int resolve(char *err, size_t n)
 	return 0;
 }
 
-int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n)
+/* hash_maps hashes every mapping of the process's own memory (what a copy
+ * out copies: copied() and mapped) on its device, in blocks of block bytes
+ * under key: *out gets them in address order (free_maps frees them), and
+ * the bytes, blocks and contexts covered and where the time went. It
+ * returns how many mappings, or -1. Parked only: nothing may change them
+ * meanwhile. */
+int hash_maps(uint64_t block, uint64_t key, struct dhmap **out, long long *bytes_, long long *blocks_, int *contexts_,
+	      double *load, double *kern, double *fetch, char *err, size_t n)
 {
-	char *end;
-	uint64_t block = strtoull(args, &end, 10), key = strtoull(end, &end, 0);
-	int check = !strcmp(end, " check");
-	if (block < 4096 || block > (1ULL << 30) || block % 4096 || (*end && !check)) {
-		snprintf(err, n, "devhash %.60s: want BLOCK (a multiple of 4096, up to 1 GiB) KEY [check]", args);
-		return -1;
-	}
-	if (!parked || released) {
-		snprintf(err, n, "devhash: %s", released ? "memory is released" : "not parked");
-		return -1;
-	}
 	pthread_mutex_lock(&tab_mu);
 	struct dhmap *m = calloc(nm ? nm : 1, sizeof *m);
 	int k = 0;
@@ -468,7 +457,6 @@ int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n)
 			return -1;
 		}
 	}
-	double load = 0, kern = 0, fetch = 0;
 	int contexts = 0;
 	for (int c = 0; c < nctx; c++) {
 		int any = 0;
@@ -477,11 +465,37 @@ int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n)
 		if (!any)
 			continue;
 		contexts++;
-		if (hash_ctx(ctxs[c], m, k, block, key, &load, &kern, &fetch, err, n) < 0) {
+		if (hash_ctx(ctxs[c], m, k, block, key, load, kern, fetch, err, n) < 0) {
 			free_maps(m, k);
 			return -1;
 		}
 	}
+	*out = m;
+	*bytes_ = bytes;
+	*blocks_ = blocks;
+	*contexts_ = contexts;
+	return k;
+}
+
+int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n)
+{
+	char *end;
+	uint64_t block = strtoull(args, &end, 10), key = strtoull(end, &end, 0);
+	int check = !strcmp(end, " check");
+	if (block < 4096 || block > (1ULL << 30) || block % 4096 || (*end && !check)) {
+		snprintf(err, n, "devhash %.60s: want BLOCK (a multiple of 4096, up to 1 GiB) KEY [check]", args);
+		return -1;
+	}
+	if (!parked || released) {
+		snprintf(err, n, "devhash: %s", released ? "memory is released" : "not parked");
+		return -1;
+	}
+	struct dhmap *m;
+	int k, contexts;
+	long long bytes, blocks;
+	double load = 0, kern = 0, fetch = 0;
+	if ((k = hash_maps(block, key, &m, &bytes, &blocks, &contexts, &load, &kern, &fetch, err, n)) < 0)
+		return -1;
 	/* Against the previous call's blocks: changed, or not seen then. */
 	long long changed = 0, same = 0;
 	int compared = prev && prev_block == block && prev_key == key;

@@ -149,6 +149,7 @@ static void atfork_child(void)
 	keep_clear(0);
 	memset(&kept_scan, 0, sizeof kept_scan); /* the parent's */
 	cache_reset();
+	bases_reset();
 	kernels_forget();
 	atomic_store(&incapable_set, 0);
 	pthread_mutex_init(&incapable_mu, NULL);

@@ -271,6 +271,7 @@ void json_str(char *out, size_t n, const char *s);
  * and what a copy in set with memsets instead of copies. */
 struct written_stats {
 	long long allocated, zero, cached;
+	long long earlier; /* stored, not copied: an earlier checkpoint holds it (dedup.c) */
 	double scan;
 	char scan_err[160]; /* the scan failed: everything was copied */
 };
@@ -295,6 +296,17 @@ int copied(int i);
 
 /* ---- devhash.c: the device kernels, block hashes on the device ---- */
 int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n);
+/* One mapping's block hashes: 2 words a block (devhash.h's lanes). */
+struct dhmap {
+	CUdeviceptr va;
+	size_t n;
+	CUcontext ctx;
+	uint64_t *h;
+	size_t nblk;
+};
+int hash_maps(uint64_t block, uint64_t key, struct dhmap **out, long long *bytes, long long *blocks, int *contexts,
+	      double *load, double *kern, double *fetch, char *err, size_t n);
+void free_maps(struct dhmap *m, int k);
 /* kernel_fn finds kernel name ("gpucr_hash", "gpucr_zero") of the
  * library's module in context ctx, loading the module once per context. */
 int kernel_fn(CUcontext ctx, const char *name, void **fn, char *err, size_t n);
@@ -305,8 +317,11 @@ void kernels_forget(void);
 /* ---- written.c: the zero scan and the marked caches ---- */
 /* One mapping's blocks as a scan found them: what[b] is BLK_STORE,
  * BLK_ZERO (all zero) or BLK_CACHED (written, inside a range the program
- * marked as a cache); both of the latter are not stored. */
-enum { BLK_STORE = 0, BLK_ZERO = 1, BLK_CACHED = 2 };
+ * marked as a cache); both of the latter are not stored. BLK_EARLIER
+ * (dedup.c): stored, but an earlier checkpoint holds it already, so the
+ * copy out leaves its place in the file a hole and gpucr-stream fills it
+ * from there. */
+enum { BLK_STORE = 0, BLK_ZERO = 1, BLK_CACHED = 2, BLK_EARLIER = 3 };
 struct wmap {
 	CUdeviceptr va;
 	size_t size;
@@ -337,6 +352,17 @@ int cmd_scan(char *out, size_t outn, char *err, size_t n);
 void cache_forget(CUdeviceptr va, size_t n);
 long long cached_bytes(int *ranges);
 void cache_reset(void);
+
+/* ---- dedup.c: blocks an earlier checkpoint holds ---- */
+int cmd_hashes(const char *args, int *fds, int nfds, char *out, size_t outn, char *err, size_t n);
+int cmd_skip(int *fds, int nfds, char *out, size_t outn, char *err, size_t n);
+int cmd_bases(const char *args, char *out, size_t outn, char *err, size_t n);
+int cmd_based(const char *args, char *err, size_t n);
+int blk_in_file(unsigned char what); /* BLK_STORE or BLK_EARLIER: its bytes are in the VRAM file */
+void bases_reset(void);
+/* kept_delta: the last copy out left the blocks an earlier checkpoint
+ * holds out of the kept copy: it cannot refill the memory alone. */
+extern int kept_delta;
 
 /* ---- recover.c: the kept copy ---- */
 extern int said;

@@ -105,7 +105,7 @@ void keep_clear(int rm)
 		keep_paths[i] = NULL;
 	}
 	nkeep = 0;
-	driver_next = detached = 0;
+	driver_next = detached = kept_delta = 0;
 }
 
 /* cmd_keep takes the descriptors of the kept copy, its directory first
@@ -143,6 +143,9 @@ int cmd_keep(int *fds, int *nfds, char *err, size_t n)
 	}
 	nkeep = *nfds;
 	*nfds = 0;
+	/* The copy out that wrote them left out what an earlier checkpoint
+	 * holds (dedup.c): they refill nothing alone. */
+	kept_delta = kept_scan.valid && kept_scan.w.earlier > 0;
 	return 0;
 }
 
@@ -153,6 +156,12 @@ static int keep_open(int *out, char *err, size_t n)
 {
 	if (nkeep == 0) {
 		snprintf(err, n, "no kept copy of the released memory (gpucr-stream gpu resume --pid PID --from SRC brings it from a checkpoint)");
+		return -1;
+	}
+	if (kept_delta) {
+		snprintf(err, n, "the kept copy holds only the blocks that changed since an earlier checkpoint: gpucr-stream gpu resume --pid %d "
+				 "refills the rest from it",
+			 getpid());
 		return -1;
 	}
 	if (keep_fds[0] < 0) {
@@ -242,6 +251,13 @@ void on_orphan(void)
 			       "paused with its device memory %s: run `gpucr-stream gpu resume --pid %d` (it restores the driver's "
 			       "state, then the memory from the kept copy%s%s)",
 		    released ? "released" : "in place", getpid(), nkeep ? " " : "", nkeep ? keep_paths[0] : "");
+		return;
+	}
+	if (kept_delta && released) {
+		say("waiting", "gpucr-stream's connection ended (gpucr-stream died?) with the device memory released, and the kept copy holds "
+			       "only the blocks that changed since an earlier checkpoint; the program stays paused: run `gpucr-stream gpu resume "
+			       "--pid %d` (it refills the rest from that checkpoint)",
+		    getpid());
 		return;
 	}
 	int was = released;

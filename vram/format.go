@@ -92,6 +92,7 @@ type fileReader struct {
 type record struct {
 	va, size, block, cached uint64
 	data                    int64 // the bytes of it the file holds
+	start                   int64 // where in the file they begin
 }
 
 func (fr *fileReader) bad(off int64, format string, args ...any) error {
@@ -151,7 +152,7 @@ func (fr *fileReader) record(off int64) (rec record, next int64, end bool, err e
 	if off, err = fr.padding(rec, off); err != nil {
 		return rec, 0, false, err
 	}
-	rec.data = int64(rec.size - unstored)
+	rec.data, rec.start = int64(rec.size-unstored), off
 	if rec.data > fr.size-off {
 		return rec, 0, false, fr.bad(off, "range %#x: %d bytes of data, the file has %d left", rec.va, rec.data, fr.size-off)
 	}

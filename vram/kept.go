@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,6 +49,11 @@ type keptRecord struct {
 	DirID fsat.ID   `json:"dir_id"`
 	Files []string  `json:"files"`
 	IDs   []fsat.ID `json:"ids"`
+	// Earlier (LOC/NAME) holds the blocks the kept files left out, which
+	// the skip file Skip (in Dir) lists.
+	Earlier string  `json:"earlier,omitempty"`
+	Skip    string  `json:"skip,omitempty"`
+	SkipID  fsat.ID `json:"skip_id,omitzero"`
 }
 
 // ErrNoRecord says gpucr-stream kept no copy of that process.
@@ -241,14 +247,18 @@ func removeFiles(dir *os.File, names []string, ids []fsat.ID) {
 // a gpucr-stream that died after the driver's lock (or by a failed refill)
 // gets its memory back from the kept copy and runs on. Processes without
 // the library, or not parked, are left alone. It returns those it resumed.
-func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, error) {
+//
+// A kept copy that left out what an earlier checkpoint holds (--dedup)
+// is refilled whole from both: open opens that checkpoint again (its
+// name from the record) for process pid.
+func FastRecover(ctx context.Context, dir, records string, pids []int, open OpenEarlier) ([]int, error) {
 	if records == "" {
 		records = DefaultRecords()
 	}
 	var done []int
 	var errs []error
 	for _, pid := range pids {
-		ok, err := recoverOne(ctx, dir, records, pid)
+		ok, err := recoverOne(ctx, dir, records, pid, open)
 		if ok {
 			done = append(done, pid)
 		}
@@ -258,7 +268,12 @@ func FastRecover(ctx context.Context, dir, records string, pids []int) ([]int, e
 	return done, errors.Join(errs...)
 }
 
-func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error) {
+// OpenEarlier opens the earlier checkpoint where (LOC/NAME, as an
+// Earlier's Name) for process pid.
+// The func it returns closes what it opened, once the refill is done.
+type OpenEarlier func(ctx context.Context, where string, pid int) (*Earlier, func(), error)
+
+func recoverOne(ctx context.Context, dir, records string, pid int, open OpenEarlier) (bool, error) {
 	if !preloadctl.Loaded(pid) {
 		return false, nil
 	}
@@ -299,15 +314,58 @@ func recoverOne(ctx context.Context, dir, records string, pid int) (bool, error)
 		return false, fmt.Errorf("process %d: %w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", pid, err, pid)
 	}
 	defer kd.Close()
-	fs, err := openFiles(kd, rec.Files, rec.IDs)
-	if err == nil {
-		err = p.Recover(ctx, fs)
-		closeAll(fs)
-	}
-	if err != nil {
+	if err := refillKept(ctx, p, kd, rec, open); err != nil {
 		return false, fmt.Errorf("%w (it stays parked; if its memory is in a checkpoint: `gpu resume --pid %d --from SRC`)", err, pid)
 	}
 	removeFiles(kd, rec.Files, rec.IDs)
+	if rec.Skip != "" {
+		removeFiles(kd, []string{rec.Skip}, []fsat.ID{rec.SkipID})
+	}
 	removeRecord(records, pid)
 	return true, nil
+}
+
+// refillKept sends p the kept copy rec names (in kd): its files, or, where
+// they left out what an earlier checkpoint holds, whole files composed
+// from them and that checkpoint.
+func refillKept(ctx context.Context, p *preloadctl.Conn, kd *os.File, rec keptRecord, open OpenEarlier) error {
+	if rec.Earlier == "" {
+		fs, err := openFiles(kd, rec.Files, rec.IDs)
+		if err != nil {
+			return err
+		}
+		defer closeAll(fs)
+		return p.Recover(ctx, fs)
+	}
+	if open == nil {
+		return fmt.Errorf("process %d: its kept copy leaves out what %s holds, and nothing here opens it", rec.PID, rec.Earlier)
+	}
+	e, closeEarlier, err := open(ctx, rec.Earlier, rec.PID)
+	if err != nil {
+		return fmt.Errorf("process %d: its kept copy leaves out what %s holds: %w", rec.PID, rec.Earlier, err)
+	}
+	defer closeEarlier()
+	sf, err := openFiles(kd, []string{rec.Skip}, []fsat.ID{rec.SkipID})
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(io.LimitReader(sf[0], 64<<20))
+	closeAll(sf)
+	if err != nil {
+		return err
+	}
+	skip, err := parseSkip(b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", rec.Skip, err)
+	}
+	fs, wait, err := composedPipes(ctx, &composer{key: e.Hashes.Key, skip: skip, earlier: e}, kd, rec.Files, rec.IDs)
+	if err != nil {
+		return err
+	}
+	err = p.Recover(ctx, fs)
+	closeAll(fs)
+	if werr := wait(); err != nil && werr != nil {
+		err = fmt.Errorf("%w (%w)", err, werr)
+	}
+	return err
 }

@@ -95,6 +95,10 @@ type FastOptions struct {
 	// Records holds gpucr-stream's record of each kept copy, for `gpu
 	// resume --pid` (default DefaultRecords()).
 	Records string
+	// Dedup, for a --dedup checkpoint: the copy out leaves out what an
+	// earlier checkpoint of the location holds unchanged, and the store
+	// adds each process's BlockHashes (earlier.go).
+	Dedup *Dedup
 }
 
 // DefaultFiles is the files (and copy threads) per process. One thread
@@ -112,6 +116,12 @@ type FastProc struct {
 	// program marked as a cache (Cached).
 	Bytes                      int64
 	Allocated, Written, Cached int64
+	// Reused are the bytes of Bytes not copied out nor kept: the earlier
+	// checkpoint Earlier (LOC/NAME) holds them unchanged (--dedup).
+	Reused  int64
+	Earlier string
+	// Hashes is its BlockHashes file in the checkpoint (--dedup).
+	Hashes string
 	// Copy is where its copy out's time went.
 	Copy preloadctl.CopyStats
 }
@@ -123,8 +133,21 @@ type fastProc struct {
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
 	ids []fsat.ID
-	// need is what its kept files will take (Scan).
+	// need is what its kept files will take (Scan, Unchanged).
 	need int64
+	// With --dedup (earlier.go): the earlier checkpoint found for it and
+	// its check (from FindEarlier until Unchanged waits for it), the
+	// blocks its copy out left out (nil: none) and the skip file that
+	// says so in the kept copy's directory; key hashes its blocks; the
+	// store gathers each file's pieces into its BlockHashes.
+	earlier    *Earlier
+	verified   chan error
+	stopVerify context.CancelFunc
+	skip       *skipSet
+	skipFile   string
+	skipID     fsat.ID
+	key        uint64
+	perFile    [][]hashedPiece
 }
 
 // FastSuspension is the processes of a tree whose device memory the fast
@@ -346,12 +369,24 @@ func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
 	}
 	defer func() { fp.p.Close(); fp.p = nil }()
 	var fs []*os.File
-	if fp.released {
+	wait := func() error { return nil }
+	switch {
+	case fp.released && fp.skip != nil:
+		// The kept copy left blocks out: whole files, or nothing.
+		var err error
+		if fs, wait, err = composedPipes(ctx, fp.composer(), s.keepDir, fp.Files, fp.ids); err != nil {
+			return fmt.Errorf("process %d: refill from %s and %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, fp.Earlier, err)
+		}
+	case fp.released:
 		// Where they cannot be opened, the library tries its own.
 		fs, _ = openFiles(s.keepDir, fp.Files, fp.ids)
-		defer closeAll(fs)
 	}
-	if err := fp.p.Recover(ctx, fs); err != nil {
+	err := fp.p.Recover(ctx, fs)
+	closeAll(fs)
+	if werr := wait(); err != nil && werr != nil {
+		err = fmt.Errorf("%w (%w)", err, werr)
+	}
+	if err != nil {
 		// The program stays parked: it never runs without its memory.
 		return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
 	}
@@ -424,7 +459,8 @@ func (s *FastSuspension) record(fp *fastProc) error {
 	if err != nil {
 		return err
 	}
-	return writeRecord(s.opts.Records, keptRecord{PID: fp.PID, Start: start, Dir: s.opts.KeepDir, DirID: dirID, Files: fp.Files, IDs: fp.ids})
+	return writeRecord(s.opts.Records, keptRecord{PID: fp.PID, Start: start, Dir: s.opts.KeepDir, DirID: dirID, Files: fp.Files, IDs: fp.ids,
+		Earlier: fp.Earlier, Skip: fp.skipFile, SkipID: fp.skipID})
 }
 
 func closeAll(fs []*os.File) {
@@ -507,9 +543,12 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 		fp.ids = append(fp.ids, id)
 	}
 	cs, err := fp.p.CopyOut(ctx, ws)
-	fp.Bytes, fp.Copy = cs.Bytes, cs
+	fp.Bytes, fp.Copy = cs.Bytes+cs.Earlier, cs
 	if err != nil {
 		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)
+	}
+	if cs.Earlier != fp.Reused {
+		return fmt.Errorf("process %d: copy out left out %d bytes, %d were asked: %w", fp.PID, cs.Earlier, fp.Reused, ErrVRAMFile)
 	}
 	return nil
 }
@@ -538,6 +577,9 @@ func (s *FastSuspension) removeKeep() {
 				defer wg.Done()
 				removeFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
 			}()
+		}
+		if fp.skipFile != "" {
+			removeFiles(s.keepDir, []string{fp.skipFile}, []fsat.ID{fp.skipID})
 		}
 	}
 	wg.Wait()

@@ -5,6 +5,7 @@ package vram
 // caller waits for it before the commit.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,16 +43,32 @@ func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	var failed atomic.Bool
+	fail := func(fp *fastProc, name string, err error) {
+		failed.Store(true)
+		cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
+	}
 	for _, fp := range s.procs {
+		var files sync.WaitGroup
+		fp.perFile = make([][]hashedPiece, len(fp.Files))
 		for k, name := range fp.Files {
 			wg.Add(1)
+			files.Add(1)
 			go func() {
 				defer wg.Done()
+				defer files.Done()
 				if err := s.storeFile(ctx, put, fp, k); err != nil {
-					failed.Store(true)
-					cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
+					fail(fp, name, err)
 				}
 			}()
+		}
+		if s.opts.Dedup != nil {
+			// Its block hashes, once every file has gone by.
+			wg.Go(func() {
+				files.Wait()
+				if err := s.storeHashes(ctx, put, fp); err != nil {
+					fail(fp, fp.Hashes, err)
+				}
+			})
 		}
 	}
 	go func() {
@@ -66,7 +83,9 @@ func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 }
 
 // storeFile puts fp's k-th kept file; a cancelled store ends at its next
-// read.
+// read. With --dedup the file goes through its composer: the blocks the
+// copy out left out come from the earlier checkpoint, and every block is
+// hashed for the process's BlockHashes.
 func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastProc, k int) error {
 	fs, err := openFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
 	if err != nil {
@@ -77,7 +96,39 @@ func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastPro
 	if err := testStoreFault(); err != nil {
 		return err
 	}
-	return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
+	if s.opts.Dedup == nil {
+		return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
+	}
+	st, err := fs[0].Stat()
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	composed := make(chan error, 1)
+	go func() {
+		ps, err := fp.composer().compose(ctx, k, fs[0], st.Size(), pw)
+		fp.perFile[k] = ps
+		pw.CloseWithError(err)
+		composed <- err
+	}()
+	err = put(ctx, fp.Files[k], pr)
+	pr.CloseWithError(errors.Join(err, ErrUndone)) // a composer still writing ends
+	if cerr := <-composed; cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// storeHashes puts fp's BlockHashes, gathered from its files' composers.
+func (s *FastSuspension) storeHashes(ctx context.Context, put PutFunc, fp *fastProc) error {
+	if ctx.Err() != nil {
+		return nil // a file failed: the store did
+	}
+	b, err := newBlockHashes(fp.key, len(fp.Files), fp.perFile).MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return put(ctx, fp.Hashes, bytes.NewReader(b))
 }
 
 type ctxReader struct {
