@@ -76,10 +76,10 @@ type BlockHashes struct {
 // hashedPiece is one piece of a VRAM file: its record and its stored
 // blocks' hashes.
 type hashedPiece struct {
-	file                   int
-	va, size, block, data  uint64
-	unstored               []byte // the record's bitmap, ceil(nblk/8) bytes
-	hashes                 []blockHash
+	file                  int
+	va, size, block, data uint64
+	unstored              []byte // the record's bitmap, ceil(nblk/8) bytes
+	hashes                []blockHash
 }
 
 func (p *hashedPiece) nblk() uint64 { return (p.size + p.block - 1) / p.block }
