@@ -90,8 +90,11 @@ func (e *Earlier) verifyFile(ctx context.Context, f int, ps []*hashedPiece) erro
 	if err != nil {
 		return fmt.Errorf("the earlier checkpoint %s: %w", e.Name, err)
 	}
-	buf := make([]byte, max(copyBuf, int(ps[0].block)))
+	buf := make([]byte, copyBuf)
 	for _, p := range ps {
+		if n := int(min(p.block, p.size)); len(buf) < n {
+			buf = make([]byte, n)
+		}
 		per := max(1, uint64(len(buf))/p.block)
 		for b := uint64(0); b < p.nblk(); {
 			if !p.stored(b) {
@@ -140,7 +143,7 @@ func (c *composer) compose(ctx context.Context, k int, kept io.ReaderAt, size in
 	}
 	var out []hashedPiece
 	readers := map[int]io.ReaderAt{}
-	buf := make([]byte, copyBuf)
+	var buf []byte
 	for off := int64(8); ; {
 		rec, next, end, err := fr.record(off)
 		if err != nil {
@@ -154,12 +157,14 @@ func (c *composer) compose(ctx context.Context, k int, kept io.ReaderAt, size in
 		// the record checked).
 		p := hashedPiece{file: k, va: rec.va, size: rec.size, block: rec.block, data: uint64(rec.start)}
 		p.unstored = append([]byte(nil), fr.bm[:(p.nblk()+7)/8]...)
-		head := append(append(append(buf[:0], fr.hdr...), p.unstored...), make([]byte, rec.start-off-int64(len(fr.hdr)+len(p.unstored)))...)
+		head := append(append(fr.hdr, p.unstored...), make([]byte, rec.start-off-int64(len(fr.hdr)+len(p.unstored)))...)
 		if _, err := w.Write(head); err != nil {
 			return nil, err
 		}
-		if len(buf) < int(p.block) {
-			buf = make([]byte, p.block)
+		// Runs of up to copyBuf, and a block over it whole (at most a
+		// piece); no more than the piece's data.
+		if n := int(max(min(copyBuf, rec.data), int64(min(p.block, p.size)))); len(buf) < n {
+			buf = make([]byte, n)
 		}
 		if err := c.blocks(ctx, &p, kept, w, buf, readers); err != nil {
 			return nil, err
