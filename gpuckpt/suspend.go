@@ -86,6 +86,9 @@ func (cc *Checkpoint) dropEarlier(ctx context.Context) error {
 // go of it), and the scratch directory made for it.
 func (cc *Checkpoint) removeKeep(ctx context.Context) error {
 	err := cc.fast.RemoveKeep(ctx)
+	if cc.fast.Stranded() {
+		return err // a refill failed: its copy stays for `gpu resume --pid`
+	}
 	return errors.Join(err, cc.keepDir.Remove())
 }
 

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -227,12 +228,22 @@ func (s *FastSuspension) OpenKeep(context.Context) error {
 // it), then removes the kept copy, its records and the directory's
 // descriptor: the inverse of OpenKeep, and of all that Room and CopyOut
 // wrote into it. The refill (Refill) reads the kept copy before.
+//
+// The kept copy of a process whose refill failed stays, with its record:
+// it is parked without its memory, and `gpu resume --pid` refills it from
+// there once what failed is fixed (Stranded).
 func (s *FastSuspension) RemoveKeep(context.Context) error {
 	if s.storeDone != nil {
 		<-s.storeDone
 	}
-	s.removeKeep()
+	s.removeKeep(false)
 	return nil
+}
+
+// Stranded says that a process's memory is still released (its refill
+// failed), so its kept copy stays where it is.
+func (s *FastSuspension) Stranded() bool {
+	return s != nil && slices.ContainsFunc(s.procs, func(fp *fastProc) bool { return fp.released })
 }
 
 // Dial connects to the library of every process. Its inverse is HangUp.
@@ -388,7 +399,8 @@ func (s *FastSuspension) refill(ctx context.Context, fp *fastProc) error {
 	}
 	if err != nil {
 		// The program stays parked: it never runs without its memory.
-		return fmt.Errorf("process %d: refill from %s: %w (it stays parked)", fp.PID, s.opts.KeepDir, err)
+		return fmt.Errorf("process %d: refill from %s: %w (it stays parked, its kept copy with it: `gpucr-stream gpu resume --pid %d` refills it once what failed is fixed)",
+			fp.PID, s.opts.KeepDir, err, fp.PID)
 	}
 	fp.released, fp.parked = false, false
 	return nil
@@ -562,15 +574,18 @@ func (s *FastSuspension) Commit() {
 	}
 	_ = s.Wait(context.Background()) // done before the commit: returns at once
 	_ = s.Detach(context.Background())
-	s.removeKeep()
+	s.removeKeep(true)
 }
 
 // removeKeep removes the kept copy and its records, a file per
 // goroutine: freeing the pages of GBs of tmpfs takes a while, and scales
-// with the cores.
-func (s *FastSuspension) removeKeep() {
+// with the cores. Without all, a process still released keeps its own.
+func (s *FastSuspension) removeKeep(all bool) {
 	var wg sync.WaitGroup
 	for _, fp := range s.procs {
+		if fp.released && !all {
+			continue
+		}
 		for k := range fp.Files {
 			wg.Add(1)
 			go func() {
@@ -584,7 +599,7 @@ func (s *FastSuspension) removeKeep() {
 	}
 	wg.Wait()
 	for _, fp := range s.procs {
-		if len(fp.ids) > 0 {
+		if len(fp.ids) > 0 && (all || !fp.released) {
 			removeRecord(s.opts.Records, fp.PID)
 		}
 	}
