@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/gpucr/gpucr-stream/fsat"
@@ -160,10 +161,20 @@ func newKey() (uint64, error) {
 // bytes a page covers blocks of any size, with room for the headers.
 func maxDeviceHashes(allocated int64) int64 { return 1<<20 + allocated/4096*24 }
 
+// memFile is an unnamed file in memory (the kept copy's directory may not
+// be made yet: its size depends on what is left out).
+func memFile(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
 // leaveOut has fp's library hash its memory, finds the blocks that are
 // unchanged since fp.earlier, and has the library leave them out.
 func (s *FastSuspension) leaveOut(ctx context.Context, fp *fastProc) error {
-	f, err := fsat.CreateUnnamed(s.keepDir)
+	f, err := memFile("gpucr-device-hashes")
 	if err != nil {
 		return err
 	}
@@ -191,15 +202,11 @@ func (s *FastSuspension) leaveOut(ctx context.Context, fp *fastProc) error {
 		s.note(fp, fmt.Sprintf("none of its blocks is as %s holds it", fp.earlier.Name))
 		return nil
 	}
-	sf, err := fsat.Create(s.keepDir, skipName(fp.PID), unix.O_RDWR, 0o600)
+	sf, err := memFile("gpucr-skip")
 	if err != nil {
 		return err
 	}
 	defer sf.Close()
-	if fp.skipID, err = fsat.IDOf(sf); err != nil {
-		return err
-	}
-	fp.skipFile = skipName(fp.PID)
 	sb, _ := skip.MarshalBinary()
 	if _, err := sf.Write(sb); err != nil {
 		return err
@@ -216,6 +223,31 @@ func (s *FastSuspension) leaveOut(ctx context.Context, fp *fastProc) error {
 	}
 	fp.skip, fp.Reused, fp.Earlier = skip, n, fp.earlier.Name
 	fp.need -= n
+	return nil
+}
+
+// writeSkip writes fp's skip file into the kept copy's directory, beside
+// its files, for a `gpu resume --pid` after gpucr-stream's death (its
+// record names it).
+func (s *FastSuspension) writeSkip(fp *fastProc) error {
+	if fp.skip == nil {
+		return nil
+	}
+	f, err := fsat.Create(s.keepDir, skipName(fp.PID), unix.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if fp.skipID, err = fsat.IDOf(f); err == nil {
+		fp.skipFile = skipName(fp.PID)
+		b, _ := fp.skip.MarshalBinary()
+		_, err = f.Write(b)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("process %d: skip file: %w", fp.PID, err)
+	}
 	return nil
 }
 

@@ -426,6 +426,9 @@ func (s *FastSuspension) CopyOut(ctx context.Context) error {
 		wg.Go(func() {
 			errs[i] = s.copyOut(ctx, fp)
 			if errs[i] == nil {
+				errs[i] = s.writeSkip(fp)
+			}
+			if errs[i] == nil {
 				errs[i] = s.record(fp)
 			}
 			if errs[i] == nil {
