@@ -21,7 +21,11 @@ import (
 // location's chunk store (only the kernel's counter is new), and after the
 // program rewrote one allocation only that one's bytes are new; the last
 // checkpoint restores, and the program proves its memory, the rewritten
-// allocation with its new pattern.
+// allocation with its new pattern. Issue 36: every checkpoint after the
+// first copies out and keeps only the blocks that changed since the one
+// before (the kernel's counter's; the rewritten allocation's), and the
+// rest is read back from that one: the resume after --leave-running, the
+// undo of a checkpoint whose store fails after the release, the store.
 func TestFastPathDedup(t *testing.T) {
 	e := setupFast(t)
 	ctx := testCtx(t)
@@ -30,17 +34,25 @@ func TestFastPathDedup(t *testing.T) {
 	t.Setenv("FP_EXTRA_MB", "64")
 	pid, tdir, waitGone := e.start(t, "t")
 	loc := filepath.Join(e.dir, "loc")
+	kept := map[string]vramSummary{}
+	args := func(name string, extra ...string) []string {
+		return append([]string{"checkpoint", "--dedup", "--pid", strconv.Itoa(pid), "--to", filepath.Join(loc, name),
+			"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--json", "--no-progress", "--vram-files", "3"}, extra...)
+	}
 	ck := func(name string, extra ...string) *manifest.Manifest {
 		t.Helper()
-		out, err := e.gcsRun(ctx, append([]string{"checkpoint", "--dedup", "--pid", strconv.Itoa(pid), "--to", filepath.Join(loc, name),
-			"--work-dir", filepath.Join(e.dir, "w-"+name), "--criu", e.criu, "--json", "--no-progress", "--vram-files", "3"}, extra...)...)
+		out, err := e.gcsRun(ctx, args(name, extra...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var ph phases
-		if err := json.Unmarshal(out, &ph); err != nil || !ph.has("vram copy out") {
+		var res struct {
+			VRAM vramSummary `json:"vram"`
+		}
+		if err := json.Unmarshal(out, &ph); err != nil || !ph.has("vram copy out") || json.Unmarshal(out, &res) != nil {
 			t.Fatalf("checkpoint %s took no fast path: %s (%v)", name, out, err)
 		}
+		kept[name] = res.VRAM
 		b, err := os.ReadFile(filepath.Join(loc, name, manifest.ManifestName))
 		if err != nil {
 			t.Fatal(err)
@@ -49,7 +61,7 @@ func TestFastPathDedup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Format != 4 || len(m.CUDA) != 1 || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 {
+		if m.Format != 4 || len(m.CUDA) != 1 || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 || m.CUDA[0].Hashes == "" {
 			t.Fatalf("checkpoint %s: format %d, cuda %+v", name, m.Format, m.CUDA)
 		}
 		return m
@@ -89,8 +101,23 @@ func TestFastPathDedup(t *testing.T) {
 		}
 	}
 	intact("after the rewrite")
+	// A checkpoint whose store fails after the release: CRIU resumes the
+	// process, whose memory comes back from the kept copy (the pitched
+	// allocation, the counter) and "two".
+	if out, err := e.gcsRunEnv(ctx, []string{"GPUCR_TEST_FAULT=store"}, args("failed")...); err == nil || !strings.Contains(string(out)+err.Error(), "injected store failure") {
+		t.Fatalf("a checkpoint whose store fails: %v %s", err, out)
+	}
+	intact("after the failed checkpoint's undo")
 	three := ck("three")
 	waitGone()
+	// Each after the first kept what changed since the one before: the
+	// counter's block; the pitched allocation's blocks too.
+	for name, most := range map[string]int64{"two": 2 * zblock, "three": (pitch+zblock-1)/zblock*zblock + 2*zblock} {
+		if v := kept[name]; v.Kept > most || v.Reused == 0 || v.Reused+v.Kept != v.Stored || v.Earlier == "" {
+			t.Errorf("checkpoint %s kept %+v, want at most %d bytes kept, the rest from the one before", name, v, most)
+		}
+	}
+	t.Logf("kept: one %+v, two %+v, three %+v", kept["one"], kept["two"], kept["three"])
 
 	// What each checkpoint's VRAM files hold that the one before did not.
 	vramStored, newTwo := vramNew(one, two)
@@ -147,3 +174,15 @@ func vramNew(prev, cur *manifest.Manifest) (stored, fresh int64) {
 	}
 	return stored, fresh
 }
+
+// vramSummary is a checkpoint's --json "vram" (gpuckpt.VRAMSummary).
+type vramSummary struct {
+	Allocated int64  `json:"allocated_bytes"`
+	Stored    int64  `json:"stored_bytes"`
+	Kept      int64  `json:"kept_bytes"`
+	Reused    int64  `json:"earlier_bytes"`
+	Earlier   string `json:"earlier"`
+}
+
+// zblock is the library's zero-scan block (vram/vramtest.ZBlock).
+const zblock = 64 << 10
