@@ -38,9 +38,12 @@
 #              target rewrites REWRITE_PCT percent of its tensor bytes
 #              (SIGUSR2: new random values in place, checksums updated),
 #              proves, checkpoint --dedup into LOC/two, restore, prove.
-#              Reports both checkpoint times and the second's new bytes as a
-#              share of the first's (ls --json LOC). The round fails unless
-#              every checkpoint took the fast path and every proof holds
+#              Reports both checkpoint times, the second's new bytes as a
+#              share of the first's (ls --json LOC), and what the second
+#              copied out and kept (the blocks changed since the first: its
+#              --json vram.kept_bytes) as a share of the device memory
+#              (issue 36: at most 15%). The round fails unless every
+#              checkpoint took the fast path and every proof holds
 #   devhash    the two ways of finding changed device memory (issue 22) on
 #              the fast-path target: gpu hash --host-check (the device's
 #              block hashes against the host's, every block; the copy out
@@ -373,6 +376,11 @@ for r in rows:
         print("          dedup (%s): first %.2fs, %.2f GiB new; %.1f%% of the tensor bytes rewritten; second %.2fs, %.3f GiB new = %.1f%% of the first's (issue 22: at most 12%%, 1.0s into tmpfs, 2.0s onto disk); restores %.2fs, %.2fs" % (
             d["location"], d["first_seconds"], d["first_new_bytes"] / 2**30, 100 * d["rewrite_share"], d["second_seconds"],
             d["second_new_bytes"] / 2**30, 100 * d["second_share"], d["first_restore_seconds"], d["second_restore_seconds"]))
+        if d.get("second_allocated_bytes"):
+            print("          dedup (%s): the second copied out and kept %.3f GiB = %.1f%% of the %.2f GiB of device memory, %.2f GiB read back from the first (issue 36: at most 15%%, 1.2s into tmpfs): %s" % (
+                d["location"], d["second_kept_bytes"] / 2**30, 100 * d["second_kept_share"], d["second_allocated_bytes"] / 2**30,
+                d["second_earlier_bytes"] / 2**30, "met" if d["second_kept_share"] <= 0.15 else "NOT MET"))
+            print("          dedup (%s): the second's steps: %s" % (d["location"], ", ".join("%s %.3fs" % (k, v) for k, v in d.get("second_vram_phases", {}).items())))
     mw = r.get("memwatch") or {}
     if mw:
         wb = r.get("written_bytes", 0)
@@ -1602,6 +1610,13 @@ d = {"location": kind + " " + loc, "first_seconds": c1.get("total_seconds", 0), 
   "rewrite_bytes": rw.get("bytes", 0), "rewrite_share": (rw["bytes"] / rw["tensor_bytes"]) if rw.get("tensor_bytes") else 0,
   "first_restore_seconds": r1.get("total_seconds", 0), "second_restore_seconds": r2.get("total_seconds", 0),
   "location_bytes": int(locbytes or 0), "second_new_by_kind": load(kind + "-newbytes.json").get("by_kind", {})}
+# Issue 36: what the second copied out and kept (the blocks that changed
+# since the first), of the device memory the target holds.
+v2 = c2.get("vram") or {}
+d["second_kept_bytes"], d["second_allocated_bytes"] = v2.get("kept_bytes", 0), v2.get("allocated_bytes", 0)
+d["second_earlier_bytes"] = v2.get("earlier_bytes", 0)
+d["second_kept_share"] = (d["second_kept_bytes"] / d["second_allocated_bytes"]) if d["second_allocated_bytes"] else 0
+d["second_vram_phases"] = {p["name"]: p["seconds"] for p in c2.get("phases", []) if p["name"].startswith("vram ") or p["name"] in ("commit", "criu dump + encode + write")}
 print(json.dumps({"round": rnd + "/" + kind, "codec": "dedup", "ok": ok == "true", "raw_bytes": c1.get("raw_bytes", 0),
   "stored_bytes": c1.get("stored_bytes", 0), "phases": phases, "checkpoint_total": c1.get("total_seconds", 0),
   "restore_total": r1.get("total_seconds", 0), "dedup": d, "note": note}))
