@@ -30,28 +30,57 @@ const (
 type blockHash [2]uint64
 
 // hashBlock is dh_block over b (whole 64-bit words, little-endian) under
-// key: what the library's kernel computes for a block on the device.
+// key: what the library's kernel computes for a block on the device. Four
+// words a round, the products i*K1 and i*K2 carried as sums: every block
+// a checkpoint stores or reads back from an earlier one goes through it.
 func hashBlock(b []byte, key uint64) blockHash {
-	var a, c uint64
-	n := uint64(len(b) / 8)
-	for i := uint64(0); i < n; i++ {
-		w := binary.LittleEndian.Uint64(b[i*8:])
-		x := w ^ (i*dhK1 + key)
-		x ^= x >> 33
-		x *= 0xFF51AFD7ED558CCD
-		x ^= x >> 33
-		x *= 0xC4CEB9FE1A85EC53
-		x ^= x >> 33
-		a += x
-		y := (w + i*dhK2) ^ key
-		y ^= y >> 30
-		y *= 0xBF58476D1CE4E5B9
-		y ^= y >> 27
-		y *= 0x94D049BB133111EB
-		y ^= y >> 31
-		c += y
+	var a0, a1, a2, a3, c0, c1, c2, c3 uint64
+	k1, k2 := key, uint64(0)             // i*K1 + key, i*K2
+	m1, m2 := uint64(dhK1), uint64(dhK2) // their products wrap, as in C
+	n := len(b) / 8
+	for ; n >= 4; n -= 4 {
+		w := b[:32:32]
+		w0, w1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		w2, w3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
+		a0 += fmix1(w0 ^ k1)
+		a1 += fmix1(w1 ^ (k1 + m1))
+		a2 += fmix1(w2 ^ (k1 + 2*m1))
+		a3 += fmix1(w3 ^ (k1 + 3*m1))
+		c0 += fmix2((w0 + k2) ^ key)
+		c1 += fmix2((w1 + k2 + m2) ^ key)
+		c2 += fmix2((w2 + k2 + 2*m2) ^ key)
+		c3 += fmix2((w3 + k2 + 3*m2) ^ key)
+		k1 += 4 * m1
+		k2 += 4 * m2
+		b = b[32:]
 	}
-	return blockHash{a, c}
+	for ; n > 0; n-- {
+		w := binary.LittleEndian.Uint64(b)
+		a0 += fmix1(w ^ k1)
+		c0 += fmix2((w + k2) ^ key)
+		k1 += dhK1
+		k2 += dhK2
+		b = b[8:]
+	}
+	return blockHash{a0 + a1 + a2 + a3, c0 + c1 + c2 + c3}
+}
+
+// fmix1 is MurmurHash3's 64-bit finalizer (devhash.h dh_fmix1).
+func fmix1(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xFF51AFD7ED558CCD
+	x ^= x >> 33
+	x *= 0xC4CEB9FE1A85EC53
+	return x ^ x>>33
+}
+
+// fmix2 is SplitMix64's (devhash.h dh_fmix2).
+func fmix2(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xBF58476D1CE4E5B9
+	x ^= x >> 27
+	x *= 0x94D049BB133111EB
+	return x ^ x>>31
 }
 
 // magicHashes starts a BlockHashes file.

@@ -23,7 +23,13 @@ func TestHashBlockVector(t *testing.T) {
 		n    int
 		key  uint64
 		want blockHash
-	}{{1024, 0x1234, blockHash{0xe186d445539ca114, 0xd59376caae226d70}}, {3, 0, blockHash{0xac74914f574431bd, 0xd1254a490d269843}}} {
+	}{
+		{1024, 0x1234, blockHash{0xe186d445539ca114, 0xd59376caae226d70}},
+		{3, 0, blockHash{0xac74914f574431bd, 0xd1254a490d269843}},
+		// whole rounds of four words and a tail, the key's sums wrapping
+		{1023, 0xffffffffffffffff, blockHash{0x54ee2d650f603437, 0x50985508e1394a24}},
+		{7, 1, blockHash{0x748ed9f73d36b1e6, 0x52d0a67b3f405cc2}},
+	} {
 		if got := hashBlock(w[:8*tc.n], tc.key); got != tc.want {
 			t.Errorf("%d words under %#x: %x, want %x", tc.n, tc.key, got, tc.want)
 		}
@@ -301,4 +307,14 @@ func FuzzCompose(f *testing.F) {
 		c := &composer{key: 1, skip: skip, earlier: e}
 		_, _ = c.compose(context.Background(), 0, bytes.NewReader(b), int64(len(b)), io.Discard)
 	})
+}
+
+// BenchmarkHashBlock: the host's device hash of 64 KiB blocks, as the
+// store and the check of an earlier checkpoint run it on every block.
+func BenchmarkHashBlock(b *testing.B) {
+	buf := randBlock(rand.New(rand.NewPCG(5, 6)), 64<<10)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		hashBlock(buf, 3)
+	}
 }
