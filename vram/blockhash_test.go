@@ -209,17 +209,18 @@ func TestUnchanged(t *testing.T) {
 	}
 	earlier := &BlockHashes{Key: 5, Files: 1, pieces: []hashedPiece{first,
 		{va: 1<<32 + maxPiece, size: 2 * blk, block: 2 * blk, unstored: []byte{0}, hashes: []blockHash{h(7)}}}}
-	// The device: one mapping of both pieces; blocks 0-3 and the second
-	// piece's first offered, block 4 (equal) not.
+	// The device: one mapping of both pieces; blocks 0-3, 5 (equal, its
+	// hash found past the block not stored) and the second piece's first
+	// offered, block 4 (equal) not.
 	m := devMap{va: 1 << 32, size: maxPiece + 2*blk, bits: make([]byte, per/8+8), hashes: make([]blockHash, per+2)}
-	for _, b := range []int{0, 1, 2, 3, per} {
+	for _, b := range []int{0, 1, 2, 3, 5, per} {
 		m.bits[b/8] |= 1 << (b % 8)
 	}
-	m.hashes[0], m.hashes[1], m.hashes[2], m.hashes[3], m.hashes[4], m.hashes[per] = h(1), h(2), h(4), blockHash{}, h(104), h(7)
+	m.hashes[0], m.hashes[1], m.hashes[2], m.hashes[3], m.hashes[4], m.hashes[5], m.hashes[per] = h(1), h(2), h(4), blockHash{}, h(104), h(105), h(7)
 	dev := &deviceHashes{key: 5, block: blk, maps: []devMap{m}}
 	s := unchanged(dev, earlier)
-	if s == nil || s.bytes != blk || !s.has(1<<32) || s.has(1<<32+blk) || s.has(1<<32+4*blk) || s.has(1<<32+maxPiece) {
-		t.Fatalf("left out %+v, want only the first block", s)
+	if s == nil || s.bytes != 2*blk || !s.has(1<<32) || s.has(1<<32+blk) || s.has(1<<32+4*blk) || !s.has(1<<32+5*blk) || s.has(1<<32+maxPiece) {
+		t.Fatalf("left out %+v, want blocks 0 and 5", s)
 	}
 	if unchanged(&deviceHashes{key: 6, block: blk, maps: dev.maps}, earlier) != nil {
 		t.Fatal("hashes under another key compared")

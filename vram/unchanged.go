@@ -146,13 +146,17 @@ func unchanged(dev *deviceHashes, e *BlockHashes) *skipSet {
 			if hp == nil || hp.size != min(maxPiece, m.va+m.size-ps) || hp.block != dev.block {
 				continue
 			}
-			first := (ps - m.va) / dev.block
+			first, ord := (ps-m.va)/dev.block, uint64(0) // ord: hp.ordinal(b)
 			for b := uint64(0); b < hp.nblk(); b++ {
 				mb := first + b
-				if !m.has(mb) || !hp.stored(b) {
+				if !hp.stored(b) {
 					continue
 				}
-				if h := hp.hashes[hp.ordinal(b)]; h != (blockHash{}) && h == m.hashes[mb] {
+				ord++
+				if !m.has(mb) {
+					continue
+				}
+				if h := hp.hashes[ord-1]; h != (blockHash{}) && h == m.hashes[mb] {
 					left.bits[mb/8] |= 1 << (mb % 8)
 					s.bytes += int64(hp.blockLen(b))
 					any = true
