@@ -10,7 +10,6 @@ package preloadctl
 import (
 	"bufio"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -593,87 +592,6 @@ func (p *Conn) copy(ctx context.Context, cmd string, files []*os.File) (CopyStat
 	return CopyStats{Bytes: r.Bytes, Workers: r.Workers, Staged: r.Staged, Setup: secs(r.SetupS), Work: secs(r.WorkS),
 		Teardown: secs(r.TeardownS), Wait: secs(r.WaitS), IO: secs(r.IOS), Allocated: r.Allocated, Zero: r.Zero, Cached: r.Cached,
 		ScanError: r.ScanError, Earlier: r.Earlier}, nil
-}
-
-// HashStats is what `hashes` answered: the mappings and blocks it hashed
-// on the device, and how many blocks it offered to be left out.
-type HashStats struct {
-	Mappings int     `json:"mappings"`
-	Bytes    int64   `json:"bytes"`
-	Blocks   int64   `json:"blocks"`
-	Block    int64   `json:"block"`
-	Offered  int64   `json:"offered"`
-	KernelS  float64 `json:"kernel_s"`
-	HashesS  float64 `json:"hashes_s"`
-}
-
-// Hashes has the parked process's library hash every block of its memory
-// as its last Scan cut them, on the device under key, and write the
-// hashes into f (preload/dedup.c; vram reads them).
-func (p *Conn) Hashes(ctx context.Context, key uint64, f *os.File) (HashStats, error) {
-	var r HashStats
-	js, err := p.do(ctx, fmt.Sprintf("hashes %#x", key), []*os.File{f})
-	if err != nil {
-		return r, err
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return r, fmt.Errorf("process %d: hashes: %w", p.PID, err)
-	}
-	return r, nil
-}
-
-// Skip hands the parked process's library the blocks its next copy out
-// leaves holes for (f, preload/dedup.c's skip file): it answers their
-// bytes.
-func (p *Conn) Skip(ctx context.Context, f *os.File) (int64, error) {
-	js, err := p.do(ctx, "skip", []*os.File{f})
-	if err != nil {
-		return 0, err
-	}
-	var r struct {
-		Skipped int64 `json:"skipped"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return 0, fmt.Errorf("process %d: skip: %w", p.PID, err)
-	}
-	return r.Skipped, nil
-}
-
-// MaxBaseName is the longest checkpoint name Based records.
-const MaxBaseName = 255
-
-// Based records in the process that it went into the checkpoint name of
-// the location loc (a 64-bit name of it): CRIU carries that into the
-// checkpoint, so that the process, and a restore of it, can say where
-// its memory is (Bases).
-func (p *Conn) Based(ctx context.Context, loc uint64, name string) error {
-	if name == "" || len(name) > MaxBaseName {
-		return fmt.Errorf("process %d: based: a name of 1 to %d bytes, not %d", p.PID, MaxBaseName, len(name))
-	}
-	_, err := p.do(ctx, fmt.Sprintf("based %x %s", loc, hex.EncodeToString([]byte(name))), nil)
-	return err
-}
-
-// Bases are the names Based recorded for loc, the latest first (at most
-// four): hints only, which the caller checks.
-func (p *Conn) Bases(ctx context.Context, loc uint64) ([]string, error) {
-	js, err := p.do(ctx, fmt.Sprintf("bases %x", loc), nil)
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Names []string `json:"names"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return nil, fmt.Errorf("process %d: bases: %w", p.PID, err)
-	}
-	var out []string
-	for _, h := range r.Names {
-		if b, err := hex.DecodeString(h); err == nil && len(b) > 0 && len(b) <= MaxBaseName {
-			out = append(out, string(b))
-		}
-	}
-	return out, nil
 }
 
 // DevHash is what a `devhash` answered: the block hashes of the process's
