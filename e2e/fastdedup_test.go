@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpucr/gpucr-stream/catalog"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/manifest"
 )
@@ -78,28 +77,7 @@ func TestFastPathDedup(t *testing.T) {
 	two := ck("two", "--leave-running")
 	intact("after the second checkpoint")
 
-	// The target rewrites its pitched allocation with a new pattern.
-	regions, err := os.ReadFile(filepath.Join(tdir, "addrs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pitch int64
-	for k, l := range strings.Split(strings.TrimSpace(string(regions)), "\n") {
-		if f := strings.Fields(l); f[0] == "pitch" {
-			pitch, _ = strconv.ParseInt(f[2], 10, 64)
-			if err := os.WriteFile(filepath.Join(tdir, "rewrite.tmp"), []byte(strconv.Itoa(k)+"\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(filepath.Join(tdir, "rewrite.tmp"), filepath.Join(tdir, "rewrite")); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for end := time.Now().Add(5 * time.Second); !fileExists(filepath.Join(tdir, "rewritten")); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) || pitch == 0 {
-			t.Fatalf("the target did not rewrite its pitched allocation (%d bytes)", pitch)
-		}
-	}
+	pitch := rewritePitched(t, tdir)
 	intact("after the rewrite")
 	// A checkpoint whose store fails after the release: CRIU resumes the
 	// process, whose memory comes back from the kept copy (the pitched
@@ -122,18 +100,11 @@ func TestFastPathDedup(t *testing.T) {
 	// What each checkpoint's VRAM files hold that the one before did not.
 	vramStored, newTwo := vramNew(one, two)
 	_, newThree := vramNew(two, three)
-	es := map[string]catalog.Entry{}
 	out, err := e.gcsRun(ctx, "ls", "--json", loc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var list []catalog.Entry
-	if err := json.Unmarshal(out, &list); err != nil {
-		t.Fatalf("ls --json: %v\n%s", err, out)
-	}
-	for _, en := range list {
-		es[en.Name] = en
-	}
+	es := lsEntries(t, gcsResult{stdout: string(out)})
 	t.Logf("VRAM %d stored bytes; new in the second checkpoint %d, in the third (%d bytes rewritten) %d; new bytes in the location: %d, %d, %d",
 		vramStored, newTwo, pitch, newThree, es["one"].NewBytes, es["two"].NewBytes, es["three"].NewBytes)
 	// The counter's page is in one chunk; the rewritten allocation
@@ -150,6 +121,34 @@ func TestFastPathDedup(t *testing.T) {
 
 	out, err = e.gcsRun(ctx, "restore", "--from", filepath.Join(loc, "three"), "--work-dir", filepath.Join(e.dir, "w-restore"), "--criu", e.criu, "--json", "--no-progress")
 	mustRestoreFast(t, out, err, pid, tdir)
+}
+
+// rewritePitched has the fast-path target rewrite its pitched allocation
+// with a new pattern, and returns its size.
+func rewritePitched(t *testing.T, tdir string) int64 {
+	t.Helper()
+	regions, err := os.ReadFile(filepath.Join(tdir, "addrs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pitch int64
+	for k, l := range strings.Split(strings.TrimSpace(string(regions)), "\n") {
+		if f := strings.Fields(l); f[0] == "pitch" {
+			pitch, _ = strconv.ParseInt(f[2], 10, 64)
+			if err := os.WriteFile(filepath.Join(tdir, "rewrite.tmp"), []byte(strconv.Itoa(k)+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(filepath.Join(tdir, "rewrite.tmp"), filepath.Join(tdir, "rewrite")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for end := time.Now().Add(5 * time.Second); !fileExists(filepath.Join(tdir, "rewritten")); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) || pitch == 0 {
+			t.Fatalf("the target did not rewrite its pitched allocation (%d bytes)", pitch)
+		}
+	}
+	return pitch
 }
 
 // vramNew returns the stored bytes of cur's VRAM files and how many of
