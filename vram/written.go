@@ -7,12 +7,9 @@ package vram
 // directory is made and checked for room (room.go), so that both go by
 // what the copy will hold, not by what the processes allocated.
 //
-// The seam for --dedup (not done): the kept copy could also leave out the
-// chunks the location already holds durably (the undo would refill those
-// from the store); that needs the scan to say which blocks changed since
-// the last checkpoint (devhash's block hashes) and the undo to read from
-// the store, and it would be a step between Scan and Room in gpuckpt's
-// table (gpuckpt/suspend.go).
+// With --dedup the copy out also leaves out what an earlier checkpoint
+// holds unchanged (earlier.go: Unchanged, a step between Scan and Room in
+// gpuckpt's table), so Room asks for less again.
 
 import (
 	"context"
