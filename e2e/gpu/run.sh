@@ -377,9 +377,11 @@ for r in rows:
             d["location"], d["first_seconds"], d["first_new_bytes"] / 2**30, 100 * d["rewrite_share"], d["second_seconds"],
             d["second_new_bytes"] / 2**30, 100 * d["second_share"], d["first_restore_seconds"], d["second_restore_seconds"]))
         if d.get("second_allocated_bytes"):
-            print("          dedup (%s): the second copied out and kept %.3f GiB = %.1f%% of the %.2f GiB of device memory, %.2f GiB read back from the first (issue 36: at most 15%%, 1.2s into tmpfs): %s" % (
+            tm = d["location"].startswith("tmpfs ")
+            met = d["second_kept_share"] <= 0.15 and (not tm or d["second_seconds"] <= 1.2)
+            print("          dedup (%s): the second copied out and kept %.3f GiB = %.1f%% of the %.2f GiB of device memory, %.2f GiB read back from the first, in %.2fs (issue 36: at most 15%%%s): %s" % (
                 d["location"], d["second_kept_bytes"] / 2**30, 100 * d["second_kept_share"], d["second_allocated_bytes"] / 2**30,
-                d["second_earlier_bytes"] / 2**30, "met" if d["second_kept_share"] <= 0.15 else "NOT MET"))
+                d["second_earlier_bytes"] / 2**30, d["second_seconds"], ", 1.2s into tmpfs" if tm else "", "met" if met else "NOT MET"))
             print("          dedup (%s): the second's steps: %s" % (d["location"], ", ".join("%s %.3fs" % (k, v) for k, v in d.get("second_vram_phases", {}).items())))
     mw = r.get("memwatch") or {}
     if mw:
