@@ -23,8 +23,8 @@ package e2e
 // whether and when it is killed, gc's ages, what rm and cp pick. Timing
 // still differs from run to run, as in restic's and kopia's stress tests;
 // a failure prints the seed and a timeline of every run. TORTURE_ITERATIONS
-// (default 24) is the number of captures per store, gc, rm and cp running
-// for as long as they do: TORTURE_ITERATIONS=200 for a longer run by hand.
+// (default 120) is the number of captures per store, gc, rm and cp running
+// for as long as they do: TORTURE_ITERATIONS=1000 for a longer run by hand.
 
 import (
 	"bytes"
@@ -117,7 +117,7 @@ type torture struct {
 
 func runTorture(t *testing.T, env tortureEnv) {
 	seed := uint64(envInt("TORTURE_SEED", 37))
-	n := envInt("TORTURE_ITERATIONS", 24)
+	n := envInt("TORTURE_ITERATIONS", 120)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*10*time.Second)
 	defer cancel()
 	tt := &torture{t: t, ctx: ctx, env: env, seed: seed, n: n, bin: BuildBinary(t, "./cmd/gpucr-stream"), tmp: ShortTempDir(t), t0: time.Now()}
@@ -237,10 +237,15 @@ func (tt *torture) capture(id int) {
 		killAfter = time.Duration(1+r.IntN(300))*time.Millisecond + feed.stall
 	}
 	// F4's recipe, where the test can date a lock (a directory): its lock
-	// set back 7 h in the stall, as if it had stalled that long, and a gc
-	// then. It may fail (it must, if gc took anything), never exit 0 with
-	// a checkpoint gc took from.
+	// set back 7 h in a stall before its last piece of pages, as if it
+	// had stalled that long, and a gc at 0s then, which takes what it
+	// wrote so far (its pages all new: segments or packs of them). It
+	// may fail (it must, if gc took anything), never exit 0 with a
+	// checkpoint gc took from.
 	aged := tt.env.kind == "dir" && feed.stall > 0 && killAfter == 0 && r.IntN(5) == 0
+	if aged {
+		c.spec.change, feed.stallAt = 100, tortureBases[c.spec.base]/feed.piece-1
+	}
 	tt.mu.Lock()
 	tt.ckpts = append(tt.ckpts, c)
 	tt.count.captures++
@@ -353,7 +358,7 @@ func (t *trickle) Read(p []byte) (int, error) {
 }
 
 // ageLock sets the lock of c's capture, process pid, 7 h back, then runs
-// gc: the capture's lock is stale by the store's clock, and gc takes
+// gc at 0s: the capture's lock is stale by the store's clock, and gc takes
 // what it wrote so far for a dead capture's.
 func (tt *torture) ageLock(c *tckpt, pid int, dedup bool) {
 	pattern := filepath.Join(c.loc, c.name, manifest.SegmentPrefix, "*.lock")
@@ -372,10 +377,10 @@ func (tt *torture) ageLock(c *tckpt, pid int, dedup bool) {
 			}
 		}
 	}
-	res := tt.gc(0, "1h", c.loc)
-	tt.logf("capture %s: lock %q set 7h back, then gc --older-than 1h: %s", c.name, aged, res)
+	res := tt.gc(0, "0s", c.loc)
+	tt.logf("capture %s: lock %q set 7h back, then gc --older-than 0s: %s", c.name, aged, res)
 	if res.code != 0 {
-		tt.t.Errorf("gc --older-than 1h %s: %s", c.loc, res)
+		tt.t.Errorf("gc --older-than 0s %s: %s", c.loc, res)
 	}
 	tt.mu.Lock()
 	tt.count.aged++
