@@ -71,6 +71,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 	}
 	from, to := src, dst
 	var lock *store.Lock
+	var gcHeld []string // gc locks held at dst's location when cp took its own
 	if m.SharedChunks {
 		// A deduplicated checkpoint's packs go from location to location,
 		// those the destination holds already (same name: packs are
@@ -87,7 +88,7 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 			return nil, err
 		}
 		defer cl.Release(ctx)
-		lock = cl.Lock
+		lock, gcHeld = cl.Lock, cl.Others[chunkstore.LockGC]
 	} else {
 		// A lock beside the segments keeps gc from them until the
 		// manifest names them, as a capture's does.
@@ -96,16 +97,8 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		}
 		defer lock.Release(ctx)
 	}
-	for _, seg := range m.Segments {
-		if info, err := to.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
-			res.Kept++
-			continue
-		}
-		n, err := copyObject(ctx, from, to, seg, progress)
-		res.Bytes += n
-		if err != nil {
-			return res, err
-		}
+	if err := copySegments(ctx, from, to, m, gcHeld, progress, res); err != nil {
+		return res, err
 	}
 	if m.SharedChunks {
 		bad, err := chunkstore.IndexCheckpoint(ctx, to, m)
@@ -143,6 +136,31 @@ func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, prog
 		return res, fmt.Errorf("commit %s/%s: %w", dst, manifest.ManifestName, err)
 	}
 	return res, nil
+}
+
+// copySegments copies m's segments from from to to, keeping those to
+// holds already at their size (a copy cut short resumes), unless gcHeld
+// names gc locks held at to when cp took its own: such a gc may have read
+// the manifests there before this copy's is written, and delete a pack
+// as unreferenced; like a capture that sees a gc lock, cp then shares
+// nothing. It counts in res.
+func copySegments(ctx context.Context, from, to store.Store, m *manifest.Manifest, gcHeld []string, progress *pipeline.Counters, res *CopyResult) error {
+	for _, seg := range m.Segments {
+		if info, err := to.Stat(ctx, seg.Name); err == nil && info.Size == seg.Size {
+			if len(gcHeld) > 0 {
+				return fmt.Errorf("a gc holds %s (%v) and may remove %s, which the copy would share: run cp again once it ends",
+					to, gcHeld, seg.Name)
+			}
+			res.Kept++
+			continue
+		}
+		n, err := copyObject(ctx, from, to, seg, progress)
+		res.Bytes += n
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lostTo is Copy's end when another writer committed a manifest in dst

@@ -88,22 +88,14 @@ func (w *Writer) Segment(p PackID) int {
 	return i
 }
 
-// Commit writes one index object for the chunks added, which lie in
-// packs (the new packs, committed, with their sizes), and makes m a
-// format 4 manifest: the packs it references, in Segment's order, with
-// their sizes, and the count of what this capture added. The manifest is
-// the caller's to commit, last, once Lock is confirmed and the packs are
-// proven there.
-func (w *Writer) Commit(ctx context.Context, packs []Pack, m *manifest.Manifest) error {
+// Describe makes m a format 4 manifest: the packs it references, in
+// Segment's order, with their sizes (packs: the new packs, committed), and
+// the count of what this capture added. The caller then proves the packs
+// there, confirms Lock, writes the index (Index) and commits m, last.
+func (w *Writer) Describe(packs []Pack, m *manifest.Manifest) error {
 	sizes := map[PackID]int64{}
 	for _, p := range packs {
 		sizes[p.ID] = p.Size
-	}
-	if len(w.added) > 0 {
-		var err error
-		if w.index, err = WriteIndex(ctx, w.loc, packs, w.added); err != nil {
-			return err
-		}
 	}
 	m.Segments = make([]manifest.Segment, len(w.segs))
 	for i, p := range w.segs {
@@ -125,7 +117,20 @@ func (w *Writer) Commit(ctx context.Context, packs []Pack, m *manifest.Manifest)
 	return nil
 }
 
-// Indexed says Commit wrote the index object: another capture may have
+// Index writes one index object for the chunks added, which lie in packs.
+// Only once the commit is proven: a capture whose lock lapsed may have
+// lost packs to gc, and captures that looked its chunks up in an index
+// naming them would reference packs that are gone.
+func (w *Writer) Index(ctx context.Context, packs []Pack) error {
+	if len(w.added) == 0 {
+		return nil
+	}
+	var err error
+	w.index, err = WriteIndex(ctx, w.loc, packs, w.added)
+	return err
+}
+
+// Indexed says Index wrote the index object: another capture may have
 // loaded it since and reference the new packs, which an abort then leaves
 // to gc rather than delete.
 func (w *Writer) Indexed() bool { return w.index != "" }

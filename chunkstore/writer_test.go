@@ -57,8 +57,11 @@ func TestWriter(t *testing.T) {
 		}
 		segs = append(segs, w.Segment(fresh.ID), w.Segment(fresh.ID))
 		m := &manifest.Manifest{}
-		if err := w.Commit(ctx, []Pack{fresh}, m); err != nil || !w.Indexed() {
-			t.Fatalf("commit: %v (indexed %v)", err, w.Indexed())
+		if err := w.Describe([]Pack{fresh}, m); err != nil || w.Indexed() {
+			t.Fatalf("describe: %v (indexed %v)", err, w.Indexed())
+		}
+		if err := w.Index(ctx, []Pack{fresh}); err != nil || !w.Indexed() {
+			t.Fatalf("index: %v (indexed %v)", err, w.Indexed())
 		}
 		w.Release(ctx)
 		want := []manifest.Segment{{Name: old.ID.Name(), Size: old.Size}, {Name: fresh.ID.Name(), Size: fresh.Size}}

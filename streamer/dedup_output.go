@@ -142,9 +142,11 @@ func (d *DedupOutput) write(ctx context.Context, fh *manifest.FrameHeader, paylo
 	return FramePos{Segment: d.chunks.Segment(pack), Pos: loc.Pos}, nil
 }
 
-// Commit implements Output: the new packs, their index object, then the
-// manifest (format 4), which lists the packs it references, once they are
-// proven there (prove).
+// Commit implements Output: the new packs, then, once every pack the
+// manifest (format 4) lists is proven there (prove), their index object
+// and the manifest. A capture whose lock lapsed writes no index object:
+// gc may have taken its packs, and captures that looked their chunks up
+// would reference packs that are gone.
 func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	d.done = true
 	defer d.chunks.Release(ctx)
@@ -156,11 +158,14 @@ func (d *DedupOutput) Commit(ctx context.Context, m *manifest.Manifest) error {
 	for i, s := range written {
 		newPacks[i] = chunkstore.Pack{ID: d.newPack[i], Size: s.Size}
 	}
-	if err := d.chunks.Commit(ctx, newPacks, m); err != nil {
+	if err := d.chunks.Describe(newPacks, m); err != nil {
 		return err
 	}
 	// Each pack looked up: the location may hold many more than these.
 	if err := prove(ctx, d.chunks.Lock.Lock, d.loc, m.Segments, ""); err != nil {
+		return err
+	}
+	if err := d.chunks.Index(ctx, newPacks); err != nil {
 		return err
 	}
 	return commitManifest(ctx, d.ckpt, m, d.Format())

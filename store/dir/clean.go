@@ -37,8 +37,10 @@ func (d *Store) RemoveTemp(ctx context.Context, cutoff time.Time, dryRun bool, o
 	var dirs []string            // old enough, as found before anything was removed
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
-			if p == d.root && errors.Is(err, fs.ErrNotExist) {
-				return filepath.SkipDir // no root: nothing written yet
+			// No root (nothing written yet), or a directory removed as
+			// the walk came to it (an rm meanwhile): nothing to sweep.
+			if errors.Is(err, fs.ErrNotExist) {
+				return filepath.SkipDir
 			}
 			return err
 		}
