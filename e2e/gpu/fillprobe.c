@@ -311,6 +311,8 @@ static void target(int s)
 static void helper(int s)
 {
 	who = "helper";
+	if (hear(s) != 'g') /* the target is checkpointed: fill */
+		_exit(1);
 	double t0 = now();
 	context();
 	double t_ctx = now() - t0;
@@ -389,24 +391,26 @@ int main(int argc, char **argv)
 		each = ((gib << 30) / nh + g - 1) / g * g;
 		total = each * nh;
 	}
-	/* Fork before any cuInit here. */
+	/* Both fork before any cuInit here (a child of a process that
+	 * called cuInit cannot use the driver); the helper waits. */
 	pid_t tp = fork();
 	if (tp == 0) {
-		close(ts[0]);
+		close(ts[0]), close(hs_[0]), close(hs_[1]);
 		target(ts[1]);
 	}
 	close(ts[1]);
+	pid_t hp = fork();
+	if (hp == 0) {
+		close(ts[0]), close(hs_[0]);
+		helper(hs_[1]);
+	}
+	close(hs_[1]);
 	printf("fillprobe: %zu bytes in %d allocations of %zu, target pid %d\n", total, nh, each, tp);
 	if (hear(ts[0]) != 'r')
 		return printf("fillprobe: FAIL target did not start\n"), 1;
 	CK(cuInit(0));
 	printf("  main: driver lock + checkpoint of the target %.3f s\n", driver_cycle(tp, 0));
-	pid_t hp = fork(); /* the filler: while the target is checkpointed */
-	if (hp == 0) {
-		close(hs_[0]);
-		helper(hs_[1]);
-	}
-	close(hs_[1]);
+	say(hs_[0], 'g'); /* the filler: while the target is checkpointed */
 	int fds[64];
 	if (recv_fds(hs_[0], fds, nh) < 0)
 		return printf("fillprobe: FAIL the helper sent no descriptors\n"), 1;
