@@ -364,6 +364,10 @@ for r in rows:
             g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_store"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
     if r.get("vram_detail"):
         print("          " + ", ".join("%s %.3fs" % (k[5:], v) for k, v in r["vram_detail"].items()))
+    if r.get("restore_steps"):
+        # In the restore's order; what runs beside CRIU says so in its name
+        # (docs/PRODUCERS.md, "What a restore overlaps").
+        print("          restore steps: " + ", ".join("%s %.3fs" % (n, v) for n, v in r["restore_steps"]))
     if r.get("memory_released_seconds"):
         print("          gpu suspend: device memory released after %.2fs, device freed after %.2fs" % (
             r["memory_released_seconds"], r.get("device_freed_seconds", 0)))
@@ -964,6 +968,7 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
   "gpus": ck.get("gpus"), "cuda_pids": ck.get("cuda_pids"), "cuda_pids_count": ncuda, "children": children,
   "note": note, "pull_pages_seconds": float(tpull), "gpu_query": ph.get("gpu query (nvidia-smi)", 0),
   "vram_detail": {k: v for d in (ph, rp) for k, v in d.items() if k.startswith(("vram copy out:", "vram copy in:", "vram stage"))},
+  "restore_steps": [[p["name"], p["seconds"]] for p in rs.get("phases", []) if ":" not in p["name"]],
   "memwatch": mw, "written_bytes": tinfo.get("written_bytes", 0), "weights_bytes": tinfo.get("weights_bytes", 0),
   "kv_bytes": tinfo.get("kv_bytes", 0)}))
 ' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN" "$mw" "$TDIR/checksums.json")"
