@@ -389,7 +389,7 @@ func BenchmarkStreamSpill(b *testing.B) {
 				}
 				senders.Wait()
 				src.mu.Lock()
-				used := len(src.spills)
+				used := len(src.spill.files)
 				src.mu.Unlock()
 				src.Close()
 				if err != nil {

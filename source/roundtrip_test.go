@@ -284,7 +284,7 @@ func streamRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData, sh
 			checkDir(t, l.kind, l.so.ExtractDir, want)
 		case "spill":
 			l.src.mu.Lock()
-			spilled, used := len(l.src.spills) > 0, l.src.memUsed
+			spilled, used := len(l.src.spill.files) > 0, l.src.memUsed
 			l.src.mu.Unlock()
 			if !spilled && len(d.files["pages-1.img"]) > 2<<20 {
 				t.Errorf("spill: a %d-byte limit did not spill", l.so.MemoryLimit)

@@ -62,7 +62,7 @@ func TestStreamSpillFiles(t *testing.T) {
 	}
 
 	src.mu.Lock()
-	spills := len(src.spills)
+	spills := len(src.spill.files)
 	used := map[*os.File]int64{} // spilled bytes per file
 	for _, f := range src.complete {
 		for _, c := range f.chunks {
