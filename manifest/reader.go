@@ -185,10 +185,39 @@ func (r *Reader) Next(alloc Alloc) (Frame, error) {
 	return fr, err
 }
 
+// next reads the next frame in three steps: read (its header, checked on
+// its own, and its payload), authenticate (what covers it beyond its
+// header), apply (what it changes of the reader's state).
 func (r *Reader) next(alloc Alloc) (Frame, error) {
 	if r.ended {
 		return Frame{}, io.EOF
 	}
+	fr, err := r.read(alloc)
+	if err != nil {
+		return Frame{}, err
+	}
+	if err := r.authenticate(fr); err != nil {
+		return Frame{}, err
+	}
+	r.pos += FrameSize + int64(fr.StoredLen)
+	if err := r.apply(&fr); err != nil {
+		return Frame{}, err
+	}
+	return fr, nil
+}
+
+// fileOf is the file id a frame's errors name: none for END.
+func fileOf(fh FrameHeader) uint32 {
+	if fh.Type == FrameEnd {
+		return NoFile
+	}
+	return fh.FileID
+}
+
+// read reads the next frame's header into r.hdr and checks it on its own:
+// its fields, and that a DATA or FILE-END frame names an open file. Then it
+// reads the payload.
+func (r *Reader) read(alloc Alloc) (Frame, error) {
 	pos := r.pos
 	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -200,110 +229,145 @@ func (r *Reader) next(alloc Alloc) (Frame, error) {
 	if err != nil {
 		return Frame{}, r.Errorf(pos, fh.FileID, "%v", err)
 	}
-	id := fh.FileID
-	if fh.Type == FrameEnd {
-		id = NoFile
+	fr := Frame{FrameHeader: fh, Pos: pos}
+	if fh.Type != FrameEnd {
+		fr.Name = r.FileName(fh.FileID)
 	}
-	name := r.FileName(fh.FileID)
-	if fh.Type == FrameData || fh.Type == FrameFileEnd {
-		if name == "" {
-			return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that is not open (never opened, or ended)", fh.Type, fh.FileID)
+	if (fh.Type == FrameData || fh.Type == FrameFileEnd) && fr.Name == "" {
+		return Frame{}, r.Errorf(pos, fh.FileID, "%s frame for file id %d that is not open (never opened, or ended)", fh.Type, fh.FileID)
+	}
+	if fr.Payload, fr.Borrowed, err = r.readPayload(fh, pos, alloc); err != nil {
+		return Frame{}, err
+	}
+	return fr, nil
+}
+
+// readPayload reads fh's payload: as the underlying reader lends it
+// (BorrowPayloads), into alloc's buffer (DATA), or into one of its own.
+func (r *Reader) readPayload(fh FrameHeader, pos int64, alloc Alloc) (payload []byte, borrowed bool, err error) {
+	if fh.StoredLen == 0 {
+		return nil, false, nil
+	}
+	if r.lender != nil && fh.Type == FrameData {
+		if payload = r.lender.LendPayload(int(fh.StoredLen)); payload != nil {
+			return payload, true, nil
 		}
 	}
-	var payload []byte
-	borrowed := false
-	if r.lender != nil && fh.Type == FrameData && fh.StoredLen > 0 {
-		payload = r.lender.LendPayload(int(fh.StoredLen))
-		borrowed = payload != nil
-	}
-	if fh.StoredLen > 0 && !borrowed {
-		if alloc != nil && fh.Type == FrameData {
-			if payload, err = alloc(fh); err != nil {
-				return Frame{}, err
-			}
-			payload = payload[:fh.StoredLen]
-		} else {
-			payload = make([]byte, fh.StoredLen)
+	if alloc != nil && fh.Type == FrameData {
+		if payload, err = alloc(fh); err != nil {
+			return nil, false, err
 		}
-		if _, err := io.ReadFull(r.r, payload); err != nil {
-			return Frame{}, fmt.Errorf("%w: %w", r.Errorf(pos, id, "%s frame payload of %d bytes truncated", fh.Type, fh.StoredLen), unexpected(err))
-		}
+		payload = payload[:fh.StoredLen]
+	} else {
+		payload = make([]byte, fh.StoredLen)
 	}
-	if fh.Type != FrameData {
-		if got := PayloadChecksum(payload); got != fh.Checksum {
-			return Frame{}, r.Errorf(pos, id, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
-		}
+	if _, err := io.ReadFull(r.r, payload); err != nil {
+		return nil, false, fmt.Errorf("%w: %w", r.Errorf(pos, fileOf(fh), "%s frame payload of %d bytes truncated", fh.Type, fh.StoredLen), unexpected(err))
 	}
-	if r.transcript != nil {
-		if fh.Type == FrameEnd {
-			if r.endCheck != nil {
-				if err := r.endCheck(EndTagInput(r.transcript.Sum(nil), payload), fh.Hash); err != nil {
-					return Frame{}, r.Errorf(pos, NoFile, "END frame: %v", err)
-				}
-			}
-		} else {
-			r.transcript.Write(r.hdr[:])
-			if fh.Type != FrameData {
-				r.transcript.Write(payload)
-			}
+	return payload, false, nil
+}
+
+// authenticate checks what covers fr beyond its header: its payload
+// checksum (but for DATA, whose checksum is of the raw bytes, checked by
+// the caller once decoded), and in an encrypted stream the transcript of
+// every frame, which the END frame's tag covers (Writer.SetEndTag).
+func (r *Reader) authenticate(fr Frame) error {
+	if fr.Type != FrameData {
+		if got := PayloadChecksum(fr.Payload); got != fr.Checksum {
+			return r.Errorf(fr.Pos, fileOf(fr.FrameHeader), "%s frame payload checksum mismatch (stored %08x, computed %08x)", fr.Type, fr.Checksum, got)
 		}
 	}
-	r.pos += FrameSize + int64(fh.StoredLen)
-	switch fh.Type {
+	switch {
+	case r.transcript == nil:
+	case fr.Type != FrameEnd:
+		r.transcript.Write(r.hdr[:])
+		if fr.Type != FrameData {
+			r.transcript.Write(fr.Payload)
+		}
+	case r.endCheck != nil:
+		if err := r.endCheck(EndTagInput(r.transcript.Sum(nil), fr.Payload), fr.Hash); err != nil {
+			return r.Errorf(fr.Pos, NoFile, "END frame: %v", err)
+		}
+	}
+	return nil
+}
+
+// apply changes the reader's state by fr, one case per frame type (a KEY
+// frame changes nothing here: NewReader takes it).
+func (r *Reader) apply(fr *Frame) error {
+	switch fr.Type {
 	case FrameFile:
-		if r.late {
-			return Frame{}, r.Errorf(pos, fh.FileID, "FILE frame after a file's late DATA: every file is announced before any")
-		}
-		if name != "" {
-			if name != string(payload) {
-				return Frame{}, r.Errorf(pos, fh.FileID, "file id %d reopened as %s", fh.FileID, PrintableName(string(payload)))
-			}
-			break // announced again: nothing new to hold
-		}
-		cost := len(payload)
-		if r.header.LateData {
-			// Never forgotten: each costs its bookkeeping too.
-			cost += lateFileCost
-		}
-		if r.openNames+cost > MaxOpenNameBytes {
-			return Frame{}, r.Errorf(pos, fh.FileID, "FILE frame: more than %d bytes of names of files open at once (%d files)", MaxOpenNameBytes, len(r.names))
-		}
-		name = string(payload)
-		r.mu.Lock()
-		r.names[fh.FileID] = name
-		r.openNames += cost
-		r.mu.Unlock()
+		return r.openFile(fr)
+	case FrameData:
+		fr.Late = r.endedIDs[fr.FileID]
+		r.late = r.late || fr.Late
 	case FrameFileEnd:
-		if r.header.LateData {
-			// Its DATA may still come: the name stays bound.
-			if r.endedIDs == nil {
-				r.endedIDs = map[uint32]bool{}
-			}
-			r.endedIDs[fh.FileID] = true
-			break
-		}
-		r.mu.Lock()
-		delete(r.names, fh.FileID)
-		r.openNames -= len(name)
-		r.mu.Unlock()
+		r.endFile(fr)
 	case FrameEnd:
-		var tail [TailSize]byte
-		if _, err := io.ReadFull(r.r, tail[:]); err != nil {
-			return Frame{}, fmt.Errorf("%s: stream truncated after END frame at offset %d: %v: %w", r.name, pos, unexpected(err), errdefs.ErrCorrupt)
-		}
-		off, err := UnmarshalTail(tail[:])
-		if err != nil || off != uint64(pos) {
-			return Frame{}, fmt.Errorf("%s: bad stream tail at offset %d: %w", r.name, r.pos, errdefs.ErrCorrupt)
-		}
-		r.pos += TailSize
-		r.ended = true
+		return r.end(fr)
 	}
-	if fh.Type == FrameEnd {
-		name = ""
+	return nil
+}
+
+// openFile binds fr's name to its file id until its FILE-END, within
+// MaxOpenNameBytes.
+func (r *Reader) openFile(fr *Frame) error {
+	if r.late {
+		return r.Errorf(fr.Pos, fr.FileID, "FILE frame after a file's late DATA: every file is announced before any")
 	}
-	late := fh.Type == FrameData && r.endedIDs[fh.FileID]
-	r.late = r.late || late
-	return Frame{FrameHeader: fh, Payload: payload, Pos: pos, Name: name, Borrowed: borrowed, Late: late}, nil
+	name := string(fr.Payload)
+	if fr.Name != "" {
+		if fr.Name != name {
+			return r.Errorf(fr.Pos, fr.FileID, "file id %d reopened as %s", fr.FileID, PrintableName(name))
+		}
+		return nil // announced again: nothing new to hold
+	}
+	cost := len(name)
+	if r.header.LateData {
+		// Never forgotten: each costs its bookkeeping too.
+		cost += lateFileCost
+	}
+	if r.openNames+cost > MaxOpenNameBytes {
+		return r.Errorf(fr.Pos, fr.FileID, "FILE frame: more than %d bytes of names of files open at once (%d files)", MaxOpenNameBytes, len(r.names))
+	}
+	r.mu.Lock()
+	r.names[fr.FileID] = name
+	r.openNames += cost
+	r.mu.Unlock()
+	fr.Name = name
+	return nil
+}
+
+// endFile forgets fr's file name, unless its DATA may still come (late
+// data).
+func (r *Reader) endFile(fr *Frame) {
+	if r.header.LateData {
+		// Its DATA may still come: the name stays bound.
+		if r.endedIDs == nil {
+			r.endedIDs = map[uint32]bool{}
+		}
+		r.endedIDs[fr.FileID] = true
+		return
+	}
+	r.mu.Lock()
+	delete(r.names, fr.FileID)
+	r.openNames -= len(fr.Name)
+	r.mu.Unlock()
+}
+
+// end reads and checks the tail after the END frame fr: the stream ends.
+func (r *Reader) end(fr *Frame) error {
+	var tail [TailSize]byte
+	if _, err := io.ReadFull(r.r, tail[:]); err != nil {
+		return fmt.Errorf("%s: stream truncated after END frame at offset %d: %v: %w", r.name, fr.Pos, unexpected(err), errdefs.ErrCorrupt)
+	}
+	off, err := UnmarshalTail(tail[:])
+	if err != nil || off != uint64(fr.Pos) {
+		return fmt.Errorf("%s: bad stream tail at offset %d: %w", r.name, r.pos, errdefs.ErrCorrupt)
+	}
+	r.pos += TailSize
+	r.ended = true
+	return nil
 }
 
 // truncated marks input that ends inside a header as corrupt (FORMAT.md:
