@@ -349,13 +349,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// The driver is loaded and initialised while CRIU restores, unless the
 	// checkpoint says it holds no CUDA process (a stream says nothing).
 	warmDriver := o.CUDA.EffectiveMode() != gpuckpt.CUDAOff
-	if a, ok := src.(*source.ArchiveSource); ok {
-		recorded = a.Manifest().GPUs
-		warmDriver = warmDriver && len(a.Manifest().CUDA) > 0
+	if m := source.ManifestOf(src); m != nil {
+		recorded = m.GPUs
+		warmDriver = warmDriver && len(m.CUDA) > 0
 		// The fast path's VRAM files are read into memory while CRIU
 		// restores (gpuckpt/stage.go).
 		if o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-			if stage, err = gpuckpt.StartStage(ctx, src, a.Manifest().CUDA, o.CUDA.Stage); err != nil {
+			if stage, err = gpuckpt.StartStage(ctx, src, m.CUDA, o.CUDA.Stage); err != nil {
 				return nil, err
 			}
 			defer stage.Close()

@@ -452,6 +452,9 @@ func (g *commitGate) Files(ctx context.Context) ([]manifest.File, error) {
 	return g.Source.Files(ctx)
 }
 
+// Manifest forwards what it wraps (source.Manifester).
+func (g *commitGate) Manifest() *manifest.Manifest { return source.ManifestOf(g.Source) }
+
 // killRestored kills the tree of a restored process whose device memory
 // could not be brought back: parked, it could never run on, and the
 // sender (told the restore failed) keeps the image to restore it from.

@@ -316,6 +316,9 @@ func (f *firstRequest) Stat(ctx context.Context, name string) (manifest.File, er
 	return f.Source.Stat(ctx, name)
 }
 
+// Manifest forwards what it wraps (source.Manifester).
+func (f *firstRequest) Manifest() *manifest.Manifest { return source.ManifestOf(f.Source) }
+
 // against says when CRIU's first request came against the stream's end.
 func (f *firstRequest) against(end time.Time) string {
 	f.mu.Lock()
@@ -382,8 +385,7 @@ func sourceStats(ctx context.Context, src source.Source, loc location.Location, 
 			st.Shards = append(st.Shards, ShardStats{Size: n, TransferMillis: ms})
 		}
 		st.StoredBytes = s.Counters.StoredBytes.Load()
-	} else if a, ok := src.(*source.ArchiveSource); ok {
-		m := a.Manifest()
+	} else if m := source.ManifestOf(src); m != nil {
 		for _, seg := range m.Segments {
 			st.Shards = append(st.Shards, ShardStats{Size: seg.Size, TransferMillis: ms})
 		}

@@ -145,11 +145,11 @@ func (in *IntakeSession) onConnect(s *session, hooks Hooks) func() {
 // CarriedIn lists the carried files a source names without waiting: an
 // archive's manifest; nil for a stream still being read.
 func CarriedIn(src source.Source) []string {
-	a, ok := src.(*source.ArchiveSource)
-	if !ok {
+	m := source.ManifestOf(src)
+	if m == nil {
 		return nil
 	}
-	return carriedOf(a.Manifest().Files)
+	return carriedOf(m.Files)
 }
 
 func carriedOf(files []manifest.File) []string {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
 )
@@ -97,6 +98,9 @@ func waitFreePIDs(src source.Source, timeout time.Duration, log func(string)) *f
 
 // Waited is how long the read of pstree.img waited for the PIDs.
 func (f *freePIDs) Waited() time.Duration { return f.waited }
+
+// Manifest forwards what it wraps (source.Manifester).
+func (f *freePIDs) Manifest() *manifest.Manifest { return source.ManifestOf(f.Source) }
 
 // CopyToFile keeps the underlying source's faster copy where it has one.
 func (f *freePIDs) CopyToFile(ctx context.Context, name string, file *os.File) (int64, error) {

@@ -189,6 +189,9 @@ type replaced struct {
 	err    error
 }
 
+// Manifest forwards what it wraps (source.Manifester).
+func (r *replaced) Manifest() *manifest.Manifest { return source.ManifestOf(r.Source) }
+
 func (r *replaced) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, err := r.Source.Stat(ctx, name)
 	if err == nil && name == remappedFile {

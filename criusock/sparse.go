@@ -108,6 +108,9 @@ func newSparse(src source.Source, log func(string)) *sparse {
 // Omitted is the zero bytes left out of the pages images served so far.
 func (s *sparse) Omitted() int64 { return s.omitted.Load() }
 
+// Manifest forwards what it wraps (source.Manifester).
+func (s *sparse) Manifest() *manifest.Manifest { return source.ManifestOf(s.Source) }
+
 func (s *sparse) Stat(ctx context.Context, name string) (manifest.File, error) {
 	f, err := s.Source.Stat(ctx, name)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/tcpwait"
 )
@@ -34,6 +35,9 @@ type clearing struct {
 	log  func(string)
 	once sync.Once
 }
+
+// Manifest forwards what it wraps (source.Manifester).
+func (c *clearing) Manifest() *manifest.Manifest { return source.ManifestOf(c.Source) }
 
 // CopyToFile keeps the underlying source's faster copy where it has one.
 func (c *clearing) CopyToFile(ctx context.Context, name string, f *os.File) (int64, error) {

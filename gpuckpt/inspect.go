@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/vram"
@@ -28,8 +29,8 @@ var ErrNotArchive = errors.New("not an archive (a stream's VRAM files are read w
 // InspectVRAM reads the headers of the VRAM files of the archive src,
 // skipping their data: a chunk read per record at most.
 func InspectVRAM(ctx context.Context, src source.Source) ([]VRAMFile, error) {
-	a, ok := src.(*source.ArchiveSource)
-	if !ok {
+	a := location.ArchiveOf(src)
+	if a == nil {
 		return nil, ErrNotArchive
 	}
 	var out []VRAMFile

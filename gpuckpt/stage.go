@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/fsat"
+	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
@@ -155,7 +156,7 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 	// with four, 0.6-0.8 s, CRIU's restore no slower (0.84-1.03 s).
 	workers := min(len(s.order), max(2, runtime.NumCPU()/4))
 	const fetchers = 4
-	if a, ok := src.(*source.ArchiveSource); ok {
+	if a := location.ArchiveOf(src); a != nil {
 		src = a.Behind(fetchers, 2*workers*fetchers)
 	}
 	ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))

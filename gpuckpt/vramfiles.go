@@ -393,8 +393,8 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 // that a copy-in brings every piece of its memory, so a file that is
 // missing fails the restore rather than losing memory.
 func FastProcs(ctx context.Context, src source.Source) ([]manifest.CUDAProcess, error) {
-	if a, ok := src.(*source.ArchiveSource); ok {
-		return a.Manifest().CUDA, nil
+	if m := source.ManifestOf(src); m != nil {
+		return m.CUDA, nil
 	}
 	files, err := src.Files(ctx)
 	if err != nil {
@@ -487,12 +487,12 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 		return nil, err
 	}
 	defer src.Close()
-	a, ok := src.(*source.ArchiveSource)
-	if !ok {
+	m := source.ManifestOf(src)
+	if m == nil {
 		return nil, errdefs.Usagef("gpu resume --from: %s is not an archive", o.From)
 	}
 	// The files are read into memory while the driver restores.
-	procs := a.Manifest().CUDA
+	procs := m.CUDA
 	stage, err := StartStage(ctx, src, procs, o.Stage)
 	if err != nil {
 		return nil, err

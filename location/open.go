@@ -449,6 +449,9 @@ func (c closeWith) Close() error {
 	return err
 }
 
+// Manifest forwards what it wraps (source.Manifester).
+func (c closeWith) Manifest() *manifest.Manifest { return source.ManifestOf(c.Source) }
+
 // StreamOf returns the stream source behind src, if it is one.
 func StreamOf(src source.Source) *source.StreamSource {
 	switch s := src.(type) {
@@ -458,6 +461,21 @@ func StreamOf(src source.Source) *source.StreamSource {
 		return s.StreamSource
 	case closeWith:
 		return StreamOf(s.Source)
+	}
+	return nil
+}
+
+// ArchiveOf returns the archive source behind src, if it is one, for what
+// only an archive does (Counters, ReaderAt, Behind, source.VerifyArchive):
+// src as OpenSource returned it, through location's own wrappers. What
+// other decorators need of an archive is its manifest: source.ManifestOf
+// finds that through any of them.
+func ArchiveOf(src source.Source) *source.ArchiveSource {
+	switch s := src.(type) {
+	case *source.ArchiveSource:
+		return s
+	case closeWith:
+		return ArchiveOf(s.Source)
 	}
 	return nil
 }
@@ -476,7 +494,7 @@ func LegacyOf(src source.Source) *cisformat.Source {
 // SourceCounters are the live totals of a source, for a progress bar, and
 // the bytes it will serve when known.
 func SourceCounters(src source.Source) (*pipeline.Counters, int64) {
-	if a, ok := src.(*source.ArchiveSource); ok {
+	if a := ArchiveOf(src); a != nil {
 		return &a.Counters, a.Manifest().Stats.RawBytes
 	}
 	if s := StreamOf(src); s != nil {

@@ -3,13 +3,17 @@ package location
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
 )
 
@@ -112,5 +116,44 @@ func TestOutputWriteFrameAsync(t *testing.T) {
 	}
 	if async.async != 1 || async.frames != 0 {
 		t.Fatalf("the archive got %d payload writes and %d frames, want 1 and 0", async.async, async.frames)
+	}
+}
+
+// TestArchiveOf: an archive wrapped by OpenSource's own closeWith is
+// still found as one (ArchiveOf, for its counters and ranges) and still
+// yields its manifest (source.ManifestOf); a stream so wrapped is neither.
+func TestArchiveOf(t *testing.T) {
+	ctx := context.Background()
+	store := mem.New("archiveof")
+	out, err := streamer.NewArchiveOutput(ctx, store, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile("inventory.img", strings.NewReader("inv"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := source.OpenArchive(ctx, store, pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := closeWith{a, io.NopCloser(nil)}
+	defer wrapped.Close()
+	if got := ArchiveOf(wrapped); got != a {
+		t.Errorf("ArchiveOf(closeWith{archive}) = %p, want %p", got, a)
+	}
+	if m := source.ManifestOf(wrapped); m != a.Manifest() {
+		t.Errorf("ManifestOf(closeWith{archive}) = %p, want %p", m, a.Manifest())
+	}
+	stream := closeWith{source.NewStreamSource(ctx, []io.Reader{strings.NewReader("")}, []string{"empty"}, source.StreamSourceOptions{}), io.NopCloser(nil)}
+	defer stream.Close()
+	if ArchiveOf(stream) != nil || source.ManifestOf(stream) != nil {
+		t.Errorf("a wrapped stream is taken for an archive")
 	}
 }

@@ -27,6 +27,28 @@ type Source interface {
 	Close() error
 }
 
+// Manifester is a Source that has its checkpoint's manifest before any
+// file is read: an archive. Every decorator of a Source forwards it
+// (ManifestOf of the source it wraps), so that the manifest is found
+// however many decorators wrap the archive, where a type assertion to
+// *ArchiveSource stops finding it behind one more. What a decorator
+// changes of the files it serves (criusock's sparse pages) is not in the
+// manifest: that records the checkpoint as stored.
+type Manifester interface {
+	// Manifest returns the manifest, or nil where there is none (a
+	// decorator of a stream).
+	Manifest() *manifest.Manifest
+}
+
+// ManifestOf returns src's manifest (Manifester): nil for a source that
+// has none before it is read, such as a stream.
+func ManifestOf(src Source) *manifest.Manifest {
+	if m, ok := src.(Manifester); ok {
+		return m.Manifest()
+	}
+	return nil
+}
+
 // FileCopier is a Source that writes a file into a regular file faster
 // than Copy does (StreamSource.CopyToFile): f must hold no data yet.
 type FileCopier interface {

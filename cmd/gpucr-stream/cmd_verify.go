@@ -68,7 +68,7 @@ func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport,
 	counters, total := location.SourceCounters(src)
 	bar := startProgress(cfg, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
 	defer bar.finish()
-	if a, ok := src.(*source.ArchiveSource); ok {
+	if a := location.ArchiveOf(src); a != nil {
 		rep, err = source.VerifyArchive(ctx, a)
 	} else {
 		stream := location.StreamOf(src)
