@@ -62,6 +62,37 @@ func treeHash(b []byte, key *[8]uint32, flags uint32) [32]byte {
 	if haveAVX512 && len(b) <= maxTree16 {
 		return treeHash16(b, key, flags)
 	}
+	return serialTreeHash(len(b), func(off int) []byte { return b[off:] }, key, flags)
+}
+
+// zeroGroup is one group of zero bytes: the hash of n zeros reads it
+// again and again, not n bytes of memory.
+var zeroGroup [group]byte
+
+// ZeroHash is ContentHash of n zero bytes, from one group of zeros.
+func ZeroHash(n int) [32]byte {
+	if n <= group {
+		return contentHash(zeroGroup[:n])
+	}
+	return serialTreeHash(n, func(int) []byte { return zeroGroup[:] }, &guts.IV, 0)
+}
+
+// KeyedZeroHash is KeyedHash of n zero bytes, from one group of zeros.
+func KeyedZeroHash(key *[32]byte, n int) [32]byte {
+	if n <= group {
+		return KeyedHash(key, zeroGroup[:n])
+	}
+	var kw [8]uint32
+	for i := range kw {
+		kw[i] = binary.LittleEndian.Uint32(key[4*i:])
+	}
+	return serialTreeHash(n, func(int) []byte { return zeroGroup[:] }, &kw, guts.FlagKeyedHash)
+}
+
+// serialTreeHash hashes n bytes (more than one chunk) group by group:
+// at(off) returns the bytes from offset off on, at least a group's or
+// what is left of the n.
+func serialTreeHash(n int, at func(off int) []byte, key *[8]uint32, flags uint32) [32]byte {
 	var (
 		stack   [64][8]uint32
 		counter uint64 // chunks hashed; its set bits say which stack slots hold a subtree
@@ -77,34 +108,35 @@ func treeHash(b []byte, key *[8]uint32, flags uint32) [32]byte {
 	}
 	// Every group but the last (1 to MaxSIMD chunks), whose node is the
 	// rightmost subtree, completed below.
-	for len(b) > group {
+	off := 0
+	for ; n-off > group; off += group {
 		// counter stays a multiple of MaxSIMD here: each group is a
 		// complete subtree of height log2(MaxSIMD).
-		n := guts.CompressBuffer((*[group]byte)(b), group, key, counter, flags)
-		push(guts.ChainingValue(n), bits.TrailingZeros(guts.MaxSIMD))
-		b = b[group:]
+		node := guts.CompressBuffer((*[group]byte)(at(off)), group, key, counter, flags)
+		push(guts.ChainingValue(node), bits.TrailingZeros(guts.MaxSIMD))
 	}
 	// The last group on the SIMD kernel too, not chunk by chunk in Go:
 	// content-defined chunks end anywhere in a group, and a 320 KiB one
 	// took 1.35x as long with its last group in Go (BenchmarkContentHash).
 	// The kernel reads a whole group: a short one is copied into one.
-	var n guts.Node
+	b := at(off)[:n-off]
+	var node guts.Node
 	switch {
 	case len(b) == group:
-		n = guts.CompressBuffer((*[group]byte)(b), group, key, counter, flags)
+		node = guts.CompressBuffer((*[group]byte)(b), group, key, counter, flags)
 	case len(b) <= guts.ChunkSize:
-		n = guts.CompressChunk(b, key, counter, flags)
+		node = guts.CompressChunk(b, key, counter, flags)
 	default:
 		var last [group]byte
 		copy(last[:], b)
-		n = guts.CompressBuffer(&last, len(b), key, counter, flags)
+		node = guts.CompressBuffer(&last, len(b), key, counter, flags)
 	}
 	for i := bits.TrailingZeros64(counter); i < bits.Len64(counter); i++ {
 		if counter&(1<<i) != 0 {
-			n = guts.ParentNode(stack[i], guts.ChainingValue(n), key, flags)
+			node = guts.ParentNode(stack[i], guts.ChainingValue(node), key, flags)
 		}
 	}
-	return rootHash(n)
+	return rootHash(node)
 }
 
 // rootHash is the 32-byte hash of the tree whose root node is n.

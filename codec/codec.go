@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"strconv"
-	"sync"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/pierrec/lz4/v4"
@@ -205,12 +204,3 @@ func IsZero(b []byte) bool {
 	}
 	return bytes.Equal(b, zeroBlock[:len(b)])
 }
-
-// zeroChunk is MaxChunk zero bytes, allocated once and never written: its
-// pages stay the kernel's shared zero page, so it costs address space, not
-// memory.
-var zeroChunk = sync.OnceValue(func() []byte { return make([]byte, MaxChunk) })
-
-// Zeros returns n (at most MaxChunk) zero bytes that the caller must not
-// write, for hashing a zero chunk without allocating one.
-func Zeros(n int) []byte { return zeroChunk()[:n] }

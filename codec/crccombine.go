@@ -49,6 +49,20 @@ func CombineChecksum(crcA, crcB uint32, lenB int64) uint32 {
 	return mulModP(xPow8n(uint64(lenB)), crcA) ^ crcB
 }
 
+// ZeroChecksum is the CRC-32C of n zero bytes, combined from those of
+// runs of 1, 2, 4, ... zeros: no bytes needed.
+func ZeroChecksum(n int64) uint32 {
+	var crc uint32             // of no bytes
+	run := Checksum([]byte{0}) // of k zeros
+	for k := int64(1); n > 0; k, n = 2*k, n>>1 {
+		if n&1 != 0 {
+			crc = CombineChecksum(crc, run, k)
+		}
+		run = CombineChecksum(run, run, k)
+	}
+	return crc
+}
+
 // ChecksumCombiner is CombineChecksum for one length of b, by table
 // (a few nanoseconds a call).
 type ChecksumCombiner struct {

@@ -384,7 +384,7 @@ func (s *Session) ZeroHash(n int) [32]byte {
 		if n < 0 || n > codec.MaxChunk {
 			return [32]byte{}
 		}
-		h = s.Hash(codec.Zeros(n))
+		h = codec.KeyedZeroHash((*[32]byte)(s.hashKey), n)
 		s.zmu.Lock()
 		if len(s.zeros) < maxZeroHashes {
 			s.zeros[n] = h

@@ -432,3 +432,19 @@ func TestVectorShared(t *testing.T) {
 		t.Errorf("open: %q %08x %v", enc, c, err)
 	}
 }
+
+// ZeroHash is Hash of that many zero bytes, cached or not.
+func TestZeroHash(t *testing.T) {
+	s, err := NewSession(key(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, 1, 4096, 16<<10 + 1, 4 << 20} {
+		want := s.Hash(make([]byte, n))
+		for range 2 { // computed, then cached
+			if got := s.ZeroHash(n); got != want {
+				t.Errorf("ZeroHash(%d) = %x, want %x", n, got, want)
+			}
+		}
+	}
+}

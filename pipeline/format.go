@@ -145,8 +145,7 @@ func zeroSums(n int) (uint32, [32]byte) {
 	if n < 0 || n > codec.MaxChunk {
 		return 0, [32]byte{}
 	}
-	z := codec.Zeros(n)
-	s := sums{codec.Checksum(z), codec.ContentHash(z)}
+	s := sums{codec.ZeroChecksum(int64(n)), codec.ZeroHash(n)}
 	if zeroSumCount.Add(1) <= maxZeroSums {
 		zeroSumCache.Store(n, s)
 	}
