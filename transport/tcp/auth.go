@@ -2,10 +2,10 @@
 // sender (an Output of the pipeline) and the receiver (a Source). Package
 // wire holds its bytes; docs/MIGRATION.md describes the protocol.
 //
-// Size: about 1,660 lines, just over the project's 1,500, after the wire
-// format moved out to package wire: the sender and the receiver share the
-// channel set-up, the proofs and the pre-authentication limits, and each
-// half alone would export most of what the other needs.
+// One package, not a sender's and a receiver's (the wire format alone
+// moved out, to package wire): the two halves share the channel set-up,
+// the proofs and the pre-authentication limits, and each alone would
+// export most of what the other needs.
 package tcp
 
 import (
