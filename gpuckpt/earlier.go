@@ -131,11 +131,12 @@ func (e *earliers) find(ctx context.Context, pid int, name string) (*vram.Earlie
 	return ea, "", nil
 }
 
-// hashesOf is src as a deduplicated archive and the index of pid's
-// record with block hashes in its manifest (-1: none).
+// hashesOf is src as a deduplicated archive (location.ArchiveOf: through
+// location's wrappers) and the index of pid's record with block hashes in
+// its manifest (-1: none).
 func hashesOf(src source.Source, pid int) (*source.ArchiveSource, int) {
-	a, ok := src.(*source.ArchiveSource)
-	if !ok || !a.Manifest().SharedChunks {
+	a := location.ArchiveOf(src)
+	if a == nil || !a.Manifest().SharedChunks {
 		return nil, -1
 	}
 	return a, slices.IndexFunc(a.Manifest().CUDA, func(c manifest.CUDAProcess) bool {
