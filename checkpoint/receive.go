@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -329,7 +329,7 @@ func (r *receiver) deviceMemory(ctx context.Context, pid int, ci tcp.CommitInfo,
 // lazyCUDA lets CUDA processes take lazy pages too (GPUCR_LAZY_CUDA=1):
 // an experiment. It works, and does not pay on the GPU machine (the
 // driver's restore waits on the pages it reads: docs/MIGRATION.md).
-var lazyCUDA = os.Getenv("GPUCR_LAZY_CUDA") == "1"
+var lazyCUDA = knobs.LazyCUDA.On()
 
 // restoreLazy restores the committed image with lazy pages: the process
 // runs before its private memory is back, which CRIU's daemon then hands

@@ -30,7 +30,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -44,6 +43,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
 )
@@ -75,7 +75,7 @@ var (
 	pagesName   = regexp.MustCompile(`^pages-[0-9]+\.img$`)
 	// noSparse serves every image as it is, to measure what sparse pages
 	// save (GPUCR_NO_SPARSE=1).
-	noSparse = os.Getenv("GPUCR_NO_SPARSE") == "1"
+	noSparse = knobs.NoSparse.On()
 )
 
 // sparse serves src with sparse pages (see above).

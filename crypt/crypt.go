@@ -39,14 +39,12 @@ import (
 
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"lukechampine.com/blake3"
 )
 
 // KeySize is the master key's length: 256 bits.
 const KeySize = 32
-
-// EnvKey is the environment variable that may hold the master key.
-const EnvKey = "GPUCR_KEY"
 
 // Cipher ids as written in a stream's KEY frame. Permanent, like codec ids.
 const (
@@ -211,10 +209,10 @@ func LoadKey(path string) (*Key, error) {
 	if path != "" {
 		return LoadKeyFile(path)
 	}
-	if v, ok := os.LookupEnv(EnvKey); ok && v != "" {
+	if v := knobs.Key.Value(); v != "" {
 		k, err := ParseKey(v)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvKey, err)
+			return nil, fmt.Errorf("%s: %w", knobs.Key.Name, err)
 		}
 		return k, nil
 	}
@@ -267,7 +265,7 @@ func NewSession(k *Key) (*Session, error) {
 // ErrNoKey when k is nil and ErrWrongKey when k is not the key p names.
 func Open(k *Key, p Params) (*Session, error) {
 	if k == nil {
-		return nil, fmt.Errorf("%w: it needs key %s (--key-file or %s)", ErrNoKey, p.KeyID, EnvKey)
+		return nil, fmt.Errorf("%w: it needs key %s (--key-file or %s)", ErrNoKey, p.KeyID, knobs.Key.Name)
 	}
 	if k.id != p.KeyID {
 		return nil, fmt.Errorf("%w: checkpoint is encrypted with key %s, the key given is %s", ErrWrongKey, p.KeyID, k.id)

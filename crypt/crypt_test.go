@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/knobs"
 )
 
 func key(t testing.TB, b byte) *Key {
@@ -119,17 +120,17 @@ func TestLoadKeyFile(t *testing.T) {
 		t.Errorf("a FIFO as key file: %v", err)
 	}
 	// LoadKey: the file first, then GPUCR_KEY, else no key.
-	t.Setenv(EnvKey, "")
+	t.Setenv(knobs.Key.Name, "")
 	if k, err := LoadKey(""); k != nil || err != nil {
 		t.Errorf("LoadKey with nothing set: %v, %v", k, err)
 	}
-	t.Setenv(EnvKey, text)
+	t.Setenv(knobs.Key.Name, text)
 	if k, err := LoadKey(""); k == nil || err != nil {
-		t.Errorf("LoadKey from %s: %v", EnvKey, err)
+		t.Errorf("LoadKey from %s: %v", knobs.Key.Name, err)
 	}
-	t.Setenv(EnvKey, "nonsense")
-	if _, err := LoadKey(""); err == nil || !strings.Contains(err.Error(), EnvKey) || strings.Contains(err.Error(), "nonsense") {
-		t.Errorf("LoadKey with a bad %s: %v", EnvKey, err)
+	t.Setenv(knobs.Key.Name, "nonsense")
+	if _, err := LoadKey(""); err == nil || !strings.Contains(err.Error(), knobs.Key.Name) || strings.Contains(err.Error(), "nonsense") {
+		t.Errorf("LoadKey with a bad %s: %v", knobs.Key.Name, err)
 	}
 }
 

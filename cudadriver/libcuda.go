@@ -4,13 +4,13 @@ package cudadriver
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"github.com/gpucr/gpucr-stream/knobs"
 )
 
 // LibraryName is the driver library dlopen looks for; $GPUCR_LIBCUDA
@@ -73,7 +73,7 @@ func Open() (Driver, error) {
 }
 
 func libraryPath() string {
-	if p := os.Getenv("GPUCR_LIBCUDA"); p != "" {
+	if p := knobs.LibCUDA.Value(); p != "" {
 		return p
 	}
 	return LibraryName

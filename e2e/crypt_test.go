@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/minio/minio-go/v7"
@@ -76,8 +77,8 @@ func TestS3EncryptedCheckpointRestore(t *testing.T) {
 	e := startS3With(t, miniotest.Options{KMS: true})
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
-	t.Setenv(crypt.EnvKey, "")
-	os.Unsetenv(crypt.EnvKey)
+	t.Setenv(knobs.Key.Name, "")
+	os.Unsetenv(knobs.Key.Name)
 	keyFile, wrongFile := filepath.Join(dir, "key"), filepath.Join(dir, "wrong")
 	key, wrong := writeKey(ctx, t, keyFile), writeKey(ctx, t, wrongFile)
 	tg, before := startedTarget(ctx, t, dir, 128)
@@ -149,7 +150,7 @@ func TestS3EncryptedCheckpointRestore(t *testing.T) {
 		t.Fatalf("only %d windows searched", searched)
 	}
 
-	t.Setenv(crypt.EnvKey, strings.TrimSpace(string(must(os.ReadFile(keyFile)))))
+	t.Setenv(knobs.Key.Name, strings.TrimSpace(string(must(os.ReadFile(keyFile)))))
 	rr := gcsRun(ctx, t, "restore", "--from", url, "--work-dir", filepath.Join(dir, "w3")).ok(t, "restore")
 	if pid, _ := strconv.Atoi(strings.TrimSpace(rr.stdout)); pid != tg.PID() {
 		t.Fatalf("restore printed %q, want pid %d", rr.stdout, tg.PID())
@@ -174,8 +175,8 @@ func TestEncryptedStreamStdout(t *testing.T) {
 	CRIU(t)
 	ctx := testCtx(t)
 	dir := ShortTempDir(t)
-	t.Setenv(crypt.EnvKey, "")
-	os.Unsetenv(crypt.EnvKey)
+	t.Setenv(knobs.Key.Name, "")
+	os.Unsetenv(knobs.Key.Name)
 	keyFile, wrongFile := filepath.Join(dir, "key"), filepath.Join(dir, "wrong")
 	key, _ := writeKey(ctx, t, keyFile), writeKey(ctx, t, wrongFile)
 	tg, before := startedTarget(ctx, t, dir, 64)

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/redact"
 	"golang.org/x/sys/unix"
@@ -54,7 +55,7 @@ var ErrNotLoaded = errors.New("the fast-path library is not loaded in the proces
 // Dir is the directory of the control sockets: GPUCR_PRELOAD_DIR,
 // else /run/gpucr-stream (the library uses the same rule).
 func Dir() string {
-	if d := os.Getenv("GPUCR_PRELOAD_DIR"); d != "" {
+	if d := knobs.PreloadDir.Value(); d != "" {
 		return d
 	}
 	return "/run/gpucr-stream"

@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"sync"
 
 	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store"
@@ -254,7 +253,7 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 
 // readAhead overrides the read-ahead window, in chunks, to measure other
 // depths on other machines (GPUCR_READAHEAD=N).
-var readAhead, _ = strconv.Atoi(os.Getenv("GPUCR_READAHEAD"))
+var readAhead = knobs.ReadAhead.Int()
 
 // Manifest is the archive's manifest.
 func (a *ArchiveSource) Manifest() *manifest.Manifest { return a.man }

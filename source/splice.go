@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/gpucr/gpucr-stream/knobs"
 	"golang.org/x/sys/unix"
 )
 
@@ -150,7 +151,7 @@ type chunkWriter struct {
 
 // noSplice turns splicing off, to measure what it saves
 // (GPUCR_NO_SPLICE=1).
-var noSplice = os.Getenv("GPUCR_NO_SPLICE") == "1"
+var noSplice = knobs.NoSplice.On()
 
 func newChunkWriter(w io.Writer) chunkWriter {
 	if o, ok := w.(*Omit); ok {

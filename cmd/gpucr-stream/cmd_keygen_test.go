@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr-stream/crypt"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -53,7 +54,7 @@ func TestKeyFlags(t *testing.T) {
 	}{
 		{"ls takes no key", "", []string{"ls", empty, "--key-file", kf}, exitUsage, "", []string{"ls does not take --key-file"}},
 		{"ls ignores GPUCR_KEY", "nonsense", []string{"ls", empty}, exitOK, "", nil},
-		{"verify loads GPUCR_KEY", "nonsense", []string{"verify", arch}, exitUsage, "", []string{crypt.EnvKey}},
+		{"verify loads GPUCR_KEY", "nonsense", []string{"verify", arch}, exitUsage, "", []string{knobs.Key.Name}},
 		{"a missing key file", "", []string{"verify", "--key-file", filepath.Join(empty, "none"), arch}, exitUsage, "", []string{"key file"}},
 		{"SSE-C without its key file", "", []string{"cp", "s3://bucket/p", empty + "/c", "--s3-sse", "c"}, exitUsage, "", []string{"go together"}},
 		{"an unknown SSE mode", "", []string{"cp", "s3://bucket/p", empty + "/c", "--s3-sse", "rot13"}, exitUsage, "", []string{"rot13"}},
@@ -65,7 +66,7 @@ func TestKeyFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(crypt.EnvKey, tc.env)
+			t.Setenv(knobs.Key.Name, tc.env)
 			out, errOut, code := runCmd(t, tc.args...)
 			if code != tc.code {
 				t.Fatalf("exit %d (%s), want %d", code, errOut, tc.code)

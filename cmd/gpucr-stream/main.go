@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/swrk"
 )
@@ -78,7 +79,7 @@ func main() {
 	// %c in FILE is the command (two of them at once, a sender and a
 	// receiver, need two files). Not for run: the profiler's SIGPROF timer
 	// would survive its exec and kill the program.
-	if p := os.Getenv("GPUCR_CPUPROFILE"); p != "" {
+	if p := knobs.CPUProfile.Value(); p != "" {
 		if cmd := commandOf(os.Args[1:]); cmd != "run" {
 			p = strings.ReplaceAll(p, "%c", cmd)
 			if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
