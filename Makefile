@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
+.PHONY: build binary build-testhooks preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
 
 build: preload binary
 
@@ -21,6 +21,14 @@ build: preload binary
 binary:
 	@$(GO) mod download
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
+
+# build-testhooks is gpucr-stream with its test hooks (GPUCR_TEST_FAULT,
+# GPUCR_TEST_PAUSE: package testhook), for the GPU machine's fault rounds
+# (e2e/gpu/run.sh); the e2e tests build their own. Never installed: build
+# and install leave the hooks out.
+build-testhooks:
+	@$(GO) mod download
+	CGO_ENABLED=0 $(GO) build -trimpath -tags gpucr_testhooks -ldflags '$(LDFLAGS)' -o $(BIN)-testhooks ./cmd/gpucr-stream
 
 # The library GPU processes load for the fast path (docs/PRODUCERS.md,
 # section 3): C, no CUDA headers, built with the system compiler.
@@ -85,6 +93,7 @@ lint: $(STATICCHECK)
 
 unit:
 	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)
+	$(GO) test -race -short -count=1 -tags gpucr_testhooks -run '^(TestFault|TestPause|TestFaultLocksAndUndoes)$$' ./testhook ./gpuckpt
 
 # The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
 # Each test is named as it starts and ends (scripts/testsum); a failed
@@ -106,7 +115,7 @@ demo:
 # On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0
 # (docs/BENCHMARKS.md#gpu): checkpoint and restore a PyTorch process with
 # 10 GiB of checksummed tensors, against plain cuCheckpoint + criu -D.
-gpu-e2e: build
+gpu-e2e: build build-testhooks
 	bash e2e/gpu/run.sh
 
 bench: deps build

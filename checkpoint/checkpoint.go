@@ -25,7 +25,7 @@ import (
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
-	"github.com/gpucr/gpucr-stream/vram"
+	"github.com/gpucr/gpucr-stream/testhook"
 )
 
 // Phase is one timed step of a checkpoint or restore; the GPU steps
@@ -278,7 +278,7 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o cr
 	var closed bool
 	var storeErr error
 	o.BeforeKill = func(ctx context.Context, _ criusock.DumpResult) error {
-		if err := vram.PauseForTest(ctx, "post-dump"); err != nil {
+		if err := testhook.Pause(ctx, "post-dump"); err != nil {
 			return err
 		}
 		if storeErr = cc.FastWait(ctx); storeErr != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testhook"
 )
 
 // LazyRestore is a tree restored with lazy pages, whose memory the daemon
@@ -56,10 +57,6 @@ type LazyRestore struct {
 
 // lazySocket is where `criu lazy-pages` listens, in CRIU's work dir.
 const lazySocket = "lazy-pages.socket"
-
-// testKillLazyDaemon kills the daemon right after the restore (tests: a
-// daemon that dies before the last page).
-var testKillLazyDaemon = os.Getenv("GPUCR_TEST_FAULT") == "lazy-pages"
 
 // CheckLazyPages says whether criu can restore with lazy pages here (the
 // kernel's userfaultfd, with the events a tree that forks needs): a
@@ -126,7 +123,8 @@ func RestoreLazy(ctx context.Context, o CRIURestoreOptions, src source.Source) (
 	if criuErr != nil {
 		return l, criuFailed{fmt.Errorf("criu restore --lazy-pages: %w; %s", criuErr, criuLogTail(l.LogPath, out))}
 	}
-	if testKillLazyDaemon {
+	if testhook.Fault("lazy-pages") != nil {
+		// Tests: a daemon that dies before the last page.
 		l.daemon.Process.Kill()
 	}
 	return l, nil

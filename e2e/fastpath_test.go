@@ -134,13 +134,14 @@ func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
 	return ""
 }
 
-// runPaused starts gpucr-stream with GPUCR_TEST_PAUSE=step (vram/testpause.go)
-// and returns once it stopped there; kill ends it with SIGKILL. It fails
-// the test if the command ends, or does not get there in 20 s, first.
+// runPaused starts gpucr-stream, the build with test hooks, with
+// GPUCR_TEST_PAUSE=step (package testhook) and returns once it stopped
+// there; kill ends it with SIGKILL. It fails the test if the command ends,
+// or does not get there in 20 s, first.
 func (e *fastEnv) runPaused(ctx context.Context, t *testing.T, step string, args ...string) (kill func()) {
 	t.Helper()
 	marker := filepath.Join(t.TempDir(), "paused")
-	cmd := exec.CommandContext(ctx, e.gcs, args...)
+	cmd := exec.CommandContext(ctx, HooksBinary(t), args...)
 	cmd.Env = append(e.env(), "GPUCR_TEST_PAUSE="+step+":"+marker)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -198,7 +199,13 @@ func (e *fastEnv) gcsRunEnv(ctx context.Context, env []string, args ...string) (
 // gcsRunStderr is gcsRunEnv that returns what gpucr-stream said on stderr
 // too.
 func (e *fastEnv) gcsRunStderr(ctx context.Context, env []string, args ...string) ([]byte, string, error) {
-	cmd := exec.CommandContext(ctx, e.gcs, args...)
+	return e.runBin(ctx, e.gcs, env, args...)
+}
+
+// runBin runs bin (e.gcs, or HooksBinary for env that asks for a test
+// hook) as gcsRunStderr does.
+func (e *fastEnv) runBin(ctx context.Context, bin string, env []string, args ...string) ([]byte, string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(e.env(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -406,7 +413,11 @@ func TestFastPathUndo(t *testing.T) {
 			pid, tdir, _ := e.start(t, strings.ReplaceAll(tc.name, " ", "-"))
 			args := append([]string{"checkpoint", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-"+tc.name),
 				"--work-dir", filepath.Join(e.dir, "w-"+tc.name), "--criu", e.criu, "--json", "--no-progress", "--vram-keep-dir", e.dir}, tc.args...)
-			out, err := e.gcsRunEnv(ctx, tc.env, args...)
+			bin := e.gcs
+			if tc.env != nil {
+				bin = HooksBinary(t) // GPUCR_TEST_FAULT
+			}
+			out, _, err := e.runBin(ctx, bin, tc.env, args...)
 			if (err != nil) != (tc.fails != "") {
 				t.Fatalf("checkpoint: %v %s", err, out)
 			}
@@ -440,7 +451,7 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 	pid, tdir, _ := e.start(t, "s")
 	// The store fails after the release: the memory comes back from the
 	// kept copy, and the process runs on.
-	out, err := e.gcsRunEnv(ctx, []string{"GPUCR_TEST_FAULT=store"}, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-f"), "--json", "--vram-keep-dir", e.dir)
+	out, _, err := e.runBin(ctx, HooksBinary(t), []string{"GPUCR_TEST_FAULT=store"}, "gpu", "suspend", "--pid", strconv.Itoa(pid), "--to", filepath.Join(e.dir, "ar-f"), "--json", "--vram-keep-dir", e.dir)
 	if err == nil || !strings.Contains(err.Error(), "injected store failure") || !strings.Contains(err.Error(), "restored and unlocked") {
 		t.Fatalf("suspend with a failing store: %v %s", err, out)
 	}

@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/testhook"
 	"golang.org/x/sys/unix"
 )
 
@@ -152,24 +153,42 @@ var builds struct {
 // instead, NAME being pkg with slashes as dashes (e2e-target, cmd-gpucr-stream).
 func BuildBinary(t testing.TB, pkg string) string {
 	t.Helper()
+	return buildBinary(t, pkg, "")
+}
+
+// HooksBinary is gpucr-stream built with its test hooks (package
+// testhook: GPUCR_TEST_FAULT, GPUCR_TEST_PAUSE), which the shipped binary
+// lacks: the tests that inject faults or pauses run it. With
+// GPUCR_PREBUILT=DIR it is DIR/cmd-gpucr-stream-testhooks (make
+// build-testhooks builds bin/gpucr-stream-testhooks).
+func HooksBinary(t testing.TB) string {
+	t.Helper()
+	return buildBinary(t, "./cmd/gpucr-stream", testhook.Tag)
+}
+
+func buildBinary(t testing.TB, pkg, tags string) string {
+	t.Helper()
 	root := ModuleRoot(t)
+	name := strings.ReplaceAll(strings.Trim(pkg, "./"), "/", "-")
+	if tags != "" {
+		name += "-" + strings.TrimPrefix(tags, "gpucr_")
+	}
 	builds.mu.Lock()
 	if builds.byPkg == nil {
 		builds.byPkg = map[string]*buildResult{}
 		builds.dir, builds.dirErr = binDir()
 	}
 	dir, dirErr := builds.dir, builds.dirErr
-	r := builds.byPkg[pkg]
+	r := builds.byPkg[name]
 	if r == nil {
 		r = &buildResult{}
-		builds.byPkg[pkg] = r
+		builds.byPkg[name] = r
 	}
 	builds.mu.Unlock()
 	if dirErr != nil {
 		t.Fatalf("build %s: %v", pkg, dirErr)
 	}
 	r.once.Do(func() {
-		name := strings.ReplaceAll(strings.Trim(pkg, "./"), "/", "-")
 		// A machine without a Go toolchain (the GPU machine) runs a test
 		// binary built elsewhere against binaries built with it.
 		if pre := os.Getenv("GPUCR_PREBUILT"); pre != "" {
@@ -180,7 +199,7 @@ func BuildBinary(t testing.TB, pkg string) string {
 			return
 		}
 		out := filepath.Join(dir, name)
-		cmd := exec.Command(goTool(), "build", "-o", out, pkg)
+		cmd := exec.Command(goTool(), "build", "-tags", tags, "-o", out, pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		start := time.Now()
@@ -189,7 +208,7 @@ func BuildBinary(t testing.TB, pkg string) string {
 			return
 		}
 		r.path = out
-		t.Logf("built %s in %v", pkg, time.Since(start).Round(time.Millisecond))
+		t.Logf("built %s in %v", name, time.Since(start).Round(time.Millisecond))
 	})
 	if r.err != nil {
 		t.Fatal(r.err)

@@ -43,7 +43,7 @@ func TestCheckpointInterrupted(t *testing.T) {
 				to := filepath.Join(dir, "ck-"+strings.NewReplacer(" ", "-", ",", "").Replace(name))
 				marker := filepath.Join(dir, "post-dump-reached")
 				os.Remove(marker)
-				cmd := exec.Command(BuildBinary(t, "./cmd/gpucr-stream"), "checkpoint", "--pid", strconv.Itoa(tg.PID()),
+				cmd := exec.Command(HooksBinary(t), "checkpoint", "--pid", strconv.Itoa(tg.PID()),
 					"--to", to, "--criu", criu, "--no-progress")
 				cmd.Env = append(os.Environ(), "GPUCR_TEST_PAUSE=post-dump:"+marker)
 				var stdout, stderr bytes.Buffer

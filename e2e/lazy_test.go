@@ -56,6 +56,7 @@ func TestMigrateLazyPagesDaemonDies(t *testing.T) {
 	tg, before := e.startTarget("target", 128)
 	keep := mkdir(t, filepath.Join(e.dir, "keep"))
 	t.Setenv("GPUCR_TEST_FAULT", "lazy-pages")
+	e.recvBin = HooksBinary(t)
 	recv := e.startReceiver(nil, "--restore", "--lazy-pages", "--criu", e.criu)
 	m := e.migrate(tg, io.Discard, "--keep-dir", keep)
 	err := m.wait(e.ctx)

@@ -133,14 +133,17 @@ func (d *driverSuspend) restore(context.Context) error {
 	return errors.Join(errs...)
 }
 
-// faultyCheckpoint fails the driver's checkpoint step before it reaches
-// the driver (GPUCR_TEST_FAULT=gpu-checkpoint): the GPU machine's fault
-// round locks a real tree and sees it unlocked again, without the
-// checkpoint that the driver could not undo for an NCCL rank.
-type faultyCheckpoint struct{ cudadriver.Driver }
+// faultyCheckpoint fails the driver's checkpoint step with err before it
+// reaches the driver (testhook.Fault("gpu-checkpoint")): the GPU
+// machine's fault round locks a real tree and sees it unlocked again,
+// without the checkpoint that the driver could not undo for an NCCL rank.
+type faultyCheckpoint struct {
+	cudadriver.Driver
+	err error
+}
 
-func (faultyCheckpoint) Checkpoint(pid int) error {
-	return fmt.Errorf("cuda checkpoint of pid %d: injected failure (GPUCR_TEST_FAULT=gpu-checkpoint)", pid)
+func (f faultyCheckpoint) Checkpoint(pid int) error {
+	return fmt.Errorf("cuda checkpoint of pid %d: %w", pid, f.err)
 }
 
 // eachAtOnce runs step for every pid at once and returns their errors in

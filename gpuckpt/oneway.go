@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/testhook"
 )
 
 // ErrOneWay says a tree was refused before any GPU step: the driver could
@@ -163,7 +163,7 @@ func preloadShared(ctx context.Context, pid int) string {
 // driver's own checkpoint of the same ranks left them failing their next
 // kernel, docs/BENCHMARKS.md, "NCCL").
 func CheckUndoable(ctx context.Context, pids []int, fast bool) error {
-	if testFault("gpu-checkpoint") {
+	if testhook.Fault("gpu-checkpoint") != nil {
 		return nil
 	}
 	if fast {
@@ -217,7 +217,3 @@ func joinInts(xs []int) string {
 	}
 	return strings.Join(s, ", ")
 }
-
-// testFault says whether GPUCR_TEST_FAULT names fault (the GPU machine's
-// fault rounds, e2e/gpu/run.sh).
-func testFault(fault string) bool { return os.Getenv("GPUCR_TEST_FAULT") == fault }

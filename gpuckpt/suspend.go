@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testhook"
 	"github.com/gpucr/gpucr-stream/vram"
 )
 
@@ -135,8 +136,8 @@ func (cc *Checkpoint) Suspend(ctx context.Context, lockTimeout time.Duration) ([
 		return nil, nil
 	}
 	drv := cc.drv
-	if testFault("gpu-checkpoint") {
-		drv = faultyCheckpoint{drv}
+	if err := testhook.Fault("gpu-checkpoint"); err != nil {
+		drv = faultyCheckpoint{drv, err}
 	}
 	d := &driverSuspend{drv: drv, pids: cc.pids, lockTimeout: lockTimeout}
 	cc.driver = d

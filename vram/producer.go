@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/fsat"
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testhook"
 	"golang.org/x/sys/unix"
 )
 
@@ -501,7 +502,7 @@ func (s *FastSuspension) BeforeDriver(ctx context.Context) error {
 // no connection to a process outside the tree, nor the kept files open in
 // the processes. The libraries keep the kept copy's paths for `gpu resume`.
 func (s *FastSuspension) Detach(ctx context.Context) error {
-	testPause("checkpointed")
+	testhook.Pause(context.Background(), "checkpointed")
 	var errs []error
 	for _, fp := range s.procs {
 		if fp.p == nil {
@@ -511,7 +512,7 @@ func (s *FastSuspension) Detach(ctx context.Context) error {
 		fp.p.Close()
 		fp.p = nil
 	}
-	testPause("detached")
+	testhook.Pause(context.Background(), "detached")
 	return errors.Join(errs...)
 }
 

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/testhook"
 )
 
 // ErrUndone stops a store whose checkpoint is being undone (StopStore).
@@ -23,7 +25,7 @@ var ErrUndone = errors.New("fast path: the checkpoint is undone")
 // or Commit. The first failure cancels the others. Never fails.
 func (s *FastSuspension) StartStore(ctx context.Context) error {
 	s.startStore(ctx, s.put)
-	testPause("released")
+	testhook.Pause(context.Background(), "released")
 	return nil
 }
 
@@ -92,8 +94,8 @@ func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastPro
 		return err
 	}
 	defer closeAll(fs)
-	testHoldStore()
-	if err := testStoreFault(); err != nil {
+	testhook.HoldWhilePausing()
+	if err := testhook.Fault("store"); err != nil {
 		return err
 	}
 	if s.opts.Dedup == nil {

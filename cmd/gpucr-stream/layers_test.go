@@ -11,7 +11,7 @@ import (
 var rooms = map[string]int{
 	"errdefs": 0, "redact": 0, "knobs": 0, "transport/tcp/wire": 0, "store/miniotest": 0, "bufpool": 0,
 	"scripts": 0, "scripts/testsum": 0, // tooling: tests of the scripts, make e2e's reporter
-	"codec": 1, "manifest": 1, "store": 1, "proc": 1, "fsat": 1, "tcpwait": 1,
+	"testhook": 1, "codec": 1, "manifest": 1, "store": 1, "proc": 1, "fsat": 1, "tcpwait": 1,
 	"crypt": 2, "scratch": 2, "hostroom": 2, "hostroom/cgrouptest": 0, "store/dir": 2, "store/mem": 2, "store/storetest": 2,
 	"cudadriver": 2, "preloadctl": 2, "fdgraft": 2,
 	"pipeline": 3, "store/s3": 3, "chunkstore": 3, "vram": 3, "vram/vramtest": 3, "cudadriver/drivertest": 3,

@@ -2,7 +2,12 @@
 # GPU end-to-end test and benchmark: run it on a machine with an NVIDIA GPU
 # (driver >= 570), PyTorch and root, from the repository root:
 #
-#   make build && e2e/gpu/run.sh
+#   make build build-testhooks && e2e/gpu/run.sh
+#
+# The rounds that inject faults (fastfault, ncclfault, ncclp2pfault) run
+# GCS_HOOKS, gpucr-stream built with its test hooks (GPUCR_TEST_FAULT,
+# GPUCR_TEST_PAUSE: package testhook), which the shipped binary lacks;
+# `make build-testhooks` builds it as bin/gpucr-stream-testhooks.
 #
 # It starts e2e/gpu/torch_target.py (a PyTorch process holding GIB_RANDOM GiB
 # of float32 random tensors and GIB_WEIGHTS GiB of bf16 model-like weights,
@@ -176,7 +181,8 @@
 # Knobs (environment): GIB_RANDOM (4), GIB_WEIGHTS (6), ROUNDS
 # ("auto baseline lz4 leave"), DEADLINE (seconds after which no new round
 # starts, 420), WORK (scratch dir on local disk, short path), GCS (the
-# gpucr-stream binary, bin/gpucr-stream), CRIU (criu binary; else criu on
+# gpucr-stream binary, bin/gpucr-stream), GCS_HOOKS (the same built with
+# test hooks, bin/gpucr-stream-testhooks), CRIU (criu binary; else criu on
 # PATH, .cache/criu/bin/criu, /opt/gpucr-criu/bin/criu), PYTHON (python3),
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
 # script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
@@ -209,6 +215,7 @@ export PYTHONUNBUFFERED=1
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 GCS=${GCS:-$ROOT/bin/gpucr-stream}
+GCS_HOOKS=${GCS_HOOKS:-$ROOT/bin/gpucr-stream-testhooks}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 GIB_RANDOM=${GIB_RANDOM:-4}
@@ -976,6 +983,20 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
 	$ok
 }
 
+# need_hooks says whether GCS_HOOKS is a build with test hooks (its env
+# command lists GPUCR_TEST_FAULT); a fault round without one fails, saying
+# so, rather than see no fault.
+need_hooks() {
+	local vars
+	vars=$("$GCS_HOOKS" env 2>/dev/null)
+	if grep -q '^GPUCR_TEST_FAULT' <<<"$vars"; then
+		return 0
+	fi
+	log "$ROUND: $GCS_HOOKS is not gpucr-stream built with test hooks (make build-testhooks)"
+	emit "$(python3 -c 'import json, sys; print(json.dumps({"round": sys.argv[1], "ok": False, "note": "no build with test hooks (make build-testhooks)"}))' "$ROUND")"
+	return 1
+}
+
 # round_fault: faults after the fast path released the device memory, on
 # one target: the store into the checkpoint fails (GPUCR_TEST_FAULT=store),
 # CRIU refuses its options after the driver's checkpoint, and gpucr-stream
@@ -984,6 +1005,7 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
 # with every tensor intact.
 round_fault() {
 	local ar=$WORK/ar-$ROUND t0 step rc notes=() ok=true co
+	need_hooks || return 1
 	local args=(checkpoint --pid "$TPID" --to "$ar" --codec "$FAST_CODEC" --criu "$CRIU" --work-dir "$WORK/w" --json --no-progress)
 	co=$(round_criu_opts)
 	for step in store criu kill; do
@@ -991,10 +1013,10 @@ round_fault() {
 		t0=$(now)
 		rc=0
 		case $step in
-		store) GPUCR_TEST_FAULT=store "$GCS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
+		store) GPUCR_TEST_FAULT=store "$GCS_HOOKS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
 		criu) "$GCS" "${args[@]}" --criu-opts "${co:+$co }--no-such-criu-option" >/dev/null 2>"$WORK/logs/$ROUND-$step.err" || rc=$? ;;
 		kill)
-			GPUCR_TEST_PAUSE=released:$WORK/paused "$GCS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" &
+			GPUCR_TEST_PAUSE=released:$WORK/paused "$GCS_HOOKS" "${args[@]}" ${co:+--criu-opts "$co"} >/dev/null 2>"$WORK/logs/$ROUND-$step.err" &
 			local gp=$! i=0
 			while [ ! -e "$WORK/paused" ] && kill -0 "$gp" 2>/dev/null && [ $i -lt 600 ]; do
 				sleep 0.1
@@ -1292,7 +1314,11 @@ nccl_proves() {
 # (checkpoint, gpu suspend), and run on. fault: the ncclfault round (see
 # the header).
 round_nccl() {
-	local fault=${1:-} ar=$WORK/ar-$ROUND notes=() ok=true rc t0 tr co
+	local fault=${1:-} ar=$WORK/ar-$ROUND notes=() ok=true rc t0 tr co gcs=$GCS
+	if [ -n "$fault" ]; then
+		need_hooks || return 1
+		gcs=$GCS_HOOKS
+	fi
 	co=$(round_criu_opts)
 	local steps=(checkpoint suspend)
 	[ -n "$fault" ] && steps=(checkpoint)
@@ -1308,7 +1334,7 @@ round_nccl() {
 		esac
 		t0=$(now)
 		rc=0
-		env "${env[@]}" timeout 300 "$GCS" "${args[@]}" >"$js" 2>"$err" || rc=$?
+		env "${env[@]}" timeout 300 "$gcs" "${args[@]}" >"$js" 2>"$err" || rc=$?
 		tr=$(since "$t0")
 		log "$ROUND: $step: exit $rc after ${tr}s: $(tail -c 1500 "$err")"
 		if [ $rc -eq 0 ]; then
@@ -1317,7 +1343,7 @@ round_nccl() {
 		elif [ -z "$fault" ] && ! grep -q "is an NCCL rank" "$err"; then
 			notes+=("$step: failed, but not with the refusal naming the NCCL ranks")
 			ok=false
-		elif [ -n "$fault" ] && ! grep -q "could not be locked\|injected failure" "$err"; then
+		elif [ -n "$fault" ] && ! grep -q "could not be locked\|injected gpu-checkpoint failure" "$err"; then
 			notes+=("$step: failed, but neither at the lock nor at the injected checkpoint failure")
 			ok=false
 		else
