@@ -2,34 +2,47 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/gpucr/gpucr-stream/catalog"
 )
 
 var checkCommand = command{"check", "check a location's checkpoints and chunk store: check LOCATION (reads only; --repair-index rebuilds a damaged index from the packs)", "LOCATION",
-	[]string{"@key", "@s3read", "repair-index", "read-data", "workers", "memory-limit", "json"}, runCheck}
+	func() options { return &checkOptions{} }}
 
-// runCheck reads every pack and manifest of a location and reports what
-// is damaged (catalog.Check); exit 3 when anything is.
-func runCheck(ctx context.Context, cfg *config, args []string) error {
-	st, loc, closeStore, err := storeAt(ctx, cfg, "check", args)
+type checkOptions struct {
+	loc                   locationFlags
+	repairIndex, readData bool
+}
+
+func (o *checkOptions) register(f *flags) {
+	f.show("json")
+	o.loc.register(f.narrow(keyNames, s3ReadNames, bufferNames))
+	f.boolean(&o.repairIndex, "repair-index")
+	f.boolean(&o.readData, "read-data")
+	f.describe("memory-limit", "with --read-data: memory for chunks in flight (auto: 1GiB)")
+	f.describe("workers", "with --read-data: decoder goroutines (0: one per core)")
+}
+
+// run reads every pack and manifest of a location and reports what is
+// damaged (catalog.Check); exit 3 when anything is.
+func (o *checkOptions) run(ctx context.Context, c *cli, args []string) error {
+	st, loc, closeStore, err := storeAt(ctx, c, &o.loc, "check", args)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-	rep, err := catalog.Check(ctx, st, catalog.CheckOptions{Where: loc.String(), RepairIndex: cfg.repairIndex, ReadData: cfg.readData, Read: cfg.opts})
+	rep, err := catalog.Check(ctx, st, catalog.CheckOptions{Where: loc.String(), RepairIndex: o.repairIndex, ReadData: o.readData, Read: o.loc.options()})
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
-	if cfg.jsonOut {
-		if err := json.NewEncoder(cfg.stdout).Encode(rep); err != nil {
+	if c.json {
+		if err := c.printJSON(rep); err != nil {
 			return err
 		}
 		return rep.Err()
 	}
-	w := cfg.stdout
+	w := c.stdout
 	fmt.Fprintf(w, "check %s: %d checkpoint(s)", rep.Location, rep.Checkpoints)
 	if rep.Packs+rep.IndexObjects > 0 {
 		fmt.Fprintf(w, " (%d deduplicated); chunk store: %d pack(s) (%s, %d chunks), %d index object(s)",

@@ -2,24 +2,21 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"sort"
 	"strings"
 )
 
 var completionCommand = command{"completion", "print a shell completion script: completion bash (e.g. gpucr-stream completion bash > /etc/bash_completion.d/gpucr-stream)", "bash",
-	nil, nil}
+	func() options { return completionOptions{} }}
 
-// The script is made from the command table, which lists this command:
-// its run is set here to break that initialization cycle.
-func init() { completionCommand.run = runCompletion }
+type completionOptions struct{ noFlags }
 
-func runCompletion(ctx context.Context, cfg *config, args []string) error {
+func (completionOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 1 || args[0] != "bash" {
 		return usagef("completion takes one argument: bash")
 	}
-	fmt.Fprint(cfg.stdout, bashCompletion())
+	fmt.Fprint(c.stdout, bashCompletion())
 	return nil
 }
 
@@ -29,25 +26,24 @@ func runCompletion(ctx context.Context, cfg *config, args []string) error {
 func bashCompletion() string {
 	// Flags that take no value: any other one consumes the next word.
 	var bools []string
-	newConfig(nil, nil, nil).flagSet().VisitAll(func(f *flag.Flag) {
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			prefix := "--"
-			if len(f.Name) == 1 {
-				prefix = "-"
+	for _, d := range flagTable {
+		if d.kind == boolFlag {
+			bools = append(bools, "--"+d.name)
+			if s := shortOf(d.name); s != "" {
+				bools = append(bools, "-"+s)
 			}
-			bools = append(bools, prefix+f.Name)
 		}
-	})
+	}
 	sort.Strings(bools)
 	var names []string
 	var cases strings.Builder
 	for _, c := range commands() {
 		names = append(names, c.name)
 		var flags []string
-		for f := range c.flagNames() {
-			flags = append(flags, "--"+f)
+		_, f := c.bind(&cli{})
+		for _, n := range f.listed() {
+			flags = append(flags, "--"+n)
 		}
-		sort.Strings(flags)
 		fmt.Fprintf(&cases, "\t%s) flags=%q ;;\n", c.name, strings.Join(flags, " "))
 	}
 	return fmt.Sprintf(`# bash completion for gpucr-stream (gpucr-stream completion bash)

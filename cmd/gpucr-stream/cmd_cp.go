@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,14 +15,23 @@ import (
 )
 
 var cpCommand = command{"cp", "copy a checkpoint between locations (directory, s3://): cp SRC DEST; verified before its manifest is written, resumable; to or from a Podman/CRI-O checkpoint archive (checkpointctl's layout: FILE.tar, .tar.gz, .tar.zst)", "SRC DEST",
-	[]string{"@key", "@s3", "workers", "memory-limit", "create-bucket", "json", "no-progress"}, runCp}
+	func() options { return &cpOptions{} }}
 
-func runCp(ctx context.Context, cfg *config, args []string) error {
+type cpOptions struct{ loc locationFlags }
+
+func (o *cpOptions) register(f *flags) {
+	f.show("json", "no-progress")
+	o.loc.register(f.narrow(keyNames, s3WriteNames, bufferNames, []string{"create-bucket"}))
+	f.describe("key-file", "encryption key file (mode 0600), else $GPUCR_KEY: an encrypted checkpoint is copied as it is, and verified with the key")
+	f.describe("create-bucket", "to s3://: create DEST's bucket if it does not exist (in --s3-region)")
+}
+
+func (o *cpOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 2 {
-		return usagef("cp takes SRC and DEST, got %d arguments", len(args))
+		return usagef("cp takes SRC and DEST, got %s", plural(len(args), "argument"))
 	}
 	if archive, toArchive := containerArchive(args); archive != "" {
-		return cpArchive(ctx, cfg, args, archive, toArchive)
+		return o.archive(ctx, c, args, archive, toArchive)
 	}
 	srcLoc, err := parseLoc("SRC", args[0])
 	if err != nil {
@@ -33,12 +41,12 @@ func runCp(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	src, closeSrc, err := location.OpenStore(ctx, srcLoc, cfg.locationConfig())
+	src, closeSrc, err := location.OpenStore(ctx, srcLoc, o.loc.config(c, nil))
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	defer closeSrc()
-	dst, closeDst, err := location.OpenDestStore(ctx, dstLoc, cfg.locationConfig())
+	dst, closeDst, err := location.OpenDestStore(ctx, dstLoc, o.loc.config(c, nil))
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
@@ -50,24 +58,24 @@ func runCp(ctx context.Context, cfg *config, args []string) error {
 			total += s.Size
 		}
 	}
-	bar := startProgress(cfg, checkpoint.Progress{What: "cp", Counters: &counters, Total: total})
-	res, err := catalog.Copy(ctx, src, dst, cfg.opts, &counters)
+	bar := startProgress(c, checkpoint.Progress{What: "cp", Counters: &counters, Total: total})
+	res, err := catalog.Copy(ctx, src, dst, o.loc.options(), &counters)
 	bar.finish()
 	if err != nil {
 		return fmt.Errorf("cp %s %s: %w", srcLoc, dstLoc, err)
 	}
 	res.Source, res.Destination = srcLoc.String(), dstLoc.String()
 	for _, b := range res.BadIndex {
-		fmt.Fprintf(cfg.stderr, "warning: skipped an unreadable chunk index object at the destination; its chunks were indexed again (`gpucr-stream check --repair-index` of the destination's location rebuilds the index): %s\n", b.Error)
+		fmt.Fprintf(c.stderr, "warning: skipped an unreadable chunk index object at the destination; its chunks were indexed again (`gpucr-stream check --repair-index` of the destination's location rebuilds the index): %s\n", b.Error)
 	}
-	if cfg.jsonOut {
-		return json.NewEncoder(cfg.stdout).Encode(res)
+	if c.json {
+		return c.printJSON(res)
 	}
 	if res.Already {
-		fmt.Fprintf(cfg.stdout, "%s already holds checkpoint %s\n", res.Destination, res.ID)
+		fmt.Fprintf(c.stdout, "%s already holds checkpoint %s\n", res.Destination, res.ID)
 		return nil
 	}
-	fmt.Fprintf(cfg.stdout, "copied %s to %s: %d segment(s) (%d kept from an earlier try), %s copied, %s verified\n",
+	fmt.Fprintf(c.stdout, "copied %s to %s: %d segment(s) (%d kept from an earlier try), %s copied, %s verified\n",
 		res.Source, res.Destination, res.Segments, res.Kept, humanBytes(res.Bytes), humanBytes(res.Verified))
 	return nil
 }
@@ -90,7 +98,8 @@ func containerArchive(args []string) (archive string, toArchive bool) {
 	return "", false
 }
 
-func cpArchive(ctx context.Context, cfg *config, args []string, archive string, toArchive bool) error {
+// archive is cp to or from a Podman/CRI-O checkpoint archive.
+func (o *cpOptions) archive(ctx context.Context, c *cli, args []string, archive string, toArchive bool) error {
 	other := args[1]
 	if toArchive {
 		other = args[0]
@@ -99,22 +108,22 @@ func cpArchive(ctx context.Context, cfg *config, args []string, archive string, 
 	if err != nil {
 		return err
 	}
-	o := checkpoint.TarOptions{Archive: archive, Loc: loc, Open: cfg.locationConfig(), Tool: "gpucr-stream " + version, Hooks: cfg.hooks()}
+	t := checkpoint.TarOptions{Archive: archive, Loc: loc, Open: o.loc.config(c, nil), Tool: "gpucr-stream " + version, Hooks: c.hooks()}
 	var res *checkpoint.TarResult
 	if toArchive {
-		res, err = checkpoint.ToTar(ctx, o)
+		res, err = checkpoint.ToTar(ctx, t)
 	} else {
-		res, err = checkpoint.FromTar(ctx, o)
+		res, err = checkpoint.FromTar(ctx, t)
 	}
 	if err != nil {
 		return err
 	}
-	if cfg.jsonOut {
-		return json.NewEncoder(cfg.stdout).Encode(res)
+	if c.json {
+		return c.printJSON(res)
 	}
-	fmt.Fprintf(cfg.stdout, "copied %s to %s: %d files, %s raw\n", res.Source, res.Destination, res.Files, humanBytes(res.RawBytes))
+	fmt.Fprintf(c.stdout, "copied %s to %s: %d files, %s raw\n", res.Source, res.Destination, res.Files, humanBytes(res.RawBytes))
 	if res.Container != "" {
-		fmt.Fprintf(cfg.stdout, "  %s container %s (restore it with: gpucr-stream restore --container NAME --runtime podman --from %s)\n", res.Engine, res.Container, res.Destination)
+		fmt.Fprintf(c.stdout, "  %s container %s (restore it with: gpucr-stream restore --container NAME --runtime podman --from %s)\n", res.Engine, res.Container, res.Destination)
 	}
 	return nil
 }

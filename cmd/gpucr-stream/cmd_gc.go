@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -14,7 +13,21 @@ import (
 )
 
 var gcCommand = command{"gc", "remove what dead captures left (segments, uploads, temporary files) older than --older-than, and chunks no checkpoint references: gc LOCATION", "LOCATION",
-	[]string{"@s3conn", "older-than", "repack-below", "dry-run", "json"}, runGc}
+	func() options { return &gcOptions{} }}
+
+type gcOptions struct {
+	loc                    locationFlags
+	dryRun                 bool
+	olderThan, repackBelow string
+}
+
+func (o *gcOptions) register(f *flags) {
+	f.show("json")
+	o.loc.register(f.narrow(s3ConnNames))
+	f.boolean(&o.dryRun, "dry-run")
+	f.str(&o.olderThan, "older-than")
+	f.str(&o.repackBelow, "repack-below")
+}
 
 // parseAge reads --older-than: a Go duration, or a number of days ("7d").
 func parseAge(s string) (time.Duration, error) {
@@ -40,25 +53,25 @@ func parseAge(s string) (time.Duration, error) {
 // table alone passes it still finishes, with the collector working harder.
 const gcMemoryLimit = 120 << 20
 
-// runGc removes what dead captures left under a location, older than
+// run removes what dead captures left under a location, older than
 // --older-than, and what no checkpoint references (catalog.GC).
-func runGc(ctx context.Context, cfg *config, args []string) error {
+func (o *gcOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 1 {
 		return usagef("gc takes one LOCATION argument, got %d", len(args))
 	}
-	age, err := parseAge(cfg.olderThan)
+	age, err := parseAge(o.olderThan)
 	if err != nil {
 		return usagef("--older-than: %v (want e.g. 30m, 2h, 7d)", err)
 	}
-	pct, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(cfg.repackBelow), "%"), 64)
+	pct, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(o.repackBelow), "%"), 64)
 	if err != nil || pct < 0 || pct > 100 {
-		return usagef("--repack-below: %q is no share of 0%% to 100%%", cfg.repackBelow)
+		return usagef("--repack-below: %q is no share of 0%% to 100%%", o.repackBelow)
 	}
 	repack := pct / 100
 	if pct == 0 {
 		repack = -1 // never
 	}
-	st, loc, closeStore, err := storeAt(ctx, cfg, "gc", args)
+	st, loc, closeStore, err := storeAt(ctx, c, &o.loc, "gc", args)
 	if err != nil {
 		return err
 	}
@@ -66,51 +79,51 @@ func runGc(ctx context.Context, cfg *config, args []string) error {
 	if _, ok := os.LookupEnv("GOMEMLIMIT"); !ok {
 		debug.SetMemoryLimit(gcMemoryLimit)
 	}
-	res, err := catalog.GC(ctx, st, loc.String(), age, cfg.dryRun, repack)
+	res, err := catalog.GC(ctx, st, loc.String(), age, o.dryRun, repack)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
-	if cfg.jsonOut {
-		return json.NewEncoder(cfg.stdout).Encode(res)
+	if c.json {
+		return c.printJSON(res)
 	}
-	v := verb(cfg.dryRun)
+	v := verb(o.dryRun)
 	for _, n := range res.Unfinished {
-		fmt.Fprintf(cfg.stdout, "%s unfinished checkpoint %s\n", v, n)
+		fmt.Fprintf(c.stdout, "%s unfinished checkpoint %s\n", v, n)
 	}
-	if cfg.dryRun {
+	if o.dryRun {
 		for _, n := range res.Names {
-			fmt.Fprintf(cfg.stdout, "%s %s\n", v, n)
+			fmt.Fprintf(c.stdout, "%s %s\n", v, n)
 		}
 	}
-	fmt.Fprintf(cfg.stdout, "gc %s: %s %d unfinished checkpoint(s) (%d objects, %s)", res.Location, v, len(res.Unfinished), res.Objects, humanBytes(res.Bytes))
+	fmt.Fprintf(c.stdout, "gc %s: %s %d unfinished checkpoint(s) (%d objects, %s)", res.Location, v, len(res.Unfinished), res.Objects, humanBytes(res.Bytes))
 	if res.HasUploads {
-		fmt.Fprintf(cfg.stdout, ", aborted %d incomplete upload(s)", res.Uploads)
+		fmt.Fprintf(c.stdout, ", aborted %d incomplete upload(s)", res.Uploads)
 	}
 	if res.HasTempFiles {
-		fmt.Fprintf(cfg.stdout, ", %d temporary file(s) and empty dir(s)", res.TempFiles)
+		fmt.Fprintf(c.stdout, ", %d temporary file(s) and empty dir(s)", res.TempFiles)
 	}
-	fmt.Fprintln(cfg.stdout)
-	if c := res.Chunks; c != nil {
-		if c.Skipped != "" {
-			fmt.Fprintf(cfg.stdout, "chunk store: skipped: %s\n", c.Skipped)
+	fmt.Fprintln(c.stdout)
+	if ch := res.Chunks; ch != nil {
+		if ch.Skipped != "" {
+			fmt.Fprintf(c.stdout, "chunk store: skipped: %s\n", ch.Skipped)
 		} else {
-			fmt.Fprintf(cfg.stdout, "chunk store: %d pack(s), %d referenced; %s %d unreferenced pack(s) (%s)\n", c.Packs, c.Referenced, v, c.Removed, humanBytes(c.RemovedBytes))
-			if c.Repacked > 0 {
-				what := fmt.Sprintf("repacked %d mostly unreferenced pack(s): %s live into %d new", c.Repacked, humanBytes(c.RepackedBytes), c.RepackedInto)
-				if cfg.dryRun {
-					what = fmt.Sprintf("would repack %d mostly unreferenced pack(s): %s live", c.Repacked, humanBytes(c.RepackedBytes))
+			fmt.Fprintf(c.stdout, "chunk store: %d pack(s), %d referenced; %s %d unreferenced pack(s) (%s)\n", ch.Packs, ch.Referenced, v, ch.Removed, humanBytes(ch.RemovedBytes))
+			if ch.Repacked > 0 {
+				what := fmt.Sprintf("repacked %d mostly unreferenced pack(s): %s live into %d new", ch.Repacked, humanBytes(ch.RepackedBytes), ch.RepackedInto)
+				if o.dryRun {
+					what = fmt.Sprintf("would repack %d mostly unreferenced pack(s): %s live", ch.Repacked, humanBytes(ch.RepackedBytes))
 				}
-				fmt.Fprintf(cfg.stdout, "chunk store: %s\n", what)
+				fmt.Fprintf(c.stdout, "chunk store: %s\n", what)
 			}
 		}
-		for _, l := range c.Lost {
-			fmt.Fprintf(cfg.stderr, "warning: %s has chunks in no pack of the chunk store (damaged; verify says which)\n", l)
+		for _, l := range ch.Lost {
+			fmt.Fprintf(c.stderr, "warning: %s has chunks in no pack of the chunk store (damaged; verify says which)\n", l)
 		}
-		for _, b := range c.BadIndex {
-			fmt.Fprintf(cfg.stderr, "warning: skipped an unreadable chunk index object (left in place; `gpucr-stream check --repair-index %s` rebuilds the index from the packs): %s\n", res.Location, b.Error)
+		for _, b := range ch.BadIndex {
+			fmt.Fprintf(c.stderr, "warning: skipped an unreadable chunk index object (left in place; `gpucr-stream check --repair-index %s` rebuilds the index from the packs): %s\n", res.Location, b.Error)
 		}
-		for _, u := range c.Unresolved {
-			fmt.Fprintf(cfg.stderr, "warning: %s has chunks that only an unreadable index object may find\n", u)
+		for _, u := range ch.Unresolved {
+			fmt.Fprintf(c.stderr, "warning: %s has chunks that only an unreadable index object may find\n", u)
 		}
 	}
 	return nil

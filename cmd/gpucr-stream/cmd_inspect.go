@@ -20,7 +20,20 @@ import (
 )
 
 var inspectCommand = command{"inspect", "list the files, sizes, codecs and ratios of a checkpoint: inspect SRC", "[SRC]",
-	[]string{"@key", "@s3conn", "from", "json"}, runInspect}
+	func() options { return &inspectOptions{} }}
+
+type inspectOptions struct {
+	loc locationFlags
+	src fromFlag
+}
+
+func (o *inspectOptions) register(f *flags) {
+	f.show("json")
+	o.loc.register(f.narrow(keyNames, s3ConnNames))
+	o.src.register(f)
+	f.describe("from", "the checkpoint (or give it as SRC): - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
+	f.describe("key-file", "encryption key file (mode 0600), else $GPUCR_KEY: with it an encrypted archive's manifest is authenticated; without it its metadata is shown, not trusted")
+}
 
 type inspectResult struct {
 	Source string `json:"source"`
@@ -60,8 +73,8 @@ type inspectEncryption struct {
 	keyGiven      bool
 }
 
-func runInspect(ctx context.Context, cfg *config, args []string) error {
-	from, err := srcArg(cfg, "inspect", args)
+func (o *inspectOptions) run(ctx context.Context, c *cli, args []string) error {
+	from, err := o.src.src(c, "inspect", args)
 	if err != nil {
 		return err
 	}
@@ -69,7 +82,7 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	m, authenticated, err := location.ReadManifest(ctx, loc, cfg.locationConfig())
+	m, authenticated, err := location.ReadManifest(ctx, loc, o.loc.config(c, nil))
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
@@ -78,25 +91,25 @@ func runInspect(ctx context.Context, cfg *config, args []string) error {
 		Files: source.DescribeFiles(m)}
 	if e := m.Encryption; e != nil {
 		res.Encryption = &inspectEncryption{Cipher: crypt.CipherName, KeyID: e.KeyID.String(), Authenticated: authenticated,
-			keyGiven: cfg.opts.Key != nil}
+			keyGiven: o.loc.key.key != nil}
 	}
-	res.VRAM, res.VRAMNote = inspectVRAM(ctx, cfg, loc, m)
-	if cfg.jsonOut {
-		enc := json.NewEncoder(cfg.stdout)
+	res.VRAM, res.VRAMNote = inspectVRAM(ctx, o.loc.config(c, nil), loc, m)
+	if c.json {
+		enc := json.NewEncoder(c.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	printInspect(cfg.stdout, res)
+	printInspect(c.stdout, res)
 	return nil
 }
 
 // inspectVRAM reads the headers of the checkpoint's VRAM files, if it has
 // any: what they hold, or why that is not shown.
-func inspectVRAM(ctx context.Context, cfg *config, loc location.Location, m *manifest.Manifest) ([]gpuckpt.VRAMFile, string) {
+func inspectVRAM(ctx context.Context, open location.Config, loc location.Location, m *manifest.Manifest) ([]gpuckpt.VRAMFile, string) {
 	if !slices.ContainsFunc(m.CUDA, func(p manifest.CUDAProcess) bool { return p.Path == manifest.CUDAPathPreload }) {
 		return nil, ""
 	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamSourceOptions{Discard: true})
+	src, err := location.OpenSource(ctx, loc, open, source.StreamSourceOptions{Discard: true})
 	if err != nil {
 		return nil, err.Error()
 	}

@@ -13,7 +13,14 @@ import (
 )
 
 var lsCommand = command{"ls", "list the complete checkpoints under a location: ls s3://BUCKET/PREFIX or ls DIR", "LOCATION",
-	[]string{"@s3conn", "json"}, runLs}
+	func() options { return &lsOptions{} }}
+
+type lsOptions struct{ loc locationFlags }
+
+func (o *lsOptions) register(f *flags) {
+	f.show("json")
+	o.loc.register(f.narrow(s3ConnNames))
+}
 
 // ls, rm and gc manage the checkpoints under a location (s3://BUCKET/PREFIX
 // or a local directory); the work is package catalog.
@@ -23,8 +30,8 @@ type (
 	gcResult = catalog.GCResult
 )
 
-func runLs(ctx context.Context, cfg *config, args []string) error {
-	st, loc, closeStore, err := storeAt(ctx, cfg, "ls", args)
+func (o *lsOptions) run(ctx context.Context, c *cli, args []string) error {
+	st, loc, closeStore, err := storeAt(ctx, c, &o.loc, "ls", args)
 	if err != nil {
 		return err
 	}
@@ -33,15 +40,15 @@ func runLs(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return fmt.Errorf("ls: %w", err)
 	}
-	if cfg.jsonOut {
+	if c.json {
 		if entries == nil {
 			entries = []lsEntry{}
 		}
-		enc := json.NewEncoder(cfg.stdout)
+		enc := json.NewEncoder(c.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(entries)
 	}
-	printLs(cfg.stdout, cfg.stderr, loc, entries)
+	printLs(c.stdout, c.stderr, loc, entries)
 	return nil
 }
 

@@ -11,12 +11,14 @@ import (
 )
 
 var runCommand = command{"run", "run a CUDA program with the fast-path library (LD_PRELOAD), so that checkpoint and gpu suspend --to can move its device memory themselves", "-- CMD [ARGS...]",
-	nil, runRun}
+	func() options { return runOptions{} }}
 
-// runRun execs the program with libgpucr-preload; everything after `--`
+type runOptions struct{ noFlags }
+
+// run execs the program with libgpucr-preload; everything after `--`
 // is the program's. gpucr-stream's and S3's secrets stay out of its
 // environment: whatever the process holds lands in its checkpoints.
-func runRun(_ context.Context, c *config, args []string) error {
+func (runOptions) run(_ context.Context, c *cli, args []string) error {
 	if len(args) == 0 {
 		return usagef("run needs a program: gpucr-stream run -- CMD [ARGS...]")
 	}

@@ -8,9 +8,11 @@ import (
 )
 
 var swrkCommand = command{"swrk", "CRIU's RPC service for container runtimes (runc --criu gpucr-stream runs it): streams a dump or restore whose images dir holds a streamer socket, passes anything else to criu", "FD",
-	nil, runSwrk}
+	func() options { return swrkOptions{} }}
 
-func runSwrk(ctx context.Context, cfg *config, args []string) error {
+type swrkOptions struct{ noFlags }
+
+func (swrkOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 1 {
 		return usagef("swrk takes the descriptor of CRIU's RPC socket, as `criu swrk FD` does")
 	}

@@ -9,17 +9,20 @@ import (
 	"github.com/gpucr/gpucr-stream/transport/tcp"
 )
 
-var tokenCommand = command{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "", nil, runToken}
+var tokenCommand = command{"token", "print a new shared secret for tcp:// (gpucr-stream token > FILE; pass --token-file FILE on both sides)", "",
+	func() options { return tokenOptions{} }}
 
-func runToken(ctx context.Context, cfg *config, args []string) error {
+type tokenOptions struct{ noFlags }
+
+func (tokenOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) > 0 {
 		return usagef("token takes no arguments; write it to a file: gpucr-stream token > FILE")
 	}
-	if f, ok := cfg.stdout.(*os.File); ok {
+	if f, ok := c.stdout.(*os.File); ok {
 		if err := location.PrivateOutput(f); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintln(cfg.stdout, tcp.NewToken())
+	fmt.Fprintln(c.stdout, tcp.NewToken())
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -14,23 +13,37 @@ import (
 )
 
 var verifyCommand = command{"verify", "decode a checkpoint and check every checksum and hash: verify SRC", "[SRC]",
-	[]string{"@key", "@decode", "@s3read", "from", "json", "no-progress"}, runVerify}
+	func() options { return &verifyOptions{} }}
 
-func runVerify(ctx context.Context, cfg *config, args []string) error {
-	from, err := srcArg(cfg, "verify", args)
+type verifyOptions struct {
+	loc locationFlags
+	src fromFlag
+}
+
+func (o *verifyOptions) register(f *flags) {
+	f.show("json", "no-progress")
+	o.loc.register(f.narrow(keyNames, decodeNames, s3ReadNames))
+	o.src.register(f)
+	f.describe("from", "the checkpoint at rest (or give it as SRC): - (stdin), an archive directory, s3://BUCKET/PREFIX/NAME, or a stream file")
+	f.describe("memory-limit", "memory for chunks in flight (auto: 1GiB; reading a stream: half the available memory, at least 1GiB)")
+	f.describe("spill-dir", "where a stream's chunks that do not fit in --memory-limit while they are decoded go (default: $TMPDIR)")
+}
+
+func (o *verifyOptions) run(ctx context.Context, c *cli, args []string) error {
+	from, err := o.src.src(c, "verify", args)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	rep, err := verify(ctx, cfg, from)
-	if cfg.jsonOut {
+	rep, err := o.verify(ctx, c, from)
+	if c.json {
 		// Scripts read the verdict from the JSON, failed or not; the exit
 		// code says it too.
 		res := verifyResult{OK: err == nil, Source: redact.URL(from), VerifyReport: rep, DurationMS: time.Since(start).Milliseconds()}
 		if err != nil {
 			res.Error = err.Error()
 		}
-		if jerr := json.NewEncoder(cfg.stdout).Encode(res); err == nil {
+		if jerr := c.printJSON(res); err == nil {
 			err = jerr
 		}
 		return err
@@ -38,7 +51,7 @@ func runVerify(ctx context.Context, cfg *config, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(cfg.stdout, "ok: %d files, %s checked in %s\n", rep.Files, humanBytes(rep.Bytes), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(c.stdout, "ok: %d files, %s checked in %s\n", rep.Files, humanBytes(rep.Bytes), time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -51,7 +64,7 @@ type verifyResult struct {
 }
 
 // verify decodes everything of from and checks it.
-func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport, error) {
+func (o *verifyOptions) verify(ctx context.Context, c *cli, from string) (source.VerifyReport, error) {
 	var rep source.VerifyReport
 	loc, err := parseLoc("source", from)
 	if err != nil {
@@ -60,13 +73,13 @@ func verify(ctx context.Context, cfg *config, from string) (source.VerifyReport,
 	if loc.Kind == location.TCP {
 		return rep, usagef("verify: %s: verify reads a checkpoint at rest (a directory, s3://, a stream file or -); a tcp:// transfer is verified as it is received (receive, serve --from tcp://)", from)
 	}
-	src, err := location.OpenSource(ctx, loc, cfg.locationConfig(), source.StreamSourceOptions{Discard: true})
+	src, err := location.OpenSource(ctx, loc, o.loc.config(c, nil), source.StreamSourceOptions{Discard: true})
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}
 	defer src.Close()
 	counters, total := location.SourceCounters(src)
-	bar := startProgress(cfg, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
+	bar := startProgress(c, checkpoint.Progress{What: "verify", Counters: counters, Total: total})
 	defer bar.finish()
 	if a := location.ArchiveOf(src); a != nil {
 		rep, err = source.VerifyArchive(ctx, a)

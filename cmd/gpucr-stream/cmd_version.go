@@ -5,9 +5,12 @@ import (
 	"fmt"
 )
 
-var versionCommand = command{"version", "print the version (also --version, -V)", "", nil, runVersion}
+var versionCommand = command{"version", "print the version (also --version, -V)", "",
+	func() options { return versionOptions{} }}
 
-func runVersion(ctx context.Context, cfg *config, args []string) error {
-	fmt.Fprintln(cfg.stdout, "gpucr-stream", version)
+type versionOptions struct{ noFlags }
+
+func (versionOptions) run(ctx context.Context, c *cli, args []string) error {
+	fmt.Fprintln(c.stdout, "gpucr-stream", version)
 	return nil
 }

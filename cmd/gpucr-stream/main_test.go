@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strings"
 	"testing"
@@ -71,7 +70,8 @@ func TestRunArgs(t *testing.T) {
 		{[]string{"--images-dir", "/dev/null/img", "serve"}, exitUsage, "", "not a directory"},
 		{[]string{"capture", "--images-dir", "/dev/null/img"}, exitUsage, "", "not a directory"},
 		{[]string{"--chunk-size", "1", "version"}, exitUsage, "", "--chunk-size"},
-		{[]string{"--ext-file-fds", "nocolon", "version"}, exitUsage, "", "NAME:FD"},
+		{[]string{"--ext-file-fds", "nocolon", "capture"}, exitUsage, "", "NAME:FD"},
+		{[]string{"--ext-file-fds", "nocolon", "version"}, exitUsage, "", "version does not take --ext-file-fds"},
 		{[]string{"checkpoint"}, exitUsage, "", "--pid"},
 		{[]string{"checkpoint", "--pid", "1", "--fast-path", "on"}, exitUsage, "", "--fast-path"},
 		{[]string{"checkpoint", "--pid", "1", "--vram-files", "0"}, exitUsage, "", "--vram-files"},
@@ -94,38 +94,6 @@ func TestRunArgs(t *testing.T) {
 			}
 		})
 	}
-}
-
-// Every flag's help line names its environment variable.
-func TestHelpNamesEnv(t *testing.T) {
-	cfg := newConfig(nil, nil, nil)
-	var out bytes.Buffer
-	fs := cfg.flagSet()
-	printHelp(&out, fs)
-	for _, name := range []string{"codec", "images-dir", "to", "from", "memory-limit", "workers"} {
-		if !strings.Contains(out.String(), "$"+envName(name)) {
-			t.Errorf("help does not name $%s", envName(name))
-		}
-	}
-}
-
-// Every command's flags exist, and every flag belongs to some command.
-func TestCommandFlagsExist(t *testing.T) {
-	fs := newConfig(nil, nil, nil).flagSet()
-	used := map[string]bool{}
-	for _, c := range commands() {
-		for n := range c.flagNames() {
-			if fs.Lookup(n) == nil {
-				t.Errorf("%s names flag --%s, which does not exist", c.name, n)
-			}
-			used[n] = true
-		}
-	}
-	fs.VisitAll(func(f *flag.Flag) {
-		if !used[longName(f.Name)] {
-			t.Errorf("flag --%s belongs to no command", f.Name)
-		}
-	})
 }
 
 // Each command owns its flags: one another command takes is refused
@@ -171,6 +139,12 @@ func TestCommandFlags(t *testing.T) {
 		{[]string{"ls", "s3://"}, exitUsage, "", "", "ls: location s3://: no bucket"},
 		{[]string{"inspect", "--from", dir, dir + "/b"}, exitUsage, "", "", "give SRC once"},
 		{[]string{"verify", "tcp://127.0.0.1:1"}, exitUsage, "", "", "at rest"},
+		// migrate streams to its receiver: no archive's flags (issue 38)
+		{[]string{"migrate", "--pid", "1", "--to", "tcp://127.0.0.1:1", "--dedup", "--segment-size", "1GiB", "--bundle", dir}, exitUsage, "", "",
+			"migrate does not take --bundle, --dedup, --segment-size"},
+		{[]string{"checkpoint", "--pid", "1", "--bundle", dir}, exitUsage, "", "", "checkpoint does not take --bundle"},
+		{[]string{"cp", dir}, exitUsage, "", "", "cp takes SRC and DEST, got 1 argument"},
+		{[]string{"cp", dir, dir, dir}, exitUsage, "", "", "got 3 arguments"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

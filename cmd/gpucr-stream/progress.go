@@ -51,15 +51,15 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-func startProgress(cfg *config, p checkpoint.Progress) *bar {
-	b := &bar{w: cfg.stderr, what: p.What, c: p.Counters, total: p.Total, uploaded: p.Uploaded, start: time.Now()}
-	if p.Counters == nil || cfg.noProgress || cfg.jsonOut {
+func startProgress(c *cli, p checkpoint.Progress) *bar {
+	b := &bar{w: c.stderr, what: p.What, c: p.Counters, total: p.Total, uploaded: p.Uploaded, start: time.Now()}
+	if p.Counters == nil || c.noProgress || c.json {
 		return b
 	}
 	every := plainEvery
-	if f, ok := cfg.stderr.(*os.File); ok && isTerminal(f) {
+	if f, ok := c.stderr.(*os.File); ok && isTerminal(f) {
 		b.tty, every = f, 200*time.Millisecond
-	} else if cfg.progress == cfg.stderr && cfg.dropInProgress {
+	} else if c.progress == c.stderr && c.dropIn {
 		return b // stderr carries criu-image-streamer's lines
 	}
 	b.stop = make(chan struct{})

@@ -107,8 +107,8 @@ func TestProgressPlainLines(t *testing.T) {
 		want     bool
 	}{{"checkpoint", false, true}, {"serve with -p 2", true, false}} {
 		var errOut pipelinetest.SyncBuffer
-		cfg := newConfig(nil, nil, &errOut)
-		cfg.progress, cfg.dropInProgress = &errOut, tc.protocol
+		cfg := &cli{stderr: &errOut}
+		cfg.progress, cfg.dropIn = &errOut, tc.protocol
 		var c pipeline.Counters
 		c.RawBytes.Store(5 << 20)
 		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})
