@@ -5,8 +5,9 @@
 // environment variable of its own only through a Knob of this table or
 // FlagValue; `gpucr-stream env` prints them all.
 //
-// The test hooks' variables (package testhook) are in the table only in a
-// build with the gpucr_testhooks tag, never in the shipped binary.
+// The test hooks' variables (package testhook, testhooks.go) are in the
+// table only in a build with the gpucr_testhooks tag, and the measuring
+// build's (bench.go) only with gpucr_bench: never in the shipped binary.
 package knobs
 
 import (
@@ -25,8 +26,6 @@ type Knob struct {
 	// `gpucr-stream run` starts (it inherits the environment), not by
 	// gpucr-stream itself.
 	Library bool
-	// Test: a test hook, in builds with the gpucr_testhooks tag only.
-	Test bool
 }
 
 // Prefix starts the name of every variable of gpucr-stream's.

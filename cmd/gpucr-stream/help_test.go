@@ -250,7 +250,7 @@ func TestEnvReadThroughKnobs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go is needed to list the packages: %v", err)
 	}
-	for _, tags := range []string{"", testhook.Tag} {
+	for _, tags := range []string{"", testhook.Tag, "gpucr_bench"} {
 		out, err := exec.Command(goBin, "list", "-tags", tags, "-deps", "-f", `{{if not .Standard}}{{.ImportPath}} {{.Dir}} {{join .GoFiles " "}}{{end}}`, ".").Output()
 		if err != nil {
 			t.Fatalf("go list: %v", err)

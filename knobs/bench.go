@@ -1,0 +1,8 @@
+//go:build gpucr_bench
+
+package knobs
+
+// The measuring build's variables (scripts/bench-files.sh builds it with
+// -tags gpucr_bench), in the table only in that build.
+var BenchSmallFiles = add(Knob{Name: "GPUCR_BENCH_SMALL_FILES",
+	Meaning: "N: serve CRIU every image under N bytes as a file, to set its cost beside the pipe's (criusock)"})
