@@ -82,7 +82,7 @@ func TestFastPathDedup(t *testing.T) {
 	// A checkpoint whose store fails after the release: CRIU resumes the
 	// process, whose memory comes back from the kept copy (the pitched
 	// allocation, the counter) and "two".
-	if out, err := e.gcsRunEnv(ctx, []string{"GPUCR_TEST_FAULT=store"}, args("failed")...); err == nil || !strings.Contains(string(out)+err.Error(), "injected store failure") {
+	if out, _, err := e.runBin(ctx, HooksBinary(t), []string{"GPUCR_TEST_FAULT=store"}, args("failed")...); err == nil || !strings.Contains(string(out)+err.Error(), "injected store failure") {
 		t.Fatalf("a checkpoint whose store fails: %v %s", err, out)
 	}
 	intact("after the failed checkpoint's undo")
