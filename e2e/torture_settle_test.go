@@ -170,6 +170,10 @@ func (tt *torture) settle() {
 		}
 		r := tt.run(0, "gc", "--older-than", "0s", loc)
 		tt.logf("last gc %s: %s", loc, r)
+		if gcFoundEmpty(r, loc) && !slices.ContainsFunc(tt.ckpts, func(c *tckpt) bool { return c.loc == loc && c.state == stCommitted }) {
+			tt.t.Logf("%s: rm removed every checkpoint there", loc)
+			continue
+		}
 		if r.code != 0 {
 			tt.t.Errorf("last gc --older-than 0s %s: %s\n%s", loc, r, r.stderr)
 			continue

@@ -387,6 +387,12 @@ func (tt *torture) ageLock(c *tckpt, pid int, dedup bool) {
 	tt.mu.Unlock()
 }
 
+// gcFoundEmpty says gc refused loc for holding no checkpoint: one cp has
+// not reached yet, or one rm and gc emptied.
+func gcFoundEmpty(res trun, loc string) bool {
+	return res.code == 4 && (strings.Contains(res.stderr, "holds no checkpoint") || strings.HasSuffix(strings.TrimSpace(res.stderr), loc+": not found"))
+}
+
 // gcSpan is when a gc ran on loc (end zero: it runs).
 type gcSpan struct {
 	loc        string
@@ -442,8 +448,7 @@ func (tt *torture) gcLoop(stop <-chan struct{}) {
 		}
 		res := tt.gc(killAfter, age, loc)
 		tt.logf("gc --older-than %s %s (kill after %v): %s", age, loc, killAfter, res)
-		// A location cp has not reached yet, or one rm and gc emptied.
-		empty := res.code == 4 && (strings.Contains(res.stderr, "holds no checkpoint") || strings.HasSuffix(strings.TrimSpace(res.stderr), loc+": not found"))
+		empty := gcFoundEmpty(res, loc)
 		if res.code > 0 && !empty && !tt.excused(res) {
 			tt.t.Errorf("gc --older-than %s %s exited %d, not killed and with MinIO up: %s", age, loc, res.code, res.stderr)
 		}
