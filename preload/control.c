@@ -377,7 +377,7 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		collective_release();
 		return 0;
 	}
-	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
+	if (!strcmp(line, "copyout") || !strcmp(line, "copyout notify") || !strcmp(line, "copyin"))
 		return cmd_copy(line, fds, nfds, err, n, st);
 	if (!strcmp(line, "peek"))
 		return cmd_peek(fds, nfds, err, n, st);

@@ -165,12 +165,8 @@ type FastSuspension struct {
 	// keepDir is KeepDir, held open.
 	keepDir *os.File
 	procs   []*fastProc
-	// The store after the release; stopStore cancels it, storeDone closes
-	// once every goroutine of it has returned (storeErr, storeDur set).
-	stopStore func(error)
-	storeDone chan struct{}
-	storeErr  error
-	storeDur  time.Duration
+	// store is the store of the kept files (StartStore; store.go).
+	store *storeRun
 }
 
 // NewFastSuspension is the fast path for the processes pids (none touched
@@ -234,8 +230,8 @@ func (s *FastSuspension) OpenKeep(context.Context) error {
 // it is parked without its memory, and `gpu resume --pid` refills it from
 // there once what failed is fixed (Stranded).
 func (s *FastSuspension) RemoveKeep(context.Context) error {
-	if s.storeDone != nil {
-		<-s.storeDone
+	if s.store != nil {
+		<-s.store.done
 	}
 	s.removeKeep(false)
 	return nil
@@ -419,13 +415,24 @@ func (s *FastSuspension) SweepRecords(context.Context) error {
 // all at once (each library has its own copy threads and pinned buffers,
 // and a tree's processes, tensor-parallel ranks, usually sit on different
 // GPUs), then records each process's kept copy and hands it to its
-// library. RemoveKeep removes what it wrote.
+// library. Each file goes into the store (StartStore) as soon as its
+// library has written it whole; once CopyOut returns, no file is added
+// to the store any more (on failure StopStore, its undo, stops those
+// added). RemoveKeep removes what it wrote.
 func (s *FastSuspension) CopyOut(ctx context.Context) error {
+	if s.store == nil {
+		return errors.New("fast path: copy out before the store is started")
+	}
+	defer s.store.close()
 	errs := make([]error, len(s.procs))
 	var wg sync.WaitGroup
 	for i, fp := range s.procs {
 		wg.Go(func() {
-			errs[i] = s.copyOut(ctx, fp)
+			var files sync.WaitGroup // fp's files still going into the store
+			errs[i] = s.copyOut(ctx, fp, func(k int) { s.storeKept(fp, k, &files) })
+			if errs[i] == nil && s.opts.Dedup != nil {
+				s.storeHashesAfter(fp, &files)
+			}
 			if errs[i] == nil {
 				errs[i] = s.writeSkip(fp)
 			}
@@ -451,6 +458,7 @@ func (s *FastSuspension) Release(ctx context.Context) error {
 			return err
 		}
 	}
+	testhook.Pause(context.Background(), "released")
 	return nil
 }
 
@@ -540,8 +548,10 @@ func digits(s string) bool {
 
 // copyOut has fp's library write its device memory into the kept copy:
 // files created here (new, 0600, in KeepDir through its descriptor) whose
-// descriptors it writes to.
-func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
+// descriptors it writes to. done(k) hears of fp.Files[k] once the library
+// has written it whole (and of every file, at the latest before a copy
+// that succeeded returns).
+func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc, done func(k int)) error {
 	var ws []*os.File
 	defer func() { closeAll(ws) }()
 	for k := 0; k < s.opts.Files; k++ {
@@ -558,7 +568,8 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 		fp.Files = append(fp.Files, name)
 		fp.ids = append(fp.ids, id)
 	}
-	cs, err := fp.p.CopyOut(ctx, ws)
+	fp.perFile = make([][]hashedPiece, len(fp.Files))
+	cs, err := fp.p.CopyOutEach(ctx, ws, done)
 	fp.Bytes, fp.Copy = cs.Bytes+cs.Earlier, cs
 	if err != nil {
 		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)
