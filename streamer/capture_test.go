@@ -696,3 +696,55 @@ func randomBytes(r *rand.Rand, n int) []byte {
 	}
 	return b
 }
+
+// External files (the VRAM files written beside CRIU's dump) hold at most
+// three quarters of the chunk tokens: however many of them wait for an
+// output that is blocked, one of CRIU's images still gets the rest.
+func TestCaptureTokensKeptForCRIU(t *testing.T) {
+	ctx := context.Background()
+	out := &testOutput{release: make(chan struct{})}
+	const chunk = 256 << 10
+	c, err := NewCapture(ctx, out, pipeline.Options{ChunkSize: chunk, Workers: 8, MemoryLimit: 16 * chunk, Codec: pipelinetest.MustSpec(t, "none")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, outside := cap(c.tokens), cap(c.outside)
+	if outside != tokens-tokens/4 {
+		t.Fatalf("%d of %d tokens outside, want three quarters", outside, tokens)
+	}
+	var wg sync.WaitGroup
+	var vram []*patternReader
+	for i := range 4 {
+		r := &patternReader{n: -1}
+		vram = append(vram, r)
+		wg.Go(func() { c.WriteFile(fmt.Sprintf("vram-1-%02d.bin", i), r, true) })
+	}
+	read := func(rs ...*patternReader) func() int64 {
+		return func() int64 {
+			var n int64
+			for _, r := range rs {
+				n += r.read.Load()
+			}
+			return n
+		}
+	}
+	// A file that waits for its first token has read its first 64 KiB.
+	if n := waitStable(read(vram...)); n < int64(outside)*chunk || n > int64(outside)*chunk+4*smallRead {
+		t.Fatalf("the external files read %d bytes with the output blocked, want %d (%d tokens) and their first reads", n, outside*chunk, outside)
+	}
+	pages := &patternReader{n: -1}
+	wg.Go(func() { c.WriteFile("pages-1.img", pages, false) })
+	if n := waitStable(read(pages)); n != int64(tokens-outside)*chunk {
+		t.Fatalf("CRIU's image read %d bytes beside them, want %d (the %d tokens left)", n, (tokens-outside)*chunk, tokens-outside)
+	}
+	cause := errors.New("done")
+	c.Abort(cause)
+	close(out.release)
+	wg.Wait()
+	if _, err := c.Close(ctx, manifest.Manifest{}); !errors.Is(err, cause) {
+		t.Fatalf("Close = %v", err)
+	}
+	if len(c.tokens) != 0 || len(c.outside) != 0 {
+		t.Fatalf("%d tokens, %d outside, still taken after Close", len(c.tokens), len(c.outside))
+	}
+}
