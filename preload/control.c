@@ -10,8 +10,9 @@
  *     blocks on a reader) -> keep -> release (unmap + release physical
  *     memory; reservations, handles' properties, access kept) -> driver
  *     Lock -> driver Checkpoint (small now) -> CRIU dump. gpucr-stream stores
- *     the kept files into the checkpoint from the release on, beside the
- *     driver's steps and CRIU, and commits once they are in. The driver's
+ *     each kept file into the checkpoint as soon as `copyout notify` says it
+ *     is written whole, beside the rest of the copy, the driver's steps and
+ *     CRIU, and commits once they are in. The driver's
  *     lock finds threads waiting in the gate, outside the driver.
  *   restore: CRIU restore -> driver Restore -> driver Unlock (threads still
  *     wait in the gate) -> remap -> copyin -> unpark.

@@ -36,19 +36,21 @@ import (
 // the control state. Order (and why) in preload/control.c, gate.c and
 // docs/PRODUCERS.md section 3; gpuckpt/suspend.go runs the steps:
 //
-//	checkpoint: park every process -> zero scan -> room -> copy out (the
-//	            library writes the kept copy, KeepDir) -> keep -> release
-//	            -> store starts -> (caller) driver lock + checkpoint
+//	checkpoint: park every process -> zero scan -> room -> store starts
+//	            -> copy out (the library writes the kept copy, KeepDir;
+//	            each file it wrote whole goes into the store at once)
+//	            -> keep -> release -> (caller) driver lock + checkpoint
 //	            -> CRIU dump -> (caller) Wait for the store -> commit
 //	restore:    (caller) CRIU restore -> driver restore + unlock -> remap ->
 //	            copy in -> unpark
 //
 // The library's copy threads write the VRAM files straight into the kept
-// copy (regular files gpucr-stream creates and hands over; no pipe, no
-// read here), so the device is free once the pinned copies and the page
-// cache writes are done. The store (the kept files into put, the capture)
-// runs after the release, beside the driver's checkpoint and CRIU's dump;
-// the caller waits for it (Wait) before it commits. The kept copy stays
+// copy (regular files gpucr-stream creates and hands over; no pipe), so
+// the device is free once the pinned copies and the page cache writes are
+// done. The store (the kept files into put, the capture) takes each file
+// as the library says it is written whole (copyout notify), beside the
+// rest of the copy out, the release, the driver's checkpoint and CRIU's
+// dump; the caller waits for it (Wait) before it commits. The kept copy stays
 // until the commit: a failure after the release (also of the store) maps
 // the memory back and refills it from that copy before the program runs
 // again (Refill).
