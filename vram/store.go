@@ -22,9 +22,9 @@ import (
 // ErrUndone stops a store whose checkpoint is being undone (StopStore).
 var ErrUndone = errors.New("fast path: the checkpoint is undone")
 
-// storeRun is a store under way: files are added (add) while the copy out
-// runs, until no more can come (close: the copy out ended, or the store
-// was stopped); it is done once every file added has gone in.
+// storeRun is a store under way: files are added (storeKept) while the
+// copy out runs, until no more can come (close: the copy out ended, or
+// the store was stopped); it is done once every file added has gone in.
 type storeRun struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -123,8 +123,8 @@ func (s *FastSuspension) storeKept(fp *fastProc, k int, files *sync.WaitGroup) {
 	}
 }
 
-// storeHashes adds fp's BlockHashes once its files have gone in: the
-// copy out of fp succeeded, so every file of fp was added (--dedup).
+// storeHashesAfter adds fp's BlockHashes once its files have gone in:
+// the copy out of fp succeeded, so every file of fp was added (--dedup).
 func (s *FastSuspension) storeHashesAfter(fp *fastProc, files *sync.WaitGroup) {
 	st := s.store
 	st.goStore(func() error {
