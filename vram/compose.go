@@ -3,10 +3,10 @@ package vram
 // Composing whole VRAM files from a kept copy that left out the blocks an
 // earlier checkpoint holds (unchanged.go): the kept file's bytes, each
 // hole filled with that checkpoint's bytes of the block, which must hash
-// to what its record says (never garbage: a block that does not is an
-// error). The same stream goes into the new checkpoint (the store) and
-// into the library's copy in (an undo, `gpu resume --pid`). Every stored
-// block is hashed on the way: the new checkpoint's BlockHashes.
+// to what its record says before it is written (never garbage: a block
+// that does not is an error): the library's copy in of an undo or of `gpu
+// resume --pid`. (The store cuts the files instead: storecut.go.) Every
+// stored block is hashed on the way.
 
 import (
 	"context"

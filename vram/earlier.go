@@ -3,15 +3,16 @@ package vram
 // The copy out of a --dedup checkpoint leaves out the blocks an earlier
 // checkpoint of the process in the same location holds unchanged
 // (docs/PRODUCERS.md, "Blocks an earlier checkpoint holds"): the kept
-// copy then holds only what changed, and the store and any undo fill the
-// rest from that checkpoint (compose.go). Two steps of gpuckpt's table:
-// FindEarlier, while the processes still run (the library's hints of
-// where it went before, the checkpoint opened and every block it stores
-// checked, in the background), and Unchanged, parked, after the zero
-// scan (the device's hashes compared with the checkpoint's record: the
-// blocks to leave out, handed to the library). A process for which none
-// is found, or nothing is unchanged, is copied whole, with a note saying
-// why; an earlier checkpoint that is found and cannot be read fails the
+// copy then holds only what changed; the store names that checkpoint's
+// chunks for the rest (storecut.go), and any undo reads it back
+// (compose.go). Two steps of gpuckpt's table: FindEarlier, while the
+// processes still run (the library's hints of where it went before, the
+// checkpoint opened: its manifest, its record of the blocks, its chunks
+// there), and Unchanged, parked, after the zero scan (the device's hashes
+// compared with the checkpoint's record: the blocks to leave out, handed
+// to the library). A process for which none is found, or nothing is
+// unchanged, is copied whole, with a note saying why; an earlier
+// checkpoint that is found and whose record cannot be read fails the
 // checkpoint before any memory is released.
 
 import (
