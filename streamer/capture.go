@@ -103,7 +103,7 @@ type item struct {
 	// encoded); visit sees the raw bytes on a worker, and visited counts
 	// it done (cuts.go).
 	known   bool
-	visit   func([]byte) error
+	visit   func([]byte)
 	visited *sync.WaitGroup
 }
 
@@ -368,9 +368,7 @@ func (c *Capture) encode(it *item) error {
 		return nil // codec none, nothing stored: the output references it
 	}
 	if it.visit != nil {
-		if err := it.visit(it.raw); err != nil {
-			return fmt.Errorf("%s at offset %d: %w", it.name, it.off, err)
-		}
+		it.visit(it.raw)
 	}
 	if c.seal != nil {
 		return c.sealChunk(it)

@@ -27,8 +27,8 @@ type Cut struct {
 	Hash [32]byte
 	CRC  uint32
 	// Visit, if set, sees the chunk's bytes on a worker before they are
-	// encoded (every core at once); its error stops the capture.
-	Visit func(b []byte) error
+	// encoded (every core at once).
+	Visit func(b []byte)
 }
 
 // Knows says the output holds the chunk id already, so that a Cut may
@@ -42,7 +42,8 @@ func (c *Capture) ChunkSize() int { return c.opts.ChunkSize }
 
 // WriteCuts writes the file name as the chunks cuts yields, in order, as
 // WriteFile writes one it cuts itself. It returns the file's size once
-// every chunk's Visit has run: an error if one failed or was not run.
+// every chunk's Visit has run, or an error (also where one was not run:
+// the capture stopped first).
 func (c *Capture) WriteCuts(name string, cuts iter.Seq2[Cut, error], external bool) (int64, error) {
 	var flags uint16
 	if external {

@@ -37,7 +37,7 @@ type Cut struct {
 	Fill  func(b []byte) error
 	Hash  [32]byte
 	CRC   uint32
-	Visit func(b []byte) error
+	Visit func(b []byte)
 }
 
 // CutPut stores VRAM files as their cuts (gpuckpt: the capture's
@@ -248,7 +248,7 @@ func (f *fileCuts) bytes(g *group, yield func(Cut, error) bool) bool {
 		o := off
 		cut := Cut{Len: int(min(f.limit, g.length-off)),
 			Fill:  func(b []byte) error { return f.fill(g, o, b) },
-			Visit: func(b []byte) error { f.visit(g, o, b); return nil }}
+			Visit: func(b []byte) { f.visit(g, o, b) }}
 		if !yield(cut, nil) {
 			return false
 		}
@@ -363,9 +363,7 @@ func (r *cutsReader) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if cut.Visit != nil {
-			if err := cut.Visit(b); err != nil {
-				return 0, err
-			}
+			cut.Visit(b)
 		}
 		r.rest = b
 	}

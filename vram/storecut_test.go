@@ -42,7 +42,6 @@ func (m *chunkMem) knows(id [32]byte) bool {
 func (m *chunkMem) cutPut(chunkSize int) *CutPut {
 	return &CutPut{Knows: m.knows, ChunkSize: chunkSize, Put: func(_ context.Context, name string, cuts iter.Seq2[Cut, error]) error {
 		var visits sync.WaitGroup
-		var verr error
 		var off int64
 		var list []manifest.Chunk
 		defer visits.Wait()
@@ -69,13 +68,7 @@ func (m *chunkMem) cutPut(chunkSize int) *CutPut {
 				m.byID[c.Hash] = b
 				m.mu.Unlock()
 				if cut.Visit != nil {
-					visits.Go(func() {
-						if err := cut.Visit(b); err != nil {
-							m.mu.Lock()
-							verr = err
-							m.mu.Unlock()
-						}
-					})
+					visits.Go(func() { cut.Visit(b) })
 				}
 			}
 			list = append(list, c)
@@ -83,7 +76,7 @@ func (m *chunkMem) cutPut(chunkSize int) *CutPut {
 		}
 		visits.Wait()
 		m.chunks[name] = list
-		return verr
+		return nil
 	}}
 }
 
