@@ -137,12 +137,12 @@ func (l *dedupLoc) gc(ctx context.Context) *catalog.ChunkGCResult {
 // keeps only what changed, records its block hashes in the manifest, and
 // restores; its store reads nothing of the first (it names the first's
 // chunks of every group that did not change), and what it adds to the
-// location is the changed groups; `rm` of the earlier checkpoint and gc while the second runs
-// (after the release) break nothing: gc removes nothing while it runs,
-// also after its capture was aborted, and the undo then refills the
-// process from the kept copy and the removed checkpoint's chunks; once
-// the undo let go, gc takes them. A checkpoint of another process is
-// never taken for one's own.
+// location is the changed groups. `rm` of the earlier checkpoint and gc
+// while the third runs (after the release) break nothing: gc removes
+// nothing while it runs, also after its capture was aborted, and the undo
+// then refills the process from the kept copy and the removed
+// checkpoint's chunks; once the undo let go, gc takes them. A checkpoint
+// of another process is never taken for one's own.
 func TestFastDedupLocation(t *testing.T) {
 	ctx := context.Background()
 	tg := vramtest.Start(t, "FP_EXTRA_MB=8", "GPUCR_FAKE_POISON=1")

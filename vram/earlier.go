@@ -91,7 +91,7 @@ func (s *FastSuspension) FindEarlier(ctx context.Context) error {
 			why = append(why, reason)
 		}
 		switch {
-		case fp.earlier != nil:
+		case fp.earlier != nil: // no note: it is built on
 		case len(names) == 0:
 			s.note(fp, "it went into no checkpoint of this location before")
 		default:
