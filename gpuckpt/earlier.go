@@ -167,17 +167,22 @@ func earlierOf(ctx context.Context, a *source.ArchiveSource, where string, c man
 		return nil, fmt.Errorf("%s: %w", c.Hashes, err)
 	}
 	var sizes []int64
+	var chunks [][]manifest.Chunk
 	for _, f := range c.Files {
 		st, err := a.Stat(ctx, f)
 		if err != nil {
 			return nil, err
 		}
 		sizes = append(sizes, st.Size)
+		chunks = append(chunks, st.Chunks)
 	}
 	if err := h.CheckFiles(sizes); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Hashes, err)
 	}
-	return &vram.Earlier{Name: where, Hashes: h, Files: c.Files, Open: func(ctx context.Context, name string) (io.ReaderAt, error) {
+	if a.Manifest().Encryption != nil {
+		chunks = nil // keyed ids: the capture names none (streamer.Capture.Knows)
+	}
+	return &vram.Earlier{Name: where, Hashes: h, Files: c.Files, Chunks: chunks, Open: func(ctx context.Context, name string) (io.ReaderAt, error) {
 		r, _, err := a.ReaderAt(ctx, name)
 		return r, err
 	}}, nil

@@ -3,6 +3,7 @@ package gpuckpt
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/catalog"
 	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
+	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -107,6 +109,16 @@ func (l *dedupLoc) commit(ctx context.Context, name string, cc *Checkpoint, c *s
 	return m
 }
 
+// readBack is what cc's earlier checkpoints have read of their chunks so
+// far (its block hashes, and whatever the store or an undo read back).
+func readBack(cc *Checkpoint) int64 {
+	var n int64
+	for _, s := range cc.earlier.srcs {
+		n += s.(*source.ArchiveSource).Counters.StoredRaw.Load()
+	}
+	return n
+}
+
 // gc runs `gpucr-stream gc` on the location, as at the command line.
 func (l *dedupLoc) gc(ctx context.Context) *catalog.ChunkGCResult {
 	l.t.Helper()
@@ -123,12 +135,14 @@ func (l *dedupLoc) gc(ctx context.Context) *catalog.ChunkGCResult {
 // TestFastDedupLocation: --dedup checkpoints of a fast-path process into a
 // location directory, through the capture and the chunk store. The second
 // keeps only what changed, records its block hashes in the manifest, and
-// restores; `rm` of the earlier checkpoint and gc while the second runs
-// (after the release) break nothing: gc removes nothing while it runs,
-// also after its capture was aborted, and the undo then refills the
-// process from the kept copy and the removed checkpoint's chunks; once
-// the undo let go, gc takes them. A checkpoint of another process is
-// never taken for one's own.
+// restores; its store reads nothing of the first (it names the first's
+// chunks of every group that did not change), and what it adds to the
+// location is the changed groups. `rm` of the earlier checkpoint and gc
+// while the third runs (after the release) break nothing: gc removes
+// nothing while it runs, also after its capture was aborted, and the undo
+// then refills the process from the kept copy and the removed
+// checkpoint's chunks; once the undo let go, gc takes them. A checkpoint
+// of another process is never taken for one's own.
 func TestFastDedupLocation(t *testing.T) {
 	ctx := context.Background()
 	tg := vramtest.Start(t, "FP_EXTRA_MB=8", "GPUCR_FAKE_POISON=1")
@@ -156,7 +170,17 @@ func TestFastDedupLocation(t *testing.T) {
 	if s := l.logged(); !strings.Contains(s, "unchanged since "+l.dest("one").String()) {
 		t.Fatalf("second checkpoint said %q", s)
 	}
-	l.commit(ctx, "two", cc, c, meta)
+	found := readBack(cc)
+	if err := cc.FastWait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := readBack(cc); n != found {
+		t.Fatalf("the second checkpoint's store read %d bytes back from the first", n-found)
+	}
+	two := l.commit(ctx, "two", cc, c, meta)
+	if most := int64(r.Size) + 2*int64(l.cfg.Options.ChunkSize); two.Stats.NewStoredBytes > most {
+		t.Fatalf("the second checkpoint added %d bytes to the location, want at most %d (%d rewritten)", two.Stats.NewStoredBytes, most, r.Size)
+	}
 
 	// The third: rm of the earlier one and gc while it runs, then it
 	// fails after the release; the undo refills from what rm left.
@@ -197,4 +221,40 @@ func TestFastDedupLocation(t *testing.T) {
 	if _, err := source.VerifyArchive(ctx, src.(*source.ArchiveSource)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestFastDedupLocationPackGone: an earlier checkpoint whose chunks are
+// not all in the location (a pack gone) is never built on: opening it
+// finds that before anything is released, and the next checkpoint copies
+// the process whole and says why. (Its capture then refuses to commit,
+// as any does whose location's index lists the gone pack's chunks; the
+// undo refills the process from its whole kept copy.)
+func TestFastDedupLocationPackGone(t *testing.T) {
+	ctx := context.Background()
+	tg := vramtest.Start(t, "FP_EXTRA_MB=8", "GPUCR_FAKE_POISON=1")
+	l := newDedupLoc(t, tg)
+	cc, c, meta := l.suspend(ctx, "one")
+	one := l.commit(ctx, "one", cc, c, meta)
+	if err := os.Remove(filepath.Join(l.dir, one.Segments[0].Name)); err != nil {
+		t.Fatal(err)
+	}
+	tg.Rewrite(t, "vmm")
+	cc, c, meta = l.suspend(ctx, "two")
+	if v := cc.VRAM(); v.Reused != 0 || v.Kept != v.Stored {
+		t.Fatalf("built on a checkpoint with a pack gone: %+v", v)
+	}
+	if s := l.logged(); !strings.Contains(s, "no earlier checkpoint of this location is one to build on") || !strings.Contains(s, "the kept copy holds all") {
+		t.Fatalf("second checkpoint said %q", s)
+	}
+	if err := cc.FastWait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Close(ctx, *meta)
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("commit beside a gone pack: %v", err)
+	}
+	if err := cc.Undo(err); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("undo: %v", err)
+	}
+	tg.MustBeIntact(t)
 }

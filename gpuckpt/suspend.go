@@ -35,7 +35,7 @@ func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 	return []step{
 		{name: "kept copy", do: f.OpenKeep, undo: cc.removeKeep, fast: true},
 		{name: "connect", do: f.Dial, undo: f.HangUp, fast: true},
-		{name: "earlier checkpoint", took: &t.earlier, do: f.FindEarlier, undo: cc.dropEarlier},
+		{name: "earlier checkpoint", took: &t.earlier, do: f.FindEarlier, undo: cc.earlier.end},
 		{name: "stage", took: &t.stage, do: f.Stage},
 		{name: "collective barrier", took: &t.park, do: f.HoldCollectives},
 		{name: "park", took: &t.park, do: f.Park, undo: f.Refill, fast: true},
@@ -54,8 +54,7 @@ func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 // --dedup the look for earlier checkpoints (the processes still run), the
 // staging of the copy threads' pinned buffers, the park (the collective
 // barrier and the parks), the zero scans, with --dedup the blocks found
-// unchanged (the rest of the earlier checkpoint's check, the device's
-// hashes, the comparison), the copy out (every process at once) and the
+// unchanged (the device's hashes, the comparison), the copy out (every process at once) and the
 // release.
 type fastTimings struct {
 	earlier, stage, park, scan, unchanged, copyOut, release time.Duration
@@ -77,14 +76,6 @@ func (cc *Checkpoint) moveOut(ctx context.Context, put vram.PutFunc, o vram.Fast
 		return err
 	}
 	return nil
-}
-
-// dropEarlier is the undo of the look for earlier checkpoints: their
-// checks stop, and the lock that kept them readable goes (after the
-// refill, which may have read them).
-func (cc *Checkpoint) dropEarlier(ctx context.Context) error {
-	err := cc.fast.DropEarlier(ctx)
-	return errors.Join(err, cc.earlier.end(ctx))
 }
 
 // removeKeep is the kept copy's undo: the copy goes (once the store let

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"slices"
 	"sync"
@@ -90,7 +91,11 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 		return keep.Path, keep.File(), nil
 	}
 	start := time.Now()
-	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep, Dedup: cc.dedupFor(f.Dedup, log)})
+	d := cc.dedupFor(f.Dedup, log)
+	if d != nil {
+		d.Cuts = cutsInto(c)
+	}
+	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep, Dedup: d})
 	var phases []Phase
 	if cc.fast != nil {
 		phases = cc.fastPhases(meta.GPUs)
@@ -133,18 +138,40 @@ func perProcess(what string, procs []vram.FastProc, gpus []manifest.GPU) []Phase
 // putInto stores VRAM files into c; a failure aborts c.
 func putInto(c *streamer.Capture) vram.PutFunc {
 	return func(ctx context.Context, name string, r io.Reader) error {
-		// A cancelled store (an undo, another file failed) also ends a
-		// WriteFile that waits for room in c.
-		stop := context.AfterFunc(ctx, func() { c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, context.Cause(ctx))) })
-		defer stop()
-		_, err := c.WriteFile(name, r, true)
-		if err != nil {
-			// The checkpoint fails: CRIU's dump into c stops now, not
-			// at the commit.
-			c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, err))
-		}
-		return err
+		return storeInto(ctx, c, name, func() (int64, error) { return c.WriteFile(name, r, true) })
 	}
+}
+
+// cutsInto stores a --dedup checkpoint's VRAM files into c by their cuts
+// (vram.CutPut); a failure aborts c.
+func cutsInto(c *streamer.Capture) *vram.CutPut {
+	put := func(ctx context.Context, name string, cuts iter.Seq2[vram.Cut, error]) error {
+		return storeInto(ctx, c, name, func() (int64, error) {
+			return c.WriteCuts(name, func(yield func(streamer.Cut, error) bool) {
+				for cut, err := range cuts {
+					if !yield(streamer.Cut(cut), err) {
+						return
+					}
+				}
+			}, true)
+		})
+	}
+	return &vram.CutPut{Put: put, Knows: c.Knows, ChunkSize: c.ChunkSize()}
+}
+
+// storeInto runs write, which stores the VRAM file name into c.
+func storeInto(ctx context.Context, c *streamer.Capture, name string, write func() (int64, error)) error {
+	// A cancelled store (an undo, another file failed) also ends a write
+	// that waits for room in c.
+	stop := context.AfterFunc(ctx, func() { c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, context.Cause(ctx))) })
+	defer stop()
+	_, err := write()
+	if err != nil {
+		// The checkpoint fails: CRIU's dump into c stops now, not at
+		// the commit.
+		c.Abort(fmt.Errorf("GPU fast path: store %s: %w", name, err))
+	}
+	return err
 }
 
 // PrecopyVRAM is a pre-copy round of the device memory of cc's processes
@@ -280,7 +307,6 @@ func (cc *Checkpoint) FastCommit() {
 	cc.undo.forget()
 	cc.fast.Commit()
 	cc.keepDir.Remove()
-	_ = cc.fast.DropEarlier(context.Background())
 	_ = cc.earlier.end(context.Background())
 }
 

@@ -116,6 +116,12 @@ type item struct {
 	hash    [32]byte
 	size    int64
 	chunks  uint32
+	// A chunk of WriteCuts: known, held by the output (not read, not
+	// encoded); visit sees the raw bytes on a worker, and visited counts
+	// it done (cuts.go).
+	known   bool
+	visit   func([]byte)
+	visited *sync.WaitGroup
 }
 
 type fileState struct {
@@ -254,6 +260,7 @@ func (c *Capture) acquire(it *item, external bool) error {
 }
 
 func (c *Capture) release(it *item) {
+	it.visitDone()
 	c.bufs.Put(it.rawBuf)
 	c.bufs.Put(it.encBuf)
 	it.rawBuf, it.encBuf = nil, nil
@@ -285,7 +292,8 @@ func (c *Capture) WriteCarried(name string, r io.Reader) (int64, error) {
 	return c.writeFile(name, r, manifest.FileFlagExternal|manifest.FileFlagCarried)
 }
 
-func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, error) {
+// openFile gives the file name its id and submits its FILE frame.
+func (c *Capture) openFile(name string, flags uint16) (uint32, error) {
 	if !manifest.ValidName(name) {
 		return 0, fmt.Errorf("capture: invalid file name %q (one path component, no NUL, at most %d bytes)", name, manifest.MaxNameLen)
 	}
@@ -293,8 +301,13 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 	id := c.nextID
 	c.nextID++
 	c.mu.Unlock()
+	return id, c.submit(&item{kind: manifest.FrameFile, fileID: id, name: name, flags: flags})
+}
+
+func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, error) {
 	external := flags&manifest.FileFlagExternal != 0
-	if err := c.submit(&item{kind: manifest.FrameFile, fileID: id, name: name, flags: flags}); err != nil {
+	id, err := c.openFile(name, flags)
+	if err != nil {
 		return 0, err
 	}
 	var off int64
@@ -379,11 +392,18 @@ func (c *Capture) encodeLoop() {
 				c.fail(err)
 			}
 		}
+		it.visitDone()
 		close(it.done)
 	}
 }
 
 func (c *Capture) encode(it *item) error {
+	if it.known {
+		return nil // codec none, nothing stored: the output references it
+	}
+	if it.visit != nil {
+		it.visit(it.raw)
+	}
 	if c.seal != nil {
 		return c.sealChunk(it)
 	}

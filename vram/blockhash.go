@@ -30,12 +30,17 @@ const (
 type blockHash [2]uint64
 
 // hashBlock is dh_block over b (whole 64-bit words, little-endian) under
-// key: what the library's kernel computes for a block on the device. Four
-// words a round, the products i*K1 and i*K2 carried as sums: every block
-// a checkpoint stores or reads back from an earlier one goes through it.
-func hashBlock(b []byte, key uint64) blockHash {
+// key: what the library's kernel computes for a block on the device.
+func hashBlock(b []byte, key uint64) blockHash { return hashWords(b, key, 0) }
+
+// hashWords is the part of dh_block that the words of b make, b starting
+// at word first of its block: a block's hash is the sum, lane by lane, of
+// its parts'. Four words a round, the products i*K1 and i*K2 carried as
+// sums: every block a checkpoint stores or reads back from an earlier one
+// goes through it.
+func hashWords(b []byte, key, first uint64) blockHash {
 	var a0, a1, a2, a3, c0, c1, c2, c3 uint64
-	k1, k2 := key, uint64(0)             // i*K1 + key, i*K2
+	k1, k2 := key+first*dhK1, first*dhK2 // i*K1 + key, i*K2
 	m1, m2 := uint64(dhK1), uint64(dhK2) // their products wrap, as in C
 	n := len(b) / 8
 	for ; n >= 4; n -= 4 {

@@ -3,10 +3,10 @@ package vram
 // Composing whole VRAM files from a kept copy that left out the blocks an
 // earlier checkpoint holds (unchanged.go): the kept file's bytes, each
 // hole filled with that checkpoint's bytes of the block, which must hash
-// to what its record says (never garbage: a block that does not is an
-// error). The same stream goes into the new checkpoint (the store) and
-// into the library's copy in (an undo, `gpu resume --pid`). Every stored
-// block is hashed on the way: the new checkpoint's BlockHashes.
+// to what its record says before it is written (never garbage: a block
+// that does not is an error): the library's copy in of an undo or of `gpu
+// resume --pid`. (The store cuts the files instead: storecut.go.) Every
+// stored block is hashed on the way.
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/fsat"
+	"github.com/gpucr/gpucr-stream/manifest"
 )
 
 // Earlier is an earlier --dedup checkpoint of a process, in the location
@@ -34,6 +35,11 @@ type Earlier struct {
 	// Open reads one of them at any offset; a reader is used by one
 	// goroutine at a time.
 	Open func(ctx context.Context, name string) (io.ReaderAt, error)
+	// Chunks are the Files' chunks as its manifest lists them, where the
+	// new checkpoint may name them (not encrypted): a group of blocks
+	// that did not change is stored by them where they are its bytes
+	// alone (storecut.go).
+	Chunks [][]manifest.Chunk
 }
 
 // copyBuf is what a composer reads at once: runs of blocks up to it.
@@ -62,59 +68,6 @@ func (e *Earlier) readRun(r io.ReaderAt, hp *hashedPiece, b, n uint64, buf []byt
 		at += l
 	}
 	return buf, nil
-}
-
-// Verify reads every block e stores and checks it against its hash, a
-// goroutine a file: nothing is left out of a copy on the strength of a
-// checkpoint that cannot give it back.
-func (e *Earlier) Verify(ctx context.Context) error {
-	byFile := make([][]*hashedPiece, e.Hashes.Files)
-	for i := range e.Hashes.pieces {
-		p := &e.Hashes.pieces[i]
-		byFile[p.file] = append(byFile[p.file], p)
-	}
-	errs := make([]error, len(byFile))
-	var wg sync.WaitGroup
-	for f, ps := range byFile {
-		if len(ps) == 0 {
-			continue
-		}
-		wg.Go(func() { errs[f] = e.verifyFile(ctx, f, ps) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (e *Earlier) verifyFile(ctx context.Context, f int, ps []*hashedPiece) error {
-	r, err := e.Open(ctx, e.Files[f])
-	if err != nil {
-		return fmt.Errorf("the earlier checkpoint %s: %w", e.Name, err)
-	}
-	buf := make([]byte, copyBuf)
-	for _, p := range ps {
-		if n := int(min(p.block, p.size)); len(buf) < n {
-			buf = make([]byte, n)
-		}
-		per := max(1, uint64(len(buf))/p.block)
-		for b := uint64(0); b < p.nblk(); {
-			if !p.stored(b) {
-				b++
-				continue
-			}
-			n := uint64(1)
-			for n < per && b+n < p.nblk() && p.stored(b+n) {
-				n++
-			}
-			if err := ctx.Err(); err != nil {
-				return context.Cause(ctx)
-			}
-			if _, err := e.readRun(r, p, b, n, buf); err != nil {
-				return err
-			}
-			b += n
-		}
-	}
-	return nil
 }
 
 // composer makes one process's VRAM files whole again from its kept

@@ -3,15 +3,16 @@ package vram
 // The copy out of a --dedup checkpoint leaves out the blocks an earlier
 // checkpoint of the process in the same location holds unchanged
 // (docs/PRODUCERS.md, "Blocks an earlier checkpoint holds"): the kept
-// copy then holds only what changed, and the store and any undo fill the
-// rest from that checkpoint (compose.go). Two steps of gpuckpt's table:
-// FindEarlier, while the processes still run (the library's hints of
-// where it went before, the checkpoint opened and every block it stores
-// checked, in the background), and Unchanged, parked, after the zero
-// scan (the device's hashes compared with the checkpoint's record: the
-// blocks to leave out, handed to the library). A process for which none
-// is found, or nothing is unchanged, is copied whole, with a note saying
-// why; an earlier checkpoint that is found and cannot be read fails the
+// copy then holds only what changed; the store names that checkpoint's
+// chunks for the rest (storecut.go), and any undo reads it back
+// (compose.go). Two steps of gpuckpt's table: FindEarlier, while the
+// processes still run (the library's hints of where it went before, the
+// checkpoint opened: its manifest, its record of the blocks, its chunks
+// there), and Unchanged, parked, after the zero scan (the device's hashes
+// compared with the checkpoint's record: the blocks to leave out, handed
+// to the library). A process for which none is found, or nothing is
+// unchanged, is copied whole, with a note saying why; an earlier
+// checkpoint that is found and whose record cannot be read fails the
 // checkpoint before any memory is released.
 
 import (
@@ -41,6 +42,10 @@ type Dedup struct {
 	Find func(ctx context.Context, pid int, name string) (*Earlier, string, error)
 	// Note takes a line saying why a process's copy is whole.
 	Note func(string)
+	// Cuts, where set, stores the VRAM files by their cuts, naming the
+	// chunks of the earlier checkpoint that the location holds
+	// (storecut.go); else they go through the PutFunc whole.
+	Cuts *CutPut
 }
 
 // hashesName is the BlockHashes file of process pid in a checkpoint.
@@ -57,8 +62,11 @@ func (s *FastSuspension) note(fp *fastProc, why string) {
 
 // FindEarlier finds, for every process, the latest checkpoint of the
 // location that the library says it went into and that is one of its
-// own, and starts reading it back in the background (Earlier.Verify),
-// while the processes run. Its inverse is DropEarlier.
+// own, while the processes run. Find checks what it finds as it opens it
+// (its manifest, its record of the blocks, that its chunks are there);
+// its bytes are read only where they are used (an undo's refill, a group
+// of blocks whose chunks it is not cut in), each block checked against
+// the record there.
 func (s *FastSuspension) FindEarlier(ctx context.Context) error {
 	d := s.opts.Dedup
 	if d == nil {
@@ -74,7 +82,7 @@ func (s *FastSuspension) FindEarlier(ctx context.Context) error {
 		for _, name := range names {
 			e, reason, err := d.Find(ctx, fp.PID, name)
 			if err != nil {
-				return fmt.Errorf("process %d: %w", fp.PID, err)
+				return fmt.Errorf("process %d: %w; nothing was released (`gpucr-stream check --read-data` on the location finds what is damaged)", fp.PID, err)
 			}
 			if e != nil {
 				fp.earlier = e
@@ -83,10 +91,7 @@ func (s *FastSuspension) FindEarlier(ctx context.Context) error {
 			why = append(why, reason)
 		}
 		switch {
-		case fp.earlier != nil:
-			vctx, cancel := context.WithCancel(ctx)
-			fp.stopVerify, fp.verified = cancel, make(chan error, 1)
-			go func() { fp.verified <- fp.earlier.Verify(vctx) }()
+		case fp.earlier != nil: // no note: it is built on
 		case len(names) == 0:
 			s.note(fp, "it went into no checkpoint of this location before")
 		default:
@@ -96,26 +101,12 @@ func (s *FastSuspension) FindEarlier(ctx context.Context) error {
 	return nil
 }
 
-// DropEarlier stops the checks FindEarlier started and waits for them.
-func (s *FastSuspension) DropEarlier(context.Context) error {
-	for _, fp := range s.procs {
-		if fp.stopVerify != nil {
-			fp.stopVerify()
-			if fp.verified != nil {
-				<-fp.verified
-				fp.verified = nil
-			}
-		}
-	}
-	return nil
-}
-
 // Unchanged records in every library that the processes go into this
 // checkpoint (Dedup.Name), and, for those an earlier checkpoint was found
-// for, once that checkpoint read back whole, compares the device's block
-// hashes with its record and has the library leave the blocks that did
-// not change out of the copy out: the kept copy and the room it needs
-// shrink by them. Nothing to revert (RemoveKeep removes the skip files).
+// for, compares the device's block hashes with its record and has the
+// library leave the blocks that did not change out of the copy out: the
+// kept copy and the room it needs shrink by them. Nothing to revert
+// (RemoveKeep removes the skip files).
 func (s *FastSuspension) Unchanged(ctx context.Context) error {
 	d := s.opts.Dedup
 	if d == nil {
@@ -135,11 +126,6 @@ func (s *FastSuspension) Unchanged(ctx context.Context) error {
 			continue
 		}
 		fp.key = fp.earlier.Hashes.Key
-		err := <-fp.verified
-		fp.verified = nil
-		if err != nil {
-			return fmt.Errorf("process %d: %w; nothing was released (`gpucr-stream check --read-data` on the location finds what is damaged)", fp.PID, err)
-		}
 		if err := s.leaveOut(ctx, fp); err != nil {
 			return fmt.Errorf("process %d: leave out what %s holds: %w", fp.PID, fp.earlier.Name, err)
 		}

@@ -139,19 +139,16 @@ type fastProc struct {
 	ids []fsat.ID
 	// need is what its kept files will take (Scan, Unchanged).
 	need int64
-	// With --dedup (earlier.go): the earlier checkpoint found for it and
-	// its check (from FindEarlier until Unchanged waits for it), the
+	// With --dedup (earlier.go): the earlier checkpoint found for it, the
 	// blocks its copy out left out (nil: none) and the skip file that
 	// says so in the kept copy's directory; key hashes its blocks; the
 	// store gathers each file's pieces into its BlockHashes.
-	earlier    *Earlier
-	verified   chan error
-	stopVerify context.CancelFunc
-	skip       *skipSet
-	skipFile   string
-	skipID     fsat.ID
-	key        uint64
-	perFile    [][]hashedPiece
+	earlier  *Earlier
+	skip     *skipSet
+	skipFile string
+	skipID   fsat.ID
+	key      uint64
+	perFile  [][]hashedPiece
 }
 
 // FastSuspension is the processes of a tree whose device memory the fast

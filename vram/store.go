@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,9 +135,9 @@ func (s *FastSuspension) storeHashesAfter(fp *fastProc, files *sync.WaitGroup) {
 }
 
 // storeFile puts fp's k-th kept file; a cancelled store ends at its next
-// read. With --dedup the file goes through its composer: the blocks the
-// copy out left out come from the earlier checkpoint, and every block is
-// hashed for the process's BlockHashes.
+// read. With --dedup the file goes in as its cuts (storecut.go): the
+// groups of blocks the earlier checkpoint holds unchanged by its chunks,
+// the rest read, every block read hashed for the process's BlockHashes.
 func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastProc, k int) error {
 	fs, err := openFiles(s.keepDir, fp.Files[k:k+1], fp.ids[k:k+1])
 	if err != nil {
@@ -154,19 +155,19 @@ func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastPro
 	if err != nil {
 		return err
 	}
-	pr, pw := io.Pipe()
-	composed := make(chan error, 1)
-	go func() {
-		ps, err := fp.composer().compose(ctx, k, fs[0], st.Size(), pw)
-		fp.perFile[k] = ps
-		pw.CloseWithError(err)
-		composed <- err
-	}()
-	err = put(ctx, fp.Files[k], pr)
-	pr.CloseWithError(errors.Join(err, ErrUndone)) // a composer still writing ends
-	if cerr := <-composed; cerr != nil {
-		return cerr
+	cp := s.opts.Dedup.Cuts
+	f := newFileCuts(ctx, fp.composer(), k, fs[0], st.Size(), cp)
+	if cp != nil {
+		err = cp.Put(ctx, fp.Files[k], f.all)
+	} else {
+		next, stop := iter.Pull2(iter.Seq2[Cut, error](f.all))
+		err = put(ctx, fp.Files[k], &cutsReader{next: next})
+		stop()
 	}
+	if err == nil {
+		err = f.check()
+	}
+	fp.perFile[k] = f.hashed()
 	return err
 }
 

@@ -390,7 +390,7 @@ for r in rows:
         if d.get("second_allocated_bytes"):
             tm = d["location"].startswith("tmpfs ")
             met = d["second_kept_share"] <= 0.15 and (not tm or d["second_seconds"] <= 1.2)
-            print("          dedup (%s): the second copied out and kept %.3f GiB = %.1f%% of the %.2f GiB of device memory, %.2f GiB read back from the first, in %.2fs (issue 36: at most 15%%%s): %s" % (
+            print("          dedup (%s): the second copied out and kept %.3f GiB = %.1f%% of the %.2f GiB of device memory, %.2f GiB taken from the first (by its chunks), in %.2fs (issue 36: at most 15%%%s): %s" % (
                 d["location"], d["second_kept_bytes"] / 2**30, 100 * d["second_kept_share"], d["second_allocated_bytes"] / 2**30,
                 d["second_earlier_bytes"] / 2**30, d["second_seconds"], ", 1.2s into tmpfs" if tm else "", "met" if met else "NOT MET"))
             print("          dedup (%s): the second's steps: %s" % (d["location"], ", ".join("%s %.3fs" % (k, v) for k, v in d.get("second_vram_phases", {}).items())))
