@@ -19,17 +19,13 @@ import (
 
 // fastSteps is the fast path's table (vram has each step and its
 // inverse; docs/PRODUCERS.md section 3 the order and why): the device
-// memory of f's processes goes into a kept copy and is released; the
-// store of the kept copy starts right before the copy out, which hands
-// it each file as it is written whole, so that the store runs beside the
-// rest of the copy out, the release, the driver's checkpoint and CRIU's
-// dump. A step that needs no undo of its own has none: the collective
-// barrier ends with the unpark or the connection, the release is undone
-// by the park's undo (the library's recover remaps, refills and unparks
-// at once), what the room step and the copy out write is removed by the
-// kept copy's undo, which runs last (after the refill read the copy, and
-// after the store let go of it). The store's undo runs first: a failure
-// of the copy out or the release stops it.
+// memory of f's processes goes into a kept copy and is released, and the
+// store of the kept copy starts. A step that needs no undo of its own
+// has none: the collective barrier ends with the unpark or the
+// connection, the release is undone by the park's undo (the library's
+// recover remaps, refills and unparks at once), what the room step and
+// the copy out write is removed by the kept copy's undo, which runs last
+// (after the refill read the copy, and after the store let go of it).
 func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 	t := &cc.fastT
 	return []step{
@@ -44,9 +40,9 @@ func (cc *Checkpoint) fastSteps(f *vram.FastSuspension) []step {
 		{name: "zero scan", took: &t.scan, do: f.Scan},
 		{name: "unchanged blocks", took: &t.unchanged, do: f.Unchanged},
 		{name: "room for the kept copy", do: f.Room},
-		{name: "store", do: f.StartStore, undo: f.StopStore, fast: true},
 		{name: "copy out", took: &t.copyOut, do: f.CopyOut},
 		{name: "release", took: &t.release, do: f.Release},
+		{name: "store", do: f.StartStore, undo: f.StopStore, fast: true},
 	}
 }
 

@@ -213,17 +213,13 @@ func (cc *Checkpoint) FastWait(ctx context.Context) error {
 	return nil
 }
 
-// FastStorePhases times the store (after FastWait): it started right
-// before the copy out, took each file as the copy out wrote it whole,
-// and ran beside the rest of the copy out, the release, the driver's
-// checkpoint and CRIU's dump; its first file began that long after the
-// copy out did.
+// FastStorePhases times the store, which ran beside the driver's
+// checkpoint and CRIU's dump (after FastWait).
 func (cc *Checkpoint) FastStorePhases() []Phase {
 	if cc == nil || cc.fast == nil {
 		return nil
 	}
-	took, first := cc.fast.StoreTime()
-	return []Phase{{"vram store (beside the copy out and the dump)", took.Seconds()}, {"vram store: first file began, after the copy out began", first.Seconds()}}
+	return []Phase{{"vram store (beside the dump)", cc.fast.StoreTime().Seconds()}}
 }
 
 // FastCarried says whether a checkpoint into dest can carry the fast

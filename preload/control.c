@@ -10,9 +10,8 @@
  *     blocks on a reader) -> keep -> release (unmap + release physical
  *     memory; reservations, handles' properties, access kept) -> driver
  *     Lock -> driver Checkpoint (small now) -> CRIU dump. gpucr-stream stores
- *     each kept file into the checkpoint as soon as `copyout notify` says it
- *     is written whole, beside the rest of the copy, the driver's steps and
- *     CRIU, and commits once they are in. The driver's
+ *     the kept files into the checkpoint from the release on, beside the
+ *     driver's steps and CRIU, and commits once they are in. The driver's
  *     lock finds threads waiting in the gate, outside the driver.
  *   restore: CRIU restore -> driver Restore -> driver Unlock (threads still
  *     wait in the gate) -> remap -> copyin -> unpark.
@@ -378,7 +377,7 @@ static int dispatch(const char *line, int *fds, int *nfds, char *err, size_t n, 
 		collective_release();
 		return 0;
 	}
-	if (!strcmp(line, "copyout") || !strcmp(line, "copyout notify") || !strcmp(line, "copyin"))
+	if (!strcmp(line, "copyout") || !strcmp(line, "copyin"))
 		return cmd_copy(line, fds, nfds, err, n, st);
 	if (!strcmp(line, "peek"))
 		return cmd_peek(fds, nfds, err, n, st);

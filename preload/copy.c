@@ -65,12 +65,6 @@ struct job {
 	int nfiles;
 	atomic_int next[64];
 	int hi[64];
-	/* copy out with `notify`: a socket that hears each file's index, one
-	 * byte, once its pieces are all written and it is closed (so that
-	 * gpucr-stream stores it while the others are copied); the pieces of
-	 * file f not yet written. -1: none. */
-	int notify;
-	atomic_int left[64];
 	size_t buf;
 	atomic_int failed;
 	char err[256];
@@ -350,7 +344,6 @@ static void piece_blocks(struct piece *p, const struct scan *s)
  * It writes the magic and end record of every file; the zeros are holes.
  * Nothing in it depends on timing: the files are a function of the
  * mappings and of which blocks the scan found written. */
-static void file_done(struct job *j, int f);
 static int layout(struct job *j, int nfiles)
 {
 	qsort(j->pieces, j->npieces, sizeof *j->pieces, by_va);
@@ -381,7 +374,6 @@ static int layout(struct job *j, int nfiles)
 	for (int f = 0, lo = 0; f < nfiles; lo += count[f++]) {
 		atomic_init(&j->next[f], lo);
 		j->hi[f] = lo + count[f];
-		atomic_init(&j->left[f], count[f]);
 	}
 	uint64_t rec[4] = {0, 0, 0, 0};
 	for (int f = 0; f < nfiles; f++)
@@ -389,37 +381,7 @@ static int layout(struct job *j, int nfiles)
 			job_fail(j, "write: %s", strerror(errno));
 			return -1;
 		}
-	for (int f = 0; f < nfiles; f++)
-		if (count[f] == 0)
-			file_done(j, f); /* the magic and the end record: complete */
 	return 0;
-}
-
-/* file_done is for a copy out with `notify` whose file f has every piece
- * written: it is closed (a delayed write error fails the job, and nothing
- * is said of the file) and its index sent. No worker writes to it any
- * more: its pieces are done. MSG_NOSIGNAL: a gpucr-stream gone must not
- * kill the program with SIGPIPE. */
-static void file_done(struct job *j, int f)
-{
-	if (j->notify < 0)
-		return;
-	int fd = j->fds[f];
-	j->fds[f] = -1;
-	if (close(fd) < 0) {
-		job_fail(j, "close: %s", strerror(errno));
-		return;
-	}
-	unsigned char b = (unsigned char)f;
-	while (send(j->notify, &b, 1, MSG_NOSIGNAL) < 0 && errno == EINTR)
-		;
-}
-
-/* piece_done counts a piece of file f written; the last completes it. */
-static void piece_done(struct job *j, int f)
-{
-	if (atomic_fetch_sub(&j->left[f], 1) == 1)
-		file_done(j, f);
 }
 
 /* write_header writes p's record header and bitmap (bit b set: block b is
@@ -545,7 +507,6 @@ static void copy_out(struct worker *w, void *buf[2], CUstream st[2])
 			job_fail(j, "injected fault (copyout)");
 			return;
 		}
-		piece_done(j, p->file);
 	}
 }
 
@@ -816,14 +777,13 @@ static size_t buf_size(void)
 	return (size_t)(v > 0 && v <= 1024 ? v : 4) << 20;
 }
 
-int run_job(int out, int live, int *fds, int nfds, int notify, char *err, size_t n, struct stats *st)
+int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st)
 {
 	struct job j;
 	memset(&j, 0, sizeof j);
 	pthread_mutex_init(&j.err_mu, NULL);
 	j.out = out;
 	j.live = live;
-	j.notify = notify;
 	j.buf = buf_size();
 	if (out) {
 		/* Which blocks to store: the scan `scan` ran for this park, else
@@ -874,7 +834,7 @@ int run_job(int out, int live, int *fds, int nfds, int notify, char *err, size_t
 	 * error shows at close, and must fail the job. A copy in's workers
 	 * closed theirs; the rest were never started. */
 	for (int i = out ? 0 : started; i < nfds; i++)
-		if (fds[i] >= 0 && close(fds[i]) < 0 && out)
+		if (close(fds[i]) < 0 && out)
 			job_fail(&j, "close: %s", strerror(errno));
 	free(ws);
 	free(j.pieces);
@@ -912,24 +872,15 @@ int run_job(int out, int live, int *fds, int nfds, int notify, char *err, size_t
 }
 
 /* cmd_copy runs copyout or copyin over the descriptors that came with the
- * line; the workers close them (*nfds is set to 0 once they own them).
- * `copyout notify`: the last descriptor is a socket that hears each file
- * as it is complete (file_done), closed before the answer. */
+ * line; the workers close them (*nfds is set to 0 once they own them). */
 int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st)
 {
-	int outdir = line[4] == 'o', notify = -1, files = *nfds;
+	int outdir = line[4] == 'o';
 	if (!parked) {
 		snprintf(err, n, "not parked");
 		return -1;
 	}
-	if (!strcmp(line, "copyout notify")) {
-		if (files < 2) {
-			snprintf(err, n, "%s with %d descriptors, want the files and the socket", line, files);
-			return -1;
-		}
-		notify = fds[--files];
-	}
-	if (files == 0 || files > 64) {
+	if (*nfds == 0 || *nfds > 64) {
 		snprintf(err, n, "%s with %d descriptors, want 1..64", line, *nfds);
 		return -1;
 	}
@@ -937,9 +888,7 @@ int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct 
 		snprintf(err, n, "%s", outdir ? "memory is released" : "memory is released: remap first");
 		return -1;
 	}
-	int rc = run_job(outdir, 0, fds, files, notify, err, n, st);
-	if (notify >= 0)
-		close(notify);
+	int rc = run_job(outdir, 0, fds, *nfds, err, n, st);
 	*nfds = 0;
 	if (rc == 0 && !outdir)
 		unfilled = 0;
@@ -958,7 +907,7 @@ int cmd_peek(int *fds, int *nfds, char *err, size_t n, struct stats *st)
 		snprintf(err, n, "peek with %d descriptors, want 1..64", *nfds);
 		return -1;
 	}
-	int rc = run_job(1, 1, fds, *nfds, -1, err, n, st);
+	int rc = run_job(1, 1, fds, *nfds, err, n, st);
 	*nfds = 0;
 	return rc;
 }

@@ -284,7 +284,7 @@ struct stats {
 	long long collectives; /* collhold, colluntil: launched so far */
 	struct written_stats w;
 };
-int run_job(int out, int live, int *fds, int nfds, int notify, char *err, size_t n, struct stats *st);
+int run_job(int out, int live, int *fds, int nfds, char *err, size_t n, struct stats *st);
 int cmd_stage(int k, char *err, size_t n, struct stats *st);
 int cmd_copy(const char *line, int *fds, int *nfds, char *err, size_t n, struct stats *st);
 int cmd_peek(int *fds, int *nfds, char *err, size_t n, struct stats *st);

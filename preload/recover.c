@@ -222,7 +222,7 @@ int do_recover(int *fds, int nfds, int rm, char *err, size_t n)
 			return -1;
 		}
 		struct stats st;
-		if (run_job(0, 0, fds, nfds, -1, err, n, &st) < 0)
+		if (run_job(0, 0, fds, nfds, err, n, &st) < 0)
 			return -1;
 		unfilled = 0;
 	}

@@ -549,91 +549,24 @@ type CopyStats struct {
 // the format of docs/PRODUCERS.md "VRAM files"); the library closes its
 // copies of them when done.
 func (p *Conn) CopyOut(ctx context.Context, files []*os.File) (CopyStats, error) {
-	return p.copy(ctx, "copyout", files, nil)
+	return p.copy(ctx, "copyout", files)
 }
-
-// CopyOutEach is CopyOut that hears of each file as the library has
-// written it whole and closed it: done(k) is called for files[k], at most
-// once per file, while the copy goes on (from a goroutine of its own), and
-// for every file not yet heard of before a copy that succeeded returns.
-// A file heard of is final, whatever happens to the others (the library
-// never writes to it again). It returns once no done is running.
-func (p *Conn) CopyOutEach(ctx context.Context, files []*os.File, done func(k int)) (CopyStats, error) {
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return CopyStats{}, fmt.Errorf("process %d: copyout: socketpair: %w", p.PID, err)
-	}
-	// Ours non-blocking, so that its read ends when it is closed.
-	unix.SetNonblock(sp[0], true)
-	ours, theirs := os.NewFile(uintptr(sp[0]), "copyout notify"), os.NewFile(uintptr(sp[1]), "copyout notify")
-	heard := make([]bool, len(files))
-	var bad error
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		var b [64]byte
-		for {
-			n, err := ours.Read(b[:])
-			for _, k := range b[:n] {
-				if int(k) >= len(files) {
-					bad = fmt.Errorf("process %d: copyout: file %d of %d said to be written: %w", p.PID, k, len(files), ErrBadAnswer)
-					return
-				}
-				if !heard[k] {
-					heard[k] = true
-					done(int(k))
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	cs, err := p.copy(ctx, "copyout notify", files, theirs)
-	theirs.Close()
-	// The library closed its end before it answered: what it sent is
-	// read, then EOF; one that kept it open is not waited for.
-	ours.SetReadDeadline(time.Now().Add(notifyGrace))
-	<-read
-	ours.Close()
-	if err == nil {
-		err = bad
-	}
-	if err != nil {
-		return cs, err
-	}
-	for k := range files {
-		if !heard[k] {
-			done(k)
-		}
-	}
-	return cs, nil
-}
-
-// notifyGrace is how long CopyOutEach reads, after the answer, what the
-// library sent before it (already there: the wait is for a library that
-// kept its end open, which is then not waited for).
-const notifyGrace = time.Second
 
 // Peek is CopyOut while the program runs (a migration's pre-copy): a
 // hint of the memory, torn where the program writes meanwhile; memory
 // unmapped meanwhile is left as zeros.
 func (p *Conn) Peek(ctx context.Context, files []*os.File) (CopyStats, error) {
-	return p.copy(ctx, "peek", files, nil)
+	return p.copy(ctx, "peek", files)
 }
 
 // CopyIn reads files in that format and writes their ranges back.
 func (p *Conn) CopyIn(ctx context.Context, files []*os.File) (CopyStats, error) {
-	return p.copy(ctx, "copyin", files, nil)
+	return p.copy(ctx, "copyin", files)
 }
 
-// copy sends cmd with files, and notify after them if not nil.
-func (p *Conn) copy(ctx context.Context, cmd string, files []*os.File, notify *os.File) (CopyStats, error) {
+func (p *Conn) copy(ctx context.Context, cmd string, files []*os.File) (CopyStats, error) {
 	if len(files) == 0 || len(files) > 64 {
 		return CopyStats{}, fmt.Errorf("process %d: %s: %d files, want 1..64", p.PID, cmd, len(files))
-	}
-	if notify != nil {
-		files = append(files[:len(files):len(files)], notify)
 	}
 	js, err := p.do(ctx, cmd, files)
 	if err != nil {

@@ -34,15 +34,6 @@ func chunkTokens(o pipeline.Options, perChunk int) int {
 	return n
 }
 
-// chunkTokensOutside is how many of tokens the chunks of external files
-// may hold: three quarters. The rest is CRIU's alone. A fast-path
-// checkpoint's VRAM store reads 16 files from memory as fast as the
-// output takes them, and waiting producers get freed tokens in turn: the
-// one pipe of CRIU's pages beside it got about one in seventeen, while
-// the process stays frozen until CRIU is done (on one H200, CRIU's dump
-// beside the store of 22 GiB took 1.53 s, beside 11 GiB 0.65 s).
-func chunkTokensOutside(tokens int) int { return max(tokens-tokens/4, 1) }
-
 // Capture is a running capture pipeline: producers call WriteFile
 // concurrently, one call per file; Close commits.
 type Capture struct {
@@ -54,15 +45,9 @@ type Capture struct {
 	order  chan *item // every item, in submission order, for the writer
 	jobs   chan *item // DATA items, for the workers
 	tokens chan struct{}
-	// outside: the tokens that chunks of external files (not CRIU's
-	// images: the VRAM files, carried files) may hold, fewer than tokens
-	// (chunkTokensOutside): CRIU's dump, which the frozen process waits
-	// on, always finds tokens, however many large files are written
-	// beside it.
-	outside chan struct{}
-	bufs    *bufpool.Pool  // raw and encoded chunks alike
-	encDst  bool           // the codec writes into a buffer of its own
-	seal    *crypt.Session // the output's, when it is encrypted
+	bufs   *bufpool.Pool  // raw and encoded chunks alike
+	encDst bool           // the codec writes into a buffer of its own
+	seal   *crypt.Session // the output's, when it is encrypted
 	// shared: chunks are sealed for a chunk store (Format.Shared).
 	shared bool
 	sums   pipeline.Digester
@@ -106,16 +91,14 @@ type item struct {
 	rawLen int
 	rawBuf []byte // pooled backing of raw, or nil
 	token  bool
-	// outside: it holds one of the tokens outside too (acquire).
-	outside bool
-	encBuf  []byte // pooled backing of stored, or nil
-	stored  []byte
-	codec   codec.ID
-	crc     uint32
-	sums    chunkSums // what the producer learned of raw while reading it
-	hash    [32]byte
-	size    int64
-	chunks  uint32
+	encBuf []byte // pooled backing of stored, or nil
+	stored []byte
+	codec  codec.ID
+	crc    uint32
+	sums   chunkSums // what the producer learned of raw while reading it
+	hash   [32]byte
+	size   int64
+	chunks uint32
 	// A chunk of WriteCuts: known, held by the output (not read, not
 	// encoded); visit sees the raw bytes on a worker, and visited counts
 	// it done (cuts.go).
@@ -153,7 +136,6 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		bufSize += crypt.PackOverhead // sealed in place, or after a salt
 	}
 	tokens := chunkTokens(opts, opts.ChunkSize+encMax)
-	outside := chunkTokensOutside(tokens)
 	// window: the items (so chunk buffers) that may wait between the
 	// producers and the writer, whatever order the workers finish in.
 	window := 4 * opts.Workers
@@ -168,7 +150,6 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		order:      make(chan *item, window),
 		jobs:       make(chan *item, window+1), // never full: see submit
 		tokens:     make(chan struct{}, tokens),
-		outside:    make(chan struct{}, outside),
 		bufs:       bufpool.New(bufSize, 2*tokens),
 		encDst:     encMax > 0,
 		seal:       seal,
@@ -234,27 +215,14 @@ func (c *Capture) submit(it *item) error {
 	return nil
 }
 
-// acquire takes a token for it, a chunk of a file that is external or
-// not (then first one of the tokens outside).
-func (c *Capture) acquire(it *item, external bool) error {
+func (c *Capture) acquire() error {
 	if c.ctx.Err() != nil {
 		return context.Cause(c.ctx)
 	}
-	if external {
-		select {
-		case c.outside <- struct{}{}:
-		case <-c.ctx.Done():
-			return context.Cause(c.ctx)
-		}
-	}
 	select {
 	case c.tokens <- struct{}{}:
-		it.token, it.outside = true, external
 		return nil
 	case <-c.ctx.Done():
-		if external {
-			<-c.outside
-		}
 		return context.Cause(c.ctx)
 	}
 }
@@ -267,10 +235,6 @@ func (c *Capture) release(it *item) {
 	if it.token {
 		<-c.tokens
 		it.token = false
-	}
-	if it.outside {
-		<-c.outside
-		it.outside = false
 	}
 	it.raw, it.stored = nil, nil
 }
@@ -305,7 +269,6 @@ func (c *Capture) openFile(name string, flags uint16) (uint32, error) {
 }
 
 func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, error) {
-	external := flags&manifest.FileFlagExternal != 0
 	id, err := c.openFile(name, flags)
 	if err != nil {
 		return 0, err
@@ -325,16 +288,18 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 			buf = make([]byte, small)
 			n, err = it.sums.fill(r, buf)
 		case cut != nil:
-			if err := c.acquire(it, external); err != nil {
+			if err := c.acquire(); err != nil {
 				return off, err
 			}
+			it.token = true
 			it.rawBuf = c.bufs.Get()
 			buf = it.rawBuf[:c.opts.ChunkSize]
 			n, err = cut.next(buf, &it.sums)
 		default:
-			if err := c.acquire(it, external); err != nil {
+			if err := c.acquire(); err != nil {
 				return off, err
 			}
+			it.token = true
 			it.rawBuf = c.bufs.Get()
 			buf = it.rawBuf[:c.opts.ChunkSize]
 			n, err = it.sums.fill(r, buf)
@@ -347,9 +312,10 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 				continue
 			}
 			// Not small after all: move what we have into a budgeted chunk.
-			if err := c.acquire(it, external); err != nil {
+			if err := c.acquire(); err != nil {
 				return off, err
 			}
+			it.token = true
 			it.rawBuf = c.bufs.Get()
 			big := it.rawBuf[:c.opts.ChunkSize]
 			copy(big, buf)

@@ -95,9 +95,10 @@ func (c *Capture) cutItem(cut *Cut, id uint32, name string, off int64, visits *s
 		it.known, it.hash, it.crc = true, cut.Hash, cut.CRC
 		return it, nil
 	}
-	if err := c.acquire(it, true); err != nil { // VRAM cuts: outside CRIU's images
+	if err := c.acquire(); err != nil {
 		return nil, err
 	}
+	it.token = true
 	it.rawBuf = c.bufs.Get()
 	it.raw = it.rawBuf[:cut.Len]
 	if err := cut.Fill(it.raw); err != nil {

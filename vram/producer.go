@@ -36,21 +36,19 @@ import (
 // the control state. Order (and why) in preload/control.c, gate.c and
 // docs/PRODUCERS.md section 3; gpuckpt/suspend.go runs the steps:
 //
-//	checkpoint: park every process -> zero scan -> room -> store starts
-//	            -> copy out (the library writes the kept copy, KeepDir;
-//	            each file it wrote whole goes into the store at once)
-//	            -> keep -> release -> (caller) driver lock + checkpoint
+//	checkpoint: park every process -> zero scan -> room -> copy out (the
+//	            library writes the kept copy, KeepDir) -> keep -> release
+//	            -> store starts -> (caller) driver lock + checkpoint
 //	            -> CRIU dump -> (caller) Wait for the store -> commit
 //	restore:    (caller) CRIU restore -> driver restore + unlock -> remap ->
 //	            copy in -> unpark
 //
 // The library's copy threads write the VRAM files straight into the kept
-// copy (regular files gpucr-stream creates and hands over; no pipe), so
-// the device is free once the pinned copies and the page cache writes are
-// done. The store (the kept files into put, the capture) takes each file
-// as the library says it is written whole (copyout notify), beside the
-// rest of the copy out, the release, the driver's checkpoint and CRIU's
-// dump; the caller waits for it (Wait) before it commits. The kept copy stays
+// copy (regular files gpucr-stream creates and hands over; no pipe, no
+// read here), so the device is free once the pinned copies and the page
+// cache writes are done. The store (the kept files into put, the capture)
+// runs after the release, beside the driver's checkpoint and CRIU's dump;
+// the caller waits for it (Wait) before it commits. The kept copy stays
 // until the commit: a failure after the release (also of the store) maps
 // the memory back and refills it from that copy before the program runs
 // again (Refill).
@@ -164,8 +162,12 @@ type FastSuspension struct {
 	// keepDir is KeepDir, held open.
 	keepDir *os.File
 	procs   []*fastProc
-	// store is the store of the kept files (StartStore; store.go).
-	store *storeRun
+	// The store after the release; stopStore cancels it, storeDone closes
+	// once every goroutine of it has returned (storeErr, storeDur set).
+	stopStore func(error)
+	storeDone chan struct{}
+	storeErr  error
+	storeDur  time.Duration
 }
 
 // NewFastSuspension is the fast path for the processes pids (none touched
@@ -229,8 +231,8 @@ func (s *FastSuspension) OpenKeep(context.Context) error {
 // it is parked without its memory, and `gpu resume --pid` refills it from
 // there once what failed is fixed (Stranded).
 func (s *FastSuspension) RemoveKeep(context.Context) error {
-	if s.store != nil {
-		<-s.store.done
+	if s.storeDone != nil {
+		<-s.storeDone
 	}
 	s.removeKeep(false)
 	return nil
@@ -414,24 +416,13 @@ func (s *FastSuspension) SweepRecords(context.Context) error {
 // all at once (each library has its own copy threads and pinned buffers,
 // and a tree's processes, tensor-parallel ranks, usually sit on different
 // GPUs), then records each process's kept copy and hands it to its
-// library. Each file goes into the store (StartStore) as soon as its
-// library has written it whole; once CopyOut returns, no file is added
-// to the store any more (on failure StopStore, its undo, stops those
-// added). RemoveKeep removes what it wrote.
+// library. RemoveKeep removes what it wrote.
 func (s *FastSuspension) CopyOut(ctx context.Context) error {
-	if s.store == nil {
-		return errors.New("fast path: copy out before the store is started")
-	}
-	defer s.store.close()
 	errs := make([]error, len(s.procs))
 	var wg sync.WaitGroup
 	for i, fp := range s.procs {
 		wg.Go(func() {
-			var files sync.WaitGroup // fp's files still going into the store
-			errs[i] = s.copyOut(ctx, fp, func(k int) { s.storeKept(fp, k, &files) })
-			if errs[i] == nil && s.opts.Dedup != nil {
-				s.storeHashesAfter(fp, &files)
-			}
+			errs[i] = s.copyOut(ctx, fp)
 			if errs[i] == nil {
 				errs[i] = s.writeSkip(fp)
 			}
@@ -457,7 +448,6 @@ func (s *FastSuspension) Release(ctx context.Context) error {
 			return err
 		}
 	}
-	testhook.Pause(context.Background(), "released")
 	return nil
 }
 
@@ -547,10 +537,8 @@ func digits(s string) bool {
 
 // copyOut has fp's library write its device memory into the kept copy:
 // files created here (new, 0600, in KeepDir through its descriptor) whose
-// descriptors it writes to. done(k) hears of fp.Files[k] once the library
-// has written it whole (and of every file, at the latest before a copy
-// that succeeded returns).
-func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc, done func(k int)) error {
+// descriptors it writes to.
+func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 	var ws []*os.File
 	defer func() { closeAll(ws) }()
 	for k := 0; k < s.opts.Files; k++ {
@@ -567,8 +555,7 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc, done func(k 
 		fp.Files = append(fp.Files, name)
 		fp.ids = append(fp.ids, id)
 	}
-	fp.perFile = make([][]hashedPiece, len(fp.Files))
-	cs, err := fp.p.CopyOutEach(ctx, ws, done)
+	cs, err := fp.p.CopyOut(ctx, ws)
 	fp.Bytes, fp.Copy = cs.Bytes+cs.Earlier, cs
 	if err != nil {
 		return fmt.Errorf("process %d: copy out into %s: %w", fp.PID, s.opts.KeepDir, err)

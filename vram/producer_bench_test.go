@@ -185,13 +185,7 @@ func sinkFiles(b *testing.B, buf []byte, total int64, n int, dir string, c *stre
 	}
 	busy := time.Since(t)
 	s.procs = []*fastProc{fp}
-	fp.perFile = make([][]hashedPiece, n)
 	s.startStore(context.Background(), benchPut(c))
-	var files sync.WaitGroup
-	for k := range fp.Files {
-		s.storeKept(fp, k, &files)
-	}
-	s.store.close()
 	if err := s.Wait(context.Background()); err != nil {
 		b.Fatal(err)
 	}

@@ -1,10 +1,8 @@
 package vram
 
-// The store: the kept files go into the checkpoint (put, the capture),
-// each as soon as the copy out has written it whole (the library says so
-// file by file), beside the rest of the copy out, the release, the
-// driver's checkpoint and CRIU's dump; the caller waits for it before the
-// commit.
+// The store: after the release, the kept files go into the checkpoint
+// (put, the capture), beside the driver's checkpoint and CRIU's dump; the
+// caller waits for it before the commit.
 
 import (
 	"bytes"
@@ -23,115 +21,68 @@ import (
 // ErrUndone stops a store whose checkpoint is being undone (StopStore).
 var ErrUndone = errors.New("fast path: the checkpoint is undone")
 
-// storeRun is a store under way: files are added (storeKept) while the
-// copy out runs, until no more can come (close: the copy out ended, or
-// the store was stopped); it is done once every file added has gone in.
-type storeRun struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	put    PutFunc
-	start  time.Time
-	failed atomic.Bool
-
-	mu     sync.Mutex
-	closed bool
-	ended  chan struct{} // closed with closed
-	wg     sync.WaitGroup
-	// first is when the first file began, after start (-1: none yet).
-	first time.Duration
-
-	done chan struct{} // closed once every goroutine of it has returned
-	err  error         // the first failure (set when done closes)
-	dur  time.Duration // start to the end of the last file
-}
-
-// StartStore readies the store: from now on each file the copy out
-// completes goes into put at once, all of them at a time (the capture
-// bounds its memory). It runs on until Wait, StopStore or Commit; the
-// first failure cancels the others. Never fails.
+// StartStore stores every kept file into put, all at once (the capture
+// bounds its memory), and returns: the store runs on until Wait, StopStore
+// or Commit. The first failure cancels the others. Never fails.
 func (s *FastSuspension) StartStore(ctx context.Context) error {
 	s.startStore(ctx, s.put)
+	testhook.Pause(context.Background(), "released")
 	return nil
 }
 
 // StopStore cancels a store still running (the undo of StartStore): it
-// ends at its next read, and no file is added any more. RemoveKeep waits
-// for it.
+// ends at its next read. RemoveKeep waits for it.
 func (s *FastSuspension) StopStore(context.Context) error {
-	if s.store != nil {
-		s.store.cancel(ErrUndone)
-		s.store.close()
+	if s.stopStore != nil {
+		s.stopStore(ErrUndone)
 	}
 	return nil
 }
 
-// startStore starts the store into put, with no file yet.
+// startStore starts the store of every kept file into put.
 func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
-	st := &storeRun{ctx: ctx, cancel: cancel, put: put, start: time.Now(), ended: make(chan struct{}), first: -1, done: make(chan struct{})}
-	s.store = st
+	s.stopStore, s.storeDone = cancel, make(chan struct{})
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	fail := func(fp *fastProc, name string, err error) {
+		failed.Store(true)
+		cancel(fmt.Errorf("process %d: store %s: %w", fp.PID, name, err))
+	}
+	for _, fp := range s.procs {
+		var files sync.WaitGroup
+		fp.perFile = make([][]hashedPiece, len(fp.Files))
+		for k, name := range fp.Files {
+			wg.Add(1)
+			files.Add(1)
+			go func() {
+				defer wg.Done()
+				defer files.Done()
+				if err := s.storeFile(ctx, put, fp, k); err != nil {
+					fail(fp, name, err)
+				}
+			}()
+		}
+		if s.opts.Dedup != nil {
+			// Its block hashes, once every file has gone by.
+			wg.Go(func() {
+				files.Wait()
+				if err := s.storeHashes(ctx, put, fp); err != nil {
+					fail(fp, fp.Hashes, err)
+				}
+			})
+		}
+	}
 	go func() {
-		<-st.ended
-		st.wg.Wait()
-		st.dur = time.Since(st.start)
-		if st.failed.Load() {
-			st.err = context.Cause(ctx)
+		wg.Wait()
+		s.storeDur = time.Since(start)
+		if failed.Load() {
+			s.storeErr = context.Cause(ctx)
 		}
 		cancel(nil)
-		close(st.done)
+		close(s.storeDone)
 	}()
-}
-
-// close says that no file will be added: the store is done once those
-// added have gone in.
-func (st *storeRun) close() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if !st.closed {
-		st.closed = true
-		close(st.ended)
-	}
-}
-
-// goStore runs f as a part of the store (false, and f is not run, once it
-// is closed).
-func (st *storeRun) goStore(f func() error, what string, pid int) bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.closed {
-		return false
-	}
-	if st.first < 0 {
-		st.first = time.Since(st.start)
-	}
-	st.wg.Go(func() {
-		if err := f(); err != nil {
-			st.failed.Store(true)
-			st.cancel(fmt.Errorf("process %d: store %s: %w", pid, what, err))
-		}
-	})
-	return true
-}
-
-// storeKept stores fp's k-th kept file, which the copy out has just
-// written whole; with --dedup, the last of fp's files to go in adds its
-// block hashes. files counts fp's files still to go in.
-func (s *FastSuspension) storeKept(fp *fastProc, k int, files *sync.WaitGroup) {
-	st := s.store
-	files.Add(1)
-	if !st.goStore(func() error { defer files.Done(); return s.storeFile(st.ctx, st.put, fp, k) }, fp.Files[k], fp.PID) {
-		files.Done()
-	}
-}
-
-// storeHashesAfter adds fp's BlockHashes once its files have gone in:
-// the copy out of fp succeeded, so every file of fp was added (--dedup).
-func (s *FastSuspension) storeHashesAfter(fp *fastProc, files *sync.WaitGroup) {
-	st := s.store
-	st.goStore(func() error {
-		files.Wait()
-		return s.storeHashes(st.ctx, st.put, fp)
-	}, fp.Hashes, fp.PID)
 }
 
 // storeFile puts fp's k-th kept file; a cancelled store ends at its next
@@ -196,31 +147,28 @@ func (c ctxReader) Read(p []byte) (int, error) {
 }
 
 // Wait waits for the store that StartStore started and returns its error
-// (the first file that failed); call it before the capture's commit, once
-// the copy out has ended. If ctx ends first, the store is cancelled (and
-// waited for). Again: the same answer.
+// (the first file that failed); call it before the capture's commit. If
+// ctx ends first, the store is cancelled (and waited for). Again: the same
+// answer.
 func (s *FastSuspension) Wait(ctx context.Context) error {
-	if s == nil || s.store == nil {
+	if s == nil || s.storeDone == nil {
 		return nil
 	}
-	st := s.store
 	select {
-	case <-st.done:
+	case <-s.storeDone:
 	case <-ctx.Done():
-		st.cancel(context.Cause(ctx))
-		st.close()
-		<-st.done
+		s.stopStore(context.Cause(ctx))
+		<-s.storeDone
 	}
-	return st.err
+	return s.storeErr
 }
 
-// StoreTime is how long the store took (after Wait), and when its first
-// file began, both from StartStore (right before the copy out): it ran
-// beside the copy out, the driver's checkpoint and CRIU's dump.
-func (s *FastSuspension) StoreTime() (took, first time.Duration) {
-	if s == nil || s.store == nil {
-		return 0, 0
+// StoreTime is how long the store took (after Wait): it ran beside the
+// driver's checkpoint and CRIU's dump.
+func (s *FastSuspension) StoreTime() time.Duration {
+	if s == nil || s.storeDone == nil {
+		return 0
 	}
-	<-s.store.done
-	return s.store.dur, max(s.store.first, 0)
+	<-s.storeDone
+	return s.storeDur
 }

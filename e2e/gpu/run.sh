@@ -367,8 +367,8 @@ for r in rows:
         r.get("raw_bytes", 0) / 2**30, r.get("stored_bytes", 0) / 2**30,
         (r.get("raw_bytes", 0) / r["stored_bytes"]) if r.get("stored_bytes") else 0))
     if p.get("vram_copy_out"):
-        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs, store %.2fs (from the copy out's start, its first file %.2fs in; beside the copy out and the dump) | remap %.2fs, copy in %.2fs, refill %.2fs" % (
-            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_store"), g("vram_store_first"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
+        print("          fast path: park %.2fs, copy out %.2fs, release %.2fs, store %.2fs (beside the dump) | remap %.2fs, copy in %.2fs, refill %.2fs" % (
+            g("vram_park"), g("vram_copy_out"), g("vram_release"), g("vram_store"), g("vram_remap"), g("vram_copy_in"), g("vram_refill")))
     if r.get("vram_detail"):
         print("          " + ", ".join("%s %.3fs" % (k[5:], v) for k, v in r["vram_detail"].items()))
     if r.get("restore_steps"):
@@ -967,8 +967,7 @@ phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoin
   "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0) or ph.get("gpu restore", 0),
   "unlock": rp.get("gpu unlock", 0) or ph.get("gpu unlock", 0),
   "vram_park": ph.get("vram park", 0), "vram_zero_scan": ph.get("vram zero scan", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
-  "vram_store": ph.get("vram store (beside the copy out and the dump)", ph.get("vram store (beside the dump)", 0)),
-  "vram_store_first": ph.get("vram store: first file began, after the copy out began", 0),
+  "vram_store": ph.get("vram store (beside the dump)", 0),
   "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0), "vram_refill": ph.get("vram refill", 0)}
 print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes": ck.get("raw_bytes", 0),
   "stored_bytes": ck.get("stored_bytes", 0), "archive_bytes_on_disk": int(stored), "phases": phases,
@@ -1095,7 +1094,7 @@ rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
 print(json.dumps({"round": sys.argv[3], "ok": sys.argv[4] == "true", "checkpoint_total": float(sys.argv[5]), "restore_total": float(sys.argv[6]),
   "phases": {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "commit": ph.get("commit", 0),
     "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
-    "vram_store": ph.get("vram store (beside the copy out and the dump)", ph.get("vram store (beside the dump)", 0)),
+    "vram_store": ph.get("vram store (beside the dump)", 0),
     "gpu_restore": rp.get("gpu restore", 0), "unlock": rp.get("gpu unlock", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)},
   "memory_released_seconds": s.get("memory_released_seconds", 0), "device_freed_seconds": s.get("device_freed_seconds", 0),
   "note": "gpu suspend --to / resume --from; device memory of the process while suspended: %s" % sys.argv[7]}))
@@ -1590,7 +1589,7 @@ ph = {p["name"]: p["seconds"] for p in c.get("phases", [])}
 rp = {p["name"]: p["seconds"] for p in r.get("phases", [])}
 phases = {"dump": ph.get("criu dump + encode + write", 0), "commit": ph.get("commit", 0), "criu_restore": rp.get("criu restore + read + decode", 0),
   "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0), "vram_release": ph.get("vram release", 0),
-  "vram_store": ph.get("vram store (beside the copy out and the dump)", ph.get("vram store (beside the dump)", 0)), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)}
+  "vram_store": ph.get("vram store (beside the dump)", 0), "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)}
 print(json.dumps({"round": rnd + "/plain", "codec": "plain", "ok": ok == "true", "raw_bytes": c.get("raw_bytes", 0),
   "stored_bytes": c.get("stored_bytes", 0), "phases": phases, "checkpoint_total": c.get("total_seconds", 0),
   "restore_total": r.get("total_seconds", 0), "note": "today\x27s checkpoint (no --dedup) into tmpfs, beside the dedup rows"}))
@@ -1637,7 +1636,7 @@ rp = {p["name"]: p["seconds"] for p in r1.get("phases", [])}
 phases = {"lock": ph.get("gpu lock", 0), "gpu_checkpoint": ph.get("gpu checkpoint", 0), "dump": ph.get("criu dump + encode + write", 0),
   "commit": ph.get("commit", 0), "criu_restore": rp.get("criu restore + read + decode", 0), "gpu_restore": rp.get("gpu restore", 0),
   "unlock": rp.get("gpu unlock", 0), "vram_park": ph.get("vram park", 0), "vram_copy_out": ph.get("vram copy out", 0),
-  "vram_release": ph.get("vram release", 0), "vram_store": ph.get("vram store (beside the copy out and the dump)", ph.get("vram store (beside the dump)", 0)),
+  "vram_release": ph.get("vram release", 0), "vram_store": ph.get("vram store (beside the dump)", 0),
   "vram_remap": rp.get("vram remap", 0), "vram_copy_in": rp.get("vram copy in", 0)}
 d = {"location": kind + " " + loc, "first_seconds": c1.get("total_seconds", 0), "second_seconds": c2.get("total_seconds", 0),
   "first_new_bytes": n1, "second_new_bytes": n2, "second_share": (n2 / n1) if n1 else 0,

@@ -157,13 +157,6 @@ CUresult cuMemImportFromShareableHandle(U *h, void *os, int type, U flags)
 	*h = 0x5000 + i;
 	return OK;
 }
-/* The live mappings, for GPUCR_FAKE_DTOH_HOLD. */
-static struct {
-	U va;
-	size_t n;
-} maps[4096];
-static int nmaps;
-
 CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
 {
 	(void)flags;
@@ -176,43 +169,7 @@ CUresult cuMemMap(U va, size_t size, size_t off, U h, U flags)
 	if (fd < 0 || off + size > x->size)
 		return BAD;
 	void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, off);
-	if (p == MAP_FAILED)
-		return 2;
-	pthread_mutex_lock(&mu);
-	if (nmaps < 4096)
-		maps[nmaps++].va = va, maps[nmaps - 1].n = size;
-	pthread_mutex_unlock(&mu);
-	return OK;
-}
-
-/* GPUCR_FAKE_DTOH_HOLD=PATH holds every copy to the host from the live
- * mapping at the highest address (a copy out's last file) until PATH
- * exists: a test sees what goes on while that file is being copied. The
- * copy fails if PATH does not come within 60 s, and, with
- * GPUCR_FAKE_DTOH_HOLD_FAIL=1, once it came (a copy out that fails after
- * its other files were written). PATH.held is made when the first such
- * copy waits. */
-static CUresult dtoh_hold(U s)
-{
-	const char *path = getenv("GPUCR_FAKE_DTOH_HOLD");
-	if (!path)
-		return OK;
-	U top = 0, end = 0;
-	pthread_mutex_lock(&mu);
-	for (int i = 0; i < nmaps; i++)
-		if (maps[i].va >= top)
-			top = maps[i].va, end = maps[i].va + maps[i].n;
-	pthread_mutex_unlock(&mu);
-	if (s < top || s >= end)
-		return OK;
-	char held[4096];
-	snprintf(held, sizeof held, "%s.held", path);
-	close(open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
-	for (int i = 0; i < 60000 && access(path, F_OK) != 0; i++)
-		usleep(1000);
-	if (access(path, F_OK) != 0 || getenv("GPUCR_FAKE_DTOH_HOLD_FAIL"))
-		return 2;
-	return OK;
+	return p == MAP_FAILED ? 2 : OK;
 }
 CUresult cuMemUnmap(U va, size_t size)
 {
@@ -221,16 +178,7 @@ CUresult cuMemUnmap(U va, size_t size)
 		return 700;
 	}
 	void *p = mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-	if (p == MAP_FAILED)
-		return BAD;
-	pthread_mutex_lock(&mu);
-	for (int i = 0; i < nmaps; i++)
-		if (maps[i].va == va) {
-			maps[i] = maps[--nmaps];
-			break;
-		}
-	pthread_mutex_unlock(&mu);
-	return OK;
+	return p == MAP_FAILED ? BAD : OK;
 }
 CUresult cuMemSetAccess(U va, size_t size, const void *desc, size_t n)
 {
@@ -259,16 +207,7 @@ CUresult cuMemHostUnregister(void *p) { (void)p; return OK; }
 CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
 CUresult cuStreamSynchronize(void *s) { (void)s; synced(); return OK; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st)
-{
-	(void)st;
-	if (locked("cuMemcpyDtoHAsync"))
-		return LOCKED;
-	if (dtoh_hold(s) != OK)
-		return 2;
-	memcpy(d, (void *)s, n);
-	return OK;
-}
+CUresult cuMemcpyDtoHAsync_v2(void *d, U s, size_t n, void *st) { (void)st; if (locked("cuMemcpyDtoHAsync")) return LOCKED; memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoDAsync_v2(U d, const void *s, size_t n, void *st) { (void)st; if (locked("cuMemcpyHtoDAsync")) return LOCKED; memcpy((void *)d, s, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *d, U s, size_t n) { memcpy(d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoD_v2(U d, const void *s, size_t n) { memcpy((void *)d, s, n); return OK; }
