@@ -101,6 +101,8 @@ func TestCheckpointInterrupted(t *testing.T) {
 				}
 				if fileExists(filepath.Join(to, "manifest.json")) {
 					t.Error("an interrupted checkpoint committed a manifest")
+				} else if fileExists(to) {
+					t.Errorf("the interrupted checkpoint left %s, which it made", to)
 				}
 				tg.ProveIntact(ctx, t, &last)
 			})
