@@ -551,9 +551,11 @@ func needsShellJob(log string) bool {
 	return false
 }
 
-// criuLogTail picks CRIU's error lines, which say why it failed.
+// criuLogTail picks CRIU's error lines, which say why it failed, and
+// names the log where CRIU wrote one (finishWorkDir keeps it then; a CRIU
+// that failed before it wrote one, on its command line, has only output).
 func criuLogTail(logPath, output string) string {
-	b, _ := os.ReadFile(logPath)
+	b, err := os.ReadFile(logPath)
 	var errs []string
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
@@ -567,7 +569,9 @@ func criuLogTail(logPath, output string) string {
 	if msg == "" {
 		msg = strings.TrimSpace(output)
 	}
-	msg = fmt.Sprintf("log %s: %s", logPath, msg)
+	if err == nil {
+		msg = fmt.Sprintf("log %s: %s", logPath, msg)
+	}
 	if needsShellJob(string(b) + output) {
 		msg += "; the process has a controlling terminal: pass criu's --shell-job through gpucr-stream as --criu-opts --shell-job (on restore too)"
 	}
