@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -254,6 +256,78 @@ func TestProcessInLsInspect(t *testing.T) {
 	}
 	if !strings.Contains(inspOut, "format      3 (CRC-32C per chunk, no chunk hashes)") {
 		t.Errorf("inspect does not say the format:\n%s", inspOut)
+	}
+}
+
+// TestLsInspectAgree: ls and inspect give one checkpoint the same stored
+// bytes, ratio and (deduplicated) new bytes, for a plain checkpoint and
+// for two deduplicated ones, the second sharing the first's chunks.
+func TestLsInspectAgree(t *testing.T) {
+	root := t.TempDir()
+	ctx := context.Background()
+	loc := dir.New(root)
+	data := bytes.Repeat([]byte("ls and inspect agree "), 100_000)
+	capture := func(out streamer.Output) {
+		c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"pages-1.img", "inventory.img"} {
+			if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain, err := streamer.NewArchiveOutput(ctx, store.Sub(loc, "plain"), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture(plain)
+	for _, name := range []string{"d1", "d2"} {
+		out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 1<<20, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		capture(out)
+	}
+	items := lsNames(t, root)
+	var lsed struct {
+		NewBytes int64 `json:"new_bytes"`
+	}
+	for _, name := range []string{"plain", "d1", "d2"} {
+		out, errOut, code := runCmd(t, "inspect", "--json", filepath.Join(root, name))
+		if code != 0 {
+			t.Fatalf("inspect %s: exit %d: %s", name, code, errOut)
+		}
+		var insp struct {
+			Stats manifest.Stats `json:"stats"`
+			Ratio float64        `json:"ratio"`
+		}
+		if err := json.Unmarshal([]byte(out), &insp); err != nil {
+			t.Fatal(err)
+		}
+		ls := items[name]
+		if ls.StoredBytes != insp.Stats.StoredBytes || ls.Ratio != insp.Ratio {
+			t.Errorf("%s: ls says %d stored (%.3fx), inspect %d (%.3fx)", name, ls.StoredBytes, ls.Ratio, insp.Stats.StoredBytes, insp.Ratio)
+		}
+		lsOut, _, _ := runCmd(t, "ls", "--json", filepath.Join(root, name))
+		var one []json.RawMessage
+		if json.Unmarshal([]byte(lsOut), &one) != nil || len(one) != 1 || json.Unmarshal(one[0], &lsed) != nil {
+			t.Fatalf("ls --json %s: %s", name, lsOut)
+		}
+		want := insp.Stats.StoredBytes
+		if name != "plain" {
+			want = insp.Stats.NewStoredBytes
+		}
+		if lsed.NewBytes != want {
+			t.Errorf("%s: ls says %d new, inspect %d", name, lsed.NewBytes, want)
+		}
+	}
+	if items["d2"].StoredBytes == 0 || lsed.NewBytes != 0 {
+		t.Errorf("d2 repeats d1: stored %d, new %d; want its chunks stored and none new", items["d2"].StoredBytes, lsed.NewBytes)
 	}
 }
 
