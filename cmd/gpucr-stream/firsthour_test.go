@@ -107,6 +107,62 @@ func TestRefuseTerminal(t *testing.T) {
 	}
 }
 
+// TestEmptyStdinIsUsage: restore, inspect and verify with no SRC and an
+// empty standard input (/dev/null, an empty file, a pipe closed with
+// nothing in it: a script or a job scheduler's) are a usage error naming
+// SRC, not corrupt data; a pipe that holds bytes is read, and judged by
+// them.
+func TestEmptyStdinIsUsage(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pipe := func(data string) *os.File {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WriteString(data)
+		w.Close()
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	open := func(p string) *os.File {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	for _, cmd := range [][]string{{"restore"}, {"inspect"}, {"verify"}, {"restore", "--from", "-"}} {
+		for _, tc := range []struct {
+			name  string
+			stdin func() *os.File
+			code  int
+		}{
+			{"/dev/null", func() *os.File { return open(os.DevNull) }, exitUsage},
+			{"empty file", func() *os.File { return open(empty) }, exitUsage},
+			{"closed empty pipe", func() *os.File { return pipe("") }, exitUsage},
+			{"pipe of garbage", func() *os.File { return pipe("no stream") }, exitCorrupt},
+		} {
+			if tc.code == exitCorrupt && cmd[0] == "restore" {
+				continue // it would start CRIU
+			}
+			t.Run(strings.Join(cmd, " ")+", "+tc.name, func(t *testing.T) {
+				var stderr bytes.Buffer
+				err := run(context.Background(), cmd, tc.stdin(), io.Discard, &stderr)
+				if code := exitCode(err, false); code != tc.code {
+					t.Fatalf("exit %d (%v), want %d", code, err, tc.code)
+				}
+				if tc.code == exitUsage && !strings.Contains(err.Error(), "needs SRC: standard input is empty") {
+					t.Errorf("error %q does not say SRC is missing", err)
+				}
+			})
+		}
+	}
+}
+
 // TestRefuseNoCopy: a checkpoint whose only copy would go to /dev/null is
 // refused before anything runs (a process that does not exist is not even
 // looked for); a file or a pipe on standard output is a copy.
