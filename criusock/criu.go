@@ -377,6 +377,15 @@ func interruptedDump(ctx context.Context, pid int, criuErr error, committed bool
 	return interrupted(ctx, "%s; %s", what, treeState(pid))
 }
 
+// interruptedRestore says what a restore that ctx's end stopped left:
+// CRIU, failing, kills what it restored; one killed itself may not have.
+func interruptedRestore(ctx context.Context, criuErr error) error {
+	if errors.Is(criuErr, errCRIUKilled) {
+		return interrupted(ctx, "criu was killed in the middle of the restore (%v): processes it restored may be left", criuErr)
+	}
+	return interrupted(ctx, "criu stopped the restore; nothing was restored")
+}
+
 // CRIURestoreOptions configure one `criu restore --stream` run.
 type CRIURestoreOptions struct {
 	CRIU      string
@@ -456,6 +465,7 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 	if err := WriteCarried(ctx, src, images, carried); err != nil {
 		return rep, err
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	listening := make(chan struct{})
@@ -491,6 +501,8 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 		serveErr = nil
 	}
 	switch {
+	case criuErr != nil && parent.Err() != nil:
+		return rep, interruptedRestore(parent, criuErr)
 	case criuErr != nil && errors.Is(serveErr, ErrPIDTaken):
 		return rep, serveErr // CRIU failed for it, before it forked
 	case serveErr != nil && criuErr == nil:
