@@ -340,7 +340,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// From a stream, CRIU restores while it is read (see serveEarly).
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("restore: %w", err)
 	}
 	defer src.Close()
 	defer done()

@@ -337,7 +337,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 		to := filepath.Join(dir, "copy")
 		g := startGcs(t, nil, "cp", archive, to, "--no-progress")
 		g.reached(ctx, t, func() bool { return treeBytes(to) > 1<<20 })
-		says(t, g, "cp ")
+		says(t, g, "cp: ")
 	})
 }
 

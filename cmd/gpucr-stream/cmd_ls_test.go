@@ -223,7 +223,7 @@ func TestLsRmGcDir(t *testing.T) {
 		os.Chtimes(filepath.Join(home, p), old, old)
 	}
 	for _, args := range [][]string{{"gc", home}, {"gc", "--dry-run", home}, {"gc", "--older-than", "0s", home}} {
-		if _, errOut, code := runCmd(t, args...); code != exitNotFound || !strings.Contains(errOut, "holds no checkpoint") {
+		if _, errOut, code := runCmd(t, args...); code != exitNotFound || !strings.Contains(errOut, "no checkpoint, segment or chunk store") {
 			t.Fatalf("%q: exit %d: %s", args, code, errOut)
 		}
 	}

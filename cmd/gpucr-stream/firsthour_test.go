@@ -455,3 +455,46 @@ func TestCp(t *testing.T) {
 		t.Errorf("cp of nothing: exit %d: %s", code, errOut)
 	}
 }
+
+// TestNotFoundMessages: every command that reads a checkpoint or a
+// location says the same of one that is not there: the command, the
+// location, then what is missing (a directory, or a checkpoint in it),
+// exit 4.
+func TestNotFoundMessages(t *testing.T) {
+	base := t.TempDir()
+	missing, empty := filepath.Join(base, "missing"), filepath.Join(base, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	images := filepath.Join(base, "img")
+	for _, tc := range []struct {
+		cmd   string
+		args  func(loc string) []string
+		empty bool // also refuses an empty directory (ls, gc and check find nothing there)
+	}{
+		{"inspect", func(l string) []string { return []string{"inspect", l} }, true},
+		{"verify", func(l string) []string { return []string{"verify", l} }, true},
+		{"restore", func(l string) []string { return []string{"restore", "--criu", "/bin/true", l} }, true},
+		{"serve", func(l string) []string { return []string{"--images-dir", images, "serve", "--from", l} }, true},
+		{"extract", func(l string) []string { return []string{"--images-dir", images, "extract", "--from", l} }, true},
+		{"cp", func(l string) []string { return []string{"cp", l, filepath.Join(base, "copy")} }, true},
+		{"rm", func(l string) []string { return []string{"rm", l} }, true},
+		{"ls", func(l string) []string { return []string{"ls", l} }, false},
+		{"gc", func(l string) []string { return []string{"gc", l} }, false},
+		{"check", func(l string) []string { return []string{"check", l} }, false},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			_, errOut, code := runCmd(t, tc.args(missing)...)
+			if want := tc.cmd + ": " + missing + ": no such directory: not found"; code != exitNotFound || errOut != want {
+				t.Errorf("missing directory: exit %d, %q; want exit %d, %q", code, errOut, exitNotFound, want)
+			}
+			if !tc.empty {
+				return
+			}
+			_, errOut, code = runCmd(t, tc.args(empty)...)
+			if want := tc.cmd + ": " + empty + ": no complete checkpoint there (manifest.json missing)"; code != exitNotFound || !strings.HasPrefix(errOut, want) {
+				t.Errorf("empty directory: exit %d, %q; want exit %d, %q...", code, errOut, exitNotFound, want)
+			}
+		})
+	}
+}
