@@ -41,6 +41,10 @@ type Progress struct {
 	// Uploaded reports the bytes an object store acknowledged; nil where
 	// there is no object store.
 	Uploaded func() int64
+	// Ahead reports the bytes (as stored) that a receiver got ahead of the
+	// stream, in pre-copy rounds: Counters count them only once the final
+	// dump refers to them. nil elsewhere.
+	Ahead func() int64
 }
 
 // Hooks let the caller follow the work. Any may be nil.

@@ -48,6 +48,22 @@ func TestProgressLine(t *testing.T) {
 	}
 }
 
+// TestProgressPrecopy: a receiver's line counts the chunks of pre-copy
+// rounds as they arrive, which the stream's counters do not (it showed
+// "receive 0 B" for the whole of them).
+func TestProgressPrecopy(t *testing.T) {
+	var c pipeline.Counters
+	ahead := int64(0)
+	b := &bar{what: "receive", c: &c, ahead: func() int64 { return ahead }}
+	if got := b.line(time.Second, false); strings.Contains(got, "pre-copy") {
+		t.Errorf("before any chunk arrived: %q", got)
+	}
+	ahead = 300 << 20
+	if got := b.line(2*time.Second, false); !strings.Contains(got, "receive 0 B pre-copy 300.0 MiB") {
+		t.Errorf("during the rounds: %q, want the bytes sent ahead", got)
+	}
+}
+
 // TestProgressRatioAndRate: the ratio is of what is stored, even when the
 // bytes read run far ahead (a Ctrl-C'd capture once showed 303936.25x);
 // the rate is over the time bytes moved, not the wait after (receive
