@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // writeArchive captures a few synthetic image files into st.
@@ -260,7 +261,7 @@ func TestLsRmGcS3(t *testing.T) {
 	if _, err := w.Write(make([]byte, 6<<20)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // the first part goes up
+	time.Sleep(testwait.Scale(500 * time.Millisecond)) // the first part goes up
 	out, errOut, code := runCmd(t, "gc", "--older-than", "1ms", "--json", "s3://lsgc/fleet")
 	var res gcResult
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Uploads != 1 {

@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func TestProgressLine(t *testing.T) {
@@ -128,7 +129,7 @@ func TestProgressPlainLines(t *testing.T) {
 		var c pipeline.Counters
 		c.RawBytes.Store(5 << 20)
 		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(testwait.Scale(150 * time.Millisecond))
 		b.finish()
 		lines := strings.Count(errOut.String(), "gpucr-stream: checkpoint 5.0 MiB / 10.0 MiB")
 		if got := lines >= 2; got != tc.want {

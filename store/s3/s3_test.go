@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/storetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // clearAWSEnv keeps the developer's own AWS settings out of a test.
@@ -53,7 +54,7 @@ func testConfig(srv *miniotest.Server, bucket, prefix string) Config {
 
 func newTestS3(t *testing.T, cfg Config) *Store {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	s, err := New(ctx, cfg)
 	if err != nil {
