@@ -116,8 +116,10 @@ fuzz:
 test:
 	@MAKE="$(MAKE)" bash scripts/test.sh deps lint unit fuzz e2e
 
-# CRIU's install (mostly network waits) runs beside the build (mostly CPU).
+# CRIU's install (mostly network waits, each step printed as it goes)
+# runs beside the build (mostly CPU). Times measured: README, Quick start.
 demo:
+	@echo "demo: installing CRIU (unless there) and building gpucr-stream side by side; a first build compiles every dependency (minutes on 2 cores)"
 	@$(MAKE) --no-print-directory -j2 deps-demo binary
 	@bash scripts/demo.sh
 
