@@ -268,7 +268,7 @@ func TestLsRmGcS3(t *testing.T) {
 		t.Fatalf("gc of an incomplete upload: exit %d: %s %s", code, out, errOut)
 	}
 	w.Abort(ctx)
-	if _, errOut, code := runCmd(t, "ls", "s3://no-such-bucket/x"); code != exitNotFound || !strings.Contains(errOut, "does not exist") {
+	if _, errOut, code := runCmd(t, "ls", "s3://no-such-bucket/x"); code != exitNotFound || !strings.Contains(errOut, "ls: s3://no-such-bucket: no such bucket at ") {
 		t.Fatalf("ls of a missing bucket: exit %d: %s", code, errOut)
 	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")

@@ -173,7 +173,7 @@ func TestS3MissingBucket(t *testing.T) {
 	if !errors.Is(err, ErrNoSuchBucket) {
 		t.Fatalf("New = %v; want ErrNoSuchBucket", err)
 	}
-	want := "bucket no-such-bucket does not exist at " + srv.Endpoint()
+	want := "s3://no-such-bucket: no such bucket at " + srv.Endpoint()
 	if !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
