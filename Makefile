@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary build-testhooks preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
+.PHONY: build binary build-testhooks preload deps deps-demo install uninstall test unit e2e fuzz lint demo minio bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
 
 build: preload binary
 
@@ -115,6 +115,12 @@ fuzz:
 # listed at the end, with each stage's time (scripts/test.sh).
 test:
 	@MAKE="$(MAKE)" bash scripts/test.sh deps lint unit fuzz e2e
+
+# A local S3 to try gpucr-stream with: MinIO on 127.0.0.1, random
+# credentials, a new data directory; prints what to export and how to
+# stop it (scripts/minio.sh).
+minio:
+	@bash scripts/minio.sh
 
 # CRIU's install (mostly network waits, each step printed as it goes)
 # runs beside the build (mostly CPU). Times measured: README, Quick start.

@@ -2,11 +2,17 @@
 package scripts
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/gpucr/gpucr-stream/store/miniotest"
 )
 
 // TestFuzzRetryIsQuiet: fuzz.sh repeats a run that ended on the fuzzer's
@@ -129,4 +135,80 @@ echo "$stage done"
 			}
 		})
 	}
+}
+
+// TestMinio: make minio's script starts MinIO on loopback with random
+// credentials, prints exports that reach it (and that a second start does
+// not share), and a stop command that ends it and removes its data.
+func TestMinio(t *testing.T) {
+	bin, err := miniotest.Find()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() (env map[string]string, stop string) {
+		cmd := exec.Command("bash", filepath.Join(root, "scripts", "minio.sh"))
+		cmd.Env = append(os.Environ(), "MINIO_BINARY="+bin)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("minio.sh: %v\n%s", err, out)
+		}
+		env = map[string]string{}
+		for _, l := range strings.Split(string(out), "\n") {
+			if rest, ok := strings.CutPrefix(l, "export "); ok {
+				for _, kv := range strings.Fields(rest) {
+					k, v, _ := strings.Cut(kv, "=")
+					env[k] = v
+				}
+			}
+			if rest, ok := strings.CutPrefix(l, "# stop it and remove its data: "); ok {
+				stop = rest
+			}
+		}
+		if stop == "" || env["AWS_ENDPOINT_URL"] == "" {
+			t.Fatalf("minio.sh printed no exports or stop command:\n%s", out)
+		}
+		t.Cleanup(func() { exec.Command("bash", "-c", stop).Run() })
+		return env, stop
+	}
+	env, stop := start()
+	other, otherStop := start()
+	if env["AWS_SECRET_ACCESS_KEY"] == other["AWS_SECRET_ACCESS_KEY"] || env["AWS_ENDPOINT_URL"] == other["AWS_ENDPOINT_URL"] {
+		t.Errorf("two starts share credentials or an endpoint: %v, %v", env, other)
+	}
+	ctx := context.Background()
+	client := func(env map[string]string, secret string) *minio.Client {
+		host := strings.TrimPrefix(env["AWS_ENDPOINT_URL"], "http://")
+		if !strings.HasPrefix(host, "127.0.0.1:") {
+			t.Fatalf("endpoint %s is not on loopback", env["AWS_ENDPOINT_URL"])
+		}
+		c, err := minio.New(host, &minio.Options{Creds: credentials.NewStaticV4(env["AWS_ACCESS_KEY_ID"], secret, ""), Region: env["AWS_REGION"]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if err := client(env, env["AWS_SECRET_ACCESS_KEY"]).MakeBucket(ctx, "ckpt", minio.MakeBucketOptions{}); err != nil {
+		t.Fatalf("with the printed credentials: %v", err)
+	}
+	if _, err := client(env, other["AWS_SECRET_ACCESS_KEY"]).BucketExists(ctx, "ckpt"); err == nil {
+		t.Error("another start's secret is taken")
+	}
+	dir := strings.Fields(stop)[len(strings.Fields(stop))-1]
+	if out, err := exec.Command("bash", "-c", stop).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", stop, err, out)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s is still there after the stop command", dir)
+	}
+	if _, err := client(env, env["AWS_SECRET_ACCESS_KEY"]).BucketExists(ctx, "ckpt"); err == nil {
+		t.Error("minio still answers after the stop command")
+	}
+	exec.Command("bash", "-c", otherStop).Run()
 }
