@@ -123,14 +123,14 @@ minio:
 	@bash scripts/minio.sh
 
 # CRIU's install (mostly network waits, each step printed as it goes)
-# runs beside the build (mostly CPU). Times measured: README, Quick start.
+# runs beside the build (mostly CPU). Times measured: docs/PERFORMANCE.md#demo.
 demo:
 	@echo "demo: installing CRIU (unless there) and building gpucr-stream side by side; a first build compiles every dependency (minutes on 2 cores)"
 	@$(MAKE) --no-print-directory -j2 deps-demo binary
 	@bash scripts/demo.sh
 
 # On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0
-# (docs/BENCHMARKS.md#gpu): checkpoint and restore a PyTorch process with
+# (docs/PERFORMANCE.md, GPU processes): checkpoint and restore a PyTorch process with
 # 10 GiB of checksummed tensors, against plain cuCheckpoint + criu -D.
 gpu-e2e: build build-testhooks
 	bash e2e/gpu/run.sh
@@ -138,17 +138,17 @@ gpu-e2e: build build-testhooks
 bench: deps build
 	bash scripts/bench.sh
 
-# Live migration downtime between two network namespaces (docs/BENCHMARKS.md, Migration).
+# Live migration downtime between two network namespaces (docs/PERFORMANCE.md#migrate).
 bench-migrate: deps
 	bash scripts/bench-migrate.sh
 
 # A restore through serve split into serve's start, CRIU and serve's exit,
-# beside criu restore -D (docs/BENCHMARKS.md, "Restore: inside CRIU or around it").
+# beside criu restore -D (docs/bench-log/2026-11.md, "Restore: inside CRIU or around it").
 bench-restore: deps build
 	bash scripts/bench-restore.sh
 
 # Restore from a stream (cat STREAM | serve, serve --early, restore --from -)
-# beside criu restore -D (docs/BENCHMARKS.md, "Restore from a stream while it is read").
+# beside criu restore -D (docs/PERFORMANCE.md#pages-last; docs/bench-log/2026-11.md, "Restore from a stream while it is read").
 bench-stream-restore: deps build
 	bash scripts/bench-stream-restore.sh
 

@@ -50,7 +50,7 @@ func parseAge(s string) (time.Duration, error) {
 // What gc holds live is the index table (60 MB for a million chunks) and
 // the manifests it reads; left to GOGC, the garbage of large manifests took
 // its heap to 134-159 MiB at a million chunks, 108 MiB with this limit
-// (docs/BENCHMARKS.md, BenchmarkGCFleet). A location so large that the
+// (docs/bench-log/2026-11.md, BenchmarkGCFleet). A location so large that the
 // table alone passes it still finishes, with the collector working harder.
 const gcMemoryLimit = 120 << 20
 

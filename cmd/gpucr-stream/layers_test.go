@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// rooms ranks the packages (README, Layout): a package imports only
+// rooms ranks the packages (docs/DEVELOPING.md, Layout): a package imports only
 // packages of a lower rank, so that dependencies flow one way.
 var rooms = map[string]int{
 	"errdefs": 0, "redact": 0, "knobs": 0, "testwait": 0, "transport/tcp/wire": 0, "store/miniotest": 0, "bufpool": 0,

@@ -94,7 +94,7 @@ type dirWriter struct {
 // the commit's fsync then waits for the last of it only, not for every
 // byte of a pack or segment written while CRIU dumped (a deduplicated
 // GPU checkpoint's 1.1 GB of new packs took 0.56-0.58 s to commit onto
-// the GPU machine's disk; docs/BENCHMARKS.md).
+// the GPU machine's disk; docs/bench-log/2026-11.md).
 const writeBehind = 8 << 20
 
 // Create implements store.Store.
