@@ -236,55 +236,21 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 	pid := strconv.Itoa(tg.PID())
 	bin := BuildBinary(t, "./cmd/gpucr-stream")
 	token := writeToken(t, bin, filepath.Join(dir, "token"))
-	says := func(t *testing.T, g *gcsProc, more string) {
-		t.Helper()
-		g.interrupt(ctx, t)
-		if code := g.cmd.ProcessState.ExitCode(); code != 130 {
-			t.Errorf("exit %d after SIGINT, want 130", code)
-		}
-		stderr := g.stderr.String()
-		if !strings.Contains(stderr, "interrupted by SIGINT") || !strings.Contains(stderr, more) {
-			t.Errorf("the error does not say it was interrupted and %q:\n%s", more, stderr)
-		}
-		for _, noise := range []string{"context canceled", "use of closed", "signal: killed", "signal: interrupt", "exit status"} {
-			if strings.Contains(stderr, noise) {
-				t.Errorf("the error says %q:\n%s", noise, stderr)
-			}
-		}
-	}
-	gone := func(t *testing.T) {
-		t.Helper()
-		for range 100 {
-			reapZombieOrphans(0)
-			if !fileExists(fmt.Sprintf("/proc/%d", tg.PID())) {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatalf("process %d is there after an interrupted restore", tg.PID())
-	}
-
 	t.Run("receive", func(t *testing.T) {
-		r := startGcs(t, nil, "receive", "--listen", "127.0.0.1:0", "--restore", "--token-file", token, "--criu", criu, "--no-progress")
-		m := regexp.MustCompile(`listening on (\S+)`)
-		r.reached(ctx, t, func() bool { return m.MatchString(r.stderr.String()) })
-		addr := m.FindStringSubmatch(r.stderr.String())[1]
+		r, addr := startReceiveRestore(ctx, t, token, criu)
 		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
 		r.reached(ctx, t, func() bool { return strings.Contains(r.stderr.String(), "authenticated") })
-		says(t, r, "receive: ")
+		r.saysInterrupted(ctx, t, "receive: ")
 		mig.wait(ctx, t)
 		if !fileExists(fmt.Sprintf("/proc/%d", tg.PID())) {
 			t.Fatalf("the migrated process is gone after its receiver was interrupted\nmigrate: %s", mig.stderr.String())
 		}
 	})
 	t.Run("migrate", func(t *testing.T) {
-		r := startGcs(t, nil, "receive", "--listen", "127.0.0.1:0", "--restore", "--token-file", token, "--criu", criu, "--no-progress")
-		m := regexp.MustCompile(`listening on (\S+)`)
-		r.reached(ctx, t, func() bool { return m.MatchString(r.stderr.String()) })
-		addr := m.FindStringSubmatch(r.stderr.String())[1]
+		r, addr := startReceiveRestore(ctx, t, token, criu)
 		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
 		mig.reached(ctx, t, func() bool { return criuDumping(mig.cmd.Process.Pid) })
-		says(t, mig, "keeps running here")
+		mig.saysInterrupted(ctx, t, "keeps running here")
 		r.wait(ctx, t)
 	})
 	stream := filepath.Join(dir, "ck.stream")
@@ -301,7 +267,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 	f.Close()
 	archive := filepath.Join(dir, "ck")
 	gcsRun(ctx, t, "checkpoint", "--pid", pid, "--to", archive, "--criu", criu, "--no-progress").ok(t, "checkpoint")
-	gone(t)
+	waitPIDGone(t, tg.PID())
 
 	for _, from := range []string{"archive", "stream"} {
 		t.Run("restore from "+from, func(t *testing.T) {
@@ -316,8 +282,8 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 			}
 			g := startGcs(t, in, "restore", "--from", src, "--criu", criu, "--no-progress")
 			g.reached(ctx, t, func() bool { return criuRunning(g.cmd.Process.Pid, "restore") })
-			says(t, g, "nothing was restored")
-			gone(t)
+			g.saysInterrupted(ctx, t, "nothing was restored")
+			waitPIDGone(t, tg.PID())
 		})
 	}
 	t.Run("serve", func(t *testing.T) {
@@ -329,16 +295,60 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 			t.Fatal(err)
 		}
 		g.reached(ctx, t, func() bool { return treeBytes(filepath.Join(images, "restore.log")) > 0 })
-		says(t, g, "serve: interrupted")
+		g.saysInterrupted(ctx, t, "serve: interrupted")
 		c.Wait()
-		gone(t)
+		waitPIDGone(t, tg.PID())
 	})
 	t.Run("cp", func(t *testing.T) {
 		to := filepath.Join(dir, "copy")
 		g := startGcs(t, nil, "cp", archive, to, "--no-progress")
 		g.reached(ctx, t, func() bool { return treeBytes(to) > 1<<20 })
-		says(t, g, "cp: ")
+		g.saysInterrupted(ctx, t, "cp: ")
 	})
+}
+
+// startReceiveRestore starts receive --restore on a free loopback port and
+// returns it with the address it listens on.
+func startReceiveRestore(ctx context.Context, t *testing.T, token, criu string) (*gcsProc, string) {
+	t.Helper()
+	r := startGcs(t, nil, "receive", "--listen", "127.0.0.1:0", "--restore", "--token-file", token, "--criu", criu, "--no-progress")
+	m := regexp.MustCompile(`listening on (\S+)`)
+	r.reached(ctx, t, func() bool { return m.MatchString(r.stderr.String()) })
+	return r, m.FindStringSubmatch(r.stderr.String())[1]
+}
+
+// saysInterrupted interrupts g and checks that it exits 130 saying it was
+// interrupted and more, and nothing of what the interrupt broke.
+func (g *gcsProc) saysInterrupted(ctx context.Context, t *testing.T, more string) {
+	t.Helper()
+	g.interrupt(ctx, t)
+	if code := g.cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit %d after SIGINT, want 130", code)
+	}
+	stderr := g.stderr.String()
+	if !strings.Contains(stderr, "interrupted by SIGINT") || !strings.Contains(stderr, more) {
+		t.Errorf("the error does not say it was interrupted and %q:\n%s", more, stderr)
+	}
+	for _, noise := range []string{"context canceled", "use of closed", "signal: killed", "signal: interrupt", "exit status"} {
+		if strings.Contains(stderr, noise) {
+			t.Errorf("the error says %q:\n%s", noise, stderr)
+		}
+	}
+}
+
+// waitPIDGone waits for process pid to be gone (a checkpointed one, or
+// what an interrupted restore must not have left), reaping it where this
+// test is its subreaper.
+func waitPIDGone(t *testing.T, pid int) {
+	t.Helper()
+	for range 100 {
+		reapZombieOrphans(0)
+		if !fileExists(fmt.Sprintf("/proc/%d", pid)) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("process %d is still there", pid)
 }
 
 // gcsProc is gpucr-stream running in its own process group, as a shell
