@@ -17,10 +17,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 )
 
 // TestCheckpointInterrupted interrupts `gpucr-stream checkpoint` of one
@@ -355,7 +356,7 @@ func waitPIDGone(t *testing.T, pid int) {
 // starts a job.
 type gcsProc struct {
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *pipelinetest.SyncBuffer
 	done   chan struct{} // closed once it ended
 }
 
@@ -363,7 +364,7 @@ type gcsProc struct {
 // test's end kills it.
 func startGcs(t *testing.T, in io.Reader, args ...string) *gcsProc {
 	t.Helper()
-	g := &gcsProc{cmd: exec.Command(BuildBinary(t, "./cmd/gpucr-stream"), args...), stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g := &gcsProc{cmd: exec.Command(BuildBinary(t, "./cmd/gpucr-stream"), args...), stderr: &pipelinetest.SyncBuffer{}, done: make(chan struct{})}
 	g.cmd.Stdin, g.cmd.Stderr = in, g.stderr
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := g.cmd.Start(); err != nil {
@@ -412,22 +413,4 @@ func (g *gcsProc) wait(ctx context.Context, t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("%s did not end\nstderr: %s", g.cmd.Args[1:], g.stderr.String())
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that a command writes while a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

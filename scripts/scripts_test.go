@@ -59,20 +59,27 @@ esac
 			cmd := exec.Command("bash", filepath.Join(root, "scripts", "fuzz.sh"), "1s")
 			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
 			out, _ := cmd.CombinedOutput()
-			if code := cmd.ProcessState.ExitCode(); code != tc.code {
-				t.Errorf("exit %d, want %d:\n%s", code, tc.code, out)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(string(out), w) {
-					t.Errorf("output lacks %q:\n%s", w, out)
-				}
-			}
-			for _, w := range tc.notWant {
-				if strings.Contains(string(out), w) {
-					t.Errorf("output has %q:\n%s", w, out)
-				}
-			}
+			checkRun(t, cmd, out, tc.code, tc.want, tc.notWant)
 		})
+	}
+}
+
+// checkRun checks a script's exit code and that its output holds every
+// string of want and none of notWant.
+func checkRun(t *testing.T, cmd *exec.Cmd, out []byte, code int, want, notWant []string) {
+	t.Helper()
+	if got := cmd.ProcessState.ExitCode(); got != code {
+		t.Errorf("exit %d, want %d:\n%s", got, code, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	for _, w := range notWant {
+		if strings.Contains(string(out), w) {
+			t.Errorf("output has %q:\n%s", w, out)
+		}
 	}
 }
 
@@ -116,22 +123,10 @@ echo "$stage done"
 			cmd := exec.Command("bash", filepath.Join(root, "scripts", "test.sh"))
 			cmd.Env = append(os.Environ(), "MAKE="+filepath.Join(dir, "make"))
 			out, _ := cmd.CombinedOutput()
-			if code := cmd.ProcessState.ExitCode(); code != tc.code {
-				t.Errorf("exit %d, want %d:\n%s", code, tc.code, out)
-			}
+			checkRun(t, cmd, out, tc.code, tc.want, tc.notWant)
 			b, _ := os.ReadFile(ran)
 			if got := strings.Fields(string(b)); strings.Join(got, " ") != "deps lint unit fuzz e2e" {
 				t.Errorf("ran %q, want every stage in order", got)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(string(out), w) {
-					t.Errorf("output lacks %q:\n%s", w, out)
-				}
-			}
-			for _, w := range tc.notWant {
-				if strings.Contains(string(out), w) {
-					t.Errorf("output has %q:\n%s", w, out)
-				}
 			}
 		})
 	}
