@@ -11,7 +11,7 @@ CRIU_PREFIX ?= /opt/gpucr-criu
 PREFIX    ?= /usr/local
 export CRIU_PREFIX
 
-.PHONY: build binary build-testhooks preload deps deps-demo install uninstall test unit e2e fuzz lint demo bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
+.PHONY: build binary build-testhooks preload deps deps-demo install uninstall test unit e2e fuzz lint demo minio bench bench-migrate bench-restore bench-stream-restore bench-containers gpu-e2e clean
 
 build: preload binary
 
@@ -97,9 +97,13 @@ lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags gpucr_testhooks ./...
 
+# go test's own deadline (10m a package by default) guards against a hang,
+# not a loaded machine: under a load average of 20 on 2 cores, source's
+# tests ran past it (docs/bench-log/2026-12.md, "The first day").
+UNIT_TIMEOUT ?= 30m
 unit:
-	$(GO) test -race -short -count=1 $$($(GO) list ./... | grep -v /e2e)
-	$(GO) test -race -short -count=1 -tags gpucr_testhooks $(TESTHOOKS_PKGS)
+	$(GO) test -race -short -count=1 -timeout $(UNIT_TIMEOUT) $$($(GO) list ./... | grep -v /e2e)
+	$(GO) test -race -short -count=1 -timeout $(UNIT_TIMEOUT) -tags gpucr_testhooks $(TESTHOOKS_PKGS)
 
 # The end-to-end tests need root and real CRIU (and MinIO for S3 tests).
 # Each test is named as it starts and ends (scripts/testsum); a failed
@@ -111,15 +115,26 @@ e2e: build
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
-test: deps lint unit fuzz e2e
+# Every stage runs to its end, whatever the others did; the failures are
+# listed at the end, with each stage's time (scripts/test.sh).
+test:
+	@MAKE="$(MAKE)" bash scripts/test.sh deps lint unit fuzz e2e
 
-# CRIU's install (mostly network waits) runs beside the build (mostly CPU).
+# A local S3 to try gpucr-stream with: MinIO on 127.0.0.1, random
+# credentials, a new data directory; prints what to export and how to
+# stop it (scripts/minio.sh).
+minio:
+	@bash scripts/minio.sh
+
+# CRIU's install (mostly network waits, each step printed as it goes)
+# runs beside the build (mostly CPU). Times measured: docs/PERFORMANCE.md#demo.
 demo:
+	@echo "demo: installing CRIU (unless there) and building gpucr-stream side by side; a first build compiles every dependency (minutes on 2 cores)"
 	@$(MAKE) --no-print-directory -j2 deps-demo binary
 	@bash scripts/demo.sh
 
 # On a machine with an NVIDIA GPU (driver >= 570), PyTorch and CRIU >= 4.0
-# (docs/BENCHMARKS.md#gpu): checkpoint and restore a PyTorch process with
+# (docs/PERFORMANCE.md, GPU processes): checkpoint and restore a PyTorch process with
 # 10 GiB of checksummed tensors, against plain cuCheckpoint + criu -D.
 gpu-e2e: build build-testhooks
 	bash e2e/gpu/run.sh
@@ -127,17 +142,17 @@ gpu-e2e: build build-testhooks
 bench: deps build
 	bash scripts/bench.sh
 
-# Live migration downtime between two network namespaces (docs/BENCHMARKS.md, Migration).
+# Live migration downtime between two network namespaces (docs/PERFORMANCE.md#migrate).
 bench-migrate: deps
 	bash scripts/bench-migrate.sh
 
 # A restore through serve split into serve's start, CRIU and serve's exit,
-# beside criu restore -D (docs/BENCHMARKS.md, "Restore: inside CRIU or around it").
+# beside criu restore -D (docs/bench-log/2026-11.md, "Restore: inside CRIU or around it").
 bench-restore: deps build
 	bash scripts/bench-restore.sh
 
 # Restore from a stream (cat STREAM | serve, serve --early, restore --from -)
-# beside criu restore -D (docs/BENCHMARKS.md, "Restore from a stream while it is read").
+# beside criu restore -D (docs/PERFORMANCE.md#pages-last; docs/bench-log/2026-11.md, "Restore from a stream while it is read").
 bench-stream-restore: deps build
 	bash scripts/bench-stream-restore.sh
 

@@ -58,16 +58,20 @@ type Entry struct {
 	CRIU     string    `json:"criu_version,omitempty"`
 	ID       string    `json:"id,omitempty"`
 	// PID and Cmdline are of the checkpointed process, where recorded.
-	PID         int      `json:"pid,omitempty"`
-	Cmdline     []string `json:"cmdline,omitempty"`
-	Files       int      `json:"files"`
-	Segments    int      `json:"segments"`
-	RawBytes    int64    `json:"raw_bytes"`
-	StoredBytes int64    `json:"stored_bytes"` // bytes in storage: segments and manifest
-	// NewBytes is what the checkpoint added to storage: StoredBytes, or
-	// for a deduplicated one (Dedup) the chunks it added to the location's
-	// chunk store and its manifest; its StoredBytes then count every chunk
-	// it references, shared or not.
+	PID      int      `json:"pid,omitempty"`
+	Cmdline  []string `json:"cmdline,omitempty"`
+	Files    int      `json:"files"`
+	Segments int      `json:"segments"`
+	RawBytes int64    `json:"raw_bytes"`
+	// StoredBytes are its chunks as stored (compressed, encrypted), as
+	// inspect shows them (manifest.Stats): the manifest and the segments'
+	// frame headers and indexes come on top. For a deduplicated checkpoint
+	// (Dedup) they count every chunk it references, shared or not. Where
+	// the manifest cannot be read (Error), the bytes of its objects.
+	StoredBytes int64 `json:"stored_bytes"`
+	// NewBytes is what the checkpoint added: StoredBytes, or for a
+	// deduplicated one the chunks it added to the location's chunk store
+	// (what inspect calls new).
 	NewBytes int64   `json:"new_bytes"`
 	Dedup    bool    `json:"dedup,omitempty"`
 	Ratio    float64 `json:"ratio"`
@@ -114,7 +118,7 @@ func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			entries[i].read(ctx, store.Sub(st, g.prefix), g.manifest.Size)
+			entries[i].read(ctx, store.Sub(st, g.prefix))
 		}()
 	}
 	wg.Wait()
@@ -130,31 +134,23 @@ func List(ctx context.Context, st store.Store, where string) ([]Entry, error) {
 	return entries, nil
 }
 
-// read fills e from its manifest, whose size is manifestSize: the bytes
-// stored are those of the manifest and the segments it names, not those
-// of other captures' leftovers beside them.
-func (e *Entry) read(ctx context.Context, st store.Store, manifestSize int64) {
+// read fills e from its manifest: the bytes stored are of the chunks it
+// names, not of other captures' leftovers beside them.
+func (e *Entry) read(ctx context.Context, st store.Store) {
 	m, err := source.ReadManifest(ctx, st)
 	if err != nil {
 		e.Error = err.Error()
 		return
 	}
-	e.StoredBytes = manifestSize
-	for _, s := range m.Segments {
-		e.StoredBytes += s.Size
-	}
+	e.StoredBytes, e.NewBytes = m.Stats.StoredBytes, m.Stats.StoredBytes
 	e.Created, e.Host, e.Tool, e.CRIU, e.ID = m.Created, m.Host, m.Tool, m.CRIUVersion, m.ID
 	e.Files, e.Segments, e.RawBytes = len(m.Files), len(m.Segments), m.Stats.RawBytes
 	if m.Process != nil {
 		e.PID, e.Cmdline = m.Process.PID, m.Process.Cmdline
 	}
-	e.NewBytes = e.StoredBytes
 	if m.SharedChunks {
-		// Its segments are packs it shares: count its chunks' payloads,
-		// and apart what it added.
-		e.Dedup = true
-		e.StoredBytes = manifestSize + m.Stats.StoredBytes
-		e.NewBytes = manifestSize + m.Stats.NewStoredBytes
+		// Its segments are packs it shares: apart what it added.
+		e.Dedup, e.NewBytes = true, m.Stats.NewStoredBytes
 	}
 	if e.StoredBytes > 0 {
 		e.Ratio = float64(e.RawBytes) / float64(e.StoredBytes)

@@ -37,6 +37,11 @@ type ChunkGCResult struct {
 	Referenced   int   `json:"referenced"`    // packs a manifest's chunks lie in
 	Removed      int   `json:"removed_packs"` // unreferenced packs removed
 	RemovedBytes int64 `json:"removed_bytes"`
+	// Young are unreferenced packs left alone as younger than the age gc
+	// was given (a capture may be about to reference them: after rm, the
+	// packs only the removed checkpoint used).
+	Young      int   `json:"young_packs,omitempty"`
+	YoungBytes int64 `json:"young_bytes,omitempty"`
 	// Repacked packs were mostly garbage: their live chunks were copied
 	// into RepackedInto new packs (RepackedBytes) and they were removed.
 	Repacked      int   `json:"repacked_packs,omitempty"`
@@ -220,6 +225,10 @@ func pickPacks(packs []store.ObjectInfo, live map[chunkstore.PackID]int64, cutof
 			res.Referenced++
 		}
 		if p.Modified.After(cutoff) {
+			if !used {
+				res.Young++
+				res.YoungBytes += p.Size
+			}
 			continue
 		}
 		if !used {

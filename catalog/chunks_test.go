@@ -26,6 +26,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // noise is n incompressible bytes, deterministic in seed.
@@ -276,7 +277,7 @@ func TestGCRacesCapture(t *testing.T) {
 				// garbage, and the race held no repack at all; a run that
 				// had only begun before the capture still met its lock
 				// (CI: 460 runs, 367 skipped, none repacked).
-				deadline := time.Now().Add(time.Minute)
+				deadline := time.Now().Add(testwait.Scale(time.Minute))
 				for s := locked.Load(); locked.Load() == s; {
 					if time.Now().After(deadline) {
 						t.Fatal("no gc run took the location for a minute (the gc loop ended?)")

@@ -22,6 +22,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/storetest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // liveStore is a location of one kind for these tests, and what shows
@@ -155,7 +156,7 @@ func TestGCLeavesRunningCapture(t *testing.T) {
 	for kind, newStore := range liveStores(t) {
 		for _, tc := range cases {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 				defer cancel()
 				loc := storetest.Skew(newStore(t).st, tc.skew)
 				files := map[string][]byte{"pages-1.img": noise(3<<20, 51)}
@@ -190,7 +191,7 @@ func TestGCLeavesRunningCapture(t *testing.T) {
 func TestGCLapsedDedupCapture(t *testing.T) {
 	for kind, newStore := range liveStores(t) {
 		t.Run(kind, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			loc := storetest.Skew(newStore(t).st, 0)
 			files := map[string][]byte{"pages-1.img": noise(2<<20, 52)}
@@ -231,7 +232,7 @@ func TestGCLapsedDedupCapture(t *testing.T) {
 func TestGCStoreClockBehind(t *testing.T) {
 	for kind, newStore := range liveStores(t) {
 		t.Run(kind, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			loc := storetest.Skew(newStore(t).st, -7*time.Hour)
 			files := map[string][]byte{"pages-1.img": noise(2<<20, 53)}
@@ -262,7 +263,7 @@ func TestGCLeavesCaptureAcrossHours(t *testing.T) {
 	store.LockRefresh = 5 * time.Millisecond
 	for kind, newStore := range liveStores(t) {
 		t.Run(kind, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			loc := storetest.Skew(newStore(t).st, 0)
 			files := map[string][]byte{"pages-1.img": noise(2<<20, 54)}
@@ -313,7 +314,7 @@ func TestGCAtZeroLeavesWritesInFlight(t *testing.T) {
 				name = kind + "/dedup"
 			}
 			t.Run(name, func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 				defer cancel()
 				ls := newStore(t)
 				// More than an S3 part (5 MiB here) into a segment or
@@ -362,7 +363,7 @@ func (p *pauseAt) Create(ctx context.Context, name string) (store.ObjectWriter, 
 func TestGCLeavesCopyInFlight(t *testing.T) {
 	for kind, newStore := range liveStores(t) {
 		t.Run(kind, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			loc := newStore(t).st
 			files := map[string][]byte{"pages-1.img": noise(3<<20, 56)}

@@ -47,6 +47,6 @@ func refuseForeign(ctx context.Context, st store.Store, objs []store.ObjectInfo,
 			return err
 		}
 	}
-	return fmt.Errorf("%s holds no checkpoint, segment or chunk store of gpucr-stream's: nothing there for gc, nothing removed: %w",
+	return fmt.Errorf("%s: no checkpoint, segment or chunk store of gpucr-stream's there (nothing removed): %w",
 		where, errdefs.ErrNotFound)
 }

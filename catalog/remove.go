@@ -142,9 +142,13 @@ type GCResult struct {
 	// Names are the objects, temporary files and directories removed (or
 	// that would be), under the location; the chunk store's are counted
 	// in Chunks.
-	Names       []string `json:"names"`
-	OlderThanMS int64    `json:"older_than_ms"`
-	DryRun      bool     `json:"dry_run,omitempty"`
+	Names []string `json:"names"`
+	// Young are unfinished checkpoints left alone as younger than
+	// OlderThanMS (their capture may still be running): gc with a smaller
+	// --older-than takes them.
+	Young       int   `json:"young_unfinished,omitempty"`
+	OlderThanMS int64 `json:"older_than_ms"`
+	DryRun      bool  `json:"dry_run,omitempty"`
 	// Chunks is what gc did in the location's chunk store, when it has
 	// one (deduplicated checkpoints).
 	Chunks *ChunkGCResult `json:"chunk_store,omitempty"`
@@ -210,6 +214,7 @@ func GC(ctx context.Context, st store.Store, where string, age time.Duration, dr
 		}
 		for _, c := range leftovers(g, named) {
 			if c.newest.After(cutoff) {
+				res.Young++
 				continue
 			}
 			if err := removeUnfinished(ctx, st, g.prefix, c, lock.Now, where, dryRun, res); err != nil {

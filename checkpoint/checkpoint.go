@@ -41,6 +41,10 @@ type Progress struct {
 	// Uploaded reports the bytes an object store acknowledged; nil where
 	// there is no object store.
 	Uploaded func() int64
+	// Ahead reports the bytes (as stored) that a receiver got ahead of the
+	// stream, in pre-copy rounds: Counters count them only once the final
+	// dump refers to them. nil elsewhere.
+	Ahead func() int64
 }
 
 // Hooks let the caller follow the work. Any may be nil.
@@ -340,7 +344,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// From a stream, CRIU restores while it is read (see serveEarly).
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("restore: %w", err)
 	}
 	defer src.Close()
 	defer done()

@@ -152,7 +152,7 @@ func (r *receiver) progress() (stop func()) {
 		defer t.Stop()
 		for {
 			if c := r.src.Counters(); c != nil {
-				done := r.o.Hooks.progress(Progress{What: "receive", Counters: c})
+				done := r.o.Hooks.progress(Progress{What: "receive", Counters: c, Ahead: r.src.Session().AheadBytes})
 				<-quit
 				done()
 				return

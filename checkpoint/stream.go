@@ -171,7 +171,7 @@ func Serve(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamSourceOptions{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	defer src.Close()
 	defer done()
@@ -215,7 +215,7 @@ func serveEarly(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Loc, o.Open, source.StreamSourceOptions{ServeEarly: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	defer src.Close()
 	defer done()
@@ -338,7 +338,7 @@ func Extract(ctx context.Context, o DropInOptions) (*Stats, error) {
 	start := time.Now()
 	src, done, err := o.Hooks.openSource(ctx, "extract", o.Loc, o.Open, source.StreamSourceOptions{ExtractDir: o.ImagesDir})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("extract: %w", err)
 	}
 	defer src.Close()
 	defer done()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // A criu-image-streamer stream that writes one file again and again under
@@ -17,7 +18,7 @@ import (
 // holding about one name while it reads (issue 25 M-a: 250,000 copies
 // held 1.3 GB under a 64 MiB limit). 20,000 copies are 80 MB of names.
 func TestReplacedNamesNotHeld(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const n, limit = 20000, 8 << 20
 	heap := func() int64 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // fixtures are real streams of criu-image-streamer 1.0.0 and the files its
@@ -269,7 +270,7 @@ func closeStalled(t *testing.T, s []byte) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testwait.Scale(5 * time.Second)):
 		t.Fatal("Close hangs on a stalled stream")
 	}
 	pw.Close()

@@ -36,7 +36,7 @@ package criusock
 // would otherwise not restore from a stream at all; a full disk fails the
 // writing of it (spillFile), and so the serve, naming the image, before
 // CRIU is handed anything. Every other image keeps the pipe and its splices: a
-// memfd costs more than a pipe at every size (docs/BENCHMARKS.md, "Images
+// memfd costs more than a pipe at every size (docs/bench-log/2026-12.md, "Images
 // as files").
 
 import (

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/fdgraft"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // A client that asks for files as CRIU's stream mode does (a request, a
@@ -231,7 +232,7 @@ const allSeals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix
 // pages of its huge-page mapping (the rest holes), while the first open,
 // a pipe, left those pages out; everything else stays a pipe.
 func TestServeAsFile(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	src, files := hugeFixture(t, ctx)
 	r, res, err := runClient(t, ctx, src, "inventory.img", "nftables-3.img", "missing.img", "pagemap-5.img", "pages-9.img", "pages-9.img")
@@ -273,7 +274,7 @@ func TestServeAsFile(t *testing.T) {
 // image CRIU reads as a file is an unlinked file in the spill directory:
 // the same bytes and size, no memory.
 func TestServeAsFileSpills(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	src, files := hugeFixture(t, ctx)
 	spill := t.TempDir()
@@ -297,7 +298,7 @@ func TestServeAsFileSpills(t *testing.T) {
 // very process, which cannot trace itself) fails the serve, naming the
 // file and why, instead of serving CRIU a pipe it would misread.
 func TestServeAsFileRefused(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	src, _ := hugeFixture(t, ctx)
 	dir := shortDir(t)

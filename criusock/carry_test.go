@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // TestCarry: files the caller put into the images dir before CRIU
@@ -22,7 +23,7 @@ import (
 // them back into its images dir. A symlink planted under a carried name
 // is not followed.
 func TestCarry(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	dir, other := shortDir(t), t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "descriptors.json"), []byte(`["/dev/null"]`), 0o600); err != nil {
@@ -106,7 +107,7 @@ func TestCarry(t *testing.T) {
 // TestCarryMissing: a file named with --carry that is not there by the
 // end of the dump fails it; a symlink under that name is not followed.
 func TestCarryMissing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	for _, planted := range []bool{false, true} {
 		dir := shortDir(t)

@@ -377,6 +377,15 @@ func interruptedDump(ctx context.Context, pid int, criuErr error, committed bool
 	return interrupted(ctx, "%s; %s", what, treeState(pid))
 }
 
+// interruptedRestore says what a restore that ctx's end stopped left:
+// CRIU, failing, kills what it restored; one killed itself may not have.
+func interruptedRestore(ctx context.Context, criuErr error) error {
+	if errors.Is(criuErr, errCRIUKilled) {
+		return interrupted(ctx, "criu was killed in the middle of the restore (%v): processes it restored may be left", criuErr)
+	}
+	return interrupted(ctx, "criu stopped the restore; nothing was restored")
+}
+
 // CRIURestoreOptions configure one `criu restore --stream` run.
 type CRIURestoreOptions struct {
 	CRIU      string
@@ -456,6 +465,7 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 	if err := WriteCarried(ctx, src, images, carried); err != nil {
 		return rep, err
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	listening := make(chan struct{})
@@ -491,6 +501,8 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 		serveErr = nil
 	}
 	switch {
+	case criuErr != nil && parent.Err() != nil:
+		return rep, interruptedRestore(parent, criuErr)
 	case criuErr != nil && errors.Is(serveErr, ErrPIDTaken):
 		return rep, serveErr // CRIU failed for it, before it forked
 	case serveErr != nil && criuErr == nil:
@@ -551,9 +563,11 @@ func needsShellJob(log string) bool {
 	return false
 }
 
-// criuLogTail picks CRIU's error lines, which say why it failed.
+// criuLogTail picks CRIU's error lines, which say why it failed, and
+// names the log where CRIU wrote one (finishWorkDir keeps it then; a CRIU
+// that failed before it wrote one, on its command line, has only output).
 func criuLogTail(logPath, output string) string {
-	b, _ := os.ReadFile(logPath)
+	b, err := os.ReadFile(logPath)
 	var errs []string
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
@@ -567,7 +581,9 @@ func criuLogTail(logPath, output string) string {
 	if msg == "" {
 		msg = strings.TrimSpace(output)
 	}
-	msg = fmt.Sprintf("log %s: %s", logPath, msg)
+	if err == nil {
+		msg = fmt.Sprintf("log %s: %s", logPath, msg)
+	}
 	if needsShellJob(string(b) + output) {
 		msg += "; the process has a controlling terminal: pass criu's --shell-job through gpucr-stream as --criu-opts --shell-job (on restore too)"
 	}

@@ -3,6 +3,7 @@ package criusock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -104,5 +105,28 @@ func TestShellJobHint(t *testing.T) {
 		if !strings.Contains(msg, p) {
 			t.Errorf("%d: %q does not name the log", i, msg)
 		}
+	}
+}
+
+// TestNoLogNoPath: a CRIU that failed before it wrote its log (an option
+// it does not know) is reported by its output, and the error names no log
+// (the work dir, with no log to keep, is removed).
+func TestNoLogNoPath(t *testing.T) {
+	dir, _, cleanup, err := workDirs("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	logPath := filepath.Join(dir, "img", "dump.log")
+	out := "criu: unrecognized option '--no-such-option'"
+	err = finishWorkDir(criuFailed{fmt.Errorf("criu dump: exit status 1; %s", criuLogTail(logPath, out))}, dir, true, cleanup)
+	if !strings.Contains(err.Error(), out) {
+		t.Errorf("error %q does not give criu's output", err)
+	}
+	if strings.Contains(err.Error(), dir) {
+		t.Errorf("error %q names %s, which is removed", err, dir)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the work dir is kept: %v", err)
 	}
 }

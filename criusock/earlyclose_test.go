@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // earlyStream is a stream holding big.img (8 MiB, incompressible: more
@@ -79,7 +80,7 @@ func askAndClose(t *testing.T, conn *net.UnixConn, name string, n int, closeConn
 // serves the rest. A connection that closes with a file not taken fails
 // the serve.
 func TestServeEarlyClose(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	big, stream := earlyStream(t, ctx)
 	for _, c := range []struct {
@@ -141,7 +142,7 @@ func TestServeEarlyClose(t *testing.T) {
 				}
 				// CRIU goes on restoring for a while after an early close:
 				// the serve has noticed it by the time CRIU disconnects.
-				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				for deadline := time.Now().Add(testwait.Scale(10 * time.Second)); ; time.Sleep(10 * time.Millisecond) {
 					mu.Lock()
 					n := len(logs)
 					mu.Unlock()

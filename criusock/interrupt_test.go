@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/proc"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // fakeCRIU writes a script standing in for criu: it ignores SIGINT and
@@ -95,7 +96,7 @@ func TestRunCRIUInterrupted(t *testing.T) {
 				out, _, err := runCRIU(ctx, criu, []string{"dump"}, Hooks{Log: func(s string) { logged = append(logged, s) }})
 				done <- result{out, err}
 			}()
-			wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+			wctx, wcancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 			defer wcancel()
 			pid, pgid, child := started(wctx, t, dir)
 			if pgid != pid {

@@ -21,6 +21,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func shortDir(t testing.TB) string {
@@ -67,7 +68,7 @@ func newCapture(t testing.TB, ctx context.Context) (*streamer.Capture, *bytes.Bu
 // producer (at least Producers of them) closed cleanly; a producer that
 // comes later is refused; serving gives producers their files back.
 func TestIntakeProducers(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	dir := shortDir(t)
 	c, stream := newCapture(t, ctx)
@@ -216,7 +217,7 @@ func TestIntakeProducers(t *testing.T) {
 func TestIntakeProducerFailure(t *testing.T) {
 	for _, how := range []string{"abort", "inventory"} {
 		t.Run(how, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(30*time.Second))
 			defer cancel()
 			dir := shortDir(t)
 			c, _ := newCapture(t, ctx)
@@ -251,7 +252,7 @@ func TestIntakeProducerFailure(t *testing.T) {
 			}
 			t.Logf("%s: %v", how, err)
 			// CRIU's connection is closed: its next request fails.
-			deadline := time.Now().Add(5 * time.Second)
+			deadline := time.Now().Add(testwait.Scale(5 * time.Second))
 			for time.Now().Before(deadline) {
 				if err := criu.Push(ctx, "core-1.img", strings.NewReader("x")); err != nil {
 					break

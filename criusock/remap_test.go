@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func u32(v uint32) *uint32 { return &v }
@@ -119,7 +120,7 @@ func FuzzPatchTCPListen(f *testing.F) {
 // image is served, other files pass through, and a port no socket listens
 // on fails the request for files.img.
 func TestRemapTCPListenLater(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	img, _ := filesImg(t, [][2]uint32{{8080, tcpListen}})
 	c, buf := newCapture(t, ctx)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // Under umask 000 the sockets were srwxrwxrwx: any local user could pull
@@ -70,7 +71,7 @@ func longDir(t *testing.T, n int) string {
 // CRIU's files and a serve hands them back; ReachableDir gives CRIU a
 // short path to the same sockets; Close removes the socket files.
 func TestLongImagesDir(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	dir := longDir(t, 200)
 	if len(filepath.Join(dir, CaptureSocket)) < MaxSocketPath+80 {

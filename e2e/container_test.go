@@ -285,7 +285,7 @@ func TestCheckpointctlArchive(t *testing.T) {
 }
 
 // TestRuncByHand: runc in stream mode with the drop-in commands, as the
-// README shows it: a capture listening in the images dir makes `runc
+// docs/CONTAINERS.md shows it: a capture listening in the images dir makes `runc
 // --criu gpucr-stream checkpoint` stream into it, carrying runc's
 // descriptors.json; a serve writes that back into its images dir before it
 // listens, and `runc --criu gpucr-stream restore` restores from it.

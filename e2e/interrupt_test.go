@@ -8,16 +8,20 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 )
 
 // TestCheckpointInterrupted interrupts `gpucr-stream checkpoint` of one
@@ -101,6 +105,8 @@ func TestCheckpointInterrupted(t *testing.T) {
 				}
 				if fileExists(filepath.Join(to, "manifest.json")) {
 					t.Error("an interrupted checkpoint committed a manifest")
+				} else if fileExists(to) {
+					t.Errorf("the interrupted checkpoint left %s, which it made", to)
 				}
 				tg.ProveIntact(ctx, t, &last)
 			})
@@ -116,7 +122,7 @@ func reached(ctx context.Context, t *testing.T, waited chan error, stderr func()
 		select {
 		case err := <-waited:
 			waited <- err
-			t.Fatalf("checkpoint ended (%v) before the point it was to be interrupted at\nstderr: %s", err, stderr())
+			t.Fatalf("the command ended (%v) before the point it was to be interrupted at\nstderr: %s", err, stderr())
 		case <-ctx.Done():
 			t.Fatalf("the point was never reached: %v", ctx.Err())
 		case <-time.After(2 * time.Millisecond):
@@ -125,12 +131,15 @@ func reached(ctx context.Context, t *testing.T, waited chan error, stderr func()
 }
 
 // criuDumping says a child of pid runs `criu dump`.
-func criuDumping(pid int) bool {
+func criuDumping(pid int) bool { return criuRunning(pid, "dump") }
+
+// criuRunning says a child of pid runs `criu VERB`.
+func criuRunning(pid int, verb string) bool {
 	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, f := range files {
 		b, _ := os.ReadFile(f)
 		for _, c := range strings.Fields(string(b)) {
-			if cl, err := os.ReadFile("/proc/" + c + "/cmdline"); err == nil && bytes.Contains(cl, []byte("\x00dump\x00")) {
+			if cl, err := os.ReadFile("/proc/" + c + "/cmdline"); err == nil && bytes.Contains(cl, []byte("\x00"+verb+"\x00")) {
 				return true
 			}
 		}
@@ -209,4 +218,199 @@ func treeBytes(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// TestInterruptSaysInterrupted interrupts (SIGINT) receive --restore during
+// a migration into it, restore from an archive and from a stream on stdin
+// while CRIU restores, serve while CRIU reads from it, and cp while it
+// copies. Each exits 130 saying it was interrupted, in words, and not what
+// the interrupt broke on its way (a CRIU that failed, a pipe closed under a
+// splice, a canceled context); a restore says that nothing was restored,
+// and nothing was; migrate, that the process keeps running here.
+// (checkpoint: TestCheckpointInterrupted.)
+func TestInterruptSaysInterrupted(t *testing.T) {
+	criu := CRIU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := ShortTempDir(t)
+	tg, _ := startedTarget(ctx, t, dir, 512)
+	pid := strconv.Itoa(tg.PID())
+	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	token := writeToken(t, bin, filepath.Join(dir, "token"))
+	t.Run("receive", func(t *testing.T) {
+		r, addr := startReceiveRestore(ctx, t, token, criu)
+		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
+		r.reached(ctx, t, func() bool { return strings.Contains(r.stderr.String(), "authenticated") })
+		r.saysInterrupted(ctx, t, "receive: ")
+		mig.wait(ctx, t)
+		if !fileExists(fmt.Sprintf("/proc/%d", tg.PID())) {
+			t.Fatalf("the migrated process is gone after its receiver was interrupted\nmigrate: %s", mig.stderr.String())
+		}
+	})
+	t.Run("migrate", func(t *testing.T) {
+		r, addr := startReceiveRestore(ctx, t, token, criu)
+		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
+		mig.reached(ctx, t, func() bool { return criuDumping(mig.cmd.Process.Pid) })
+		mig.saysInterrupted(ctx, t, "keeps running here")
+		r.wait(ctx, t)
+	})
+	stream := filepath.Join(dir, "ck.stream")
+	f, err := os.Create(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck := exec.CommandContext(ctx, bin, "checkpoint", "--pid", pid, "--leave-running", "--criu", criu, "--no-progress")
+	var ckErr bytes.Buffer
+	ck.Stdout, ck.Stderr = f, &ckErr
+	if err := ck.Run(); err != nil {
+		t.Fatalf("checkpoint to a stream: %v\n%s", err, ckErr.String())
+	}
+	f.Close()
+	archive := filepath.Join(dir, "ck")
+	gcsRun(ctx, t, "checkpoint", "--pid", pid, "--to", archive, "--criu", criu, "--no-progress").ok(t, "checkpoint")
+	waitPIDGone(t, tg.PID())
+
+	for _, from := range []string{"archive", "stream"} {
+		t.Run("restore from "+from, func(t *testing.T) {
+			var in io.Reader
+			src := archive
+			if from == "stream" {
+				b, err := os.ReadFile(stream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				in, src = bytes.NewReader(b), "-"
+			}
+			g := startGcs(t, in, "restore", "--from", src, "--criu", criu, "--no-progress")
+			g.reached(ctx, t, func() bool { return criuRunning(g.cmd.Process.Pid, "restore") })
+			g.saysInterrupted(ctx, t, "nothing was restored")
+			waitPIDGone(t, tg.PID())
+		})
+	}
+	t.Run("serve", func(t *testing.T) {
+		images := filepath.Join(dir, "img")
+		g := startGcs(t, nil, "--images-dir", images, "serve", "--from", archive)
+		g.reached(ctx, t, func() bool { return strings.Contains(g.stderr.String(), "socket-init") })
+		c := exec.CommandContext(ctx, criu, "restore", "--stream", "-D", images, "--restore-detached", "-o", "restore.log")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		g.reached(ctx, t, func() bool { return treeBytes(filepath.Join(images, "restore.log")) > 0 })
+		g.saysInterrupted(ctx, t, "serve: interrupted")
+		c.Wait()
+		waitPIDGone(t, tg.PID())
+	})
+	t.Run("cp", func(t *testing.T) {
+		to := filepath.Join(dir, "copy")
+		g := startGcs(t, nil, "cp", archive, to, "--no-progress")
+		g.reached(ctx, t, func() bool { return treeBytes(to) > 1<<20 })
+		g.saysInterrupted(ctx, t, "cp: ")
+	})
+}
+
+// startReceiveRestore starts receive --restore on a free loopback port and
+// returns it with the address it listens on.
+func startReceiveRestore(ctx context.Context, t *testing.T, token, criu string) (*gcsProc, string) {
+	t.Helper()
+	r := startGcs(t, nil, "receive", "--listen", "127.0.0.1:0", "--restore", "--token-file", token, "--criu", criu, "--no-progress")
+	m := regexp.MustCompile(`listening on (\S+)`)
+	r.reached(ctx, t, func() bool { return m.MatchString(r.stderr.String()) })
+	return r, m.FindStringSubmatch(r.stderr.String())[1]
+}
+
+// saysInterrupted interrupts g and checks that it exits 130 saying it was
+// interrupted and more, and nothing of what the interrupt broke.
+func (g *gcsProc) saysInterrupted(ctx context.Context, t *testing.T, more string) {
+	t.Helper()
+	g.interrupt(ctx, t)
+	if code := g.cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit %d after SIGINT, want 130", code)
+	}
+	stderr := g.stderr.String()
+	if !strings.Contains(stderr, "interrupted by SIGINT") || !strings.Contains(stderr, more) {
+		t.Errorf("the error does not say it was interrupted and %q:\n%s", more, stderr)
+	}
+	for _, noise := range []string{"context canceled", "use of closed", "signal: killed", "signal: interrupt", "exit status"} {
+		if strings.Contains(stderr, noise) {
+			t.Errorf("the error says %q:\n%s", noise, stderr)
+		}
+	}
+}
+
+// waitPIDGone waits for process pid to be gone (a checkpointed one, or
+// what an interrupted restore must not have left), reaping it where this
+// test is its subreaper.
+func waitPIDGone(t *testing.T, pid int) {
+	t.Helper()
+	for range 100 {
+		reapZombieOrphans(0)
+		if !fileExists(fmt.Sprintf("/proc/%d", pid)) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("process %d is still there", pid)
+}
+
+// gcsProc is gpucr-stream running in its own process group, as a shell
+// starts a job.
+type gcsProc struct {
+	cmd    *exec.Cmd
+	stderr *pipelinetest.SyncBuffer
+	done   chan struct{} // closed once it ended
+}
+
+// startGcs starts gpucr-stream with args, stdin from in (nil: none); the
+// test's end kills it.
+func startGcs(t *testing.T, in io.Reader, args ...string) *gcsProc {
+	t.Helper()
+	g := &gcsProc{cmd: exec.Command(BuildBinary(t, "./cmd/gpucr-stream"), args...), stderr: &pipelinetest.SyncBuffer{}, done: make(chan struct{})}
+	g.cmd.Stdin, g.cmd.Stderr = in, g.stderr
+	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		g.cmd.Wait()
+		close(g.done)
+	}()
+	t.Cleanup(func() {
+		g.cmd.Process.Kill()
+		<-g.done
+	})
+	return g
+}
+
+// reached waits until cond holds; g ending first, or ctx, fails the test.
+func (g *gcsProc) reached(ctx context.Context, t *testing.T, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-g.done:
+			t.Fatalf("%s ended (%v) before the point it was to be interrupted at\nstderr: %s", g.cmd.Args[1:], g.cmd.ProcessState, g.stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("the point was never reached: %v", ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// interrupt sends SIGINT to g's process group, as a terminal's Ctrl-C,
+// and waits for g to end.
+func (g *gcsProc) interrupt(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(-g.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	g.wait(ctx, t)
+}
+
+// wait waits for g to end.
+func (g *gcsProc) wait(ctx context.Context, t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+		t.Fatalf("%s did not end\nstderr: %s", g.cmd.Args[1:], g.stderr.String())
+	}
 }

@@ -525,7 +525,7 @@ func TestS3BadCredentialsAndBucket(t *testing.T) {
 		{"restore", "--from", "s3://no-such-bucket/ck"},
 	} {
 		r := gcsRun(ctx, t, args...)
-		if r.code != 4 || !strings.Contains(r.stderr, "bucket no-such-bucket does not exist") {
+		if r.code != 4 || !strings.Contains(r.stderr, "s3://no-such-bucket: no such bucket") {
 			t.Fatalf("%s into a missing bucket: exit %d, want 4 and a clear message: %s", args[0], r.code, r.stderr)
 		}
 		noSecret(t, r, secret)

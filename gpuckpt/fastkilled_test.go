@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"github.com/gpucr/gpucr-stream/vram"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
@@ -81,7 +82,7 @@ func TestFastPathOrphaned(t *testing.T) {
 			s.fast.HangUp(ctx)
 			status := preloadctl.StatusFile(tg.SockDir, tg.PID)
 			var said []byte
-			for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && len(said) == 0; time.Sleep(5 * time.Millisecond) {
+			for end := time.Now().Add(testwait.Scale(5 * time.Second)); time.Now().Before(end) && len(said) == 0; time.Sleep(5 * time.Millisecond) {
 				said, _ = os.ReadFile(status)
 			}
 			if !strings.HasPrefix(string(said), tc.state+":") {

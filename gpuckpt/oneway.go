@@ -161,7 +161,7 @@ func preloadShared(ctx context.Context, pid int) string {
 // checkpoints and restores contexts that hold almost nothing (measured on
 // driver 580 with NCCL 2.28.9, whose ranks then shared no memory: the
 // driver's own checkpoint of the same ranks left them failing their next
-// kernel, docs/BENCHMARKS.md, "NCCL").
+// kernel, docs/bench-log/2026-11.md, "NCCL").
 func CheckUndoable(ctx context.Context, pids []int, fast bool) error {
 	if testhook.Fault("gpu-checkpoint") != nil {
 		return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // fileSource serves files from memory; a file named in hold waits for its
@@ -206,7 +207,7 @@ func TestStageTakeBeforeStaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The workers took the first files and wait; the last is queued.
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	for end := time.Now().Add(testwait.Scale(5 * time.Second)); ; time.Sleep(time.Millisecond) {
 		src.mu.Lock()
 		started := len(src.copies)
 		src.mu.Unlock()
@@ -252,7 +253,7 @@ func TestStageTakeBeforeStaged(t *testing.T) {
 	go func() { s.Close(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testwait.Scale(5 * time.Second)):
 		t.Fatal("Close did not stop a staging that hangs")
 	}
 }

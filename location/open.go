@@ -7,8 +7,10 @@ package location
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sort"
 	"strings"
@@ -371,20 +373,32 @@ func (a archiveLoc) output(ctx context.Context, c *Config) (*Output, error) {
 	return &Output{Output: out}, nil
 }
 
+// existing checks that a's directory is there: a missing one is not
+// found, as a directory without a checkpoint in it is (source.OpenArchive
+// says "no complete checkpoint there").
+func (a archiveLoc) existing() error {
+	st, err := os.Stat(a.loc.Path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s: no such directory: %w", a.loc, errdefs.ErrNotFound)
+	case err != nil:
+		return err
+	case !st.IsDir():
+		return errdefs.Usagef("%s: not a directory", a.loc)
+	}
+	return nil
+}
+
 func (a archiveLoc) source(ctx context.Context, c *Config, so source.StreamSourceOptions) (source.Source, error) {
-	if _, err := os.Stat(a.loc.Path); err != nil {
-		return nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
+	if err := a.existing(); err != nil {
+		return nil, err
 	}
 	return source.OpenArchive(ctx, dir.New(a.loc.Path), c.archiveOptions(so))
 }
 
 func (a archiveLoc) store(context.Context, *Config) (store.Store, func(), error) {
-	st, err := os.Stat(a.loc.Path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", a.loc, errdefs.ErrNotFound)
-	}
-	if !st.IsDir() {
-		return nil, nil, errdefs.Usagef("%s: not a directory", a.loc)
+	if err := a.existing(); err != nil {
+		return nil, nil, err
 	}
 	return dir.New(a.loc.Path), func() {}, nil
 }
@@ -394,6 +408,9 @@ func (a archiveLoc) destStore(context.Context, *Config) (store.Store, func(), er
 }
 
 func (a archiveLoc) manifest(ctx context.Context, c *Config) (*manifest.Manifest, bool, error) {
+	if err := a.existing(); err != nil {
+		return nil, false, err
+	}
 	return c.archiveManifest(ctx, dir.New(a.loc.Path))
 }
 

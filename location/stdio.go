@@ -2,6 +2,7 @@ package location
 
 import (
 	"fmt"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -77,4 +78,27 @@ func PrivateOutput(f *os.File) error {
 		return fmt.Errorf("%s is readable by other users and cannot be made private (%w): it will hold secrets", f.Name(), err)
 	}
 	return nil
+}
+
+// EmptyInput says f, a standard input, holds nothing and never will,
+// without reading from it: /dev/null, a regular file read to its end, or a
+// pipe whose writers closed it with nothing in it. A pipe still open, or
+// with data, is not empty (reading is then the way to know).
+func EmptyInput(f *os.File) bool {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return false
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		off, err := unix.Seek(int(f.Fd()), 0, io.SeekCurrent)
+		return err == nil && off >= st.Size
+	case unix.S_IFCHR:
+		return unix.Major(st.Rdev) == 1 && unix.Minor(st.Rdev) == 3 // /dev/null
+	case unix.S_IFIFO:
+		fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err == nil && n == 1 && fds[0].Revents&unix.POLLHUP != 0 && fds[0].Revents&unix.POLLIN == 0
+	}
+	return false
 }

@@ -12,7 +12,7 @@ import (
 // Format is what an output writes: whether its chunks are sealed, and
 // whether they carry a BLAKE3 hash beside their CRC-32C. Restore checks
 // the CRC-32C alone; the hash costs about a fifth of a plain capture's CPU
-// (docs/BENCHMARKS.md) and buys verify a second, stronger check, so it is
+// (docs/bench-log/2026-11.md) and buys verify a second, stronger check, so it is
 // asked for, not the default. An encrypted checkpoint always has them,
 // keyed (docs/ENCRYPTION.md).
 type Format struct {

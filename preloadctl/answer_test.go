@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // fakeLibrary listens on this process's control socket in a new directory
@@ -110,7 +112,7 @@ func TestPreloadHostileAnswers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := fakeLibrary(t, tc.answer)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 			defer cancel()
 			p, err := Dial(ctx, dir, os.Getpid())
 			if err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func TestTreeAndWaitGone(t *testing.T) {
@@ -99,7 +101,7 @@ func TestKillTree(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	var tree []int
-	for end := time.Now().Add(5 * time.Second); len(tree) < 2 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(testwait.Scale(5 * time.Second)); len(tree) < 2 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		tree, _ = Tree(cmd.Process.Pid)
 	}
 	if len(tree) < 2 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-restore.sh -- where a restore through serve spends its time, next to
-# criu restore -D on the same target (docs/BENCHMARKS.md, "Restore: inside
+# criu restore -D on the same target (docs/bench-log/2026-11.md, "Restore: inside
 # CRIU or around it"). For each of BENCH_ROUNDS rounds, a fresh thirds
 # target of BENCH_MB MiB is dumped with criu dump -D and restored with
 # criu restore -D; another is captured with --codec none into an archive

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-stream-restore.sh -- restore from a stream (`capture | ... | serve`)
-# against `criu restore -D` on tmpfs (docs/BENCHMARKS.md, "Restore from a
+# against `criu restore -D` on tmpfs (docs/bench-log/2026-11.md, "Restore from a
 # stream while it is read"). Each round dumps a fresh thirds target of
 # BENCH_MB MiB with criu dump -D and times criu restore -D; dumps another
 # through `capture --codec none` into a stream file on tmpfs; then restores

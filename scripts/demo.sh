@@ -12,6 +12,7 @@ GCS=${GCS:-bin/gpucr-stream}
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 WORK=$(mktemp -d /tmp/gcs-demo-XXXX)
 TARGET_BIN=$WORK/target
+echo "demo: building the target program (e2e/target)"
 go build -o "$TARGET_BIN" ./e2e/target
 mkdir -p "$WORK/run" "$WORK/dump" "$WORK/restore"
 ARCHIVE=$WORK/archive

@@ -35,7 +35,9 @@ PACKAGES=(
 	libffi8 libgcc-s1
 )
 
-log() { printf 'install-criu: %s\n' "$*" >&2; }
+# Each line says how long the install has run: it is minutes of network
+# waits on a fresh machine, and says so as it goes.
+log() { printf 'install-criu: [%3ds] %s\n' "$SECONDS" "$*" >&2; }
 
 # usable CRIU: reports a major version >= 4, passes `criu check` and, as
 # root, really dumps a throwaway process within 20 s (`criu check` passes
@@ -121,9 +123,18 @@ APT_OPTS=(
 	-o "Dir::Cache=$STATE/cache"
 	-o "Dir::Cache::archives=$STATE/cache/archives"
 	-o "APT::Sandbox::User=root"
+	# Only the package lists: no translations, no AppStream metadata (a
+	# third of the download).
+	-o "Acquire::Languages=none"
+	-o "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false"
+	-o "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false"
+	-o "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false"
 )
-log "apt-get update ($SUITE)"
-apt-get "${APT_OPTS[@]}" -qq update >&2
+# apt-get's own lines ("Get:N ... [size]") are the progress of the two
+# download steps.
+apt_lines() { sed -u 's/^/install-criu:        /' >&2; }
+log "apt-get update ($SUITE): its package list, about 10 MB"
+apt-get "${APT_OPTS[@]}" -q update 2>&1 | apt_lines
 
 # libnet's package name follows its soname (libnet1 in trixie, libnet9 later).
 LIBNET=$(apt-cache "${APT_OPTS[@]}" depends criu 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^libnet[0-9]+$/ {print $2; exit}')
@@ -132,9 +143,10 @@ PACKAGES=("${PACKAGES[@]/LIBNET/$LIBNET}")
 # A prefix that failed the checks above is replaced, not unpacked over.
 rm -rf "${PREFIX:?}/usr" "$WRAPPER"
 
-log "apt-get download ${PACKAGES[*]}"
-(cd "$STATE/debs" && apt-get "${APT_OPTS[@]}" -qq download "${PACKAGES[@]}" >&2)
+log "apt-get download: ${#PACKAGES[@]} packages (${PACKAGES[*]})"
+(cd "$STATE/debs" && apt-get "${APT_OPTS[@]}" -q download "${PACKAGES[@]}" 2>&1 | apt_lines)
 
+log "unpacking into $PREFIX"
 for deb in "$STATE"/debs/*.deb; do
 	dpkg -x "$deb" "$PREFIX"
 done

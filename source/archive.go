@@ -230,7 +230,7 @@ func newArchiveSource(st store.Store, m *manifest.Manifest, seal *crypt.Session,
 	// deeper read-ahead costs CPU, CRIU's included, besides memory: each
 	// chunk read ahead is a fresh buffer that the kernel zeroes and a
 	// fetcher fills, and the later CRIU copies it out, the likelier it has
-	// left the cache (docs/BENCHMARKS.md, issue 13).
+	// left the cache (docs/bench-log/2026-11.md, issue 13).
 	a.window = max(2, min(budget, opts.Workers))
 	if opts.Fetchers > 0 {
 		a.window = max(2, min(budget, max(4*opts.Workers, 2*a.parallel)))

@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // countingStore counts the chunk reads it serves, to bound read-ahead.
@@ -75,7 +76,7 @@ func budgetArchive(t *testing.T, ctx context.Context) (*countingStore, map[strin
 // them blocked, they hold none of the archive's shared tokens and fetch
 // within their own budget, and a plain copy beside them runs through.
 func TestArchiveBehindOwnBudget(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	store, want, _ := budgetArchive(t, ctx)
 	src, err := OpenArchive(ctx, store, pipeline.Options{Workers: 2, Fetchers: 8})
@@ -90,7 +91,7 @@ func TestArchiveBehindOwnBudget(t *testing.T) {
 		}
 	}
 	ws, finish := blockedCopies(ctx, behind.Copy, names)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(testwait.Scale(300 * time.Millisecond))
 	if n := len(src.tokens); n != 0 {
 		t.Fatalf("copies behind hold %d of the archive's tokens", n)
 	}
@@ -144,7 +145,7 @@ func blockedCopies(ctx context.Context, copyFile func(context.Context, string, i
 // the chunks fetched ahead stay within the budget (plus one per file), and
 // every file still completes once its reader goes on.
 func TestArchiveSharedReadBudget(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	store, want, chunk := budgetArchive(t, ctx)
 	const files = len(budgetFiles)
@@ -159,7 +160,7 @@ func TestArchiveSharedReadBudget(t *testing.T) {
 		names = append(names, name)
 	}
 	_, finish := blockedCopies(ctx, src.Copy, names)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(testwait.Scale(300 * time.Millisecond))
 	if got, bound := store.opens.Load(), int64(8+files); got > bound {
 		t.Fatalf("%d chunks fetched with every writer blocked; budget allows %d", got, bound)
 	} else {
@@ -176,7 +177,7 @@ func TestArchiveSharedReadBudget(t *testing.T) {
 
 // A copy that fails in the middle gives back every token it held.
 func TestArchiveCopyFailureReleasesBudget(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	base := pipelinetest.CountGoroutines()
 	store := mem.New("fail")

@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // lateDataStream is a one-shard stream of files with the page images'
@@ -66,7 +67,7 @@ func gatedStream(b []byte, gate int64, open <-chan struct{}, cut bool) io.Reader
 // waitLen waits until out holds n bytes.
 func waitLen(t *testing.T, out *pipelinetest.SyncBuffer, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testwait.Scale(10 * time.Second))
 	for len(out.Bytes()) < n && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -97,7 +98,7 @@ func TestStreamServesArriving(t *testing.T) {
 		{name: "stream cut", cut: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(30*time.Second))
 			defer cancel()
 			sb := bytes.Clone(b)
 			if tc.corrupt {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // Sources stop on cancel too.
@@ -53,7 +54,7 @@ func TestStreamSourceCancelBlockedShard(t *testing.T) {
 	go func() { src.Close(); close(closed) }()
 	select {
 	case <-closed:
-	case <-time.After(2 * time.Second):
+	case <-time.After(testwait.Scale(2 * time.Second)):
 		pw.CloseWithError(errors.New("test gives up")) // unblock it for cleanup
 		<-closed
 		t.Fatal("Close did not return after cancel while the shard blocks")

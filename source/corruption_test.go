@@ -21,6 +21,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 const corpusChunk = 64 << 10
@@ -240,7 +241,7 @@ func checkDirNothingWrong(t *testing.T, what, dir string, sc *streamCorpus) {
 func TestStreamCorruption(t *testing.T) {
 	for _, spec := range []string{"auto", "lz4"} {
 		t.Run(spec, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 			defer cancel()
 			sc := newStreamCorpus(t, spec)
 			// The undamaged stream serves everything.
@@ -311,7 +312,7 @@ func TestStreamCorruption(t *testing.T) {
 }
 
 func TestStreamTruncation(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 	defer cancel()
 	sc := newStreamCorpus(t, "auto")
 	var cuts []int64
@@ -356,7 +357,7 @@ func TestStreamTruncation(t *testing.T) {
 // Shards of one stream must not be mixed with another stream's, reordered
 // into a different count, or served when one is missing its END.
 func TestStreamShardMismatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	capture3 := func() [][]byte {
 		bufs := make([]*bytes.Buffer, 3)
@@ -451,7 +452,7 @@ func copyAll(t *testing.T, ctx context.Context, a *ArchiveSource, files map[stri
 }
 
 func TestArchiveCorruption(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 	defer cancel()
 	ac := newArchiveCorpus(t, "auto")
 	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})
@@ -571,7 +572,7 @@ func TestArchiveMissingData(t *testing.T) {
 // manifest.json has no checksum of its own: a damaged one must at least
 // never make the archive serve wrong bytes under an original name.
 func TestArchiveManifestDamage(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 	defer cancel()
 	ac := newArchiveCorpus(t, "auto")
 	orig := bytes.Clone(ac.store.Object(manifest.ManifestName))

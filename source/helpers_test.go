@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // ---- test data ----
@@ -140,7 +141,7 @@ func (s slowStore) Open(ctx context.Context, name string, off, length int64) (io
 		select {
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
-		case <-time.After(30 * time.Second):
+		case <-time.After(testwait.Scale(30 * time.Second)):
 		}
 	}
 	return s.Store.Open(ctx, name, off, length)

@@ -11,6 +11,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // DATA frames in flight count against --memory-limit (issue 25 L1): a
@@ -20,7 +21,7 @@ import (
 // reader, the decoders' queue and the decoders held 52 to 92 MB here. One
 // frame being read per shard is what it cannot bound (inflight.go).
 func TestStreamInflightCounted(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const chunk, limit = 8 << 20, 16 << 20
 	files := map[string][]byte{"pages-1.img": pipelinetest.MixedData(8*chunk, 3)}
@@ -50,7 +51,7 @@ func TestStreamInflightCounted(t *testing.T) {
 // and raw chunks, read at once under a 16 MiB limit: the frames reserved
 // stay within its quarter, the rest spill, and every file is served right.
 func TestStreamInflightManyShards(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const chunk, limit, shards = 4 << 20, 16 << 20, 16
 	for _, spec := range []string{"lz4", "none"} {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // replacingStream writes, into a pipe, a stream that opens and ends the
@@ -65,7 +66,7 @@ func TestStreamReplacedNamesNotHeld(t *testing.T) {
 	if testing.Short() && raceEnabled {
 		t.Skip("80 MB stream under the race detector")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const n, limit = 20000, 8 << 20
 	before, held := heapInUse(), int64(0)
@@ -87,7 +88,7 @@ func TestStreamReplacedNamesNotHeld(t *testing.T) {
 // What outlives a replaced file (its id, kept for lagging shards) is
 // counted against the budget: enough replacements are refused, not held.
 func TestStreamReplacedIDsCounted(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	const limit = 64 << 10
 	src := NewStreamSource(ctx, []io.Reader{replacingStream(2*limit/doneMeta, nil)}, []string{"pipe"},

@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,7 +76,7 @@ func TestOmitWrite(t *testing.T) {
 // vmsplice into a pipe or by Write, whether a span is a whole zero chunk
 // (skipped without a byte spliced), part of one, or crosses chunks.
 func TestCopyOmit(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const chunk = minSpliceChunk
 	pages := splicePages(11)
@@ -142,7 +143,7 @@ func TestCopyOmit(t *testing.T) {
 // chunks held in memory, spilled (a memory limit of two chunks) and zero
 // alike, the same bytes as Copy, the zero chunk a hole.
 func TestStreamCopyToFile(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	const chunk = minSpliceChunk
 	pages := splicePages(12)

@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store/mem"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 var roundTripCodecs = []string{"none", "lz4", "zstd", "zstd:3", "auto", "shuffle"}
@@ -199,7 +200,7 @@ func waitComplete(ctx context.Context, s *StreamSource, name string, size int64)
 }
 
 func streamRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData, shards int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 	defer cancel()
 	want := d.want()
 	lives := []*liveSource{
@@ -324,7 +325,7 @@ func streamRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData, sh
 }
 
 func archiveRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Minute))
 	defer cancel()
 	want := d.want()
 	store := mem.New(t.Name())
@@ -409,7 +410,7 @@ func archiveRoundTrip(t *testing.T, spec string, f pipeline.Format, d *rtData) {
 // With ServeEarly, files may be read while the capture still runs: a file
 // is served as soon as it is complete, without waiting for the END frame.
 func TestStreamServesBeforeEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	pr, pw := io.Pipe()
 	defer pw.Close()
@@ -524,7 +525,7 @@ func TestWriteFileUnsafeNames(t *testing.T) {
 // Without ServeEarly nothing is served before the END frame has been read
 // and checked, so a stream damaged anywhere serves nothing.
 func TestStreamServesOnlyAfterEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	pr, pw := io.Pipe()
 	src := NewStreamSource(ctx, []io.Reader{pr}, []string{"pipe"}, StreamSourceOptions{Options: pipeline.Options{Workers: 2}})
@@ -569,7 +570,7 @@ func TestStreamServesOnlyAfterEnd(t *testing.T) {
 // order the decoders finish in. The stream is replayed from memory, so the
 // reader runs far ahead of the decoders.
 func TestDuplicateNameReplay(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	var buf bytes.Buffer
 	out, _ := streamer.NewStreamOutput([]io.Writer{&buf})

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,7 +21,7 @@ import (
 // exactly the files, also when it reads slowly and the pipe is small (so
 // that the pipe holds our pages while later chunks are decoded).
 func TestArchiveCopyIntoPipe(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	for _, spec := range []string{"none", "lz4", "auto"} {
 		t.Run(spec, func(t *testing.T) {
@@ -49,7 +50,7 @@ func TestArchiveCopyIntoPipe(t *testing.T) {
 // them too: the bytes must be exact whether a chunk stays in memory or is
 // spilled to disk past the memory limit, and a file may be copied twice.
 func TestStreamCopyIntoPipe(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const chunk = minSpliceChunk
 	pages := splicePages(7)
@@ -117,7 +118,7 @@ func splicePages(seed uint64) []byte {
 // A reader that goes away leaves Copy with an error, not a hang, and
 // nothing leaked.
 func TestArchiveCopyIntoClosedPipe(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	ac := newArchiveCorpus(t, "none")
 	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2})

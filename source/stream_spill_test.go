@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // spillFDs counts this process's open files that live (or lived, being
@@ -39,7 +40,7 @@ func spillFDs(t *testing.T, dir string) int {
 // serves, by write and by splice out of those files, is exact.
 func TestStreamSpillFiles(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // spillMax = 4 on any machine
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 	defer cancel()
 	const chunk = minSpliceChunk
 	files := map[string][]byte{
@@ -108,7 +109,7 @@ func TestStreamSpillFiles(t *testing.T) {
 // TestStreamSourceCloseTwice: a second Close releases nothing again (it
 // would free page buffers twice and count the memory they held twice).
 func TestStreamSourceCloseTwice(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	const chunk = minSpliceChunk
 	files := map[string][]byte{"pages-1.img": pipelinetest.MixedData(4*chunk, 21), "inventory.img": pipelinetest.SmallData(3000, 2)}

@@ -54,7 +54,7 @@ const packRun = 8 << 20
 // than a GPU's copy out, while writes into several files scale with cores.
 // Up to 16: with 8 on a 16-core H200 host the writes bound a fast-path
 // checkpoint's store of 13 GB beside CRIU's dump (1.04-1.13 s; 0.89-1.05 s
-// with 16, docs/BENCHMARKS.md).
+// with 16, docs/bench-log/2026-11.md).
 func DefaultLanes() int { return min(runtime.GOMAXPROCS(0), 16) }
 
 // DefaultSegmentSize keeps segments large enough that per-object overhead

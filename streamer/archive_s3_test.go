@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // gateStore holds segment commits until released, as an object store
@@ -86,7 +87,7 @@ func TestArchiveCommitsInBackground(t *testing.T) {
 }
 
 func testCommitsInBackground(t *testing.T, lanes int) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	store := newGateStore(t.Name())
 	out, err := NewArchiveOutput(ctx, store, 1<<20)
@@ -161,7 +162,7 @@ func testCommitsInBackground(t *testing.T, lanes int) {
 // A background commit that fails stops the capture: later frames and the
 // manifest are refused, and nothing is left in the store.
 func TestArchiveBackgroundCommitFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	base := pipelinetest.CountGoroutines()
 	store := mem.New("bgfail")
@@ -194,7 +195,7 @@ func TestArchiveBackgroundCommitFails(t *testing.T) {
 // Abort with segment commits in flight stops them, waits for them and
 // deletes every segment, also those that finished committing meanwhile.
 func TestArchiveAbortDuringCommits(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	base := pipelinetest.CountGoroutines()
 	store := newGateStore("abort")

@@ -22,6 +22,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // testOutput is an Output that counts frames, can hold every WriteFrame
@@ -114,10 +115,11 @@ func (p *patternReader) Read(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// waitStable waits until v stops changing for a while and returns it.
+// waitStable waits until v stops changing for a while (longer on a
+// loaded machine, where a starved pipeline looks still) and returns it.
 func waitStable(v func() int64) int64 {
 	last, since := v(), time.Now()
-	for time.Since(since) < 300*time.Millisecond {
+	for time.Since(since) < testwait.Scale(300*time.Millisecond) {
 		time.Sleep(10 * time.Millisecond)
 		if cur := v(); cur != last {
 			last, since = cur, time.Now()
@@ -498,7 +500,7 @@ func TestCaptureCancel(t *testing.T) {
 			go func() { wg.Wait(); close(finished) }()
 			select {
 			case <-finished:
-			case <-time.After(10 * time.Second):
+			case <-time.After(testwait.Scale(10 * time.Second)):
 				t.Fatalf("WriteFile did not return after cancel:\n%s", pipelinetest.GoroutineDump())
 			}
 			close(errs)

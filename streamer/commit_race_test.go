@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // Two captures into one location, both past the check at the start: the
@@ -25,7 +26,7 @@ import (
 func TestArchiveLosesCommitRace(t *testing.T) {
 	for _, kind := range []string{"mem", "dir"} {
 		t.Run(kind, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 			defer cancel()
 			var st store.Store = mem.New("race")
 			if kind == "dir" {

@@ -38,7 +38,7 @@ func benchImage(n int) []byte {
 
 // BenchmarkDedupScan is what deduplication adds to a capture's CPU per
 // byte, beside what a plain capture spends on the same bytes before
-// encoding, in one run (docs/BENCHMARKS.md): plain reads fixed 4 MiB chunks
+// encoding, in one run (docs/bench-log/2026-11.md): plain reads fixed 4 MiB chunks
 // with their zero test and CRC-32C (the producer's chunkSums); dedup cuts
 // them by content (page CRCs), hashes each with BLAKE3 and looks it up in a
 // table of a million chunks. cpu-s/GiB is the process's CPU time

@@ -21,6 +21,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // hookStore wraps a store and asks write, when set, before every Write to
@@ -166,7 +167,7 @@ func TestArchiveLanesReadBack(t *testing.T) {
 	} {
 		name := fmt.Sprintf("%s/%s/sealed=%v/lanes=%d", tc.store, tc.spec, tc.sealed, tc.lanes)
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			base := pipelinetest.CountGoroutines()
 			var seal *crypt.Session
@@ -268,7 +269,7 @@ func keyIf(s *crypt.Session, k *crypt.Key) *crypt.Key {
 // name; nothing is committed, no manifest is written, and every lane
 // ends.
 func TestArchiveLaneWriteFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	for _, kind := range []string{"mem", "dir"} {
 		t.Run(kind, func(t *testing.T) {
@@ -320,7 +321,7 @@ func TestArchiveLaneWriteFails(t *testing.T) {
 // Abort waits for the lanes' writes in flight before it removes the
 // segments, and every payload is handed back before it returns.
 func TestArchiveAbortWaitsForLanes(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	base := pipelinetest.CountGoroutines()
 	gate := make(chan struct{})
@@ -386,7 +387,7 @@ func TestArchiveAbortWaitsForLanes(t *testing.T) {
 // A lane finishes a segment only after the frames queued before its end;
 // a sync WriteFrame of a large payload returns once it is written.
 func TestArchiveLanesWriteFrame(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	st := mem.New(t.Name())
 	out, err := NewArchiveOutput(ctx, st, 256<<10)

@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/mem"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // With LateData the non-zero chunks of the page images come after every
@@ -24,7 +25,7 @@ import (
 // back whole (plain and sealed, one shard and two), and the index says
 // where every late chunk landed.
 func TestCaptureLateData(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	files := lanesCorpus() // pages-1.img and pages-2.img end in zero chunks
 	files["inventory.img"] = pipelinetest.SmallData(900, 7)

@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
 	"github.com/gpucr/gpucr-stream/source"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // syncOnly hides an output's WriteFrameAsync: a capture writes it the
@@ -99,7 +100,7 @@ func checkFramePositions(t *testing.T, m *manifest.Manifest, shards []*bytes.Buf
 // random stream), read back live by a stream source, with every chunk
 // where the index says.
 func TestStreamOutputAsync(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	files := lanesCorpus()
 	names := slices.Sorted(maps.Keys(files))
@@ -174,7 +175,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 // A shard whose writer fails fails the capture with its name; the other
 // shards' chains end, no goroutine is left.
 func TestStreamOutputAsyncShardFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	files := lanesCorpus()
 	names := slices.Sorted(maps.Keys(files))
@@ -218,7 +219,7 @@ func (w *gatedWriter) Write(p []byte) (int, error) {
 // Abort drops the frames still queued and waits for the write in
 // progress; every payload is handed back before it returns.
 func TestStreamOutputAsyncAbortWaits(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	base := pipelinetest.CountGoroutines()
 	w := &gatedWriter{gate: make(chan struct{}), started: make(chan struct{}, 1)}
@@ -288,7 +289,7 @@ func (h *handshakeWriter) Write(p []byte) (int, error) {
 		h.once.Do(func() { close(h.me) })
 		select {
 		case <-h.partner:
-		case <-time.After(5 * time.Second):
+		case <-time.After(testwait.Scale(5 * time.Second)):
 			return 0, errors.New("the other side of the tee never wrote at the same time")
 		}
 	}
@@ -298,7 +299,7 @@ func (h *handshakeWriter) Write(p []byte) (int, error) {
 // A tee of two asynchronous outputs writes both sides at once; the index
 // is the copy's, and both sides read back.
 func TestTeeOutputAsync(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	files := lanesCorpus()
 	names := slices.Sorted(maps.Keys(files))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
@@ -83,7 +84,7 @@ func TestIdleClient(t *testing.T) {
 	}
 	defer c.Close()
 	time.Sleep(50 * time.Millisecond) // accepted first
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(5*time.Second))
 	defer cancel()
 	p, err := preloadctl.Dial(ctx, tg.SockDir, tg.PID)
 	if err != nil {

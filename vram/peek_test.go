@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"github.com/gpucr/gpucr-stream/vram/vramtest"
 )
 
@@ -18,7 +19,7 @@ func TestReportCollectives(t *testing.T) {
 		t.Fatalf("a target without collectives reports %d", n)
 	}
 	tg := vramtest.Start(t, "GPUCR_FAKE_KERNEL_NAME=ncclKernel_AllGather")
-	for end := time.Now().Add(5 * time.Second); tg.Report(t).Collectives == 0; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(testwait.Scale(5 * time.Second)); tg.Report(t).Collectives == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("a target launching collectives reports none")
 		}

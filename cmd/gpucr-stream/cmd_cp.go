@@ -62,7 +62,7 @@ func (o *cpOptions) run(ctx context.Context, c *cli, args []string) error {
 	res, err := catalog.Copy(ctx, src, dst, o.loc.options(), &counters)
 	bar.finish()
 	if err != nil {
-		return fmt.Errorf("cp %s %s: %w", srcLoc, dstLoc, err)
+		return fmt.Errorf("cp: %w", err)
 	}
 	res.Source, res.Destination = srcLoc.String(), dstLoc.String()
 	for _, b := range res.BadIndex {

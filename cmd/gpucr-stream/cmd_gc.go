@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -49,7 +50,7 @@ func parseAge(s string) (time.Duration, error) {
 // What gc holds live is the index table (60 MB for a million chunks) and
 // the manifests it reads; left to GOGC, the garbage of large manifests took
 // its heap to 134-159 MiB at a million chunks, 108 MiB with this limit
-// (docs/BENCHMARKS.md, BenchmarkGCFleet). A location so large that the
+// (docs/bench-log/2026-11.md, BenchmarkGCFleet). A location so large that the
 // table alone passes it still finishes, with the collector working harder.
 const gcMemoryLimit = 120 << 20
 
@@ -126,5 +127,24 @@ func (o *gcOptions) run(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintf(c.stderr, "warning: %s has chunks that only an unreadable index object may find\n", u)
 		}
 	}
+	printYoung(c.stdout, res, o.olderThan)
 	return nil
+}
+
+// printYoung says what gc left for being younger than --older-than (after
+// rm, the packs only the removed checkpoint used), and how to take it now.
+func printYoung(w io.Writer, res *catalog.GCResult, olderThan string) {
+	var kept []string
+	if c := res.Chunks; c != nil && c.Young > 0 {
+		kept = append(kept, fmt.Sprintf("%d unreferenced pack(s) (%s)", c.Young, humanBytes(c.YoungBytes)))
+	}
+	if res.Young > 0 {
+		kept = append(kept, fmt.Sprintf("%d unfinished checkpoint(s)", res.Young))
+	}
+	if len(kept) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "gc %s: leaves %s younger than --older-than %s (a capture may still be using them); "+
+		"`gpucr-stream gc --older-than 0s %s` removes them now, and still nothing a running capture holds\n",
+		res.Location, strings.Join(kept, " and "), olderThan, res.Location)
 }

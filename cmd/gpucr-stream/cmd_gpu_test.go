@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/cudadriver/drivertest"
 	"github.com/gpucr/gpucr-stream/e2e"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // withFakeCUDA makes the commands see the target as a CUDA process driven
@@ -47,7 +48,7 @@ func runGPUCmd(ctx context.Context, args ...string) (string, error) {
 // checkpoint fails, CRIU never runs.
 func TestCheckpointUndoesGPUStep(t *testing.T) {
 	criu := e2e.CRIU(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(3*time.Minute))
 	defer cancel()
 	dir := e2e.ShortTempDir(t)
 	tg := e2e.StartTarget(t, filepath.Join(dir, "target"), 32)

@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/s3"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // writeArchive captures a few synthetic image files into st.
@@ -148,8 +149,9 @@ func lsRmGc(t *testing.T, root string, st store.Store) {
 
 	// gc: the unfinished one is recent, so kept by default; removed when
 	// older than the given age.
-	if out, errOut, code := runCmd(t, "gc", root); code != 0 || !strings.Contains(out, "removed 0 unfinished") {
-		t.Fatalf("gc (1h): exit %d: %s %s", code, out, errOut)
+	if out, errOut, code := runCmd(t, "gc", root); code != 0 || !strings.Contains(out, "removed 0 unfinished") ||
+		!strings.Contains(out, "leaves 1 unfinished checkpoint(s) younger than --older-than 1h") || !strings.Contains(out, "--older-than 0s") {
+		t.Fatalf("gc (1h): exit %d: %s %s; want it to say why it kept the unfinished one, and how not to", code, out, errOut)
 	}
 	if objs, _ := st.List(ctx, "a/dead/"); len(objs) != 2 {
 		t.Fatalf("gc removed a recent unfinished checkpoint: %v", objs)
@@ -222,7 +224,7 @@ func TestLsRmGcDir(t *testing.T) {
 		os.Chtimes(filepath.Join(home, p), old, old)
 	}
 	for _, args := range [][]string{{"gc", home}, {"gc", "--dry-run", home}, {"gc", "--older-than", "0s", home}} {
-		if _, errOut, code := runCmd(t, args...); code != exitNotFound || !strings.Contains(errOut, "holds no checkpoint") {
+		if _, errOut, code := runCmd(t, args...); code != exitNotFound || !strings.Contains(errOut, "no checkpoint, segment or chunk store") {
 			t.Fatalf("%q: exit %d: %s", args, code, errOut)
 		}
 	}
@@ -259,18 +261,55 @@ func TestLsRmGcS3(t *testing.T) {
 	if _, err := w.Write(make([]byte, 6<<20)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // the first part goes up
+	time.Sleep(testwait.Scale(500 * time.Millisecond)) // the first part goes up
 	out, errOut, code := runCmd(t, "gc", "--older-than", "1ms", "--json", "s3://lsgc/fleet")
 	var res gcResult
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Uploads != 1 {
 		t.Fatalf("gc of an incomplete upload: exit %d: %s %s", code, out, errOut)
 	}
 	w.Abort(ctx)
-	if _, errOut, code := runCmd(t, "ls", "s3://no-such-bucket/x"); code != exitNotFound || !strings.Contains(errOut, "does not exist") {
+	if _, errOut, code := runCmd(t, "ls", "s3://no-such-bucket/x"); code != exitNotFound || !strings.Contains(errOut, "ls: s3://no-such-bucket: no such bucket at ") {
 		t.Fatalf("ls of a missing bucket: exit %d: %s", code, errOut)
 	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
 	if _, errOut, code := runCmd(t, "ls", "s3://lsgc/fleet"); code != exitFailure || !strings.Contains(errOut, "credentials refused") {
 		t.Fatalf("ls with a wrong secret: exit %d: %s", code, errOut)
+	}
+}
+
+// TestGcAfterRmSaysWhy: gc right after rm of a deduplicated checkpoint
+// frees nothing, since the packs only it used are younger than
+// --older-than; it says so and how to take them now, which then works.
+func TestGcAfterRmSaysWhy(t *testing.T) {
+	root := t.TempDir()
+	ctx := context.Background()
+	loc := dir.New(root)
+	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, "job"), loc, 1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile("pages-1.img", bytes.NewReader(bytes.Repeat([]byte("gc after rm "), 200_000)), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := runCmd(t, "rm", filepath.Join(root, "job")); code != 0 {
+		t.Fatalf("rm: exit %d: %s", code, errOut)
+	}
+	gc, errOut, code := runCmd(t, "gc", root)
+	if code != 0 || !strings.Contains(gc, "removed 0 unreferenced pack(s)") ||
+		!strings.Contains(gc, "leaves 1 unreferenced pack(s)") || !strings.Contains(gc, "younger than --older-than 1h") ||
+		!strings.Contains(gc, "gpucr-stream gc --older-than 0s "+root) {
+		t.Fatalf("gc after rm: exit %d:\n%s%s\nwant it to say it kept the packs for their age, and how not to", code, gc, errOut)
+	}
+	t.Logf("gc after rm:\n%s", gc)
+	gc, errOut, code = runCmd(t, "gc", "--older-than", "0s", root)
+	if code != 0 || !strings.Contains(gc, "removed 1 unreferenced pack(s)") || strings.Contains(gc, "leaves") {
+		t.Fatalf("gc --older-than 0s: exit %d:\n%s%s", code, gc, errOut)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/e2e"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func TestMigrateUsage(t *testing.T) {
@@ -108,7 +109,7 @@ func TestCaptureExtractTCP(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	lines := make(chan string, 64)
 	stderr := lineWriter(lines)
@@ -232,7 +233,7 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 			defer cancel()
 			os.Remove(criuLog)
 			f := withFakeCUDA(t, pid)
@@ -282,7 +283,7 @@ func TestMigrateUndoesGPUStep(t *testing.T) {
 // GPU restore fails, the sender hears it and keeps its copy.
 func TestMigrateCUDA(t *testing.T) {
 	criu := e2e.CRIU(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(3*time.Minute))
 	defer cancel()
 	dir := e2e.ShortTempDir(t)
 	tok := writeToken(t, dir)
@@ -378,7 +379,7 @@ func TestMigrateCUDA(t *testing.T) {
 // that restores as CRIU does, writes its summary on stderr, as it does with
 // --restore; stdout (the PID's, with --restore) stays empty.
 func TestReceiveSummaryOnStderr(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	dir := t.TempDir()
 	tok := writeToken(t, dir)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/e2e"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // TestMain lets this test binary serve as gpucr-stream's swrk: runc,
@@ -31,7 +32,7 @@ func TestMain(m *testing.M) {
 // unlocked after runc restores.
 func TestContainerGPUSteps(t *testing.T) {
 	criu := e2e.CRIU(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(3*time.Minute))
 	defer cancel()
 	dir := e2e.ShortTempDir(t)
 	tg, root, id, pid := e2e.RuncContainer(ctx, t, dir, 32)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
+	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/dir"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -102,6 +104,62 @@ func TestRefuseTerminal(t *testing.T) {
 	}
 	if _, err := os.Stat(dir + "/a"); err == nil {
 		t.Error("the refused capture created its images dir")
+	}
+}
+
+// TestEmptyStdinIsUsage: restore, inspect and verify with no SRC and an
+// empty standard input (/dev/null, an empty file, a pipe closed with
+// nothing in it: a script or a job scheduler's) are a usage error naming
+// SRC, not corrupt data; a pipe that holds bytes is read, and judged by
+// them.
+func TestEmptyStdinIsUsage(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pipe := func(data string) *os.File {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WriteString(data)
+		w.Close()
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	open := func(p string) *os.File {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	for _, cmd := range [][]string{{"restore"}, {"inspect"}, {"verify"}, {"restore", "--from", "-"}} {
+		for _, tc := range []struct {
+			name  string
+			stdin func() *os.File
+			code  int
+		}{
+			{"/dev/null", func() *os.File { return open(os.DevNull) }, exitUsage},
+			{"empty file", func() *os.File { return open(empty) }, exitUsage},
+			{"closed empty pipe", func() *os.File { return pipe("") }, exitUsage},
+			{"pipe of garbage", func() *os.File { return pipe("no stream") }, exitCorrupt},
+		} {
+			if tc.code == exitCorrupt && cmd[0] == "restore" {
+				continue // it would start CRIU
+			}
+			t.Run(strings.Join(cmd, " ")+", "+tc.name, func(t *testing.T) {
+				var stderr bytes.Buffer
+				err := run(context.Background(), cmd, tc.stdin(), io.Discard, &stderr)
+				if code := exitCode(err, false); code != tc.code {
+					t.Fatalf("exit %d (%v), want %d", code, err, tc.code)
+				}
+				if tc.code == exitUsage && !strings.Contains(err.Error(), "needs SRC: standard input is empty") {
+					t.Errorf("error %q does not say SRC is missing", err)
+				}
+			})
+		}
 	}
 }
 
@@ -257,6 +315,78 @@ func TestProcessInLsInspect(t *testing.T) {
 	}
 }
 
+// TestLsInspectAgree: ls and inspect give one checkpoint the same stored
+// bytes, ratio and (deduplicated) new bytes, for a plain checkpoint and
+// for two deduplicated ones, the second sharing the first's chunks.
+func TestLsInspectAgree(t *testing.T) {
+	root := t.TempDir()
+	ctx := context.Background()
+	loc := dir.New(root)
+	data := bytes.Repeat([]byte("ls and inspect agree "), 100_000)
+	capture := func(out streamer.Output) {
+		c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"pages-1.img", "inventory.img"} {
+			if _, err := c.WriteFile(n, bytes.NewReader(data), false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Close(ctx, manifest.Manifest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain, err := streamer.NewArchiveOutput(ctx, store.Sub(loc, "plain"), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture(plain)
+	for _, name := range []string{"d1", "d2"} {
+		out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 1<<20, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		capture(out)
+	}
+	items := lsNames(t, root)
+	var lsed struct {
+		NewBytes int64 `json:"new_bytes"`
+	}
+	for _, name := range []string{"plain", "d1", "d2"} {
+		out, errOut, code := runCmd(t, "inspect", "--json", filepath.Join(root, name))
+		if code != 0 {
+			t.Fatalf("inspect %s: exit %d: %s", name, code, errOut)
+		}
+		var insp struct {
+			Stats manifest.Stats `json:"stats"`
+			Ratio float64        `json:"ratio"`
+		}
+		if err := json.Unmarshal([]byte(out), &insp); err != nil {
+			t.Fatal(err)
+		}
+		ls := items[name]
+		if ls.StoredBytes != insp.Stats.StoredBytes || ls.Ratio != insp.Ratio {
+			t.Errorf("%s: ls says %d stored (%.3fx), inspect %d (%.3fx)", name, ls.StoredBytes, ls.Ratio, insp.Stats.StoredBytes, insp.Ratio)
+		}
+		lsOut, _, _ := runCmd(t, "ls", "--json", filepath.Join(root, name))
+		var one []json.RawMessage
+		if json.Unmarshal([]byte(lsOut), &one) != nil || len(one) != 1 || json.Unmarshal(one[0], &lsed) != nil {
+			t.Fatalf("ls --json %s: %s", name, lsOut)
+		}
+		want := insp.Stats.StoredBytes
+		if name != "plain" {
+			want = insp.Stats.NewStoredBytes
+		}
+		if lsed.NewBytes != want {
+			t.Errorf("%s: ls says %d new, inspect %d", name, lsed.NewBytes, want)
+		}
+	}
+	if items["d2"].StoredBytes == 0 || lsed.NewBytes != 0 {
+		t.Errorf("d2 repeats d1: stored %d, new %d; want its chunks stored and none new", items["d2"].StoredBytes, lsed.NewBytes)
+	}
+}
+
 // TestMissingBucket: writing to a bucket that does not exist says how to
 // make it; --create-bucket makes it; reading from one is "not found".
 func TestMissingBucket(t *testing.T) {
@@ -323,5 +453,48 @@ func TestCp(t *testing.T) {
 	}
 	if _, errOut, code := runCmd(t, "cp", filepath.Join(root, "nothing"), filepath.Join(root, "c")); code != exitNotFound {
 		t.Errorf("cp of nothing: exit %d: %s", code, errOut)
+	}
+}
+
+// TestNotFoundMessages: every command that reads a checkpoint or a
+// location says the same of one that is not there: the command, the
+// location, then what is missing (a directory, or a checkpoint in it),
+// exit 4.
+func TestNotFoundMessages(t *testing.T) {
+	base := t.TempDir()
+	missing, empty := filepath.Join(base, "missing"), filepath.Join(base, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	images := filepath.Join(base, "img")
+	for _, tc := range []struct {
+		cmd   string
+		args  func(loc string) []string
+		empty bool // also refuses an empty directory (ls, gc and check find nothing there)
+	}{
+		{"inspect", func(l string) []string { return []string{"inspect", l} }, true},
+		{"verify", func(l string) []string { return []string{"verify", l} }, true},
+		{"restore", func(l string) []string { return []string{"restore", "--criu", "/bin/true", l} }, true},
+		{"serve", func(l string) []string { return []string{"--images-dir", images, "serve", "--from", l} }, true},
+		{"extract", func(l string) []string { return []string{"--images-dir", images, "extract", "--from", l} }, true},
+		{"cp", func(l string) []string { return []string{"cp", l, filepath.Join(base, "copy")} }, true},
+		{"rm", func(l string) []string { return []string{"rm", l} }, true},
+		{"ls", func(l string) []string { return []string{"ls", l} }, false},
+		{"gc", func(l string) []string { return []string{"gc", l} }, false},
+		{"check", func(l string) []string { return []string{"check", l} }, false},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			_, errOut, code := runCmd(t, tc.args(missing)...)
+			if want := tc.cmd + ": " + missing + ": no such directory: not found"; code != exitNotFound || errOut != want {
+				t.Errorf("missing directory: exit %d, %q; want exit %d, %q", code, errOut, exitNotFound, want)
+			}
+			if !tc.empty {
+				return
+			}
+			_, errOut, code = runCmd(t, tc.args(empty)...)
+			if want := tc.cmd + ": " + empty + ": no complete checkpoint there (manifest.json missing)"; code != exitNotFound || !strings.HasPrefix(errOut, want) {
+				t.Errorf("empty directory: exit %d, %q; want exit %d, %q...", code, errOut, exitNotFound, want)
+			}
+		})
 	}
 }

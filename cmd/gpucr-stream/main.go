@@ -26,7 +26,7 @@ import (
 )
 
 // Exit codes are part of the interface: scripts test them. Documented in
-// the README.
+// docs/EXIT-CODES.md.
 const (
 	exitOK          = 0
 	exitFailure     = 1 // anything not listed below

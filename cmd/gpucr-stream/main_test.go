@@ -77,7 +77,7 @@ func TestRunArgs(t *testing.T) {
 		{[]string{"checkpoint", "--pid", "1", "--vram-files", "0"}, exitUsage, "", "--vram-files"},
 		{[]string{"run"}, exitUsage, "", "run needs a program"},
 		{[]string{"run", "--"}, exitUsage, "", "run needs a program"},
-		{[]string{"inspect", "/nonexistent/archive"}, exitNotFound, "", "no complete checkpoint"},
+		{[]string{"inspect", "/nonexistent/archive"}, exitNotFound, "", "inspect: /nonexistent/archive: no such directory"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

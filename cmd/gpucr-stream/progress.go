@@ -33,6 +33,7 @@ type bar struct {
 	c        *pipeline.Counters
 	total    int64
 	uploaded func() int64
+	ahead    func() int64
 	start    time.Time
 	drawn    bool
 	// lastRaw and active: the raw bytes at the last draw and when they
@@ -52,7 +53,7 @@ func isTerminal(f *os.File) bool {
 }
 
 func startProgress(c *cli, p checkpoint.Progress) *bar {
-	b := &bar{w: c.stderr, what: p.What, c: p.Counters, total: p.Total, uploaded: p.Uploaded, start: time.Now()}
+	b := &bar{w: c.stderr, what: p.What, c: p.Counters, total: p.Total, uploaded: p.Uploaded, ahead: p.Ahead, start: time.Now()}
 	if p.Counters == nil || c.noProgress || c.json {
 		return b
 	}
@@ -125,6 +126,13 @@ func (b *bar) line(elapsed time.Duration, final bool) string {
 	// flight, all the more when interrupted.
 	if st, sr := b.c.StoredBytes.Load(), b.c.StoredRaw.Load(); st > 0 && sr > 0 {
 		fmt.Fprintf(&s, " %.2fx", float64(sr)/float64(st))
+	}
+	if b.ahead != nil {
+		// A receiver's pre-copy rounds: the stream's counters see none of
+		// it until the final dump.
+		if a := b.ahead(); a > 0 {
+			fmt.Fprintf(&s, " pre-copy %s", humanBytes(a))
+		}
 	}
 	if b.uploaded != nil {
 		// Bytes the object store acknowledged: they trail the captured

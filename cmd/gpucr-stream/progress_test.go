@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr-stream/checkpoint"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 func TestProgressLine(t *testing.T) {
@@ -45,6 +46,22 @@ func TestProgressLine(t *testing.T) {
 				t.Errorf("%s: %q has %q", tc.name, got, w)
 			}
 		}
+	}
+}
+
+// TestProgressPrecopy: a receiver's line counts the chunks of pre-copy
+// rounds as they arrive, which the stream's counters do not (it showed
+// "receive 0 B" for the whole of them).
+func TestProgressPrecopy(t *testing.T) {
+	var c pipeline.Counters
+	ahead := int64(0)
+	b := &bar{what: "receive", c: &c, ahead: func() int64 { return ahead }}
+	if got := b.line(time.Second, false); strings.Contains(got, "pre-copy") {
+		t.Errorf("before any chunk arrived: %q", got)
+	}
+	ahead = 300 << 20
+	if got := b.line(2*time.Second, false); !strings.Contains(got, "receive 0 B pre-copy 300.0 MiB") {
+		t.Errorf("during the rounds: %q, want the bytes sent ahead", got)
 	}
 }
 
@@ -112,7 +129,7 @@ func TestProgressPlainLines(t *testing.T) {
 		var c pipeline.Counters
 		c.RawBytes.Store(5 << 20)
 		b := startProgress(cfg, checkpoint.Progress{What: "checkpoint", Counters: &c, Total: 10 << 20})
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(testwait.Scale(150 * time.Millisecond))
 		b.finish()
 		lines := strings.Count(errOut.String(), "gpucr-stream: checkpoint 5.0 MiB / 10.0 MiB")
 		if got := lines >= 2; got != tc.want {

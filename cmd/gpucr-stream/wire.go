@@ -67,13 +67,23 @@ func (o *fromFlag) register(f *flags) {
 	f.check(func() error { o.given = f.given["from"]; return nil })
 }
 
+// srcKinds says what SRC may be.
+const srcKinds = "a checkpoint directory, s3://..., a stream file, or - with a stream on standard input"
+
 // src is the command's SRC: its one argument, else --from (standard input
 // by default, but not a terminal: nobody types a stream).
 func (o *fromFlag) src(c *cli, cmd string, args []string) (string, error) {
 	switch len(args) {
 	case 0:
-		if f, ok := c.stdin.(*os.File); ok && o.from == "-" && isTerminal(f) {
-			return "", usagef("%s needs SRC (a checkpoint directory, s3://..., a stream file, or - with a stream on standard input)", cmd)
+		// Nor one with nothing in it (a script's /dev/null): what is
+		// missing is SRC, not a stream's bytes.
+		if f, ok := c.stdin.(*os.File); ok && o.from == "-" {
+			switch {
+			case isTerminal(f):
+				return "", usagef("%s needs SRC (%s)", cmd, srcKinds)
+			case location.EmptyInput(f):
+				return "", usagef("%s needs SRC: standard input is empty (%s)", cmd, srcKinds)
+			}
 		}
 		return o.from, nil
 	case 1:

@@ -511,7 +511,7 @@ func fill(total int) [][]byte {
 }
 
 // fillThirds is a third random bytes, a third touched zero pages and a
-// third text: what the capture CPU figures of docs/BENCHMARKS.md use.
+// third text: what the capture CPU figures of docs/bench-log/2026-11.md use.
 func fillThirds(total int) [][]byte {
 	r := rand.New(rand.NewPCG(0x6770, 0x6372))
 	third := max(pageSize, total/3/pageSize*pageSize)

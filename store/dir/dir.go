@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -28,10 +29,17 @@ type Store struct {
 	root string
 	// volatile: commits rename without fsync (NewVolatile).
 	volatile bool
+	// made is the highest directory this Store created for its root (the
+	// root, or the first of its parents that was missing); "" when the
+	// root was there. Guarded by mu.
+	mu   sync.Mutex
+	made string
 }
 
-// New returns a Store rooted at root; the directory is created on the
-// first write.
+// New returns a Store rooted at root; the directory (and its missing
+// parents) is created on the first write, and removed again when the last
+// object in it is deleted or aborted: a failed checkpoint into a new
+// directory leaves none behind. A root that was there stays.
 func New(root string) *Store { return &Store{root: filepath.Clean(root)} }
 
 // NewVolatile is New for a copy that needs to outlive a process, not the
@@ -86,7 +94,7 @@ type dirWriter struct {
 // the commit's fsync then waits for the last of it only, not for every
 // byte of a pack or segment written while CRIU dumped (a deduplicated
 // GPU checkpoint's 1.1 GB of new packs took 0.56-0.58 s to commit onto
-// the GPU machine's disk; docs/BENCHMARKS.md).
+// the GPU machine's disk; docs/bench-log/2026-11.md).
 const writeBehind = 8 << 20
 
 // Create implements store.Store.
@@ -150,7 +158,7 @@ func (d *Store) openParent(name string, create bool) (*os.File, string, error) {
 // component at a time, refusing symlinks.
 func (d *Store) openDirs(parts []string, create bool) (*os.File, error) {
 	if create {
-		if err := os.MkdirAll(d.root, 0o755); err != nil {
+		if err := d.makeRoot(); err != nil {
 			return nil, err
 		}
 	}
@@ -285,13 +293,62 @@ func (w *dirWriter) Abort(ctx context.Context) error {
 // Each is removed through its parent, opened as openDirs does.
 func (d *Store) prune(dir string) {
 	rel, err := filepath.Rel(d.root, dir)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+	if err != nil || strings.HasPrefix(rel, "..") {
 		return
 	}
-	parts := strings.Split(filepath.ToSlash(rel), "/")
-	for i := len(parts); i > 0; i-- {
-		if !d.removeDir(parts[:i]) {
-			return // not empty, or gone
+	if rel != "." {
+		parts := strings.Split(filepath.ToSlash(rel), "/")
+		for i := len(parts); i > 0; i-- {
+			if !d.removeDir(parts[:i]) {
+				return // not empty, or gone
+			}
+		}
+	}
+	d.unmakeRoot()
+}
+
+// makeRoot creates the root and its missing parents, noting the highest
+// one it made.
+func (d *Store) makeRoot() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	top := ""
+	for p := d.root; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		top = p
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if top == "" {
+		return nil
+	}
+	if err := os.MkdirAll(d.root, 0o755); err != nil {
+		return err
+	}
+	if d.made == "" {
+		d.made = top
+	}
+	return nil
+}
+
+// unmakeRoot removes the directories makeRoot made, root first, while
+// they are empty (rmdir fails on one that is not, and on a symlink).
+func (d *Store) unmakeRoot() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.made == "" {
+		return
+	}
+	for p := d.root; ; p = filepath.Dir(p) {
+		if unix.Rmdir(p) != nil {
+			return
+		}
+		if p == d.made || filepath.Dir(p) == p {
+			d.made = ""
+			return
 		}
 	}
 }

@@ -29,58 +29,93 @@ func TestVolatileDirConformance(t *testing.T) {
 
 // TestNoEmptyDirsLeft: an aborted write and the last delete in a directory
 // leave no empty directories below the root (a failed checkpoint's
-// segments/); the root itself stays.
+// segments/); the root, and the parents of it the store made, go with the
+// last object when the store made them (a failed checkpoint into a new
+// directory), and stay when they were there.
 func TestNoEmptyDirsLeft(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "root")
-	d := dir.New(root)
-	w, err := d.Create(ctx, "ck/segments/000.seg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write([]byte("x"))
-	if err := w.Abort(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "ck")); !os.IsNotExist(err) {
-		t.Fatalf("aborted write left %s/ck: %v", root, err)
-	}
-	for _, name := range []string{"ck/segments/000.seg", "ck/segments/001.seg", "ck/manifest.json"} {
-		w, err := d.Create(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Write([]byte(name))
-		if err := w.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	steps := []struct {
-		name string
-		gone string // a directory that must be gone after this delete ("" none)
-		kept string
+	for _, tc := range []struct {
+		name   string
+		exists string // made before the store writes ("" none)
+		gone   string // the highest directory gone at the end ("" none)
 	}{
-		{"ck/segments/000.seg", "", "ck/segments"},
-		{"ck/segments/001.seg", "ck/segments", "ck"},
-		{"ck/manifest.json", "ck", ""},
-	}
-	for _, s := range steps {
-		if err := d.Delete(ctx, s.name); err != nil {
-			t.Fatal(err)
-		}
-		if s.gone != "" {
-			if _, err := os.Stat(filepath.Join(root, s.gone)); !os.IsNotExist(err) {
-				t.Errorf("after deleting %s: %s still there (%v)", s.name, s.gone, err)
+		{"root made", "", "a"},
+		{"root there", "a/b/root", ""},
+		{"parent there", "a", "a/b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			root := filepath.Join(base, "a/b/root")
+			if tc.exists != "" {
+				if err := os.MkdirAll(filepath.Join(base, tc.exists), 0o755); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		if s.kept != "" {
-			if _, err := os.Stat(filepath.Join(root, s.kept)); err != nil {
-				t.Errorf("after deleting %s: %s gone too early", s.name, s.kept)
+			d := dir.New(root)
+			w, err := d.Create(ctx, "ck/segments/000.seg")
+			if err != nil {
+				t.Fatal(err)
 			}
+			w.Write([]byte("x"))
+			if err := w.Abort(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(root, "ck")); !os.IsNotExist(err) {
+				t.Fatalf("aborted write left %s/ck: %v", root, err)
+			}
+			checkRoot(t, base, tc.exists, tc.gone, "after the aborted write")
+			for _, name := range []string{"ck/segments/000.seg", "ck/segments/001.seg", "ck/manifest.json", "lock"} {
+				w, err := d.Create(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.Write([]byte(name))
+				if err := w.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			steps := []struct {
+				name string
+				gone string // a directory that must be gone after this delete ("" none)
+				kept string
+			}{
+				{"ck/segments/000.seg", "", "ck/segments"},
+				{"ck/segments/001.seg", "ck/segments", "ck"},
+				{"ck/manifest.json", "ck", "."},
+			}
+			for _, s := range steps {
+				if err := d.Delete(ctx, s.name); err != nil {
+					t.Fatal(err)
+				}
+				if s.gone != "" {
+					if _, err := os.Stat(filepath.Join(root, s.gone)); !os.IsNotExist(err) {
+						t.Errorf("after deleting %s: %s still there (%v)", s.name, s.gone, err)
+					}
+				}
+				if _, err := os.Stat(filepath.Join(root, s.kept)); err != nil {
+					t.Errorf("after deleting %s: %s gone too early", s.name, s.kept)
+				}
+			}
+			if err := d.Delete(ctx, "lock"); err != nil {
+				t.Fatal(err)
+			}
+			checkRoot(t, base, tc.exists, tc.gone, "after the last delete")
+		})
+	}
+}
+
+// checkRoot checks that base/gone is gone and base/exists is there.
+func checkRoot(t *testing.T, base, exists, gone, when string) {
+	t.Helper()
+	if gone != "" {
+		if _, err := os.Stat(filepath.Join(base, gone)); !os.IsNotExist(err) {
+			t.Errorf("%s: %s, which the store made, is still there (%v)", when, gone, err)
 		}
 	}
-	if _, err := os.Stat(root); err != nil {
-		t.Errorf("root removed: %v", err)
+	if exists != "" {
+		if _, err := os.Stat(filepath.Join(base, exists)); err != nil {
+			t.Errorf("%s: %s, which was there before, is gone: %v", when, exists, err)
+		}
 	}
 }
 

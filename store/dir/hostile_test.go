@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/storetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // A symlink planted as an object is never followed (a segment linked to
@@ -23,7 +24,7 @@ import (
 // hung verify, extract, inspect and ls forever, deaf to SIGTERM): only
 // regular files are objects.
 func TestDirRefusesSymlinksAndFIFOs(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(10*time.Second))
 	defer cancel()
 	root := t.TempDir()
 	secret := filepath.Join(t.TempDir(), "shadow")

@@ -213,7 +213,7 @@ func (s *Store) checkBucket(ctx context.Context, keyID string) error {
 		ok, err = s.core.BucketExists(ctx, s.bucket)
 		return err
 	})
-	noBucket := fmt.Errorf("s3: bucket %s does not exist at %s (%w)", s.bucket, s.endpoint, ErrNoSuchBucket)
+	noBucket := fmt.Errorf("s3://%s: no such bucket at %s (%w)", s.bucket, s.endpoint, ErrNoSuchBucket)
 	if err == nil {
 		if !ok {
 			return noBucket

@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr-stream/store"
 	"github.com/gpucr/gpucr-stream/store/miniotest"
 	"github.com/gpucr/gpucr-stream/store/storetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // clearAWSEnv keeps the developer's own AWS settings out of a test.
@@ -53,7 +54,7 @@ func testConfig(srv *miniotest.Server, bucket, prefix string) Config {
 
 func newTestS3(t *testing.T, cfg Config) *Store {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	defer cancel()
 	s, err := New(ctx, cfg)
 	if err != nil {
@@ -172,7 +173,7 @@ func TestS3MissingBucket(t *testing.T) {
 	if !errors.Is(err, ErrNoSuchBucket) {
 		t.Fatalf("New = %v; want ErrNoSuchBucket", err)
 	}
-	want := "bucket no-such-bucket does not exist at " + srv.Endpoint()
+	want := "s3://no-such-bucket: no such bucket at " + srv.Endpoint()
 	if !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/store/miniotest"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/encrypt"
 )
@@ -83,7 +84,7 @@ func TestS3ServerSideEncryption(t *testing.T) {
 			cfg := testConfig(srv, "enc", "p")
 			cfg.SSE = tc.sse
 			s := newTestS3(t, cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(2*time.Minute))
 			defer cancel()
 			small := bytes.Repeat([]byte("small object "), 100)
 			big := make([]byte, 2*minS3PartSize+12345)

@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // BenchmarkTCPTransfer moves 256 MiB of incompressible data through a
@@ -31,7 +32,7 @@ func BenchmarkTCPTransfer(b *testing.B) {
 		b.Run(fmt.Sprint(streams), func(b *testing.B) {
 			b.SetBytes(size)
 			for range b.N {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 				l, err := Listen(ctx, "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken)})
 				if err != nil {
 					b.Fatal(err)
@@ -117,7 +118,7 @@ func BenchmarkMigrateTransfer(b *testing.B) {
 }
 
 func migrateOnce(b *testing.B, size int64, block []byte, spec codec.Spec, streams int, keep, async bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(10*time.Minute))
 	defer cancel()
 	l, err := Listen(ctx, "127.0.0.1:0", ListenOptions{Auth: tokenAuth(goodToken)})
 	if err != nil {

@@ -56,6 +56,19 @@ func TestPrecopyRoundTrip(t *testing.T) {
 			if ahead.Chunks < 3 || ahead.Sent < 3<<20 {
 				t.Fatalf("the round sent %d chunks, %d bytes", ahead.Chunks, ahead.Sent)
 			}
+			// The receiver counts them as they arrive (its progress shows
+			// them while the stream's counters are still at 0).
+			wait := testCtx(t)
+			for src.Session() == nil || src.Session().AheadBytes() < ahead.Sent {
+				select {
+				case <-wait.Done():
+					t.Fatalf("the receiver counts %d bytes sent ahead, the round sent %d", src.Session().AheadBytes(), ahead.Sent)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			if raw := src.Counters().RawBytes.Load(); raw != 0 {
+				t.Errorf("the stream's counters count %d raw bytes before the stream", raw)
+			}
 			// What changed meanwhile: 4 KiB in the middle of the random part.
 			rand.Read(files["pages-1.img"][2<<20 : 2<<20+4096])
 			before := out.WireBytes()

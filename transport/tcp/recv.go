@@ -391,6 +391,17 @@ func (s *Session) freeCache() {
 	})
 }
 
+// AheadBytes counts the stored bytes of the chunks sent ahead of the
+// stream (pre-copy rounds) received so far: the stream's counters see
+// none of them until the final dump refers to them.
+func (s *Session) AheadBytes() int64 {
+	if s.cache == nil {
+		return 0
+	}
+	_, n := s.cache.stats()
+	return n
+}
+
 // Streams is the number of connections (shards).
 func (s *Session) Streams() int { return len(s.conns) }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
+	"github.com/gpucr/gpucr-stream/testwait"
 	"github.com/gpucr/gpucr-stream/transport/tcp/wire"
 )
 
@@ -51,7 +52,7 @@ func (l *logBuf) String() string {
 // waitLog waits until a log line contains want.
 func (l *logBuf) waitLog(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testwait.Scale(10 * time.Second))
 	for time.Now().Before(deadline) {
 		if strings.Contains(l.String(), want) {
 			return
@@ -69,7 +70,7 @@ const (
 )
 
 func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Scale(time.Minute))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -331,7 +332,7 @@ func TestTCPReplayRefused(t *testing.T) {
 		t.Fatalf("duplicate stream: %+v %v", rep, err)
 	}
 	// The log line follows the reply the client read.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testwait.Scale(10 * time.Second))
 	for strings.Count(r.log.String(), "authentication failed") != 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("want two authentication failures in the log:\n%s", r.log.String())
@@ -356,7 +357,7 @@ func TestTCPGarbageThenRealSender(t *testing.T) {
 			c.Close() // connect and hang up
 			continue
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(testwait.Scale(5 * time.Second)))
 		io.Copy(io.Discard, c) // the receiver hangs up
 		c.Close()
 	}
@@ -471,7 +472,7 @@ func TestTCPReceiverDies(t *testing.T) {
 	}
 	select {
 	case <-failed:
-	case <-time.After(10 * time.Second):
+	case <-time.After(testwait.Scale(10 * time.Second)):
 		t.Fatal("OnFailure not called")
 	}
 	_, err = c.Close(testCtx(t), manifest.Manifest{})

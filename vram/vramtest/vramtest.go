@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 var (
@@ -148,7 +149,7 @@ func StartWrapped(t testing.TB, wrap []string, env ...string) *Target {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	if wrap != nil {
 		// The Target is the wrapper's child.
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		for end := time.Now().Add(testwait.Scale(10 * time.Second)); ; time.Sleep(5 * time.Millisecond) {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tg.PID, tg.PID))
 			if f := strings.Fields(string(b)); len(f) == 1 {
 				tg.PID, _ = strconv.Atoi(f[0])
@@ -160,7 +161,7 @@ func StartWrapped(t testing.TB, wrap []string, env ...string) *Target {
 			}
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testwait.Scale(10 * time.Second))
 	for {
 		if _, err := os.Stat(filepath.Join(tg.Dir, "ready")); err == nil {
 			break
@@ -231,7 +232,7 @@ func (tg *Target) Rewrite(t testing.TB, name string) Region {
 	if err := os.Rename(tmp, filepath.Join(tg.Dir, "rewrite")); err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(testwait.Scale(5 * time.Second)); ; time.Sleep(5 * time.Millisecond) {
 		if _, err := os.Stat(filepath.Join(tg.Dir, "rewritten")); err == nil {
 			return tg.Regions[k]
 		}
