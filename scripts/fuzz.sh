@@ -4,27 +4,36 @@
 # bare "context deadline exceeded" (its own coordinator timing out, no
 # input at fault); such a run is repeated once. A real crasher is written
 # to testdata/fuzz and fails the run, after every other target has run;
-# the failed ones are named at the end.
+# the failed ones are named at the end. A run still going past FUZZ_HANG
+# seconds (default 600: a worker lost while gathering baseline coverage
+# under load left go test waiting with no deadline of its own) is killed
+# and repeated once too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${1:-10s}
+hang=${FUZZ_HANG:-600}
 failed=()
 for pkg in $(go list ./...); do
 	for f in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
 		echo "fuzz $pkg $f"
 		for try in 1 2; do
-			if out=$(go test -run '^$' -fuzz "^$f\$" -fuzztime "$fuzztime" -fuzzminimizetime 5s "$pkg" 2>&1); then
+			rc=0
+			out=$(timeout -k 10 "$hang" go test -run '^$' -fuzz "^$f\$" -fuzztime "$fuzztime" -fuzzminimizetime 5s "$pkg" 2>&1) || rc=$?
+			if [ "$rc" = 0 ]; then
 				echo "$out" | tail -1
 				break
 			fi
+			if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+				out+=$'\n'"fuzz: $f: still running after ${hang}s, killed"
+			fi
 			# Its output is shown only for a real failure: the deadline's
 			# FAIL line would read as one.
-			if [ "$try" = 2 ] || ! grep -q 'context deadline exceeded' <<<"$out" || grep -q 'testdata/fuzz' <<<"$out"; then
+			if [ "$try" = 2 ] || ! grep -q 'context deadline exceeded\|still running after' <<<"$out" || grep -q 'testdata/fuzz' <<<"$out"; then
 				echo "$out"
 				failed+=("$pkg $f")
 				break
 			fi
-			echo "fuzz: $f: the fuzzer's own deadline, not a finding; running it again"
+			echo "fuzz: $f: the fuzzer's own deadline or a hang, not a finding; running it again"
 		done
 	done
 done
