@@ -388,9 +388,12 @@ func (tt *torture) ageLock(c *tckpt, pid int, dedup bool) {
 }
 
 // gcFoundEmpty says gc refused loc for holding no checkpoint: one cp has
-// not reached yet, or one rm and gc emptied.
+// not reached yet, or one rm and gc emptied. It says so as other
+// not-found messages do: "gc: LOC: what is missing: not found" (no such
+// directory, or nothing of gpucr-stream's there).
 func gcFoundEmpty(res trun, loc string) bool {
-	return res.code == 4 && (strings.Contains(res.stderr, "holds no checkpoint") || strings.HasSuffix(strings.TrimSpace(res.stderr), loc+": not found"))
+	msg := strings.TrimSpace(res.stderr)
+	return res.code == 4 && strings.Contains(msg, "gc: "+loc+": ") && strings.HasSuffix(msg, ": not found")
 }
 
 // gcSpan is when a gc ran on loc (end zero: it runs).
