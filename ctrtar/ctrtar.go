@@ -65,10 +65,16 @@ func CompressionFor(path string) (Compression, bool) {
 	return None, false
 }
 
+// The first bytes of a gzip and of a zstd stream.
+var (
+	gzipMagic = []byte{0x1f, 0x8b}
+	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+)
+
 // Sniff says whether b, the start of a file, is an archive: gzip, zstd, or
 // a tar (its "ustar" magic at offset 257).
 func Sniff(b []byte) bool {
-	return bytes.HasPrefix(b, []byte{0x1f, 0x8b}) || bytes.HasPrefix(b, []byte{0x28, 0xb5, 0x2f, 0xfd}) ||
+	return bytes.HasPrefix(b, gzipMagic) || bytes.HasPrefix(b, zstdMagic) ||
 		(len(b) >= 262 && string(b[257:262]) == "ustar")
 }
 
@@ -106,13 +112,13 @@ func decompress(r io.Reader) (io.Reader, func(), error) {
 	br := bufio.NewReaderSize(r, 512)
 	head, _ := br.Peek(4)
 	switch {
-	case bytes.HasPrefix(head, []byte{0x1f, 0x8b}):
+	case bytes.HasPrefix(head, gzipMagic):
 		z, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, nil, fmt.Errorf("gzip: %w: %w", err, errdefs.ErrCorrupt)
 		}
 		return z, func() { z.Close() }, nil
-	case bytes.HasPrefix(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+	case bytes.HasPrefix(head, zstdMagic):
 		z, err := zstd.NewReader(br, zstd.WithDecoderMaxMemory(maxDecoderMemory), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return nil, nil, err
