@@ -537,12 +537,12 @@ func runRestore(ctx context.Context, o CRIURestoreOptions, images, pidfile strin
 	defer release()
 	args := []string{"restore", "--stream", "-D", reach, "--restore-detached", "--pidfile", pidfile, "-o", "restore.log", "-v4"}
 	out, took, err = runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
-	rep.PID = readPID(pidfile)
+	rep.PID = ReadPID(pidfile)
 	return out, took, err
 }
 
-// readPID is the PID criu restore --pidfile wrote (0: none).
-func readPID(pidfile string) int {
+// ReadPID is the PID criu restore --pidfile wrote (0: none).
+func ReadPID(pidfile string) int {
 	b, err := os.ReadFile(pidfile)
 	if err != nil {
 		return 0

@@ -119,7 +119,7 @@ func RestoreLazy(ctx context.Context, o CRIURestoreOptions, src source.Source) (
 		"-o", "restore.log", "-v4"}
 	out, took, criuErr := runCRIU(ctx, o.CRIU, append(args, o.ExtraArgs...), o.Hooks)
 	l.CRIU = took
-	l.PID = readPID(pidfile)
+	l.PID = ReadPID(pidfile)
 	if criuErr != nil {
 		return l, criuFailed{fmt.Errorf("criu restore --lazy-pages: %w; %s", criuErr, criuLogTail(l.LogPath, out))}
 	}

@@ -302,9 +302,8 @@ func (c *call) runCRIU(ctx context.Context, s Settings, tr *translation) (int, e
 	if pidfile == "" {
 		return 0, nil
 	}
-	b, err := os.ReadFile(pidfile)
-	pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || perr != nil || pid <= 0 {
+	pid := criusock.ReadPID(pidfile)
+	if pid <= 0 {
 		return 0, fmt.Errorf("criu restore wrote no PID to %s", pidfile)
 	}
 	return pid, nil
