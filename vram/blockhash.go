@@ -11,6 +11,7 @@ package vram
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
@@ -174,18 +175,8 @@ func newBlockHashes(key uint64, files int, perFile [][]hashedPiece) *BlockHashes
 	for _, ps := range perFile {
 		h.pieces = append(h.pieces, ps...)
 	}
-	slices.SortFunc(h.pieces, func(a, b hashedPiece) int { return cmpU64(a.va, b.va) })
+	slices.SortFunc(h.pieces, func(a, b hashedPiece) int { return cmp.Compare(a.va, b.va) })
 	return h
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // MarshalBinary writes the file.
@@ -342,7 +333,7 @@ func (h *BlockHashes) CheckFiles(sizes []int64) error {
 		spans[p.file] = append(spans[p.file], span{p.data, end})
 	}
 	for f, ss := range spans {
-		slices.SortFunc(ss, func(a, b span) int { return cmpU64(a.lo, b.lo) })
+		slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
 		for i := 1; i < len(ss); i++ {
 			if ss[i].lo < ss[i-1].hi {
 				return fmt.Errorf("%w: block hashes: two pieces overlap in file %d at %d", ErrVRAMFile, f, ss[i].lo)

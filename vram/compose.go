@@ -42,6 +42,43 @@ type Earlier struct {
 	Chunks [][]manifest.Chunk
 }
 
+// reader is a reader of its file i, opened once: readers keeps those
+// opened, for one goroutine.
+func (e *Earlier) reader(ctx context.Context, readers map[int]io.ReaderAt, i int) (io.ReaderAt, error) {
+	if r, ok := readers[i]; ok {
+		return r, nil
+	}
+	r, err := e.Open(ctx, e.Files[i])
+	if err != nil {
+		return nil, fmt.Errorf("the earlier checkpoint %s: %w", e.Name, err)
+	}
+	readers[i] = r
+	return r, nil
+}
+
+// keptReader reads a kept file (size bytes): the library's format 3
+// (its magic checked), the only one a copy out writes.
+func keptReader(kept io.ReaderAt, size int64) (*fileReader, error) {
+	fr := &fileReader{r: kept, size: size}
+	magic := make([]byte, 8)
+	if err := fr.read(0, magic); err != nil {
+		return nil, err
+	}
+	if string(magic) != magicV3 {
+		return nil, fr.bad(0, "magic %q, not the library's %s", magic, magicV3)
+	}
+	fr.version = 3
+	return fr, nil
+}
+
+// piece is rec, just read, as the piece of kept file k, its bitmap
+// copied and no hashes yet.
+func (fr *fileReader) piece(k int, rec record) *hashedPiece {
+	p := &hashedPiece{file: k, va: rec.va, size: rec.size, block: rec.block, data: uint64(rec.start)}
+	p.unstored = append([]byte(nil), fr.bm[:(p.nblk()+7)/8]...)
+	return p
+}
+
 // copyBuf is what a composer reads at once: runs of blocks up to it.
 const copyBuf = 4 << 20
 
@@ -82,16 +119,11 @@ type composer struct {
 // compose writes the kept file k (kept, size bytes) into w with its holes
 // filled, and returns its pieces with every stored block's hash.
 func (c *composer) compose(ctx context.Context, k int, kept io.ReaderAt, size int64, w io.Writer) ([]hashedPiece, error) {
-	fr := &fileReader{r: kept, size: size}
-	magic := make([]byte, 8)
-	if err := fr.read(0, magic); err != nil {
+	fr, err := keptReader(kept, size)
+	if err != nil {
 		return nil, err
 	}
-	if string(magic) != magicV3 {
-		return nil, fr.bad(0, "magic %q, not the library's %s", magic, magicV3)
-	}
-	fr.version = 3
-	if _, err := w.Write(magic); err != nil {
+	if _, err := w.Write([]byte(magicV3)); err != nil {
 		return nil, err
 	}
 	var out []hashedPiece
@@ -108,8 +140,7 @@ func (c *composer) compose(ctx context.Context, k int, kept io.ReaderAt, size in
 		}
 		// The header, bitmap and padding as the library wrote them (and
 		// the record checked).
-		p := hashedPiece{file: k, va: rec.va, size: rec.size, block: rec.block, data: uint64(rec.start)}
-		p.unstored = append([]byte(nil), fr.bm[:(p.nblk()+7)/8]...)
+		p := fr.piece(k, rec)
 		head := append(append(fr.hdr, p.unstored...), make([]byte, rec.start-off-int64(len(fr.hdr)+len(p.unstored)))...)
 		if _, err := w.Write(head); err != nil {
 			return nil, err
@@ -119,10 +150,10 @@ func (c *composer) compose(ctx context.Context, k int, kept io.ReaderAt, size in
 		if n := int(max(min(copyBuf, rec.data), int64(min(p.block, p.size)))); len(buf) < n {
 			buf = make([]byte, n)
 		}
-		if err := c.blocks(ctx, &p, kept, w, buf, readers); err != nil {
+		if err := c.blocks(ctx, p, kept, w, buf, readers); err != nil {
 			return nil, err
 		}
-		out = append(out, p)
+		out = append(out, *p)
 		off = next
 	}
 }
@@ -202,13 +233,9 @@ func (c *composer) fromEarlier(ctx context.Context, p, hp *hashedPiece, b, n uin
 			return nil, nil, fmt.Errorf("the earlier checkpoint %s does not store the block at %#x: %w", e.Name, p.va+i*p.block, errdefs.ErrCorrupt)
 		}
 	}
-	r, ok := readers[hp.file]
-	if !ok {
-		var err error
-		if r, err = e.Open(ctx, e.Files[hp.file]); err != nil {
-			return nil, nil, fmt.Errorf("the earlier checkpoint %s: %w", e.Name, err)
-		}
-		readers[hp.file] = r
+	r, err := e.reader(ctx, readers, hp.file)
+	if err != nil {
+		return nil, nil, err
 	}
 	run, err := e.readRun(r, hp, b, n, buf)
 	if err != nil {

@@ -97,17 +97,11 @@ func newFileCuts(ctx context.Context, c *composer, k int, kept io.ReaderAt, size
 
 // all yields the file's cuts in order; an error ends them.
 func (f *fileCuts) all(yield func(Cut, error) bool) {
-	fr := &fileReader{r: f.kept, size: f.size}
-	magic := make([]byte, 8)
-	if err := fr.read(0, magic); err != nil {
+	fr, err := keptReader(f.kept, f.size)
+	if err != nil {
 		yield(Cut{}, err)
 		return
 	}
-	if string(magic) != magicV3 {
-		yield(Cut{}, fr.bad(0, "magic %q, not the library's %s", magic, magicV3))
-		return
-	}
-	fr.version = 3
 	head := int64(0) // where the bytes before the next piece's data begin
 	for off := int64(8); ; {
 		rec, next, end, err := fr.record(off)
@@ -119,8 +113,7 @@ func (f *fileCuts) all(yield func(Cut, error) bool) {
 			f.plain(head, next, yield)
 			return
 		}
-		p := &hashedPiece{file: f.k, va: rec.va, size: rec.size, block: rec.block, data: uint64(rec.start)}
-		p.unstored = append([]byte(nil), fr.bm[:(p.nblk()+7)/8]...)
+		p := fr.piece(f.k, rec)
 		p.hashes = make([]blockHash, p.ordinal(p.nblk()))
 		f.pieces = append(f.pieces, p)
 		if !f.plain(head, rec.start, yield) || !f.groups(p, yield) {
@@ -288,13 +281,9 @@ func (f *fileCuts) fill(g *group, o uint64, buf []byte) error {
 		if !f.c.skip.has(g.p.va + b*g.p.block) {
 			return nil
 		}
-		r, ok := f.readers[g.hp.file]
-		if !ok {
-			var err error
-			if r, err = e.Open(f.ctx, e.Files[g.hp.file]); err != nil {
-				return fmt.Errorf("the earlier checkpoint %s: %w", e.Name, err)
-			}
-			f.readers[g.hp.file] = r
+		r, err := e.reader(f.ctx, f.readers, g.hp.file)
+		if err != nil {
+			return err
 		}
 		at := g.hp.data + g.hp.ordinal(b)*g.hp.block + lo - pos
 		if n, err := r.ReadAt(buf[lo-o:hi-o], int64(at)); n < int(hi-lo) {
