@@ -15,6 +15,7 @@ package gpuckpt
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -55,11 +56,7 @@ type earliers struct {
 // under.
 func locKey(parent location.Location) uint64 {
 	h := codec.ContentHash([]byte(fmt.Sprintf("gpucr-stream location %d %s", parent.Kind, parent.Path)))
-	var k uint64
-	for _, b := range h[:8] {
-		k = k<<8 | uint64(b)
-	}
-	return k
+	return binary.BigEndian.Uint64(h[:8])
 }
 
 // dedupFor is the fast path's side of a --dedup checkpoint into t (nil
