@@ -6,10 +6,8 @@ package e2e
 // checkpoint of it works.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,56 +96,6 @@ func TestRuncContainer(t *testing.T) {
 	}
 }
 
-// receiver is a `receive --restore` on a loopback port.
-type receiver struct {
-	addr   string
-	stderr strings.Builder
-	done   chan error
-}
-
-// startReceive runs `receive --listen 127.0.0.1:0 --restore ARGS` and
-// waits until it listens. Its --net-timeout (and the sender's) leaves room
-// for a loaded host, where the sender may wait seconds for its init to
-// reap the checkpointed container before it says "restore".
-func startReceive(ctx context.Context, t *testing.T, tok string, args ...string) *receiver {
-	t.Helper()
-	r := &receiver{done: make(chan error, 1)}
-	cmd := exec.CommandContext(ctx, BuildBinary(t, "./cmd/gpucr-stream"), append([]string{"receive", "--listen", "127.0.0.1:0",
-		"--token-file", tok, "--net-timeout", "30s", "--restore", "--no-progress"}, args...)...)
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if _, addr, ok := strings.Cut(sc.Text(), "receive: listening on "); ok {
-				listening <- addr
-			}
-			r.stderr.WriteString(sc.Text() + "\n")
-		}
-	}()
-	go func() {
-		err := cmd.Wait()
-		pw.Close()
-		if err != nil {
-			err = fmt.Errorf("receive: %v: %s", err, r.stderr.String())
-		}
-		r.done <- err
-	}()
-	t.Cleanup(func() { cmd.Process.Kill() })
-	select {
-	case r.addr = <-listening:
-	case err := <-r.done:
-		t.Fatalf("receive ended before listening: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("receive does not listen")
-	}
-	return r
-}
-
 // TestRuncMigrate: `migrate --container` moves a runc container over
 // loopback from one runc state dir to another (two runc roots, as two
 // hosts have), where `receive --restore --container` restores it as that
@@ -167,7 +115,12 @@ func TestRuncMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	tok := writeToken(t, BuildBinary(t, "./cmd/gpucr-stream"), filepath.Join(dir, "token"))
-	r := startReceive(ctx, t, tok, "--container", id, "--runtime-root", rootB, "--work-dir", filepath.Join(dir, "recv"))
+	// Both --net-timeouts leave room for a loaded host, where the sender
+	// may wait seconds for its init to reap the checkpointed container
+	// before it says "restore".
+	r := startReceiver(t, exec.CommandContext(ctx, BuildBinary(t, "./cmd/gpucr-stream"), "receive", "--listen", "127.0.0.1:0",
+		"--token-file", tok, "--net-timeout", "30s", "--restore", "--no-progress",
+		"--container", id, "--runtime-root", rootB, "--work-dir", filepath.Join(dir, "recv")), 30*time.Second)
 	// The container's init is an orphan of `runc run --detach`: where an
 	// earlier test made this process a subreaper, it is ours to reap, and
 	// migrate waits for that before the receiver restores.
@@ -175,13 +128,8 @@ func TestRuncMigrate(t *testing.T) {
 	go func() { reaped <- WaitPIDGone(ctx, tg.PID()) }()
 	gcsRun(ctx, t, "migrate", "--container", id, "--runtime-root", rootA, "--to", "tcp://"+r.addr, "--token-file", tok,
 		"--net-timeout", "30s", "--work-dir", filepath.Join(dir, "send")).ok(t, "migrate")
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-ctx.Done():
-		t.Fatal(ctx.Err())
+	if err := r.wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if p, err := runcPID(runc, rootA, id); err == nil {
 		t.Fatalf("the container still runs in the sending runc root (init %d)", p)

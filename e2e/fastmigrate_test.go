@@ -1,11 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,67 +22,17 @@ import (
 // device memory back too; a migrate killed after the release leaves the
 // library to refill the source.
 
-// fastReceiver is a `receive --restore` on a loopback port.
-type fastReceiver struct {
-	addr   string
-	stdout strings.Builder
-	stderr strings.Builder
-	done   chan error
-}
-
 // startReceiver runs `receive --listen 127.0.0.1:0 --restore` with the fast
 // path's environment (and env) and waits until it listens.
-func (e *fastEnv) startReceiver(ctx context.Context, t *testing.T, env []string, tok string, args ...string) *fastReceiver {
+func (e *fastEnv) startReceiver(ctx context.Context, t *testing.T, env []string, tok string, args ...string) *receiver {
 	t.Helper()
-	r := &fastReceiver{done: make(chan error, 1)}
 	cmd := exec.CommandContext(ctx, e.gcs, append([]string{"receive", "--listen", "127.0.0.1:0", "--token-file", tok, "--net-timeout", "3s",
 		"--restore", "--json", "--no-progress"}, args...)...)
 	cmd.Env = append(e.env(), env...)
-	cmd.Stdout = &r.stdout
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if _, addr, ok := strings.Cut(sc.Text(), "receive: listening on "); ok {
-				listening <- addr
-			}
-			r.stderr.WriteString(sc.Text() + "\n")
-		}
-	}()
-	go func() {
-		err := cmd.Wait()
-		pw.Close()
-		if err != nil {
-			err = fmt.Errorf("%v: %s", err, r.stderr.String())
-		}
-		r.done <- err
-	}()
-	t.Cleanup(func() { cmd.Process.Kill() })
-	select {
-	case r.addr = <-listening:
-	case err := <-r.done:
-		t.Fatalf("receive ended before listening: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("receive does not listen")
-	}
-	return r
+	return startReceiver(t, cmd, 20*time.Second)
 }
 
-func (r *fastReceiver) wait(ctx context.Context) error {
-	select {
-	case err := <-r.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (e *fastEnv) migrateArgs(pid int, r *fastReceiver, tok, name string, extra ...string) []string {
+func (e *fastEnv) migrateArgs(pid int, r *receiver, tok, name string, extra ...string) []string {
 	return append([]string{"migrate", "--pid", strconv.Itoa(pid), "--to", "tcp://" + r.addr, "--token-file", tok, "--net-timeout", "3s",
 		"--criu", e.criu, "--work-dir", filepath.Join(e.dir, "w-"+name), "--json", "--no-progress", "--vram-files", "3", "--vram-keep-dir", e.dir}, extra...)
 }

@@ -219,3 +219,69 @@ func waitForFile(ctx context.Context, t testing.TB, p string) {
 		}
 	}
 }
+
+// receiver is a `receive --listen 127.0.0.1:0` on a loopback port, with
+// the address it said it listens on.
+type receiver struct {
+	addr   string
+	stdout strings.Builder
+	stderr strings.Builder
+	done   chan error
+}
+
+// startReceiver starts cmd, a prepared `receive --listen 127.0.0.1:0`, with
+// its stdout into r.stdout, and waits up to listenWait for the address it
+// listens on. Its end, with its stderr in any error, goes to r.done.
+func startReceiver(t *testing.T, cmd *exec.Cmd, listenWait time.Duration) *receiver {
+	t.Helper()
+	r := &receiver{done: make(chan error, 1)}
+	cmd.Stdout = &r.stdout
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan string, 1)
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if _, addr, ok := strings.Cut(sc.Text(), "receive: listening on "); ok {
+				select {
+				case listening <- addr:
+				default:
+				}
+			}
+			r.stderr.WriteString(sc.Text() + "\n")
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		pw.Close()
+		<-scanned // every stderr line is in r.stderr
+		if err != nil {
+			err = fmt.Errorf("receive: %v: %s", err, r.stderr.String())
+		}
+		r.done <- err
+	}()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	select {
+	case r.addr = <-listening:
+	case err := <-r.done:
+		t.Fatalf("receive ended before listening: %v", err)
+	case <-time.After(listenWait):
+		t.Fatal("receive does not listen")
+	}
+	return r
+}
+
+// wait returns how the receiver ended, or ctx's error.
+func (r *receiver) wait(ctx context.Context) error {
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
