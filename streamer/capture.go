@@ -227,6 +227,17 @@ func (c *Capture) acquire() error {
 	}
 }
 
+// chunkBuf gives it a budgeted buffer (its token and rawBuf, which
+// release gives back) and returns it at the chunk size.
+func (c *Capture) chunkBuf(it *item) ([]byte, error) {
+	if err := c.acquire(); err != nil {
+		return nil, err
+	}
+	it.token = true
+	it.rawBuf = c.bufs.Get()
+	return it.rawBuf[:c.opts.ChunkSize], nil
+}
+
 func (c *Capture) release(it *item) {
 	it.visitDone()
 	c.bufs.Put(it.rawBuf)
@@ -288,20 +299,14 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 			buf = make([]byte, small)
 			n, err = it.sums.fill(r, buf)
 		case cut != nil:
-			if err := c.acquire(); err != nil {
+			if buf, err = c.chunkBuf(it); err != nil {
 				return off, err
 			}
-			it.token = true
-			it.rawBuf = c.bufs.Get()
-			buf = it.rawBuf[:c.opts.ChunkSize]
 			n, err = cut.next(buf, &it.sums)
 		default:
-			if err := c.acquire(); err != nil {
+			if buf, err = c.chunkBuf(it); err != nil {
 				return off, err
 			}
-			it.token = true
-			it.rawBuf = c.bufs.Get()
-			buf = it.rawBuf[:c.opts.ChunkSize]
 			n, err = it.sums.fill(r, buf)
 		}
 		if first && n == small && small < c.opts.ChunkSize && err == nil {
@@ -312,12 +317,10 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 				continue
 			}
 			// Not small after all: move what we have into a budgeted chunk.
-			if err := c.acquire(); err != nil {
+			var big []byte
+			if big, err = c.chunkBuf(it); err != nil {
 				return off, err
 			}
-			it.token = true
-			it.rawBuf = c.bufs.Get()
-			big := it.rawBuf[:c.opts.ChunkSize]
 			copy(big, buf)
 			var m int
 			m, err = it.sums.fill(r, big[small:])

@@ -95,12 +95,11 @@ func (c *Capture) cutItem(cut *Cut, id uint32, name string, off int64, visits *s
 		it.known, it.hash, it.crc = true, cut.Hash, cut.CRC
 		return it, nil
 	}
-	if err := c.acquire(); err != nil {
+	buf, err := c.chunkBuf(it)
+	if err != nil {
 		return nil, err
 	}
-	it.token = true
-	it.rawBuf = c.bufs.Get()
-	it.raw = it.rawBuf[:cut.Len]
+	it.raw = buf[:cut.Len]
 	if err := cut.Fill(it.raw); err != nil {
 		c.release(it)
 		return nil, fmt.Errorf("read %s at offset %d: %w", name, off, err)
