@@ -241,3 +241,56 @@ func verifyAll(ctx context.Context, e *Earlier) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// BenchmarkStoreCutsBlocks measures what a --dedup store's bookkeeping of
+// blocks costs beside the bytes it moves, at 4 KiB and 64 KiB blocks:
+// GPUCR_BENCH_MIB (default 128) of device memory in 64 MiB pieces, every
+// tenth block rewritten (so every group mixes kept and left-out blocks and
+// is stored by its bytes), the rest left out and read back from an earlier
+// checkpoint in memory, every block hashed, through a plain put (one
+// goroutine, no chunk store).
+func BenchmarkStoreCutsBlocks(b *testing.B) {
+	mib := 128
+	if v := os.Getenv("GPUCR_BENCH_MIB"); v != "" {
+		fmt.Sscan(v, &mib)
+	}
+	const piece = 64 << 20
+	for _, blk := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprintf("block=%dKiB", blk>>10), func(b *testing.B) {
+			r := rand.NewChaCha8([32]byte{2})
+			var old, cur []dataPiece
+			skip := &skipSet{block: uint64(blk)}
+			for k := range max(1, mib/(piece>>20)) {
+				va := uint64(1<<40) + uint64(k)*piece
+				p := dataPiece{va: va, block: uint64(blk)}
+				q := dataPiece{va: va, block: uint64(blk)}
+				m := devMap{va: va, size: piece, bits: make([]byte, piece/blk/8)}
+				for i := range piece / blk {
+					bl := make([]byte, blk)
+					r.Read(bl)
+					p.blocks, q.blocks = append(p.blocks, bl), append(q.blocks, bl)
+					if i%10 == 3 {
+						q.blocks[i] = make([]byte, blk)
+						r.Read(q.blocks[i])
+					} else {
+						m.bits[i/8] |= 1 << (i % 8)
+					}
+				}
+				skip.maps = append(skip.maps, m)
+				old, cur = append(old, p), append(cur, q)
+			}
+			oldFile, kept := vramFile(old, nil), vramFile(cur, skip.has)
+			ps, err := storeCuts(&composer{key: 5}, oldFile, nil, "one")
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := &composer{key: 5, skip: skip, earlier: memEarlier(newBlockHashes(5, 1, [][]hashedPiece{ps}), oldFile)}
+			b.SetBytes(int64(len(cur) * piece))
+			for b.Loop() {
+				if _, err := storeCuts(c, kept, nil, "two"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
