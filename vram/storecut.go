@@ -70,12 +70,13 @@ type fileCuts struct {
 	checks  []earlyBlock
 }
 
-// group is a piece's stored blocks first..end-1: the hashes from ord on,
-// the bytes at at in the kept file (and in the new file), length of them.
+// group is a piece's stored blocks first..end-1: the hashes from ord on
+// (hp's from hord on), the bytes at at in the kept file (and in the new
+// file), length of them.
 type group struct {
-	p, hp           *hashedPiece // hp: the earlier checkpoint's, or nil
-	first, end, ord uint64
-	at, length      uint64
+	p, hp                 *hashedPiece // hp: the earlier checkpoint's, or nil
+	first, end, ord, hord uint64
+	at, length            uint64
 }
 
 // earlyBlock is a block read back from the earlier checkpoint: its hash
@@ -157,21 +158,27 @@ func (f *fileCuts) groups(p *hashedPiece, yield func(Cut, error) bool) bool {
 		}
 	}
 	per := max(1, f.span/p.block)
-	at, ord := p.data, uint64(0)
+	// ord, hord: p's and hp's ordinals of first, counted as the groups
+	// go (hashedPiece.ordinal from the start each time is quadratic in
+	// the piece's blocks).
+	at, ord, hord := p.data, uint64(0), uint64(0)
 	for first := uint64(0); first < p.nblk(); first += per {
-		g := &group{p: p, hp: hp, first: first, end: min(first+per, p.nblk()), ord: ord, at: at}
+		g := &group{p: p, hp: hp, first: first, end: min(first+per, p.nblk()), ord: ord, hord: hord, at: at}
 		n := uint64(0)
 		for b := g.first; b < g.end; b++ {
 			if p.stored(b) {
 				n++
 				g.length += p.blockLen(b)
 			}
+			if hp != nil && hp.stored(b) {
+				hord++
+			}
 		}
 		if n == 0 {
 			continue
 		}
 		if refs := f.refs(g); refs != nil {
-			copy(p.hashes[ord:ord+n], hp.hashes[hp.ordinal(first):])
+			copy(p.hashes[ord:ord+n], hp.hashes[g.hord:])
 			for _, r := range refs {
 				if !yield(r, nil) {
 					return false
@@ -200,7 +207,7 @@ func (f *fileCuts) refs(g *group) []Cut {
 			return nil
 		}
 	}
-	from := hp.data + hp.ordinal(g.first)*hp.block
+	from := hp.data + g.hord*hp.block
 	cs := e.Chunks[hp.file]
 	i := sort.Search(len(cs), func(i int) bool { return cs[i].Offset >= int64(from) })
 	var cuts []Cut
@@ -223,19 +230,14 @@ func (f *fileCuts) refs(g *group) []Cut {
 // left out of the copy come from the earlier checkpoint, and are noted to
 // be checked against its record.
 func (f *fileCuts) bytes(g *group, yield func(Cut, error) bool) bool {
-	slot := g.ord
-	for b := g.first; b < g.end; b++ {
-		if !g.p.stored(b) {
-			continue
-		}
-		if va := g.p.va + b*g.p.block; f.c.skip.has(va) {
-			if g.hp == nil || !g.hp.stored(b) {
+	for s := range g.spans(0, g.length) {
+		if va := g.p.va + s.b*g.p.block; f.c.skip.has(va) {
+			if !s.held {
 				yield(Cut{}, fmt.Errorf("the block at %#x was left out for an earlier checkpoint, which does not store it: %w", va, errdefs.ErrCorrupt))
 				return false
 			}
-			f.checks = append(f.checks, earlyBlock{p: g.p, slot: slot, va: va, want: g.hp.hashes[g.hp.ordinal(b)]})
+			f.checks = append(f.checks, earlyBlock{p: g.p, slot: s.slot, va: va, want: g.hp.hashes[s.hslot]})
 		}
-		slot++
 	}
 	for off := uint64(0); off < g.length; off += f.limit {
 		o := off
@@ -249,25 +251,35 @@ func (f *fileCuts) bytes(g *group, yield func(Cut, error) bool) bool {
 	return true
 }
 
-// spans calls fn for each stored block of g that the bytes o..o+n-1 of
-// its stored bytes cover: the block, its slot among p's hashes, and the
-// part of it (lo..hi-1 of g's bytes; pos: where the block begins).
-func (g *group) spans(o, n uint64, fn func(b, slot, pos, lo, hi uint64) error) error {
-	pos, slot := uint64(0), g.ord
-	for b := g.first; b < g.end && pos < o+n; b++ {
-		if !g.p.stored(b) {
-			continue
-		}
-		l := g.p.blockLen(b)
-		if lo, hi := max(pos, o), min(pos+l, o+n); lo < hi {
-			if err := fn(b, slot, pos, lo, hi); err != nil {
-				return err
+// span is a stored block b of a group: its slot among p's hashes, and
+// whether hp holds it (held) at which slot of its own (hslot); pos: where
+// it begins in g's bytes, lo..hi-1: the part of them a cut covers.
+type span struct {
+	b, slot, hslot uint64
+	held           bool
+	pos, lo, hi    uint64
+}
+
+// spans yields the stored blocks of g that the bytes o..o+n-1 of its
+// stored bytes cover, in order.
+func (g *group) spans(o, n uint64) iter.Seq[span] {
+	return func(yield func(span) bool) {
+		s := span{slot: g.ord, hslot: g.hord}
+		for s.b = g.first; s.b < g.end && s.pos < o+n; s.b++ {
+			s.held = g.hp != nil && g.hp.stored(s.b)
+			if g.p.stored(s.b) {
+				l := g.p.blockLen(s.b)
+				if s.lo, s.hi = max(s.pos, o), min(s.pos+l, o+n); s.lo < s.hi && !yield(s) {
+					return
+				}
+				s.pos += l
+				s.slot++
+			}
+			if s.held {
+				s.hslot++
 			}
 		}
-		pos += l
-		slot++
 	}
-	return nil
 }
 
 // fill reads g's bytes from o on into buf: the kept file's, then the
@@ -277,31 +289,30 @@ func (f *fileCuts) fill(g *group, o uint64, buf []byte) error {
 		return err
 	}
 	e := f.c.earlier
-	return g.spans(o, uint64(len(buf)), func(b, _, pos, lo, hi uint64) error {
-		if !f.c.skip.has(g.p.va + b*g.p.block) {
-			return nil
+	for s := range g.spans(o, uint64(len(buf))) {
+		if !f.c.skip.has(g.p.va + s.b*g.p.block) {
+			continue
 		}
 		r, err := e.reader(f.ctx, f.readers, g.hp.file)
 		if err != nil {
 			return err
 		}
-		at := g.hp.data + g.hp.ordinal(b)*g.hp.block + lo - pos
-		if n, err := r.ReadAt(buf[lo-o:hi-o], int64(at)); n < int(hi-lo) {
+		at := g.hp.data + s.hslot*g.hp.block + s.lo - s.pos
+		if n, err := r.ReadAt(buf[s.lo-o:s.hi-o], int64(at)); n < int(s.hi-s.lo) {
 			return fmt.Errorf("the earlier checkpoint %s: %s at %d: %w", e.Name, e.Files[g.hp.file], at, errors.Join(err, io.ErrUnexpectedEOF))
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // visit adds the hash of each part of a block in buf (g's bytes from o
 // on) to the block's: a block split over cuts is summed from its parts.
 func (f *fileCuts) visit(g *group, o uint64, buf []byte) {
-	_ = g.spans(o, uint64(len(buf)), func(_, slot, pos, lo, hi uint64) error {
-		h := hashWords(buf[lo-o:hi-o], f.c.key, (lo-pos)/8)
-		atomic.AddUint64(&g.p.hashes[slot][0], h[0])
-		atomic.AddUint64(&g.p.hashes[slot][1], h[1])
-		return nil
-	})
+	for s := range g.spans(o, uint64(len(buf))) {
+		h := hashWords(buf[s.lo-o:s.hi-o], f.c.key, (s.lo-s.pos)/8)
+		atomic.AddUint64(&g.p.hashes[s.slot][0], h[0])
+		atomic.AddUint64(&g.p.hashes[s.slot][1], h[1])
+	}
 }
 
 // check checks, once the put returned, the blocks read back from the
