@@ -14,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // proc is a running gpucr-stream (or shell pipeline) with its progress
@@ -225,16 +228,17 @@ func waitForFile(ctx context.Context, t testing.TB, p string) {
 type receiver struct {
 	addr   string
 	stdout strings.Builder
-	stderr strings.Builder
-	done   chan error
+	stderr pipelinetest.SyncBuffer // its lines so far, also while it runs
+	done   chan struct{}           // closed once it ended, err set
+	err    error                   // how it ended, with its stderr
 }
 
 // startReceiver starts cmd, a prepared `receive --listen 127.0.0.1:0`, with
-// its stdout into r.stdout, and waits up to listenWait for the address it
-// listens on. Its end, with its stderr in any error, goes to r.done.
+// its stdout into r.stdout, and waits up to listenWait (scaled to the
+// machine's load) for the address it listens on.
 func startReceiver(t *testing.T, cmd *exec.Cmd, listenWait time.Duration) *receiver {
 	t.Helper()
-	r := &receiver{done: make(chan error, 1)}
+	r := &receiver{done: make(chan struct{})}
 	cmd.Stdout = &r.stdout
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
@@ -253,7 +257,7 @@ func startReceiver(t *testing.T, cmd *exec.Cmd, listenWait time.Duration) *recei
 				default:
 				}
 			}
-			r.stderr.WriteString(sc.Text() + "\n")
+			fmt.Fprintln(&r.stderr, sc.Text())
 		}
 	}()
 	go func() {
@@ -263,14 +267,18 @@ func startReceiver(t *testing.T, cmd *exec.Cmd, listenWait time.Duration) *recei
 		if err != nil {
 			err = fmt.Errorf("receive: %v: %s", err, r.stderr.String())
 		}
-		r.done <- err
+		r.err = err
+		close(r.done)
 	}()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-r.done
+	})
 	select {
 	case r.addr = <-listening:
-	case err := <-r.done:
-		t.Fatalf("receive ended before listening: %v", err)
-	case <-time.After(listenWait):
+	case <-r.done:
+		t.Fatalf("receive ended before listening: %v", r.err)
+	case <-time.After(testwait.Scale(listenWait)):
 		t.Fatal("receive does not listen")
 	}
 	return r
@@ -279,8 +287,8 @@ func startReceiver(t *testing.T, cmd *exec.Cmd, listenWait time.Duration) *recei
 // wait returns how the receiver ended, or ctx's error.
 func (r *receiver) wait(ctx context.Context) error {
 	select {
-	case err := <-r.done:
-		return err
+	case <-r.done:
+		return r.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // TestCheckpointInterrupted interrupts `gpucr-stream checkpoint` of one
@@ -238,7 +238,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 	bin := BuildBinary(t, "./cmd/gpucr-stream")
 	token := writeToken(t, bin, filepath.Join(dir, "token"))
 	t.Run("receive", func(t *testing.T) {
-		r, addr := startReceiveRestore(ctx, t, token, criu)
+		r, addr := startReceiveRestore(t, token, criu)
 		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
 		r.reached(ctx, t, func() bool { return strings.Contains(r.stderr.String(), "authenticated") })
 		r.saysInterrupted(ctx, t, "receive: ")
@@ -248,7 +248,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 		}
 	})
 	t.Run("migrate", func(t *testing.T) {
-		r, addr := startReceiveRestore(ctx, t, token, criu)
+		r, addr := startReceiveRestore(t, token, criu)
 		mig := startGcs(t, nil, "migrate", "--pid", pid, "--to", "tcp://"+addr, "--token-file", token, "--criu", criu, "--no-progress")
 		mig.reached(ctx, t, func() bool { return criuDumping(mig.cmd.Process.Pid) })
 		mig.saysInterrupted(ctx, t, "keeps running here")
@@ -268,7 +268,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 	f.Close()
 	archive := filepath.Join(dir, "ck")
 	gcsRun(ctx, t, "checkpoint", "--pid", pid, "--to", archive, "--criu", criu, "--no-progress").ok(t, "checkpoint")
-	waitPIDGone(t, tg.PID())
+	targetGone(ctx, t, tg)
 
 	for _, from := range []string{"archive", "stream"} {
 		t.Run("restore from "+from, func(t *testing.T) {
@@ -284,7 +284,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 			g := startGcs(t, in, "restore", "--from", src, "--criu", criu, "--no-progress")
 			g.reached(ctx, t, func() bool { return criuRunning(g.cmd.Process.Pid, "restore") })
 			g.saysInterrupted(ctx, t, "nothing was restored")
-			waitPIDGone(t, tg.PID())
+			targetGone(ctx, t, tg)
 		})
 	}
 	t.Run("serve", func(t *testing.T) {
@@ -298,7 +298,7 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 		g.reached(ctx, t, func() bool { return treeBytes(filepath.Join(images, "restore.log")) > 0 })
 		g.saysInterrupted(ctx, t, "serve: interrupted")
 		c.Wait()
-		waitPIDGone(t, tg.PID())
+		targetGone(ctx, t, tg)
 	})
 	t.Run("cp", func(t *testing.T) {
 		to := filepath.Join(dir, "copy")
@@ -308,14 +308,15 @@ func TestInterruptSaysInterrupted(t *testing.T) {
 	})
 }
 
-// startReceiveRestore starts receive --restore on a free loopback port and
-// returns it with the address it listens on.
-func startReceiveRestore(ctx context.Context, t *testing.T, token, criu string) (*gcsProc, string) {
+// startReceiveRestore starts receive --restore on a free loopback port, in
+// its own process group, and returns it with the address it listens on.
+func startReceiveRestore(t *testing.T, token, criu string) (*gcsProc, string) {
 	t.Helper()
-	r := startGcs(t, nil, "receive", "--listen", "127.0.0.1:0", "--restore", "--token-file", token, "--criu", criu, "--no-progress")
-	m := regexp.MustCompile(`listening on (\S+)`)
-	r.reached(ctx, t, func() bool { return m.MatchString(r.stderr.String()) })
-	return r, m.FindStringSubmatch(r.stderr.String())[1]
+	cmd := exec.Command(BuildBinary(t, "./cmd/gpucr-stream"), "receive", "--listen", "127.0.0.1:0", "--restore",
+		"--token-file", token, "--criu", criu, "--no-progress")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r := startReceiver(t, cmd, 20*time.Second)
+	return &gcsProc{cmd: cmd, stderr: &r.stderr, done: r.done}, r.addr
 }
 
 // saysInterrupted interrupts g and checks that it exits 130 saying it was
@@ -337,19 +338,16 @@ func (g *gcsProc) saysInterrupted(ctx context.Context, t *testing.T, more string
 	}
 }
 
-// waitPIDGone waits for process pid to be gone (a checkpointed one, or
-// what an interrupted restore must not have left), reaping it where this
-// test is its subreaper.
-func waitPIDGone(t *testing.T, pid int) {
+// targetGone waits, up to 5 s scaled to the machine's load, for tg's
+// processes to be gone (checkpointed, or what an interrupted restore must
+// not have left), reaping them where this test is their subreaper.
+func targetGone(ctx context.Context, t *testing.T, tg *Target) {
 	t.Helper()
-	for range 100 {
-		reapZombieOrphans(0)
-		if !fileExists(fmt.Sprintf("/proc/%d", pid)) {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, testwait.Scale(5*time.Second))
+	defer cancel()
+	if err := tg.WaitGone(ctx); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("process %d is still there", pid)
 }
 
 // gcsProc is gpucr-stream running in its own process group, as a shell
