@@ -8,7 +8,8 @@
 # then restores the process from full and from first (the same memory) in
 # turn, each proved by the target's memory checksum,
 # into a directory (BENCH_DIR, tmpfs by default) and into MinIO on loopback
-# (BENCH_DEDUP_S3=0 skips). Times are the checkpoint command's wall time;
+# (scripts/minio.sh, its data in BENCH_S3_DATA, default /var/tmp: a disk;
+# BENCH_DEDUP_S3=0 skips). Times are the checkpoint command's wall time;
 # "new" is what each checkpoint added to its location (ls --json new_bytes).
 # Printed as medians and ratios. Tunables as scripts/bench.sh: BENCH_MB,
 # BENCH_MIX, BENCH_ROUNDS, CRIU, GCS, MINIO; BENCH_TARGET (a prebuilt
@@ -31,16 +32,15 @@ CODEC=(${BENCH_CODEC:+--codec "$BENCH_CODEC"})
 ROUNDS=${BENCH_ROUNDS:-3}
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-dedup-XXXX")
-DATA=
-MINIO_PID=
+MINIO_DIR=
 TARGETS=$WORK/targets
 : >"$TARGETS"
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
 cleanup() {
 	while read -r p; do kill -9 "$p" 2>/dev/null || true; done <"$TARGETS"
-	[ -z "$MINIO_PID" ] || kill -9 "$MINIO_PID" 2>/dev/null || true
-	rm -rf "$WORK" ${DATA:+"$DATA"}
+	[ -z "$MINIO_DIR" ] || bash scripts/minio.sh stop "$MINIO_DIR" 2>/dev/null || true
+	rm -rf "$WORK"
 }
 trap cleanup EXIT
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
@@ -51,17 +51,10 @@ case $TARGET_BIN in /*) ;; *) TARGET_BIN=$PWD/$TARGET_BIN ;; esac # started from
 
 STORES="dir"
 if [ "${BENCH_DEDUP_S3:-1}" = 1 ]; then
-	MINIO=${MINIO:-$(bash scripts/install-minio.sh)}
-	DATA=$(mktemp -d "${BENCH_S3_DATA:-/var/tmp}/gcs-bench-dedup-minio-XXXX")
-	PORT=$((20000 + RANDOM % 40000))
-	export AWS_ACCESS_KEY_ID=bench-$RANDOM$RANDOM AWS_SECRET_ACCESS_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-	export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT
-	for k in AWS_SESSION_TOKEN AWS_PROFILE AWS_REGION AWS_DEFAULT_REGION AWS_ENDPOINT_URL_S3; do unset "$k"; done
-	MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY MINIO_BROWSER=off MINIO_UPDATE=off \
-		"$MINIO" server "$DATA" --address "127.0.0.1:$PORT" --console-address "127.0.0.1:$((PORT + 1))" --quiet >"$WORK/minio.log" 2>&1 &
-	MINIO_PID=$!
-	disown "$MINIO_PID" # killed by cleanup, without a "Killed" line
-	for _ in $(seq 600); do curl -fs "$AWS_ENDPOINT_URL/minio/health/live" >/dev/null 2>&1 && break; sleep 0.1; done
+	for k in AWS_SESSION_TOKEN AWS_PROFILE AWS_DEFAULT_REGION AWS_ENDPOINT_URL_S3; do unset "$k"; done
+	minio=$(MINIO_BINARY=${MINIO:-} TMPDIR=${BENCH_S3_DATA:-/var/tmp} bash scripts/minio.sh) # its exports
+	eval "$minio"
+	MINIO_DIR=$GPUCR_MINIO_DIR
 	STORES="dir s3"
 fi
 

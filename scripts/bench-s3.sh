@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-s3.sh -- gpucr-stream with S3 (a MinIO server on loopback, started
-# here with random credentials), measured in one run:
+# by scripts/minio.sh with random credentials), measured in one run:
 #
 #   put       criu dump -D to tmpfs, then ONE plain minio-go PutObject of the
 #             image bytes (e2e/cmd/s3bench put): the baseline
@@ -38,7 +38,6 @@ BASE=${BENCH_S3_BASE:-}
 if [ "$SYNTH_ONLY" != 1 ] || [ -z "$BASE" ]; then
 	CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
 fi
-MINIO=${MINIO:-$(bash scripts/install-minio.sh)}
 GCS=${GCS:-bin/gpucr-stream}
 case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
 MB=${BENCH_MB:-1024}
@@ -54,7 +53,6 @@ for nb in ${BENCH_S3_COMPARE:-"gpucr-stream=$GCS"}; do
 done
 SHM=${BENCH_DIR:-/dev/shm}
 WORK=$(mktemp -d "$SHM/gcs-bench-s3-XXXX")
-DATA=$(mktemp -d "${BENCH_S3_DATA:-/var/tmp}/gcs-bench-minio-XXXX")
 TARGET_BIN=$WORK/target
 S3BENCH=$WORK/s3bench
 go build -o "$TARGET_BIN" ./e2e/target
@@ -62,7 +60,7 @@ go build -o "$S3BENCH" ./e2e/cmd/s3bench
 [ -x "$GCS" ] || CGO_ENABLED=0 go build -o "$GCS" ./cmd/gpucr-stream
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
-MINIO_PID=
+MINIO_DIR=
 PIDS=()
 # kill_ours kills the given pids that still run one of our binaries (a pid
 # recorded long ago may belong to someone else by now).
@@ -71,7 +69,7 @@ kill_ours() {
 	for p in "$@"; do
 		exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
 		case ${exe% (deleted)} in
-		"$TARGET_BIN" | "$GCS" | "$S3BENCH" | "$MINIO" | /usr/bin/time) kill -9 "$p" 2>/dev/null || true ;;
+		"$TARGET_BIN" | "$GCS" | "$S3BENCH" | /usr/bin/time) kill -9 "$p" 2>/dev/null || true ;;
 		*) for b in "${BUILDS[@]}"; do if [ "${exe% (deleted)}" = "$b" ]; then kill -9 "$p" 2>/dev/null || true; fi; done ;;
 		esac
 	done
@@ -79,8 +77,8 @@ kill_ours() {
 cleanup() {
 	local p
 	for p in "${PIDS[@]}"; do kill_ours $(pgrep -P "$p" 2>/dev/null) "$p"; done
-	[ -n "$MINIO_PID" ] && kill_ours "$MINIO_PID"
-	rm -rf "$WORK" "$DATA"
+	[ -z "$MINIO_DIR" ] || bash scripts/minio.sh stop "$MINIO_DIR" 2>/dev/null || true
+	rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -90,22 +88,12 @@ record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; } # variant metric
 json() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1"; }        # file key -> number
 peak_kb() { sed -n 's/^\tMaximum resident set size (kbytes): //p' "$1"; }
 
-# MinIO on loopback, a free port, random credentials.
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 40000))
-		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-	done
-}
-PORT=$(free_port)
-export AWS_ACCESS_KEY_ID=bench-$RANDOM$RANDOM AWS_SECRET_ACCESS_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT
-for k in AWS_SESSION_TOKEN AWS_PROFILE AWS_REGION AWS_DEFAULT_REGION AWS_ENDPOINT_URL_S3; do unset "$k"; done
-MINIO_ROOT_USER=$AWS_ACCESS_KEY_ID MINIO_ROOT_PASSWORD=$AWS_SECRET_ACCESS_KEY MINIO_BROWSER=off MINIO_UPDATE=off \
-	"$MINIO" server "$DATA" --address "127.0.0.1:$PORT" --console-address "127.0.0.1:$(free_port)" --quiet >"$WORK/minio.log" 2>&1 &
-MINIO_PID=$!
-for _ in $(seq 600); do curl -fs "$AWS_ENDPOINT_URL/minio/health/live" >/dev/null 2>&1 && break; sleep 0.1; done
+# MinIO on loopback (scripts/minio.sh: a free port, random credentials),
+# its data in BENCH_S3_DATA.
+for k in AWS_SESSION_TOKEN AWS_PROFILE AWS_DEFAULT_REGION AWS_ENDPOINT_URL_S3; do unset "$k"; done
+minio=$(MINIO_BINARY=${MINIO:-} TMPDIR=${BENCH_S3_DATA:-/var/tmp} bash scripts/minio.sh) # its exports
+eval "$minio"
+MINIO_DIR=$GPUCR_MINIO_DIR
 "$S3BENCH" mb bench
 S3=s3://bench
 
@@ -207,7 +195,7 @@ run_variant() { # variant round
 	rm -rf "$d"
 }
 
-echo "bench-s3: target ${MB} MiB, ${ROUNDS} rounds; MinIO on 127.0.0.1:$PORT, data in $DATA; $(nproc) cores; $(uname -r)" >&2
+echo "bench-s3: target ${MB} MiB, ${ROUNDS} rounds; MinIO on $AWS_ENDPOINT_URL, data in $MINIO_DIR; $(nproc) cores; $(uname -r)" >&2
 [ "$SYNTH_ONLY" = 1 ] || for r in $(seq "$ROUNDS"); do
 	for v in put+push gcs-s3 gcs-local; do
 		echo "bench-s3: round $r $v" >&2
@@ -300,7 +288,7 @@ report() {
 	put_bps=$(mibs "$(get put bytes)" "$(get put seconds)")
 	push_bps=$(mibs "$(get push bytes)" "$(get push seconds)")
 	s3_bps=$(mibs "$(get gcs-s3 bytes)" "$(get gcs-s3 seconds)")
-	echo "Target ${MB} MiB, $(nproc) cores, MinIO on loopback (data on $(df --output=fstype "$DATA" | tail -1)), medians of ${ROUNDS}, a fresh target for every measurement."
+	echo "Target ${MB} MiB, $(nproc) cores, MinIO on loopback (data on $(df --output=fstype "$MINIO_DIR" | tail -1)), medians of ${ROUNDS}, a fresh target for every measurement."
 	echo
 	echo "| what | seconds | MiB/s (raw) | vs one PutObject | stored MiB | capture RSS | serve RSS |"
 	echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# minio.sh -- a local S3 for trying gpucr-stream: starts MinIO (the pinned
-# build of scripts/install-minio.sh, or $MINIO_BINARY) on 127.0.0.1 with
-# random credentials and a new data directory, and prints, on stdout, the
-# variables to export and how to stop it:
+# minio.sh -- a local S3 for trying gpucr-stream (and for the benchmarks):
+# starts MinIO (the pinned build of scripts/install-minio.sh, or
+# $MINIO_BINARY) on 127.0.0.1 with random credentials and a new directory
+# in $TMPDIR (default /tmp), and prints, on stdout, the variables to export
+# (GPUCR_MINIO_DIR: that directory) and how to stop it:
 #   eval "$(bash scripts/minio.sh)"    # or: make minio, then paste
 # Its data and log are in that directory, which `minio.sh stop DIR` removes
 # once the server is gone.
@@ -44,7 +45,7 @@ free_port() {
 }
 random() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
 
-dir=$(mktemp -d /tmp/gpucr-minio-XXXXXX)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/gpucr-minio-XXXXXX")
 port=$(free_port)
 console=$(free_port)
 user=gpucr-$(random 6)
@@ -77,9 +78,13 @@ for _ in $(seq 600); do
 	fi
 	sleep 0.1
 done
-live 2>/dev/null || { say "minio on 127.0.0.1:$port not live after 60 s (log: $dir/minio.log)"; exit 1; }
+live 2>/dev/null || {
+	say "minio on 127.0.0.1:$port not live after 60 s (log: $dir/minio.log); stopped it"
+	kill -9 "$pid" 2>/dev/null || true
+	exit 1
+}
 
-exports="export AWS_ACCESS_KEY_ID=$user AWS_SECRET_ACCESS_KEY=$pass AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_REGION=us-east-1"
+exports="export AWS_ACCESS_KEY_ID=$user AWS_SECRET_ACCESS_KEY=$pass AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_REGION=us-east-1 GPUCR_MINIO_DIR=$(printf %q "$dir")"
 echo "$exports" >"$dir/env"
 chmod 0600 "$dir/env"
 cat <<MSG

@@ -134,7 +134,8 @@ echo "$stage done"
 
 // TestMinio: make minio's script starts MinIO on loopback with random
 // credentials, prints exports that reach it (and that a second start does
-// not share), and a stop command that ends it and removes its data.
+// not share) and name its directory (in $TMPDIR), and a stop command that
+// ends it and removes its data.
 func TestMinio(t *testing.T) {
 	bin, err := miniotest.Find()
 	if err != nil {
@@ -147,9 +148,10 @@ func TestMinio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tmp := t.TempDir()
 	start := func() (env map[string]string, stop string) {
 		cmd := exec.Command("bash", filepath.Join(root, "scripts", "minio.sh"))
-		cmd.Env = append(os.Environ(), "MINIO_BINARY="+bin)
+		cmd.Env = append(os.Environ(), "MINIO_BINARY="+bin, "TMPDIR="+tmp)
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("minio.sh: %v\n%s", err, out)
@@ -196,6 +198,9 @@ func TestMinio(t *testing.T) {
 		t.Error("another start's secret is taken")
 	}
 	dir := strings.Fields(stop)[len(strings.Fields(stop))-1]
+	if env["GPUCR_MINIO_DIR"] != dir || filepath.Dir(dir) != tmp {
+		t.Errorf("GPUCR_MINIO_DIR=%s, the stop command's directory %s, TMPDIR %s", env["GPUCR_MINIO_DIR"], dir, tmp)
+	}
 	if out, err := exec.Command("bash", "-c", stop).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", stop, err, out)
 	}
