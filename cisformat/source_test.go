@@ -1,7 +1,6 @@
 package cisformat
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr-stream/cisformat/cisformattest"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/testwait"
@@ -28,34 +28,6 @@ var fixtures = []struct {
 	{"one shard", []string{"stream.img"}, "stream.extracted.tar", ""},
 	{"two shards", []string{"shard0.img", "shard1.img"}, "shards.extracted.tar", ""},
 	{"ext file", []string{"stream-ext.img"}, "stream-ext.extracted.tar", "extra.txt"},
-}
-
-func readTar(t *testing.T, path string) map[string][]byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Typeflag != tar.TypeReg {
-			continue
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[filepath.Base(h.Name)] = b
-	}
 }
 
 func openShards(t *testing.T, names []string) ([]io.Reader, []string) {
@@ -76,7 +48,7 @@ func openShards(t *testing.T, names []string) ([]io.Reader, []string) {
 func TestExtractFixtures(t *testing.T) {
 	for _, fx := range fixtures {
 		t.Run(fx.name, func(t *testing.T) {
-			want := readTar(t, filepath.Join("testdata", fx.tar))
+			want := cisformattest.Extracted(t, filepath.Join("testdata", fx.tar))
 			if len(want) < 10 {
 				t.Fatalf("fixture tar holds %d files", len(want))
 			}
@@ -146,7 +118,7 @@ func TestExtractFixtures(t *testing.T) {
 // TestServeFixtureInMemory serves files from memory (no extract dir), the
 // way serve hands them to CRIU, and a file is served twice.
 func TestServeFixtureInMemory(t *testing.T) {
-	want := readTar(t, "testdata/shards.extracted.tar")
+	want := cisformattest.Extracted(t, "testdata/shards.extracted.tar")
 	shards, names := openShards(t, []string{"shard0.img", "shard1.img"})
 	src := NewSource(context.Background(), shards, names, nil, source.StreamSourceOptions{})
 	defer src.Close()

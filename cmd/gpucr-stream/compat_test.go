@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,33 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/checkpoint"
+	"github.com/gpucr/gpucr-stream/cisformat/cisformattest"
 )
 
 const fixtureDir = "../../cisformat/testdata"
-
-func tarFiles(t *testing.T, path string) map[string][]byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			b, _ := io.ReadAll(tr)
-			out[filepath.Base(h.Name)] = b
-		}
-	}
-}
 
 // openFixture opens a fixture for a descriptor flag. (A pipe made with
 // os.Pipe would be in Go's poller twice once the command wraps its fd; the
@@ -126,7 +102,7 @@ func TestExtractRealToolStreams(t *testing.T) {
 			if err := run(context.Background(), args, stdin, &stdout, &stderr); err != nil {
 				t.Fatalf("extract: %v\n%s", err, stderr.String())
 			}
-			for name, b := range tarFiles(t, filepath.Join(fixtureDir, c.tar)) {
+			for name, b := range cisformattest.Extracted(t, filepath.Join(fixtureDir, c.tar)) {
 				got, err := os.ReadFile(filepath.Join(dir, name))
 				if err != nil || !bytes.Equal(got, b) {
 					t.Errorf("%s: %d bytes (%v), the real tool wrote %d", name, len(got), err, len(b))

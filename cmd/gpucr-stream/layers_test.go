@@ -16,7 +16,7 @@ var rooms = map[string]int{
 	"cudadriver": 2, "preloadctl": 2, "fdgraft": 2,
 	"pipeline": 3, "store/s3": 3, "chunkstore": 3, "vram": 3, "vram/vramtest": 3, "cudadriver/drivertest": 3,
 	"streamer": 4, "source": 4, "pipeline/pipelinetest": 4,
-	"criusock": 5, "transport/tcp": 5, "cisformat": 5, "ctrtar": 5,
+	"criusock": 5, "transport/tcp": 5, "cisformat": 5, "cisformat/cisformattest": 0, "ctrtar": 5,
 	"location": 6, "catalog": 6, "swrk": 6,
 	"gpuckpt": 7, "container": 7,
 	"checkpoint":       8,
