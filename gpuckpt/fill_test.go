@@ -99,11 +99,11 @@ func TestFillAdopted(t *testing.T) {
 			tg := vramtest.Start(t)
 			st, s := fastSuspended(t, tg, false)
 			p := s.fast.Procs()[0]
-			if p.Handles == "" || len(st.Files[p.Handles]) == 0 {
+			if p.Handles == "" || len(st.Tables[p.Handles]) == 0 {
 				t.Fatalf("no handle table stored: %+v", p)
 			}
 			if tc.tamper != nil {
-				st.Files[p.Handles] = tc.tamper(st.Files[p.Handles])
+				st.Tables[p.Handles] = tc.tamper(st.Tables[p.Handles])
 			}
 			procs := []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
 			fill := StartFill(ctx, storeSource{st: st}, nil, procs, nil)
