@@ -59,11 +59,11 @@ type filling struct {
 func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pairs []cudadriver.GPUPair) *Fill {
 	f := &Fill{procs: map[int]*filling{}}
 	ctx, f.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	// Files the stage has not read come from the archive behind CRIU's
-	// reads, as the stage reads them.
+	// Files the stage has not begun come from the archive behind CRIU's
+	// reads, all at once (4 fetchers each, as the stage's).
 	behind := src
 	if a := location.ArchiveOf(src); a != nil {
-		behind = a.Behind(4, 32)
+		behind = a.Behind(4, 2*4*vram.DefaultFiles)
 	}
 	for _, p := range procs {
 		if p.Path != manifest.CUDAPathPreload || p.Handles == "" {
@@ -177,16 +177,18 @@ func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *St
 	if err != nil {
 		return nil, fl.why(err)
 	}
+	// Every file at once: one the stage is reading comes from there when
+	// it is read, the others (which the stage then leaves) straight from
+	// the archive.
 	get := func(ctx context.Context, name string, w io.Writer) error {
-		f, err := stage.Wait(ctx, name)
+		f, err := stage.Take(ctx, name)
 		if err != nil || f == nil {
 			_, err := behind.Copy(ctx, name, w)
 			return err
 		}
-		_, err = io.CopyBuffer(w, io.NewSectionReader(f, 0, 1<<62), make([]byte, 1<<20))
-		return err
+		return spliceFile(w, f)
 	}
-	if filled.Copy, err = vram.CopyIn(ctx, fl.conn, p.Files, get, stage.TakeReady); err != nil {
+	if filled.Copy, err = vram.CopyIn(ctx, fl.conn, p.Files, get, nil); err != nil {
 		return nil, fl.why(err)
 	}
 	if filled.Handles, err = fl.export(ctx, n); err != nil {
@@ -307,6 +309,31 @@ func readTable(ctx context.Context, src source.Source, name string, pairs []cuda
 		return nil, fmt.Errorf("handle table: %w", err)
 	}
 	return f, nil
+}
+
+// spliceFile copies the staged file f into w, a pipe: spliced (the
+// pipe takes f's pages) where it can be.
+func spliceFile(w io.Writer, f *os.File) error {
+	if p, ok := w.(*os.File); ok {
+		var off int64
+		for {
+			n, err := unix.Splice(int(f.Fd()), &off, int(p.Fd()), nil, 1<<20, unix.SPLICE_F_MOVE|unix.SPLICE_F_MORE)
+			if n == 0 && err == nil {
+				return nil
+			}
+			if err == unix.EINTR || err == unix.EAGAIN {
+				continue
+			}
+			if err != nil {
+				if off == 0 && err == unix.EINVAL {
+					break // no splice here: copy
+				}
+				return fmt.Errorf("splice: %w", err)
+			}
+		}
+	}
+	_, err := io.CopyBuffer(w, io.NewSectionReader(f, 0, 1<<62), make([]byte, 1<<20))
+	return err
 }
 
 // limitedBuffer keeps the first n bytes written to it; with fail, more is

@@ -57,10 +57,6 @@ type Stage struct {
 	limit int64
 	bytes int64 // reserved by files staged or being staged
 	took  time.Duration
-	// running counts the workers; finished is closed when none is left
-	// (a file still queued then is never staged).
-	running  int
-	finished chan struct{}
 	// staged files and their bytes, for Phases
 	staged      int
 	stagedBytes int64
@@ -164,7 +160,6 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 		src = a.Behind(fetchers, 2*workers*fetchers)
 	}
 	ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	s.running, s.finished = workers, make(chan struct{})
 	s.wg.Add(workers)
 	for range workers {
 		go s.work(ctx, src)
@@ -175,13 +170,6 @@ func StartStage(ctx context.Context, src source.Source, procs []manifest.CUDAPro
 // work stages files until none is left to start.
 func (s *Stage) work(ctx context.Context, src source.Source) {
 	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.running--; s.running == 0 {
-			close(s.finished)
-		}
-	}()
 	for {
 		name, sf := s.claim()
 		if sf == nil {
@@ -273,60 +261,6 @@ func (s *Stage) Take(ctx context.Context, name string) (*os.File, error) {
 	defer s.mu.Unlock()
 	sf.state = stageTaken
 	return sf.f, sf.err
-}
-
-// TakeReady is Take for a file already staged; nil, and the file left
-// to the stage, if it is not (yet).
-func (s *Stage) TakeReady(_ context.Context, name string) (*os.File, error) {
-	if s == nil {
-		return nil, nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sf, ok := s.files[name]
-	if !ok || sf.state != stageDone {
-		return nil, nil
-	}
-	sf.state = stageTaken
-	return sf.f, sf.err
-}
-
-// Wait is Take for a copy in that starts before the staging could reach
-// name (a filler's): it waits for name to be staged even if its staging
-// has not begun, and returns nil only once the staging has ended without
-// it.
-func (s *Stage) Wait(ctx context.Context, name string) (*os.File, error) {
-	if s == nil {
-		return nil, nil
-	}
-	for {
-		s.mu.Lock()
-		sf, ok := s.files[name]
-		switch {
-		case !ok || sf.state == stageTaken:
-			s.mu.Unlock()
-			return nil, nil
-		case sf.state == stageDone:
-			sf.state = stageTaken
-			s.mu.Unlock()
-			return sf.f, sf.err
-		}
-		s.mu.Unlock()
-		select {
-		case <-sf.done:
-		case <-s.finished:
-			s.mu.Lock()
-			if sf.state == stageQueued {
-				sf.state = stageTaken
-				s.mu.Unlock()
-				return nil, nil
-			}
-			s.mu.Unlock()
-			<-sf.done
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		}
-	}
 }
 
 // Close stops the staging, waits for it, and frees the staged files.
