@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr-stream/cudadriver"
+	"github.com/gpucr/gpucr-stream/knobs"
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/preloadctl"
@@ -57,6 +58,9 @@ type filling struct {
 // checkpoint (src) holds a handle table, onto the GPUs pairs move them to.
 // Close it after FastRestore; a nil Fill (nothing to fill) is closed too.
 func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pairs []cudadriver.GPUPair) *Fill {
+	if knobs.NoFill.On() {
+		return nil
+	}
 	f := &Fill{procs: map[int]*filling{}}
 	ctx, f.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	// Files the stage has not begun come from the archive behind CRIU's

@@ -54,11 +54,13 @@
  *   written.c      which blocks are written: the zero scan, and the device
  *                  ranges the program marks as caches (gpucr_mark_cache)
  *   recover.c      the kept copy, and recovery without gpucr-stream
+ *   fill.c         the handle table, a restore's filler, and adopt
  *
  * Nothing declared here is exported: the library's interface is the
- * driver's entry points in wrappers.c (and dlsym), and the two functions
- * of written.c a program calls itself, gpucr_mark_cache and
- * gpucr_unmark_cache.
+ * driver's entry points in wrappers.c (and dlsym), the two functions of
+ * written.c a program calls itself, gpucr_mark_cache and
+ * gpucr_unmark_cache, and fill.c's gpucr_fill, which only gpucr-stream's
+ * filler calls.
  */
 #ifndef GPUCR_PRELOAD_INTERNAL_H
 #define GPUCR_PRELOAD_INTERNAL_H
