@@ -375,7 +375,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// And filled into the device while CRIU restores (gpuckpt/fill.go).
 	var fill *gpuckpt.Fill
 	if m := source.ManifestOf(src); m != nil && o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
-		fill = gpuckpt.StartFill(ctx, src, stage, m.CUDA, pairs)
+		fill = gpuckpt.StartFill(ctx, src, stage, m.CUDA, m.GPUs, pairs)
 		defer fill.Close()
 	}
 	opened := time.Since(start).Seconds()

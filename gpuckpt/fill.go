@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -55,9 +56,11 @@ type filling struct {
 }
 
 // StartFill starts a filler for each of procs' fast-path processes whose
-// checkpoint (src) holds a handle table, onto the GPUs pairs move them to.
-// Close it after FastRestore; a nil Fill (nothing to fill) is closed too.
-func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pairs []cudadriver.GPUPair) *Fill {
+// checkpoint (src) holds a handle table, onto the GPUs pairs move them to;
+// gpus are the checkpoint's records of the device memory each process
+// used. Close it after FastRestore; a nil Fill (nothing to fill) is closed
+// too.
+func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, gpus []manifest.GPU, pairs []cudadriver.GPUPair) *Fill {
 	if knobs.NoFill.On() {
 		return nil
 	}
@@ -78,7 +81,7 @@ func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []man
 		f.wg.Go(func() {
 			defer close(fl.done)
 			t := time.Now()
-			fl.filled, fl.err = fl.run(ctx, src, behind, stage, p, pairs)
+			fl.filled, fl.err = fl.run(ctx, src, behind, stage, p, gpus, pairs)
 			fl.took = time.Since(t)
 		})
 	}
@@ -158,8 +161,8 @@ func (fl *filling) end() {
 
 // run fills process p's memory: the table, the filler, the copy in, the
 // export.
-func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *Stage, p manifest.CUDAProcess, pairs []cudadriver.GPUPair) (*vram.Filled, error) {
-	table, err := readTable(ctx, src, p.Handles, pairs)
+func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *Stage, p manifest.CUDAProcess, gpus []manifest.GPU, pairs []cudadriver.GPUPair) (*vram.Filled, error) {
+	table, handleBytes, err := readTable(ctx, src, p.Handles, pairs)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +180,16 @@ func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *St
 	if err := fl.start(p.PID); err != nil {
 		return nil, err
 	}
-	n, _, err := fl.conn.FillTable(ctx, table)
+	// The driver's restore of the process needs room for what it held
+	// beyond its handles (its context, its other memory): the fill
+	// leaves that free, and a margin, or does not run.
+	reserve := int64(fillMargin)
+	for _, g := range gpus {
+		if g.PID == p.PID {
+			reserve += max(0, g.Bytes-handleBytes)
+		}
+	}
+	n, _, err := fl.conn.FillTable(ctx, table, reserve)
 	if err != nil {
 		return nil, fl.why(err)
 	}
@@ -284,15 +296,24 @@ func (fl *filling) why(err error) error {
 	return err
 }
 
+// fillMargin is device memory a fill leaves free beyond what the
+// driver's restore of the process takes.
+const fillMargin = 1 << 30
+
 // readTable reads p's handle table from src into a memfd, its d rows
-// naming the GPUs pairs move the process to.
-func readTable(ctx context.Context, src source.Source, name string, pairs []cudadriver.GPUPair) (*os.File, error) {
+// naming the GPUs pairs move the process to, and sums its handles' bytes.
+func readTable(ctx context.Context, src source.Source, name string, pairs []cudadriver.GPUPair) (*os.File, int64, error) {
 	var b bytes.Buffer
 	if _, err := src.Copy(ctx, name, &limitedBuffer{b: &b, n: preloadctl.MaxHandleTable, fail: true}); err != nil {
-		return nil, fmt.Errorf("handle table %s: %w", name, err)
+		return nil, 0, fmt.Errorf("handle table %s: %w", name, err)
 	}
 	lines := strings.SplitAfter(b.String(), "\n")
+	var total int64
 	for i, l := range lines {
+		if f := strings.Fields(l); len(f) == 4 && f[0] == "h" {
+			n, _ := strconv.ParseInt(f[2], 10, 64)
+			total += max(0, n)
+		}
 		ord, id, ok := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(l, "d "), "\n"), " ")
 		if !strings.HasPrefix(l, "d ") || !ok {
 			continue
@@ -305,14 +326,14 @@ func readTable(ctx context.Context, src source.Source, name string, pairs []cuda
 	}
 	fd, err := unix.MemfdCreate("gpucr-handles", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("handle table: memfd: %w", err)
+		return nil, 0, fmt.Errorf("handle table: memfd: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "gpucr-handles")
 	if _, err := f.WriteString(strings.Join(lines, "")); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("handle table: %w", err)
+		return nil, 0, fmt.Errorf("handle table: %w", err)
 	}
-	return f, nil
+	return f, total, nil
 }
 
 // spliceFile copies the staged file f into w, a pipe: spliced (the

@@ -106,7 +106,7 @@ func TestFillAdopted(t *testing.T) {
 				st.Tables[p.Handles] = tc.tamper(st.Tables[p.Handles])
 			}
 			procs := []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
-			fill := StartFill(ctx, storeSource{st: st}, nil, procs, nil)
+			fill := StartFill(ctx, storeSource{st: st}, nil, procs, nil, nil)
 			defer fill.Close()
 			filled := fill.Take(ctx, p.PID)
 			if filled == nil {
@@ -125,4 +125,30 @@ func TestFillAdopted(t *testing.T) {
 			tg.MustBeIntact(t)
 		})
 	}
+}
+
+// A fill that would leave the driver's restore of the process too little
+// device memory (what it used beyond its handles, and a margin) does not
+// run: the copy in does the work.
+func TestFillLeavesRoom(t *testing.T) {
+	useTestFiller(t)
+	ctx := context.Background()
+	tg := vramtest.Start(t)
+	st, s := fastSuspended(t, tg, false)
+	p := s.fast.Procs()[0]
+	procs := []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
+	// The fake driver's device has 1 TiB.
+	gpus := []manifest.GPU{{UUID: "GPU-66616b65-2d67-7075-0000-000000000000", PID: p.PID, Bytes: 1 << 40}}
+	fill := StartFill(ctx, storeSource{st: st}, nil, procs, gpus, nil)
+	defer fill.Close()
+	if f := fill.Take(ctx, p.PID); f != nil {
+		t.Fatalf("filled %d handles with no room left for the driver's restore", len(f.Handles))
+	}
+	if ps := fill.Phases(); len(ps) != 2 || !strings.Contains(ps[1].Name, "for the driver's restore") {
+		t.Fatalf("phases %+v, want the fill's refusal", ps)
+	}
+	if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, p.Files, st.Get, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	tg.MustBeIntact(t)
 }

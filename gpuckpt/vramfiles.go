@@ -540,7 +540,7 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 	}
 	defer stage.Close()
 	// And filled into the device, beside the driver's restore.
-	fill := StartFill(ctx, src, stage, procs, o.Pairs)
+	fill := StartFill(ctx, src, stage, procs, m.GPUs, o.Pairs)
 	defer fill.Close()
 	_, t, err := resumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)

@@ -370,9 +370,11 @@ static int fill_map(int idx, CUdeviceptr va, unsigned long long size, unsigned l
 }
 
 /* fill_table reads the table (fd) and makes its devices, handles and
- * mappings. The table is untrusted here: it only sizes what this process
- * creates; the process that adopts checks it is its own. */
-static int fill_table(int fd, char *out, size_t outn, char *err, size_t n)
+ * mappings, if each device has room for its handles and reserve bytes
+ * more (what the driver's restore of the process will take). The table is
+ * untrusted here: it only sizes what this process creates; the process
+ * that adopts checks it is its own. */
+static int fill_table(int fd, long long reserve, char *out, size_t outn, char *err, size_t n)
 {
 	size_t len;
 	char *t = read_table(fd, MAX_TABLE, &len);
@@ -382,24 +384,43 @@ static int fill_table(int fd, char *out, size_t outn, char *err, size_t n)
 		return -1;
 	}
 	int rc = 0, end = 0;
-	long long bytes = 0;
-	char *save = NULL;
-	for (char *l = strtok_r(t + strlen(TABLE_MAGIC), "\n", &save); l && rc == 0 && !end; l = strtok_r(NULL, "\n", &save)) {
-		int a, o;
-		unsigned long long sz, off, va;
-		char hex[33];
-		if (sscanf(l, "d %d %32[0-9a-f]", &a, hex) == 2 && strlen(hex) == 32) {
-			rc = fill_dev(a, hex, err, n);
-		} else if (sscanf(l, "h %d %llu %d", &a, &sz, &o) == 3) {
-			if ((rc = fill_handle(a, sz, o, err, n)) == 0)
-				bytes += (long long)sz;
-		} else if (sscanf(l, "m %d %llx %llu %llu", &a, &va, &sz, &off) == 4) {
-			rc = fill_map(a, va, sz, off, err, n);
-		} else if (!strcmp(l, "end")) {
-			end = 1;
-		} else {
-			snprintf(err, n, "table: bad row \"%.40s\"", l);
-			rc = -1;
+	long long bytes = 0, need[MAX_DEVS] = {0};
+	/* Pass 1: the devices, and what each must hold; pass 2: the rest. */
+	for (int pass = 1; pass <= 2 && rc == 0; pass++) {
+		end = 0;
+		for (char *l = t + strlen(TABLE_MAGIC), *nl; *l && rc == 0 && !end; l = nl ? nl + 1 : l + strlen(l)) {
+			if ((nl = strchr(l, '\n')))
+				*nl = 0;
+			int a, o;
+			unsigned long long sz, off, va;
+			char hex[33];
+			if (sscanf(l, "d %d %32[0-9a-f]", &a, hex) == 2 && strlen(hex) == 32) {
+				rc = pass == 1 ? fill_dev(a, hex, err, n) : 0;
+			} else if (sscanf(l, "h %d %llu %d", &a, &sz, &o) == 3) {
+				if (pass == 1 && o >= 0 && o < MAX_DEVS && sz <= (1ULL << 42))
+					need[o] += (long long)sz;
+				else if (pass == 2 && (rc = fill_handle(a, sz, o, err, n)) == 0)
+					bytes += (long long)sz;
+			} else if (sscanf(l, "m %d %llx %llu %llu", &a, &va, &sz, &off) == 4) {
+				rc = pass == 2 ? fill_map(a, va, sz, off, err, n) : 0;
+			} else if (!strcmp(l, "end")) {
+				end = 1;
+			} else {
+				snprintf(err, n, "table: bad row \"%.40s\"", l);
+				rc = -1;
+			}
+			if (nl)
+				*nl = '\n';
+		}
+		for (int i = 0; pass == 1 && rc == 0 && i < nfdev; i++) {
+			size_t fr = 0, tot = 0;
+			r_CtxSetCurrent(fdevs[i].ctx);
+			r_MemGetInfo(&fr, &tot);
+			if ((long long)fr < need[fdevs[i].ord] + reserve) {
+				snprintf(err, n, "device %d: %zu bytes free, the fill needs %lld and leaves %lld for the driver's restore",
+					 fdevs[i].ord, fr, need[fdevs[i].ord], reserve);
+				rc = -1;
+			}
 		}
 	}
 	free(t);
@@ -508,8 +529,8 @@ __attribute__((visibility("default"))) int gpucr_fill(int c, const char *driver)
 		exported_close();
 		if (bound < 0) {
 			/* err says why */
-		} else if (!strcmp(line, "table") && nfds == 1) {
-			rc = fill_table(fds[0], out, sizeof out, err, sizeof err);
+		} else if (!strncmp(line, "table ", 6) && nfds == 1) {
+			rc = fill_table(fds[0], atoll(line + 6), out, sizeof out, err, sizeof err);
 		} else if (!strcmp(line, "copyin")) {
 			rc = cmd_copy(line, fds, &nfds, err, sizeof err, &st);
 			custom = 0;

@@ -70,9 +70,10 @@ func FillerConn(c *net.UnixConn, pid int) *Conn {
 }
 
 // FillTable hands the filler the handle table: it creates the handles
-// and maps them. It returns how many handles, and their bytes.
-func (p *Conn) FillTable(ctx context.Context, table *os.File) (int, int64, error) {
-	js, err := p.do(ctx, "table", []*os.File{table})
+// and maps them, if each GPU has room for them and reserve bytes more. It
+// returns how many handles, and their bytes.
+func (p *Conn) FillTable(ctx context.Context, table *os.File, reserve int64) (int, int64, error) {
+	js, err := p.do(ctx, "table "+strconv.FormatInt(reserve, 10), []*os.File{table})
 	if err != nil {
 		return 0, 0, err
 	}
