@@ -52,7 +52,7 @@ func (s storeSource) Copy(ctx context.Context, name string, w io.Writer) (int64,
 }
 
 // useTestFiller has fill.go start this test binary as the filler.
-func useTestFiller(t *testing.T) {
+func useTestFiller(t testing.TB) {
 	dir := vramtest.Build(t)
 	old := fillerCommand
 	fillerCommand = func() (*exec.Cmd, error) {
@@ -151,4 +151,37 @@ func TestFillLeavesRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg.MustBeIntact(t)
+}
+
+// FuzzFillTable: a filler takes any table (a checkpoint's bytes) without
+// crashing; what it creates from one is only ever adopted by a process
+// whose own table it is (TestFillAdopted).
+func FuzzFillTable(f *testing.F) {
+	useTestFiller(f)
+	ctx := context.Background()
+	tg := vramtest.Start(f)
+	st, s := fastSuspended(f, tg, false)
+	f.Add(st.Tables[s.fast.Procs()[0].Handles])
+	f.Add([]byte("GPUCRHT1\nend\n"))
+	f.Add([]byte("GPUCRHT1\nh 0 4096 0\n"))
+	f.Add([]byte("GPUCRHT1\nd 0 66616b652d6770750000000000000000\nh 0 4194304 0\nm 0 0x1000 8192 4190000\nm 7 0x1000 4096 0\nend\n"))
+	f.Fuzz(func(t *testing.T, table []byte) {
+		fl := &filling{}
+		if err := fl.start(tg.PID); err != nil {
+			t.Fatal(err)
+		}
+		mf, err := os.CreateTemp(t.TempDir(), "table")
+		if err == nil {
+			_, err = mf.Write(table)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mf.Close()
+		_, _, ferr := fl.conn.FillTable(ctx, mf, 0)
+		fl.conn.Close()
+		if err := fl.cmd.Wait(); err != nil {
+			t.Fatalf("the filler ended with %v on %q (the table's answer: %v); it said %s", err, table, ferr, fl.stderr.String())
+		}
+	})
 }
