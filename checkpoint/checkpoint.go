@@ -372,6 +372,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	// And filled into the device while CRIU restores (gpuckpt/fill.go).
+	var fill *gpuckpt.Fill
+	if m := source.ManifestOf(src); m != nil && o.CUDA.EffectiveMode() != gpuckpt.CUDAOff {
+		fill = gpuckpt.StartFill(ctx, src, stage, m.CUDA, m.GPUs, pairs)
+		defer fill.Close()
+	}
 	opened := time.Since(start).Seconds()
 	var warm sync.WaitGroup
 	var warmed time.Duration
@@ -421,7 +427,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		procs, err := gpuckpt.FastProcs(ctx, src)
 		if err == nil {
 			var ps []Phase
-			ps, err = gpuckpt.FastRestore(ctx, src, stage, procs, cudaPIDs)
+			ps, err = gpuckpt.FastRestore(ctx, src, stage, fill, procs, cudaPIDs)
 			phases = append(phases, ps...)
 		}
 		if err != nil {

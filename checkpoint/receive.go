@@ -319,7 +319,7 @@ func (r *receiver) deviceMemory(ctx context.Context, pid int, ci tcp.CommitInfo,
 	if r.o.CUDA.EffectiveMode() == gpuckpt.CUDAOff {
 		return nil, nil
 	}
-	fast, err := gpuckpt.FastRestore(ctx, r.src, nil, ci.CUDA, cudaPIDs)
+	fast, err := gpuckpt.FastRestore(ctx, r.src, nil, nil, ci.CUDA, cudaPIDs)
 	if err != nil {
 		return nil, fmt.Errorf("process %d restored, but its device memory is not: %w", pid, err)
 	}

@@ -72,6 +72,10 @@ func Open() (Driver, error) {
 	return opened, nil
 }
 
+// DriverLibrary is the driver library Open loads: $GPUCR_LIBCUDA, else
+// LibraryName.
+func DriverLibrary() string { return libraryPath() }
+
 func libraryPath() string {
 	if p := knobs.LibCUDA.Value(); p != "" {
 		return p

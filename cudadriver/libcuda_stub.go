@@ -15,3 +15,6 @@ func Open() (Driver, error) {
 
 // OpenLibrary is Open in a build without CUDA support.
 func OpenLibrary(path string) (Driver, error) { return Open() }
+
+// DriverLibrary is the driver library a build with CUDA support loads.
+func DriverLibrary() string { return LibraryName }

@@ -121,6 +121,12 @@ func TestFastPathDedup(t *testing.T) {
 
 	out, err = e.gcsRun(ctx, "restore", "--from", filepath.Join(loc, "three"), "--work-dir", filepath.Join(e.dir, "w-restore"), "--criu", e.criu, "--json", "--no-progress")
 	mustRestoreFast(t, out, err, pid, tdir)
+	// The filler read the deduplicated checkpoint's chunks too.
+	var rs phases
+	if err := json.Unmarshal(out, &rs); err != nil {
+		t.Fatal(err)
+	}
+	mustAdoptFill(t, rs)
 }
 
 // rewritePitched has the fast-path target rewrite its pitched allocation

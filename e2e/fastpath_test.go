@@ -327,10 +327,21 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 	}
 	out, err = restore("w2", keyArgs...)
 	mustRestoreFast(t, out, err, pid, tdir)
-	// Its VRAM files were read into memory while CRIU restored.
+	// Its VRAM files were read into memory while CRIU restored, and
+	// filled into the device by a filler, which the process adopted.
 	var rs phases
 	if json.Unmarshal(out, &rs) != nil || !rs.hasPrefix("vram staged ahead (3 of 3 files") {
 		t.Fatalf("restore staged no VRAM files: %s", out)
+	}
+	mustAdoptFill(t, rs)
+}
+
+// mustAdoptFill checks that a restore's process adopted what its filler
+// filled (gpuckpt/fill.go), and that no filler failed.
+func mustAdoptFill(t *testing.T, rs phases) {
+	t.Helper()
+	if !rs.has("vram fill adopted by 1 process(es)") || rs.hasPrefix("vram fill of") || rs.hasPrefix("vram adopt of") {
+		t.Fatalf("the restore did not adopt its fill: %+v", rs.Phases)
 	}
 }
 
@@ -499,6 +510,7 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 	if json.Unmarshal(out, &ph) != nil || !ph.has("vram copy in") {
 		t.Fatalf("resume: %s", out)
 	}
+	mustAdoptFill(t, ph)
 	if r := fastCheck(t, tdir, 5*time.Second); !strings.HasPrefix(r, "ok ") {
 		t.Fatalf("after resume: %q", r)
 	}

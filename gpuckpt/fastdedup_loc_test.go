@@ -102,7 +102,7 @@ func (l *dedupLoc) commit(ctx context.Context, name string, cc *Checkpoint, c *s
 		l.t.Fatal(err)
 	}
 	defer src.Close()
-	if _, err := FastRestore(ctx, src, nil, m.CUDA, []int{l.tg.PID}); err != nil {
+	if _, err := FastRestore(ctx, src, nil, nil, m.CUDA, []int{l.tg.PID}); err != nil {
 		l.t.Fatal(err)
 	}
 	l.tg.MustBeIntact(l.t)

@@ -150,7 +150,7 @@ func (d *dedupStores) checkpoint(t *testing.T, tg *vramtest.Target, name string)
 // the driver's) and checks its memory.
 func (d *dedupStores) restore(t *testing.T, tg *vramtest.Target, name string, files []string) {
 	t.Helper()
-	if _, _, _, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, files, d.byName[name].Get, nil); err != nil {
+	if _, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, files, d.byName[name].Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	tg.MustBeIntact(t)

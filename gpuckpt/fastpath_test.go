@@ -23,7 +23,10 @@ import (
 // program against a fake driver (package vramtest): what each step does
 // to the processes, and that any failure undoes them, the memory back.
 
-func TestMain(m *testing.M) { vramtest.Run(m) }
+func TestMain(m *testing.M) {
+	runFillerIfAsked()
+	vramtest.Run(m)
+}
 
 // fastOpts are the fast path's options for tg in a test: 3 files, the
 // kept copy and its records in directories of the test.
@@ -171,8 +174,8 @@ func TestFastPathRoundTrip(t *testing.T) {
 	if len(procs) != 1 || procs[0].PID != tg.PID || len(procs[0].Files) != 3 {
 		t.Fatalf("procs %+v", procs)
 	}
-	if _, _, cs, err := vram.FastResume(ctx, tg.SockDir, tg.PID, procs[0].Files, st.Get, nil); err != nil || cs.Bytes != written || cs.Zero != before.Bytes-written {
-		t.Fatalf("resume: %d bytes, %v", cs.Bytes, err)
+	if res, err := vram.FastResume(ctx, tg.SockDir, tg.PID, procs[0].Files, st.Get, nil, nil); err != nil || res.Copy.Bytes != written || res.Copy.Zero != before.Bytes-written {
+		t.Fatalf("resume: %d bytes, %v", res.Copy.Bytes, err)
 	}
 	// Same addresses (the target reads back through its own pointers), same
 	// bytes, and the kernel thread's counter matches its launches.
@@ -336,7 +339,7 @@ func TestFastPathTwoProcesses(t *testing.T) {
 		t.Fatalf("procs %+v, %d files stored, want 2 processes and 6 files", procs, len(st.Files))
 	}
 	for i, tg := range []*vramtest.Target{a, b} {
-		if _, _, _, err := vram.FastResume(ctx, a.SockDir, procs[i].PID, procs[i].Files, st.Get, nil); err != nil {
+		if _, err := vram.FastResume(ctx, a.SockDir, procs[i].PID, procs[i].Files, st.Get, nil, nil); err != nil {
 			t.Fatalf("resume %d: %v", procs[i].PID, err)
 		}
 		tg.MustBeIntact(t)
@@ -370,7 +373,7 @@ func TestFastPathSharedMemory(t *testing.T) {
 
 	st, s := fastSuspended(t, tg, false)
 	files := s.fast.Procs()[0].Files
-	if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil); err != nil {
+	if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if r := tg.Report(t); !r.Parked {
@@ -439,8 +442,8 @@ func TestStagedRound(t *testing.T) {
 			if c := slowest(s.fast.Procs()); c.Staged != 3 {
 				t.Fatalf("copy out: %+v, want 3 workers on staged buffers", c)
 			}
-			if _, _, cs, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil); err != nil || cs.Bytes != s.fast.Bytes() {
-				t.Fatalf("resume: %+v %v", cs, err)
+			if res, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil, nil); err != nil || res.Copy.Bytes != s.fast.Bytes() {
+				t.Fatalf("resume: %+v %v", res.Copy, err)
 			}
 			tg.MustBeIntact(t)
 		})

@@ -29,13 +29,13 @@ func TestFastResumeFaults(t *testing.T) {
 			tg := vramtest.Start(t, "GPUCR_PRELOAD_FAULT="+fault)
 			st, s := fastSuspended(t, tg, false)
 			files := s.fast.Procs()[0].Files
-			if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil); err == nil || !strings.Contains(err.Error(), "injected") {
+			if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil, nil); err == nil || !strings.Contains(err.Error(), "injected") {
 				t.Fatalf("resume with a %s fault: %v", fault, err)
 			}
 			if r := tg.Check(t, 200*time.Millisecond); r != "" {
 				t.Fatalf("the target ran after a failed resume: %q", r)
 			}
-			if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil); err != nil {
+			if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			tg.MustBeIntact(t)
@@ -120,7 +120,7 @@ func TestFastResumeBadFiles(t *testing.T) {
 				st.Files[k] = v
 			}
 			st.Files[f0] = tc.data
-			if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("resume: %v, want %q", err, tc.want)
 			}
 			if r := tg.Report(t); !r.Parked {
@@ -133,7 +133,7 @@ func TestFastResumeBadFiles(t *testing.T) {
 	}
 	for _, old := range [][]byte{v1, v2} {
 		st.Files[f0] = old
-		if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil); err != nil {
+		if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, st.Get, nil, nil); err != nil {
 			t.Fatalf("resume with one file in %s: %v", old[:8], err)
 		}
 		tg.MustBeIntact(t)
@@ -197,7 +197,7 @@ func FuzzCopyIn(f *testing.F) {
 			}
 			return st.Get(ctx, name, w)
 		}
-		_, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, get, nil)
+		_, err := vram.FastResume(ctx, tg.SockDir, tg.PID, files, get, nil, nil)
 		if err == nil {
 			// It covered everything: move the memory out again for the
 			// next input.

@@ -95,7 +95,8 @@ func TestZeroBlocksNotMoved(t *testing.T) {
 			if stored != kept {
 				t.Fatalf("stored %d bytes, kept %d", stored, kept)
 			}
-			_, _, cs, err := vram.FastResume(ctx, tg.SockDir, tg.PID, fp.Files, st.Get, nil)
+			res, err := vram.FastResume(ctx, tg.SockDir, tg.PID, fp.Files, st.Get, nil, nil)
+			cs := res.Copy
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,7 +118,7 @@ func TestZeroScanFails(t *testing.T) {
 	if fp.Bytes != alloc || !strings.Contains(fp.Copy.ScanError, "gpucr_zero") {
 		t.Fatalf("copy out without a zero kernel: %+v, want all %d bytes and why", fp, alloc)
 	}
-	if _, _, _, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, fp.Files, st.Get, nil); err != nil {
+	if _, err := vram.FastResume(context.Background(), tg.SockDir, tg.PID, fp.Files, st.Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	tg.MustBeIntact(t)
@@ -145,7 +146,7 @@ func TestMarkCache(t *testing.T) {
 	}
 	tg.Marked = true
 	vramtest.CheckRecords(t, tg, st.Files)
-	if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, fp.Files, st.Get, nil); err != nil {
+	if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, fp.Files, st.Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if r := tg.Check(t, 5*time.Second); !strings.HasPrefix(r, "ok ") || !strings.HasSuffix(r, "kv=dropped") {
@@ -206,7 +207,7 @@ func fastRound(t *testing.T, tg *vramtest.Target) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
 	st, s := fastSuspended(t, tg, true)
-	if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil); err != nil {
+	if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	tg.MustBeIntact(t)
@@ -432,7 +433,7 @@ func TestKeptCopyRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.FastCommit()
-	if _, _, _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil); err != nil {
+	if _, err := vram.FastResume(ctx, tg.SockDir, tg.PID, s.fast.Procs()[0].Files, st.Get, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	tg.MustBeIntact(t)

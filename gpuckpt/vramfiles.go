@@ -287,7 +287,7 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 	}
 	for _, pid := range cc.pids {
 		if p, ok := byPID[pid]; ok {
-			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes, Hashes: p.Hashes})
+			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes, Hashes: p.Hashes, Handles: p.Handles})
 		} else {
 			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver})
 		}
@@ -351,12 +351,15 @@ func gib(n int64) float64 { return float64(n) / (1 << 30) }
 // CUDA processes, pids: a record naming any other (a damaged or hostile
 // checkpoint) is an error, never a copy into an unrelated process that
 // runs with the library. The files staged (stage, which may be nil) are
-// read from memory, the others from src.
-func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
+// read from memory, the others from src; what fill filled during CRIU's
+// restore is adopted instead (fill may be nil).
+func FastRestore(ctx context.Context, src source.Source, stage *Stage, fill *Fill, procs []manifest.CUDAProcess, pids []int) ([]Phase, error) {
 	var remap, copyIn time.Duration
 	var slowest preloadctl.CopyStats
 	var each []vram.FastProc // what each process's copy in took
 	var errs []error
+	var adopted int // processes that adopted what a filler filled
+	var adoptErrs []Phase
 	get := func(ctx context.Context, name string, w io.Writer) error {
 		_, err := src.Copy(ctx, name, w)
 		return err
@@ -376,14 +379,20 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, c, cs, err := vram.FastResume(ctx, preloadctl.Dir(), p.PID, p.Files, get, stage.Take)
+			res, err := vram.FastResume(ctx, preloadctl.Dir(), p.PID, p.Files, get, stage.Take, fill.Take(ctx, p.PID))
 			mu.Lock()
 			defer mu.Unlock()
-			remap, copyIn = max(remap, r), max(copyIn, c)
-			if cs.Work >= slowest.Work {
-				slowest = cs
+			remap, copyIn = max(remap, res.Remap), max(copyIn, res.CopyIn)
+			if res.Copy.Work >= slowest.Work {
+				slowest = res.Copy
 			}
-			each = append(each, vram.FastProc{PID: p.PID, Copy: cs})
+			each = append(each, vram.FastProc{PID: p.PID, Copy: res.Copy})
+			if res.Adopted > 0 {
+				adopted++
+			}
+			if res.AdoptErr != nil {
+				adoptErrs = append(adoptErrs, Phase{fmt.Sprintf("vram adopt of %d failed (copied in instead): %v", p.PID, res.AdoptErr), 0})
+			}
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -402,7 +411,13 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, procs []m
 		}
 		copyIn += time.Since(t)
 	}
-	ps := append(stage.Phases(), Phase{"vram remap", remap.Seconds()}, Phase{"vram copy in", copyIn.Seconds()})
+	ps := append(stage.Phases(), fill.Phases()...)
+	ps = append(ps, adoptErrs...)
+	if adopted > 0 {
+		// Their copy in ran in the fillers: here it is the unpark.
+		ps = append(ps, Phase{fmt.Sprintf("vram fill adopted by %d process(es)", adopted), 0})
+	}
+	ps = append(ps, Phase{"vram remap", remap.Seconds()}, Phase{"vram copy in", copyIn.Seconds()})
 	ps = append(ps, copyPhases("copy in", slowest)...)
 	slices.SortFunc(each, func(a, b vram.FastProc) int { return a.PID - b.PID })
 	ps = append(ps, perProcess("copy in", each, nil)...)
@@ -524,12 +539,15 @@ func resumeFrom(ctx context.Context, drv cudadriver.Driver, pids []int, o GPUSte
 		return nil, err
 	}
 	defer stage.Close()
+	// And filled into the device, beside the driver's restore.
+	fill := StartFill(ctx, src, stage, procs, m.GPUs, o.Pairs)
+	defer fill.Close()
 	_, t, err := resumeRestored(drv, pids, o.Pairs)
 	phases := TimingPhases(t)
 	if err != nil {
 		return phases, err
 	}
-	ps, err := FastRestore(ctx, src, stage, procs, pids)
+	ps, err := FastRestore(ctx, src, stage, fill, procs, pids)
 	return append(phases, ps...), err
 }
 

@@ -155,7 +155,7 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("GPUCR_PRELOAD_DIR", dir)
 	procs := []manifest.CUDAProcess{{PID: 4242, Path: manifest.CUDAPathPreload, Files: []string{"vram-4242-00.bin"}}}
-	_, err := FastRestore(context.Background(), listSource{}, nil, procs, []int{4343})
+	_, err := FastRestore(context.Background(), listSource{}, nil, nil, procs, []int{4343})
 	if err == nil || !strings.Contains(err.Error(), "not one of the restored CUDA processes") {
 		t.Fatalf("FastRestore of another process: %v", err)
 	}

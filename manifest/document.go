@@ -157,6 +157,10 @@ type CUDAProcess struct {
 	// checkpoint's; docs/PRODUCERS.md, "Blocks an earlier checkpoint
 	// holds").
 	Hashes string `json:"hashes,omitempty"`
+	// Handles is the file of its handle table: what a restore's filler
+	// fills ahead of the driver's restore (docs/PRODUCERS.md, "What a
+	// restore overlaps").
+	Handles string `json:"handles,omitempty"`
 }
 
 // Stats sums the checkpoint.

@@ -22,6 +22,7 @@ CUcontext ctxs[16];
 int nctx;
 int parked, released;
 int unfilled;
+static int remade; /* handles remap created since the release */
 U handle_seq = 0x6770000000000000ULL;
 
 #define GROW(arr, n, cap)                                              \
@@ -104,6 +105,32 @@ int imports_pending(void)
 	return 0;
 }
 
+/* import_as imports fd as handle record h's physical memory and maps it
+ * wherever h was mapped, with its access (under tab_mu, a context
+ * current). */
+int import_as(int h, int fd, char *err, size_t n)
+{
+	CUmemGenericAllocationHandle real = 0;
+	CUresult r = r_Import(&real, (void *)(uintptr_t)fd, 1, 0);
+	if (r != CUDA_SUCCESS) {
+		snprintf(err, n, "cuMemImportFromShareableHandle: CUresult %d", r);
+		return -1;
+	}
+	hs[h].real = real;
+	hs[h].present = 1;
+	for (int i = 0; i < nm; i++) {
+		struct mrec *m = &ms[i];
+		if (m->live && !m->mapped && m->h == h && map_again(m, real, err, n) < 0)
+			return -1;
+	}
+	/* A handle the program released lives only while mapped. */
+	if (hs[h].app_released && hs[h].real != hs[h].app) {
+		r_Release(hs[h].real);
+		hs[h].app = handle_seq++;
+	}
+	return 0;
+}
+
 /* do_import imports fd (an exporter's new shareable handle) as handle
  * record h and maps it wherever h was mapped, with its access. */
 int do_import(int h, int fd, char *err, size_t n)
@@ -119,28 +146,8 @@ int do_import(int h, int fd, char *err, size_t n)
 	}
 	if (rc == 0 && nctx)
 		r_CtxSetCurrent(ctxs[0]);
-	CUmemGenericAllocationHandle real = 0;
-	CUresult r = CUDA_SUCCESS;
-	if (rc == 0 && (r = r_Import(&real, (void *)(uintptr_t)fd, 1, 0)) != CUDA_SUCCESS) {
-		snprintf(err, n, "cuMemImportFromShareableHandle: CUresult %d", r);
-		rc = -1;
-	}
-	if (rc == 0) {
-		hs[h].real = real;
-		hs[h].present = 1;
-	}
-	for (int i = 0; i < nm && rc == 0; i++) {
-		struct mrec *m = &ms[i];
-		if (!m->live || m->mapped || m->h != h)
-			continue;
-		if (map_again(m, real, err, n) < 0)
-			rc = -1;
-	}
-	/* A handle the program released lives only while mapped. */
-	if (rc == 0 && hs[h].app_released && hs[h].real != hs[h].app) {
-		r_Release(hs[h].real);
-		hs[h].app = handle_seq++;
-	}
+	if (rc == 0)
+		rc = import_as(h, fd, err, n);
 	pthread_mutex_unlock(&tab_mu);
 	return rc;
 }
@@ -238,19 +245,21 @@ int do_release(char *err, size_t n)
 	if (rc == 0)
 		close_shared();
 	released = 1;
+	remade = 0;
 	pthread_mutex_unlock(&tab_mu);
 	return rc;
 }
 
 /* remap recreates what release took: a physical allocation per handle
  * with its properties, mapped where it was, with its access. Idempotent:
- * what is present stays. */
+ * what is present stays. Memory a filler filled (adopt, fill.c) is
+ * present: if remap creates nothing, nothing waits for a copy in. */
 int do_remap(char *err, size_t n)
 {
 	pthread_mutex_lock(&tab_mu);
 	if (nctx)
 		r_CtxSetCurrent(ctxs[0]);
-	int rc = 0;
+	int rc = 0, created = 0;
 	if (fault("remap")) {
 		snprintf(err, n, "injected fault (remap)");
 		rc = -1;
@@ -267,6 +276,7 @@ int do_remap(char *err, size_t n)
 		}
 		hs[i].real = h;
 		hs[i].present = 1;
+		created++;
 	}
 	for (int i = 0; i < nm && rc == 0; i++) {
 		struct mrec *m = &ms[i];
@@ -283,10 +293,14 @@ int do_remap(char *err, size_t n)
 			 * this record any more (the driver may reuse values). */
 			hs[i].app = handle_seq++;
 		}
-	if (rc == 0) {
+	/* Once every handle is back after a release: what remap created
+	 * (this call or a failed one before) waits for a copy in; a retry
+	 * afterwards leaves that as it was. */
+	remade += created;
+	if (rc == 0 && released)
+		unfilled = remade > 0;
+	if (rc == 0)
 		released = 0;
-		unfilled = 1;
-	}
 	pthread_mutex_unlock(&tab_mu);
 	return rc;
 }

@@ -242,10 +242,7 @@ static int sync_all(char *err, size_t n)
 	return 0;
 }
 
-/* MAXFDS: a copy takes up to 64 files (one per worker), keep their
- * directory too. */
-#define MAXFDS 65
-static int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
+int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds)
 {
 	struct iovec iov = {line, n - 1};
 	char ctrl[CMSG_SPACE(MAXFDS * sizeof(int))];
@@ -432,6 +429,19 @@ static void set_timeout(int c, int opt, long ms)
 	setsockopt(c, SOL_SOCKET, opt, &tv, sizeof tv);
 }
 
+/* answer_stats is a command's answer besides ok: its stats as JSON. */
+void answer_stats(char *out, size_t n, const struct stats *st)
+{
+	char se[sizeof st->w.scan_err];
+	json_str(se, sizeof se, st->w.scan_err);
+	snprintf(out, n,
+		 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
+		 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld,\"allocated\":%lld,"
+		 "\"zero_bytes\":%lld,\"cached_bytes\":%lld,\"earlier_bytes\":%lld,\"scan_s\":%.6f,\"scan_error\":\"%s\"}\n",
+		 st->bytes, st->workers, st->setup, st->work, st->teardown, st->wait, st->io, st->staged, st->collectives,
+		 st->w.allocated, st->w.zero, st->w.cached, st->w.earlier, st->w.scan, se);
+}
+
 static void serve_conn(int c)
 {
 	static char out[16384];
@@ -472,6 +482,12 @@ static void serve_conn(int c)
 			custom = 1;
 		} else if (!strncmp(line, "based ", 6)) {
 			rc = cmd_based(line + 6, err, sizeof err);
+		} else if (!strcmp(line, "handles")) {
+			rc = cmd_handles(fds, nfds, out, sizeof out, err, sizeof err);
+			custom = 1;
+		} else if (!strncmp(line, "adopt ", 6)) {
+			rc = cmd_adopt(atoi(line + 6), fds, nfds, out, sizeof out, err, sizeof err);
+			custom = 1;
 		} else {
 			rc = dispatch(line, fds, &nfds, err, sizeof err, &st, &owns);
 		}
@@ -482,14 +498,7 @@ static void serve_conn(int c)
 			json_str(e, sizeof e, err);
 			snprintf(out, sizeof out, "err %s\n", e);
 		} else if (!custom) {
-			char se[sizeof st.w.scan_err];
-			json_str(se, sizeof se, st.w.scan_err);
-			snprintf(out, sizeof out,
-				 "ok {\"bytes\":%lld,\"workers\":%d,\"setup_s\":%.6f,\"work_s\":%.6f,\"teardown_s\":%.6f,"
-				 "\"wait_s\":%.6f,\"io_s\":%.6f,\"staged\":%d,\"collectives\":%lld,\"allocated\":%lld,"
-				 "\"zero_bytes\":%lld,\"cached_bytes\":%lld,\"earlier_bytes\":%lld,\"scan_s\":%.6f,\"scan_error\":\"%s\"}\n",
-				 st.bytes, st.workers, st.setup, st.work, st.teardown, st.wait, st.io, st.staged, st.collectives,
-				 st.w.allocated, st.w.zero, st.w.cached, st.w.earlier, st.w.scan, se);
+			answer_stats(out, sizeof out, &st);
 		}
 		if (write_all(c, out, strlen(out)) < 0)
 			break;

@@ -39,6 +39,7 @@ struct piece {
 	CUdeviceptr va;
 	size_t n;
 	CUcontext ctx;
+	CUdeviceptr at; /* copy in: where va is in this process (a filler maps elsewhere) */
 	int m;      /* its mapping, for a live copy's check */
 	int file;   /* copy out: index into the job's fds */
 	off_t off;  /* where its record header is in that file */
@@ -270,8 +271,9 @@ int copied(int i) { return ms[i].live && !hs[ms[i].h].imported; }
 /* piece_of checks that [va, va+n) is one piece of a mapping as copy-out
  * cuts them (PIECE bytes from the mapping's start, the last one shorter)
  * and marks it arrived; -1 if it is none, -2 if it came before. It returns
- * the mapping's context in *ctx. */
-static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
+ * the mapping's context in *ctx and where va is mapped in this process in
+ * *at. */
+static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx, CUdeviceptr *at)
 {
 	int rc = -1;
 	pthread_mutex_lock(&tab_mu);
@@ -284,6 +286,7 @@ static int piece_of(struct job *j, CUdeviceptr va, size_t n, CUcontext *ctx)
 			int k = j->first[i] + off / PIECE;
 			rc = atomic_exchange(&j->seen[k], 1) ? -2 : 0;
 			*ctx = m->ctx;
+			*at = mapped_at(m) + off;
 		}
 		break;
 	}
@@ -599,13 +602,14 @@ static int read_record(struct reader *rd, struct piece *p, unsigned char *bm)
 		return -1;
 	}
 	CUcontext c = NULL;
-	int pc = piece_of(j, h[0], h[1], &c);
+	CUdeviceptr at = 0;
+	int pc = piece_of(j, h[0], h[1], &c, &at);
 	if (pc < 0) {
 		job_fail(j, "VRAM file: range %#llx+%llu %s", (unsigned long long)h[0], (unsigned long long)h[1],
 			 pc == -2 ? "came twice" : "is not a mapping of this process (or not one of its pieces)");
 		return -1;
 	}
-	*p = (struct piece){.va = h[0], .n = h[1], .ctx = c, .block = rd->version == 3 ? h[2] : h[1], .cached = h[3]};
+	*p = (struct piece){.va = h[0], .n = h[1], .ctx = c, .at = at, .block = rd->version == 3 ? h[2] : h[1], .cached = h[3]};
 	p->nblk = (p->n + p->block - 1) / p->block; /* a piece is at most PIECE: the bitmap fits */
 	size_t bl = rd->version == 3 ? bitmap_len(p->nblk) : 0;
 	memset(bm, 0, MAXBITMAP);
@@ -680,7 +684,7 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 			size_t lo = blk * p.block, hi = e2 * p.block < p.n ? e2 * p.block : p.n;
 			blk = e2;
 			if (zero) {
-				if ((r = zero_dev(p.va + lo, hi - lo, st[0])) != CUDA_SUCCESS) {
+				if ((r = zero_dev(p.at + lo, hi - lo, st[0])) != CUDA_SUCCESS) {
 					job_fail(j, "set %#llx+%zu to zero: CUresult %d", p.va, lo, r);
 					return;
 				}
@@ -702,7 +706,7 @@ static void copy_in(struct worker *w, void *buf[2], CUstream st[2])
 				}
 				atomic_fetch_add(&j->wait_ns, (long long)((t1 - t0) * 1e9));
 				atomic_fetch_add(&j->io_ns, (long long)((mono() - t1) * 1e9));
-				if ((r = r_HtoDAsync(p.va + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
+				if ((r = r_HtoDAsync(p.at + off, buf[b], len, st[b])) != CUDA_SUCCESS) {
 					job_fail(j, "copy %#llx to device: CUresult %d", p.va + off, r);
 					return;
 				}

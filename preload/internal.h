@@ -54,11 +54,13 @@
  *   written.c      which blocks are written: the zero scan, and the device
  *                  ranges the program marks as caches (gpucr_mark_cache)
  *   recover.c      the kept copy, and recovery without gpucr-stream
+ *   fill.c         the handle table, a restore's filler, and adopt
  *
  * Nothing declared here is exported: the library's interface is the
- * driver's entry points in wrappers.c (and dlsym), and the two functions
- * of written.c a program calls itself, gpucr_mark_cache and
- * gpucr_unmark_cache.
+ * driver's entry points in wrappers.c (and dlsym), the two functions of
+ * written.c a program calls itself, gpucr_mark_cache and
+ * gpucr_unmark_cache, and fill.c's gpucr_fill, which only gpucr-stream's
+ * filler calls.
  */
 #ifndef GPUCR_PRELOAD_INTERNAL_H
 #define GPUCR_PRELOAD_INTERNAL_H
@@ -210,12 +212,16 @@ struct mrec {
 	int live;
 	int mapped;
 	CUdeviceptr va;
+	/* at: where a filler (fill.c) mapped what the restored process maps
+	 * at va; 0 everywhere else (mapped_at). */
+	CUdeviceptr at;
 	size_t size, offset;
 	int h; /* index into hs */
 	CUmemAccessDesc acc[4];
 	int nacc;
 	CUcontext ctx;
 };
+static inline CUdeviceptr mapped_at(const struct mrec *m) { return m->at ? m->at : m->va; }
 struct orec { /* our cuMemAlloc: one reservation, one handle, one mapping */
 	int live;
 	CUdeviceptr va;
@@ -242,6 +248,7 @@ void note_shared(int h, int fd, int import);
 void close_shared(void);
 int imports_pending(void);
 int do_import(int h, int fd, char *err, size_t n);
+int import_as(int h, int fd, char *err, size_t n);
 int new_h(void);
 int new_m(void);
 int new_o(void);
@@ -260,6 +267,10 @@ extern int ctl_fd;
 extern int ctl_dir_fd;
 extern char sock_name[64]; /* preload-PID.sock in ctl_dir_fd */
 extern atomic_int ctl_started;
+/* MAXFDS: a copy takes up to 64 files (one per worker), keep their
+ * directory too. */
+#define MAXFDS 65
+int recv_cmd(int c, char *line, size_t n, int *fds, int *nfds);
 void start_control(void);
 int write_all(int fd, const void *b, size_t n);
 int read_full(int fd, void *b, size_t n);
@@ -293,6 +304,11 @@ int staged_count(void);
 /* copied: mapping i is one of the process's own memory, which the VRAM
  * files hold (an imported one is its exporter's). Under tab_mu. */
 int copied(int i);
+void answer_stats(char *out, size_t n, const struct stats *st);
+
+/* ---- fill.c: the handle table, the filler, adoption ---- */
+int cmd_handles(int *fds, int nfds, char *out, size_t outn, char *err, size_t n);
+int cmd_adopt(int from, int *fds, int nfds, char *out, size_t outn, char *err, size_t n);
 
 /* ---- devhash.c: the device kernels, block hashes on the device ---- */
 int cmd_devhash(const char *args, char *out, size_t outn, char *err, size_t n);

@@ -124,6 +124,9 @@ type FastProc struct {
 	Earlier string
 	// Hashes is its BlockHashes file in the checkpoint (--dedup).
 	Hashes string
+	// Handles is its handle table's file in the checkpoint (a restore's
+	// fill, preload/fill.c); empty where the library gave none.
+	Handles string
 	// Copy is where its copy out's time went.
 	Copy preloadctl.CopyStats
 }
@@ -131,6 +134,7 @@ type FastProc struct {
 type fastProc struct {
 	FastProc
 	p                *preloadctl.Conn
+	handles          []byte // its handle table, stored as Handles
 	parked, released bool
 	// ids are the kept files' (FastProc.Files in keepDir): every open
 	// checks that the name still is that file.
@@ -563,8 +567,18 @@ func (s *FastSuspension) copyOut(ctx context.Context, fp *fastProc) error {
 	if cs.Earlier != fp.Reused {
 		return fmt.Errorf("process %d: copy out left out %d bytes, %d were asked: %w", fp.PID, cs.Earlier, fp.Reused, ErrVRAMFile)
 	}
+	// The handle table only speeds a restore up: without it (a library
+	// that has no `handles`) the restore copies in after the driver's.
+	if fp.handles, err = fp.p.Handles(ctx); err == nil {
+		fp.Handles = handlesName(fp.PID)
+	} else if fp.p.Broken() {
+		return err
+	}
 	return nil
 }
+
+// handlesName is the handle table of process pid in a checkpoint.
+func handlesName(pid int) string { return fmt.Sprintf("vram-%d.handles", pid) }
 
 // Commit is for a checkpoint that is committed and whose processes are
 // gone (or dumped): the kept copy goes. Connections still held are

@@ -28,36 +28,94 @@ func pipePair() (r, w *os.File, err error) {
 	return r, w, nil
 }
 
+// Filled is a process's device memory that a filler filled while CRIU
+// restored it (preload/fill.c): the handle table it filled by, and an
+// exported handle for each of the table's h rows, in order. The caller
+// closes them.
+type Filled struct {
+	Table   *os.File
+	Handles []*os.File
+	// Copy is where the filler's copy in went.
+	Copy preloadctl.CopyStats
+}
+
 // FastResume brings a restored process's device memory back: it maps
 // fresh memory where the old was, copies the files in (the library reads
 // those staged, if staged is not nil, itself; get streams the others from
 // the checkpoint), and unparks it, unless it maps memory of another
-// process: then it stays parked for Reimport, once all are refilled. Call
-// it after the driver's restore and unlock. On failure the process stays
-// parked, its memory not refilled: it does not run on with missing memory.
-func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc, staged StagedFunc) (remap, copyIn time.Duration, cs preloadctl.CopyStats, err error) {
-	// remap counts from the dial, copyIn to the unpark: the two cover it
+// process: then it stays parked for Reimport, once all are refilled. What
+// a filler filled (filled, which may be nil) is adopted instead, and if
+// the process adopts all of it, nothing is copied in. Call it after the
+// driver's restore and unlock. On failure the process stays parked, its
+// memory not refilled: it does not run on with missing memory.
+func FastResume(ctx context.Context, dir string, pid int, files []string, get GetFunc, staged StagedFunc, filled *Filled) (r Resumed, err error) {
+	// Remap counts from the dial, CopyIn to the unpark: the two cover it
 	// all.
 	t := time.Now()
 	p, err := preloadctl.Dial(ctx, dir, pid)
 	if err != nil {
-		return time.Since(t), 0, cs, err
+		return Resumed{Remap: time.Since(t)}, err
 	}
 	defer p.Close()
+	if filled != nil {
+		r.Adopted, r.AdoptErr = adopt(ctx, p, filled)
+	}
 	if err := p.Remap(ctx); err != nil {
-		return time.Since(t), 0, cs, err
+		return Resumed{Remap: time.Since(t)}, err
 	}
-	remap = time.Since(t)
+	r.Remap = time.Since(t)
 	t = time.Now()
-	defer func() { copyIn = time.Since(t) }()
-	if cs, err = copyInFrom(ctx, p, files, get, staged); err != nil {
-		return remap, 0, cs, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+	defer func() { r.CopyIn = time.Since(t) }()
+	if r.AdoptErr == nil && filled != nil && r.Adopted == len(filled.Handles) {
+		r.Copy = filled.Copy
+		return r, unparkUnlessShared(ctx, p)
 	}
-	// A process that maps another's memory waits, parked, for Reimport.
+	r.Adopted = 0
+	if r.Copy, err = copyInFrom(ctx, p, files, get, staged); err != nil {
+		return r, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
+	}
+	return r, unparkUnlessShared(ctx, p)
+}
+
+// Resumed is what FastResume did: how long the remap (adoption included)
+// and the copy in (to the unpark) took, the copy in's stats (the filler's,
+// if the process adopted what it filled), how many handles it adopted,
+// and why it adopted none, if it failed to.
+type Resumed struct {
+	Remap, CopyIn time.Duration
+	Copy          preloadctl.CopyStats
+	Adopted       int
+	AdoptErr      error
+}
+
+// adopt hands the library what the filler filled, a batch at a time. A
+// failure leaves the rest to the remap and the copy in (which rewrites
+// what was adopted with the same bytes).
+func adopt(ctx context.Context, p *preloadctl.Conn, filled *Filled) (int, error) {
+	n := 0
+	for from := 0; from < len(filled.Handles); from += preloadctl.AdoptBatch {
+		k, err := p.Adopt(ctx, filled.Table, from, filled.Handles[from:min(from+preloadctl.AdoptBatch, len(filled.Handles))])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// unparkUnlessShared unparks the process, unless it maps another's memory:
+// then it waits, parked, for Reimport.
+func unparkUnlessShared(ctx context.Context, p *preloadctl.Conn) error {
 	if sh, err := p.Shared(ctx); err != nil || sh.Pending() {
-		return remap, 0, cs, err
+		return err
 	}
-	return remap, 0, cs, p.Unpark(ctx)
+	return p.Unpark(ctx)
+}
+
+// CopyIn has the library at p copy files in, each from staged where
+// that hands it over, else through a pipe that get fills.
+func CopyIn(ctx context.Context, p *preloadctl.Conn, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
+	return copyInFrom(ctx, p, files, get, staged)
 }
 
 func copyInFrom(ctx context.Context, p *preloadctl.Conn, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {

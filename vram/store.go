@@ -64,6 +64,13 @@ func (s *FastSuspension) startStore(parent context.Context, put PutFunc) {
 				}
 			}()
 		}
+		if fp.Handles != "" {
+			wg.Go(func() {
+				if err := put(ctx, fp.Handles, bytes.NewReader(fp.handles)); err != nil {
+					fail(fp, fp.Handles, err)
+				}
+			})
+		}
 		if s.opts.Dedup != nil {
 			// Its block hashes, once every file has gone by.
 			wg.Go(func() {

@@ -6,9 +6,10 @@ import (
 
 	"github.com/gpucr/gpucr-stream/cudadriver"
 	"github.com/gpucr/gpucr-stream/gpuckpt"
+	"github.com/gpucr/gpucr-stream/preloadctl"
 )
 
-var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory); gpu hash: how long finding changed device memory takes, hashed on the device and copied out and hashed on the host", "ACTION",
+var gpuCommand = command{"gpu", "CUDA checkpoint steps of --pid: gpu info|state|lock|checkpoint|restore|unlock|suspend|resume (suspend --to DEST / resume --from SRC: the fast path, the process alive without device memory); gpu hash: how long finding changed device memory takes, hashed on the device and copied out and hashed on the host; gpu fill: a restore's filler, which a restore starts itself (its socket on descriptor 3)", "ACTION",
 	func() options { return &gpuOptions{} }}
 
 type gpuOptions struct {
@@ -48,6 +49,14 @@ func (o *gpuOptions) run(ctx context.Context, c *cli, args []string) error {
 		return usagef("gpu needs one action: info, state, lock, checkpoint, restore, unlock, suspend, resume, hash")
 	}
 	action := args[0]
+	if action == "fill" {
+		// Before the driver is loaded here: the library binds it itself.
+		lib, err := preloadctl.FindLibrary()
+		if err != nil {
+			return err
+		}
+		return preloadctl.RunFiller(3, lib, cudadriver.DriverLibrary())
+	}
 	drv, err := openDriver()
 	if err != nil {
 		return err

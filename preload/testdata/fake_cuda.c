@@ -53,6 +53,16 @@ CUresult cuInit(unsigned f) { (void)f; return OK; }
 CUresult cuDriverGetVersion(int *v) { *v = 12080; return OK; }
 CUresult cuDeviceGet(int *d, int o) { *d = o; return OK; }
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)(uintptr_t)(0x1000 + d); return OK; }
+CUresult cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = 2; return OK; }
+/* GPU d's UUID: "fake-gpu" and d in its last byte. */
+CUresult cuDeviceGetUuid_v2(unsigned char *u, int d)
+{
+	memset(u, 0, 16);
+	memcpy(u, "fake-gpu", 8);
+	u[15] = (unsigned char)d;
+	return OK;
+}
 static __thread void *cur;
 CUresult cuCtxSetCurrent(void *c) { cur = c; return OK; }
 CUresult cuCtxGetCurrent(void **c) { *c = cur; return OK; }

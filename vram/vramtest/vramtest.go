@@ -271,6 +271,9 @@ func (tg *Target) Report(t testing.TB) preloadctl.Report {
 type Store struct {
 	Mu    sync.Mutex
 	Files map[string][]byte
+	// Tables are the handle tables put (vram-PID.handles), kept apart
+	// from the VRAM files.
+	Tables map[string][]byte
 	// FailAfter: a put fails after reading that many bytes, or at the
 	// end of a shorter file (-1: never).
 	FailAfter int64
@@ -280,7 +283,16 @@ type Store struct {
 }
 
 // NewStore is an empty store that never fails.
-func NewStore() *Store { return &Store{Files: map[string][]byte{}, FailAfter: -1} }
+func NewStore() *Store {
+	return &Store{Files: map[string][]byte{}, Tables: map[string][]byte{}, FailAfter: -1}
+}
+
+func (m *Store) mapOf(name string) map[string][]byte {
+	if strings.HasSuffix(name, ".handles") {
+		return m.Tables
+	}
+	return m.Files
+}
 
 // Put stores a file (a vram.PutFunc).
 func (m *Store) Put(ctx context.Context, name string, r io.Reader) error {
@@ -304,7 +316,7 @@ func (m *Store) Put(ctx context.Context, name string, r io.Reader) error {
 		return err
 	}
 	m.Mu.Lock()
-	m.Files[name] = b.Bytes()
+	m.mapOf(name)[name] = b.Bytes()
 	m.Mu.Unlock()
 	return nil
 }
@@ -312,7 +324,7 @@ func (m *Store) Put(ctx context.Context, name string, r io.Reader) error {
 // Get copies a stored file into w (a vram.GetFunc).
 func (m *Store) Get(ctx context.Context, name string, w io.Writer) error {
 	m.Mu.Lock()
-	b, ok := m.Files[name]
+	b, ok := m.mapOf(name)[name]
 	m.Mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%s: not stored", name)
