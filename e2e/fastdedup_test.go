@@ -119,7 +119,7 @@ func TestFastPathDedup(t *testing.T) {
 		t.Errorf("ls: the second checkpoint added %d bytes to the location, over %.0f%% of the first's %d (%+v)", es["two"].NewBytes, 100*unchangedShare, es["one"].NewBytes, es["two"])
 	}
 
-	out, err = e.gcsRun(ctx, "restore", "--from", filepath.Join(loc, "three"), "--work-dir", filepath.Join(e.dir, "w-restore"), "--criu", e.criu, "--json", "--no-progress")
+	out, err = e.gcsRunEnv(ctx, []string{"GPUCR_FILL=1"}, "restore", "--from", filepath.Join(loc, "three"), "--work-dir", filepath.Join(e.dir, "w-restore"), "--criu", e.criu, "--json", "--no-progress")
 	mustRestoreFast(t, out, err, pid, tdir)
 	// The filler read the deduplicated checkpoint's chunks too.
 	var rs phases

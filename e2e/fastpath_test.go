@@ -317,8 +317,9 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 		t.Fatalf("kept copy left after the commit: %v", ents)
 	}
 	mustInspectVRAM(ctx, t, e, ar, keyArgs, m.CUDA[0])
+	// With the fill (gpuckpt/fill.go), which mustAdoptFill checks.
 	restore := func(dir string, extra ...string) ([]byte, error) {
-		return e.gcsRun(ctx, append([]string{"restore", "--from", ar, "--work-dir", filepath.Join(e.dir, dir), "--criu", e.criu, "--json", "--no-progress"}, extra...)...)
+		return e.gcsRunEnv(ctx, []string{"GPUCR_FILL=1"}, append([]string{"restore", "--from", ar, "--work-dir", filepath.Join(e.dir, dir), "--criu", e.criu, "--json", "--no-progress"}, extra...)...)
 	}
 	if keyed {
 		if _, err := restore("w1"); err == nil || !strings.Contains(err.Error(), m.Encryption.KeyID.String()) {
@@ -503,7 +504,7 @@ func TestFastPathGPUSuspendResume(t *testing.T) {
 	if !fileExists(filepath.Join(ar, manifest.ManifestName)) {
 		t.Fatal("no committed checkpoint")
 	}
-	out, err = e.gcsRun(ctx, "gpu", "resume", "--pid", strconv.Itoa(pid), "--from", ar, "--json")
+	out, err = e.gcsRunEnv(ctx, []string{"GPUCR_FILL=1"}, "gpu", "resume", "--pid", strconv.Itoa(pid), "--from", ar, "--json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,13 +55,13 @@ type filling struct {
 	stderr bytes.Buffer
 }
 
-// StartFill starts a filler for each of procs' fast-path processes whose
-// checkpoint (src) holds a handle table, onto the GPUs pairs move them to;
+// StartFill starts, with GPUCR_FILL=1, a filler for each of procs'
+// fast-path processes whose checkpoint (src) holds a handle table, onto the GPUs pairs move them to;
 // gpus are the checkpoint's records of the device memory each process
 // used. Close it after FastRestore; a nil Fill (nothing to fill) is closed
 // too.
 func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, gpus []manifest.GPU, pairs []cudadriver.GPUPair) *Fill {
-	if knobs.NoFill.On() {
+	if !knobs.Fill.On() {
 		return nil
 	}
 	f := &Fill{procs: map[int]*filling{}}

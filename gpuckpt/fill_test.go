@@ -53,6 +53,7 @@ func (s storeSource) Copy(ctx context.Context, name string, w io.Writer) (int64,
 
 // useTestFiller has fill.go start this test binary as the filler.
 func useTestFiller(t testing.TB) {
+	t.Setenv("GPUCR_FILL", "1")
 	dir := vramtest.Build(t)
 	old := fillerCommand
 	fillerCommand = func() (*exec.Cmd, error) {

@@ -49,8 +49,8 @@ var (
 		Meaning: "1: write restored chunks into CRIU's pipes with write(2), never splice(2) (to measure what splicing saves)"})
 	NoSparse = add(Knob{Name: "GPUCR_NO_SPARSE",
 		Meaning: "1: serve CRIU every page image as dumped, zero pages included (to measure what sparse pages save)"})
-	NoFill = add(Knob{Name: "GPUCR_NO_FILL",
-		Meaning: "1: a fast-path restore copies the device memory in after the driver's restore, with no filler beside CRIU's (to measure what the fill saves)"})
+	Fill = add(Knob{Name: "GPUCR_FILL",
+		Meaning: "1: a fast-path restore from an archive fills the device memory in a filler beside CRIU's restore, and the process adopts it (an experiment until measured faster on a GPU: docs/PRODUCERS.md, \"The fill\")"})
 	PreloadStage = add(Knob{Name: "GPUCR_PRELOAD_STAGE", Library: true,
 		Meaning: "0: allocate no copy buffers ahead of a checkpoint (to measure what staging saves)"})
 	PreloadBufMiB = add(Knob{Name: "GPUCR_PRELOAD_BUF_MIB", Library: true,
