@@ -5,8 +5,9 @@ package gpuckpt
 // after the driver's restore. For each fast-path process whose checkpoint
 // holds a handle table, a filler (this binary's `gpu fill`, which loads
 // the library) makes the process's handles on the GPU it is restored onto
-// and copies its VRAM files in, from the stage as it stages them (or from
-// the archive behind CRIU's reads); then it exports the handles, and
+// and copies its VRAM files in, all at once, straight from the archive
+// behind CRIU's reads (a file the stage is already reading from the
+// stage); then it exports the handles, and
 // FastResume has the restored process adopt them in place of its remap and
 // copy in. The fill only ever saves time: a filler that fails, or memory
 // the process will not adopt, leaves the ordinary remap and copy in to do
@@ -52,13 +53,13 @@ type filling struct {
 	took   time.Duration
 	cmd    *exec.Cmd
 	conn   *preloadctl.Conn
-	stderr bytes.Buffer
+	stderr limitedBuffer // the filler's, written while it runs
 }
 
 // StartFill starts, with GPUCR_FILL=1, a filler for each of procs'
-// fast-path processes whose checkpoint (src) holds a handle table, onto the GPUs pairs move them to;
-// gpus are the checkpoint's records of the device memory each process
-// used. Close it after FastRestore; a nil Fill (nothing to fill) is closed
+// fast-path processes whose checkpoint (src) holds a handle table, onto
+// the GPUs pairs move them to; gpus are the checkpoint's records of the
+// device memory each process used. Close it after FastRestore; a nil Fill (nothing to fill) is closed
 // too.
 func StartFill(ctx context.Context, src source.Source, stage *Stage, procs []manifest.CUDAProcess, gpus []manifest.GPU, pairs []cudadriver.GPUPair) *Fill {
 	if !knobs.Fill.On() {
@@ -244,7 +245,8 @@ func (fl *filling) start(pid int) error {
 			cmd.Env = append(cmd.Env, e)
 		}
 	}
-	cmd.Stderr = &limitedBuffer{b: &fl.stderr, n: 4096}
+	fl.stderr.n = 4096
+	cmd.Stderr = &fl.stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the filler: %w", err)
 	}
@@ -303,8 +305,8 @@ const fillMargin = 1 << 30
 // readTable reads p's handle table from src into a memfd, its d rows
 // naming the GPUs pairs move the process to, and sums its handles' bytes.
 func readTable(ctx context.Context, src source.Source, name string, pairs []cudadriver.GPUPair) (*os.File, int64, error) {
-	var b bytes.Buffer
-	if _, err := src.Copy(ctx, name, &limitedBuffer{b: &b, n: preloadctl.MaxHandleTable, fail: true}); err != nil {
+	b := limitedBuffer{n: preloadctl.MaxHandleTable, fail: true}
+	if _, err := src.Copy(ctx, name, &b); err != nil {
 		return nil, 0, fmt.Errorf("handle table %s: %w", name, err)
 	}
 	lines := strings.SplitAfter(b.String(), "\n")
@@ -362,14 +364,17 @@ func spliceFile(w io.Writer, f *os.File) error {
 }
 
 // limitedBuffer keeps the first n bytes written to it; with fail, more is
-// an error.
+// an error. It may be read while written.
 type limitedBuffer struct {
-	b    *bytes.Buffer
+	mu   sync.Mutex
+	b    bytes.Buffer
 	n    int
 	fail bool
 }
 
 func (l *limitedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if room := l.n - l.b.Len(); len(p) > room {
 		if l.fail {
 			return 0, fmt.Errorf("longer than %d bytes", l.n)
@@ -378,4 +383,10 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return l.b.Write(p)
+}
+
+func (l *limitedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
