@@ -113,17 +113,19 @@ func Cmdline(pid int) ([]string, error) {
 }
 
 // DumpEstimate is about the bytes CRIU dumps of the processes pids: their
-// anonymous memory (smaps_rollup's Anonymous), which is nearly all of an
-// image. 0 when it cannot be read.
+// anonymous memory (RssAnon of /proc/PID/status), which is nearly all of an
+// image. 0 when it cannot be read. The kernel keeps that count, so reading
+// it costs the same at any size; smaps_rollup's Anonymous, the same number,
+// walks every page table (25 ms a GiB here), in front of every checkpoint.
 func DumpEstimate(pids []int) int64 {
 	var total int64
 	for _, pid := range pids {
-		b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "smaps_rollup"))
+		b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
 		if err != nil {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "Anonymous:"); ok {
+			if rest, ok := strings.CutPrefix(line, "RssAnon:"); ok {
 				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 				total += kb << 10
 			}
