@@ -180,6 +180,10 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// CRIU's version (the manifest's, and a runtime's swrk's) is asked
+	// while the checks run and the destination opens.
+	version := criusock.StartVersionQuery(ctx, criu)
+	defer version.Wait()
 	// The CUDA processes of the tree: their GPU state is moved into host
 	// memory (lock, checkpoint) before CRIU dumps them.
 	cc, err := gpuckpt.Find(o.CUDA, o.PID)
@@ -203,7 +207,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta := manifest.Manifest{Tool: o.Tool, CRIUVersion: criusock.CRIUVersion(ctx, criu), Process: processOf(o.PID)}
+	meta := manifest.Manifest{Tool: o.Tool, Process: processOf(o.PID)} // CRIUVersion: dump's
 	phases := []Phase{{Name: "open destination", Secs: time.Since(start).Seconds()}}
 	phases = append(phases, cc.QueryGPUs(ctx, &meta)...)
 	done := o.Hooks.progress(Progress{What: "checkpoint", Counters: &c.Counters, Uploaded: out.Uploaded,
@@ -231,7 +235,7 @@ func Checkpoint(ctx context.Context, o Options) (*Result, error) {
 	m, rep, err := dump(ctx, c, meta, criusock.DumpOptions{
 		CRIU: criu, PID: o.PID, WorkDir: o.CRIU.WorkDir, LeaveRunning: o.LeaveRunning,
 		ExtraArgs: o.CRIU.Args, Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
-		Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher,
+		Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher, Version: version,
 	}, cc)
 	done()
 	if err != nil {
@@ -289,6 +293,9 @@ func dump(ctx context.Context, c *streamer.Capture, meta manifest.Manifest, o cr
 			return storeErr
 		}
 		closed = true
+		if o.Version != nil {
+			meta.CRIUVersion = o.Version.String()
+		}
 		var err error
 		m, err = c.Close(ctx, meta)
 		return err
@@ -339,6 +346,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	criu, err := criusock.FindCRIU(o.CRIU.Path)
 	if err != nil {
 		return nil, err
+	}
+	// A runtime asks its criu for the version: that is asked here while
+	// the source opens, and answered in the runtime's swrk.
+	var version *criusock.VersionQuery
+	if o.CRIU.Launcher != nil {
+		version = criusock.StartVersionQuery(ctx, criu)
+		defer version.Wait()
 	}
 	start := time.Now()
 	// From a stream, CRIU restores while it is read (see serveEarly).
@@ -394,7 +408,8 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	buffering := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	rep, err := criusock.Restore(ctx, criusock.CRIURestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
-		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir, Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher}, src)
+		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir, Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher,
+		Version: version}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}

@@ -256,7 +256,9 @@ func (m *migration) dump(ctx context.Context) error {
 		return err
 	}
 	m.out.OnFailure(func(err error) { c.Abort(err) })
-	meta := manifest.Manifest{Tool: m.o.Tool, CRIUVersion: criusock.CRIUVersion(ctx, m.criu), Process: processOf(m.o.PID)}
+	version := criusock.StartVersionQuery(ctx, m.criu)
+	defer version.Wait()
+	meta := manifest.Manifest{Tool: m.o.Tool, Process: processOf(m.o.PID)} // CRIUVersion: dump's
 	phases := m.cc.QueryGPUs(ctx, &meta)
 	tree, _ := proc.Tree(m.o.PID)
 	done := m.o.Hooks.progress(Progress{What: "migrate", Counters: &c.Counters, Total: dumpEstimate(tree, meta.GPUs)})
@@ -279,7 +281,7 @@ func (m *migration) dump(ctx context.Context) error {
 	} else {
 		m.man, rep, err = dump(ctx, c, meta, criusock.DumpOptions{
 			CRIU: m.criu, PID: m.o.PID, WorkDir: m.o.CRIU.WorkDir, LeaveRunning: m.o.LeaveRunning, ExtraArgs: m.o.CRIU.Args,
-			Hooks: criusock.Hooks{Log: m.o.Hooks.Log}, Carry: m.o.CRIU.Carry, Launcher: m.o.CRIU.Launcher,
+			Hooks: criusock.Hooks{Log: m.o.Hooks.Log}, Carry: m.o.CRIU.Carry, Launcher: m.o.CRIU.Launcher, Version: version,
 		}, m.cc)
 		if err != nil {
 			err = m.cc.Undo(err)

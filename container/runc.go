@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr-stream/criusock"
 	"github.com/gpucr/gpucr-stream/errdefs"
+	"github.com/gpucr/gpucr-stream/swrk"
 )
 
 type runc struct{ o Options }
@@ -89,8 +90,9 @@ func (l *runcLauncher) PostDump(context.Context, string) error { return nil }
 // /dev/null and its messages in a log file: a restored container gets
 // runc's stdio where descriptors.json records pipes, and a container must
 // not keep a file of this process open (nor could CRIU dump one that lies
-// outside its mounts).
-func (r *runc) logged(ctx context.Context, criu string, args ...string) (string, time.Duration, error) {
+// outside its mounts). runc hands its environment to its CRIU, the swrk:
+// x's CRIU version goes in it (swrk.VersionEnv).
+func (r *runc) logged(ctx context.Context, x criusock.Launch, args ...string) (string, time.Duration, error) {
 	log, err := os.CreateTemp("", "gpucr-runc-log-")
 	if err != nil {
 		return "", 0, err
@@ -98,7 +100,10 @@ func (r *runc) logged(ctx context.Context, criu string, args ...string) (string,
 	defer os.Remove(log.Name())
 	defer log.Close()
 	cmd := exec.Command(r.o.Binary, append(append(r.global(), "--log", log.Name(), "--log-format", "text"), args...)...)
-	cmd.Env = criuPath(criu)
+	cmd.Env = criuPath(x.CRIU)
+	if env := swrk.VersionEnv(x.Version); env != "" {
+		cmd.Env = append(cmd.Env, env)
+	}
 	start := time.Now()
 	err = run(ctx, cmd)
 	took := time.Since(start)
@@ -118,7 +123,7 @@ func (l *runcLauncher) Dump(ctx context.Context, x criusock.Launch) (criusock.La
 	if x.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
-	out, took, err := l.r.logged(ctx, x.CRIU, append(args, l.id)...)
+	out, took, err := l.r.logged(ctx, x, append(args, l.id)...)
 	return criusock.Launched{Log: x.WorkDir + "/dump.log", Output: out, Took: took}, err
 }
 
@@ -142,7 +147,7 @@ func (l *runcLauncher) Restore(ctx context.Context, x criusock.Launch) (criusock
 	}
 	// Detached: runc returns once the container runs. Its stdio is what
 	// descriptors.json records, /dev/null where that was a pipe (logged).
-	out, took, err := l.r.logged(ctx, x.CRIU, "--criu", l.r.o.Self, "restore", "--detach", "--image-path", x.ImagesDir,
+	out, took, err := l.r.logged(ctx, x, "--criu", l.r.o.Self, "restore", "--detach", "--image-path", x.ImagesDir,
 		"--work-path", x.WorkDir, "--bundle", bundle, l.id)
 	res := criusock.Launched{Log: x.WorkDir + "/restore.log", Output: out, Took: took}
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -57,20 +56,6 @@ func criuOnPath() (string, bool) {
 		return p, true
 	}
 	return "", false
-}
-
-// CRIUVersion asks criu for its version ("4.1.1"), or "".
-func CRIUVersion(ctx context.Context, criu string) string {
-	out, err := exec.CommandContext(ctx, criu, "--version").Output()
-	if err != nil {
-		return ""
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
 }
 
 // actionScript is run by criu for every action. On post-dump (images
@@ -209,6 +194,8 @@ type DumpOptions struct {
 	// (launch.go) instead of `criu dump` here; PID is then the
 	// container's init, for the caller.
 	Launcher Launcher
+	// Version is CRIU's version, being asked, for the Launcher (Launch).
+	Version *VersionQuery
 }
 
 // DumpReport times the phases of a dump.
@@ -406,6 +393,8 @@ type CRIURestoreOptions struct {
 	Carry []string
 	// Launcher, if set, runs the restore through a container runtime.
 	Launcher Launcher
+	// Version is CRIU's version, being asked, for the Launcher (Launch).
+	Version *VersionQuery
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -423,7 +412,7 @@ type RestoreReport struct {
 func runDump(ctx context.Context, o DumpOptions, images string, cm *committer, rep *DumpReport) (out string, took time.Duration, err error) {
 	if o.Launcher != nil {
 		l, err := o.Launcher.Dump(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images),
-			Args: o.ExtraArgs, Commit: cm.dir, LeaveRunning: o.LeaveRunning})
+			Args: o.ExtraArgs, Commit: cm.dir, LeaveRunning: o.LeaveRunning, Version: o.Version})
 		rep.LogPath = l.Log
 		return l.Output, l.Took, err
 	}
@@ -526,7 +515,7 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 // o.Launcher, and sets rep.PID.
 func runRestore(ctx context.Context, o CRIURestoreOptions, images, pidfile string, src source.Source, rep *RestoreReport) (out string, took time.Duration, err error) {
 	if o.Launcher != nil {
-		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src})
+		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src, Version: o.Version})
 		rep.PID, rep.LogPath = l.PID, l.Log
 		return l.Output, l.Took, err
 	}

@@ -48,6 +48,9 @@ type Launch struct {
 	// Src is the checkpoint being restored: files the runtime needs
 	// besides CRIU's images come from it.
 	Src source.Source
+	// Version is CRIU's version, being asked (nil: not asked), for the
+	// runtime's swrk to answer the runtime's VERSION request with.
+	Version *VersionQuery
 }
 
 // Launched is what a Launcher did.

@@ -46,9 +46,12 @@ const maxMessage = 4 << 20
 // and the runtime was told); a request it does not stream never returns:
 // the process becomes the real CRIU.
 func Serve(ctx context.Context, fd int) error {
-	req, err := peekRequest(fd)
+	req, err := nextRequest(fd)
 	if err != nil {
 		return fmt.Errorf("swrk: %w", err)
+	}
+	if req == nil {
+		return nil // the runtime asked for the version alone
 	}
 	c, err := streamedCall(req, fd)
 	if err != nil {
@@ -61,14 +64,20 @@ func Serve(ctx context.Context, fd int) error {
 	return c.run(ctx)
 }
 
-// peekRequest reads the first request without taking it off the socket,
+// errClosed: the runtime closed the session.
+var errClosed = errors.New("the runtime closed the connection")
+
+// peekRequest reads the next request without taking it off the socket,
 // so that the real CRIU can still read it.
 func peekRequest(fd int) (*rpc.CriuReq, error) {
 	n, _, err := unix.Recvfrom(fd, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
 	if err != nil {
 		return nil, fmt.Errorf("read request on descriptor %d: %w", fd, err)
 	}
-	if n <= 0 || n > maxMessage {
+	if n == 0 {
+		return nil, fmt.Errorf("descriptor %d: %w", fd, errClosed)
+	}
+	if n < 0 || n > maxMessage {
 		return nil, fmt.Errorf("request of %d bytes on descriptor %d (want 1..%d)", n, fd, maxMessage)
 	}
 	buf := make([]byte, n)
@@ -80,6 +89,14 @@ func peekRequest(fd int) (*rpc.CriuReq, error) {
 		return nil, fmt.Errorf("request on descriptor %d: %w", fd, err)
 	}
 	return req, nil
+}
+
+// dropRequest takes the request peekRequest read off the socket.
+func dropRequest(fd int) error {
+	if _, _, err := unix.Recvfrom(fd, nil, unix.MSG_TRUNC); err != nil {
+		return fmt.Errorf("read request on descriptor %d: %w", fd, err)
+	}
+	return nil
 }
 
 // passThrough becomes the real CRIU's swrk on the same socket.
