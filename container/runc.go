@@ -38,9 +38,13 @@ func (r *runc) global() []string {
 	return nil
 }
 
-// state is the container's state; errdefs.ErrNotFound if runc does not
-// know it.
+// state is the container's state, from runc's state file where that
+// settles it (runcstate.go), else from `runc state`; errdefs.ErrNotFound
+// if runc does not know the container.
 func (r *runc) state(ctx context.Context, id string) (runcState, error) {
+	if st, ok, err := r.stateFromFile(id); ok {
+		return st, err
+	}
 	var st runcState
 	out, _, err := command(ctx, "", r.o.Binary, append(r.global(), "state", id)...)
 	if err != nil {

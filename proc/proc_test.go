@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -164,5 +165,39 @@ func TestHolder(t *testing.T) {
 	}
 	if h := Holder(1 << 30); h != "" {
 		t.Errorf("Holder(free) = %q", h)
+	}
+}
+
+// TestStartTime: field 22 and the state of /proc/PID/stat, whatever the
+// command holds; nothing for a process that is gone or a stat cut short.
+func TestStartTime(t *testing.T) {
+	root := t.TempDir()
+	defer func(r string) { Root = r }(Root)
+	Root = root
+	tail := " 1 1 1 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 %s 1000 10 18446744073709551615"
+	for _, c := range []struct {
+		pid   int
+		stat  string // "": no stat file
+		start uint64
+		state byte
+	}{
+		{10, "10 (target) S" + fmt.Sprintf(tail, "123456"), 123456, 'S'},
+		{11, "11 (a ) R (b) Z" + fmt.Sprintf(tail, "77"), 77, 'Z'},
+		{12, "12 (short) S 1 1", 0, 0},
+		{13, "13 (bad) S" + fmt.Sprintf(tail, "x"), 0, 0},
+		{14, "", 0, 0},
+	} {
+		if c.stat != "" {
+			dir := filepath.Join(root, strconv.Itoa(c.pid))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(c.stat+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if start, state := StartTime(c.pid); start != c.start || state != c.state {
+			t.Errorf("pid %d: StartTime = %d, %q; want %d, %q", c.pid, start, state, c.start, c.state)
+		}
 	}
 }

@@ -87,6 +87,28 @@ func State(pid int) byte {
 	return stateOf(string(b))
 }
 
+// StartTime is when pid started, in clock ticks after boot (field 22 of
+// /proc/PID/stat: what runc records of a container's init to know it
+// again), and its state (see State); 0, 0 when pid is gone.
+func StartTime(pid int) (uint64, byte) {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, 0
+	}
+	stat := string(b)
+	// Fields from the state on, after the command's closing parenthesis
+	// (the command may hold spaces and parentheses of its own).
+	f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:])
+	if len(f) < 20 {
+		return 0, 0
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, 0
+	}
+	return start, stateOf(stat)
+}
+
 // Space names this PID namespace on this boot: two processes that print
 // the same string see the same PIDs.
 func Space() string {
