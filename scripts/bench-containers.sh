@@ -18,6 +18,20 @@
 # Tunables: BENCH_ROUNDS (default 3), BENCH_CODEC (gpucr-stream's --codec;
 # its default if unset), CRIU, GCS, RUNC, BENCH_TARGET (a prebuilt
 # e2e/target). Needs runc and jq.
+#
+# GCS_BASE=BINARY measures a second gpucr-stream beside GCS in every round
+# (an A/B of two builds, e.g. main's: its dump and restore interleaved
+# with the others', order alternating; the dedup pair is GCS's only), and
+# prints its row and its ratios to runc and to GCS.
+#
+# BENCH_NETWORK_LOCK=METHOD (skip, nftables, iptables) sets CRIU's
+# network lock for both paths alike, plain runc's and gpucr-stream's: a
+# CRIU configuration file with `network-lock METHOD`, named by the
+# bundle's org.criu.config annotation, which runc hands CRIU (and
+# gpucr-stream's swrk passes on). Unset, CRIU locks the container's
+# network namespace with iptables-restore, and on a host without iptables
+# plain `runc checkpoint` fails ("criu failed: type NOTIFY"; dump.log:
+# "Locking network failed"). The container has no connections to lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/target-proof.sh
@@ -28,6 +42,9 @@ fi
 CRIU=${CRIU:-$(bash scripts/install-criu.sh)}
 GCS=${GCS:-bin/gpucr-stream}
 case $GCS in /*) ;; *) GCS=$PWD/$GCS ;; esac
+BASE=${GCS_BASE:-}
+case $BASE in /* | '') ;; *) BASE=$PWD/$BASE ;; esac
+[ -z "$BASE" ] || [ -x "$BASE" ] || { echo "bench-containers: GCS_BASE=$BASE is not an executable" >&2; exit 1; }
 RUNC=${RUNC:-runc}
 MB=${BENCH_MB:-1024}
 MIX=${BENCH_MIX:-thirds}
@@ -57,6 +74,11 @@ jq --arg data "$DATA" --arg mb "$MB" --arg mix "$MIX" '.process.terminal = false
 	.mounts += [{"destination": "/data", "type": "bind", "source": $data, "options": ["rbind", "rw"]}]' \
 	"$BUNDLE/config.json" >"$BUNDLE/config.json.new"
 mv "$BUNDLE/config.json.new" "$BUNDLE/config.json"
+if [ -n "${BENCH_NETWORK_LOCK:-}" ]; then
+	echo "network-lock $BENCH_NETWORK_LOCK" >"$WORK/criu.conf"
+	jq --arg conf "$WORK/criu.conf" '.annotations["org.criu.config"] = $conf' "$BUNDLE/config.json" >"$BUNDLE/config.json.new"
+	mv "$BUNDLE/config.json.new" "$BUNDLE/config.json"
+fi
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN {printf "%.4f", b - a}'; }
@@ -73,7 +95,10 @@ timed() { # metric COMMAND...: runs it, records its wall time
 	"${@:2}"
 	record "$1" "$(elapsed "$t0")"
 }
-gcs() { "$GCS" "$@" --criu "$CRIU" --runtime-root "$ROOT" >"$WORK/gcs.out" 2>&1 || { cat "$WORK/gcs.out" >&2; exit 1; }; }
+gcs() { gcs_with "$GCS" "$@"; }
+gcs_with() { # BINARY ARGS...
+	"$1" "${@:2}" --criu "$CRIU" --runtime-root "$ROOT" >"$WORK/gcs.out" 2>&1 || { cat "$WORK/gcs.out" >&2; exit 1; }
+}
 
 fresh() { # a new container, its target's memory filled
 	"$RUNC" --root "$ROOT" delete --force "$ID" >/dev/null 2>&1 || true
@@ -92,22 +117,23 @@ plain() {
 	proven plain
 	rm -rf "$WORK/img"
 }
-streamed() {
-	local p
+streamed() { # [NAME BINARY]: GCS's dump and restore (recorded as gcs_*), or BINARY's (NAME_*)
+	local p name=${1:-gcs} bin=${2:-$GCS}
 	fresh
 	p=$(pid)
-	timed gcs_dump gcs checkpoint --container "$ID" --to "$WORK/ck" "${CODEC[@]}"
+	timed "${name}_dump" gcs_with "$bin" checkpoint --container "$ID" --to "$WORK/ck" "${CODEC[@]}"
 	gone "$p"
-	timed gcs_restore gcs restore --container "$ID" --from "$WORK/ck"
-	proven gpucr-stream
+	timed "${name}_restore" gcs_with "$bin" restore --container "$ID" --from "$WORK/ck"
+	proven "$bin"
 	rm -rf "$WORK/ck"
 }
+based() { [ -z "$BASE" ] || streamed base "$BASE"; }
 new_bytes() { "$GCS" ls --json "$WORK/loc" | jq -r --arg n "$1" '.[] | select(.name == $n) | .new_bytes'; }
 
-echo "bench-containers: runc container of the target, ${MB} MiB ($MIX), ${ROUNDS} rounds, codec ${BENCH_CODEC:-default}, into $SHM; $(nproc) cores; $(date -u +%FT%TZ)" >&2
+echo "bench-containers: runc container of the target, ${MB} MiB ($MIX), ${ROUNDS} rounds, codec ${BENCH_CODEC:-default}, into $SHM; $(nproc) cores; network lock ${BENCH_NETWORK_LOCK:-as CRIU picks it}; $GCS${BASE:+ against $BASE}; $(date -u +%FT%TZ); load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq "$ROUNDS"); do
 	echo "bench-containers: round $r" >&2
-	if [ $((r % 2)) = 1 ]; then plain; streamed; else streamed; plain; fi
+	if [ $((r % 2)) = 1 ]; then plain; streamed; based; else based; streamed; plain; fi
 	fresh
 	timed dedup_first gcs checkpoint --container "$ID" --leave-running --dedup --to "$WORK/loc/first" "${CODEC[@]}"
 	timed dedup_same gcs checkpoint --container "$ID" --leave-running --dedup --to "$WORK/loc/same" "${CODEC[@]}"
@@ -121,9 +147,15 @@ get() { awk -F'\t' -v m="$1" '$1==m {print $2}' "$RESULTS" | median; }
 all() { awk -F'\t' -v m="$1" '$1==m {printf "%s ", $2}' "$RESULTS"; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b == 0) print "-"; else printf "%.2fx", a / b}'; }
 echo
-printf '%-10s %12s %12s %8s   %s\n' step "runc (s)" "gpucr (s)" ratio "runs: runc | gpucr-stream"
+printf '%-12s %12s %12s %8s   %s\n' step "runc (s)" "gpucr (s)" ratio "runs: runc | gpucr-stream"
 for s in dump restore; do
-	printf '%-10s %12.3f %12.3f %8s   %s| %s\n' "$s" "$(get plain_$s)" "$(get gcs_$s)" "$(div "$(get gcs_$s)" "$(get plain_$s)")" "$(all plain_$s)" "$(all gcs_$s)"
+	printf '%-12s %12.3f %12.3f %8s   %s| %s\n' "$s" "$(get plain_$s)" "$(get gcs_$s)" "$(div "$(get gcs_$s)" "$(get plain_$s)")" "$(all plain_$s)" "$(all gcs_$s)"
 done
+if [ -n "$BASE" ]; then
+	for s in dump restore; do
+		printf '%-12s %12.3f %12.3f %8s   %s(to runc; GCS/base %s)\n' "base $s" "$(get plain_$s)" "$(get base_$s)" "$(div "$(get base_$s)" "$(get plain_$s)")" "$(all base_$s)" "$(div "$(get gcs_$s)" "$(get base_$s)")"
+	done
+fi
+echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 f=$(get first_new) s=$(get same_new)
 echo "dedup: first checkpoint $(get dedup_first) s adding $f bytes, the unchanged second $(get dedup_same) s adding $s bytes ($(awk -v a="$s" -v b="$f" 'BEGIN {printf "%.2f%%", 100 * a / b}'))"
