@@ -347,13 +347,6 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A runtime asks its criu for the version: that is asked here while
-	// the source opens, and answered in the runtime's swrk.
-	var version *criusock.VersionQuery
-	if o.CRIU.Launcher != nil {
-		version = criusock.StartVersionQuery(ctx, criu)
-		defer version.Wait()
-	}
 	start := time.Now()
 	// From a stream, CRIU restores while it is read (see serveEarly).
 	src, done, err := o.Hooks.openSource(ctx, "restore", o.Src, o.Open, source.StreamSourceOptions{ServeEarly: true})
@@ -408,8 +401,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	buffering := o.Open.StreamSourceOptions(source.StreamSourceOptions{})
 	rep, err := criusock.Restore(ctx, criusock.CRIURestoreOptions{CRIU: criu, WorkDir: o.CRIU.WorkDir,
 		ExtraArgs: restoreNetworkLock(ctx, criu, o.CRIU.Args), Producers: o.Producers, Hooks: criusock.Hooks{Log: o.Hooks.Log},
-		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir, Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher,
-		Version: version}, src)
+		FreePIDs: GoneTimeout, MemoryLimit: buffering.MemoryLimit, SpillDir: buffering.SpillDir, Carry: o.CRIU.Carry, Launcher: o.CRIU.Launcher}, src)
 	if err == nil {
 		err = streamEnded(ctx, src, rep.PID)
 	}

@@ -393,8 +393,6 @@ type CRIURestoreOptions struct {
 	Carry []string
 	// Launcher, if set, runs the restore through a container runtime.
 	Launcher Launcher
-	// Version is CRIU's version, being asked, for the Launcher (Launch).
-	Version *VersionQuery
 }
 
 // RestoreReport times a restore and names the restored process.
@@ -515,7 +513,7 @@ func Restore(ctx context.Context, o CRIURestoreOptions, src source.Source) (rep 
 // o.Launcher, and sets rep.PID.
 func runRestore(ctx context.Context, o CRIURestoreOptions, images, pidfile string, src source.Source, rep *RestoreReport) (out string, took time.Duration, err error) {
 	if o.Launcher != nil {
-		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src, Version: o.Version})
+		l, err := o.Launcher.Restore(ctx, Launch{CRIU: o.CRIU, ImagesDir: images, WorkDir: filepath.Dir(images), Args: o.ExtraArgs, Src: src})
 		rep.PID, rep.LogPath = l.PID, l.Log
 		return l.Output, l.Took, err
 	}

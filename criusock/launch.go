@@ -49,7 +49,10 @@ type Launch struct {
 	// besides CRIU's images come from it.
 	Src source.Source
 	// Version is CRIU's version, being asked (nil: not asked), for the
-	// runtime's swrk to answer the runtime's VERSION request with.
+	// runtime's swrk to answer the runtime's VERSION request with (a
+	// dump asks it anyway, for its manifest, while it gets ready; a
+	// restore, which has nothing to do meanwhile, leaves the request to
+	// criu).
 	Version *VersionQuery
 }
 

@@ -3,11 +3,12 @@ package swrk
 // A runtime's VERSION request, answered here. runc asks its criu for the
 // version in a swrk of its own before every checkpoint and restore
 // (go-criu's GetCriuVersion); passed through, that starts the real criu
-// once more, beside the one that dumps or restores. gpucr-stream, driving
-// the runtime, has asked criu already (criusock.VersionQuery) and says
-// its answer in the environment the runtime hands its criu (knobs.SwrkVersion);
-// the answer given here is that one, word for word, where it is criu's
-// that a passed-through request would reach.
+// once more, beside the one that dumps or restores. A checkpoint through
+// the runtime has asked criu already, for its manifest
+// (criusock.VersionQuery), and says the answer in the environment the
+// runtime hands its criu (knobs.SwrkVersion); the answer given here is
+// that one, word for word, where it is from the criu that a
+// passed-through request would reach.
 
 import (
 	"encoding/json"
