@@ -62,7 +62,7 @@ var (
 	PreloadTrace = add(Knob{Name: "GPUCR_PRELOAD_TRACE", Library: true,
 		Meaning: "set: log to stderr every reason the process cannot take the fast path and what it allocates"})
 	SwrkVersion = add(Knob{Name: "GPUCR_SWRK_CRIU_VERSION",
-		Meaning: "set by checkpoint and restore --container for the runtime they run: criu's path and its version (JSON); the runtime's `gpucr-stream swrk` answers a VERSION request with it instead of starting that criu"})
+		Meaning: "set by checkpoint and migrate --container for the runtime they run: criu's path and its version (JSON); the runtime's `gpucr-stream swrk` answers a VERSION request with it instead of starting that criu"})
 )
 
 var table []*Knob
