@@ -94,6 +94,9 @@ func TestRuncContainer(t *testing.T) {
 	if !strings.Contains(ins.stdout, `"carried": true`) {
 		t.Errorf("inspect marks no file carried:\n%s", ins.stdout)
 	}
+	if v := criuVersionText(t); !strings.Contains(ins.stdout, `"criu_version": "`+v+`"`) {
+		t.Errorf("inspect does not give criu's version %s:\n%s", v, ins.stdout)
+	}
 }
 
 // TestRuncMigrate: `migrate --container` moves a runc container over

@@ -10,10 +10,11 @@
 // request's options become command-line options (args.go), CRIU's action
 // scripts become the NOTIFY messages the runtime answers (notify.go),
 // descriptors the request names keep their numbers, and the answer is the
-// one CRIU's RPC gives. Every other request (check, feature-check,
-// version, pre-dump, a dump into a plain directory) goes to the real
-// CRIU's swrk, which this process becomes (exec) with the socket
-// untouched.
+// one CRIU's RPC gives. A VERSION request is answered here where
+// gpucr-stream, driving the runtime, said criu's answer (version.go).
+// Every other request (check, feature-check, version, pre-dump, a dump
+// into a plain directory) goes to the real CRIU's swrk, which this
+// process becomes (exec) with the socket untouched.
 package swrk
 
 import (
