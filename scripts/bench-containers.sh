@@ -17,7 +17,8 @@
 # with its work dir bind-mounted. Run as root (`make bench-containers`).
 # Tunables: BENCH_ROUNDS (default 3), BENCH_CODEC (gpucr-stream's --codec;
 # its default if unset), CRIU, GCS, RUNC, BENCH_TARGET (a prebuilt
-# e2e/target). Needs runc and jq.
+# e2e/target). Needs runc and jq. Besides the wall times, each variant's
+# time outside CRIU (wall less CRIU's own, from its log) is printed.
 #
 # GCS_BASE=BINARY measures a second gpucr-stream beside GCS in every round
 # (an A/B of two builds, e.g. main's: its dump and restore interleaved
@@ -107,13 +108,18 @@ fresh() { # a new container, its target's memory filled
 	for _ in $(seq 2400); do [ -s "$DATA/ready" ] && break; sleep 0.05; done
 	[ -s "$DATA/ready" ] || { echo "bench-containers: the container's target is not ready" >&2; exit 1; }
 }
+criu_took() { # METRIC LOG: CRIU's own time, its log's last timestamp
+	record "$1_criu" "$(tail -1 "$2" | sed -n 's/^(\([0-9.]*\)).*/\1/p')"
+}
 plain() {
 	local p
 	fresh
 	p=$(pid)
 	timed plain_dump runc_ --criu "$CRIU" checkpoint --image-path "$WORK/img" "$ID"
+	criu_took plain_dump "$WORK/img/dump.log"
 	gone "$p"
 	timed plain_restore runc_ --criu "$CRIU" restore --detach --image-path "$WORK/img" --bundle "$BUNDLE" "$ID"
+	criu_took plain_restore "$WORK/img/restore.log"
 	proven plain
 	rm -rf "$WORK/img"
 }
@@ -121,11 +127,15 @@ streamed() { # [NAME BINARY]: GCS's dump and restore (recorded as gcs_*), or BIN
 	local p name=${1:-gcs} bin=${2:-$GCS}
 	fresh
 	p=$(pid)
-	timed "${name}_dump" gcs_with "$bin" checkpoint --container "$ID" --to "$WORK/ck" "${CODEC[@]}"
+	mkdir "$WORK/w"
+	timed "${name}_dump" gcs_with "$bin" checkpoint --container "$ID" --to "$WORK/ck" --work-dir "$WORK/w" "${CODEC[@]}"
+	criu_took "${name}_dump" "$WORK/w/dump.log"
 	gone "$p"
-	timed "${name}_restore" gcs_with "$bin" restore --container "$ID" --from "$WORK/ck"
+	rm -rf "$WORK/w" && mkdir "$WORK/w"
+	timed "${name}_restore" gcs_with "$bin" restore --container "$ID" --from "$WORK/ck" --work-dir "$WORK/w"
+	criu_took "${name}_restore" "$WORK/w/restore.log"
 	proven "$bin"
-	rm -rf "$WORK/ck"
+	rm -rf "$WORK/ck" "$WORK/w"
 }
 based() { [ -z "$BASE" ] || streamed base "$BASE"; }
 new_bytes() { "$GCS" ls --json "$WORK/loc" | jq -r --arg n "$1" '.[] | select(.name == $n) | .new_bytes'; }
@@ -156,6 +166,14 @@ if [ -n "$BASE" ]; then
 		printf '%-12s %12.3f %12.3f %8s   %s(to runc; GCS/base %s)\n' "base $s" "$(get plain_$s)" "$(get base_$s)" "$(div "$(get base_$s)" "$(get plain_$s)")" "$(all base_$s)" "$(div "$(get gcs_$s)" "$(get base_$s)")"
 	done
 fi
+# Outside CRIU: each run's wall time less CRIU's own (its log's last
+# timestamp): the process starts and waits around CRIU, which CRIU's
+# freezer wait (100 ms steps) and page work do not blur.
+outside() { awk -F'\t' -v m="$1" '$1==m {w[++n]=$2} $1==m"_criu" {c[++k]=$2} END {for (i = 1; i <= n && i <= k; i++) print (w[i] - c[i]) * 1000}' "$RESULTS" | median; }
+printf '%-12s %12s %12s%s   %s\n' "outside CRIU" "runc (ms)" "gpucr (ms)" "${BASE:+   base (ms)}" "(wall less CRIU's own time, medians)"
+for s in dump restore; do
+	printf '%-12s %12.1f %12.1f%s\n' "$s" "$(outside plain_$s)" "$(outside gcs_$s)" "${BASE:+$(printf ' %12.1f' "$(outside base_$s)")}"
+done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 f=$(get first_new) s=$(get same_new)
 echo "dedup: first checkpoint $(get dedup_first) s adding $f bytes, the unchanged second $(get dedup_same) s adding $s bytes ($(awk -v a="$s" -v b="$f" 'BEGIN {printf "%.2f%%", 100 * a / b}'))"
