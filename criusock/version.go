@@ -5,8 +5,8 @@ package criusock
 // version a checkpoint's manifest records, and, where gpucr-stream drives a
 // runtime, what the swrk that runtime starts answers its own VERSION
 // request with (package swrk), instead of starting the real criu a second
-// time. It is asked in the background while a checkpoint or restore gets
-// ready: starting criu costs 6-13 ms here.
+// time. A checkpoint asks it in the background while it gets ready:
+// starting criu costs 6-13 ms here.
 
 import (
 	"context"
