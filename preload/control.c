@@ -429,9 +429,18 @@ static void set_timeout(int c, int opt, long ms)
 	setsockopt(c, SOL_SOCKET, opt, &tv, sizeof tv);
 }
 
-/* answer_stats is a command's answer besides ok: its stats as JSON. */
-void answer_stats(char *out, size_t n, const struct stats *st)
+/* answer is a command's answer line in out: err (rc < 0), its stats as
+ * JSON (st), or what the command wrote there itself (st NULL). */
+void answer(char *out, size_t n, int rc, const char *err, const struct stats *st)
 {
+	if (rc < 0) {
+		char e[512];
+		json_str(e, sizeof e, err);
+		snprintf(out, n, "err %s\n", e);
+		return;
+	}
+	if (!st)
+		return;
 	char se[sizeof st->w.scan_err];
 	json_str(se, sizeof se, st->w.scan_err);
 	snprintf(out, n,
@@ -493,13 +502,7 @@ static void serve_conn(int c)
 		}
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
-		if (rc < 0) {
-			char e[512];
-			json_str(e, sizeof e, err);
-			snprintf(out, sizeof out, "err %s\n", e);
-		} else if (!custom) {
-			answer_stats(out, sizeof out, &st);
-		}
+		answer(out, sizeof out, rc, err, custom ? NULL : &st);
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
 		set_timeout(c, SO_RCVTIMEO, owns ? 0 : idle);

@@ -38,9 +38,6 @@
 #define MAX_TABLE (64 << 20)
 #define MAX_DEVS 64
 
-typedef CUresult (*uuid_fn)(unsigned char *, CUdevice);
-typedef CUresult (*devget_fn)(CUdevice *, int);
-
 /* table_rows lists, in table order, the handle records copy-out copies
  * (under tab_mu); the caller frees it. */
 static int *table_rows(int *k)
@@ -63,43 +60,43 @@ static int *table_rows(int *k)
 	return rows;
 }
 
-static void put_uuid(FILE *f, int ord)
+/* dev_uuid writes the UUID of device ordinal ord as 32 hex digits into
+ * hex (all zero where the driver does not say) and returns its CUdevice. */
+static CUdevice dev_uuid(int ord, char hex[33])
 {
-	uuid_fn uu = real_dlsym(libcuda, "cuDeviceGetUuid_v2");
-	devget_fn dg = real_dlsym(libcuda, "cuDeviceGet");
+	CUresult (*uuid)(unsigned char *, CUdevice) = real_dlsym(libcuda, "cuDeviceGetUuid_v2");
+	CUresult (*get)(CUdevice *, int) = real_dlsym(libcuda, "cuDeviceGet");
 	unsigned char u[16] = {0};
 	CUdevice d = ord;
-	if (!uu)
-		uu = real_dlsym(libcuda, "cuDeviceGetUuid");
-	if (dg)
-		dg(&d, ord);
-	if (uu)
-		uu(u, d);
-	fprintf(f, "d %d ", ord);
-	for (int i = 0; i < 16; i++)
-		fprintf(f, "%02x", u[i]);
-	fputc('\n', f);
+	if (!uuid)
+		uuid = real_dlsym(libcuda, "cuDeviceGetUuid");
+	if (get)
+		get(&d, ord);
+	if (uuid)
+		uuid(u, d);
+	for (int b = 0; b < 16; b++)
+		snprintf(hex + 2 * b, 3, "%02x", u[b]);
+	return d;
 }
 
-/* table_text is the handle table (under tab_mu), with d rows if devs; the
- * caller frees it. */
-static char *table_text(int devs, size_t *len, int *nrows)
+/* table_text is the handle table of rows (table_rows: k of them), with d
+ * rows if devs (under tab_mu); the caller frees it. */
+static char *table_text(const int *rows, int k, int devs, size_t *len)
 {
 	char *buf = NULL;
 	size_t n = 0;
-	int k;
-	int *rows = table_rows(&k);
-	FILE *f = rows ? open_memstream(&buf, &n) : NULL;
-	if (!f) {
-		free(rows);
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
 		return NULL;
-	}
 	fputs(TABLE_MAGIC, f);
 	unsigned char seen[MAX_DEVS] = {0};
 	for (int r = 0; devs && r < k; r++) {
 		int o = hs[rows[r]].prop.location.id;
-		if (o >= 0 && o < MAX_DEVS && !seen[o]++)
-			put_uuid(f, o);
+		char hex[33];
+		if (o >= 0 && o < MAX_DEVS && !seen[o]++) {
+			dev_uuid(o, hex);
+			fprintf(f, "d %d %s\n", o, hex);
+		}
 	}
 	for (int r = 0; r < k; r++)
 		fprintf(f, "h %d %zu %d\n", rows[r], hs[rows[r]].size, hs[rows[r]].prop.location.id);
@@ -108,9 +105,7 @@ static char *table_text(int devs, size_t *len, int *nrows)
 			fprintf(f, "m %d %#llx %zu %zu\n", ms[i].h, ms[i].va, ms[i].size, ms[i].offset);
 	fputs("end\n", f);
 	fclose(f);
-	free(rows);
 	*len = n;
-	*nrows = k;
 	return buf;
 }
 
@@ -128,8 +123,10 @@ int cmd_handles(int *fds, int nfds, char *out, size_t outn, char *err, size_t n)
 	size_t len;
 	int k;
 	pthread_mutex_lock(&tab_mu);
-	char *t = table_text(1, &len, &k);
+	int *rows = table_rows(&k);
+	char *t = rows ? table_text(rows, k, 1, &len) : NULL;
 	pthread_mutex_unlock(&tab_mu);
+	free(rows);
 	if (!t) {
 		snprintf(err, n, "handles: out of memory");
 		return -1;
@@ -198,8 +195,8 @@ int cmd_adopt(int from, int *fds, int nfds, char *out, size_t outn, char *err, s
 	pthread_mutex_lock(&tab_mu);
 	size_t len, glen;
 	int k, rc = 0, done = 0;
-	char *own = table_text(0, &len, &k);
 	int *rows = table_rows(&k);
+	char *own = rows ? table_text(rows, k, 0, &len) : NULL;
 	char *given = own ? read_table(fds[0], len + 4096 + MAX_DEVS * 48, &glen) : NULL;
 	if (given)
 		strip_d(given);
@@ -248,8 +245,6 @@ static int exported[256];
 static int nexported;
 
 static CUresult (*f_DeviceGetCount)(int *);
-static CUresult (*f_DeviceGet)(CUdevice *, int);
-static uuid_fn f_Uuid;
 static CUresult (*f_Retain)(CUcontext *, CUdevice);
 static CUresult (*f_CtxRelease)(CUdevice);
 static CUresult (*f_Init)(unsigned);
@@ -272,13 +267,8 @@ static int fill_dev(int ord, const char *hex, char *err, size_t n)
 	int cnt = 0;
 	f_DeviceGetCount(&cnt);
 	for (int i = 0; i < cnt; i++) {
-		CUdevice d;
-		unsigned char u[16];
 		char h[33];
-		if (f_DeviceGet(&d, i) != CUDA_SUCCESS || f_Uuid(u, d) != CUDA_SUCCESS)
-			continue;
-		for (int b = 0; b < 16; b++)
-			snprintf(h + 2 * b, 3, "%02x", u[b]);
+		CUdevice d = dev_uuid(i, h);
 		if (strcmp(h, hex))
 			continue;
 		struct fdev *fd = &fdevs[nfdev];
@@ -490,16 +480,13 @@ static int fill_bind(const char *driver, char *err, size_t n)
 #define F(var, sym) var = real_dlsym(libcuda, sym)
 	F(f_Init, "cuInit");
 	F(f_DeviceGetCount, "cuDeviceGetCount");
-	F(f_DeviceGet, "cuDeviceGet");
-	F(f_Uuid, "cuDeviceGetUuid_v2");
 	F(f_Retain, "cuDevicePrimaryCtxRetain");
 	F(f_CtxRelease, "cuDevicePrimaryCtxRelease_v2");
 #undef F
-	if (!f_Uuid)
-		f_Uuid = real_dlsym(libcuda, "cuDeviceGetUuid");
 	if (!f_CtxRelease)
 		f_CtxRelease = real_dlsym(libcuda, "cuDevicePrimaryCtxRelease");
-	if (!f_Init || !f_DeviceGetCount || !f_DeviceGet || !f_Uuid || !f_Retain || !f_CtxRelease || incapable()) {
+	if (!f_Init || !f_DeviceGetCount || !real_dlsym(libcuda, "cuDeviceGet") ||
+	    (!real_dlsym(libcuda, "cuDeviceGetUuid_v2") && !real_dlsym(libcuda, "cuDeviceGetUuid")) || !f_Retain || !f_CtxRelease || incapable()) {
 		snprintf(err, n, "the driver lacks what a filler needs%s%s", incapable() ? ": " : "", incapable() ? incapable() : "");
 		return -1;
 	}
@@ -542,15 +529,9 @@ __attribute__((visibility("default"))) int gpucr_fill(int c, const char *driver)
 		}
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
-		if (rc < 0) {
-			char e[512];
-			json_str(e, sizeof e, err);
-			snprintf(out, sizeof out, "err %s\n", e);
-			if (bound == 0)
-				err[0] = 0;
-		} else if (!custom) {
-			answer_stats(out, sizeof out, &st);
-		}
+		answer(out, sizeof out, rc, err, custom ? NULL : &st);
+		if (rc < 0 && bound == 0)
+			err[0] = 0;
 		if (write_all(c, out, strlen(out)) < 0)
 			break;
 	}

@@ -304,7 +304,7 @@ int staged_count(void);
 /* copied: mapping i is one of the process's own memory, which the VRAM
  * files hold (an imported one is its exporter's). Under tab_mu. */
 int copied(int i);
-void answer_stats(char *out, size_t n, const struct stats *st);
+void answer(char *out, size_t n, int rc, const char *err, const struct stats *st);
 
 /* ---- fill.c: the handle table, the filler, adoption ---- */
 int cmd_handles(int *fds, int nfds, char *out, size_t outn, char *err, size_t n);
