@@ -23,7 +23,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -163,7 +162,7 @@ func (fl *filling) end() {
 // run fills process p's memory: the table, the filler, the copy in, the
 // export.
 func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *Stage, p manifest.CUDAProcess, gpus []manifest.GPU, pairs []cudadriver.GPUPair) (*vram.Filled, error) {
-	table, handleBytes, err := readTable(ctx, src, p.Handles, pairs)
+	table, err := readTable(ctx, src, p.Handles, pairs)
 	if err != nil {
 		return nil, err
 	}
@@ -184,13 +183,13 @@ func (fl *filling) run(ctx context.Context, src, behind source.Source, stage *St
 	// The driver's restore of the process needs room for what it held
 	// beyond its handles (its context, its other memory): the fill
 	// leaves that free, and a margin, or does not run.
-	reserve := int64(fillMargin)
+	var used int64
 	for _, g := range gpus {
 		if g.PID == p.PID {
-			reserve += max(0, g.Bytes-handleBytes)
+			used += g.Bytes
 		}
 	}
-	n, _, err := fl.conn.FillTable(ctx, table, reserve)
+	n, _, err := fl.conn.FillTable(ctx, table, used, fillMargin)
 	if err != nil {
 		return nil, fl.why(err)
 	}
@@ -303,19 +302,14 @@ func (fl *filling) why(err error) error {
 const fillMargin = 1 << 30
 
 // readTable reads p's handle table from src into a memfd, its d rows
-// naming the GPUs pairs move the process to, and sums its handles' bytes.
-func readTable(ctx context.Context, src source.Source, name string, pairs []cudadriver.GPUPair) (*os.File, int64, error) {
+// naming the GPUs pairs move the process to.
+func readTable(ctx context.Context, src source.Source, name string, pairs []cudadriver.GPUPair) (*os.File, error) {
 	b := limitedBuffer{n: preloadctl.MaxHandleTable, fail: true}
 	if _, err := src.Copy(ctx, name, &b); err != nil {
-		return nil, 0, fmt.Errorf("handle table %s: %w", name, err)
+		return nil, fmt.Errorf("handle table %s: %w", name, err)
 	}
 	lines := strings.SplitAfter(b.String(), "\n")
-	var total int64
 	for i, l := range lines {
-		if f := strings.Fields(l); len(f) == 4 && f[0] == "h" {
-			n, _ := strconv.ParseInt(f[2], 10, 64)
-			total += max(0, n)
-		}
 		ord, id, ok := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(l, "d "), "\n"), " ")
 		if !strings.HasPrefix(l, "d ") || !ok {
 			continue
@@ -328,14 +322,14 @@ func readTable(ctx context.Context, src source.Source, name string, pairs []cuda
 	}
 	fd, err := unix.MemfdCreate("gpucr-handles", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, 0, fmt.Errorf("handle table: memfd: %w", err)
+		return nil, fmt.Errorf("handle table: memfd: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "gpucr-handles")
 	if _, err := f.WriteString(strings.Join(lines, "")); err != nil {
 		f.Close()
-		return nil, 0, fmt.Errorf("handle table: %w", err)
+		return nil, fmt.Errorf("handle table: %w", err)
 	}
-	return f, total, nil
+	return f, nil
 }
 
 // spliceFile copies the staged file f into w, a pipe: spliced (the

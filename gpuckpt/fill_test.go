@@ -179,7 +179,7 @@ func FuzzFillTable(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer mf.Close()
-		_, _, ferr := fl.conn.FillTable(ctx, mf, 0)
+		_, _, ferr := fl.conn.FillTable(ctx, mf, 0, 0)
 		fl.conn.Close()
 		if err := fl.cmd.Wait(); err != nil {
 			t.Fatalf("the filler ended with %v on %q (the table's answer: %v); it said %s", err, table, ferr, fl.stderr.String())

@@ -360,11 +360,12 @@ static int fill_map(int idx, CUdeviceptr va, unsigned long long size, unsigned l
 }
 
 /* fill_table reads the table (fd) and makes its devices, handles and
- * mappings, if each device has room for its handles and reserve bytes
- * more (what the driver's restore of the process will take). The table is
- * untrusted here: it only sizes what this process creates; the process
- * that adopts checks it is its own. */
-static int fill_table(int fd, long long reserve, char *out, size_t outn, char *err, size_t n)
+ * mappings, if each device has room for the process: its handles, or
+ * used bytes (what it was recorded to use, its context and the memory the
+ * driver restores included) where that is more, and margin bytes more.
+ * The table is untrusted here: it only sizes what this process creates;
+ * the process that adopts checks it is its own. */
+static int fill_table(int fd, long long used, long long margin, char *out, size_t outn, char *err, size_t n)
 {
 	size_t len;
 	char *t = read_table(fd, MAX_TABLE, &len);
@@ -406,9 +407,10 @@ static int fill_table(int fd, long long reserve, char *out, size_t outn, char *e
 			size_t fr = 0, tot = 0;
 			r_CtxSetCurrent(fdevs[i].ctx);
 			r_MemGetInfo(&fr, &tot);
-			if ((long long)fr < need[fdevs[i].ord] + reserve) {
+			long long want = need[fdevs[i].ord];
+			if ((long long)fr < (want > used ? want : used) + margin) {
 				snprintf(err, n, "device %d: %zu bytes free, the fill needs %lld and leaves %lld for the driver's restore",
-					 fdevs[i].ord, fr, need[fdevs[i].ord], reserve);
+					 fdevs[i].ord, fr, want, (used > want ? used - want : 0) + margin);
 				rc = -1;
 			}
 		}
@@ -507,6 +509,7 @@ __attribute__((visibility("default"))) int gpucr_fill(int c, const char *driver)
 	static char out[16384];
 	char line[1024], err[512] = "";
 	int fds[MAXFDS], nfds;
+	long long used, margin;
 	internal = 1;
 	parked = 1; /* the copy in's precondition: nothing of a program runs here */
 	int bound = fill_bind(driver && *driver ? driver : "libcuda.so.1", err, sizeof err);
@@ -516,8 +519,8 @@ __attribute__((visibility("default"))) int gpucr_fill(int c, const char *driver)
 		exported_close();
 		if (bound < 0) {
 			/* err says why */
-		} else if (!strncmp(line, "table ", 6) && nfds == 1) {
-			rc = fill_table(fds[0], atoll(line + 6), out, sizeof out, err, sizeof err);
+		} else if (sscanf(line, "table %lld %lld", &used, &margin) == 2 && nfds == 1) {
+			rc = fill_table(fds[0], used, margin, out, sizeof out, err, sizeof err);
 		} else if (!strcmp(line, "copyin")) {
 			rc = cmd_copy(line, fds, &nfds, err, sizeof err, &st);
 			custom = 0;

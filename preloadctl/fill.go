@@ -5,7 +5,6 @@ package preloadctl
 // and the adoption of that memory by the restored process.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -66,14 +65,15 @@ func (p *Conn) Adopt(ctx context.Context, table *os.File, from int, handles []*o
 // FillerConn is the connection c to a filler (gpucr-stream gpu fill, one
 // end of a socket pair) that fills process pid's memory.
 func FillerConn(c *net.UnixConn, pid int) *Conn {
-	return &Conn{PID: pid, conn: c, rd: bufio.NewReaderSize(c, maxAnswer)}
+	return newConn(c, pid)
 }
 
 // FillTable hands the filler the handle table: it creates the handles
-// and maps them, if each GPU has room for them and reserve bytes more. It
-// returns how many handles, and their bytes.
-func (p *Conn) FillTable(ctx context.Context, table *os.File, reserve int64) (int, int64, error) {
-	js, err := p.do(ctx, "table "+strconv.FormatInt(reserve, 10), []*os.File{table})
+// and maps them, if each GPU has room for the process's memory (its
+// handles, or used, the device memory it was recorded to use, if more)
+// and margin bytes more. It returns how many handles, and their bytes.
+func (p *Conn) FillTable(ctx context.Context, table *os.File, used, margin int64) (int, int64, error) {
+	js, err := p.do(ctx, "table "+strconv.FormatInt(used, 10)+" "+strconv.FormatInt(margin, 10), []*os.File{table})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -216,7 +216,12 @@ func Dial(ctx context.Context, dir string, pid int) (*Conn, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &Conn{PID: pid, conn: conn, rd: bufio.NewReaderSize(conn, maxAnswer)}, nil
+	return newConn(conn, pid), nil
+}
+
+// newConn is a connection on c to the library serving pid.
+func newConn(c *net.UnixConn, pid int) *Conn {
+	return &Conn{PID: pid, conn: c, rd: bufio.NewReaderSize(c, maxAnswer)}
 }
 
 // Close ends the connection; the library's state stays.

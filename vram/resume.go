@@ -71,7 +71,7 @@ func FastResume(ctx context.Context, dir string, pid int, files []string, get Ge
 		return r, unparkUnlessShared(ctx, p)
 	}
 	r.Adopted = 0
-	if r.Copy, err = copyInFrom(ctx, p, files, get, staged); err != nil {
+	if r.Copy, err = CopyIn(ctx, p, files, get, staged); err != nil {
 		return r, fmt.Errorf("process %d: copy in: %w (it stays parked)", pid, err)
 	}
 	return r, unparkUnlessShared(ctx, p)
@@ -115,10 +115,6 @@ func unparkUnlessShared(ctx context.Context, p *preloadctl.Conn) error {
 // CopyIn has the library at p copy files in, each from staged where
 // that hands it over, else through a pipe that get fills.
 func CopyIn(ctx context.Context, p *preloadctl.Conn, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
-	return copyInFrom(ctx, p, files, get, staged)
-}
-
-func copyInFrom(ctx context.Context, p *preloadctl.Conn, files []string, get GetFunc, staged StagedFunc) (preloadctl.CopyStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// rs[k] is what the library reads file k from: the staged file, or
