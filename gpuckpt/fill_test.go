@@ -64,6 +64,19 @@ func useTestFiller(t testing.TB) {
 	t.Cleanup(func() { fillerCommand = old })
 }
 
+// suspendedForFill is a target whose memory the fast path moved out into
+// st (its handle table too), as the checkpoint records it.
+func suspendedForFill(t *testing.T) (*vramtest.Target, *vramtest.Store, vram.FastProc, []manifest.CUDAProcess) {
+	t.Helper()
+	tg := vramtest.Start(t)
+	st, s := fastSuspended(t, tg, false)
+	p := s.fast.Procs()[0]
+	if p.Handles == "" || len(st.Tables[p.Handles]) == 0 {
+		t.Fatalf("no handle table stored: %+v", p)
+	}
+	return tg, st, p, []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
+}
+
 func TestFillAdopted(t *testing.T) {
 	useTestFiller(t)
 	for _, tc := range []struct {
@@ -97,16 +110,10 @@ func TestFillAdopted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			tg := vramtest.Start(t)
-			st, s := fastSuspended(t, tg, false)
-			p := s.fast.Procs()[0]
-			if p.Handles == "" || len(st.Tables[p.Handles]) == 0 {
-				t.Fatalf("no handle table stored: %+v", p)
-			}
+			tg, st, p, procs := suspendedForFill(t)
 			if tc.tamper != nil {
 				st.Tables[p.Handles] = tc.tamper(st.Tables[p.Handles])
 			}
-			procs := []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
 			fill := StartFill(ctx, storeSource{st: st}, nil, procs, nil, nil)
 			defer fill.Close()
 			filled := fill.Take(ctx, p.PID)
@@ -134,10 +141,7 @@ func TestFillAdopted(t *testing.T) {
 func TestFillLeavesRoom(t *testing.T) {
 	useTestFiller(t)
 	ctx := context.Background()
-	tg := vramtest.Start(t)
-	st, s := fastSuspended(t, tg, false)
-	p := s.fast.Procs()[0]
-	procs := []manifest.CUDAProcess{{PID: p.PID, Path: manifest.CUDAPathPreload, Files: p.Files, Handles: p.Handles}}
+	tg, st, p, procs := suspendedForFill(t)
 	// The fake driver's device has 1 TiB.
 	gpus := []manifest.GPU{{UUID: "GPU-66616b65-2d67-7075-0000-000000000000", PID: p.PID, Bytes: 1 << 40}}
 	fill := StartFill(ctx, storeSource{st: st}, nil, procs, gpus, nil)

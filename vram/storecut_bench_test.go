@@ -58,23 +58,7 @@ func BenchmarkDedupSecond(b *testing.B) {
 		var o, c []dataPiece
 		for k := range per {
 			va := uint64(1<<40) + uint64(f*per+k)*piece
-			p := dataPiece{va: va, block: blk}
-			for range piece / blk {
-				bl := make([]byte, blk)
-				r.Read(bl)
-				p.blocks = append(p.blocks, bl)
-			}
-			n := p.blocks
-			q := dataPiece{va: va, block: blk, blocks: append([][]byte(nil), n...)}
-			m := devMap{va: va, size: piece, bits: make([]byte, piece/blk/8)}
-			for i := range q.blocks {
-				if i >= 3*len(q.blocks)/10 && i < 4*len(q.blocks)/10 {
-					q.blocks[i] = make([]byte, blk)
-					r.Read(q.blocks[i])
-				} else {
-					m.bits[i/8] |= 1 << (i % 8)
-				}
-			}
+			p, q, m := rewrittenPiece(r, va, piece, blk, func(i, n int) bool { return i >= 3*n/10 && i < 4*n/10 })
 			skip.maps = append(skip.maps, m)
 			o, c = append(o, p), append(c, q)
 		}
@@ -262,20 +246,7 @@ func BenchmarkStoreCutsBlocks(b *testing.B) {
 			skip := &skipSet{block: uint64(blk)}
 			for k := range max(1, mib/(piece>>20)) {
 				va := uint64(1<<40) + uint64(k)*piece
-				p := dataPiece{va: va, block: uint64(blk)}
-				q := dataPiece{va: va, block: uint64(blk)}
-				m := devMap{va: va, size: piece, bits: make([]byte, piece/blk/8)}
-				for i := range piece / blk {
-					bl := make([]byte, blk)
-					r.Read(bl)
-					p.blocks, q.blocks = append(p.blocks, bl), append(q.blocks, bl)
-					if i%10 == 3 {
-						q.blocks[i] = make([]byte, blk)
-						r.Read(q.blocks[i])
-					} else {
-						m.bits[i/8] |= 1 << (i % 8)
-					}
-				}
+				p, q, m := rewrittenPiece(r, va, piece, blk, func(i, _ int) bool { return i%10 == 3 })
 				skip.maps = append(skip.maps, m)
 				old, cur = append(old, p), append(cur, q)
 			}
@@ -293,4 +264,27 @@ func BenchmarkStoreCutsBlocks(b *testing.B) {
 			}
 		})
 	}
+}
+
+// rewrittenPiece is a piece of random blocks at va (old) and the same
+// piece with the blocks rewritten says rewritten anew (cur), and the
+// device's record of the blocks left unchanged (m).
+func rewrittenPiece(r *rand.ChaCha8, va uint64, piece, blk int, rewritten func(i, n int) bool) (old, cur dataPiece, m devMap) {
+	old = dataPiece{va: va, block: uint64(blk)}
+	for range piece / blk {
+		bl := make([]byte, blk)
+		r.Read(bl)
+		old.blocks = append(old.blocks, bl)
+	}
+	cur = dataPiece{va: va, block: uint64(blk), blocks: append([][]byte(nil), old.blocks...)}
+	m = devMap{va: va, size: uint64(piece), bits: make([]byte, piece/blk/8)}
+	for i := range cur.blocks {
+		if rewritten(i, len(cur.blocks)) {
+			cur.blocks[i] = make([]byte, blk)
+			r.Read(cur.blocks[i])
+		} else {
+			m.bits[i/8] |= 1 << (i % 8)
+		}
+	}
+	return old, cur, m
 }
