@@ -135,10 +135,11 @@ func perProcess(what string, procs []vram.FastProc, gpus []manifest.GPU) []Phase
 	return ps
 }
 
-// putInto stores VRAM files into c; a failure aborts c.
+// putInto stores VRAM files into c, in the background (CRIU's dump goes
+// first); a failure aborts c.
 func putInto(c *streamer.Capture) vram.PutFunc {
 	return func(ctx context.Context, name string, r io.Reader) error {
-		return storeInto(ctx, c, name, func() (int64, error) { return c.WriteFile(name, r, true) })
+		return storeInto(ctx, c, name, func() (int64, error) { return c.WriteBackground(name, r) })
 	}
 }
 
@@ -153,7 +154,7 @@ func cutsInto(c *streamer.Capture) *vram.CutPut {
 						return
 					}
 				}
-			}, true)
+			})
 		})
 	}
 	return &vram.CutPut{Put: put, Knows: c.Knows, ChunkSize: c.ChunkSize()}

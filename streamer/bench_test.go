@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -50,35 +52,43 @@ func BenchmarkCaptureArchiveLanes(b *testing.B) {
 	})
 }
 
-// benchLanes runs write total bytes into a fresh archive in
-// GPUCR_BENCH_DIR (default a temp dir) per iteration, with one lane and
-// with DefaultLanes; only write is timed.
+// benchLanes runs write total bytes into a fresh archive per iteration
+// (benchArchive), with one lane and with DefaultLanes.
 func benchLanes(b *testing.B, total int64, write func(b *testing.B, out *ArchiveOutput)) {
+	for _, lanes := range []int{1, DefaultLanes()} {
+		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
+			b.SetBytes(total)
+			benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
+				out.SetLanes(lanes)
+				write(b, out)
+			})
+		})
+	}
+}
+
+// benchArchive runs write into a fresh archive in GPUCR_BENCH_DIR
+// (default a temp dir) per iteration; only write is timed.
+func benchArchive(b *testing.B, write func(b *testing.B, out *ArchiveOutput)) {
 	base := os.Getenv("GPUCR_BENCH_DIR")
 	if base == "" {
 		base = b.TempDir()
 	}
-	for _, lanes := range []int{1, DefaultLanes()} {
-		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
-			b.SetBytes(total)
-			for range b.N {
-				b.StopTimer()
-				root, err := os.MkdirTemp(base, "gpucr-bench-")
-				if err != nil {
-					b.Fatal(err)
-				}
-				out, err := NewArchiveOutput(context.Background(), dir.New(root), 0)
-				if err != nil {
-					b.Fatal(err)
-				}
-				out.SetLanes(lanes)
-				b.StartTimer()
-				write(b, out)
-				b.StopTimer()
-				os.RemoveAll(root)
-				b.StartTimer()
-			}
-		})
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		root, err := os.MkdirTemp(base, "gpucr-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := NewArchiveOutput(context.Background(), dir.New(root), 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		write(b, out)
+		b.StopTimer()
+		os.RemoveAll(root)
+		b.StartTimer()
 	}
 }
 
@@ -115,4 +125,59 @@ func BenchmarkArchiveLanes(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+}
+
+// BenchmarkCaptureBackground is a fast-path checkpoint's capture: 16 VRAM
+// files (GPUCR_BENCH_MIB in all) stored from memory, and CRIU's pages (a
+// sixteenth of that) starting once an eighth of the store is in, into an
+// archive in GPUCR_BENCH_DIR (codec none). The store is written in the
+// foreground (as before) and in the background (WriteBackground); dump-s
+// is how long the pages took, what the checkpoint waits for with the
+// process frozen, and ns/op the whole capture.
+//
+//	GPUCR_BENCH_DIR=/dev/shm GPUCR_BENCH_MIB=8192 go test -run X -bench CaptureBackground -benchtime 3x ./streamer/
+func BenchmarkCaptureBackground(b *testing.B) {
+	total := pipelinetest.BenchMiB("GPUCR_BENCH_MIB", 1024)
+	tmpl := pipelinetest.BenchTemplate()
+	const files = 16
+	per := total / files
+	for _, mode := range []string{"foreground", "background"} {
+		b.Run("store="+mode, func(b *testing.B) {
+			b.SetBytes(total + per)
+			var dump time.Duration
+			benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
+				c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var wg sync.WaitGroup
+				for i := range files {
+					wg.Go(func() {
+						r := &pipelinetest.RepeatReader{Tmpl: tmpl, Off: int64(i) * per, N: per}
+						name := fmt.Sprintf("vram-1-%d.bin", i)
+						write := c.WriteBackground
+						if mode == "foreground" {
+							write = func(name string, r io.Reader) (int64, error) { return c.WriteFile(name, r, true) }
+						}
+						if _, err := write(name, r); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				for c.Counters.RawBytes.Load() < total/8 {
+					time.Sleep(100 * time.Microsecond)
+				}
+				start := time.Now()
+				if _, err := c.WriteFile("pages-1.img", &pipelinetest.RepeatReader{Tmpl: tmpl, N: per}, false); err != nil {
+					b.Fatal(err)
+				}
+				dump += time.Since(start)
+				wg.Wait()
+				if _, err := c.Close(context.Background(), manifest.Manifest{Tool: "bench"}); err != nil {
+					b.Fatal(err)
+				}
+			})
+			b.ReportMetric(dump.Seconds()/float64(b.N), "dump-s")
+		})
+	}
 }

@@ -45,6 +45,7 @@ type Capture struct {
 	order  chan *item // every item, in submission order, for the writer
 	jobs   chan *item // DATA items, for the workers
 	tokens chan struct{}
+	gate   gate           // the tokens' order for background files (background.go)
 	bufs   *bufpool.Pool  // raw and encoded chunks alike
 	encDst bool           // the codec writes into a buffer of its own
 	seal   *crypt.Session // the output's, when it is encrypted
@@ -91,14 +92,16 @@ type item struct {
 	rawLen int
 	rawBuf []byte // pooled backing of raw, or nil
 	token  bool
-	encBuf []byte // pooled backing of stored, or nil
-	stored []byte
-	codec  codec.ID
-	crc    uint32
-	sums   chunkSums // what the producer learned of raw while reading it
-	hash   [32]byte
-	size   int64
-	chunks uint32
+	// background: its token is a background chunk's (background.go)
+	background bool
+	encBuf     []byte // pooled backing of stored, or nil
+	stored     []byte
+	codec      codec.ID
+	crc        uint32
+	sums       chunkSums // what the producer learned of raw while reading it
+	hash       [32]byte
+	size       int64
+	chunks     uint32
 	// A chunk of WriteCuts: known, held by the output (not read, not
 	// encoded); visit sees the raw bytes on a worker, and visited counts
 	// it done (cuts.go).
@@ -162,6 +165,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		files:      map[uint32]*fileState{},
 		committed:  map[string]committedFile{},
 	}
+	c.gate.init(ctx, tokens, window)
 	c.workers.Add(opts.Workers)
 	for range opts.Workers {
 		go c.encodeLoop()
@@ -215,25 +219,13 @@ func (c *Capture) submit(it *item) error {
 	return nil
 }
 
-func (c *Capture) acquire() error {
-	if c.ctx.Err() != nil {
-		return context.Cause(c.ctx)
-	}
-	select {
-	case c.tokens <- struct{}{}:
-		return nil
-	case <-c.ctx.Done():
-		return context.Cause(c.ctx)
-	}
-}
-
 // chunkBuf gives it a budgeted buffer (its token and rawBuf, which
 // release gives back) and returns it at the chunk size.
-func (c *Capture) chunkBuf(it *item) ([]byte, error) {
-	if err := c.acquire(); err != nil {
+func (c *Capture) chunkBuf(it *item, background bool) ([]byte, error) {
+	if err := c.acquire(background); err != nil {
 		return nil, err
 	}
-	it.token = true
+	it.token, it.background = true, background
 	it.rawBuf = c.bufs.Get()
 	return it.rawBuf[:c.opts.ChunkSize], nil
 }
@@ -244,7 +236,7 @@ func (c *Capture) release(it *item) {
 	c.bufs.Put(it.encBuf)
 	it.rawBuf, it.encBuf = nil, nil
 	if it.token {
-		<-c.tokens
+		c.releaseToken(it.background)
 		it.token = false
 	}
 	it.raw, it.stored = nil, nil
@@ -258,13 +250,13 @@ func (c *Capture) WriteFile(name string, r io.Reader, external bool) (int64, err
 	if external {
 		flags = manifest.FileFlagExternal
 	}
-	return c.writeFile(name, r, flags)
+	return c.writeFile(name, r, flags, false)
 }
 
 // WriteCarried is WriteFile of a file the caller put into CRIU's images
 // dir, which a restore writes back there (manifest.FileFlagCarried).
 func (c *Capture) WriteCarried(name string, r io.Reader) (int64, error) {
-	return c.writeFile(name, r, manifest.FileFlagExternal|manifest.FileFlagCarried)
+	return c.writeFile(name, r, manifest.FileFlagExternal|manifest.FileFlagCarried, false)
 }
 
 // openFile gives the file name its id and submits its FILE frame.
@@ -279,7 +271,7 @@ func (c *Capture) openFile(name string, flags uint16) (uint32, error) {
 	return id, c.submit(&item{kind: manifest.FrameFile, fileID: id, name: name, flags: flags})
 }
 
-func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, error) {
+func (c *Capture) writeFile(name string, r io.Reader, flags uint16, background bool) (int64, error) {
 	id, err := c.openFile(name, flags)
 	if err != nil {
 		return 0, err
@@ -299,12 +291,12 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 			buf = make([]byte, small)
 			n, err = it.sums.fill(r, buf)
 		case cut != nil:
-			if buf, err = c.chunkBuf(it); err != nil {
+			if buf, err = c.chunkBuf(it, background); err != nil {
 				return off, err
 			}
 			n, err = cut.next(buf, &it.sums)
 		default:
-			if buf, err = c.chunkBuf(it); err != nil {
+			if buf, err = c.chunkBuf(it, background); err != nil {
 				return off, err
 			}
 			n, err = it.sums.fill(r, buf)
@@ -318,7 +310,7 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16) (int64, erro
 			}
 			// Not small after all: move what we have into a budgeted chunk.
 			var big []byte
-			if big, err = c.chunkBuf(it); err != nil {
+			if big, err = c.chunkBuf(it, background); err != nil {
 				return off, err
 			}
 			copy(big, buf)

@@ -40,16 +40,12 @@ func (c *Capture) Knows(id [32]byte) bool { return c.knows != nil && c.seal == n
 // ChunkSize is the largest chunk (a Cut's Len at most).
 func (c *Capture) ChunkSize() int { return c.opts.ChunkSize }
 
-// WriteCuts writes the file name as the chunks cuts yields, in order, as
-// WriteFile writes one it cuts itself. It returns the file's size once
-// every chunk's Visit has run, or an error (also where one was not run:
-// the capture stopped first).
-func (c *Capture) WriteCuts(name string, cuts iter.Seq2[Cut, error], external bool) (int64, error) {
-	var flags uint16
-	if external {
-		flags = manifest.FileFlagExternal
-	}
-	id, err := c.openFile(name, flags)
+// WriteCuts writes the external file name as the chunks cuts yields, in
+// order, in the background (WriteBackground: it is the fast path's store).
+// It returns the file's size once every chunk's Visit has run, or an error
+// (also where one was not run: the capture stopped first).
+func (c *Capture) WriteCuts(name string, cuts iter.Seq2[Cut, error]) (int64, error) {
+	id, err := c.openFile(name, manifest.FileFlagExternal)
 	if err != nil {
 		return 0, err
 	}
@@ -95,7 +91,7 @@ func (c *Capture) cutItem(cut *Cut, id uint32, name string, off int64, visits *s
 		it.known, it.hash, it.crc = true, cut.Hash, cut.CRC
 		return it, nil
 	}
-	buf, err := c.chunkBuf(it)
+	buf, err := c.chunkBuf(it, true)
 	if err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ func TestWriteCuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := cp.WriteCuts("f", cutsOf(cuts...), true); err != nil {
+		if _, err := cp.WriteCuts("f", cutsOf(cuts...)); err != nil {
 			cp.Abort(err)
 			_, _ = cp.Close(ctx, manifest.Manifest{})
 			return nil, err

@@ -150,7 +150,7 @@ func benchCheckpoint(b *testing.B, st store.Store, name, flow string, c *compose
 						return
 					}
 				}
-			}, true)
+			})
 			if errs[k] == nil {
 				errs[k] = fc.check()
 			}
