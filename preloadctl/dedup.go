@@ -7,7 +7,6 @@ package preloadctl
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 )
@@ -28,13 +27,9 @@ type HashStats struct {
 // as its last Scan cut them, on the device under key, and write the
 // hashes into f (preload/dedup.c; vram reads them).
 func (p *Conn) Hashes(ctx context.Context, key uint64, f *os.File) (HashStats, error) {
-	var r HashStats
-	js, err := p.do(ctx, fmt.Sprintf("hashes %#x", key), []*os.File{f})
+	r, err := ask[HashStats](ctx, p, fmt.Sprintf("hashes %#x", key), []*os.File{f})
 	if err != nil {
 		return r, err
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return r, fmt.Errorf("process %d: hashes: %w", p.PID, err)
 	}
 	return r, nil
 }
@@ -43,15 +38,11 @@ func (p *Conn) Hashes(ctx context.Context, key uint64, f *os.File) (HashStats, e
 // leaves holes for (f, preload/dedup.c's skip file): it answers their
 // bytes.
 func (p *Conn) Skip(ctx context.Context, f *os.File) (int64, error) {
-	js, err := p.do(ctx, "skip", []*os.File{f})
+	r, err := ask[struct {
+		Skipped int64 `json:"skipped"`
+	}](ctx, p, "skip", []*os.File{f})
 	if err != nil {
 		return 0, err
-	}
-	var r struct {
-		Skipped int64 `json:"skipped"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return 0, fmt.Errorf("process %d: skip: %w", p.PID, err)
 	}
 	return r.Skipped, nil
 }
@@ -74,15 +65,11 @@ func (p *Conn) Based(ctx context.Context, loc uint64, name string) error {
 // Bases are the names Based recorded for loc, the latest first (at most
 // four): hints only, which the caller checks.
 func (p *Conn) Bases(ctx context.Context, loc uint64) ([]string, error) {
-	js, err := p.do(ctx, fmt.Sprintf("bases %x", loc), nil)
+	r, err := ask[struct {
+		Names []string `json:"names"`
+	}](ctx, p, fmt.Sprintf("bases %x", loc), nil)
 	if err != nil {
 		return nil, err
-	}
-	var r struct {
-		Names []string `json:"names"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return nil, fmt.Errorf("process %d: bases: %w", p.PID, err)
 	}
 	var out []string
 	for _, h := range r.Names {

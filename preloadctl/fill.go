@@ -6,7 +6,6 @@ package preloadctl
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -49,15 +48,11 @@ func (p *Conn) Handles(ctx context.Context) ([]byte, error) {
 // h rows from row from on) where its own handles were; the library first
 // checks that table is its own. It returns how many it adopted.
 func (p *Conn) Adopt(ctx context.Context, table *os.File, from int, handles []*os.File) (int, error) {
-	js, err := p.do(ctx, "adopt "+strconv.Itoa(from), append([]*os.File{table}, handles...))
+	r, err := ask[struct {
+		Adopted int `json:"adopted"`
+	}](ctx, p, "adopt "+strconv.Itoa(from), append([]*os.File{table}, handles...))
 	if err != nil {
 		return 0, err
-	}
-	var r struct {
-		Adopted int `json:"adopted"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return 0, fmt.Errorf("process %d: adopt: %w", p.PID, err)
 	}
 	return r.Adopted, nil
 }
@@ -73,16 +68,12 @@ func FillerConn(c *net.UnixConn, pid int) *Conn {
 // handles, or used, the device memory it was recorded to use, if more)
 // and margin bytes more. It returns how many handles, and their bytes.
 func (p *Conn) FillTable(ctx context.Context, table *os.File, used, margin int64) (int, int64, error) {
-	js, err := p.do(ctx, "table "+strconv.FormatInt(used, 10)+" "+strconv.FormatInt(margin, 10), []*os.File{table})
-	if err != nil {
-		return 0, 0, err
-	}
-	var r struct {
+	r, err := ask[struct {
 		Handles int   `json:"handles"`
 		Bytes   int64 `json:"bytes"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return 0, 0, fmt.Errorf("process %d: table: %w", p.PID, err)
+	}](ctx, p, "table "+strconv.FormatInt(used, 10)+" "+strconv.FormatInt(margin, 10), []*os.File{table})
+	if err != nil {
+		return 0, 0, err
 	}
 	return r.Handles, r.Bytes, nil
 }
@@ -91,15 +82,11 @@ func (p *Conn) FillTable(ctx context.Context, table *os.File, used, margin int64
 // 256) and returns the descriptors' numbers in the filler, open until the
 // next command: take them with pidfd_getfd first.
 func (p *Conn) FillExport(ctx context.Context, from int) ([]int, error) {
-	js, err := p.do(ctx, "export "+strconv.Itoa(from), nil)
+	r, err := ask[struct {
+		FDs []int `json:"fds"`
+	}](ctx, p, "export "+strconv.Itoa(from), nil)
 	if err != nil {
 		return nil, err
-	}
-	var r struct {
-		FDs []int `json:"fds"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return nil, fmt.Errorf("process %d: export: %w", p.PID, err)
 	}
 	return r.FDs, nil
 }

@@ -279,13 +279,9 @@ func ctxErr(ctx context.Context, err error) error {
 
 // Report asks for the library's bookkeeping.
 func (p *Conn) Report(ctx context.Context) (Report, error) {
-	var r Report
-	js, err := p.do(ctx, "report", nil)
+	r, err := ask[Report](ctx, p, "report", nil)
 	if err != nil {
 		return r, err
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return r, fmt.Errorf("process %d: report: %w", p.PID, err)
 	}
 	// Shown to people: the process may have put escape sequences there.
 	r.Reason = redact.Text(r.Reason)
@@ -379,13 +375,9 @@ func (s Shared) Pending() bool {
 
 // Shared asks what the process shares.
 func (p *Conn) Shared(ctx context.Context) (Shared, error) {
-	var s Shared
-	js, err := p.do(ctx, "shared", nil)
+	s, err := ask[Shared](ctx, p, "shared", nil)
 	if err != nil {
 		return s, err
-	}
-	if err := json.Unmarshal(js, &s); err != nil {
-		return s, fmt.Errorf("process %d: shared: %w", p.PID, err)
 	}
 	return s, nil
 }
@@ -401,15 +393,11 @@ func (p *Conn) Source(ctx context.Context, h, pid, srcH int) error {
 // remap) and returns the descriptor's number in the process, open until
 // the next command on this connection: take it with pidfd_getfd first.
 func (p *Conn) Export(ctx context.Context, h int) (int, error) {
-	js, err := p.do(ctx, "export "+strconv.Itoa(h), nil)
+	r, err := ask[struct {
+		FD int `json:"fd"`
+	}](ctx, p, "export "+strconv.Itoa(h), nil)
 	if err != nil {
 		return -1, err
-	}
-	var r struct {
-		FD int `json:"fd"`
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return -1, fmt.Errorf("process %d: export: %w", p.PID, err)
 	}
 	return r.FD, nil
 }
@@ -518,13 +506,9 @@ type ZeroScan struct {
 // Scan has the parked process's library find its zero blocks on the
 // device, for the copy out that follows: what that copy will hold.
 func (p *Conn) Scan(ctx context.Context) (ZeroScan, error) {
-	var w ZeroScan
-	js, err := p.do(ctx, "scan", nil)
+	w, err := ask[ZeroScan](ctx, p, "scan", nil)
 	if err != nil {
 		return w, err
-	}
-	if err := json.Unmarshal(js, &w); err != nil {
-		return w, fmt.Errorf("process %d: scan: %w", p.PID, err)
 	}
 	return w, nil
 }
@@ -634,13 +618,9 @@ func (p *Conn) DevHash(ctx context.Context, block int64, key uint64, check bool)
 	if check {
 		cmd += " check"
 	}
-	var r DevHash
-	js, err := p.do(ctx, cmd, nil)
+	r, err := ask[DevHash](ctx, p, cmd, nil)
 	if err != nil {
 		return r, err
-	}
-	if err := json.Unmarshal(js, &r); err != nil {
-		return r, fmt.Errorf("process %d: devhash: %w", p.PID, err)
 	}
 	r.Digest = redact.Text(r.Digest) // printed by gpu hash
 	return r, nil
@@ -722,4 +702,19 @@ func lookPath(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("run: %s: not found on PATH", name)
+}
+
+// ask sends cmd and decodes its answer, a JSON object, into a T; an error
+// names the command by its first word.
+func ask[T any](ctx context.Context, p *Conn, cmd string, fds []*os.File) (T, error) {
+	var r T
+	js, err := p.do(ctx, cmd, fds)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(js, &r); err != nil {
+		verb, _, _ := strings.Cut(cmd, " ")
+		return r, fmt.Errorf("process %d: %s: %w", p.PID, verb, err)
+	}
+	return r, nil
 }
