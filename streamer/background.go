@@ -26,23 +26,33 @@ import (
 
 // gate orders the chunk tokens between foreground and background chunks.
 type gate struct {
-	mu      sync.Mutex
-	wake    sync.Cond // a token released, a foreground chunk took one, or the capture stopped
-	waiting int       // foreground chunks waiting for a token
-	held    int       // tokens background chunks hold
-	most    int       // ... at most
+	mu       sync.Mutex
+	wake     sync.Cond // a token released, no foreground chunk waiting, or the capture stopped
+	waiting  int       // foreground chunks waiting for a token
+	held     int       // tokens background chunks hold
+	most     int       // ... at most
+	sleepers int       // background chunks waiting on wake
 }
 
 func (g *gate) init(ctx context.Context, tokens, queue int) {
 	g.most = max(min(tokens, queue-2), 1)
 	g.wake.L = &g.mu
-	context.AfterFunc(ctx, g.broadcast)
+	context.AfterFunc(ctx, func() {
+		g.mu.Lock()
+		g.wake.Broadcast()
+		g.mu.Unlock()
+	})
 }
 
-func (g *gate) broadcast() {
-	g.mu.Lock()
-	g.wake.Broadcast()
-	g.mu.Unlock()
+// signal wakes one background chunk, if one waits: each event frees at
+// most a token, and the one it wakes passes the wake on if more are left
+// (waking all sixteen of the fast path's at every release, thousands a
+// second, takes cores from the driver's checkpoint beside the store).
+// Called with mu held.
+func (g *gate) signal() {
+	if g.sleepers > 0 {
+		g.wake.Signal()
+	}
 }
 
 // WriteBackground is WriteFile of an external file written in the
@@ -67,8 +77,9 @@ func (c *Capture) acquire(background bool) error {
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
-		g.waiting--
-		g.wake.Broadcast() // tokens may be left for the background
+		if g.waiting--; g.waiting == 0 {
+			g.signal() // tokens may be left for the background
+		}
 		g.mu.Unlock()
 	}()
 	select {
@@ -90,14 +101,18 @@ func (c *Capture) acquireBackground() error {
 		if g.waiting == 0 && g.held < g.most {
 			select {
 			case c.tokens <- struct{}{}:
-				g.held++
+				if g.held++; g.held < g.most && len(c.tokens) < cap(c.tokens) {
+					g.signal()
+				}
 				return nil
 			default:
 			}
 		}
-		// A release that the try above missed broadcasts under mu, so
-		// after this wait has begun, and ends it.
+		// A release that the try above missed signals under mu, so after
+		// this wait has begun, and ends it.
+		g.sleepers++
 		g.wake.Wait()
+		g.sleepers--
 	}
 }
 
@@ -109,6 +124,6 @@ func (c *Capture) releaseToken(background bool) {
 	if background {
 		g.held--
 	}
-	g.wake.Broadcast()
+	g.signal()
 	g.mu.Unlock()
 }
