@@ -47,7 +47,7 @@ func (g *gate) init(ctx context.Context, tokens, queue int) {
 // signal wakes one background chunk, if one waits: each event frees at
 // most a token, and the one it wakes passes the wake on if more are left
 // (waking all sixteen of the fast path's at every release, thousands a
-// second, takes cores from the driver's checkpoint beside the store).
+// second, would take cores from the driver's checkpoint beside the store).
 // Called with mu held.
 func (g *gate) signal() {
 	if g.sleepers > 0 {
