@@ -1,7 +1,7 @@
 # gpucr-stream: `make demo` runs a checkpoint and restore through a local
 # archive; `make test` runs everything CI runs. Both install what they need
 # (the demo only CRIU; the tests also Debian tools and MinIO). `make install`
-# puts gpucr-stream and a criu wrapper in $(PREFIX)/bin.
+# puts gpucr-stream (with gpucr-stream-swrk) and a criu wrapper in $(PREFIX)/bin.
 GO        ?= go
 BIN       := bin/gpucr-stream
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -15,12 +15,14 @@ export CRIU_PREFIX
 
 build: preload binary
 
-# binary is gpucr-stream alone (what the demo and install need: no C
-# compiler). `go mod download` fetches the modules silently, so the build
-# prints no download lines.
+# binary is gpucr-stream and, beside it, gpucr-stream-swrk, its swrk alone
+# for container runtimes (docs/CONTAINERS.md): what the demo and install
+# need, no C compiler. `go mod download` fetches the modules silently, so
+# the build prints no download lines.
 binary:
 	@$(GO) mod download
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpucr-stream
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)-swrk ./cmd/gpucr-stream-swrk
 
 # build-testhooks is gpucr-stream with its test hooks (GPUCR_TEST_FAULT,
 # GPUCR_TEST_PAUSE: package testhook), for the GPU machine's fault rounds
@@ -47,7 +49,7 @@ deps:
 deps-demo:
 	@bash scripts/install-deps.sh demo
 
-# install puts the binary in $(PREFIX)/bin, the fast path's library (where
+# install puts the binaries in $(PREFIX)/bin, the fast path's library (where
 # a C compiler builds it) in $(PREFIX)/lib/gpucr-stream, where `gpucr-stream
 # run` looks for it, and, where CRIU was installed into $(CRIU_PREFIX) (not
 # the system's), a link to its loader wrapper as $(PREFIX)/bin/criu: the
@@ -56,6 +58,7 @@ PRELOAD_DIR := $(PREFIX)/lib/gpucr-stream
 install: binary
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/gpucr-stream
+	install -m 0755 $(BIN)-swrk $(DESTDIR)$(PREFIX)/bin/gpucr-stream-swrk
 	@if command -v $(CC) >/dev/null; then \
 		$(MAKE) --no-print-directory preload && \
 		install -d $(DESTDIR)$(PRELOAD_DIR) && \
@@ -73,7 +76,7 @@ install: binary
 	@echo "installed $(DESTDIR)$(PREFIX)/bin/gpucr-stream ($(VERSION))"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/gpucr-stream $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so
+	rm -f $(DESTDIR)$(PREFIX)/bin/gpucr-stream $(DESTDIR)$(PREFIX)/bin/gpucr-stream-swrk $(DESTDIR)$(PRELOAD_DIR)/libgpucr-preload.so
 	-rmdir $(DESTDIR)$(PRELOAD_DIR) 2>/dev/null
 	@if [ -L $(DESTDIR)$(PREFIX)/bin/criu ] && [ "$$(readlink $(DESTDIR)$(PREFIX)/bin/criu)" = $(CRIU_PREFIX)/bin/criu ]; then \
 		rm -f $(DESTDIR)$(PREFIX)/bin/criu; fi

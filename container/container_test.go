@@ -103,3 +103,32 @@ func TestOpenRefuses(t *testing.T) {
 		}
 	}
 }
+
+// The runtime runs gpucr-stream-swrk where it lies beside gpucr-stream,
+// executable; anything else there leaves gpucr-stream itself.
+func TestSwrkBeside(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		beside func(path string) error // makes what lies at self+"-swrk"
+		want   bool                    // swrkBeside picks it
+	}{
+		{"executable", func(p string) error { return os.WriteFile(p, nil, 0o755) }, true},
+		{"none", func(string) error { return nil }, false},
+		{"not executable", func(p string) error { return os.WriteFile(p, nil, 0o644) }, false},
+		{"a directory", func(p string) error { return os.Mkdir(p, 0o755) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			self := filepath.Join(t.TempDir(), "gpucr-stream")
+			if err := c.beside(self + "-swrk"); err != nil {
+				t.Fatal(err)
+			}
+			want := self
+			if c.want {
+				want = self + "-swrk"
+			}
+			if got := swrkBeside(self); got != want {
+				t.Errorf("swrkBeside = %s, want %s", got, want)
+			}
+		})
+	}
+}

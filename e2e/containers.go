@@ -24,7 +24,9 @@ import (
 )
 
 // Runtime returns the path of a container runtime (runc, podman) on PATH,
-// or skips the test (fails it under CI=true).
+// or skips the test (fails it under CI=true). It builds gpucr-stream-swrk
+// beside gpucr-stream, as make build does, so that `--container` points
+// the runtime at it (container.Options.Self).
 func Runtime(t testing.TB, name string) string {
 	t.Helper()
 	CRIU(t)
@@ -32,6 +34,7 @@ func Runtime(t testing.TB, name string) string {
 	if err != nil {
 		missing(t, "%s is not installed (apt-get install %s; make deps installs it)", name, name)
 	}
+	BuildBinary(t, "./cmd/gpucr-stream-swrk")
 	return p
 }
 

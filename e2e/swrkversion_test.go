@@ -56,13 +56,13 @@ func askVersion(t *testing.T, program string, env []string) *rpc.CriuResp {
 }
 
 // TestContainerSwrkVersion: runc's version check through gpucr-stream's
-// swrk gets the real criu's answer, word for word, both where
+// swrk (and gpucr-stream-swrk's) gets the real criu's answer, word for word, both where
 // checkpoint --container told swrk the version (answered without
 // starting criu) and where it did not (criu answers); the version a
 // checkpoint records is the one `criu --version` prints.
 func TestContainerSwrkVersion(t *testing.T) {
 	real := CRIU(t)
-	bin := BuildBinary(t, "./cmd/gpucr-stream")
+	bin, swrkBin := BuildBinary(t, "./cmd/gpucr-stream"), BuildBinary(t, "./cmd/gpucr-stream-swrk")
 	ctx := testCtx(t)
 	want := askVersion(t, real, os.Environ())
 	if !want.GetSuccess() || want.GetVersion().GetMajorNumber() < 4 {
@@ -97,16 +97,18 @@ func TestContainerSwrkVersion(t *testing.T) {
 		{"not told", []string{path}, true},
 		{"told of another criu", []string{path, strings.Replace(told, criu, real, 1)}, true},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			os.Remove(ran)
-			got := askVersion(t, bin, append(os.Environ(), c.env...))
-			if !proto.Equal(got, want) {
-				t.Errorf("swrk answered %v, criu %v", got, want)
-			}
-			if _, err := os.Stat(ran); (err == nil) != c.starts {
-				t.Errorf("criu started: %v, want %v", err == nil, c.starts)
-			}
-		})
+		for _, prog := range []string{bin, swrkBin} {
+			t.Run(c.name+"/"+filepath.Base(prog), func(t *testing.T) {
+				os.Remove(ran)
+				got := askVersion(t, prog, append(os.Environ(), c.env...))
+				if !proto.Equal(got, want) {
+					t.Errorf("swrk answered %v, criu %v", got, want)
+				}
+				if _, err := os.Stat(ran); (err == nil) != c.starts {
+					t.Errorf("criu started: %v, want %v", err == nil, c.starts)
+				}
+			})
+		}
 	}
 }
 

@@ -20,7 +20,7 @@ var rooms = map[string]int{
 	"location": 6, "catalog": 6, "swrk": 6,
 	"gpuckpt": 7, "container": 7,
 	"checkpoint":       8,
-	"cmd/gpucr-stream": 9,
+	"cmd/gpucr-stream": 9, "cmd/gpucr-stream-swrk": 9,
 }
 
 func TestDependenciesFlowOneWay(t *testing.T) {
