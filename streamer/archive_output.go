@@ -112,6 +112,9 @@ type ArchiveOutput struct {
 	// lock keeps gc from the segments while the capture runs (nil in a
 	// pack output: the chunk store's lock does).
 	lock *store.Lock
+	// keepSegments: the manifest's commit may have landed (errCommitUnknown),
+	// so Abort leaves the segments.
+	keepSegments atomic.Bool
 
 	// placement: the caller's goroutine only
 	lanes    []*lane
@@ -631,7 +634,11 @@ func (a *ArchiveOutput) Commit(ctx context.Context, m *manifest.Manifest) error 
 	if err := prove(ctx, a.lock, a.store, segs, fmt.Sprintf("%s%016x-", manifest.SegmentPrefix, a.streamID)); err != nil {
 		return err
 	}
-	return commitManifest(ctx, a.store, m, a.format)
+	err = commitManifest(ctx, a.store, m, a.format)
+	if errors.Is(err, errCommitUnknown) {
+		a.keepSegments.Store(true)
+	}
+	return err
 }
 
 // commitSegments closes every lane's segment and waits until every segment
@@ -657,36 +664,6 @@ func (a *ArchiveOutput) commitSegments(ctx context.Context) ([]manifest.Segment,
 		return nil, fmt.Errorf("refusing to commit: %d of %d segments committed", n, len(a.segments))
 	}
 	return a.segments, nil
-}
-
-// commitManifest writes a checkpoint's manifest into st, its commit point.
-func commitManifest(ctx context.Context, st store.Store, m *manifest.Manifest, format pipeline.Format) error {
-	if err := m.Validate(); err != nil {
-		return fmt.Errorf("refusing to commit: %w", err)
-	}
-	doc, err := pipeline.MarshalManifest(m, format.Seal)
-	if err != nil {
-		return err
-	}
-	w, err := st.Create(ctx, manifest.ManifestName)
-	if err != nil {
-		return fmt.Errorf("create manifest: %w", err)
-	}
-	if _, err := w.Write(doc); err != nil {
-		_ = w.Abort(ctx)
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	// Only where no manifest is: the check in NewArchiveOutputAs was long
-	// ago, and another capture to this location may have committed since.
-	// The loser's segments (its own names) are removed by its Abort.
-	if err := w.CommitNew(ctx); err != nil {
-		_ = w.Abort(ctx)
-		if errors.Is(err, errdefs.ErrExists) {
-			return fmt.Errorf("a checkpoint was committed at %s by another capture meanwhile: %w", st, errdefs.ErrExists)
-		}
-		return fmt.Errorf("commit manifest: %w", err)
-	}
-	return nil
 }
 
 // abortBriefly discards an object whose commit failed or never started,
@@ -726,6 +703,9 @@ func (a *ArchiveOutput) abort(ctx context.Context) error {
 	defer cancel()
 	a.bgCancel(errAborted)
 	a.stopLanes()
+	if a.keepSegments.Load() {
+		return nil
+	}
 	var mu sync.Mutex
 	var first error
 	record := func(err error) {
