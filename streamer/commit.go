@@ -47,10 +47,13 @@ func commitManifest(ctx context.Context, st store.Store, m *manifest.Manifest, f
 		// (a server killed mid-request, the retries then refused): look
 		// before the segments go, or a complete manifest is left over
 		// removed segments.
-		landed, lerr := manifestLanded(ctx, st, doc)
+		// Asked also when ctx has ended (an interrupt), within AbortTimeout.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AbortTimeout)
+		defer cancel()
+		landed, lerr := manifestLanded(lctx, st, doc)
 		switch {
 		case lerr != nil:
-			return fmt.Errorf("commit manifest: %w; whether the store took it is unknown (%v), so the segments are left in place: `gpucr-stream check %s` tells, `gpucr-stream gc` removes them if not: %w", err, lerr, st, errCommitUnknown)
+			return fmt.Errorf("commit manifest: %w; whether %s took it is unknown (%v), so the segments are left in place (`gpucr-stream check` of the location tells; `gpucr-stream gc` removes them if no manifest names them): %w", err, st, lerr, errCommitUnknown)
 		case landed:
 			return nil
 		}
