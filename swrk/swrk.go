@@ -65,6 +65,16 @@ func Serve(ctx context.Context, fd int) error {
 	return c.run(ctx)
 }
 
+// ParseFD is the descriptor of `criu swrk FD`: a number of at least 3
+// (0-2 are the standard streams).
+func ParseFD(arg string) (int, error) {
+	fd, err := strconv.Atoi(arg)
+	if err != nil || fd < 3 {
+		return 0, fmt.Errorf("descriptor %q: want a number of at least 3", arg)
+	}
+	return fd, nil
+}
+
 // errClosed: the runtime closed the session.
 var errClosed = errors.New("the runtime closed the connection")
 

@@ -417,3 +417,15 @@ func TestServeCommit(t *testing.T) {
 		})
 	}
 }
+
+func TestParseFD(t *testing.T) {
+	for _, c := range []struct {
+		arg  string
+		want int // 0: refused
+	}{{"3", 3}, {"17", 17}, {"2", 0}, {"0", 0}, {"-1", 0}, {"x", 0}, {"", 0}} {
+		fd, err := ParseFD(c.arg)
+		if fd != c.want || (err != nil) != (c.want == 0) {
+			t.Errorf("ParseFD(%q) = %d, %v; want %d", c.arg, fd, err, c.want)
+		}
+	}
+}

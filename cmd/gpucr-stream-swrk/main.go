@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 
 	"github.com/gpucr/gpucr-stream/swrk"
@@ -28,18 +27,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gpucr-stream-swrk: %v\n", swrk.ExecCRIU(args))
 		os.Exit(1)
 	}
-	fd := -1
-	if len(args) == 2 {
-		if n, err := strconv.Atoi(args[1]); err == nil {
-			fd = n
-		}
+	if len(args) != 2 {
+		fmt.Fprintf(os.Stderr, "gpucr-stream-swrk: usage: gpucr-stream-swrk swrk FD (the descriptor of CRIU's RPC socket), as `criu swrk FD`\n")
+		os.Exit(2)
 	}
-	if fd < 3 {
-		fmt.Fprintf(os.Stderr, "gpucr-stream-swrk: usage: gpucr-stream-swrk swrk FD (the descriptor of CRIU's RPC socket, at least 3), as `criu swrk FD`\n")
+	fd, err := swrk.ParseFD(args[1])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpucr-stream-swrk: swrk: %v\n", err)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := swrk.Serve(ctx, fd)
+	err = swrk.Serve(ctx, fd)
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpucr-stream-swrk: %v\n", err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strconv"
 
 	"github.com/gpucr/gpucr-stream/swrk"
 )
@@ -16,9 +15,9 @@ func (swrkOptions) run(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 1 {
 		return usagef("swrk takes the descriptor of CRIU's RPC socket, as `criu swrk FD` does")
 	}
-	fd, err := strconv.Atoi(args[0])
-	if err != nil || fd < 3 {
-		return usagef("swrk: descriptor %q: want a number of at least 3", args[0])
+	fd, err := swrk.ParseFD(args[0])
+	if err != nil {
+		return usagef("swrk: %v", err)
 	}
 	return swrk.Serve(ctx, fd)
 }
