@@ -61,22 +61,24 @@ static int *table_rows(int *k)
 }
 
 /* dev_uuid writes the UUID of device ordinal ord as 32 hex digits into
- * hex (all zero where the driver does not say) and returns its CUdevice. */
-static CUdevice dev_uuid(int ord, char hex[33])
+ * hex (all zero where the driver does not say) and its CUdevice into *d;
+ * it returns 0 where the driver gave both, else -1. */
+static int dev_uuid(int ord, char hex[33], CUdevice *d)
 {
 	CUresult (*uuid)(unsigned char *, CUdevice) = real_dlsym(libcuda, "cuDeviceGetUuid_v2");
 	CUresult (*get)(CUdevice *, int) = real_dlsym(libcuda, "cuDeviceGet");
 	unsigned char u[16] = {0};
-	CUdevice d = ord;
+	int rc = 0;
+	*d = ord;
 	if (!uuid)
 		uuid = real_dlsym(libcuda, "cuDeviceGetUuid");
-	if (get)
-		get(&d, ord);
-	if (uuid)
-		uuid(u, d);
+	if (!get || get(d, ord) != CUDA_SUCCESS || !uuid || uuid(u, *d) != CUDA_SUCCESS) {
+		memset(u, 0, sizeof u);
+		rc = -1;
+	}
 	for (int b = 0; b < 16; b++)
 		snprintf(hex + 2 * b, 3, "%02x", u[b]);
-	return d;
+	return rc;
 }
 
 /* table_text is the handle table of rows (table_rows: k of them), with d
@@ -93,8 +95,9 @@ static char *table_text(const int *rows, int k, int devs, size_t *len)
 	for (int r = 0; devs && r < k; r++) {
 		int o = hs[rows[r]].prop.location.id;
 		char hex[33];
+		CUdevice d;
 		if (o >= 0 && o < MAX_DEVS && !seen[o]++) {
-			dev_uuid(o, hex);
+			dev_uuid(o, hex, &d);
 			fprintf(f, "d %d %s\n", o, hex);
 		}
 	}
@@ -268,8 +271,10 @@ static int fill_dev(int ord, const char *hex, char *err, size_t n)
 	f_DeviceGetCount(&cnt);
 	for (int i = 0; i < cnt; i++) {
 		char h[33];
-		CUdevice d = dev_uuid(i, h);
-		if (strcmp(h, hex))
+		CUdevice d;
+		/* A device whose UUID the driver does not give is no match,
+		 * whatever the (untrusted) table names. */
+		if (dev_uuid(i, h, &d) < 0 || strcmp(h, hex))
 			continue;
 		struct fdev *fd = &fdevs[nfdev];
 		CUresult r = f_Retain(&fd->ctx, d);
