@@ -20,6 +20,13 @@ import (
 // returns the answer; the program must exit 0.
 func askVersion(t *testing.T, program string, env []string) *rpc.CriuResp {
 	t.Helper()
+	return askSwrk(t, program, env, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+}
+
+// askSwrk runs `program swrk 3` with env, sends it req as a runtime
+// does, and returns its answer; the program must exit 0.
+func askSwrk(t *testing.T, program string, env []string, req *rpc.CriuReq) *rpc.CriuResp {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -35,14 +42,17 @@ func askVersion(t *testing.T, program string, env []string) *rpc.CriuResp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := proto.Marshal(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ours.Write(b); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 1<<16)
 	n, err := ours.Read(buf)
 	if err != nil {
-		t.Fatalf("%s swrk: no answer: %v (%s)", program, err, stderr.String())
+		t.Fatalf("%s swrk: no answer to %v: %v (%s)", program, req.GetType(), err, stderr.String())
 	}
 	resp := &rpc.CriuResp{}
 	if err := proto.Unmarshal(buf[:n], resp); err != nil {
@@ -50,7 +60,7 @@ func askVersion(t *testing.T, program string, env []string) *rpc.CriuResp {
 	}
 	ours.Close()
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("%s swrk after the version: %v (%s)", program, err, stderr.String())
+		t.Fatalf("%s swrk after the %v answer: %v (%s)", program, req.GetType(), err, stderr.String())
 	}
 	return resp
 }

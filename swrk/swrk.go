@@ -10,7 +10,8 @@
 // request's options become command-line options (args.go), CRIU's action
 // scripts become the NOTIFY messages the runtime answers (notify.go),
 // descriptors the request names keep their numbers, and the answer is the
-// one CRIU's RPC gives. A VERSION request is answered here where
+// one CRIU's RPC gives; a dump's cgroup v2 is frozen before CRIU starts
+// (freeze.go). A VERSION request is answered here where
 // gpucr-stream, driving the runtime, said criu's answer (version.go).
 // Every other request (check, feature-check, version, pre-dump, a dump
 // into a plain directory) goes to the real CRIU's swrk, which this
@@ -239,7 +240,14 @@ func (c *call) run(ctx context.Context) error {
 	if err != nil {
 		return c.fail(err)
 	}
+	thaw := func() error { return nil }
+	if c.mode == "dump" {
+		thaw = freezeAhead(ctx, c.opts.GetFreezeCgroup())
+	}
 	pid, err := c.runCRIU(ctx, settings, tr)
+	if terr := thaw(); err == nil {
+		err = terr
+	}
 	if err != nil {
 		return c.fail(err)
 	}

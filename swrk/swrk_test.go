@@ -21,8 +21,9 @@ import (
 
 // fakeCRIU stands in for CRIU's command line: it records its arguments,
 // runs its action scripts for $FAKE_ACTIONS (the root task's PID 4242),
-// checks that descriptor $FAKE_FD is open, writes --pidfile, and fails as
-// CRIU does when a script fails.
+// checks that descriptor $FAKE_FD is open, records $FAKE_CGROUP's
+// cgroup.events as it starts, exits $FAKE_EXIT where set, writes
+// --pidfile, and fails as CRIU does when a script fails.
 const fakeCRIU = `#!/bin/sh
 printf '%s\n' "$@" > "$FAKE_DIR/args"
 scripts=""; pidfile=""
@@ -33,6 +34,8 @@ for a; do
 	esac
 done
 [ -z "$FAKE_FD" ] || [ -e "/proc/self/fd/$FAKE_FD" ] || { echo "fd $FAKE_FD not inherited" > "$FAKE_DIR/fd"; exit 1; }
+[ -z "$FAKE_CGROUP" ] || cat "$FAKE_CGROUP/cgroup.events" > "$FAKE_DIR/events"
+[ -z "$FAKE_EXIT" ] || exit "$FAKE_EXIT"
 for act in $FAKE_ACTIONS; do
 	for s in $scripts; do
 		CRTOOLS_SCRIPT_ACTION=$act CRTOOLS_INIT_PID=4242 "$s" || { echo "Error (criu/fake.c): $act failed" >> "$FAKE_DIR/criu.log"; exit 1; }

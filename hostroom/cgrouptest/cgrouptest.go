@@ -1,10 +1,13 @@
-// Package cgrouptest makes real memory cgroups for tests: a child of the
-// hierarchy's root with a memory limit, on cgroup v2 where the host has
-// its memory controller, else v1. Tests of what happens under a memory
-// limit (the fast path's room check) run processes in one.
+// Package cgrouptest makes real cgroups for tests: memory cgroups, a
+// child of the hierarchy's root with a memory limit, on cgroup v2 where
+// the host has its memory controller, else v1 (tests of what happens
+// under a memory limit: the fast path's room check); and plain cgroup v2
+// ones, on the unified hierarchy of a hybrid host too (tests of its
+// freezer: swrk's freeze ahead of CRIU).
 package cgrouptest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -36,7 +39,7 @@ func New(t *testing.T, limit int64) *Cgroup {
 		}
 		t.Skip("needs root")
 	}
-	name := fmt.Sprintf("gpucr-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-"))
+	name := name(t)
 	c := &Cgroup{t: t}
 	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil && strings.Contains(string(b), "memory") {
 		// Children get the controller only where the parent hands it down.
@@ -58,8 +61,54 @@ func New(t *testing.T, limit int64) *Cgroup {
 	return c
 }
 
+// V2 makes a cgroup v2, a child of the first cgroup2 mount, with no
+// controllers. It needs root and a cgroup2 mount; without them it skips
+// the test, or fails it with CI=true.
+func V2(t *testing.T) *Cgroup {
+	t.Helper()
+	mnt := cgroup2Mount()
+	if os.Geteuid() != 0 || mnt == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI runs the tests as root on a host with a cgroup2 mount (euid %d, mount %q)", os.Geteuid(), mnt)
+		}
+		t.Skip("needs root and a cgroup2 mount")
+	}
+	c := &Cgroup{t: t, Dir: filepath.Join(mnt, name(t))}
+	if err := os.Mkdir(c.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.remove)
+	return c
+}
+
+// name is a cgroup name of the test's own.
+func name(t *testing.T) string {
+	return fmt.Sprintf("gpucr-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-"))
+}
+
+// cgroup2Mount is where the first cgroup2 file system is mounted, or "".
+func cgroup2Mount() string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER
+		fields := strings.Fields(sc.Text())
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" && len(fields) > 4 {
+				return fields[4]
+			}
+		}
+	}
+	return ""
+}
+
 // remove kills what is left in the cgroup and removes it.
 func (c *Cgroup) remove() {
+	_ = os.WriteFile(filepath.Join(c.Dir, "cgroup.freeze"), []byte("0"), 0) // v2, frozen by the test
 	for range 500 {
 		if err := unix.Rmdir(c.Dir); err == nil || errors.Is(err, unix.ENOENT) {
 			return
