@@ -17,7 +17,9 @@ import (
 
 // TestFuzzRetryIsQuiet: fuzz.sh repeats a run that ended on the fuzzer's
 // own deadline without printing that run's FAIL lines, and still prints a
-// real failure in full. A fake `go` plays the fuzzer.
+// real failure in full; a target whose second run ends on the deadline
+// too passes only where its corpus replays clean. A fake `go` plays the
+// fuzzer.
 func TestFuzzRetryIsQuiet(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -32,7 +34,8 @@ func TestFuzzRetryIsQuiet(t *testing.T) {
 	}{
 		{"deadline then ok", "deadline ok", 0, []string{"running it again", "ok  fake"}, []string{"FAIL"}},
 		{"real crash", "crash", 1, []string{"--- FAIL: FuzzX", "testdata/fuzz/FuzzX"}, []string{"running it again"}},
-		{"deadline twice", "deadline deadline", 1, []string{"running it again", "context deadline exceeded"}, nil},
+		{"deadline twice, the corpus clean", "deadline deadline replayok", 0, []string{"running it again", "corpus replays clean: ok  fake"}, []string{"FAIL"}},
+		{"deadline twice, the corpus fails", "deadline deadline replayfail", 1, []string{"running it again", "context deadline exceeded", "--- FAIL: FuzzX/seed#0", "fuzz: FAIL"}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,6 +54,8 @@ case $run in
 ok) echo "fuzz: elapsed: 1s"; echo "ok  fake 1.0s"; exit 0 ;;
 deadline) echo "--- FAIL: FuzzX (10.01s)"; echo "    context deadline exceeded"; echo FAIL; exit 1 ;;
 crash) echo "--- FAIL: FuzzX (0.20s)"; echo "    Failing input written to testdata/fuzz/FuzzX/abc"; echo FAIL; exit 1 ;;
+replayok) [ "$3 $4" = '-run ^FuzzX$' ] || exit 3; echo "ok  fake 0.1s"; exit 0 ;;
+replayfail) [ "$3 $4" = '-run ^FuzzX$' ] || exit 3; echo "--- FAIL: FuzzX/seed#0 (0.00s)"; echo FAIL; exit 1 ;;
 esac
 `
 			if err := os.WriteFile(filepath.Join(bin, "go"), []byte(fake), 0o755); err != nil {
