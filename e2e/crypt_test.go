@@ -198,16 +198,7 @@ func TestEncryptedStreamStdout(t *testing.T) {
 	failsNaming(t, "verify with the wrong key", gcsRun(ctx, t, "verify", "--key-file", wrongFile, streamPath), 1, key.ID().String())
 	gcsRun(ctx, t, "verify", "--key-file", keyFile, streamPath).ok(t, "verify")
 
-	f, err := os.Open(streamPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := mkdir(t, filepath.Join(dir, "b"))
-	serve := startGCS(ctx, t, gcsOpts{stdin: f}, "--images-dir", b, "serve", "--key-file", keyFile)
-	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
-		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
-	}
+	restoreStream(ctx, t, dir, streamPath, "--key-file", keyFile)
 	provenRestore(ctx, t, tg, before)
 }
 

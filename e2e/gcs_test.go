@@ -171,6 +171,23 @@ func restoreThrough(ctx context.Context, t testing.TB, images string, serve *pro
 	return criuErr, serve.wait(ctx)
 }
 
+// restoreStream restores the stream file stream through `serve` (with
+// args) into `criu restore --stream` in dir/b, failing the test on either's
+// error.
+func restoreStream(ctx context.Context, t testing.TB, dir, stream string, args ...string) {
+	t.Helper()
+	in, err := os.Open(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	b := mkdir(t, filepath.Join(dir, "b"))
+	serve := startGCS(ctx, t, gcsOpts{stdin: in}, append([]string{"--images-dir", b, "serve"}, args...)...)
+	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
+		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
+	}
+}
+
 // provenRestore checks the restored target against the proof taken before
 // the dump, twice, so it is seen running on.
 func provenRestore(ctx context.Context, t testing.TB, tg *Target, before Proof) {

@@ -32,16 +32,7 @@ func TestStreamStdoutToStdin(t *testing.T) {
 	lines := capture.lines()
 	checkStatsLine(t, lines)
 
-	in, err := os.Open(streamPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	b := mkdir(t, filepath.Join(dir, "b"))
-	serve := startGCS(ctx, t, gcsOpts{stdin: in}, "--images-dir", b, "serve")
-	if criuErr, serveErr := restoreThrough(ctx, t, b, serve); criuErr != nil || serveErr != nil {
-		t.Fatalf("restore: criu: %v; serve: %v", criuErr, serveErr)
-	}
+	restoreStream(ctx, t, dir, streamPath)
 	provenRestore(ctx, t, tg, before)
 }
 
