@@ -240,10 +240,11 @@ func (c *call) run(ctx context.Context) error {
 	if err != nil {
 		return c.fail(err)
 	}
-	thaw := func() error { return nil }
+	freeze := "" // a restore is not frozen
 	if c.mode == "dump" {
-		thaw = freezeAhead(ctx, c.opts.GetFreezeCgroup())
+		freeze = c.opts.GetFreezeCgroup()
 	}
+	thaw := freezeAhead(ctx, freeze)
 	pid, err := c.runCRIU(ctx, settings, tr)
 	if terr := thaw(); err == nil {
 		err = terr
