@@ -41,7 +41,9 @@ var ErrOtherCheckpoint = errors.New("the destination holds another checkpoint")
 // Copy copies the checkpoint in src to dst, between any two stores: the
 // segments first (one already in dst with the size the manifest gives is
 // kept, so a copy that was cut short resumes), then every chunk is read
-// back from dst and checked against the manifest, and only then the
+// back from dst and checked against the manifest, and of a plain archive
+// every other byte of the segments too (source.VerifyArchive,
+// CheckSegments: frames no chunk's read covers), and only then the
 // manifest is written, byte for byte: dst holds the complete checkpoint or
 // none. progress, if not nil, counts the bytes copied (RawBytes).
 func Copy(ctx context.Context, src, dst store.Store, opts pipeline.Options, progress *pipeline.Counters) (*CopyResult, error) {

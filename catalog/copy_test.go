@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/codec"
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
@@ -163,49 +166,153 @@ func TestCopyEncrypted(t *testing.T) {
 	}
 }
 
-// TestCopyDamaged: a segment damaged in the source fails the copy's check,
-// and the destination gets no manifest.
-func TestCopyDamaged(t *testing.T) {
+// damageArchive captures into st a small archive of one segment that
+// holds a frame of every kind: FILE, DATA of a chunk the manifest lists,
+// of a zero chunk and of a file written twice (its first copy, which the
+// manifest does not list), FILE-END and END. It returns the segment's
+// frames, payloads left out.
+func damageArchive(t *testing.T, st *mem.Store) (*manifest.Manifest, []manifest.Frame) {
+	t.Helper()
 	ctx := context.Background()
-	src := mem.New("src")
-	archiveIn(t, src, 3)
-	m, err := source.ReadManifest(ctx, src)
+	opts := pipeline.Options{ChunkSize: 64 << 10, Workers: 1}
+	f, err := opts.NewFormat()
 	if err != nil {
 		t.Fatal(err)
 	}
-	seg := m.Segments[0].Name
-	r, err := src.Open(ctx, seg, 0, -1)
+	out, err := streamer.NewArchiveOutputAs(ctx, st, 1<<20, f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(r)
-	r.Close()
-	// A byte in the middle of a chunk's payload in the segment: the
-	// segment's middle byte was, but for a capture interleaved otherwise
-	// under load, where it fell on a frame's header (which no check covers:
-	// the closing note of 2026-12-06).
-	flip := int64(-1)
+	c, err := streamer.NewCapture(ctx, out, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(5, 3))
+	noise := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return b
+	}
+	pages := append(noise(64<<10), make([]byte, 64<<10)...) // a chunk stored, a zero chunk
+	for _, w := range []struct {
+		name string
+		data []byte
+	}{{"pages-1.img", pages}, {"core-1.img", noise(3000)}, {"core-1.img", noise(2000)}} {
+		if _, err := c.WriteFile(w.name, bytes.NewReader(w.data), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := c.Close(ctx, manifest.Manifest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Segments) != 1 {
+		t.Fatalf("%d segments, want 1", len(m.Segments))
+	}
+	rd, err := manifest.NewReader(bytes.NewReader(st.Object(m.Segments[0].Name)), m.Segments[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames []manifest.Frame
+	for {
+		fr, err := rd.Next(nil)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr.Payload = nil
+		frames = append(frames, fr)
+	}
+	return m, frames
+}
+
+// frameKind says what a frame of damageArchive's segment is: its type, and
+// for DATA whether the manifest lists it as a stored chunk, a zero chunk,
+// or not at all.
+func frameKind(m *manifest.Manifest, fr manifest.Frame) string {
+	if fr.Type != manifest.FrameData {
+		return fr.Type.String()
+	}
 	for _, f := range m.Files {
 		for _, c := range f.Chunks {
-			if c.Segment == 0 && c.Stored > 0 && flip < 0 {
-				flip = c.Pos + manifest.FrameSize + int64(c.Stored)/2
+			if c.Pos == fr.Pos && c.Codec == fr.Codec {
+				if codec.ID(c.Codec) == codec.Zero {
+					return "zero chunk's DATA"
+				}
+				return "chunk's DATA"
 			}
 		}
 	}
-	if flip < 0 || flip >= int64(len(b)) {
-		t.Fatalf("no chunk's payload in %s (%d bytes)", seg, len(b))
+	return "unlisted DATA"
+}
+
+// TestCopyDamaged: a byte damaged anywhere in a segment of the source
+// fails the copy's check with ErrCorrupt, and the destination gets no
+// manifest: a chunk's payload, every byte of the first frame of each kind's
+// header (a chunk's, whose header CRC and fields fetch checks; a zero
+// chunk's, a FILE, FILE-END or END frame's and an unlisted chunk's, which
+// no chunk's read covers: CheckSegments does), a file name, an unlisted
+// chunk's payload, the stream header and the tail. Before CheckSegments,
+// damage to all but the first two passed unseen: the closing note of
+// 2026-12-06, where a flip at a segment's middle fell on a frame header
+// that no chunk's read covers.
+func TestCopyDamaged(t *testing.T) {
+	ctx := context.Background()
+	src := mem.New("src")
+	m, frames := damageArchive(t, src)
+	seg := m.Segments[0].Name
+	type flip struct {
+		what string
+		off  int64
 	}
-	b[flip] ^= 0x40
-	w, _ := src.Create(ctx, seg)
-	w.Write(b)
-	if err := w.Commit(ctx); err != nil {
-		t.Fatal(err)
+	var cases []flip
+	for i := range int64(manifest.HeaderSize) {
+		cases = append(cases, flip{fmt.Sprintf("stream header byte %d", i), i})
 	}
-	dst := mem.New("dst")
-	if _, err := Copy(ctx, src, dst, pipeline.Options{}, nil); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Fatalf("copy of a damaged archive: %v, want ErrCorrupt", err)
+	seen := map[string]bool{}
+	for _, fr := range frames {
+		kind := frameKind(m, fr)
+		if seen[kind] {
+			continue
+		}
+		seen[kind] = true
+		for i := range int64(manifest.FrameSize) {
+			cases = append(cases, flip{fmt.Sprintf("%s frame at %d, header byte %d", kind, fr.Pos, i), fr.Pos + i})
+		}
+		if fr.StoredLen > 0 {
+			cases = append(cases, flip{fmt.Sprintf("%s frame at %d, payload", kind, fr.Pos), fr.Pos + manifest.FrameSize + int64(fr.StoredLen)/2})
+		}
 	}
-	if _, err := dst.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("a damaged copy got a manifest: %v", err)
+	if len(seen) != 6 {
+		t.Fatalf("the segment has frames %v, want FILE, FILE-END, END and DATA of a chunk, a zero chunk and an unlisted one", seen)
+	}
+	for i := range int64(manifest.TailSize) {
+		cases = append(cases, flip{fmt.Sprintf("tail byte %d", i), m.Segments[0].Size - manifest.TailSize + i})
+	}
+	obj := src.Object(seg)
+	for _, tc := range cases {
+		t.Run(tc.what, func(t *testing.T) {
+			obj[tc.off] ^= 0x40
+			defer func() { obj[tc.off] ^= 0x40 }()
+			dst := mem.New("dst")
+			_, err := Copy(ctx, src, dst, pipeline.Options{}, nil)
+			if !errors.Is(err, errdefs.ErrCorrupt) {
+				t.Fatalf("copy with byte %d of %s damaged: %v, want ErrCorrupt", tc.off, seg, err)
+			}
+			if !strings.Contains(err.Error(), seg) {
+				t.Errorf("error %q does not name %s", err, seg)
+			}
+			if _, err := dst.Stat(ctx, manifest.ManifestName); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Fatalf("a damaged copy got a manifest: %v", err)
+			}
+		})
+	}
+	// Undamaged, it copies.
+	if _, err := Copy(ctx, src, mem.New("dst"), pipeline.Options{}, nil); err != nil {
+		t.Fatalf("copy of the undamaged archive: %v", err)
 	}
 }

@@ -379,16 +379,8 @@ func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fet
 	if err != nil {
 		return fail(where("%w: %w", err, errdefs.ErrCorrupt))
 	}
-	// A pack's frame stands for its content: offset and file id 0, and
-	// the content id the manifest names.
-	offset := uint64(c.Offset)
-	if a.man.SharedChunks {
-		offset = 0
-	}
-	if fh.Type != manifest.FrameData || fh.Offset != offset || fh.RawLen != c.RawLen ||
-		fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum ||
-		(a.man.SharedChunks && (fh.FileID != 0 || fh.Hash != c.Hash)) {
-		return fail(where("frame does not match the index: %w", errdefs.ErrCorrupt))
+	if err := matchFrame(&fh, f, &c, a.man); err != nil {
+		return fail(where("%w", err))
 	}
 	if err := a.decode(raw, f, c, payload); err != nil {
 		return fail(where("%w", err))

@@ -93,8 +93,10 @@ type VerifyReport struct {
 }
 
 // VerifyArchive decodes every chunk of every file and checks its CRC-32C,
-// its BLAKE3 content hash (where chunks have one), and every file digest.
-// Open the source with VerifyHashes set.
+// its BLAKE3 content hash (where chunks have one), and every file digest;
+// in a plain archive it first checks every other byte of the segments
+// (CheckSegments), so that no byte of them goes unchecked. Open the source
+// with VerifyHashes set.
 func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) {
 	var rep VerifyReport
 	if !a.opts.VerifyHashes {
@@ -102,6 +104,9 @@ func VerifyArchive(ctx context.Context, a *ArchiveSource) (VerifyReport, error) 
 	}
 	if a.man.SharedChunks {
 		return verifyShared(ctx, a)
+	}
+	if err := CheckSegments(ctx, a); err != nil {
+		return rep, err
 	}
 	for _, f := range a.man.Files {
 		digested := make([]byte, 0, 32*len(f.Chunks))

@@ -128,9 +128,8 @@ func (a *ArchiveSource) fetchRun(ctx context.Context, f *manifest.File, r run) (
 		if err != nil {
 			return fail(where(c, "%w: %w", err, errdefs.ErrCorrupt))
 		}
-		if fh.Type != manifest.FrameData || fh.Offset != 0 || fh.FileID != 0 || fh.RawLen != c.RawLen ||
-			fh.StoredLen != c.Stored || fh.Codec != c.Codec || fh.Checksum != c.Checksum || fh.Hash != c.Hash {
-			return fail(where(c, "frame does not match the index: %w", errdefs.ErrCorrupt))
+		if err := matchFrame(&fh, f, &c, a.man); err != nil {
+			return fail(where(c, "%w", err))
 		}
 		enc, sum, err := a.open(f, c, buf[at+manifest.FrameSize:at+manifest.FrameSize+int64(c.Stored)])
 		if err != nil {
