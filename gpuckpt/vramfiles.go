@@ -27,6 +27,7 @@ import (
 	"github.com/gpucr/gpucr-stream/location"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/preloadctl"
+	"github.com/gpucr/gpucr-stream/proc"
 	"github.com/gpucr/gpucr-stream/scratch"
 	"github.com/gpucr/gpucr-stream/source"
 	"github.com/gpucr/gpucr-stream/streamer"
@@ -287,12 +288,40 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 		byPID[p.PID] = p
 	}
 	for _, pid := range cc.pids {
-		if p, ok := byPID[pid]; ok {
-			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathPreload, Files: p.Files, Bytes: p.Bytes, Hashes: p.Hashes, Handles: p.Handles})
-		} else {
-			meta.CUDA = append(meta.CUDA, manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver})
+		rec := manifest.CUDAProcess{PID: pid, Path: manifest.CUDAPathDriver}
+		if ns := proc.NSPID(pid); ns != pid {
+			rec.NSPID = ns
 		}
+		if p, ok := byPID[pid]; ok {
+			rec.Path, rec.Files, rec.Bytes, rec.Hashes, rec.Handles = manifest.CUDAPathPreload, p.Files, p.Bytes, p.Hashes, p.Handles
+		}
+		meta.CUDA = append(meta.CUDA, rec)
 	}
+}
+
+// restoredPID is the restored CUDA process, of pids, that the record p
+// names: by its PID in its own namespace where the checkpoint recorded one
+// (a restore into a new namespace, runc's, gives the process a new PID
+// here, and its old one may now be another's), else by its PID; nsPID
+// reads a process's (proc.NSPID). 0 where none is, or several are.
+func restoredPID(p manifest.CUDAProcess, pids []int, nsPID func(int) int) int {
+	if p.NSPID == 0 {
+		if slices.Contains(pids, p.PID) {
+			return p.PID
+		}
+		return 0
+	}
+	found := 0
+	for _, pid := range pids {
+		if nsPID(pid) != p.NSPID {
+			continue
+		}
+		if found != 0 {
+			return 0
+		}
+		found = pid
+	}
+	return found
 }
 
 // FastCommit drops the kept copy once the checkpoint is committed and the
@@ -344,6 +373,14 @@ func (v *VRAMSummary) reusedNote() string {
 	return fmt.Sprintf(", %.2f GiB unchanged since %s (not kept: the store and any undo read it there)", gib(v.Reused), v.Earlier)
 }
 
+// nsNote is ", PID N in its namespace" where the record has one.
+func nsNote(p manifest.CUDAProcess) string {
+	if p.NSPID == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (PID %d in its namespace)", p.NSPID)
+}
+
 func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 // FastRestore brings back the device memory of the restored processes that
@@ -373,26 +410,29 @@ func FastRestore(ctx context.Context, src source.Source, stage *Stage, fill *Fil
 		if p.Path != manifest.CUDAPathPreload {
 			continue
 		}
-		if !slices.Contains(pids, p.PID) {
-			errs = append(errs, fmt.Errorf("the checkpoint records process %d on the fast path, but it is not one of the restored CUDA processes %v", p.PID, pids))
+		pid := restoredPID(p, pids, proc.NSPID)
+		if pid == 0 {
+			errs = append(errs, fmt.Errorf("the checkpoint records process %d%s on the fast path, but it is not one of the restored CUDA processes %v", p.PID, nsNote(p), pids))
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := vram.FastResume(ctx, preloadctl.Dir(), p.PID, p.Files, get, stage.Take, fill.Take(ctx, p.PID))
+			// The filler was started for the record, before CRIU gave
+			// the process its PID.
+			res, err := vram.FastResume(ctx, preloadctl.Dir(), pid, p.Files, get, stage.Take, fill.Take(ctx, p.PID))
 			mu.Lock()
 			defer mu.Unlock()
 			remap, copyIn = max(remap, res.Remap), max(copyIn, res.CopyIn)
 			if res.Copy.Work >= slowest.Work {
 				slowest = res.Copy
 			}
-			each = append(each, vram.FastProc{PID: p.PID, Copy: res.Copy})
+			each = append(each, vram.FastProc{PID: pid, Copy: res.Copy})
 			if res.Adopted > 0 {
 				adopted++
 			}
 			if res.AdoptErr != nil {
-				adoptErrs = append(adoptErrs, Phase{fmt.Sprintf("vram adopt of %d failed (copied in instead): %v", p.PID, res.AdoptErr), 0})
+				adoptErrs = append(adoptErrs, Phase{fmt.Sprintf("vram adopt of %d failed (copied in instead): %v", pid, res.AdoptErr), 0})
 			}
 			if err != nil {
 				errs = append(errs, err)

@@ -164,6 +164,35 @@ func TestFastRestoreOnlyRestored(t *testing.T) {
 	}
 }
 
+// TestRestoredPID: a fast-path record finds its restored process by the
+// PID it had in its own namespace where it had one (a container's init,
+// which runc restore gives a new PID on the host, while another restored
+// process may now hold its old one), else by its PID; never a process
+// that is not among the restored, nor one of two that both match.
+func TestRestoredPID(t *testing.T) {
+	ns := map[int]int{101: 1, 102: 2, 200: 200, 300: 7, 301: 7}
+	nsPID := func(pid int) int { return ns[pid] }
+	for _, tc := range []struct {
+		name string
+		rec  manifest.CUDAProcess
+		pids []int
+		want int
+	}{
+		{"same PID, no namespace", manifest.CUDAProcess{PID: 200}, []int{200}, 200},
+		{"gone, no namespace", manifest.CUDAProcess{PID: 200}, []int{201}, 0},
+		{"a container's init, new host PID", manifest.CUDAProcess{PID: 100, NSPID: 1}, []int{101, 102}, 101},
+		{"its old PID now another's", manifest.CUDAProcess{PID: 101, NSPID: 2}, []int{101, 102}, 102},
+		{"no restored process has its namespace PID", manifest.CUDAProcess{PID: 101, NSPID: 3}, []int{101, 102}, 0},
+		{"two restored processes have it", manifest.CUDAProcess{PID: 300, NSPID: 7}, []int{300, 301}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := restoredPID(tc.rec, tc.pids, nsPID); got != tc.want {
+				t.Fatalf("restoredPID(%+v, %v) = %d, want %d", tc.rec, tc.pids, got, tc.want)
+			}
+		})
+	}
+}
+
 // TestPerProcess: a tree of several processes gets one copy phase each,
 // naming its GPU where the checkpoint recorded it; one process gets none
 // (the copy's own phases say it all).

@@ -148,8 +148,12 @@ const (
 
 // CUDAProcess records how one CUDA process of the checkpoint was saved.
 type CUDAProcess struct {
-	PID  int    `json:"pid"`
-	Path string `json:"path"`
+	PID int `json:"pid"`
+	// NSPID is its PID in its own PID namespace (a container's), where
+	// that is not PID: what CRIU gives it back, while a restore into a
+	// new namespace (runc restore) gives it a new PID on the host.
+	NSPID int    `json:"ns_pid,omitempty"`
+	Path  string `json:"path"`
 	// Files hold its device memory (fast path), Bytes their total.
 	Files []string `json:"files,omitempty"`
 	Bytes int64    `json:"bytes,omitempty"`

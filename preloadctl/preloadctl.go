@@ -62,7 +62,7 @@ func Dir() string {
 }
 
 // Socket is the control socket of pid in dir, as the process
-// names it: by its pid in its own namespace (nsPID).
+// names it: by its pid in its own namespace (proc.NSPID).
 func Socket(dir string, pid int) string {
 	return filepath.Join(dir, "preload-"+strconv.Itoa(pid)+".sock")
 }
@@ -72,24 +72,13 @@ func Socket(dir string, pid int) string {
 // process sees it (through /proc/PID/root when its mount namespace is
 // not ours).
 func socketOf(dir string, pid int) string {
-	name := Socket(dir, nsPID(pid))
+	name := Socket(dir, proc.NSPID(pid))
 	self, err1 := os.Readlink(filepath.Join(proc.Root, "self", "ns", "mnt"))
 	its, err2 := os.Readlink(filepath.Join(proc.Root, strconv.Itoa(pid), "ns", "mnt"))
 	if err1 == nil && err2 == nil && self != its {
 		return filepath.Join(proc.Root, strconv.Itoa(pid), "root", name)
 	}
 	return name
-}
-
-// nsPID is pid as the process sees it (the last NSpid of its status):
-// what the library names its socket by. pid where unknown.
-func nsPID(pid int) int {
-	if f := statusField(pid, "NSpid:"); len(f) > 0 {
-		if n, err := strconv.Atoi(f[len(f)-1]); err == nil && n > 0 {
-			return n
-		}
-	}
-	return pid
 }
 
 // statusField is the fields of the line of /proc/PID/status that starts

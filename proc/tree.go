@@ -112,6 +112,27 @@ func Cmdline(pid int) ([]string, error) {
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
 }
 
+// NSPID is pid as the process itself sees it: the last of its status's
+// NSpid, its PID in the innermost PID namespace it is in (a container's).
+// That is the PID CRIU gives it back, where a restore into a new namespace
+// (runc restore) gives it a new one here. pid where unknown.
+func NSPID(pid int) int {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return pid
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				if n, err := strconv.Atoi(f[len(f)-1]); err == nil && n > 0 {
+					return n
+				}
+			}
+		}
+	}
+	return pid
+}
+
 // DumpEstimate is about the bytes CRIU dumps of the processes pids: their
 // anonymous memory (RssAnon of /proc/PID/status), which is nearly all of an
 // image. 0 when it cannot be read. The kernel keeps that count, so reading

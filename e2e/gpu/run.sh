@@ -151,6 +151,14 @@
 #              (nccl_pair.py --tp-layers TP_LAYERS, default 4: d=4096 MLP
 #              layers split Megatron-style, bf16): after the restore its
 #              output must be bit-identical to the first one
+#   ctr, ctrfast, ctrfastlib
+#              the target in a runc container (RUNC, runc on PATH):
+#              checkpoint --container and restore --container twice, the
+#              second of the restored container, which must be running
+#              in runc's list and in the cgroups the container had;
+#              driver-only, the fast path through `gpucr-stream run` as
+#              the entry point, and through the library mounted in
+#              (e2e/gpu/ctr.sh)
 #   ncclp2pfault
 #              fastfault's three faults on the ncclp2p pair: the store
 #              fails, CRIU refuses its options (both after the release:
@@ -333,11 +341,16 @@ if [ -z "${CRIU:-}" ]; then
 	done
 fi
 
+# The container rounds (ctr, ctrfast, ctrfastlib).
+# shellcheck source=e2e/gpu/ctr.sh
+. "$ROOT/e2e/gpu/ctr.sh"
+
 finish() {
 	local rc=$1 t
 	# Whatever is still running of ours goes.
 	[ -n "$RECV_PID" ] && kill -9 "$RECV_PID" 2>/dev/null
 	[ -n "$HOG_PID" ] && kill -9 "$HOG_PID" 2>/dev/null
+	ctr_delete
 	for t in "$WORK"/t-*; do
 		[ -s "$t/ready" ] && kill_tree "$(cat "$t/ready")" "$t" nowait
 	done
@@ -521,6 +534,12 @@ start_target() {
 		script=infer_target.py args=(--device "$DEVICE" --gib-weights "$GIB_WEIGHTS" --side "$SIDE"
 			--kv-fraction "$KV_FRACTION" --kv-written-pct "$KV_WRITTEN_PCT" ${KV_GIB:+--kv-gib "$KV_GIB"})
 		[ "${1%%-*}" = inferfastcache ] && args+=(--cache-marked)
+		;;
+	esac
+	case ${1%%-*} in
+	ctr | ctrfast | ctrfastlib)
+		start_container "$1" "$script" "${args[@]}"
+		return
 		;;
 	esac
 	t0=$(now)
@@ -1828,6 +1847,7 @@ while [ $# -gt 0 ]; do
 	dedupreplicas) round_dedupreplicas ;;
 	devhash) round_devhash ;;
 	fastexit) round_fastexit ;;
+	ctr | ctrfast | ctrfastlib) round_ctr ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
