@@ -302,8 +302,10 @@ func (cc *Checkpoint) recordPaths(meta *manifest.Manifest) {
 // restoredPID is the restored CUDA process, of pids, that the record p
 // names: by its PID in its own namespace where the checkpoint recorded one
 // (a restore into a new namespace, runc's, gives the process a new PID
-// here, and its old one may now be another's), else by its PID; nsPID
-// reads a process's (proc.NSPID). 0 where none is, or several are.
+// here, and its old one may now be another's), else by its PID. Where
+// several have that namespace PID (processes in sibling namespaces, which
+// plain CRIU gives back their PIDs here), the one with its PID. nsPID
+// reads a process's (proc.NSPID). 0 where none is, or it is not clear.
 func restoredPID(p manifest.CUDAProcess, pids []int, nsPID func(int) int) int {
 	if p.NSPID == 0 {
 		if slices.Contains(pids, p.PID) {
@@ -311,17 +313,19 @@ func restoredPID(p manifest.CUDAProcess, pids []int, nsPID func(int) int) int {
 		}
 		return 0
 	}
-	found := 0
+	var same []int
 	for _, pid := range pids {
-		if nsPID(pid) != p.NSPID {
-			continue
+		if nsPID(pid) == p.NSPID {
+			same = append(same, pid)
 		}
-		if found != 0 {
-			return 0
-		}
-		found = pid
 	}
-	return found
+	switch {
+	case len(same) == 1:
+		return same[0]
+	case slices.Contains(same, p.PID):
+		return p.PID
+	}
+	return 0
 }
 
 // FastCommit drops the kept copy once the checkpoint is committed and the

@@ -183,7 +183,8 @@ func TestRestoredPID(t *testing.T) {
 		{"a container's init, new host PID", manifest.CUDAProcess{PID: 100, NSPID: 1}, []int{101, 102}, 101},
 		{"its old PID now another's", manifest.CUDAProcess{PID: 101, NSPID: 2}, []int{101, 102}, 102},
 		{"no restored process has its namespace PID", manifest.CUDAProcess{PID: 101, NSPID: 3}, []int{101, 102}, 0},
-		{"two restored processes have it", manifest.CUDAProcess{PID: 300, NSPID: 7}, []int{300, 301}, 0},
+		{"two have it, one its PID too (sibling namespaces, plain CRIU)", manifest.CUDAProcess{PID: 300, NSPID: 7}, []int{300, 301}, 300},
+		{"two have it, neither its PID", manifest.CUDAProcess{PID: 299, NSPID: 7}, []int{300, 301}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := restoredPID(tc.rec, tc.pids, nsPID); got != tc.want {
