@@ -71,9 +71,13 @@ func setupFast(t *testing.T) *fastEnv {
 	return e
 }
 
-func (e *fastEnv) env() []string {
-	return append(os.Environ(), "GPUCR_PRELOAD_DIR="+e.sockDir, "GPUCR_LIBCUDA="+e.fakeLib, "LD_LIBRARY_PATH="+filepath.Dir(e.fakeLib),
-		"GPUCR_FAKE_CUDA_STATE="+e.cudaState)
+func (e *fastEnv) env() []string { return append(os.Environ(), e.vars()...) }
+
+// vars is what the fast path and the fake driver need in the environment,
+// on both sides (a container's process gets these alone).
+func (e *fastEnv) vars() []string {
+	return []string{"GPUCR_PRELOAD_DIR=" + e.sockDir, "GPUCR_LIBCUDA=" + e.fakeLib, "LD_LIBRARY_PATH=" + filepath.Dir(e.fakeLib),
+		"GPUCR_FAKE_CUDA_STATE=" + e.cudaState}
 }
 
 // start runs the target under `gpucr-stream run` in its own session, as

@@ -346,9 +346,10 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, U flags, int 
 /* The process checkpoint API, as gpucr-stream (not the target) calls it:
  * a state per pid (0 running, 1 locked, 2 checkpointed); no device state
  * moves. In this process's memory, or with GPUCR_FAKE_CUDA_STATE=DIR in
- * DIR/PID, so that it outlives a killed gpucr-stream and the target sees
- * it: then a memory call of the target while it is locked fails, as the
- * real driver's would block, and is recorded in DIR/violation. */
+ * DIR/KEY (state_key), so that it outlives a killed gpucr-stream and the
+ * target sees it: then a memory call of the target while it is locked
+ * fails, as the real driver's would block, and is recorded in
+ * DIR/violation. */
 static struct {
 	int pid, state;
 } pstate[64];
@@ -367,13 +368,46 @@ static int *state_of(int pid)
 	pthread_mutex_unlock(&pstate_mu);
 	return st;
 }
-static int get_state(int pid)
+/* state_key names process who's state file ("self": the caller; else a
+ * PID as gpucr-stream gives it): its PID in its own namespace, the last of
+ * NSpid in its /proc status. gpucr-stream passes host PIDs, a target in a
+ * container sees itself as PID 1 there, and only that PID is the same for
+ * both; CRIU also keeps it across a restore into a new namespace (runc
+ * restore gives the process a new host PID), as the real driver's state
+ * travels in the process. Outside a container it is the PID itself. One
+ * DIR therefore serves one PID namespace at a time. The PID itself where
+ * the status cannot be read (the process is gone). */
+static int state_key(const char *who)
 {
-	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
-	if (!d)
-		return *state_of(pid);
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%s/status", who);
+	FILE *f = fopen(path, "r");
+	int key = atoi(who);
+	if (!f)
+		return key;
+	while (fgets(line, sizeof line, f))
+		if (!strncmp(line, "NSpid:", 6)) {
+			char *last = NULL, *save;
+			for (char *tok = strtok_r(line + 6, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save))
+				last = tok;
+			if (last && atoi(last) > 0)
+				key = atoi(last);
+			break;
+		}
+	fclose(f);
+	return key;
+}
+static int pid_key(int pid)
+{
+	char who[16];
+	snprintf(who, sizeof who, "%d", pid);
+	return state_key(who);
+}
+/* read_state is the state in DIR/key. */
+static int read_state(const char *d, int key)
+{
 	char path[4096], b[4] = "0";
-	snprintf(path, sizeof path, "%s/%d", d, pid);
+	snprintf(path, sizeof path, "%s/%d", d, key);
 	FILE *f = fopen(path, "r");
 	if (f) {
 		if (!fgets(b, sizeof b, f))
@@ -381,6 +415,11 @@ static int get_state(int pid)
 		fclose(f);
 	}
 	return b[0] - '0';
+}
+static int get_state(int pid)
+{
+	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
+	return d ? read_state(d, pid_key(pid)) : *state_of(pid);
 }
 static void set_state(int pid, int st)
 {
@@ -390,7 +429,7 @@ static void set_state(int pid, int st)
 		return;
 	}
 	char path[4096];
-	snprintf(path, sizeof path, "%s/%d", d, pid);
+	snprintf(path, sizeof path, "%s/%d", d, pid_key(pid));
 	FILE *f = fopen(path, "w");
 	if (f) {
 		fprintf(f, "%d\n", st);
@@ -414,7 +453,7 @@ CUresult cuCheckpointProcessUnlock(int pid, void *a) { (void)a; return step(pid,
 static int locked(const char *call)
 {
 	const char *d = getenv("GPUCR_FAKE_CUDA_STATE");
-	if (!d || get_state(getpid()) == 0)
+	if (!d || read_state(d, state_key("self")) == 0)
 		return 0;
 	char path[4096];
 	snprintf(path, sizeof path, "%s/violation", d);
