@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // The GPU fast path end to end, without a GPU: a program that reaches a fake
@@ -111,7 +112,7 @@ func (e *fastEnv) startCmd(t *testing.T, tdir string, args ...string) (pid int, 
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-done })
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testwait.Scale(10 * time.Second))
 	for !fileExists(filepath.Join(tdir, "ready")) {
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(filepath.Join(tdir, "out"))
@@ -130,7 +131,7 @@ func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
 	if err := os.WriteFile(filepath.Join(tdir, "check"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(testwait.Scale(wait)); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		if b, err := os.ReadFile(res); err == nil {
 			return strings.TrimSpace(string(b))
 		}
