@@ -8,6 +8,10 @@
 #   ctr         the driver's checkpoint only (no library in the container)
 #   ctrfast     the fast path, `gpucr-stream run --` as the entry point
 #   ctrfastlib  the fast path, the library mounted in and LD_PRELOAD set
+#   ctrfastmigrate
+#               ctrfast's container moved by `migrate --container` over
+#               loopback into a second runc root (`receive --restore
+#               --container`), then checkpointed and restored there
 #
 # The container's root file system is the host's own directories bound
 # read-only (PyTorch, CUDA's libraries and the driver's are wherever the
@@ -46,7 +50,7 @@ ctr_bundle() {
 	"$RUNC" spec --bundle "$b" || return 1
 	local entry=()
 	case ${ROUND%%-*} in
-	ctrfast) entry=(/gcs/gpucr-stream run --) ;;
+	ctrfast | ctrfastmigrate) entry=(/gcs/gpucr-stream run --) ;;
 	esac
 	# The target's output goes into /tdir/target.out from inside: CRIU
 	# dumps a descriptor only of a file the container can see.
@@ -232,11 +236,77 @@ print(json.dumps({"round": sys.argv[1] + "-" + sys.argv[2], "codec": sys.argv[5]
 	rm -rf "$ar"
 }
 
-# round_ctr: two checkpoint and restore cycles of the container; the
-# second is of the restored container.
+# ctr_migrate: container CTR_ID moves by migrate --container over
+# loopback into the runc root CTR_ROOT-b, which it is managed by from
+# then on; the moved one must be running there, in the cgroups it had,
+# and prove itself.
+ctr_migrate() {
+	local tok=$WORK/token rootb=$CTR_ROOT-b j=$WORK/logs/$ROUND-migrate port t0 tm cg mrc=0 i=0
+	rm -rf "$tok" "$WORK/w2"
+	mkdir -p "$rootb" "$WORK/w2"
+	(umask 077 && "$GCS" token >"$tok") || return 1
+	port=$(free_port) || return 1
+	cg=$(cat "/proc/$TPID/cgroup")
+	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --container "$CTR_ID" \
+		--runtime-root "$rootb" --work-dir "$WORK/w2" --json >"$j-receive.json" 2>"$j-receive.err" &
+	RECV_PID=$!
+	until grep -q "receive: listening on" "$j-receive.err" 2>/dev/null; do
+		if ! kill -0 "$RECV_PID" 2>/dev/null || [ $i -gt 300 ]; then
+			log "$ROUND: the receiver did not start listening: $(tail -c 2000 "$j-receive.err")"
+			stop_receiver 0
+			return 1
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+	t0=$(now)
+	"$GCS" migrate --container "$CTR_ID" --runtime-root "$CTR_ROOT" --to "tcp://127.0.0.1:$port" --token-file "$tok" \
+		--criu "$CRIU" --codec "$FAST_CODEC" --json >"$j-migrate.json" 2>"$j-migrate.err" || mrc=$?
+	tm=$(since "$t0")
+	stop_receiver "$([ $mrc -eq 0 ] && echo 120 || echo 15)"
+	log "$ROUND: migrate (exit $mrc) in ${tm}s: $(cat "$j-migrate.json")"
+	log "$ROUND: receive (exit $RECV_RC): $(cat "$j-receive.json")"
+	if [ $mrc -ne 0 ] || [ "$RECV_RC" -ne 0 ]; then
+		log "$ROUND: migrate: $(tail -c 3000 "$j-migrate.err"); receive: $(tail -c 3000 "$j-receive.err")"
+		return 1
+	fi
+	if [ "$DEVICE" = cuda ] && ! { grep -q '"vram copy out"' "$j-migrate.json" && grep -q '"vram copy in"' "$j-receive.json"; }; then
+		log "$ROUND: the migration did not take the fast path both ways"
+		return 1
+	fi
+	if [ -n "$(ctr_pid "$CTR_ID")" ]; then
+		log "$ROUND: the container still runs in the sending runc root"
+		return 1
+	fi
+	CTR_ROOT=$rootb
+	TPID=$(ctr_pid "$CTR_ID")
+	if [ -z "$TPID" ] || [ "$(cat "/proc/$TPID/cgroup")" != "$cg" ]; then
+		log "$ROUND: after the migration: $("$RUNC" --root "$CTR_ROOT" list); cgroups [$(cat "/proc/$TPID/cgroup" 2>/dev/null)], the container's were [$cg]"
+		return 1
+	fi
+	"$RUNC" --root "$CTR_ROOT" list | tee -a "$RUNLOG"
+	local before=$COUNTER
+	prove after-migrate && [ "$COUNTER" -gt "$before" ] || return 1
+	emit "$(python3 -c '
+import json, sys
+m, r = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+print(json.dumps({"round": sys.argv[1] + "-migrate", "ok": True, "checkpoint_total": float(sys.argv[4]),
+  "raw_bytes": m.get("raw_bytes", 0), "stored_bytes": m.get("stored_bytes", 0),
+  "restore_steps": [[p["name"], p["seconds"]] for p in r.get("phases", []) if ":" not in p["name"]],
+  "note": "migrate --container over loopback between runc roots (CHECKPOINT column: the migration wall time)"}))
+' "$ROUND" "$j-migrate.json" "$j-receive.json" "$tm")"
+}
+
+# round_ctr: two checkpoint and restore cycles of the container, the
+# second of the restored one; for ctrfastmigrate, a migration and then
+# one cycle in the runc root it moved to.
 round_ctr() {
-	local rc=0
-	ctr_cycle 1 && ctr_cycle 2 || rc=1
+	local rc=0 root=$CTR_ROOT
+	case ${ROUND%%-*} in
+	ctrfastmigrate) ctr_migrate && ctr_cycle 2 || rc=1 ;;
+	*) ctr_cycle 1 && ctr_cycle 2 || rc=1 ;;
+	esac
 	ctr_delete
+	CTR_ROOT=$root
 	return $rc
 }

@@ -151,14 +151,15 @@
 #              (nccl_pair.py --tp-layers TP_LAYERS, default 4: d=4096 MLP
 #              layers split Megatron-style, bf16): after the restore its
 #              output must be bit-identical to the first one
-#   ctr, ctrfast, ctrfastlib
+#   ctr, ctrfast, ctrfastlib, ctrfastmigrate
 #              the target in a runc container (RUNC, runc on PATH):
 #              checkpoint --container and restore --container twice, the
 #              second of the restored container, which must be running
 #              in runc's list and in the cgroups the container had;
 #              driver-only, the fast path through `gpucr-stream run` as
-#              the entry point, and through the library mounted in
-#              (e2e/gpu/ctr.sh)
+#              the entry point, and through the library mounted in;
+#              ctrfastmigrate moves ctrfast's by migrate --container into
+#              a second runc root first (e2e/gpu/ctr.sh)
 #   ncclp2pfault
 #              fastfault's three faults on the ncclp2p pair: the store
 #              fails, CRIU refuses its options (both after the release:
@@ -537,7 +538,7 @@ start_target() {
 		;;
 	esac
 	case ${1%%-*} in
-	ctr | ctrfast | ctrfastlib)
+	ctr | ctrfast | ctrfastlib | ctrfastmigrate)
 		start_container "$1" "$script" "${args[@]}"
 		return
 		;;
@@ -1847,7 +1848,7 @@ while [ $# -gt 0 ]; do
 	dedupreplicas) round_dedupreplicas ;;
 	devhash) round_devhash ;;
 	fastexit) round_fastexit ;;
-	ctr | ctrfast | ctrfastlib) round_ctr ;;
+	ctr | ctrfast | ctrfastlib | ctrfastmigrate) round_ctr ;;
 	baseline) round_baseline ;;
 	leave) round_gcs auto leave ;;
 	tree) round_gcs auto ;;
