@@ -36,8 +36,9 @@ CTR_ID=
 
 # ctr_pid ID: the host PID of container ID's init, if it runs.
 ctr_pid() {
-	"$RUNC" --root "$CTR_ROOT" state "$1" 2>/dev/null |
-		python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["pid"] if s["status"] == "running" else "")'
+	local st
+	st=$("$RUNC" --root "$CTR_ROOT" state "$1" 2>/dev/null) || return 0
+	python3 -c 'import json, sys; s = json.loads(sys.argv[1]); print(s["pid"] if s["status"] == "running" else "")' "$st"
 }
 
 # ctr_bundle DIR SCRIPT ARGS...: an OCI bundle in DIR running the target
