@@ -406,8 +406,22 @@ func (w *segWalk) data(pos int64, fh manifest.FrameHeader, payload []byte) error
 			return w.corrupt(pos, "zero chunk of %s in a frame of file id %d, %s", manifest.PrintableName(ref.f.Name), fh.FileID, manifest.PrintableName(name))
 		}
 	} else {
+		// The entry the manifest would have for it, made of the header:
+		// checked as any chunk, it is held to the rules of matchFrame's
+		// that such an entry leaves: flags 0; sealed, a CRC-32C of 0 (it
+		// travels inside the payload: FORMAT.md section 15.2); without
+		// chunk hashes, a hash of 0 (section 5, DATA).
 		ref = chunkRef{&manifest.File{ID: fh.FileID, Name: name}, manifest.Chunk{Offset: int64(fh.Offset), RawLen: fh.RawLen,
 			Stored: fh.StoredLen, Codec: fh.Codec, Checksum: fh.Checksum, Hash: fh.Hash}}
+		if a.man.Encryption != nil {
+			ref.c.Checksum = 0
+		}
+		if a.man.NoChunkHashes {
+			ref.c.Hash = [32]byte{}
+		}
+		if err := matchFrame(&fh, ref.f, &ref.c, a.man); err != nil {
+			return w.corrupt(pos, "chunk of %s at file offset %d, which the manifest does not list: %w", manifest.PrintableName(name), fh.Offset, err)
+		}
 	}
 	var hash [32]byte
 	if codec.ID(fh.Codec) == codec.Zero {
