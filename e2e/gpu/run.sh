@@ -411,10 +411,14 @@ for r in rows:
     mw = r.get("memwatch") or {}
     if mw:
         wb = r.get("written_bytes", 0)
-        print("          host memory: peak +%.2f GiB, +%.2f GiB less the archive's file system%s" % (
+        dw = r.get("device_written_bytes", 0)
+        print("          host memory: peak +%.2f GiB, +%.2f GiB less the archive's file system%s%s" % (
             mw.get("peak_used_delta", 0) / 2**30, mw.get("peak_used_less_dest_delta", 0) / 2**30,
             (" = %.2fx the written %.2f GiB; stored %.2fx the written" % (mw.get("peak_used_less_dest_delta", 0) / wb, wb / 2**30,
-             r.get("stored_bytes", 0) / wb)) if wb else ""))
+             r.get("stored_bytes", 0) / wb)) if wb else "",
+            # The zero scan's count: every non-zero block of device
+            # memory, the framework's own (workspaces, graphs) too.
+            ("; stored %.2fx the %.2f GiB of device memory the scan found written" % (r.get("stored_bytes", 0) / dw, dw / 2**30)) if dw else ""))
     if r.get("note"):
         print("          note: " + r["note"])
     if r.get("pull_pages_seconds"):
@@ -997,6 +1001,7 @@ print(json.dumps({"round": rnd, "codec": codec, "ok": ok == "true", "raw_bytes":
   "vram_detail": {k: v for d in (ph, rp) for k, v in d.items() if k.startswith(("vram copy out:", "vram copy in:", "vram stage"))},
   "restore_steps": [[p["name"], p["seconds"]] for p in rs.get("phases", []) if ":" not in p["name"]],
   "memwatch": mw, "written_bytes": tinfo.get("written_bytes", 0), "weights_bytes": tinfo.get("weights_bytes", 0),
+  "device_written_bytes": (ck.get("vram") or {}).get("written_bytes", 0),
   "kv_bytes": tinfo.get("kv_bytes", 0)}))
 ' "$ROUND" "$codec" "$ok" "$stored" "$note" "$WORK/logs/$ROUND-checkpoint.json" "$restore_json" "$tpull" "$ncuda" "$TCHILDREN" "$mw" "$TDIR/checksums.json")"
 	rm -rf "$ar"
