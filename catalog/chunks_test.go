@@ -49,6 +49,13 @@ func dedupIn(ctx context.Context, loc store.Store, name string, files map[string
 
 // dedupKeyed is dedupIn encrypted under key, when not nil.
 func dedupKeyed(ctx context.Context, loc store.Store, name string, files map[string][]byte, key *crypt.Key) (*manifest.Manifest, error) {
+	return dedupOpened(ctx, loc, name, files, key, nil)
+}
+
+// dedupOpened is dedupKeyed calling opened, when not nil, once the capture
+// holds its lock of loc (and has loaded loc's index, unless it saw a gc's
+// lock there), before it writes anything.
+func dedupOpened(ctx context.Context, loc store.Store, name string, files map[string][]byte, key *crypt.Key, opened func()) (*manifest.Manifest, error) {
 	f, err := pipeline.Options{Key: key}.NewFormat()
 	if err != nil {
 		return nil, err
@@ -56,6 +63,9 @@ func dedupKeyed(ctx context.Context, loc store.Store, name string, files map[str
 	out, err := streamer.NewDedupOutput(ctx, store.Sub(loc, name), loc, 1<<20, f.Seal)
 	if err != nil {
 		return nil, err
+	}
+	if opened != nil {
+		opened()
 	}
 	c, err := streamer.NewCapture(ctx, out, pipeline.Options{ChunkSize: 256 << 10, Workers: 2})
 	if err != nil {
@@ -209,6 +219,21 @@ func TestGCChunks(t *testing.T) {
 // TestGCRacesCapture runs captures that share chunks with checkpoints
 // being removed while gc runs in a loop: every checkpoint committed must
 // restore whole (gc never takes a pack a capture in flight references).
+//
+// The race must hold repacks, and on its own it need not: a capture that
+// takes its lock while a gc holds the location shares nothing (it loads no
+// index), so the removal of the checkpoint before it leaves only packs
+// wholly garbage, which gc removes, never repacks. A gc run holds the
+// location most of the time, the more so on a slow store, and the wait
+// after each removal starts the next capture while one does: in CI, under
+// load, a run on MinIO held no repack (before: 460 gc runs, 367 skipped,
+// none repacked), and with gc's listings slowed by 30 ms no capture
+// shared, and no run held one. So every other capture takes its lock with
+// gc held off between two runs, and shares; gc runs again while it writes
+// and commits (each run must skip for its lock), and the removal of the
+// checkpoint before it makes the gc run that takes the location next
+// repack, while the next capture starts beside it, free to meet its lock
+// or not. That repack is checked for once the runs after it are done.
 func TestGCRacesCapture(t *testing.T) {
 	for kind, loc := range locations(t) {
 		t.Run(kind, func(t *testing.T) {
@@ -226,10 +251,17 @@ func TestGCRacesCapture(t *testing.T) {
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
 			stopGC := sync.OnceFunc(func() { close(stop); wg.Wait() })
-			gcRuns, skipped, removed, repacked := 0, 0, 0, 0
-			var locked atomic.Int64
+			// running is held through each gc run (its lock is released
+			// when GCChunks returns): a round that holds it holds gc off.
+			// The counts but repacked change under it.
+			var running sync.Mutex
+			gcRuns, skipped, removed := 0, 0, 0
+			var repacked, locked atomic.Int64
 			gcLocked = func() { locked.Add(1) }
+			// resume lets the gc loop run again after a round held it off.
+			resume := func() {}
 			defer func() {
+				resume()
 				stopGC()
 				gcLocked = nil
 			}()
@@ -244,39 +276,79 @@ func TestGCRacesCapture(t *testing.T) {
 					// would take the temporary files of writes in flight.
 					// Any pack with garbage is repacked, so that repacks
 					// race the captures whenever gc finds no capture's
-					// lock (at the default share, a loaded machine's
-					// interleaving could leave none to repack).
+					// lock.
+					running.Lock()
 					res, err := GCChunks(ctx, loc, 0, false, 0.99)
+					if err == nil {
+						gcRuns++
+						removed += res.Removed
+						repacked.Add(int64(res.Repacked))
+						if res.Skipped != "" {
+							skipped++
+						}
+					}
+					running.Unlock()
 					if err != nil {
 						t.Errorf("gc: %v", err)
 						return
 					}
-					gcRuns++
-					removed += res.Removed
-					repacked += res.Repacked
-					if res.Skipped != "" {
-						skipped++
-					}
 					time.Sleep(time.Millisecond)
 				}
 			})
+			// counts says what the gc runs did; with running held or
+			// the loop stopped.
+			counts := func() string {
+				return fmt.Sprintf("%d gc runs, %d skipped for a capture's lock, %d packs removed, %d repacked", gcRuns, skipped, removed, repacked.Load())
+			}
+			// repackAfter, when not empty, is the removal that must have
+			// made a gc run repack, repackedBefore the count before it.
+			repackAfter, repackedBefore := "", int64(0)
+			checkRepack := func() {
+				t.Helper()
+				if repackAfter != "" && repacked.Load() == repackedBefore {
+					t.Fatalf("no gc run repacked after %s, which left a pack part garbage (%s)", repackAfter, counts())
+				}
+				repackAfter = ""
+			}
 			for i := 1; i <= rounds; i++ {
-				if _, err := dedupIn(ctx, loc, fmt.Sprintf("c%d", i), img(i)); err != nil {
+				name, prev := fmt.Sprintf("c%d", i), fmt.Sprintf("c%d", i-1)
+				shares := i%2 == 1
+				var m *manifest.Manifest
+				var err error
+				if shares {
+					// No gc holds the location now, and none takes it
+					// until the capture holds its lock.
+					running.Lock()
+					resume = sync.OnceFunc(running.Unlock)
+					checkRepack()
+					// The capture before, begun beside a gc run and
+					// committed while they ran, restores whole.
+					verifyIn(t, store.Sub(loc, prev), img(i-1))
+					m, err = dedupOpened(ctx, loc, name, img(i), nil, resume)
+					resume()
+				} else {
+					m, err = dedupIn(ctx, loc, name, img(i))
+				}
+				if err != nil {
 					t.Fatalf("capture %d: %v", i, err)
+				}
+				if shares && m.Stats.NewChunks >= m.Stats.Chunks {
+					t.Fatalf("capture %d, begun with gc held off, shared nothing with %s (%d of %d chunks new)", i, prev, m.Stats.NewChunks, m.Stats.Chunks)
 				}
 				// The one before goes: its chunks (the shared base among
 				// them) are garbage but for the captures that share them.
-				if _, err := Remove(ctx, store.Sub(loc, fmt.Sprintf("c%d", i-1)), "", false); err != nil {
+				if shares {
+					repackAfter, repackedBefore = "the removal of "+prev, repacked.Load()
+				}
+				if _, err := Remove(ctx, store.Sub(loc, prev), "", false); err != nil {
 					t.Fatal(err)
 				}
 				// A gc run takes the location after the removal, before
-				// the next capture: the repack of what the removal left
-				// mostly garbage races that capture. Left to chance, a
-				// slow store's gc ran only while a capture held its lock,
-				// or after the next removal had made the whole pack
-				// garbage, and the race held no repack at all; a run that
-				// had only begun before the capture still met its lock
-				// (CI: 460 runs, 367 skipped, none repacked).
+				// the next capture: after a capture that shares, its
+				// repack of what the removal left mostly garbage races
+				// that capture. A run that had only begun before the
+				// capture could still meet its lock: so the wait is for
+				// one that holds the location.
 				deadline := time.Now().Add(testwait.Scale(time.Minute))
 				for s := locked.Load(); locked.Load() == s; {
 					if time.Now().After(deadline) {
@@ -286,11 +358,12 @@ func TestGCRacesCapture(t *testing.T) {
 				}
 			}
 			stopGC()
-			t.Logf("%d gc runs, %d skipped for a capture's lock, %d packs removed, %d repacked", gcRuns, skipped, removed, repacked)
+			t.Log(counts())
+			checkRepack()
 			verifyIn(t, store.Sub(loc, fmt.Sprintf("c%d", rounds)), img(rounds))
 			res, err := GCChunks(ctx, loc, 0, false, 0)
-			if err != nil || res.Packs != res.Referenced+res.Removed || removed+res.Removed == 0 || repacked+res.Repacked == 0 {
-				t.Fatalf("gc after the race: %+v, %v (%d removed, %d repacked during it)", res, err, removed, repacked)
+			if err != nil || res.Packs != res.Referenced+res.Removed || removed+res.Removed == 0 || repacked.Load()+int64(res.Repacked) == 0 {
+				t.Fatalf("gc after the race: %+v, %v (%s during it)", res, err, counts())
 			}
 			verifyIn(t, store.Sub(loc, fmt.Sprintf("c%d", rounds)), img(rounds))
 		})
