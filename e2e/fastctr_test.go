@@ -87,14 +87,7 @@ func fastContainerCycle(ctx context.Context, t *testing.T, e *fastEnv, c *fastCo
 	if err := json.Unmarshal(out, &ck); err != nil || !ck.has("vram copy out") || !ck.has("gpu checkpoint") {
 		t.Fatalf("round %d: the container's checkpoint took no fast path: %s (%v)", round, out, err)
 	}
-	b, err := os.ReadFile(filepath.Join(ar, manifest.ManifestName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := manifest.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := archiveManifest(t, ar)
 	if len(m.CUDA) != 1 || m.CUDA[0].PID != old || m.CUDA[0].NSPID != 1 || m.CUDA[0].Path != manifest.CUDAPathPreload {
 		t.Fatalf("round %d: manifest cuda %+v, want the fast path's record of host PID %d, PID 1 inside", round, m.CUDA, old)
 	}

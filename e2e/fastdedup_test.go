@@ -52,14 +52,7 @@ func TestFastPathDedup(t *testing.T) {
 			t.Fatalf("checkpoint %s took no fast path: %s (%v)", name, out, err)
 		}
 		kept[name] = res.VRAM
-		b, err := os.ReadFile(filepath.Join(loc, name, manifest.ManifestName))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := manifest.Parse(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := archiveManifest(t, filepath.Join(loc, name))
 		if m.Format != 4 || len(m.CUDA) != 1 || m.CUDA[0].Path != manifest.CUDAPathPreload || len(m.CUDA[0].Files) != 3 || m.CUDA[0].Hashes == "" {
 			t.Fatalf("checkpoint %s: format %d, cuda %+v", name, m.Format, m.CUDA)
 		}

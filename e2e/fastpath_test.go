@@ -123,6 +123,20 @@ func (e *fastEnv) startCmd(t *testing.T, tdir string, args ...string) (pid int, 
 	return cmd.Process.Pid, func() { <-done }
 }
 
+// archiveManifest is the manifest of the archive directory ar.
+func archiveManifest(t *testing.T, ar string) *manifest.Manifest {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ar, manifest.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // check asks the target to read its memory back.
 func fastCheck(t *testing.T, tdir string, wait time.Duration) string {
 	t.Helper()
@@ -299,14 +313,7 @@ func fastCheckpointRestore(t *testing.T, keyed bool) {
 		t.Fatalf("checkpoint took no fast path: %s (%v)", out, err)
 	}
 	waitGone()
-	b, err := os.ReadFile(filepath.Join(ar, manifest.ManifestName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := manifest.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := archiveManifest(t, ar)
 	if (m.Encryption != nil) != keyed {
 		t.Fatalf("manifest encryption %+v, want it %v", m.Encryption, keyed)
 	}
