@@ -69,6 +69,21 @@ func targetArgs(mb int, mix string) []string {
 func runcBundle(t testing.TB, runc, dir, data string, args []string) string {
 	t.Helper()
 	containerRootfs(t, dir)
+	runcSpec(t, runc, dir, func(spec map[string]any) {
+		process := spec["process"].(map[string]any)
+		process["terminal"] = false
+		process["args"] = args
+		spec["root"].(map[string]any)["readonly"] = false
+		spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
+			"destination": "/data", "type": "bind", "source": data, "options": []string{"rbind", "rw"}})
+	})
+	return dir
+}
+
+// runcSpec writes runc's default spec into the bundle dir, changed by
+// edit.
+func runcSpec(t testing.TB, runc, dir string, edit func(spec map[string]any)) {
+	t.Helper()
 	if out, err := exec.Command(runc, "spec", "--bundle", dir).CombinedOutput(); err != nil {
 		t.Fatalf("runc spec: %v: %s", err, out)
 	}
@@ -81,19 +96,13 @@ func runcBundle(t testing.TB, runc, dir, data string, args []string) string {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		t.Fatal(err)
 	}
-	process := spec["process"].(map[string]any)
-	process["terminal"] = false
-	process["args"] = args
-	spec["root"].(map[string]any)["readonly"] = false
-	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
-		"destination": "/data", "type": "bind", "source": data, "options": []string{"rbind", "rw"}})
+	edit(spec)
 	if b, err = json.MarshalIndent(spec, "", "\t"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return dir
 }
 
 // runtimeCmd runs a runtime command and fails the test if it fails. Its

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -155,9 +154,6 @@ func readNSPID(t *testing.T, pid int) int {
 // fail the dump.
 func fastBundle(t *testing.T, e *fastEnv, runc, dir string, args []string) string {
 	t.Helper()
-	if out, err := exec.Command(runc, "spec", "--bundle", dir).CombinedOutput(); err != nil {
-		t.Fatalf("runc spec: %v: %s", err, out)
-	}
 	rootfs := filepath.Join(dir, "rootfs")
 	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
 		mkdir(t, filepath.Join(rootfs, d))
@@ -185,7 +181,7 @@ func fastBundle(t *testing.T, e *fastEnv, runc, dir string, args []string) strin
 	}
 	bind(e.dir, "rw")
 	bind(filepath.Dir(e.gcs), "ro")
-	editSpec(t, filepath.Join(dir, "config.json"), func(spec map[string]any) {
+	runcSpec(t, runc, dir, func(spec map[string]any) {
 		process := spec["process"].(map[string]any)
 		process["terminal"] = false
 		process["args"] = args
@@ -194,24 +190,4 @@ func fastBundle(t *testing.T, e *fastEnv, runc, dir string, args []string) strin
 		spec["mounts"] = append(spec["mounts"].([]any), mounts...)
 	})
 	return dir
-}
-
-// editSpec rewrites the OCI spec at path through edit.
-func editSpec(t *testing.T, path string, edit func(map[string]any)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec map[string]any
-	if err := json.Unmarshal(b, &spec); err != nil {
-		t.Fatal(err)
-	}
-	edit(spec)
-	if b, err = json.MarshalIndent(spec, "", "\t"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
