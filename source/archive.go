@@ -326,6 +326,44 @@ func (a *ArchiveSource) payloadBuf(n int) *[]byte {
 	return b
 }
 
+// matchFrame checks fh, the header of the frame of chunk c of file f,
+// against the manifest's entry for c: every field the manifest can say.
+// The error names the first field that differs and its byte in the
+// header. (The header's CRC, checked before, covers the rest: a file id
+// where a plain manifest records none.)
+func matchFrame(fh *manifest.FrameHeader, f *manifest.File, c *manifest.Chunk, m *manifest.Manifest) error {
+	offset, fileID := uint64(c.Offset), fh.FileID
+	switch {
+	case m.SharedChunks:
+		offset, fileID = 0, 0 // a pack's frame stands for its content
+	case m.Encryption != nil:
+		fileID = f.ID // sealed chunks are bound to it
+	}
+	fields := [...]struct {
+		name      string
+		at        int
+		got, want uint64
+	}{
+		{"type", 0, uint64(fh.Type), uint64(manifest.FrameData)},
+		{"codec", 1, uint64(fh.Codec), uint64(c.Codec)},
+		{"flags", 2, uint64(fh.Flags), 0},
+		{"file id", 4, uint64(fh.FileID), uint64(fileID)},
+		{"offset", 8, fh.Offset, offset},
+		{"raw length", 16, uint64(fh.RawLen), uint64(c.RawLen)},
+		{"stored length", 20, uint64(fh.StoredLen), uint64(c.Stored)},
+		{"checksum", 24, uint64(fh.Checksum), uint64(c.Checksum)},
+	}
+	for _, d := range fields {
+		if d.got != d.want {
+			return fmt.Errorf("frame does not match the index: header byte %d, %s, is %d, the manifest says %d: %w", d.at, d.name, d.got, d.want, errdefs.ErrCorrupt)
+		}
+	}
+	if fh.Hash != c.Hash {
+		return fmt.Errorf("frame does not match the index: header byte 28, hash, is %x, the manifest says %x: %w", fh.Hash, c.Hash, errdefs.ErrCorrupt)
+	}
+	return nil
+}
+
 // fetch reads one chunk's frame, checks it against the index and decodes it.
 func (a *ArchiveSource) fetch(ctx context.Context, f *manifest.File, i int) (fetched, error) {
 	c := f.Chunks[i]
