@@ -242,24 +242,14 @@ print(json.dumps({"round": sys.argv[1] + "-" + sys.argv[2], "codec": sys.argv[5]
 # then on; the moved one must be running there, in the cgroups it had,
 # and prove itself.
 ctr_migrate() {
-	local tok=$WORK/token rootb=$CTR_ROOT-b j=$WORK/logs/$ROUND-migrate port t0 tm cg mrc=0 i=0
+	local tok=$WORK/token rootb=$CTR_ROOT-b j=$WORK/logs/$ROUND-migrate port t0 tm cg mrc=0
 	rm -rf "$tok" "$WORK/w2"
 	mkdir -p "$rootb" "$WORK/w2"
 	(umask 077 && "$GCS" token >"$tok") || return 1
 	port=$(free_port) || return 1
 	cg=$(cat "/proc/$TPID/cgroup")
-	"$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --container "$CTR_ID" \
-		--runtime-root "$rootb" --work-dir "$WORK/w2" --json >"$j-receive.json" 2>"$j-receive.err" &
-	RECV_PID=$!
-	until grep -q "receive: listening on" "$j-receive.err" 2>/dev/null; do
-		if ! kill -0 "$RECV_PID" 2>/dev/null || [ $i -gt 300 ]; then
-			log "$ROUND: the receiver did not start listening: $(tail -c 2000 "$j-receive.err")"
-			stop_receiver 0
-			return 1
-		fi
-		sleep 0.1
-		i=$((i + 1))
-	done
+	start_receiver "$j-receive.json" "$j-receive.err" "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" \
+		--criu "$CRIU" --container "$CTR_ID" --runtime-root "$rootb" --work-dir "$WORK/w2" --json || return 1
 	t0=$(now)
 	"$GCS" migrate --container "$CTR_ID" --runtime-root "$CTR_ROOT" --to "tcp://127.0.0.1:$port" --token-file "$tok" \
 		--criu "$CRIU" --codec "$FAST_CODEC" --json >"$j-migrate.json" 2>"$j-migrate.err" || mrc=$?

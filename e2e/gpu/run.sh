@@ -1135,6 +1135,24 @@ free_port() {
 
 # stop_receiver SECONDS: wait that long for the receiver (RECV_PID) to
 # finish, then kill it; sets RECV_RC.
+# start_receiver OUT ERR CMD...: runs CMD, a gpucr-stream receive, in the
+# background as RECV_PID, its output in OUT and ERR, and waits until it
+# listens; if it does not, it is stopped and the round fails.
+start_receiver() {
+	local out=$1 err=$2 i=0
+	shift 2
+	"$@" >"$out" 2>"$err" &
+	RECV_PID=$!
+	until grep -q "receive: listening on" "$err" 2>/dev/null; do
+		if ! kill -0 "$RECV_PID" 2>/dev/null || [ $i -gt 300 ]; then
+			log "$ROUND: the receiver did not start listening: $(tail -c 2000 "$err")"
+			stop_receiver 0
+			return 1
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+}
 stop_receiver() {
 	local i=0
 	RECV_RC=0
@@ -1199,19 +1217,9 @@ round_migrate() {
 	local spec
 	spec=$(remap_spec)
 	[ -n "$spec" ] && ropts+=(--gpu-map "$spec")
-	$(dense_env) "${lazy_env[@]}" "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w2" --json \
-		"${copts[@]}" "${ropts[@]}" >"$rj" 2>"$re" &
-	RECV_PID=$!
-	local i=0
-	until grep -q "receive: listening on" "$re" 2>/dev/null; do
-		if ! kill -0 "$RECV_PID" 2>/dev/null || [ $i -gt 300 ]; then
-			log "$ROUND: the receiver did not start listening: $(tail -c 2000 "$re")"
-			stop_receiver 0
-			return 1
-		fi
-		sleep 0.1
-		i=$((i + 1))
-	done
+	# shellcheck disable=SC2046 # dense_env's words
+	start_receiver "$rj" "$re" $(dense_env) "${lazy_env[@]}" "$GCS" receive --restore --listen "127.0.0.1:$port" --token-file "$tok" \
+		--criu "$CRIU" --work-dir "$w2" --json "${copts[@]}" "${ropts[@]}" || return 1
 	log "$ROUND: receiver $RECV_PID: $(grep -m1 "receive: listening on" "$re")"
 	t0=$(now)
 	"$GCS" migrate --pid "$TPID" --to "tcp://127.0.0.1:$port" --token-file "$tok" --criu "$CRIU" --work-dir "$w" \
