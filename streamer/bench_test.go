@@ -139,45 +139,61 @@ func BenchmarkArchiveLanes(b *testing.B) {
 func BenchmarkCaptureBackground(b *testing.B) {
 	total := pipelinetest.BenchMiB("GPUCR_BENCH_MIB", 1024)
 	tmpl := pipelinetest.BenchTemplate()
-	const files = 16
-	per := total / files
+	per := total / benchStoreFiles
 	for _, mode := range []string{"foreground", "background"} {
 		b.Run("store="+mode, func(b *testing.B) {
-			b.SetBytes(total + per)
-			var dump time.Duration
-			benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
-				c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")})
-				if err != nil {
-					b.Fatal(err)
+			benchStoreBeside(b, total, func(c *Capture, i int) error {
+				r := &pipelinetest.RepeatReader{Tmpl: tmpl, Off: int64(i) * per, N: per}
+				name := fmt.Sprintf("vram-1-%d.bin", i)
+				var err error
+				if mode == "foreground" {
+					_, err = c.WriteFile(name, r, true)
+				} else {
+					_, err = c.WriteBackground(name, r)
 				}
-				var wg sync.WaitGroup
-				for i := range files {
-					wg.Go(func() {
-						r := &pipelinetest.RepeatReader{Tmpl: tmpl, Off: int64(i) * per, N: per}
-						name := fmt.Sprintf("vram-1-%d.bin", i)
-						write := c.WriteBackground
-						if mode == "foreground" {
-							write = func(name string, r io.Reader) (int64, error) { return c.WriteFile(name, r, true) }
-						}
-						if _, err := write(name, r); err != nil {
-							b.Error(err)
-						}
-					})
-				}
-				for c.Counters.RawBytes.Load() < total/8 {
-					time.Sleep(100 * time.Microsecond)
-				}
-				start := time.Now()
-				if _, err := c.WriteFile("pages-1.img", &pipelinetest.RepeatReader{Tmpl: tmpl, N: per}, false); err != nil {
-					b.Fatal(err)
-				}
-				dump += time.Since(start)
-				wg.Wait()
-				if _, err := c.Close(context.Background(), manifest.Manifest{Tool: "bench"}); err != nil {
-					b.Fatal(err)
-				}
+				return err
 			})
-			b.ReportMetric(dump.Seconds()/float64(b.N), "dump-s")
 		})
 	}
+}
+
+// benchStoreFiles is how many VRAM files the store benchmarks write.
+const benchStoreFiles = 16
+
+// benchStoreBeside runs a fast-path capture: store writes VRAM file i of
+// benchStoreFiles (total bytes in all) into c, and CRIU's pages (a
+// sixteenth of total) start once an eighth of the store is in. It reports
+// dump-s, how long the pages took.
+func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) error) {
+	tmpl := pipelinetest.BenchTemplate()
+	per := total / benchStoreFiles
+	b.SetBytes(total + per)
+	var dump time.Duration
+	benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
+		c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := range benchStoreFiles {
+			wg.Go(func() {
+				if err := store(c, i); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		for c.Counters.RawBytes.Load() < total/8 {
+			time.Sleep(100 * time.Microsecond)
+		}
+		start := time.Now()
+		if _, err := c.WriteFile("pages-1.img", &pipelinetest.RepeatReader{Tmpl: tmpl, N: per}, false); err != nil {
+			b.Fatal(err)
+		}
+		dump += time.Since(start)
+		wg.Wait()
+		if _, err := c.Close(context.Background(), manifest.Manifest{Tool: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.ReportMetric(dump.Seconds()/float64(b.N), "dump-s")
 }

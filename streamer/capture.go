@@ -108,6 +108,9 @@ type item struct {
 	known   bool
 	visit   func([]byte)
 	visited *sync.WaitGroup
+	// lent: raw is a Lender's memory, and this counts the item's release
+	// (lend.go).
+	lent *sync.WaitGroup
 }
 
 type fileState struct {
@@ -232,6 +235,10 @@ func (c *Capture) chunkBuf(it *item, background bool) ([]byte, error) {
 
 func (c *Capture) release(it *item) {
 	it.visitDone()
+	if it.lent != nil {
+		it.lent.Done()
+		it.lent = nil
+	}
 	c.bufs.Put(it.rawBuf)
 	c.bufs.Put(it.encBuf)
 	it.rawBuf, it.encBuf = nil, nil
@@ -275,6 +282,9 @@ func (c *Capture) writeFile(name string, r io.Reader, flags uint16, background b
 	id, err := c.openFile(name, flags)
 	if err != nil {
 		return 0, err
+	}
+	if l, ok := c.lends(r); ok {
+		return c.writeLent(id, name, l, background)
 	}
 	var off int64
 	var chunks uint32

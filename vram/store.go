@@ -107,7 +107,12 @@ func (s *FastSuspension) storeFile(ctx context.Context, put PutFunc, fp *fastPro
 		return err
 	}
 	if s.opts.Dedup == nil {
-		return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
+		m := mapKept(ctx, fs[0])
+		if m == nil {
+			return put(ctx, fp.Files[k], ctxReader{ctx, fs[0]})
+		}
+		defer m.unmap() // put has returned: nothing lent is referenced
+		return put(ctx, fp.Files[k], m)
 	}
 	st, err := fs[0].Stat()
 	if err != nil {
