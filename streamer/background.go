@@ -31,11 +31,13 @@ type gate struct {
 	waiting  int       // foreground chunks waiting for a token
 	held     int       // tokens background chunks hold
 	most     int       // ... at most
+	ceiling  int       // most before LimitBackground
 	sleepers int       // background chunks waiting on wake
 }
 
 func (g *gate) init(ctx context.Context, tokens, queue int) {
 	g.most = max(min(tokens, queue-2), 1)
+	g.ceiling = g.most
 	g.wake.L = &g.mu
 	context.AfterFunc(ctx, func() {
 		g.mu.Lock()
@@ -53,6 +55,21 @@ func (g *gate) signal() {
 	if g.sleepers > 0 {
 		g.wake.Signal()
 	}
+}
+
+// LimitBackground bounds the background chunks in flight to n (at least
+// one; n <= 0 lifts the bound): each is a core's work at some stage (its
+// read, its sums, its write), and the cores it leaves are CRIU's and the
+// foreground's. A lower bound takes effect as chunks are released.
+func (c *Capture) LimitBackground(n int) {
+	g := &c.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.most = g.ceiling
+	if n > 0 {
+		g.most = max(min(n, g.ceiling), 1)
+	}
+	g.signal()
 }
 
 // WriteBackground is WriteFile of an external file written in the

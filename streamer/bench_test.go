@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -163,17 +164,24 @@ const benchStoreFiles = 16
 // benchStoreBeside runs a fast-path capture: store writes VRAM file i of
 // benchStoreFiles (total bytes in all) into c, and CRIU's pages (a
 // sixteenth of total) start once an eighth of the store is in. It reports
-// dump-s, how long the pages took.
+// dump-s, how long the pages took. GPUCR_BENCH_LANES sets the archive's
+// lanes, GPUCR_BENCH_BACKGROUND the capture's LimitBackground.
 func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) error) {
 	tmpl := pipelinetest.BenchTemplate()
 	per := total / benchStoreFiles
+	lanes, _ := strconv.Atoi(os.Getenv("GPUCR_BENCH_LANES"))
+	background, _ := strconv.Atoi(os.Getenv("GPUCR_BENCH_BACKGROUND"))
 	b.SetBytes(total + per)
 	var dump time.Duration
 	benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
+		if lanes > 0 {
+			out.SetLanes(lanes)
+		}
 		c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")})
 		if err != nil {
 			b.Fatal(err)
 		}
+		c.LimitBackground(background)
 		var wg sync.WaitGroup
 		for i := range benchStoreFiles {
 			wg.Go(func() {

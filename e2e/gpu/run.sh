@@ -196,7 +196,8 @@
 # DEVICE (cuda; "cpu" runs the same steps without a GPU, for testing the
 # script), SIDE (8192), FAST_CODEC (codec of the fast rounds, none),
 # VRAM_FILES (fast path: --vram-files, the copy threads and kept files;
-# empty: the default),
+# empty: the default), FULL_LOGS (set: keep CRIU's whole logs too, as
+# LOG.full beside the digest, for their timestamps),
 # VRAM_KEEP_DIR (fast path: the copy kept until the commit; empty:
 # gpucr-stream's default, a tmpfs of huge pages of its own),
 # GPU_MAP_ROUND (round whose restore remaps the GPU
@@ -704,6 +705,7 @@ keep_log() {
 		echo "--- tail"
 		tail -n 1500 "$1"
 	} >"$2" 2>/dev/null
+	[ -z "${FULL_LOGS:-}" ] || cp "$1" "$2.full"
 }
 
 crit_errors() { grep -h "Error" "$@" 2>/dev/null | grep -v RLIMIT_NOFILE | tail -8 | tee -a "$RUNLOG"; }
