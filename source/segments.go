@@ -9,10 +9,15 @@ package source
 // exactly those bytes (docs/FORMAT.md section 10, "What cp and verify
 // check"); with the chunks' own reads, every byte of every segment of a
 // plain archive is checked.
+//
+// A manifest.Reader walks a segment's frames as a stream's, reading it
+// through a segWalk, which fetches only those bytes and gives it each
+// chunk's frame that fetch reads as fetch requires it to be: its header
+// made of the manifest's entry, its payload (no END tag covers it) lent
+// unread (manifest.PayloadLender).
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +30,7 @@ import (
 	"github.com/gpucr/gpucr-stream/crypt"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
+	"github.com/gpucr/gpucr-stream/pipeline"
 )
 
 // coalesce: chunk frames of at most this many bytes in all between two
@@ -38,17 +44,18 @@ const coalesce = 64 << 10
 // size; its stream header (shard 0 of 1, the manifest's encryption and
 // chunk hashes, one stream id in all segments) and KEY frame; each frame
 // between the chunks' frames, header (its CRC and field rules) and payload
-// (FILE: CRC-32C and a valid name; a zero chunk's DATA frame: against the
-// manifest's entry, opened when sealed; another chunk's, of a file written
-// twice: decoded and checked as any chunk; FILE-END: no payload), ending
-// exactly where the next chunk's frame begins; the END frame with an empty
-// payload, and the tail that points at it and ends the segment. A damaged
-// byte is an error wrapping errdefs.ErrCorrupt that names the segment and
-// the offset. Not checked: the END tag of an encrypted segment (FORMAT.md
-// section 15.4), which needs every frame header; the END header's CRC
-// catches damage to it, and what a reader uses is authenticated by the
-// manifest's MAC and each chunk's seal. A deduplicated checkpoint's packs
-// hold other checkpoints' chunks too: `check` reads them (section 17.8).
+// (FILE: CRC-32C, a valid name, the same name for an id announced again;
+// a zero chunk's DATA frame: against the manifest's entry, opened when
+// sealed; another chunk's, of a file written twice: decoded and checked as
+// any chunk; FILE-END: an open file, no payload), ending exactly where the
+// next chunk's frame begins; each chunk's frame in a file open there (of
+// its name; encrypted, of its id); the END frame with an empty payload,
+// and the tail that points at it and ends the segment; encrypted, the END
+// tag (FORMAT.md section 15.4), with the chunks' frame headers as the
+// manifest has them (fetch checks them against it). A damaged byte is an
+// error wrapping errdefs.ErrCorrupt that names the segment and the offset.
+// A deduplicated checkpoint's packs hold other checkpoints' chunks too:
+// `check` reads them (section 17.8).
 func CheckSegments(ctx context.Context, a *ArchiveSource) error {
 	m := a.man
 	if m.SharedChunks || len(m.Segments) == 0 {
@@ -100,7 +107,7 @@ func segmentWalks(a *ArchiveSource) []*segWalk {
 	m := a.man
 	walks := make([]*segWalk, len(m.Segments))
 	for i, s := range m.Segments {
-		walks[i] = &segWalk{a: a, seg: s, zeros: map[int64]chunkRef{}, names: map[uint32]string{}}
+		walks[i] = &segWalk{a: a, seg: s, zeros: map[int64]chunkRef{}, open: map[string]uint32{}}
 	}
 	for fi := range m.Files {
 		f := &m.Files[fi]
@@ -110,30 +117,35 @@ func segmentWalks(a *ArchiveSource) []*segWalk {
 			case codec.ID(c.Codec) == codec.Zero:
 				walks[c.Segment].zeros[c.Pos] = chunkRef{f, c}
 			default:
-				walks[c.Segment].listed = append(walks[c.Segment].listed, c)
+				walks[c.Segment].listed = append(walks[c.Segment].listed, chunkRef{f, c})
 			}
 		}
 	}
 	for _, w := range walks {
-		slices.SortFunc(w.listed, func(x, y manifest.Chunk) int { return int(x.Pos - y.Pos) })
+		slices.SortFunc(w.listed, func(x, y chunkRef) int { return int(x.c.Pos - y.c.Pos) })
 	}
 	return walks
 }
 
-// segWalk reads one segment's frames other than those fetch reads.
+// segWalk checks one segment's frames but those fetch reads, which rd
+// walks reading the segment through it (Read, LendPayload).
 type segWalk struct {
 	a      *ArchiveSource
+	ctx    context.Context
 	seg    manifest.Segment
-	listed []manifest.Chunk   // frames fetch reads, by offset
+	listed []chunkRef         // frames fetch reads, by offset, until rd has read them
 	zeros  map[int64]chunkRef // zero chunks by offset, until found
-	names  map[uint32]string  // files a FILE frame opened
-	r      *bufio.Reader      // the segment from pos on
-	pos    int64              // offset of r's next byte
-	next   int                // the next of listed
-	id     uint64             // the header's stream id
-	ended  bool               // END and tail read
-	buf    []byte             // payloads
-	raw    []byte             // decoded chunks
+	open   map[string]uint32  // the id a FILE frame opened each name as
+	rd     *manifest.Reader   // once it has read the header and KEY frame
+	spans  []span             // what is left to read of the segment
+	rc     io.ReadCloser      // spans[0], through br, at rpos
+	br     *bufio.Reader
+	rpos   int64
+	pos    int64 // offset of the next byte rd reads
+	err    error // the first error Read returned but io.EOF
+	id     uint64
+	buf    []byte // payloads
+	raw    []byte // decoded chunks
 }
 
 // span is a stretch of a segment read in one request.
@@ -147,17 +159,40 @@ func (w *segWalk) run(ctx context.Context) error {
 	if info.Size != w.seg.Size {
 		return w.corrupt(0, "%d bytes, the manifest says %d", info.Size, w.seg.Size)
 	}
-	reads, err := w.reads()
-	if err != nil {
+	if w.spans, err = w.reads(); err != nil {
 		return err
 	}
-	for _, sp := range reads {
-		if err := w.read(ctx, sp); err != nil {
+	w.ctx, w.br = ctx, bufio.NewReaderSize(nil, 32<<10)
+	defer w.close()
+	rd, err := manifest.NewReader(w, "stream")
+	if err != nil {
+		return w.failed(0, err)
+	}
+	if err := w.header(rd.Header()); err != nil {
+		return err
+	}
+	w.rd = rd
+	rd.BorrowPayloads()
+	if w.a.seal != nil {
+		pipeline.CheckEnd(rd, w.a.seal)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fr, err := rd.Next(w.alloc)
+		if err != nil {
+			return w.failed(rd.Pos(), err)
+		}
+		if fr.Type == manifest.FrameEnd {
+			break
+		}
+		if err := w.frame(fr); err != nil {
 			return err
 		}
 	}
-	if !w.ended {
-		return w.corrupt(w.seg.Size, "the segment ends with a chunk's frame, not an END frame and tail")
+	if rd.Pos() != w.seg.Size {
+		return w.corrupt(rd.Pos(), "bytes after the tail")
 	}
 	if len(w.zeros) > 0 {
 		pos := slices.Min(slices.Collect(maps.Keys(w.zeros)))
@@ -178,14 +213,14 @@ func (w *segWalk) reads() ([]span, error) {
 		out = append(out, span{from, to})
 	}
 	at := int64(0)
-	for _, c := range w.listed {
-		if c.Pos < at {
-			return nil, w.corrupt(c.Pos, "the manifest places a chunk's frame here, inside the frame before it")
+	for _, r := range w.listed {
+		if r.c.Pos < at {
+			return nil, w.corrupt(r.c.Pos, "the manifest places a chunk's frame here, inside the frame before it")
 		}
-		if c.Pos > at {
-			add(at, c.Pos)
+		if r.c.Pos > at {
+			add(at, r.c.Pos)
 		}
-		at = c.Pos + manifest.FrameSize + int64(c.Stored)
+		at = r.c.Pos + manifest.FrameSize + int64(r.c.Stored)
 	}
 	if at < w.seg.Size {
 		add(at, w.seg.Size)
@@ -196,172 +231,57 @@ func (w *segWalk) reads() ([]span, error) {
 	return out, nil
 }
 
-// read walks the frames of sp, passing over those fetch reads.
-func (w *segWalk) read(ctx context.Context, sp span) error {
-	for w.next < len(w.listed) && w.listed[w.next].Pos < sp.from {
-		w.next++
-	}
-	rc, err := w.a.chunks.Open(ctx, w.seg.Name, sp.from, sp.to-sp.from)
-	if err != nil {
-		return fmt.Errorf("%s: %s at offset %d: %w", w.a.chunks, w.seg.Name, sp.from, err)
-	}
-	defer rc.Close()
-	w.r, w.pos = bufio.NewReaderSize(rc, 32<<10), sp.from
-	for w.pos < sp.to {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		limit := w.seg.Size
-		if w.next < len(w.listed) {
-			c := w.listed[w.next]
-			if c.Pos == w.pos {
-				n := manifest.FrameSize + int64(c.Stored)
-				if _, err := w.r.Discard(int(n)); err != nil {
-					return w.short(w.pos, err)
-				}
-				w.pos += n
-				w.next++
-				continue
-			}
-			limit = c.Pos
-		}
-		if err := w.frame(limit); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// frame checks the frame at pos, which must end by limit: where the next
-// frame fetch reads begins, or the segment's end.
-func (w *segWalk) frame(limit int64) error {
-	pos := w.pos
-	if pos == 0 {
-		return w.header(limit)
-	}
-	if w.ended {
-		return w.corrupt(pos, "bytes after the tail")
-	}
-	fh, payload, err := w.frameAt(limit)
-	if err != nil {
-		return err
-	}
-	switch fh.Type {
-	case manifest.FrameFile:
-		name := string(payload)
-		if !manifest.ValidName(name) {
-			return w.corrupt(pos, "FILE frame with an unsafe name %s", manifest.PrintableName(name))
-		}
-		if old, ok := w.names[fh.FileID]; ok && old != name {
-			return w.corrupt(pos, "file id %d, open as %s, opened again as %s", fh.FileID, manifest.PrintableName(old), manifest.PrintableName(name))
-		}
-		w.names[fh.FileID] = name
-	case manifest.FrameData:
-		return w.data(pos, fh, payload)
-	case manifest.FrameFileEnd:
-		if _, ok := w.names[fh.FileID]; !ok {
-			return w.corrupt(pos, "FILE-END frame of file id %d, which no FILE frame opened", fh.FileID)
-		}
-		delete(w.names, fh.FileID)
-	case manifest.FrameEnd:
-		return w.end(pos)
-	default:
-		return w.corrupt(pos, "%s frame after the stream's first frame", fh.Type)
-	}
-	return nil
-}
-
-// header checks the stream header and, in an encrypted archive, the KEY
-// frame after it against the manifest.
-func (w *segWalk) header(limit int64) error {
+// header checks the stream header and KEY frame against the manifest.
+func (w *segWalk) header(h manifest.Header) error {
 	m := w.a.man
-	if limit < manifest.HeaderSize {
-		return w.corrupt(0, "a chunk's frame at %d, inside the stream header", limit)
-	}
-	var b [manifest.HeaderSize]byte
-	if _, err := io.ReadFull(w.r, b[:]); err != nil {
-		return w.short(0, err)
-	}
-	// A version this build does not know is damage too: the segment's
-	// manifest is one it reads.
-	h, err := manifest.UnmarshalHeader(b[:])
-	encrypted := h.Version >= manifest.VersionEncrypted && h.Flags&manifest.HeaderFlagEncrypted != 0
 	switch {
-	case err != nil:
-		return w.corrupt(0, "%w", err)
 	case h.ShardIndex != 0 || h.ShardCount != 1:
 		return w.corrupt(0, "stream header: shard %d of %d, where a segment is shard 0 of 1", h.ShardIndex, h.ShardCount)
-	case h.Pack || h.LateData || h.NoChunkHashes != m.NoChunkHashes || encrypted != (m.Encryption != nil):
+	case h.Pack || h.LateData || h.NoChunkHashes != m.NoChunkHashes || (h.Encryption != nil) != (m.Encryption != nil):
 		return w.corrupt(0, "stream header: version %d, flags %#x, not those of the manifest's segments", h.Version, h.Flags)
+	case h.Encryption != nil && *h.Encryption != *m.Encryption:
+		return w.corrupt(manifest.HeaderSize, "KEY frame of a key other than the manifest's")
 	}
-	w.id, w.pos = h.StreamID, manifest.HeaderSize
-	e := m.Encryption
-	if e == nil {
-		return nil
-	}
-	fh, payload, err := w.frameAt(limit)
-	if err != nil {
-		return err
-	}
-	if fh.Type != manifest.FrameKey || fh.Codec != e.Cipher || fh.Offset != e.StreamID || fh.Hash != e.Salt ||
-		!bytes.Equal(payload, e.KeyID[:]) || h.StreamID != e.StreamID {
-		return w.corrupt(manifest.HeaderSize, "%s frame where the KEY frame of the manifest's key must be", fh.Type)
+	w.id = h.StreamID
+	return nil
+}
+
+// frame checks what the Reader leaves to the archive of fr (not END): a
+// FILE frame's name, the DATA frames fetch does not read.
+func (w *segWalk) frame(fr manifest.Frame) error {
+	switch fr.Type {
+	case manifest.FrameFile:
+		if !manifest.ValidName(fr.Name) {
+			return w.corrupt(fr.Pos, "FILE frame with an unsafe name %s", manifest.PrintableName(fr.Name))
+		}
+		w.open[fr.Name] = fr.FileID
+	case manifest.FrameFileEnd:
+		if w.open[fr.Name] == fr.FileID {
+			delete(w.open, fr.Name)
+		}
+	case manifest.FrameData:
+		if !fr.Borrowed { // lent: a listed chunk's, which fetch checks
+			return w.data(fr)
+		}
 	}
 	return nil
 }
 
-// frameAt reads the frame at pos, which must end by limit, and checks its
-// header and, but for DATA, its payload's CRC-32C.
-func (w *segWalk) frameAt(limit int64) (manifest.FrameHeader, []byte, error) {
-	pos, m := w.pos, w.a.man
-	var h [manifest.FrameSize]byte
-	if pos+manifest.FrameSize > limit {
-		return manifest.FrameHeader{}, nil, w.corrupt(pos, "%d bytes before %s: no room for a frame header", limit-pos, w.what(limit))
-	}
-	if _, err := io.ReadFull(w.r, h[:]); err != nil {
-		return manifest.FrameHeader{}, nil, w.short(pos, err)
-	}
-	fh, err := manifest.UnmarshalFrameHeader(h[:])
-	if err != nil {
-		return fh, nil, w.corrupt(pos, "%w", err)
-	}
-	sealed := 0
-	if m.Encryption != nil {
-		sealed = crypt.Overhead
-	}
-	switch end := pos + manifest.FrameSize + int64(fh.StoredLen); {
-	case end > limit:
-		return fh, nil, w.corrupt(pos, "%s frame of %d payload bytes runs past %s", fh.Type, fh.StoredLen, w.what(limit))
-	case fh.Type == manifest.FrameEnd && fh.StoredLen != 0:
-		return fh, nil, w.corrupt(pos, "END frame of a segment with a payload of %d bytes", fh.StoredLen)
-	case fh.Type == manifest.FrameData && (fh.RawLen == 0 || int(fh.RawLen) > m.ChunkSize ||
-		int(fh.StoredLen) > codec.MaxEncodedLen(codec.ID(fh.Codec), m.ChunkSize)+sealed):
-		return fh, nil, w.corrupt(pos, "DATA frame of %d bytes stored as %d, over the chunk size of %d", fh.RawLen, fh.StoredLen, m.ChunkSize)
-	}
+// alloc is the payload buffer of a DATA frame fetch does not read.
+func (w *segWalk) alloc(fh manifest.FrameHeader) ([]byte, error) {
 	w.buf = slices.Grow(w.buf[:0], int(fh.StoredLen))[:fh.StoredLen]
-	if _, err := io.ReadFull(w.r, w.buf); err != nil {
-		return fh, nil, w.short(pos+manifest.FrameSize, err)
-	}
-	if got := manifest.PayloadChecksum(w.buf); fh.Type != manifest.FrameData && got != fh.Checksum {
-		return fh, nil, w.corrupt(pos, "%s frame payload checksum mismatch (stored %08x, computed %08x)", fh.Type, fh.Checksum, got)
-	}
-	w.pos += manifest.FrameSize + int64(fh.StoredLen)
-	return fh, w.buf, nil
+	return w.buf, nil
 }
 
 // data checks a DATA frame fetch does not read: a zero chunk of the
 // manifest's, against its entry, or a chunk of a file written twice (the
 // manifest lists the later copy), decoded as fetch would.
-func (w *segWalk) data(pos int64, fh manifest.FrameHeader, payload []byte) error {
-	a := w.a
-	name, open := w.names[fh.FileID]
-	if !open {
-		return w.corrupt(pos, "DATA frame of file id %d, which no FILE frame opened", fh.FileID)
-	}
-	ref, listed := w.zeros[pos]
-	if listed {
+func (w *segWalk) data(fr manifest.Frame) error {
+	a, fh, pos, name := w.a, &fr.FrameHeader, fr.Pos, fr.Name
+	ref, found := w.zeros[pos]
+	if found {
 		delete(w.zeros, pos)
-		if err := matchFrame(&fh, ref.f, &ref.c, a.man); err != nil {
+		if err := matchFrame(fh, ref.f, &ref.c, a.man); err != nil {
 			return w.corrupt(pos, "zero chunk of %s at file offset %d: %w", manifest.PrintableName(ref.f.Name), ref.c.Offset, err)
 		}
 		if name != ref.f.Name {
@@ -381,13 +301,13 @@ func (w *segWalk) data(pos int64, fh manifest.FrameHeader, payload []byte) error
 		if a.man.NoChunkHashes {
 			ref.c.Hash = [32]byte{}
 		}
-		if err := matchFrame(&fh, ref.f, &ref.c, a.man); err != nil {
+		if err := matchFrame(fh, ref.f, &ref.c, a.man); err != nil {
 			return w.corrupt(pos, "chunk of %s at file offset %d, which the manifest does not list: %w", manifest.PrintableName(name), fh.Offset, err)
 		}
 	}
 	var hash [32]byte
 	if codec.ID(fh.Codec) == codec.Zero {
-		enc, sum, err := a.open(ref.f, ref.c, payload)
+		enc, sum, err := a.open(ref.f, ref.c, fr.Payload)
 		crc, zero := a.sums.Zero(int(fh.RawLen))
 		if err == nil && (len(enc) != 0 || sum != crc) {
 			err = fmt.Errorf("zero chunk with a payload of %d bytes or the CRC-32C %08x", len(enc), sum)
@@ -398,7 +318,7 @@ func (w *segWalk) data(pos int64, fh manifest.FrameHeader, payload []byte) error
 		hash = zero
 	} else {
 		w.raw = slices.Grow(w.raw[:0], int(fh.RawLen))[:fh.RawLen]
-		if err := a.decode(w.raw, ref.f, ref.c, payload); err != nil {
+		if err := a.decode(w.raw, ref.f, ref.c, fr.Payload); err != nil {
 			return w.corrupt(pos, "chunk of %s at file offset %d, which the manifest does not list: %w", manifest.PrintableName(name), fh.Offset, err)
 		}
 		hash = a.sums.Content(w.raw)
@@ -409,22 +329,138 @@ func (w *segWalk) data(pos int64, fh manifest.FrameHeader, payload []byte) error
 	return nil
 }
 
-// end checks the tail after the END frame at pos: it points at the frame
-// and ends the segment.
-func (w *segWalk) end(pos int64) error {
-	if w.pos+manifest.TailSize != w.seg.Size {
-		return w.corrupt(pos, "END frame with %d bytes after it, where only the %d of the tail may be", w.seg.Size-w.pos, manifest.TailSize)
+// Read gives rd the next len(p) bytes of the segment, kept for failed if
+// it fails: rd reads a header, a payload or the tail at a time
+// (io.ReadFull), and one that runs into a listed frame (but its header,
+// to rd beginning a frame there) or past the segment's end is damage.
+func (w *segWalk) Read(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
 	}
-	var t [manifest.TailSize]byte
-	if _, err := io.ReadFull(w.r, t[:]); err != nil {
-		return w.short(w.pos, err)
+	n, err := w.read(p)
+	if err != nil && err != io.EOF {
+		w.err, n = err, 0
 	}
-	if off, err := manifest.UnmarshalTail(t[:]); err != nil || off != uint64(pos) {
-		return w.corrupt(w.pos, "the tail does not point at the END frame at %d", pos)
+	return n, err
+}
+
+func (w *segWalk) read(p []byte) (int, error) {
+	at, start, limit := w.pos, w.pos, w.seg.Size
+	if w.rd != nil {
+		start = w.rd.Pos() // the frame being read
 	}
-	w.pos += manifest.TailSize
-	w.ended = true
+	if len(w.listed) > 0 {
+		if r := w.listed[0]; at == r.c.Pos && start == at && len(p) == manifest.FrameSize {
+			return w.listedHeader(p, r)
+		}
+		limit = w.listed[0].c.Pos
+	}
+	switch {
+	case at == w.seg.Size:
+		return 0, io.EOF
+	case at+int64(len(p)) > limit:
+		return 0, w.corrupt(start, "%d bytes at %d run past %s", len(p), at, w.what(limit))
+	}
+	err := w.seek()
+	if err == nil {
+		_, err = io.ReadFull(w.br, p)
+	}
+	if err != nil {
+		return 0, w.short(at, err)
+	}
+	w.pos += int64(len(p))
+	w.rpos = w.pos
+	if start == at && len(p) == manifest.FrameSize {
+		// A frame's header (before w.rd is set, the KEY frame's).
+		return len(p), w.checkFrame(at, p, limit)
+	}
+	return len(p), nil
+}
+
+// checkFrame checks, before rd reads the payload, what an archive adds to
+// the rules of the header hdr of the frame at pos (a damaged one is rd's
+// to report): it ends by limit; an END frame's payload is empty; a DATA
+// frame holds a chunk of the archive's chunk size.
+func (w *segWalk) checkFrame(pos int64, hdr []byte, limit int64) error {
+	m, sealed := w.a.man, 0
+	if m.Encryption != nil {
+		sealed = crypt.Overhead
+	}
+	switch fh, err := manifest.UnmarshalFrameHeader(hdr); {
+	case err != nil:
+	case pos+manifest.FrameSize+int64(fh.StoredLen) > limit:
+		return w.corrupt(pos, "%s frame of %d payload bytes runs past %s", fh.Type, fh.StoredLen, w.what(limit))
+	case fh.Type == manifest.FrameEnd && fh.StoredLen != 0:
+		return w.corrupt(pos, "END frame of a segment with a payload of %d bytes", fh.StoredLen)
+	case fh.Type == manifest.FrameData && (fh.RawLen == 0 || int(fh.RawLen) > m.ChunkSize ||
+		int(fh.StoredLen) > codec.MaxEncodedLen(codec.ID(fh.Codec), m.ChunkSize)+sealed):
+		return w.corrupt(pos, "DATA frame of %d bytes stored as %d, over the chunk size of %d", fh.RawLen, fh.StoredLen, m.ChunkSize)
+	}
 	return nil
+}
+
+// listedHeader gives the header of r's frame, which fetch reads, as fetch
+// requires it to be: in a plain archive, whose manifest records no file
+// ids (nor does fetch check them), of the id its file is open as.
+func (w *segWalk) listedHeader(p []byte, r chunkRef) (int, error) {
+	c, id := r.c, r.f.ID
+	if w.a.man.Encryption == nil {
+		var ok bool
+		if id, ok = w.open[r.f.Name]; !ok {
+			return 0, w.corrupt(c.Pos, "the manifest places a chunk of %s here, where no file of that name is open", manifest.PrintableName(r.f.Name))
+		}
+	}
+	fh := manifest.FrameHeader{Type: manifest.FrameData, Codec: c.Codec, FileID: id, Offset: uint64(c.Offset),
+		RawLen: c.RawLen, StoredLen: c.Stored, Checksum: c.Checksum, Hash: c.Hash}
+	fh.Marshal(p)
+	w.pos += manifest.FrameSize
+	return manifest.FrameSize, nil
+}
+
+// LendPayload passes over the payload of the frame whose header
+// listedHeader gave, lending rd an empty slice; it lends nothing else.
+func (w *segWalk) LendPayload(n int) []byte {
+	if len(w.listed) == 0 || w.pos != w.listed[0].c.Pos+manifest.FrameSize || n != int(w.listed[0].c.Stored) {
+		return nil
+	}
+	w.pos += int64(n)
+	w.listed = w.listed[1:]
+	return []byte{}
+}
+
+// seek makes br read at pos, in the span that holds it: the spans hold
+// every byte but the listed frames'.
+func (w *segWalk) seek() error {
+	for w.spans[0].to <= w.pos {
+		w.close()
+		w.spans = w.spans[1:]
+	}
+	if w.rc == nil {
+		rc, err := w.a.chunks.Open(w.ctx, w.seg.Name, w.spans[0].from, w.spans[0].to-w.spans[0].from)
+		if err != nil {
+			return err
+		}
+		w.rc, w.rpos = rc, w.spans[0].from
+		w.br.Reset(rc)
+	}
+	_, err := w.br.Discard(int(w.pos - w.rpos))
+	return err
+}
+
+func (w *segWalk) close() {
+	if w.rc != nil {
+		w.rc.Close()
+		w.rc = nil
+	}
+}
+
+// failed is rd's error at pos: the one Read returned it, or damage (a
+// version this build does not know too: the manifest's is one it reads).
+func (w *segWalk) failed(pos int64, err error) error {
+	if w.err != nil {
+		return w.err
+	}
+	return w.corrupt(pos, "%w", err)
 }
 
 // what names the place limit is, for messages.

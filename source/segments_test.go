@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -176,5 +177,73 @@ func TestFrameFields(t *testing.T) {
 				t.Errorf("zero chunk %v, header byte %d rewritten: %v, want ErrCorrupt with %q", zero, field.at, err, want)
 			}
 		}
+	}
+}
+
+// TestCheckSegmentsEndTag: in an encrypted segment, a frame header no
+// chunk's read covers rewritten and its CRC made right again, so that only
+// the END tag (FORMAT.md section 15.4) can tell: CheckSegments recomputes
+// it and fails with ErrCorrupt naming the segment. The END tag itself
+// rewritten so, too.
+func TestCheckSegmentsEndTag(t *testing.T) {
+	ctx := context.Background()
+	key, err := crypt.NewKey(bytes.Repeat([]byte{9}, crypt.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac := segmentCorpus(t, key)
+	a, err := OpenArchive(ctx, ac.store, pipeline.Options{Workers: 2, Key: key, VerifyHashes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	seg := ac.m.Segments[0].Name
+	obj := ac.store.Object(seg)
+	rd, err := manifest.NewReader(bytes.NewReader(obj), seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[manifest.FrameType]int64{} // the first frame of each type
+	for {
+		fr, err := rd.Next(nil)
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := first[fr.Type]; !ok {
+			first[fr.Type] = fr.Pos
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		typ    manifest.FrameType
+		change func(*manifest.FrameHeader)
+	}{
+		{"END tag", manifest.FrameEnd, func(fh *manifest.FrameHeader) { fh.Hash[5] ^= 1 }},
+		{"FILE-END digest", manifest.FrameFileEnd, func(fh *manifest.FrameHeader) { fh.Hash[0] ^= 1 }},
+		{"FILE-END size", manifest.FrameFileEnd, func(fh *manifest.FrameHeader) { fh.Offset++ }},
+		{"FILE flags", manifest.FrameFile, func(fh *manifest.FrameHeader) { fh.Flags ^= manifest.FileFlagExternal }},
+	} {
+		pos, ok := first[tc.typ]
+		if !ok {
+			t.Fatalf("%s: segment %s has no %s frame", tc.name, seg, tc.typ)
+		}
+		hdr := obj[pos : pos+manifest.FrameSize]
+		orig := bytes.Clone(hdr)
+		fh, err := manifest.UnmarshalFrameHeader(orig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.change(&fh)
+		fh.Marshal(hdr)
+		err = CheckSegments(ctx, a)
+		copy(hdr, orig)
+		if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), seg+" at offset ") || !strings.Contains(err.Error(), "END frame") {
+			t.Errorf("%s rewritten, its CRC made right: CheckSegments: %v, want ErrCorrupt naming %s and its END frame", tc.name, err, seg)
+		}
+	}
+	if err := CheckSegments(ctx, a); err != nil {
+		t.Fatalf("undamaged: %v", err)
 	}
 }
