@@ -96,7 +96,6 @@ func (cc *Checkpoint) FastSuspend(ctx context.Context, f FastPath, carried bool,
 	if d != nil {
 		d.Cuts = cutsInto(c)
 	}
-	c.LimitBackground(storeBackground())
 	err := cc.moveOut(ctx, putInto(c), vram.FastOptions{Dir: preloadctl.Dir(), Files: f.Files, NewKeep: newKeep, Dedup: d})
 	var phases []Phase
 	if cc.fast != nil {
@@ -136,10 +135,6 @@ func perProcess(what string, procs []vram.FastProc, gpus []manifest.GPU) []Phase
 	}
 	return ps
 }
-
-// storeBackground is how many of the store's chunks may be in flight at
-// once (Capture.LimitBackground; 0: as many as the capture allows).
-var storeBackground = func() int { return 0 }
 
 // putInto stores VRAM files into c, in the background (CRIU's dump goes
 // first); a failure aborts c.

@@ -7,5 +7,5 @@ package knobs
 var BenchSmallFiles = add(Knob{Name: "GPUCR_BENCH_SMALL_FILES",
 	Meaning: "N: serve CRIU every image under N bytes as a file, to set its cost beside the pipe's (criusock)"})
 
-var BenchStoreBackground = add(Knob{Name: "GPUCR_BENCH_STORE_BACKGROUND",
-	Meaning: "N: the fast path's store keeps at most N chunks in flight beside CRIU's dump (streamer's LimitBackground), to set the bound"})
+var BenchBackgroundChunks = add(Knob{Name: "GPUCR_BENCH_BACKGROUND_CHUNKS",
+	Meaning: "N: a capture's background files (the fast path's store) keep at most N chunks in flight instead of one per worker, to set the bound"})

@@ -165,12 +165,15 @@ const benchStoreFiles = 16
 // benchStoreFiles (total bytes in all) into c, and CRIU's pages (a
 // sixteenth of total) start once an eighth of the store is in. It reports
 // dump-s, how long the pages took. GPUCR_BENCH_LANES sets the archive's
-// lanes, GPUCR_BENCH_BACKGROUND the capture's LimitBackground.
+// lanes, GPUCR_BENCH_BACKGROUND_CHUNKS the background chunks in flight.
 func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) error) {
 	tmpl := pipelinetest.BenchTemplate()
 	per := total / benchStoreFiles
 	lanes, _ := strconv.Atoi(os.Getenv("GPUCR_BENCH_LANES"))
-	background, _ := strconv.Atoi(os.Getenv("GPUCR_BENCH_BACKGROUND"))
+	if n, err := strconv.Atoi(os.Getenv("GPUCR_BENCH_BACKGROUND_CHUNKS")); err == nil {
+		defer func(was int) { backgroundChunks = was }(backgroundChunks)
+		backgroundChunks = n
+	}
 	b.SetBytes(total + per)
 	var dump time.Duration
 	benchArchive(b, func(b *testing.B, out *ArchiveOutput) {
@@ -181,7 +184,6 @@ func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) e
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.LimitBackground(background)
 		var wg sync.WaitGroup
 		for i := range benchStoreFiles {
 			wg.Go(func() {

@@ -168,7 +168,7 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		files:      map[uint32]*fileState{},
 		committed:  map[string]committedFile{},
 	}
-	c.gate.init(ctx, tokens, window)
+	c.gate.init(ctx, tokens, window, opts.Workers)
 	c.workers.Add(opts.Workers)
 	for range opts.Workers {
 		go c.encodeLoop()
