@@ -11,6 +11,7 @@ import (
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
 	"github.com/gpucr/gpucr-stream/pipeline/pipelinetest"
+	"github.com/gpucr/gpucr-stream/testwait"
 )
 
 // orderOutput records the files of the DATA frames in the order they reach
@@ -96,4 +97,73 @@ func TestCaptureBackgroundYields(t *testing.T) {
 	if left := len(out.data) - 1 - last; left == 0 {
 		t.Errorf("the background files were done before the foreground file: the test did not run them side by side")
 	}
+}
+
+// heldOutput holds every DATA frame until release is closed.
+type heldOutput struct{ release chan struct{} }
+
+func (o *heldOutput) WriteFrame(ctx context.Context, fh *manifest.FrameHeader, payload []byte) (FramePos, error) {
+	if fh.Type == manifest.FrameData {
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return FramePos{}, context.Cause(ctx)
+		}
+	}
+	return FramePos{}, nil
+}
+
+func (o *heldOutput) Commit(context.Context, *manifest.Manifest) error { return nil }
+func (o *heldOutput) Abort(context.Context) error                      { return nil }
+
+// Background files hold at most one chunk in flight per worker where the
+// workers have nothing to do (codec none), and every token they may
+// otherwise (lz4: a bound there starves the workers).
+func TestCaptureBackgroundBound(t *testing.T) {
+	const workers = 2
+	for _, tc := range []struct {
+		spec string
+		most func(c *Capture) int
+	}{
+		{"none", func(*Capture) int { return workers }},
+		{"lz4", func(c *Capture) int { return min(cap(c.tokens), cap(c.order)-2) }},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			out := &heldOutput{release: make(chan struct{})}
+			c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(t, tc.spec), ChunkSize: 64 << 10, Workers: workers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := pipelinetest.MixedData(64*(64<<10), 2)
+			var wg sync.WaitGroup
+			for i := range 4 {
+				wg.Go(func() {
+					if _, err := c.WriteBackground(fmt.Sprintf("vram-%d", i), bytes.NewReader(data)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			want := tc.most(c)
+			deadline := time.Now().Add(testwait.Scale(10 * time.Second))
+			for c.heldBackground() < want && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond) // more would show by now
+			if got := c.heldBackground(); got != want {
+				t.Errorf("background chunks in flight with the output held: %d, want %d", got, want)
+			}
+			close(out.release)
+			wg.Wait()
+			if _, err := c.Close(context.Background(), manifest.Manifest{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// heldBackground is how many tokens background chunks hold.
+func (c *Capture) heldBackground() int {
+	c.gate.mu.Lock()
+	defer c.gate.mu.Unlock()
+	return c.gate.held
 }

@@ -1,6 +1,7 @@
 package streamer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -165,11 +166,13 @@ const benchStoreFiles = 16
 // benchStoreFiles (total bytes in all) into c, and CRIU's pages (a
 // sixteenth of total) start once an eighth of the store is in. It reports
 // dump-s, how long the pages took. GPUCR_BENCH_LANES sets the archive's
-// lanes, GPUCR_BENCH_BACKGROUND_CHUNKS the background chunks in flight.
+// lanes, GPUCR_BENCH_BACKGROUND_CHUNKS the background chunks in flight,
+// GPUCR_BENCH_CODEC the codec (none).
 func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) error) {
 	tmpl := pipelinetest.BenchTemplate()
 	per := total / benchStoreFiles
 	lanes, _ := strconv.Atoi(os.Getenv("GPUCR_BENCH_LANES"))
+	spec := cmp.Or(os.Getenv("GPUCR_BENCH_CODEC"), "none")
 	if n, err := strconv.Atoi(os.Getenv("GPUCR_BENCH_BACKGROUND_CHUNKS")); err == nil {
 		defer func(was int) { backgroundChunks = was }(backgroundChunks)
 		backgroundChunks = n
@@ -180,7 +183,7 @@ func benchStoreBeside(b *testing.B, total int64, store func(c *Capture, i int) e
 		if lanes > 0 {
 			out.SetLanes(lanes)
 		}
-		c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, "none")})
+		c, err := NewCapture(context.Background(), out, pipeline.Options{Codec: pipelinetest.MustSpec(b, spec)})
 		if err != nil {
 			b.Fatal(err)
 		}

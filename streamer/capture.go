@@ -168,7 +168,13 @@ func NewCapture(ctx context.Context, out Output, opts pipeline.Options) (*Captur
 		files:      map[uint32]*fileState{},
 		committed:  map[string]committedFile{},
 	}
-	c.gate.init(ctx, tokens, window, opts.Workers)
+	// A chunk the workers encode or seal spends its time on one: there the
+	// bound of one background chunk per worker starved them (background.go).
+	perWorker := opts.Workers
+	if encMax > 0 || seal != nil {
+		perWorker = tokens
+	}
+	c.gate.init(ctx, tokens, window, perWorker)
 	c.workers.Add(opts.Workers)
 	for range opts.Workers {
 		go c.encodeLoop()
