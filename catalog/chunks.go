@@ -72,10 +72,6 @@ const RepackShare = 0.5
 // repackSize is the size of the packs repacking writes.
 const repackSize = 256 << 20
 
-// gcLocked, when set (by a test), is called once a GCChunks holds the
-// location with no capture in flight, before it reads what is live.
-var gcLocked func()
-
 // GCChunks removes the packs of st's chunk store that no checkpoint's
 // chunks lie in and that are older than age, repacks those older than age
 // whose live frames fill less than repackBelow of them (0: RepackShare;
@@ -142,9 +138,6 @@ func gcChunks(ctx context.Context, st store.Store, lock *chunkstore.Lock, cs chu
 	if held := lock.Held(); len(held) > 0 {
 		res.Skipped = fmt.Sprintf("%d capture, check or gc lock(s) held in %s (%v); nothing removed", len(held), chunkstore.LockPrefix, held)
 		return res, nil
-	}
-	if gcLocked != nil {
-		gcLocked()
 	}
 	// The listing again, now that no capture can start sharing: packs
 	// written before the lock are all in it.

@@ -257,13 +257,12 @@ func TestGCRacesCapture(t *testing.T) {
 			var running sync.Mutex
 			gcRuns, skipped, removed := 0, 0, 0
 			var repacked, locked atomic.Int64
-			gcLocked = func() { locked.Add(1) }
+			watch := &gcWatch{Store: loc, locked: func() { locked.Add(1) }}
 			// resume lets the gc loop run again after a round held it off.
 			resume := func() {}
 			defer func() {
 				resume()
 				stopGC()
-				gcLocked = nil
 			}()
 			wg.Go(func() {
 				for {
@@ -278,7 +277,7 @@ func TestGCRacesCapture(t *testing.T) {
 					// race the captures whenever gc finds no capture's
 					// lock.
 					running.Lock()
-					res, err := GCChunks(ctx, loc, 0, false, 0.99)
+					res, err := GCChunks(ctx, watch, 0, false, 0.99)
 					if err == nil {
 						gcRuns++
 						removed += res.Removed

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr-stream/chunkstore"
 	"github.com/gpucr/gpucr-stream/errdefs"
 	"github.com/gpucr/gpucr-stream/manifest"
 	"github.com/gpucr/gpucr-stream/pipeline"
@@ -29,6 +30,32 @@ func (g *gatedStore) Create(ctx context.Context, name string) (store.ObjectWrite
 
 func (g *gatedStore) Parent() (store.Store, string, bool) { return store.Parent(g.Store) }
 
+// gcWatch is a location whose locked is called each time a gc holds it
+// with no capture in flight, right before it reads what is live: the only
+// listing of the whole location made while a gc lock is there.
+type gcWatch struct {
+	store.Store
+	locked func()
+}
+
+func (w *gcWatch) List(ctx context.Context, prefix string) ([]store.ObjectInfo, error) {
+	if prefix == "" {
+		locks, err := w.Store.List(ctx, chunkstore.LockPrefix)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range locks {
+			if strings.HasPrefix(l.Name, chunkstore.LockPrefix+chunkstore.LockGC+"-") {
+				w.locked()
+				break
+			}
+		}
+	}
+	return w.Store.List(ctx, prefix)
+}
+
+func (w *gcWatch) Parent() (store.Store, string, bool) { return store.Parent(w.Store) }
+
 // TestCopyBesideGC: a cp of a deduplicated checkpoint into its own
 // location shares the packs there. A gc that took its lock before cp's
 // took them for unreferenced, its source removed meanwhile, and cp
@@ -45,7 +72,7 @@ func TestCopyBesideGC(t *testing.T) {
 	reached, release := make(chan struct{}), make(chan struct{})
 	dst := &gatedStore{Store: store.Sub(loc, "b"), gate: func() { close(reached); <-release }}
 	copied := make(chan error, 1)
-	gcLocked = func() {
+	watch := &gcWatch{Store: loc, locked: func() {
 		go func() {
 			_, err := Copy(ctx, store.Sub(loc, "a"), dst, pipeline.Options{}, nil)
 			copied <- err
@@ -59,9 +86,8 @@ func TestCopyBesideGC(t *testing.T) {
 		if _, err := Remove(ctx, store.Sub(loc, "a"), "a", false); err != nil {
 			t.Error(err)
 		}
-	}
-	defer func() { gcLocked = nil }()
-	res, err := GC(ctx, loc, "loc", 0, false, 0)
+	}}
+	res, err := GC(ctx, watch, "loc", 0, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
