@@ -81,25 +81,10 @@ func socketOf(dir string, pid int) string {
 	return name
 }
 
-// statusField is the fields of the line of /proc/PID/status that starts
-// with key.
-func statusField(pid int, key string) []string {
-	b, err := os.ReadFile(filepath.Join(proc.Root, strconv.Itoa(pid), "status"))
-	if err != nil {
-		return nil
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, key); ok {
-			return strings.Fields(rest)
-		}
-	}
-	return nil
-}
-
 // SameOwner says whether processes a and b run with the same user ids
 // (real, effective, saved, file system), as /proc shows them.
 func SameOwner(a, b int) bool {
-	ua, ub := statusField(a, "Uid:"), statusField(b, "Uid:")
+	ua, ub := proc.StatusField(a, "Uid:"), proc.StatusField(b, "Uid:")
 	return len(ua) == 4 && slices.Equal(ua, ub)
 }
 
@@ -127,7 +112,7 @@ func checkPeer(c *net.UnixConn, pid int, path string) error {
 	if cerr != nil {
 		return fmt.Errorf("process %d: %s: who listens: %w", pid, path, cerr)
 	}
-	uid := statusField(pid, "Uid:")
+	uid := proc.StatusField(pid, "Uid:")
 	if int(cred.Pid) != pid || len(uid) < 2 || uid[1] != strconv.FormatUint(uint64(cred.Uid), 10) {
 		return fmt.Errorf("process %d: %s is served by process %d (uid %d): %w", pid, path, cred.Pid, cred.Uid, ErrNotTheProcess)
 	}

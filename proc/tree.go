@@ -117,20 +117,27 @@ func Cmdline(pid int) ([]string, error) {
 // That is the PID CRIU gives it back, where a restore into a new namespace
 // (runc restore) gives it a new one here. pid where unknown.
 func NSPID(pid int) int {
-	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
-	if err != nil {
-		return pid
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
-			if f := strings.Fields(rest); len(f) > 0 {
-				if n, err := strconv.Atoi(f[len(f)-1]); err == nil && n > 0 {
-					return n
-				}
-			}
+	if f := StatusField(pid, "NSpid:"); len(f) > 0 {
+		if n, err := strconv.Atoi(f[len(f)-1]); err == nil && n > 0 {
+			return n
 		}
 	}
 	return pid
+}
+
+// StatusField is the fields of the line of /proc/PID/status that starts
+// with key ("Uid:"), or nil.
+func StatusField(pid int, key string) []string {
+	b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, key); ok {
+			return strings.Fields(rest)
+		}
+	}
+	return nil
 }
 
 // DumpEstimate is about the bytes CRIU dumps of the processes pids: their
@@ -141,15 +148,9 @@ func NSPID(pid int) int {
 func DumpEstimate(pids []int) int64 {
 	var total int64
 	for _, pid := range pids {
-		b, err := os.ReadFile(filepath.Join(Root, strconv.Itoa(pid), "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "RssAnon:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-				total += kb << 10
-			}
+		if f := StatusField(pid, "RssAnon:"); len(f) > 0 {
+			kb, _ := strconv.ParseInt(f[0], 10, 64)
+			total += kb << 10
 		}
 	}
 	return total
