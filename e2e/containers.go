@@ -64,25 +64,20 @@ func targetArgs(mb int, mix string) []string {
 	return []string{"/target", "--dir", "/data", "--mb", strconv.Itoa(mb), "--mix", mix}
 }
 
-// runcBundle writes an OCI bundle (runc spec, edited) into dir: the
+// runcBundle writes an OCI bundle (runcSpec) into dir: the
 // target as its process, without a terminal, data bind-mounted at /data.
 func runcBundle(t testing.TB, runc, dir, data string, args []string) string {
 	t.Helper()
 	containerRootfs(t, dir)
-	runcSpec(t, runc, dir, func(spec map[string]any) {
-		process := spec["process"].(map[string]any)
-		process["terminal"] = false
-		process["args"] = args
-		spec["root"].(map[string]any)["readonly"] = false
-		spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
-			"destination": "/data", "type": "bind", "source": data, "options": []string{"rbind", "rw"}})
-	})
+	runcSpec(t, runc, dir, args, nil, map[string]any{
+		"destination": "/data", "type": "bind", "source": data, "options": []string{"rbind", "rw"}})
 	return dir
 }
 
-// runcSpec writes runc's default spec into the bundle dir, changed by
-// edit.
-func runcSpec(t testing.TB, runc, dir string, edit func(spec map[string]any)) {
+// runcSpec writes runc's default spec into the bundle dir, with args as
+// its process (no terminal), env (where not nil) as its environment, a
+// writable root, and mounts added.
+func runcSpec(t testing.TB, runc, dir string, args, env []string, mounts ...any) {
 	t.Helper()
 	if out, err := exec.Command(runc, "spec", "--bundle", dir).CombinedOutput(); err != nil {
 		t.Fatalf("runc spec: %v: %s", err, out)
@@ -96,7 +91,14 @@ func runcSpec(t testing.TB, runc, dir string, edit func(spec map[string]any)) {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		t.Fatal(err)
 	}
-	edit(spec)
+	process := spec["process"].(map[string]any)
+	process["terminal"] = false
+	process["args"] = args
+	if env != nil {
+		process["env"] = env
+	}
+	spec["root"].(map[string]any)["readonly"] = false
+	spec["mounts"] = append(spec["mounts"].([]any), mounts...)
 	if b, err = json.MarshalIndent(spec, "", "\t"); err != nil {
 		t.Fatal(err)
 	}

@@ -181,13 +181,6 @@ func fastBundle(t *testing.T, e *fastEnv, runc, dir string, args []string) strin
 	}
 	bind(e.dir, "rw")
 	bind(filepath.Dir(e.gcs), "ro")
-	runcSpec(t, runc, dir, func(spec map[string]any) {
-		process := spec["process"].(map[string]any)
-		process["terminal"] = false
-		process["args"] = args
-		process["env"] = append([]string{"PATH=/usr/bin:/bin"}, e.vars()...)
-		spec["root"].(map[string]any)["readonly"] = false
-		spec["mounts"] = append(spec["mounts"].([]any), mounts...)
-	})
+	runcSpec(t, runc, dir, args, append([]string{"PATH=/usr/bin:/bin"}, e.vars()...), mounts...)
 	return dir
 }
