@@ -190,19 +190,11 @@ func damageArchive(t *testing.T, st *mem.Store) (*manifest.Manifest, []manifest.
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := rand.New(rand.NewPCG(5, 3))
-	noise := func(n int) []byte {
-		b := make([]byte, n)
-		for i := range b {
-			b[i] = byte(r.Uint32())
-		}
-		return b
-	}
-	pages := append(noise(64<<10), make([]byte, 64<<10)...) // a chunk stored, a zero chunk
+	pages := append(noise(64<<10, 1), make([]byte, 64<<10)...) // a chunk stored, a zero chunk
 	for _, w := range []struct {
 		name string
 		data []byte
-	}{{"pages-1.img", pages}, {"core-1.img", noise(3000)}, {"core-1.img", noise(2000)}} {
+	}{{"pages-1.img", pages}, {"core-1.img", noise(3000, 2)}, {"core-1.img", noise(2000, 3)}} {
 		if _, err := c.WriteFile(w.name, bytes.NewReader(w.data), false); err != nil {
 			t.Fatal(err)
 		}
