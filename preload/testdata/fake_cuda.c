@@ -368,7 +368,7 @@ static int *state_of(int pid)
 	pthread_mutex_unlock(&pstate_mu);
 	return st;
 }
-/* state_key names process who's state file ("self": the caller; else a
+/* state_key names the state file of process who ("self": the caller; else a
  * PID as gpucr-stream gives it): its PID in its own namespace, the last of
  * NSpid in its /proc status. gpucr-stream passes host PIDs, a target in a
  * container sees itself as PID 1 there, and only that PID is the same for
