@@ -343,7 +343,7 @@ if [ -z "${CRIU:-}" ]; then
 	done
 fi
 
-# The container rounds (ctr, ctrfast, ctrfastlib).
+# The container rounds (ctr, ctrfast, ctrfastlib, ctrfastmigrate).
 # shellcheck source=e2e/gpu/ctr.sh
 . "$ROOT/e2e/gpu/ctr.sh"
 
@@ -1135,8 +1135,6 @@ free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# stop_receiver SECONDS: wait that long for the receiver (RECV_PID) to
-# finish, then kill it; sets RECV_RC.
 # start_receiver OUT ERR CMD...: runs CMD, a gpucr-stream receive, in the
 # background as RECV_PID, its output in OUT and ERR, and waits until it
 # listens; if it does not, it is stopped and the round fails.
@@ -1155,6 +1153,9 @@ start_receiver() {
 		i=$((i + 1))
 	done
 }
+
+# stop_receiver SECONDS: wait that long for the receiver (RECV_PID) to
+# finish, then kill it; sets RECV_RC.
 stop_receiver() {
 	local i=0
 	RECV_RC=0
